@@ -1,0 +1,38 @@
+# Development tasks. `./setup.sh --dev` first; then `.venv/bin/just <task>`.
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+bin := justfile_directory() / ".venv/bin"
+
+# list the tasks
+default:
+    @{{bin}}/just --list
+
+# install (or refresh) the venv with the test tools
+setup:
+    ./setup.sh --dev
+
+# lint, then every test, slow end-to-end ones included (what CI runs)
+test: lint
+    {{bin}}/pytest -q -p no:cacheprovider
+
+# the quick loop: skip tests marked slow
+test-quick:
+    {{bin}}/pytest -q -m "not slow"
+
+# ruff lint and format check
+lint:
+    {{bin}}/ruff check libs services tests
+    {{bin}}/ruff format --check libs services tests
+
+# reformat and autofix
+fmt:
+    {{bin}}/ruff format libs services tests
+    {{bin}}/ruff check --fix libs services tests
+
+# the main job on embedded defaults
+demo *ARGS:
+    {{bin}}/goodput demo {{ARGS}}
+
+# every benchmark, JSON to stdout
+bench:
+    {{bin}}/goodput bench bus --json

@@ -1,0 +1,1 @@
+"""goodput: keeps large PyTorch training jobs productive."""

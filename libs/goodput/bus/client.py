@@ -1,0 +1,253 @@
+"""The bus: a NATS connection that survives server restarts, JetStream provisioning, and publishing.
+
+Publishing to JetStream waits for the stream's acknowledgement and retries through an outage
+with the same ``Nats-Msg-Id``, so a message published while the server restarts is stored
+exactly once (the stream's duplicate window absorbs the retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, PubAck, StorageType, StreamConfig
+from nats.js.kv import KeyValue
+
+from goodput import schemas, subjects
+from goodput.bus.settings import BusSettings
+from goodput.telemetry import inject_headers
+
+log = logging.getLogger(__name__)
+
+DAY_S = 24 * 3600.0
+
+#: errors that mean "the server is not reachable right now": retry, don't fail
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.StaleConnectionError,
+    nats.js.errors.ServiceUnavailableError,
+    asyncio.TimeoutError,
+    ConnectionError,
+    OSError,
+)
+
+
+class BusUnavailableError(RuntimeError):
+    """The bus stayed unreachable longer than the caller was willing to wait."""
+
+
+STREAMS = (
+    StreamConfig(
+        name=subjects.EVENTS_STREAM,
+        subjects=[subjects.EVENTS_WILDCARD],
+        storage=StorageType.FILE,
+        max_age=14 * DAY_S,
+        duplicate_window=300.0,
+        description="goodput facts, replayed by the goodput calculator",
+    ),
+    StreamConfig(
+        name=subjects.COMMANDS_STREAM,
+        subjects=[subjects.COMMANDS_WILDCARD],
+        storage=StorageType.FILE,
+        max_age=14 * DAY_S,
+        # long enough to absorb retries through a server restart without a duplicate
+        duplicate_window=900.0,
+        description="goodput commands; durable consumers ack after execution",
+    ),
+    StreamConfig(
+        name=subjects.DEAD_LETTER_STREAM,
+        subjects=[subjects.DEAD_LETTER_WILDCARD],
+        storage=StorageType.FILE,
+        max_age=14 * DAY_S,
+        description="input a goodput service could not decode, with the reason",
+    ),
+)
+
+BUCKETS = (
+    KeyValueConfig(bucket=subjects.SERVICES_BUCKET, history=1, storage=StorageType.FILE),
+    KeyValueConfig(bucket=subjects.STATE_BUCKET, history=5, storage=StorageType.FILE),
+    KeyValueConfig(bucket=subjects.CKPT_INDEX_BUCKET, history=1, storage=StorageType.FILE),
+    KeyValueConfig(bucket=subjects.LEASES_BUCKET, history=1, storage=StorageType.FILE),
+    KeyValueConfig(
+        bucket=subjects.DONE_BUCKET, history=1, storage=StorageType.FILE, ttl=14 * DAY_S
+    ),
+)
+
+
+async def retry_transient(
+    operation: Callable[[], Awaitable[Any]], *, deadline_s: float, what: str
+) -> Any:
+    """Run ``operation`` until it succeeds, backing off on transient bus errors."""
+    deadline = time.monotonic() + deadline_s
+    delay = 0.05
+    while True:
+        try:
+            return await operation()
+        except TRANSIENT_ERRORS as exc:
+            if time.monotonic() + delay > deadline:
+                raise BusUnavailableError(
+                    f"{what}: bus unreachable for {deadline_s:.0f} s ({exc!r})"
+                ) from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+class Bus:
+    """One service's connection to NATS JetStream."""
+
+    def __init__(self, nc: NatsClient, settings: BusSettings, name: str):
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.settings = settings
+        self.name = name
+        self._kv: dict[str, KeyValue] = {}
+        self._closing = asyncio.Event()
+
+    @classmethod
+    async def connect(
+        cls, settings: BusSettings, *, name: str, initial_timeout_s: float = 30.0
+    ) -> Bus:
+        """Connect (retrying until the server is up), reconnecting forever afterwards."""
+        settings.check_security()
+        closing = asyncio.Event()
+
+        async def on_disconnect() -> None:
+            if not closing.is_set():
+                log.warning("bus disconnected; reconnecting", extra={"bus": settings.url})
+
+        async def on_reconnect() -> None:
+            log.info("bus reconnected", extra={"bus": settings.url})
+
+        async def on_error(exc: Exception) -> None:
+            log.debug("bus error: %r", exc)
+
+        async def attempt() -> NatsClient:
+            # The first connection fails fast (so a wrong password is an error, not a hang);
+            # once connected, the client reconnects forever.
+            client = await nats.connect(
+                **settings.connect_options(),
+                name=name,
+                connect_timeout=2,
+                allow_reconnect=False,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+                ping_interval=5,
+                max_outstanding_pings=3,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
+                error_cb=on_error,
+            )
+            client.options["allow_reconnect"] = True
+            return client
+
+        nc = await retry_transient(
+            attempt, deadline_s=initial_timeout_s, what=f"connect to {settings.url}"
+        )
+        bus = cls(nc, settings, name)
+        bus._closing = closing
+        return bus
+
+    async def provision(self) -> None:
+        """Create the streams and KV buckets if missing (idempotent, safe to race)."""
+        for config in STREAMS:
+            try:
+                await self.js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                # exists with another configuration (e.g. an older release): converge to ours
+                await self.js.update_stream(config)
+        for bucket in BUCKETS:
+            self._kv[bucket.bucket] = await self.js.create_key_value(bucket)
+
+    async def kv(self, bucket: str) -> KeyValue:
+        if bucket not in self._kv:
+            self._kv[bucket] = await self.js.key_value(bucket)
+        return self._kv[bucket]
+
+    async def publish(
+        self,
+        subject: str,
+        message: schemas.Message,
+        *,
+        msg_id: str,
+        retry_for_s: float = 120.0,
+        headers: dict[str, str] | None = None,
+    ) -> PubAck:
+        """Store ``message`` in JetStream exactly once, retrying through outages."""
+        payload = schemas.encode(message)
+        all_headers = inject_headers({**(headers or {}), "Nats-Msg-Id": msg_id})
+
+        async def attempt() -> PubAck:
+            return await self.js.publish(subject, payload, timeout=2.0, headers=all_headers)
+
+        return await retry_transient(attempt, deadline_s=retry_for_s, what=f"publish {subject}")
+
+    async def emit(self, event: schemas.Event, *, retry_for_s: float = 120.0) -> PubAck:
+        """Publish a fact to ``gp.<job>.evt.<kind>``."""
+        return await self.publish(
+            subjects.event_for(event), event, msg_id=schemas.new_id(), retry_for_s=retry_for_s
+        )
+
+    async def emit_many(self, events: list[schemas.Event], *, window: int = 2000) -> int:
+        """Publish many facts pipelined (acks awaited per window); stragglers retried one by one."""
+        stored = 0
+        for start in range(0, len(events), window):
+            batch = [(event, schemas.new_id()) for event in events[start : start + window]]
+            futures = [
+                await self.js.publish_async(
+                    subjects.event_for(event),
+                    schemas.encode(event),
+                    headers={"Nats-Msg-Id": msg_id},
+                )
+                for event, msg_id in batch
+            ]
+            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+            for (event, msg_id), outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    await self.publish(subjects.event_for(event), event, msg_id=msg_id)
+                stored += 1
+        return stored
+
+    async def send_command(
+        self, target: str, command: schemas.Command, *, retry_for_s: float = 120.0
+    ) -> PubAck:
+        """Queue a command for ``target``; its id is the dedup id, so resending is harmless."""
+        return await self.publish(
+            subjects.command(command.job, target),
+            command,
+            msg_id=command.command_id,
+            retry_for_s=retry_for_s,
+        )
+
+    async def publish_core(self, subject: str, message: schemas.Message) -> None:
+        """Fire-and-forget core NATS (heartbeats): buffered by the client during a reconnect."""
+        await self.nc.publish(subject, schemas.encode(message), headers=inject_headers())
+
+    async def dead_letter(
+        self, *, job: str, service: str, subject: str, reason: str, payload: bytes
+    ) -> None:
+        letter = schemas.DeadLetter(
+            job=job, service=service, subject=subject, reason=reason[:2000], payload=payload
+        )
+        await self.publish(subjects.dead_letter(job, service), letter, msg_id=schemas.new_id())
+
+    async def close(self) -> None:
+        if self.nc.is_closed:
+            return
+        self._closing.set()
+        try:
+            await self.nc.flush(timeout=2)
+        except (*TRANSIENT_ERRORS, nats.errors.Error):
+            log.debug("flush before close failed; closing anyway")
+        await self.nc.close()

@@ -1,0 +1,106 @@
+"""Executing commands exactly once by id.
+
+Commands are redelivered after a crash or a lost ack; the executor records each executed id in
+the ``gp_done`` KV bucket before acking, and skips ids it already holds. The order is
+execute → record → emit result → ack, so the only window for a repeat is a crash between
+execute and record; executors keep their own actions idempotent for that (e.g. a restart
+names the attempt it replaces).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import nats.js.errors
+from nats.aio.msg import Msg
+
+from goodput import schemas, subjects
+from goodput.bus.client import Bus
+from goodput.bus.consumer import DurableConsumer
+
+log = logging.getLogger(__name__)
+
+#: an executor returns (ok, detail)
+Executor = Callable[[schemas.Command], Awaitable[tuple[bool, str]]]
+
+
+class DoneLog:
+    """Which command ids an executor has already run, kept in JetStream KV."""
+
+    def __init__(self, bus: Bus, job: str, executor: str):
+        self.bus = bus
+        self.job = job
+        self.executor = executor
+
+    def _key(self, command_id: str) -> str:
+        return subjects.kv_key(self.job, self.executor, command_id)
+
+    async def is_done(self, command_id: str) -> bool:
+        kv = await self.bus.kv(subjects.DONE_BUCKET)
+        try:
+            await kv.get(self._key(command_id))
+        except nats.js.errors.KeyNotFoundError:
+            return False
+        return True
+
+    async def record(self, command_id: str, result: schemas.ActionResult) -> None:
+        kv = await self.bus.kv(subjects.DONE_BUCKET)
+        await kv.put(self._key(command_id), schemas.encode(result))
+
+
+class CommandRunner:
+    """A durable consumer of ``gp.<job>.cmd.<target>`` that runs each command once."""
+
+    def __init__(self, bus: Bus, *, job: str, target: str, service: str, execute: Executor):
+        self.bus = bus
+        self.job = job
+        self.service = service
+        self.execute = execute
+        self.done = DoneLog(bus, job, target)
+        self.executed = 0
+        self.duplicates = 0
+        self.consumer = DurableConsumer(
+            bus,
+            stream=subjects.COMMANDS_STREAM,
+            durable=f"{job}-{target}",
+            subject=subjects.command(job, target),
+            decode=schemas.decode_command,
+            handler=self._handle,
+            service=service,
+            job=job,
+        )
+
+    async def run(self) -> None:
+        await self.consumer.run()
+
+    def stop(self) -> None:
+        self.consumer.stop()
+
+    async def _handle(self, command: schemas.Command, msg: Msg) -> None:
+        if await self.done.is_done(command.command_id):
+            self.duplicates += 1
+            log.info(
+                "command already executed; not repeating it",
+                extra={"command_id": command.command_id, "action": schemas.kind_of(type(command))},
+            )
+            return
+        action = schemas.kind_of(type(command))
+        started = time.monotonic()
+        try:
+            ok, detail = await self.execute(command)
+        except Exception as exc:  # the executor's failure is a result, not a redelivery loop
+            log.exception("command failed", extra={"command_id": command.command_id})
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        result = schemas.ActionResult(
+            job=self.job,
+            command_id=command.command_id,
+            action=action,
+            ok=ok,
+            detail=detail,
+            duration_s=time.monotonic() - started,
+        )
+        await self.done.record(command.command_id, result)
+        self.executed += 1
+        await self.bus.emit(result)

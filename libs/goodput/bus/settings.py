@@ -1,0 +1,104 @@
+"""How to reach the bus, and the rule that a shared bus must be authenticated."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+
+class InsecureBusError(RuntimeError):
+    """Refusal to talk to a non-loopback bus without authentication."""
+
+
+class BusSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    url: str = "nats://127.0.0.1:4222"
+    #: NATS credentials file (JWT + nkey seed), as issued by `nsc`
+    creds_file: str = ""
+    #: file holding an nkey seed (for nkey-only authentication)
+    nkey_seed_file: str = ""
+    user: str = ""
+    password: str = ""
+    token: str = ""
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    #: allow a non-loopback bus without authentication (explicit opt-in)
+    insecure: bool = False
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(
+            self.creds_file or self.nkey_seed_file or self.token or (self.user and self.password)
+        )
+
+    def check_security(self) -> None:
+        """Refuse an unauthenticated bus that other hosts can reach, unless told to."""
+        if self.insecure or self.authenticated:
+            return
+        non_loopback = [host for host in self.hosts() if not is_loopback(host)]
+        if non_loopback:
+            raise InsecureBusError(
+                f"refusing to use the NATS server at {', '.join(non_loopback)} without "
+                "authentication: anyone who can reach it could stop or corrupt the training job. "
+                "Pass --nats-creds FILE (or --nats-nkey FILE / a user and password), ideally with "
+                "--nats-tls-ca, or --insecure if this network is trusted."
+            )
+
+    def hosts(self) -> list[str]:
+        return [urlsplit(u.strip()).hostname or "" for u in self.url.split(",") if u.strip()]
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        if not (self.tls_ca_file or self.tls_cert_file):
+            return None
+        context = ssl.create_default_context(cafile=self.tls_ca_file or None)
+        if self.tls_cert_file:
+            context.load_cert_chain(self.tls_cert_file, self.tls_key_file or None)
+        return context
+
+    def connect_options(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`nats.connect` carrying authentication and TLS."""
+        options: dict[str, Any] = {"servers": [u.strip() for u in self.url.split(",")]}
+        if self.creds_file:
+            options["user_credentials"] = self.creds_file
+        if self.nkey_seed_file:
+            options["nkeys_seed"] = self.nkey_seed_file
+        if self.user:
+            options["user"] = self.user
+            options["password"] = self.password
+        if self.token:
+            options["token"] = self.token
+        tls = self.tls_context()
+        if tls is not None:
+            options["tls"] = tls
+        return options
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(
+                ipaddress.ip_address(info[4][0]).is_loopback
+                for info in socket.getaddrinfo(host, None)
+            )
+        except OSError:
+            return False
+
+
+def settings_from_files(**overrides: Any) -> BusSettings:
+    """Build settings, rejecting credential paths that do not exist (a clear error, early)."""
+    settings = BusSettings(**{k: v for k, v in overrides.items() if v not in (None, "")})
+    for field in ("creds_file", "nkey_seed_file", "tls_ca_file", "tls_cert_file", "tls_key_file"):
+        path = getattr(settings, field)
+        if path and not Path(path).is_file():
+            raise FileNotFoundError(f"{field.replace('_', ' ')} {path!r} does not exist")
+    return settings

@@ -1,0 +1,320 @@
+"""`goodput up`, `goodput down`, `goodput status`: the supervisor stack as separate OS processes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import nats.js.errors
+from rich.console import Console
+from rich.table import Table
+
+from goodput import schemas, subjects
+from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.embedded import pid_alive, read_record, stop_recorded, terminate_pid
+from goodput.config import add_bus_arguments, bus_settings_from_args
+from goodput.subjects import check_token
+
+#: central services, one each
+CENTRAL_SERVICES = ("sensor", "controller", "actuator")
+#: per-node services, one per node
+NODE_SERVICES = ("hostmon", "replicator")
+
+DEFAULT_STATE_DIR = ".goodput"
+STACK_RECORD = "stack.json"
+
+
+class ServiceProcess(msgspec.Struct, kw_only=True):
+    name: str
+    node: str
+    pid: int
+    log: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.node}" if self.node else self.name
+
+
+class StackRecord(msgspec.Struct, kw_only=True):
+    job: str
+    url: str
+    embedded: bool
+    nodes: list[str]
+    services: list[ServiceProcess]
+
+
+def read_stack(state_dir: Path) -> StackRecord | None:
+    path = state_dir / STACK_RECORD
+    if not path.exists():
+        return None
+    return msgspec.json.decode(path.read_bytes(), type=StackRecord)
+
+
+def write_stack(state_dir: Path, record: StackRecord) -> None:
+    tmp = state_dir / (STACK_RECORD + ".tmp")
+    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(record)))
+    os.replace(tmp, state_dir / STACK_RECORD)
+
+
+def resolve_url(args: argparse.Namespace, state_dir: Path) -> tuple[str, bool]:
+    """The bus URL: explicit flag/env, else the embedded server recorded in the state dir."""
+    explicit = args.nats_url or os.environ.get("GOODPUT_NATS_URL")
+    if explicit:
+        return explicit, False
+    record = read_record(state_dir)
+    if record is not None and pid_alive(record.pid):
+        return record.url, True
+    return "", True
+
+
+def spawn_service(
+    name: str, node: str, *, job: str, url: str, state_dir: Path, extra: list[str]
+) -> ServiceProcess:
+    logs = state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / (f"{name}-{node}.log" if node else f"{name}.log")
+    argv = [
+        sys.executable,
+        "-m",
+        f"goodput_services.{name}",
+        "--job",
+        job,
+        "--nats-url",
+        url,
+        "--state-dir",
+        str(state_dir),
+        *(["--node", node] if node else []),
+        *extra,
+    ]
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return ServiceProcess(name=name, node=node, pid=process.pid, log=str(log_path))
+
+
+def start_stack(
+    args: argparse.Namespace, state_dir: Path, job: str, node_count: int, console: Console
+) -> tuple[StackRecord, BusSettings]:
+    """Start what is missing of the stack (NATS, services); return its record and bus settings."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    check_token(job, "job name")
+    nodes = [f"node-{i}" for i in range(node_count)]
+    url, embedded = resolve_url(args, state_dir)
+    if embedded and not url:
+        record = EmbeddedNats(state_dir, port=getattr(args, "nats_port", None), detach=True).start()
+        url = record.url
+        console.print(f"[green]started[/] embedded nats-server on {url} (store {record.store_dir})")
+    settings = msgspec.structs.replace(bus_settings_from_args(args), url=url)
+    settings.check_security()
+    asyncio.run(_provision(settings))
+
+    previous = read_stack(state_dir)
+    running = {p.key: p for p in (previous.services if previous else []) if pid_alive(p.pid)}
+    wanted = [(name, "") for name in CENTRAL_SERVICES] + [
+        (name, node) for node in nodes for name in NODE_SERVICES
+    ]
+    bus_flags = _bus_flags(args)
+    services: list[ServiceProcess] = []
+    for name, node in wanted:
+        key = f"{name}@{node}" if node else name
+        if key in running:
+            services.append(running[key])
+            continue
+        services.append(
+            spawn_service(name, node, job=job, url=url, state_dir=state_dir, extra=bus_flags)
+        )
+        console.print(f"[green]started[/] {key} (pid {services[-1].pid})")
+    stack = StackRecord(job=job, url=url, embedded=embedded, nodes=nodes, services=services)
+    write_stack(state_dir, stack)
+    return stack, settings
+
+
+def stop_stack(state_dir: Path) -> int:
+    """Stop every service process of the stack, then its embedded server; how many stopped."""
+    stack = read_stack(state_dir)
+    stopped = sum(terminate_pid(s.pid, timeout_s=10) for s in (stack.services if stack else []))
+    stop_recorded(state_dir)
+    (state_dir / STACK_RECORD).unlink(missing_ok=True)
+    return stopped
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    state_dir = Path(args.state_dir).resolve()
+    stack, settings = start_stack(args, state_dir, args.job, args.nodes, console)
+    if args.wait <= 0:
+        return 0
+    report = asyncio.run(wait_healthy(settings, stack.job, stack.services, args.wait, console))
+    unhealthy = [s["name"] for s in report if not s["healthy"]]
+    if unhealthy:
+        console.print(f"[red]not healthy after {args.wait:.0f} s:[/] {', '.join(unhealthy)}")
+        console.print(f"logs: {state_dir / 'logs'}")
+        return 1
+    console.print(
+        f"[green]all {len(report)} services healthy[/]; bus {stack.url}; state {state_dir}"
+    )
+    return 0
+
+
+def _bus_flags(args: argparse.Namespace) -> list[str]:
+    """Authentication flags handed on to the service processes."""
+    pairs = [
+        ("--nats-creds", args.nats_creds),
+        ("--nats-nkey", args.nats_nkey),
+        ("--nats-user", args.nats_user),
+        ("--nats-tls-ca", args.nats_tls_ca),
+        ("--nats-tls-cert", args.nats_tls_cert),
+        ("--nats-tls-key", args.nats_tls_key),
+    ]
+    flags = [item for flag, value in pairs if value for item in (flag, value)]
+    return flags + (["--insecure"] if args.insecure else [])
+
+
+async def _provision(settings) -> None:
+    bus = await Bus.connect(settings, name="goodput-cli", initial_timeout_s=15)
+    try:
+        await bus.provision()
+    finally:
+        await bus.close()
+
+
+async def wait_healthy(settings, job, services, timeout_s, console) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    with console.status("waiting for services to report healthy…"):
+        while True:
+            report = await service_report(settings, job, services)
+            if all(s["healthy"] for s in report) or time.monotonic() > deadline:
+                return report
+            await asyncio.sleep(0.5)
+
+
+async def service_report(settings, job: str, services: list[ServiceProcess]) -> list[dict]:
+    """One entry per expected service: healthy only if its record is fresh and says so."""
+    bus = await Bus.connect(settings, name="goodput-status", initial_timeout_s=5)
+    try:
+        kv = await bus.kv(subjects.SERVICES_BUCKET)
+        now = time.time_ns()
+        report = []
+        for service in services:
+            key = subjects.kv_key(job, service.name, *([service.node] if service.node else []))
+            entry: dict = {"name": service.key, "pid": service.pid, "healthy": False}
+            try:
+                record = schemas.decode_event((await kv.get(key)).value or b"")
+            except nats.js.errors.KeyNotFoundError:
+                entry["detail"] = "no health record yet"
+                report.append(entry)
+                continue
+            assert isinstance(record, schemas.ServiceHealth)
+            age_s = (now - record.ts) / 1e9
+            fresh = age_s < max(3 * record.period_s, 3.0)
+            entry.update(
+                healthy=record.healthy and fresh and pid_alive(service.pid),
+                pid=record.pid,
+                instance=record.instance,
+                age_s=round(age_s, 2),
+                uptime_s=round((now - record.started_ts) / 1e9, 1),
+                detail=record.detail if fresh else f"stale health record ({age_s:.0f} s old)",
+            )
+            report.append(entry)
+        return report
+    finally:
+        await bus.close()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    state_dir = Path(args.state_dir).resolve()
+    stack = read_stack(state_dir)
+    if stack is None:
+        print(
+            f"no stack in {state_dir}: start one with `goodput up --state-dir {state_dir}`",
+            file=sys.stderr,
+        )
+        return 1
+    settings = msgspec.structs.replace(bus_settings_from_args(args), url=args.nats_url or stack.url)
+    report = asyncio.run(service_report(settings, stack.job, stack.services))
+    if args.json:
+        print(json.dumps({"job": stack.job, "bus": settings.url, "services": report}, indent=2))
+    else:
+        table = Table(title=f"goodput services — job {stack.job}, bus {settings.url}")
+        for column in ("service", "healthy", "pid", "uptime s", "detail"):
+            table.add_column(column)
+        for entry in report:
+            table.add_row(
+                entry["name"],
+                "[green]yes[/]" if entry["healthy"] else "[red]no[/]",
+                str(entry.get("pid", "")),
+                str(entry.get("uptime_s", "")),
+                entry.get("detail", ""),
+            )
+        Console().print(table)
+    return 0 if all(entry["healthy"] for entry in report) else 1
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    stopped = stop_stack(Path(args.state_dir).resolve())
+    print(f"stopped {stopped} service process(es) and the embedded server, if any", file=sys.stderr)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    up = subparsers.add_parser(
+        "up",
+        help="start the supervisor stack (embedded NATS + every service as its own process)",
+        description=(
+            "Start NATS (embedded, loopback only, unless --nats-url is given) and every goodput "
+            "service as a separate OS process, so any one can be killed, restarted or replaced. "
+            "Running `up` again starts only what is missing."
+        ),
+    )
+    _add_state_args(up)
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="local nodes (one host monitor and one checkpoint tier each)",
+    )
+    up.add_argument(
+        "--nats-port",
+        type=int,
+        default=None,
+        help="port of the embedded server (default: a free one)",
+    )
+    up.add_argument(
+        "--wait",
+        type=float,
+        default=20.0,
+        help="seconds to wait for every service to be healthy (0: don't)",
+    )
+    add_bus_arguments(up)
+    up.set_defaults(func=cmd_up)
+
+    status = subparsers.add_parser("status", help="show the health of every service of the stack")
+    _add_state_args(status)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    add_bus_arguments(status)
+    status.set_defaults(func=cmd_status)
+
+    down = subparsers.add_parser("down", help="stop the stack started by `goodput up`")
+    _add_state_args(down)
+    down.set_defaults(func=cmd_down)
+
+
+def _add_state_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--state-dir",
+        default=DEFAULT_STATE_DIR,
+        help="where the stack keeps its state (default: .goodput)",
+    )
+    parser.add_argument("--job", default="default", help="job name (default: 'default')")

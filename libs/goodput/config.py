@@ -1,0 +1,160 @@
+"""Service configuration from a TOML file, ``GOODPUT_*`` environment variables and flags.
+
+Precedence: flags > environment > file > defaults. Options a service does not know are an
+error, not silently ignored, so a typo in a config file is caught at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from goodput.bus.settings import BusSettings, settings_from_files
+from goodput.subjects import check_token
+
+ENV_PREFIX = "GOODPUT_"
+
+
+class ServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    job: str = "default"
+    #: node this instance serves (per-node services: host monitor, checkpoint tier)
+    node: str = ""
+    instance: str = ""
+    state_dir: str = ".goodput"
+    log_level: str = "info"
+    health_period_s: float = 1.0
+    bus: BusSettings = msgspec.field(default_factory=BusSettings)
+    #: service-specific options (thresholds, policy path, backend…)
+    options: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def add_bus_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags every command that talks to the bus accepts."""
+    group = parser.add_argument_group("bus")
+    group.add_argument(
+        "--nats-url",
+        help="NATS server URL(s), comma-separated; default: the embedded server of --state-dir",
+    )
+    group.add_argument("--nats-creds", help="NATS credentials file (JWT + nkey seed)")
+    group.add_argument("--nats-nkey", help="file holding an nkey seed")
+    group.add_argument("--nats-user", help="NATS user name")
+    group.add_argument(
+        "--nats-password", help="NATS password (prefer GOODPUT_NATS_PASSWORD in the environment)"
+    )
+    group.add_argument("--nats-tls-ca", help="CA bundle to verify the NATS server's certificate")
+    group.add_argument("--nats-tls-cert", help="client certificate for mutual TLS")
+    group.add_argument("--nats-tls-key", help="client key for mutual TLS")
+    group.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow an unauthenticated NATS server that is not on loopback",
+    )
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML file with service settings")
+    parser.add_argument("--job", help="job name (subject token); default: 'default'")
+    parser.add_argument(
+        "--state-dir", help="directory for local state (embedded NATS store, logs, pids)"
+    )
+    parser.add_argument("--log-level", help="debug, info, warning or error")
+    add_bus_arguments(parser)
+
+
+def bus_settings_from_args(
+    args: argparse.Namespace, base: BusSettings | None = None
+) -> BusSettings:
+    base = base or BusSettings()
+    env = os.environ
+    return settings_from_files(
+        url=args.nats_url or env.get(ENV_PREFIX + "NATS_URL") or base.url,
+        creds_file=args.nats_creds or env.get(ENV_PREFIX + "NATS_CREDS") or base.creds_file,
+        nkey_seed_file=args.nats_nkey or env.get(ENV_PREFIX + "NATS_NKEY") or base.nkey_seed_file,
+        user=args.nats_user or env.get(ENV_PREFIX + "NATS_USER") or base.user,
+        password=args.nats_password or env.get(ENV_PREFIX + "NATS_PASSWORD") or base.password,
+        tls_ca_file=args.nats_tls_ca or env.get(ENV_PREFIX + "NATS_TLS_CA") or base.tls_ca_file,
+        tls_cert_file=args.nats_tls_cert
+        or env.get(ENV_PREFIX + "NATS_TLS_CERT")
+        or base.tls_cert_file,
+        tls_key_file=args.nats_tls_key or env.get(ENV_PREFIX + "NATS_TLS_KEY") or base.tls_key_file,
+        insecure=bool(
+            args.insecure
+            or env.get(ENV_PREFIX + "INSECURE", "").lower() in ("1", "true", "yes")
+            or base.insecure
+        ),
+    )
+
+
+def _parse_option(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--set expects KEY=VALUE, got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value: Any = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def load_service_config(service: str, argv: list[str] | None = None) -> ServiceConfig:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m goodput_services.{service}",
+        description=f"goodput {service} service (normally started by `goodput up`).",
+    )
+    add_common_arguments(parser)
+    parser.add_argument("--node", help="node this instance serves (per-node services)")
+    parser.add_argument("--instance", help="instance name in health records")
+    parser.add_argument(
+        "--set",
+        dest="options",
+        action="append",
+        type=_parse_option,
+        default=[],
+        metavar="KEY=VALUE",
+        help="service option (repeatable); VALUE is parsed as TOML when it can be",
+    )
+    args = parser.parse_args(argv)
+    return config_from_args(args)
+
+
+def config_from_args(args: argparse.Namespace) -> ServiceConfig:
+    data: dict[str, Any] = {}
+    config_path = getattr(args, "config", None) or os.environ.get(ENV_PREFIX + "CONFIG")
+    if config_path:
+        try:
+            data = tomllib.loads(Path(config_path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SystemExit(f"cannot read config file {config_path}: {exc}") from exc
+    try:
+        file_config = msgspec.convert(data, ServiceConfig)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"invalid config file {config_path}: {exc}") from exc
+    env = os.environ
+
+    def pick(name: str, current: Any) -> Any:
+        flag = getattr(args, name, None)
+        if flag not in (None, ""):
+            return flag
+        return env.get(ENV_PREFIX + name.upper(), current)
+
+    options = dict(file_config.options)
+    options.update(dict(getattr(args, "options", []) or []))
+    config = ServiceConfig(
+        job=check_token(pick("job", file_config.job), "job name"),
+        node=pick("node", file_config.node),
+        instance=pick("instance", file_config.instance),
+        state_dir=pick("state_dir", file_config.state_dir),
+        log_level=pick("log_level", file_config.log_level),
+        health_period_s=float(file_config.health_period_s),
+        bus=bus_settings_from_args(args, file_config.bus),
+        options=options,
+    )
+    if config.node:
+        check_token(config.node, "node name")
+    return config

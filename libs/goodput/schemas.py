@@ -1,0 +1,398 @@
+"""Every message on the bus, as a versioned msgspec Struct (msgpack on the wire).
+
+Messages are tagged unions: the ``kind`` tag says which struct a payload is, so one decoder
+handles every event (or every command) and rejects anything else. Decoding is strict:
+unknown fields, missing fields, wrong types, an unknown kind or a newer schema version all
+raise :class:`SchemaError`; a half-filled object is never returned.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any, Literal, Union
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+
+class SchemaError(ValueError):
+    """A payload that is not a valid message of the expected family."""
+
+
+_clock_lock = threading.Lock()
+_last_ts = 0
+
+
+def now_ns() -> int:
+    """Epoch nanoseconds, strictly increasing within this process (ordering survives clock steps)."""
+    global _last_ts
+    with _clock_lock:
+        _last_ts = max(_last_ts + 1, time.time_ns())
+        return _last_ts
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Message(
+    msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="kind", omit_defaults=False
+):
+    """Base of every message: the job it belongs to, when it happened, and its schema version."""
+
+    job: str
+    ts: int = msgspec.field(default_factory=now_ns)
+    schema: int = SCHEMA_VERSION
+
+
+# --------------------------------------------------------------------------------------------
+# Events: facts, kept in GP_EVENTS.
+# --------------------------------------------------------------------------------------------
+
+
+class Event(Message, kw_only=True):
+    """A fact, published to ``gp.<job>.evt.<kind>``."""
+
+
+class RankStarted(Event, tag="rank_started", kw_only=True):
+    node: str
+    rank: int
+    local_rank: int
+    world_size: int
+    pid: int
+    attempt: int = 0
+
+
+class RankExited(Event, tag="rank_exited", kw_only=True):
+    node: str
+    rank: int
+    pid: int
+    exit_code: int | None
+    signal: int | None = None
+    attempt: int = 0
+    #: why the runner expected it (stop command, restart) or not (``""`` = unexpected)
+    expected_reason: str = ""
+
+
+class Heartbeat(Event, tag="heartbeat", kw_only=True):
+    node: str
+    rank: int
+    pid: int
+    step: int
+    #: the rank is inside a checkpoint save/load; silence is expected, not a hang
+    busy: str = ""
+
+
+class StepDone(Event, tag="step", kw_only=True):
+    node: str
+    rank: int
+    step: int
+    step_time_s: float
+    tokens: int
+    loss: float
+    world_size: int = 1
+
+
+class CheckpointSaved(Event, tag="ckpt_saved", kw_only=True):
+    """The state was snapshotted into host memory; training resumed after ``stall_s``."""
+
+    node: str
+    rank: int
+    step: int
+    stall_s: float
+    bytes: int
+
+
+class CheckpointPersisted(Event, tag="ckpt_persisted", kw_only=True):
+    node: str
+    rank: int
+    step: int
+    path: str
+    bytes: int
+    duration_s: float
+
+
+class CheckpointFailed(Event, tag="ckpt_failed", kw_only=True):
+    node: str
+    rank: int
+    step: int
+    error: str
+
+
+class CheckpointDropped(Event, tag="ckpt_dropped", kw_only=True):
+    """A pending snapshot was superseded by a newer one before it was persisted."""
+
+    node: str
+    rank: int
+    step: int
+    superseded_by: int
+
+
+class CheckpointReplicated(Event, tag="ckpt_replicated", kw_only=True):
+    node: str
+    peer: str
+    step: int
+    bytes_sent: int
+    bytes_deduplicated: int
+    duration_s: float
+
+
+class CheckpointBackedUp(Event, tag="ckpt_backed_up", kw_only=True):
+    node: str
+    step: int
+    uri: str
+    bytes_uploaded: int
+    bytes_deduplicated: int
+    duration_s: float
+
+
+class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
+    node: str
+    rank: int
+    step: int
+    tier: Literal["local", "peer", "object_store", "none"]
+    duration_s: float
+    bytes: int = 0
+    fallbacks: list[str] = msgspec.field(default_factory=list)
+
+
+class GpuHealth(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    index: int
+    uuid: str
+    temperature_c: float | None = None
+    xid_errors: list[int] = msgspec.field(default_factory=list)
+    ecc_uncorrected: int = 0
+    throttle_reasons: list[str] = msgspec.field(default_factory=list)
+    present: bool = True
+
+
+class HostHealth(Event, tag="host_health", kw_only=True):
+    node: str
+    healthy: bool
+    gpu_available: bool
+    gpus: list[GpuHealth] = msgspec.field(default_factory=list)
+    disk_free_bytes: int = 0
+    disk_total_bytes: int = 0
+    mem_available_bytes: int = 0
+    mem_total_bytes: int = 0
+    ranks_alive: int = 0
+    ranks_expected: int = 0
+    faults: list[str] = msgspec.field(default_factory=list)
+    detail: str = ""
+
+
+SignalKind = Literal[
+    "crash", "hang", "missed_heartbeat", "straggler", "degraded_host", "job_down", "node_returned"
+]
+
+
+class Signal(Event, tag="signal", kw_only=True):
+    """Something is wrong (or a spare came back): the sensor's conclusion, with its evidence."""
+
+    signal_id: str = msgspec.field(default_factory=new_id)
+    signal: SignalKind
+    node: str = ""
+    rank: int | None = None
+    #: ``correctable`` faults (a rank crash) allow an in-job restart; ``uncorrectable`` (a lost
+    #: host, a GPU XID) need the node replaced or dropped.
+    severity: Literal["correctable", "uncorrectable", "info"] = "correctable"
+    detail: str = ""
+    #: when the fault is believed to have happened (epoch ns), for detection-latency accounting
+    observed_ts: int = 0
+
+
+class Decision(Event, tag="decision", kw_only=True):
+    """What the controller chose and why: a person can read the reason."""
+
+    decision_id: str = msgspec.field(default_factory=new_id)
+    signal_id: str
+    policy: str
+    rule: str
+    reason: str
+    command_ids: list[str] = msgspec.field(default_factory=list)
+    error: str = ""
+
+
+class ActionResult(Event, tag="action_result", kw_only=True):
+    command_id: str
+    action: str
+    ok: bool
+    detail: str = ""
+    duration_s: float = 0.0
+    #: the command was already executed before (redelivery); nothing was done again
+    duplicate: bool = False
+
+
+class ServiceHealth(Event, tag="service_health", kw_only=True):
+    service: str
+    instance: str
+    pid: int
+    healthy: bool
+    started_ts: int
+    #: how often the record is refreshed; a record older than a few periods means "not running"
+    period_s: float = 1.0
+    detail: str = ""
+
+
+class DeadLetter(Event, tag="dead_letter", kw_only=True):
+    service: str
+    subject: str
+    reason: str
+    payload: bytes
+
+
+# --------------------------------------------------------------------------------------------
+# Commands: kept in GP_CMDS, executed once by id, acked after execution.
+# --------------------------------------------------------------------------------------------
+
+
+class Command(Message, kw_only=True):
+    command_id: str = msgspec.field(default_factory=new_id)
+    #: the decision that caused it, for tracing a remediation end to end
+    decision_id: str = ""
+    reason: str = ""
+
+
+class CheckpointNow(Command, tag="checkpoint_now", kw_only=True):
+    pass
+
+
+class Stop(Command, tag="stop", kw_only=True):
+    """Save a checkpoint and exit cleanly."""
+
+    nodes: list[str] = msgspec.field(default_factory=list)
+
+
+class StartJob(Command, tag="start_job", kw_only=True):
+    argv: list[str]
+    nodes: int
+    procs_per_node: int
+    spares: int = 0
+    num_nodes_per_dp: int = 1
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    workdir: str = ""
+
+
+class Restart(Command, tag="restart", kw_only=True):
+    """In-job restart: restart the worker group (all ranks) from the newest checkpoint."""
+
+    nodes: list[str] = msgspec.field(default_factory=list)
+
+
+class HotSwap(Command, tag="hot_swap", kw_only=True):
+    failed_node: str
+    spare_node: str = ""
+
+
+class ScaleTo(Command, tag="scale_to", kw_only=True):
+    """Change the data-parallel dimension: run on exactly these nodes (scale down or up)."""
+
+    num_dp_replicas: int
+    nodes: list[str] = msgspec.field(default_factory=list)
+    drop_nodes: list[str] = msgspec.field(default_factory=list)
+
+
+class Rescale(Command, tag="rescale", kw_only=True):
+    """Told to the trainer: the world size changes; apply the rescale callbacks."""
+
+    old_world_size: int
+    new_world_size: int
+
+
+class SetCheckpointInterval(Command, tag="set_ckpt_interval", kw_only=True):
+    every_steps: int
+    rationale: str = ""
+
+
+class SetThresholds(Command, tag="set_thresholds", kw_only=True):
+    values: dict[str, float]
+
+
+class InjectFault(Command, tag="inject_fault", kw_only=True):
+    node: str
+    fault: str
+    detail: str = ""
+    clear: bool = False
+
+
+class ReturnNode(Command, tag="return_node", kw_only=True):
+    """A previously failed node is healthy again and rejoins the spare pool."""
+
+    node: str
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    RankStarted,
+    RankExited,
+    Heartbeat,
+    StepDone,
+    CheckpointSaved,
+    CheckpointPersisted,
+    CheckpointFailed,
+    CheckpointDropped,
+    CheckpointReplicated,
+    CheckpointBackedUp,
+    CheckpointRestored,
+    HostHealth,
+    Signal,
+    Decision,
+    ActionResult,
+    ServiceHealth,
+    DeadLetter,
+)
+
+COMMAND_TYPES: tuple[type[Command], ...] = (
+    CheckpointNow,
+    Stop,
+    StartJob,
+    Restart,
+    HotSwap,
+    ScaleTo,
+    Rescale,
+    SetCheckpointInterval,
+    SetThresholds,
+    InjectFault,
+    ReturnNode,
+)
+
+_encoder = msgspec.msgpack.Encoder()
+# a Union built from the tuples, so adding a schema to a tuple is the only step
+_event_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES])  # type: ignore[valid-type]  # noqa: UP007
+_command_decoder = msgspec.msgpack.Decoder(type=Union[COMMAND_TYPES])  # type: ignore[valid-type]  # noqa: UP007
+_any_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES + COMMAND_TYPES])  # type: ignore[valid-type]  # noqa: UP007
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def _decode(decoder: msgspec.msgpack.Decoder[Any], payload: bytes) -> Any:
+    try:
+        message = decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise SchemaError(str(exc)) from exc
+    if message.schema > SCHEMA_VERSION:
+        raise SchemaError(
+            f"schema version {message.schema} is newer than this build understands "
+            f"({SCHEMA_VERSION}); upgrade goodput"
+        )
+    return message
+
+
+def decode_event(payload: bytes) -> Event:
+    return _decode(_event_decoder, payload)
+
+
+def decode_command(payload: bytes) -> Command:
+    return _decode(_command_decoder, payload)
+
+
+def decode_any(payload: bytes) -> Message:
+    return _decode(_any_decoder, payload)
+
+
+def kind_of(message_type: type[Message]) -> str:
+    return message_type.__struct_config__.tag  # type: ignore[return-value]

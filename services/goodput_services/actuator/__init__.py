@@ -1,0 +1,1 @@
+"""Actuator: executes commands on a backend (local processes or Kubernetes)."""

@@ -1,0 +1,160 @@
+"""What every goodput service shares: configuration, the bus, health records, graceful SIGTERM.
+
+A service is one OS process. It connects to the bus (retrying until the server is up),
+provisions streams idempotently, runs its loops, refreshes its health record in the
+``gp_services`` KV bucket every ``health_period_s``, and on SIGTERM stops its consumers,
+finishes the message in hand and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Coroutine
+from typing import Any, ClassVar
+
+from goodput import schemas, subjects
+from goodput.bus import Bus, CommandRunner
+from goodput.config import ServiceConfig
+from goodput.telemetry import setup_tracing
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    """Subclass, set ``name``, override :meth:`loops` and (if it takes commands) :meth:`execute`."""
+
+    name: ClassVar[str] = "service"
+    #: subject token of the commands this service executes (``None``: takes no commands)
+    command_target: ClassVar[str | None] = None
+
+    def __init__(self, config: ServiceConfig):
+        self.config = config
+        self.job = config.job
+        self.instance = config.instance or f"{socket.gethostname()}-{os.getpid()}"
+        self.started_ts = schemas.now_ns()
+        self.bus: Bus | None = None
+        self.commands: CommandRunner | None = None
+        self._stopping = asyncio.Event()
+
+    # ---- to override -----------------------------------------------------------------------
+
+    def loops(self) -> list[Coroutine[Any, Any, None]]:
+        """The service's own long-running work, besides health and commands."""
+        return []
+
+    async def execute(self, command: schemas.Command) -> tuple[bool, str]:
+        return False, f"{self.name} does not execute {schemas.kind_of(type(command))}"
+
+    def health(self) -> tuple[bool, str]:
+        """(healthy, detail) for the health record."""
+        return True, ""
+
+    async def on_stop(self) -> None:
+        """Release what the service holds (called once, on SIGTERM or shutdown)."""
+
+    # ---- machinery ---------------------------------------------------------------------------
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        return self._stopping
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+        if self.commands is not None:
+            self.commands.stop()
+
+    async def start_bus(self) -> Bus:
+        self.bus = await Bus.connect(self.config.bus, name=f"goodput-{self.name}")
+        await self.bus.provision()
+        return self.bus
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        bus = await self.start_bus()
+        tasks = [asyncio.create_task(self._health_loop(), name="health")]
+        if self.command_target is not None:
+            self.commands = CommandRunner(
+                bus,
+                job=self.job,
+                target=self.command_target,
+                service=self.name,
+                execute=self.execute,
+            )
+            tasks.append(asyncio.create_task(self.commands.run(), name="commands"))
+        tasks += [asyncio.create_task(coro) for coro in self.loops()]
+        log.info("service started", extra={"instance": self.instance, "bus": self.config.bus.url})
+        stop_wait = asyncio.create_task(self._stopping.wait())
+        done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not stop_wait and task.exception() is not None:
+                log.error("a service loop died", exc_info=task.exception())
+        self.request_stop()
+        await self._shutdown(tasks)
+
+    async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
+        # command runners stop at the next fetch; give in-flight handling a moment to finish
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*tasks[1:], return_exceptions=True), timeout=3)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.on_stop()
+        await self._publish_health(healthy=False, detail="stopped")
+        assert self.bus is not None
+        await self.bus.close()
+        log.info("service stopped")
+
+    async def _health_loop(self) -> None:
+        while not self._stopping.is_set():
+            healthy, detail = self.health()
+            await self._publish_health(healthy=healthy, detail=detail)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.config.health_period_s)
+
+    @property
+    def health_key(self) -> str:
+        node = [self.config.node] if self.config.node else []
+        return subjects.kv_key(self.job, self.name, *node)
+
+    async def _publish_health(self, *, healthy: bool, detail: str) -> None:
+        assert self.bus is not None
+        record = schemas.ServiceHealth(
+            job=self.job,
+            service=self.name,
+            instance=self.instance,
+            pid=os.getpid(),
+            healthy=healthy,
+            started_ts=self.started_ts,
+            period_s=self.config.health_period_s,
+            detail=detail,
+        )
+        try:
+            kv = await self.bus.kv(subjects.SERVICES_BUCKET)
+            await asyncio.wait_for(kv.put(self.health_key, schemas.encode(record)), timeout=2)
+        except Exception as exc:  # the bus being down must not kill the service
+            log.debug("health record not written: %r", exc)
+
+
+def run_service(service_class: type[Service], argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m goodput_services.<name>``."""
+    from goodput.config import load_service_config
+    from goodput.logs import setup_logging
+
+    config = load_service_config(service_class.name, argv)
+    setup_logging(config.log_level, service=service_class.name, job=config.job)
+    setup_tracing(f"goodput-{service_class.name}")
+    started = time.monotonic()
+    try:
+        asyncio.run(service_class(config).run())
+    except Exception:
+        log.exception("service failed", extra={"uptime_s": round(time.monotonic() - started, 3)})
+        return 1
+    return 0

@@ -1,0 +1,1 @@
+"""Controller: holds the job state and runs the remediation policy."""

@@ -1,0 +1,1 @@
+"""Host monitor: per-node GPU and host health, fault injection."""

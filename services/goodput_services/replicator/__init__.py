@@ -1,0 +1,1 @@
+"""Checkpoint tier (replicator): per-node replication, backup and restore of checkpoints."""

@@ -1,0 +1,1 @@
+"""Sensor: turns heartbeats, steps, exits and host health into signals."""

@@ -1,0 +1,6 @@
+import sys
+
+from goodput_services.base import run_service
+from goodput_services.sensor.service import SERVICE
+
+sys.exit(run_service(SERVICE))

@@ -1,0 +1,174 @@
+"""One instance of every message schema, with every field set away from its default."""
+
+from __future__ import annotations
+
+from goodput import schemas
+
+JOB = "job-a"
+
+
+def sample_events() -> list[schemas.Event]:
+    return [
+        schemas.RankStarted(
+            job=JOB, node="n0", rank=1, local_rank=1, world_size=4, pid=10, attempt=2
+        ),
+        schemas.RankExited(
+            job=JOB,
+            node="n0",
+            rank=1,
+            pid=10,
+            exit_code=None,
+            signal=9,
+            attempt=2,
+            expected_reason="stop",
+        ),
+        schemas.Heartbeat(job=JOB, node="n0", rank=1, pid=10, step=5, busy="checkpoint-save"),
+        schemas.StepDone(
+            job=JOB,
+            node="n0",
+            rank=1,
+            step=5,
+            step_time_s=0.12,
+            tokens=4096,
+            loss=2.75,
+            world_size=4,
+        ),
+        schemas.CheckpointSaved(job=JOB, node="n0", rank=1, step=5, stall_s=0.01, bytes=1 << 30),
+        schemas.CheckpointPersisted(
+            job=JOB, node="n0", rank=1, step=5, path="/c/step-5", bytes=1 << 30, duration_s=2.5
+        ),
+        schemas.CheckpointFailed(job=JOB, node="n0", rank=1, step=5, error="ENOSPC"),
+        schemas.CheckpointDropped(job=JOB, node="n0", rank=1, step=5, superseded_by=6),
+        schemas.CheckpointReplicated(
+            job=JOB,
+            node="n0",
+            peer="n1",
+            step=5,
+            bytes_sent=10,
+            bytes_deduplicated=20,
+            duration_s=1.0,
+        ),
+        schemas.CheckpointBackedUp(
+            job=JOB,
+            node="n0",
+            step=5,
+            uri="gs://b/c",
+            bytes_uploaded=10,
+            bytes_deduplicated=30,
+            duration_s=3.0,
+        ),
+        schemas.CheckpointRestored(
+            job=JOB,
+            node="n0",
+            rank=1,
+            step=5,
+            tier="peer",
+            duration_s=1.5,
+            bytes=99,
+            fallbacks=["local: missing"],
+        ),
+        schemas.HostHealth(
+            job=JOB,
+            node="n0",
+            healthy=False,
+            gpu_available=True,
+            gpus=[
+                schemas.GpuHealth(
+                    index=0,
+                    uuid="GPU-1",
+                    temperature_c=91.0,
+                    xid_errors=[79],
+                    ecc_uncorrected=2,
+                    throttle_reasons=["hw_slowdown"],
+                    present=False,
+                )
+            ],
+            disk_free_bytes=1,
+            disk_total_bytes=2,
+            mem_available_bytes=3,
+            mem_total_bytes=4,
+            ranks_alive=1,
+            ranks_expected=2,
+            faults=["gpu_xid"],
+            detail="xid 79",
+        ),
+        schemas.Signal(
+            job=JOB,
+            signal_id="s1",
+            signal="straggler",
+            node="n0",
+            rank=1,
+            severity="uncorrectable",
+            detail="1.6x median",
+            observed_ts=5,
+        ),
+        schemas.Decision(
+            job=JOB,
+            decision_id="d1",
+            signal_id="s1",
+            policy="builtin",
+            rule="evict-straggler",
+            reason="slow",
+            command_ids=["c1"],
+            error="none",
+        ),
+        schemas.ActionResult(
+            job=JOB,
+            command_id="c1",
+            action="hot_swap",
+            ok=True,
+            detail="n3 in",
+            duration_s=2.0,
+            duplicate=True,
+        ),
+        schemas.ServiceHealth(
+            job=JOB,
+            service="sensor",
+            instance="i",
+            pid=1,
+            healthy=True,
+            started_ts=1,
+            period_s=2.0,
+            detail="ok",
+        ),
+        schemas.DeadLetter(
+            job=JOB,
+            service="sensor",
+            subject="gp.job-a.cmd.sensor",
+            reason="bad",
+            payload=b"\x00\x01",
+        ),
+    ]
+
+
+def sample_commands() -> list[schemas.Command]:
+    common = {"job": JOB, "decision_id": "d1", "reason": "because"}
+    return [
+        schemas.CheckpointNow(command_id="c0", **common),
+        schemas.Stop(command_id="c1", nodes=["n0"], **common),
+        schemas.StartJob(
+            command_id="c2",
+            argv=["python", "t.py"],
+            nodes=2,
+            procs_per_node=2,
+            spares=1,
+            num_nodes_per_dp=1,
+            env={"A": "1"},
+            workdir="/w",
+            **common,
+        ),
+        schemas.Restart(command_id="c3", nodes=["n0"], **common),
+        schemas.HotSwap(command_id="c4", failed_node="n0", spare_node="n9", **common),
+        schemas.ScaleTo(
+            command_id="c5", num_dp_replicas=2, nodes=["n1", "n2"], drop_nodes=["n0"], **common
+        ),
+        schemas.Rescale(command_id="c6", old_world_size=4, new_world_size=2, **common),
+        schemas.SetCheckpointInterval(
+            command_id="c7", every_steps=50, rationale="Young/Daly", **common
+        ),
+        schemas.SetThresholds(command_id="c8", values={"heartbeat_timeout_s": 3.0}, **common),
+        schemas.InjectFault(
+            command_id="c9", node="n0", fault="gpu_xid", detail="79", clear=True, **common
+        ),
+        schemas.ReturnNode(command_id="c10", node="n0", **common),
+    ]

@@ -1,0 +1,70 @@
+"""Strict decoding: a payload is a whole, valid message of the expected family, or an error."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from goodput import schemas
+
+from tests.bus.samples import sample_commands, sample_events
+
+
+@pytest.mark.parametrize(
+    "message", sample_events() + sample_commands(), ids=lambda m: type(m).__name__
+)
+def test_every_message_round_trips_in_memory(message: schemas.Message) -> None:
+    assert schemas.decode_any(schemas.encode(message)) == message
+
+
+def test_samples_cover_every_schema() -> None:
+    covered = {type(m) for m in sample_events() + sample_commands()}
+    assert covered == set(schemas.EVENT_TYPES) | set(schemas.COMMAND_TYPES)
+
+
+def test_every_message_carries_job_ts_and_schema() -> None:
+    for message in sample_events() + sample_commands():
+        raw = msgspec.msgpack.decode(schemas.encode(message))
+        assert raw["job"] == "job-a"
+        assert raw["schema"] == schemas.SCHEMA_VERSION
+        assert raw["ts"] > 1_600_000_000 * 10**9
+
+
+def test_timestamps_are_strictly_increasing() -> None:
+    stamps = [schemas.now_ns() for _ in range(1000)]
+    assert stamps == sorted(set(stamps))
+
+
+def _raw(message: schemas.Message) -> dict:
+    return msgspec.msgpack.decode(schemas.encode(message))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda raw: raw.update(unexpected=1), "unknown field"),
+        (lambda raw: raw.pop("step"), "missing required field"),
+        (lambda raw: raw.update(step="seven"), "Expected `int`"),
+        (lambda raw: raw.update(kind="no_such_kind"), "Invalid value"),
+        (lambda raw: raw.pop("kind"), "missing required field `kind`"),
+        (lambda raw: raw.update(schema=schemas.SCHEMA_VERSION + 1), "newer than this build"),
+    ],
+)
+def test_malformed_events_raise_a_typed_error(mutate, expected: str) -> None:
+    raw = _raw(
+        schemas.StepDone(job="j", node="n", rank=0, step=1, step_time_s=1.0, tokens=1, loss=1.0)
+    )
+    mutate(raw)
+    with pytest.raises(schemas.SchemaError, match=expected):
+        schemas.decode_event(msgspec.msgpack.encode(raw))
+
+
+@pytest.mark.parametrize("payload", [b"", b"\xc1", b"not msgpack at all", b"\x93\x01\x02\x03"])
+def test_garbage_raises_a_typed_error(payload: bytes) -> None:
+    with pytest.raises(schemas.SchemaError):
+        schemas.decode_any(payload)
+
+
+def test_an_event_is_not_a_command() -> None:
+    event = schemas.Signal(job="j", signal="crash", node="n")
+    with pytest.raises(schemas.SchemaError):
+        schemas.decode_command(schemas.encode(event))

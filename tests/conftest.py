@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 
 

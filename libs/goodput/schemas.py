@@ -226,6 +226,21 @@ class ActionResult(Event, tag="action_result", kw_only=True):
     duplicate: bool = False
 
 
+class JobStatus(Event, tag="job_status", kw_only=True):
+    """The actuator's view of the job after every membership or lifecycle change."""
+
+    state: Literal["starting", "running", "restarting", "finished", "failed", "stopped"]
+    attempt: int
+    world_size: int
+    procs_per_node: int
+    active_nodes: list[str] = msgspec.field(default_factory=list)
+    spare_nodes: list[str] = msgspec.field(default_factory=list)
+    failed_nodes: list[str] = msgspec.field(default_factory=list)
+    #: rank process ids per node, for operators and the chaos tool
+    pids: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    detail: str = ""
+
+
 class ServiceHealth(Event, tag="service_health", kw_only=True):
     service: str
     instance: str
@@ -340,6 +355,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Signal,
     Decision,
     ActionResult,
+    JobStatus,
     ServiceHealth,
     DeadLetter,
 )

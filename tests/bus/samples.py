@@ -121,6 +121,18 @@ def sample_events() -> list[schemas.Event]:
             duration_s=2.0,
             duplicate=True,
         ),
+        schemas.JobStatus(
+            job=JOB,
+            state="running",
+            attempt=3,
+            world_size=4,
+            procs_per_node=2,
+            active_nodes=["n0", "n1"],
+            spare_nodes=["n2"],
+            failed_nodes=["n3"],
+            pids={"n0": [11, 12]},
+            detail="hot swap",
+        ),
         schemas.ServiceHealth(
             job=JOB,
             service="sensor",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import nats.js.errors
-from goodput import schemas, subjects
-from goodput.bus import Bus, CommandRunner, DurableConsumer
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from goodput import schemas, subjects
+from goodput.bus import Bus, CommandRunner, DurableConsumer
 from tests.bus.samples import JOB, sample_commands, sample_events
 
 

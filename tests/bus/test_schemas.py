@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from goodput import schemas
 
+from goodput import schemas
 from tests.bus.samples import sample_commands, sample_events
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from goodput.bus import Bus, BusSettings, EmbeddedNats, InsecureBusError
 from goodput.bus.embedded import free_port, nats_server_binary
 

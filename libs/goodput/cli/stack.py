@@ -28,6 +28,8 @@ CENTRAL_SERVICES = ("sensor", "controller", "actuator")
 NODE_SERVICES = ("hostmon", "replicator")
 
 DEFAULT_STATE_DIR = ".goodput"
+#: the actuator lets ranks checkpoint before it exits (its own grace period, plus margin)
+ACTUATOR_STOP_S = 75.0
 STACK_RECORD = "stack.json"
 
 
@@ -142,9 +144,23 @@ def start_stack(
 
 
 def stop_stack(state_dir: Path) -> int:
-    """Stop every service process of the stack, then its embedded server; how many stopped."""
+    """Stop every service process, any rank left running, then the embedded server.
+
+    The actuator is asked first and given time: it lets running ranks save and exit.
+    """
     stack = read_stack(state_dir)
-    stopped = sum(terminate_pid(s.pid, timeout_s=10) for s in (stack.services if stack else []))
+    services = stack.services if stack else []
+    stopped = sum(
+        terminate_pid(s.pid, timeout_s=ACTUATOR_STOP_S if s.name == "actuator" else 10)
+        for s in sorted(services, key=lambda s: s.name != "actuator")
+    )
+    for ranks_file in state_dir.glob("ranks-*.json"):
+        for pids in msgspec.json.decode(
+            ranks_file.read_bytes(), type=dict[str, list[int]]
+        ).values():
+            for pid in pids:
+                terminate_pid(pid, timeout_s=5)
+        ranks_file.unlink()
     stop_recorded(state_dir)
     (state_dir / STACK_RECORD).unlink(missing_ok=True)
     return stopped

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 from goodput import schemas, subjects
-
 from goodput_services.base import Service
 from goodput_services.sensor.thresholds import Thresholds, updated
 

@@ -1,0 +1,280 @@
+"""The local backend: a "node" is a group of rank processes on this machine.
+
+Ranks are launched the way torchrun launches them (RANK, LOCAL_RANK, WORLD_SIZE,
+MASTER_ADDR/MASTER_PORT for the rendezvous), plus GOODPUT_* variables for the trainer shim.
+Every remediation relaunches the worker group with a fresh rendezvous port: a collective
+group cannot take back a rank that died, so "in-job restart" means new rank processes under
+the same, still-running supervisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from goodput import schemas
+from goodput.bus.embedded import free_port
+from goodput_services.actuator.membership import Membership
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[schemas.Event], Awaitable[None]]
+
+#: how long ranks asked to stop (SIGTERM: save and exit) may take before SIGKILL
+STOP_GRACE_S = 60.0
+
+
+@dataclass
+class RankProcess:
+    node: str
+    rank: int
+    local_rank: int
+    attempt: int
+    process: asyncio.subprocess.Process
+    expected_reason: str = ""
+    watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class LocalBackend:
+    """Launches, watches and replaces rank processes; reports every change as an event."""
+
+    def __init__(self, *, job: str, state_dir: Path, bus_url: str, emit: EventSink):
+        self.job = job
+        self.state_dir = Path(state_dir)
+        self.bus_url = bus_url
+        self.emit = emit
+        self.spec: schemas.StartJob | None = None
+        self.membership: Membership | None = None
+        self.attempt = 0
+        self.state: str = "stopped"
+        self.ranks: list[RankProcess] = []
+        self._lock = asyncio.Lock()
+
+    # ---- commands ----------------------------------------------------------------------------
+
+    async def start_job(self, spec: schemas.StartJob) -> str:
+        async with self._lock:
+            if self.state in ("running", "starting", "restarting"):
+                return f"job already {self.state} (attempt {self.attempt}); not started again"
+            self.spec = spec
+            self.membership = Membership.initial(spec.nodes, spec.spares, spec.procs_per_node)
+            await self._launch("starting", "job started")
+            return (
+                f"started {self.membership.world_size} ranks on {', '.join(self.membership.active)}"
+            )
+
+    async def restart(self, reason: str) -> str:
+        async with self._lock:
+            self._require_job()
+            await self._relaunch(graceful=False, why="restart", detail=reason or "in-job restart")
+            return f"worker group restarted (attempt {self.attempt})"
+
+    async def hot_swap(self, failed: str, spare: str, reason: str) -> str:
+        async with self._lock:
+            membership = self._require_job()
+            self.membership, chosen = membership.hot_swap(failed, spare)
+            await self._relaunch(
+                graceful=False, why="hot_swap", detail=f"{failed} replaced by {chosen}: {reason}"
+            )
+            return f"{failed} replaced by spare {chosen}; world size {self.membership.world_size}"
+
+    async def scale_to(self, nodes: list[str], drop: list[str], reason: str) -> str:
+        async with self._lock:
+            membership = self._require_job()
+            target = membership.scale_to(nodes, drop)
+            growing = target.world_size > membership.world_size
+            self.membership = target
+            # growing: the running ranks are healthy, let them save first so no step is lost
+            await self._relaunch(
+                graceful=growing,
+                why="scale_up" if growing else "scale_down",
+                detail=f"{membership.world_size} → {target.world_size} ranks: {reason}",
+            )
+            return f"running on {', '.join(target.active)} ({target.world_size} ranks)"
+
+    async def return_node(self, node: str) -> str:
+        async with self._lock:
+            self.membership = self._require_job().return_node(node)
+            await self._report("node returned to the spare pool: " + node)
+            return f"{node} is a spare again"
+
+    async def stop(self, reason: str) -> str:
+        async with self._lock:
+            if not self.ranks:
+                return "no rank running"
+            await self._terminate(graceful=True, why="stop")
+            self.state = "stopped"
+            await self._report(reason or "stopped on request")
+            return "ranks saved and stopped"
+
+    async def shutdown(self) -> None:
+        """The actuator is going away: stop the ranks it owns (they save and exit)."""
+        async with self._lock:
+            if self.ranks:
+                await self._terminate(graceful=True, why="actuator shutdown")
+                self.state = "stopped"
+
+    # ---- machinery ---------------------------------------------------------------------------
+
+    def _require_job(self) -> Membership:
+        if self.membership is None or self.spec is None:
+            raise RuntimeError("no job has been started")
+        return self.membership
+
+    def status(self, detail: str = "") -> schemas.JobStatus:
+        membership = self.membership or Membership(active=[], spares=[])
+        pids: dict[str, list[int]] = {}
+        for rank in self.ranks:
+            pids.setdefault(rank.node, []).append(rank.process.pid)
+        return schemas.JobStatus(
+            job=self.job,
+            state=self.state,  # type: ignore[arg-type]
+            attempt=self.attempt,
+            world_size=membership.world_size,
+            procs_per_node=membership.procs_per_node,
+            active_nodes=list(membership.active),
+            spare_nodes=list(membership.spares),
+            failed_nodes=list(membership.failed),
+            pids=pids,
+            detail=detail,
+        )
+
+    @property
+    def ranks_file(self) -> Path:
+        """Rank pids on disk, so `goodput down` can stop them even if this process was killed."""
+        return self.state_dir / f"ranks-{self.job}.json"
+
+    async def _report(self, detail: str) -> None:
+        status = self.status(detail)
+        tmp = self.ranks_file.with_suffix(".tmp")
+        tmp.write_bytes(msgspec.json.encode(status.pids))
+        os.replace(tmp, self.ranks_file)
+        await self.emit(status)
+
+    async def _relaunch(self, *, graceful: bool, why: str, detail: str) -> None:
+        self.state = "restarting"
+        await self._terminate(graceful=graceful, why=why)
+        await self._launch("running", detail)
+
+    async def _terminate(self, *, graceful: bool, why: str) -> None:
+        ranks, self.ranks = self.ranks, []
+        alive = [r for r in ranks if r.process.returncode is None]
+        for rank in alive:
+            rank.expected_reason = why
+            _signal_group(rank.process.pid, signal.SIGTERM if graceful else signal.SIGKILL)
+        if graceful and alive:
+            deadline = time.monotonic() + STOP_GRACE_S
+            for rank in alive:
+                remaining = max(deadline - time.monotonic(), 0.1)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(rank.process.wait()), remaining)
+                if rank.process.returncode is None:
+                    log.warning("rank %d ignored SIGTERM; killing it", rank.rank)
+                    _signal_group(rank.process.pid, signal.SIGKILL)
+        watchers = [r.watcher for r in ranks if r.watcher is not None]
+        await asyncio.gather(*watchers, return_exceptions=True)
+
+    async def _launch(self, state: str, detail: str) -> None:
+        assert self.spec is not None and self.membership is not None
+        self.attempt += 1
+        port = free_port()
+        logs = self.state_dir / "logs" / "ranks" / f"attempt-{self.attempt:03d}"
+        logs.mkdir(parents=True, exist_ok=True)
+        membership = self.membership
+        for node_index, node in enumerate(membership.active):
+            for local_rank in range(membership.procs_per_node):
+                rank = node_index * membership.procs_per_node + local_rank
+                env = self._rank_env(node, node_index, rank, local_rank, port)
+                with open(logs / f"{node}-rank{rank}.log", "ab") as out:
+                    process = await asyncio.create_subprocess_exec(
+                        *self.spec.argv,
+                        cwd=self.spec.workdir or None,
+                        env=env,
+                        stdin=asyncio.subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=asyncio.subprocess.STDOUT,
+                        start_new_session=True,  # a node's ranks can be signalled as a group
+                    )
+                entry = RankProcess(
+                    node=node,
+                    rank=rank,
+                    local_rank=local_rank,
+                    attempt=self.attempt,
+                    process=process,
+                )
+                entry.watcher = asyncio.create_task(self._watch(entry))
+                self.ranks.append(entry)
+                await self.emit(
+                    schemas.RankStarted(
+                        job=self.job,
+                        node=node,
+                        rank=rank,
+                        local_rank=local_rank,
+                        world_size=membership.world_size,
+                        pid=process.pid,
+                        attempt=self.attempt,
+                    )
+                )
+        self.state = state if state != "starting" else "running"
+        await self._report(detail)
+
+    def _rank_env(self, node: str, node_index: int, rank: int, local_rank: int, port: int) -> dict:
+        assert self.spec is not None and self.membership is not None
+        membership = self.membership
+        return {
+            **os.environ,
+            **self.spec.env,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "GROUP_RANK": str(node_index),
+            "WORLD_SIZE": str(membership.world_size),
+            "LOCAL_WORLD_SIZE": str(membership.procs_per_node),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "TORCHELASTIC_RESTART_COUNT": str(self.attempt - 1),
+            "GOODPUT_JOB": self.job,
+            "GOODPUT_NODE": node,
+            "GOODPUT_ATTEMPT": str(self.attempt),
+            "GOODPUT_NATS_URL": self.bus_url,
+            "GOODPUT_NUM_DP_REPLICAS": str(
+                len(membership.active) // max(self.spec.num_nodes_per_dp, 1)
+            ),
+            "GOODPUT_NUM_NODES_PER_DP": str(self.spec.num_nodes_per_dp),
+            "GOODPUT_CKPT_DIR": self.spec.env.get(
+                "GOODPUT_CKPT_DIR", str(self.state_dir / "checkpoints" / self.job)
+            ),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    async def _watch(self, entry: RankProcess) -> None:
+        returncode = await entry.process.wait()
+        await self.emit(
+            schemas.RankExited(
+                job=self.job,
+                node=entry.node,
+                rank=entry.rank,
+                pid=entry.process.pid,
+                exit_code=returncode if returncode >= 0 else None,
+                signal=-returncode if returncode < 0 else None,
+                attempt=entry.attempt,
+                expected_reason=entry.expected_reason,
+            )
+        )
+        finished = all(r.process.returncode == 0 for r in self.ranks)
+        if entry in self.ranks and finished and self.state != "finished":
+            self.state = "finished"
+            await self._report("every rank exited 0")
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)

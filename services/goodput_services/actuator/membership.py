@@ -1,0 +1,112 @@
+"""Which nodes run the job, which wait as spares, which failed: the pure part of the actuator.
+
+Every remediation is a membership change followed by a relaunch of the worker group, so the
+rules live here, separately from how processes (or pods) are started.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class MembershipError(ValueError):
+    """A command that cannot apply to the current membership (unknown node, no spare…)."""
+
+
+class Membership(msgspec.Struct, kw_only=True):
+    active: list[str]
+    spares: list[str]
+    failed: list[str] = msgspec.field(default_factory=list)
+    procs_per_node: int = 1
+
+    @classmethod
+    def initial(cls, nodes: int, spares: int, procs_per_node: int) -> Membership:
+        names = [f"node-{i}" for i in range(nodes + spares)]
+        return cls(active=names[:nodes], spares=names[nodes:], procs_per_node=procs_per_node)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.active) * self.procs_per_node
+
+    def known(self, node: str) -> bool:
+        return node in self.active or node in self.spares or node in self.failed
+
+    def _require_known(self, node: str) -> None:
+        if not self.known(node):
+            raise MembershipError(
+                f"unknown node {node!r}; known: {', '.join(self.active + self.spares + self.failed)}"
+            )
+
+    def hot_swap(self, failed: str, spare: str = "") -> tuple[Membership, str]:
+        """Put a spare in the failed node's place (same rank positions, same world size)."""
+        self._require_known(failed)
+        if failed not in self.active:
+            raise MembershipError(f"node {failed!r} is not active; nothing to swap")
+        if spare and spare not in self.spares:
+            raise MembershipError(f"node {spare!r} is not a spare")
+        if not self.spares:
+            raise MembershipError("no spare node available")
+        chosen = spare or self.spares[0]
+        active = [chosen if n == failed else n for n in self.active]
+        spares = [n for n in self.spares if n != chosen]
+        return (
+            Membership(
+                active=active,
+                spares=spares,
+                failed=[*self.failed, failed],
+                procs_per_node=self.procs_per_node,
+            ),
+            chosen,
+        )
+
+    def scale_to(self, nodes: list[str], drop: list[str]) -> Membership:
+        """Run on ``nodes`` (or the active ones minus ``drop``); dropped nodes count as failed."""
+        for node in nodes + drop:
+            self._require_known(node)
+        if nodes:
+            wanted = list(dict.fromkeys(nodes))
+            bad = [n for n in wanted if n in self.failed and n not in self.active]
+            if bad:
+                raise MembershipError(f"cannot scale onto failed node(s) {', '.join(bad)}")
+        else:
+            wanted = [n for n in self.active if n not in drop]
+        if not wanted:
+            raise MembershipError("scaling to zero nodes would stop the job; send stop instead")
+        left = [n for n in self.active if n not in wanted]
+        dropped_failed = [n for n in left if n in drop]
+        dropped_spare = [n for n in left if n not in drop]
+        return Membership(
+            active=wanted,
+            spares=[n for n in self.spares if n not in wanted] + dropped_spare,
+            failed=[*(n for n in self.failed if n not in wanted), *dropped_failed],
+            procs_per_node=self.procs_per_node,
+        )
+
+    def return_node(self, node: str) -> Membership:
+        """A repaired node joins the spare pool."""
+        self._require_known(node)
+        if node in self.active or node in self.spares:
+            return self
+        return Membership(
+            active=list(self.active),
+            spares=[*self.spares, node],
+            failed=[n for n in self.failed if n != node],
+            procs_per_node=self.procs_per_node,
+        )
+
+    def fail_node(self, node: str) -> Membership:
+        """A spare known to be broken (host monitor, chaos) leaves the spare pool.
+
+        An active node that breaks is replaced or dropped by a hot swap or a scale-down.
+        """
+        self._require_known(node)
+        if node in self.active:
+            raise MembershipError(f"node {node!r} is active: hot-swap or drop it instead")
+        if node in self.failed:
+            return self
+        return Membership(
+            active=list(self.active),
+            spares=[n for n in self.spares if n != node],
+            failed=[*self.failed, node],
+            procs_per_node=self.procs_per_node,
+        )

@@ -1,0 +1,194 @@
+"""The actuator service with its local backend, driving real rank processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from goodput import schemas
+from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.embedded import pid_alive
+from tests.stack.helpers import EventTap
+
+JOB = "job-act"
+
+# A rank that reports its torchrun-style environment and then waits to be killed.
+RANK_SCRIPT = (
+    "import os, sys, time\n"
+    "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'on', os.environ['GOODPUT_NODE'], flush=True)\n"
+    "code = int(os.environ.get('EXIT_AFTER', '-1'))\n"
+    "if code >= 0:\n"
+    "    sys.exit(code)\n"
+    "time.sleep(600)\n"
+)
+
+
+class Actuator:
+    def __init__(self, server: EmbeddedNats, state_dir: Path):
+        self.server = server
+        self.state_dir = state_dir
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "goodput_services.actuator",
+                "--job",
+                JOB,
+                "--nats-url",
+                self.server.url,
+                "--state-dir",
+                str(self.state_dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.state_dir / "actuator.log", "ab"),  # noqa: SIM115
+        )
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(90)
+
+
+@pytest.fixture
+async def rig(
+    tmp_path: Path, nats_server: EmbeddedNats
+) -> AsyncIterator[tuple[Bus, EventTap, Actuator]]:
+    actuator = Actuator(nats_server, tmp_path)
+    actuator.start()
+    bus = await Bus.connect(BusSettings(url=nats_server.url), name="test")
+    await bus.provision()
+    tap = await EventTap(bus, JOB).start()
+    yield bus, tap, actuator
+    actuator.stop()
+    await tap.stop()
+    await bus.close()
+
+
+def _start(nodes: int = 2, procs: int = 2, spares: int = 1, **env: str) -> schemas.StartJob:
+    return schemas.StartJob(
+        job=JOB,
+        argv=[sys.executable, "-c", RANK_SCRIPT],
+        nodes=nodes,
+        procs_per_node=procs,
+        spares=spares,
+        env=env,
+    )
+
+
+async def _status(tap: EventTap, attempt: int) -> schemas.JobStatus:
+    return await tap.wait_for(
+        lambda e: (
+            isinstance(e, schemas.JobStatus) and e.attempt == attempt and e.state == "running"
+        ),
+        what=f"running status of attempt {attempt}",
+    )
+
+
+async def test_start_sets_torchrun_environment_and_reports_ranks(rig, tmp_path: Path) -> None:
+    bus, tap, _ = rig
+    start = _start()
+    await bus.send_command("actuator", start)
+    assert (await tap.result_of(start)).ok
+    status = await _status(tap, 1)
+    assert status.active_nodes == ["node-0", "node-1"] and status.spare_nodes == ["node-2"]
+    assert status.world_size == 4
+    started = tap.of(schemas.RankStarted)
+    assert sorted((e.node, e.rank, e.local_rank) for e in started) == [
+        ("node-0", 0, 0),
+        ("node-0", 1, 1),
+        ("node-1", 2, 0),
+        ("node-1", 3, 1),
+    ]
+    await asyncio.sleep(1.0)
+    logs = sorted((tmp_path / "logs" / "ranks" / "attempt-001").glob("*.log"))
+    assert "rank 3 of 4 on node-1" in logs[-1].read_text()
+
+
+async def test_a_killed_rank_is_reported_and_a_restart_relaunches_the_group(rig) -> None:
+    bus, tap, _ = rig
+    await bus.send_command("actuator", _start())
+    status = await _status(tap, 1)
+    victim = status.pids["node-1"][0]
+    os.kill(victim, signal.SIGKILL)
+    exited = await tap.wait_for(lambda e: isinstance(e, schemas.RankExited) and e.pid == victim)
+    assert (
+        exited.signal == signal.SIGKILL
+        and exited.exit_code is None
+        and exited.expected_reason == ""
+    )
+    restart = schemas.Restart(job=JOB, reason="crash")
+    await bus.send_command("actuator", restart)
+    assert (await tap.result_of(restart)).ok
+    second = await _status(tap, 2)
+    assert second.world_size == 4
+    assert not any(pid_alive(p) for pids in status.pids.values() for p in pids)
+    killed = [e for e in tap.of(schemas.RankExited) if e.attempt == 1 and e.pid != victim]
+    assert {e.expected_reason for e in killed} == {"restart"}
+
+
+async def test_hot_swap_keeps_the_world_size(rig) -> None:
+    bus, tap, _ = rig
+    await bus.send_command("actuator", _start())
+    await _status(tap, 1)
+    swap = schemas.HotSwap(job=JOB, failed_node="node-0")
+    await bus.send_command("actuator", swap)
+    assert (await tap.result_of(swap)).ok
+    status = await _status(tap, 2)
+    assert status.active_nodes == ["node-2", "node-1"]
+    assert status.failed_nodes == ["node-0"] and status.world_size == 4
+
+
+async def test_scale_down_then_up_when_the_node_returns(rig) -> None:
+    bus, tap, _ = rig
+    await bus.send_command("actuator", _start(spares=0))
+    await _status(tap, 1)
+    down = schemas.ScaleTo(job=JOB, num_dp_replicas=1, drop_nodes=["node-1"])
+    await bus.send_command("actuator", down)
+    assert (await tap.result_of(down)).ok
+    assert (await _status(tap, 2)).world_size == 2
+    back = schemas.ReturnNode(job=JOB, node="node-1")
+    await bus.send_command("actuator", back)
+    assert (await tap.result_of(back)).ok
+    up = schemas.ScaleTo(job=JOB, num_dp_replicas=2, nodes=["node-0", "node-1"])
+    await bus.send_command("actuator", up)
+    assert (await tap.result_of(up)).ok
+    status = await _status(tap, 3)
+    assert status.world_size == 4 and status.active_nodes == ["node-0", "node-1"]
+    graceful = [e for e in tap.of(schemas.RankExited) if e.attempt == 2]
+    assert {e.expected_reason for e in graceful} == {"scale_up"}
+    assert all(e.signal == signal.SIGTERM for e in graceful)
+
+
+async def test_commands_for_unknown_nodes_are_rejected_not_fatal(rig) -> None:
+    bus, tap, actuator = rig
+    await bus.send_command("actuator", _start(spares=0))
+    await _status(tap, 1)
+    for command in (
+        schemas.HotSwap(job=JOB, failed_node="node-9"),
+        schemas.HotSwap(job=JOB, failed_node="node-0"),  # no spare
+        schemas.ScaleTo(job=JOB, num_dp_replicas=1, nodes=["ghost"]),
+        schemas.ReturnNode(job=JOB, node="ghost"),
+    ):
+        await bus.send_command("actuator", command)
+        result = await tap.result_of(command)
+        assert not result.ok and result.detail
+    assert actuator.process.poll() is None
+
+
+async def test_job_finishes_when_every_rank_exits_zero(rig) -> None:
+    bus, tap, _ = rig
+    await bus.send_command("actuator", _start(nodes=1, procs=2, spares=0, EXIT_AFTER="0"))
+    status = await tap.wait_for(
+        lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished"
+    )
+    assert status.attempt == 1

@@ -1,0 +1,499 @@
+"""CheckpointEngine: async save into reused host buffers, background persist, atomic commit.
+
+``save`` blocks only while the state is copied into a host buffer ("slot"); a worker thread
+then writes the slot's data files from several threads, fsyncs, and commits (manifest last,
+then the directory rename). At most ``max_inflight`` slots exist (fewer if the memory budget
+says so). A save that finds every slot busy takes over the slot of a snapshot still waiting
+to be persisted (that older snapshot is dropped: the newest wins); if the only busy slots are
+being written, it waits for one. Any persist error becomes a failed result and event; the
+training loop goes on and earlier checkpoints are untouched.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import shutil
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from goodput.ckpt import catalog
+from goodput.ckpt.buffers import HostBuffer, Snapshotter, slice_nbytes
+from goodput.ckpt.events import (
+    CheckpointDropped,
+    CheckpointPersisted,
+    CheckpointSaveFailed,
+    CheckpointSnapshotted,
+    Listener,
+    emit,
+)
+from goodput.ckpt.fileio import DirectIOPolicy, DirectMode, write_data_file
+from goodput.ckpt.layout import (
+    fsync_dir,
+    remove_dir_safely,
+    step_dir,
+    tmp_step_dir,
+    write_file_durably,
+)
+from goodput.ckpt.manifest import FORMAT, KIND_ENGINE, FileEntry, Manifest, write_manifest
+from goodput.ckpt.plan import IO_ALIGN, MIN_FILE_BYTES, SavePlan, align_up, make_plan
+from goodput.ckpt.restore import restore_checkpoint
+from goodput.ckpt.tree import flatten
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    step: int
+    status: Literal["persisted", "failed", "dropped"]
+    path: str | None = None
+    bytes: int = 0
+    duration_s: float = 0.0
+    committed: bool = False
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "persisted"
+
+
+class SaveHandle:
+    """Completion of one save; ``wait()`` returns its SaveResult (it never raises)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self._done = threading.Event()
+        self._result: SaveResult | None = None
+
+    def _resolve(self, result: SaveResult) -> None:
+        self._result = result
+        self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> SaveResult:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"checkpoint step {self.step} not finished after {timeout}s")
+        assert self._result is not None
+        return self._result
+
+
+class _SlotState(enum.Enum):
+    FREE = "free"
+    FILLING = "filling"
+    PENDING = "pending"
+    PERSISTING = "persisting"
+
+
+@dataclass(eq=False)
+class _Slot:
+    state: _SlotState = _SlotState.FILLING
+    buffer: HostBuffer | None = None
+
+
+@dataclass(eq=False)
+class _Job:
+    step: int
+    plan: SavePlan
+    tree: Any
+    slot: _Slot
+    handle: SaveHandle
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class _Part(msgspec.Struct, kw_only=True):
+    """What one DP replica wrote, for replica 0 to stitch into the manifest."""
+
+    dp_rank: int
+    layout_digest: str
+    files: list[FileEntry]
+
+
+def _ensure_buffer(slot: _Slot, need: int, *, pin: bool) -> HostBuffer:
+    """The slot's buffer, replaced only if too small or not pinned when pinning is wanted."""
+    if slot.buffer is None or slot.buffer.capacity < need or slot.buffer.pin_requested < pin:
+        if slot.buffer is not None:
+            slot.buffer.release()
+            slot.buffer = None
+        slot.buffer = HostBuffer(need, pin=pin)
+    return slot.buffer
+
+
+def _part_path(directory: Path, dp_rank: int) -> Path:
+    return directory / f".part-r{dp_rank:05d}.json"
+
+
+class CheckpointEngine:
+    """Asynchronous, verified checkpoints of a nested state under ``root``.
+
+    Each replica's data is split into ``2 * writer_threads`` files: writing them with
+    ``writer_threads`` threads saturates the disk, and restore reads them with one thread per
+    file, because reads need more requests in flight than writes to reach full bandwidth.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        keep_last: int = 3,
+        writer_threads: int = 4,
+        direct_io: DirectMode = "auto",
+        max_inflight: int = 1,
+        memory_budget_bytes: int | None = None,
+        listener: Listener | None = None,
+        min_file_bytes: int = MIN_FILE_BYTES,
+        dp_commit_timeout_s: float = 600.0,
+    ) -> None:
+        if max_inflight < 1 or writer_threads < 1:
+            raise ValueError("max_inflight and writer_threads must be at least 1")
+        self.root = Path(root)
+        self.keep_last = keep_last
+        self.writer_threads = writer_threads
+        self.max_inflight = max_inflight
+        self.memory_budget_bytes = memory_budget_bytes
+        self.listener = listener
+        self.min_file_bytes = min_file_bytes
+        self.dp_commit_timeout_s = dp_commit_timeout_s
+        self._policy = DirectIOPolicy(direct_io)
+        self._snapshotter = Snapshotter()
+        self._cond = threading.Condition()
+        self._slots: list[_Slot] = []
+        self._pending: deque[_Job] = deque()
+        self._persisting = False
+        self._closed = False
+        self._pool = ThreadPoolExecutor(writer_threads, thread_name_prefix="goodput-ckpt-write")
+        self._worker = threading.Thread(target=self._run, name="goodput-ckpt-persist", daemon=True)
+        self._worker.start()
+
+    # -- saving -------------------------------------------------------------------------
+
+    def save(
+        self,
+        state: Any,
+        step: int,
+        *,
+        dp_rank: int = 0,
+        dp_world: int = 1,
+        metadata: dict[str, Any] | None = None,
+    ) -> SaveHandle:
+        """Snapshot ``state`` into host buffers and return; persisting goes on in background.
+
+        With ``dp_world`` > 1, every replica calls this with identical state and writes only
+        its slice; replica 0 commits once all slices are durable (the plain values saved are
+        replica 0's, so per-replica RNG states belong in per-rank checkpoints). Invalid states raise
+        (TypeError/ValueError); IO problems never do, they end in a failed result and event.
+        """
+        started = time.perf_counter()
+        if not 0 <= step < 10**10:
+            raise ValueError(f"step must be in [0, 1e10), got {step}")
+        flat = flatten(state)
+        plan = make_plan(
+            flat.tensors,
+            dp_rank=dp_rank,
+            dp_world=dp_world,
+            files_per_rank=2 * self.writer_threads,
+            min_file_bytes=self.min_file_bytes,
+        )
+        handle = SaveHandle(step)
+        need = slice_nbytes(plan)
+        slot = self._acquire_slot(need, step)
+        try:
+            buffer = _ensure_buffer(slot, need, pin=any(t.is_cuda for t in flat.tensors))
+            self._snapshotter.copy(flat.tensors, plan, buffer)
+        except (RuntimeError, MemoryError) as exc:
+            self._release_slot(slot)
+            error = f"snapshot failed: {exc}"
+            emit(self.listener, CheckpointSaveFailed(step=step, error=error, dp_rank=dp_rank))
+            handle._resolve(SaveResult(step, "failed", error=error))
+            return handle
+        job = _Job(step, plan, flat.tree, slot, handle, dict(metadata or {}))
+        with self._cond:
+            slot.state = _SlotState.PENDING
+            self._pending.append(job)
+            self._cond.notify_all()
+        emit(
+            self.listener,
+            CheckpointSnapshotted(
+                step=step,
+                stall_s=time.perf_counter() - started,
+                bytes=plan.slice_bytes,
+                dp_rank=dp_rank,
+                dp_world=dp_world,
+            ),
+        )
+        return handle
+
+    def prepare(self, state: Any, *, dp_rank: int = 0, dp_world: int = 1) -> None:
+        """Allocate and touch a host buffer for states like ``state`` before the first save.
+
+        Fresh memory is slow to touch the first time (page faults; on some VMs the host backs
+        it only then), so doing it here keeps that cost out of the first save's stall.
+        """
+        flat = flatten(state)
+        plan = make_plan(flat.tensors, dp_rank=dp_rank, dp_world=dp_world)
+        with self._cond:
+            if self._slots:
+                return
+            slot = _Slot()
+            self._slots.append(slot)
+        try:
+            buffer = _ensure_buffer(
+                slot, slice_nbytes(plan), pin=any(t.is_cuda for t in flat.tensors)
+            )
+            buffer.data.fill_(0)
+        finally:
+            self._release_slot(slot)
+
+    def _slot_limit(self, need: int) -> int:
+        if self.memory_budget_bytes is None:
+            return self.max_inflight
+        return max(1, min(self.max_inflight, self.memory_budget_bytes // max(need, 1)))
+
+    def _acquire_slot(self, need: int, step: int) -> _Slot:
+        dropped: _Job | None = None
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise RuntimeError("checkpoint engine is closed")
+                free = next((s for s in self._slots if s.state is _SlotState.FREE), None)
+                if free is not None:
+                    free.state = _SlotState.FILLING
+                    slot = free
+                    break
+                if len(self._slots) < self._slot_limit(need):
+                    slot = _Slot()
+                    self._slots.append(slot)
+                    break
+                if self._pending:
+                    dropped = self._pending.popleft()
+                    slot = dropped.slot
+                    slot.state = _SlotState.FILLING
+                    break
+                self._cond.wait()
+        if dropped is not None:
+            emit(self.listener, CheckpointDropped(step=dropped.step, superseded_by=step))
+            dropped.handle._resolve(
+                SaveResult(dropped.step, "dropped", error=f"superseded by step {step}")
+            )
+        return slot
+
+    def _release_slot(self, slot: _Slot) -> None:
+        with self._cond:
+            slot.state = _SlotState.FREE
+            self._cond.notify_all()
+
+    # -- persisting ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                job = self._pending.popleft()
+                job.slot.state = _SlotState.PERSISTING
+                self._persisting = True
+            result = self._persist(job)
+            with self._cond:
+                job.slot.state = _SlotState.FREE
+                self._cond.notify_all()
+            job.handle._resolve(result)
+            if result.committed and self.keep_last > 0:
+                self._apply_retention()
+            with self._cond:
+                self._persisting = False
+                self._cond.notify_all()
+
+    def _apply_retention(self) -> None:
+        """Runs after the save is reported durable, so deleting never delays it."""
+        try:
+            catalog.apply_retention(self.root, self.keep_last, self.listener)
+        except OSError as exc:
+            log.warning("checkpoint retention failed: %s", exc)
+
+    def _persist(self, job: _Job) -> SaveResult:
+        started = time.perf_counter()
+        plan = job.plan
+        tmp = tmp_step_dir(self.root, job.step)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if plan.dp_world == 1 and tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(exist_ok=True)
+            _part_path(tmp, plan.dp_rank).unlink(missing_ok=True)
+            files = self._write_files(job, tmp)
+            fsync_dir(tmp)
+            committed = False
+            if plan.dp_world == 1:
+                self._commit(job, tmp, files)
+                committed = True
+            else:
+                part = _Part(dp_rank=plan.dp_rank, layout_digest=plan.layout_digest, files=files)
+                write_file_durably(_part_path(tmp, plan.dp_rank), msgspec.json.encode(part))
+                if plan.dp_rank == 0:
+                    self._commit(job, tmp, self._gather_parts(job, tmp))
+                    committed = True
+        except Exception as exc:
+            if plan.dp_world == 1:
+                shutil.rmtree(tmp, ignore_errors=True)
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("checkpoint step %d failed: %s", job.step, error)
+            emit(
+                self.listener,
+                CheckpointSaveFailed(step=job.step, error=error, dp_rank=plan.dp_rank),
+            )
+            return SaveResult(job.step, "failed", error=error)
+        duration = time.perf_counter() - started
+        final = step_dir(self.root, job.step)
+        emit(
+            self.listener,
+            CheckpointPersisted(
+                step=job.step,
+                path=str(final),
+                bytes=plan.slice_bytes,
+                duration_s=duration,
+                gbps=plan.slice_bytes / duration / 1e9 if duration > 0 else 0.0,
+                committed=committed,
+                dp_rank=plan.dp_rank,
+                dp_world=plan.dp_world,
+            ),
+        )
+        return SaveResult(
+            job.step,
+            "persisted",
+            path=str(final),
+            bytes=plan.slice_bytes,
+            duration_s=duration,
+            committed=committed,
+        )
+
+    def _write_files(self, job: _Job, directory: Path) -> list[FileEntry]:
+        plan = job.plan
+        assert job.slot.buffer is not None
+        data = job.slot.buffer.data
+        futures = [
+            self._pool.submit(
+                write_data_file,
+                directory / rng.name,
+                data[
+                    rng.start - plan.slice_start : rng.start
+                    - plan.slice_start
+                    + align_up(rng.size, IO_ALIGN)
+                ],
+                rng.size,
+                self._policy,
+            )
+            for rng in plan.files
+        ]
+        wait(futures)
+        digests = [future.result() for future in futures]
+        return [
+            FileEntry(
+                name=rng.name,
+                size=rng.size,
+                xxh3_128=digest,
+                offset=rng.start,
+                dp_rank=plan.dp_rank,
+            )
+            for rng, digest in zip(plan.files, digests, strict=True)
+        ]
+
+    def _gather_parts(self, job: _Job, directory: Path) -> list[FileEntry]:
+        """Replica 0 waits until every replica's part is durable, then stitches them."""
+        deadline = time.monotonic() + self.dp_commit_timeout_s
+        parts: dict[int, _Part] = {}
+        while len(parts) < job.plan.dp_world:
+            for rank in range(job.plan.dp_world):
+                if rank in parts:
+                    continue
+                try:
+                    part = msgspec.json.decode(_part_path(directory, rank).read_bytes(), type=_Part)
+                except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+                    continue
+                if part.layout_digest != job.plan.layout_digest:
+                    raise RuntimeError(f"DP replica {rank} saved a different state layout")
+                parts[rank] = part
+            if len(parts) < job.plan.dp_world:
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(job.plan.dp_world)) - set(parts))
+                    raise TimeoutError(f"DP replicas {missing} did not finish their slices")
+                time.sleep(0.02)
+        for rank in parts:
+            _part_path(directory, rank).unlink(missing_ok=True)
+        return [entry for rank in sorted(parts) for entry in parts[rank].files]
+
+    def _commit(self, job: _Job, tmp: Path, files: list[FileEntry]) -> None:
+        manifest = Manifest(
+            format=FORMAT,
+            step=job.step,
+            kind=KIND_ENGINE,
+            files=files,
+            tensors=job.plan.tensors,
+            tree=job.tree,
+            stream_bytes=job.plan.stream_bytes,
+            dp_world=job.plan.dp_world,
+            created_ns=time.time_ns(),
+            metadata=job.metadata,
+        )
+        write_manifest(tmp, manifest)
+        final = step_dir(self.root, job.step)
+        if final.exists():
+            remove_dir_safely(final)
+        os.replace(tmp, final)
+        fsync_dir(self.root)
+
+    # -- waiting, restoring, closing ----------------------------------------------------
+
+    def wait_until_idle(self) -> None:
+        """Block until every accepted save is persisted, failed or dropped."""
+        with self._cond:
+            while self._pending or self._persisting:
+                self._cond.wait()
+
+    def latest_complete_step(self) -> int | None:
+        return catalog.latest_complete_step(self.root)
+
+    def restore(self, step: int | None = None, into: Any = None) -> tuple[int, Any]:
+        """Load the newest intact checkpoint (at or before ``step``), falling back past bad ones.
+
+        Returns ``(step, state)``; with ``into`` the tensors are loaded in place and ``into``
+        itself is returned, updated. Raises NoCheckpointError if nothing can be restored.
+        """
+        return restore_checkpoint(
+            self.root,
+            step=step,
+            into=into,
+            io_threads=2 * self.writer_threads,
+            policy=self._policy,
+            listener=self.listener,
+        )
+
+    def close(self) -> None:
+        """Finish pending saves, stop the worker and free the host buffers."""
+        self.wait_until_idle()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._worker.join()
+        self._pool.shutdown(wait=True)
+        for slot in self._slots:
+            if slot.buffer is not None:
+                slot.buffer.release()
+        self._slots.clear()
+
+    def __enter__(self) -> CheckpointEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,178 @@
+"""Large sequential data-file IO with optional O_DIRECT and streaming xxh3_128 digests.
+
+O_DIRECT skips the page cache: on this kind of storage the cache costs more CPU than the copy
+it saves, and it keeps a multi-GB checkpoint from evicting the training job's own pages. It
+needs aligned buffers, offsets and lengths; the last partial block is written padded and the
+file truncated to its real size. "auto" falls back to buffered IO where the filesystem
+refuses O_DIRECT (tmpfs, some network filesystems) and remembers that for the directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from pathlib import Path
+from typing import Literal
+
+import torch
+import xxhash
+
+from goodput.ckpt.manifest import FileEntry
+from goodput.ckpt.plan import IO_ALIGN, StreamIndex, align_up
+
+WRITE_CHUNK_BYTES = 64 << 20
+READ_CHUNK_BYTES = 32 << 20
+DirectMode = Literal["auto"] | bool
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+class CorruptCheckpointError(Exception):
+    """A data file is short, unreadable or fails its checksum."""
+
+
+class DirectIOPolicy:
+    """Decides whether to use O_DIRECT, learning from the first refusal in "auto" mode."""
+
+    def __init__(self, mode: DirectMode = "auto") -> None:
+        if mode not in ("auto", True, False):
+            raise ValueError(f"direct_io must be 'auto', True or False, not {mode!r}")
+        self.mode = mode
+        self._refused = _O_DIRECT == 0
+        self._lock = threading.Lock()
+
+    @property
+    def wanted(self) -> bool:
+        return self.mode is True or (self.mode == "auto" and not self._refused)
+
+    def refused(self, exc: OSError) -> bool:
+        """True when ``exc`` means "no O_DIRECT here" and auto mode may fall back."""
+        if self.mode != "auto" or exc.errno != errno.EINVAL:
+            return False
+        with self._lock:
+            self._refused = True
+        return True
+
+
+def _open(path: Path, flags: int, direct: bool) -> int:
+    return os.open(path, flags | os.O_CLOEXEC | (_O_DIRECT if direct else 0), 0o644)
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def _write(path: Path, data: memoryview, size: int, direct: bool) -> str:
+    fd = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct)
+    try:
+        hasher = xxhash.xxh3_128()
+        position = 0
+        while position < size:
+            count = min(WRITE_CHUNK_BYTES, size - position)
+            hasher.update(data[position : position + count])
+            length = align_up(count, IO_ALIGN) if direct else count
+            _pwrite_all(fd, data[position : position + length], position)
+            position += count
+        if direct and size % IO_ALIGN:
+            os.ftruncate(fd, size)
+        os.fsync(fd)
+        if not direct:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return hasher.hexdigest()
+
+
+def write_data_file(path: Path, data: torch.Tensor, size: int, policy: DirectIOPolicy) -> str:
+    """Write the first ``size`` bytes of ``data``, fsync, and return their xxh3_128 digest.
+
+    ``data`` is a page-aligned uint8 CPU tensor with room for ``size`` rounded up to a page.
+    """
+    view = memoryview(data.numpy())
+    if policy.wanted:
+        try:
+            return _write(path, view, size, direct=True)
+        except OSError as exc:
+            if not policy.refused(exc):
+                raise
+    return _write(path, view, size, direct=False)
+
+
+def _pread_full(fd: int, view: memoryview, offset: int, wanted: int) -> int:
+    """Read until ``wanted`` bytes or end of file; returns the count read."""
+    got = 0
+    while got < wanted:
+        count = os.preadv(fd, [view[got:]], offset + got)
+        if count == 0:
+            break
+        got += count
+    return got
+
+
+def _read(
+    path: Path,
+    entry: FileEntry,
+    index: StreamIndex,
+    targets: list[torch.Tensor | None],
+    staging: torch.Tensor,
+    direct: bool,
+) -> None:
+    fd = _open(path, os.O_RDONLY, direct)
+    try:
+        actual = os.fstat(fd).st_size
+        if actual != entry.size:
+            raise CorruptCheckpointError(f"{path.name}: size {actual} != {entry.size} in manifest")
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        view = memoryview(staging.numpy())
+        hasher = xxhash.xxh3_128()
+        position = 0
+        while position < entry.size:
+            count = min(READ_CHUNK_BYTES, entry.size - position)
+            length = align_up(count, IO_ALIGN) if direct else count
+            got = _pread_full(fd, view[:length], position, length)
+            if got < count:
+                raise CorruptCheckpointError(f"{path.name}: short file ({position + got} bytes)")
+            hasher.update(view[:count])
+            chunk_start = entry.offset + position
+            for tensor_index, lo, hi in index.overlapping(chunk_start, chunk_start + count):
+                target = targets[tensor_index]
+                if target is not None:
+                    source = index.entries[tensor_index].offset + lo - chunk_start
+                    target[lo:hi].copy_(staging[source : source + hi - lo])
+            position += count
+    finally:
+        os.close(fd)
+    if hasher.hexdigest() != entry.xxh3_128:
+        raise CorruptCheckpointError(f"{path.name}: xxh3_128 mismatch")
+
+
+def read_data_file(
+    path: Path,
+    entry: FileEntry,
+    index: StreamIndex,
+    targets: list[torch.Tensor | None],
+    staging: torch.Tensor,
+    policy: DirectIOPolicy,
+) -> None:
+    """Read one data file sequentially, verify its digest, scatter it into tensor byte views.
+
+    ``targets[i]`` is tensor i's flat uint8 view (None to skip). ``staging`` is a page-aligned
+    uint8 tensor of at least READ_CHUNK_BYTES. Raises CorruptCheckpointError on any mismatch;
+    targets may then hold partial data.
+    """
+    try:
+        if policy.wanted:
+            try:
+                _read(path, entry, index, targets, staging, direct=True)
+                return
+            except OSError as exc:
+                if not policy.refused(exc):
+                    raise
+        _read(path, entry, index, targets, staging, direct=False)
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(f"{path.name}: missing") from exc
+    except OSError as exc:
+        raise CorruptCheckpointError(f"{path.name}: unreadable ({exc.strerror or exc})") from exc

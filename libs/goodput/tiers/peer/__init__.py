@@ -1,0 +1,15 @@
+"""Peer data plane: files stream node to node over TCP, not through the message bus."""
+
+from goodput.tiers.peer.client import GetResult, PeerClient, PeerError, PushReport, PutResult
+from goodput.tiers.peer.process import PeerServerProcess
+from goodput.tiers.peer.server import PeerServer
+
+__all__ = [
+    "GetResult",
+    "PeerClient",
+    "PeerError",
+    "PeerServer",
+    "PeerServerProcess",
+    "PushReport",
+    "PutResult",
+]

@@ -1,0 +1,84 @@
+"""Fixtures for the storage-tier tests: real checkpoint directories, a real fake-gcs-server
+process and real peer-server processes."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import xxhash
+
+from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
+from goodput.tiers.gcs import GcsObjectStore
+from goodput.tiers.manifest import CheckpointManifest, checkpoint_dirname, read_manifest
+from goodput.tiers.peer import PeerServerProcess
+
+BUCKET = "goodput-test"
+
+
+def make_checkpoint(root: Path, step: int, files: dict[str, bytes]) -> CheckpointManifest:
+    """Write a checkpoint the way the engine does: data files, then manifest.json."""
+    directory = root / checkpoint_dirname(step)
+    directory.mkdir(parents=True)
+    entries = []
+    for name, data in files.items():
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_bytes(data)
+        entries.append(
+            {"name": name, "size": len(data), "xxh3_128": xxhash.xxh3_128_hexdigest(data)}
+        )
+    document = {"format": "goodput-ckpt/1", "step": step, "files": entries, "engine": "test"}
+    (directory / "manifest.json").write_text(json.dumps(document))
+    return read_manifest(directory)
+
+
+def random_files(count: int, size: int, seed: int = 0) -> dict[str, bytes]:
+    rng = random.Random(seed)
+    return {f"rank{i}/shard.bin": rng.randbytes(size) for i in range(count)}
+
+
+def visible_names(directory: Path) -> set[str]:
+    """Files a checkpoint reader would see (hidden temp names excluded)."""
+    return {
+        p.relative_to(directory).as_posix()
+        for p in directory.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+    }
+
+
+@pytest.fixture
+def ckpt():
+    """Checkpoint-building helpers, as a fixture so test modules need no imports from here."""
+    return SimpleNamespace(make=make_checkpoint, random_files=random_files, visible=visible_names)
+
+
+@pytest.fixture(scope="module")
+def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcsServer]:
+    with FakeGcsServer(tmp_path_factory.mktemp("gcs")) as server:
+        ensure_bucket(server.client(), BUCKET)
+        yield server
+
+
+@pytest.fixture
+def gcs_store(fake_gcs: FakeGcsServer) -> GcsObjectStore:
+    """Small parts so multi-part uploads and ranged parallel downloads are exercised."""
+    return GcsObjectStore(BUCKET, fake_gcs.client(), part_bytes=1 << 20, retry_timeout_s=5)
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix of its own per test: tests share one bucket."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def peer(tmp_path: Path) -> Iterator[PeerServerProcess]:
+    process = PeerServerProcess(tmp_path / "peer-volume")
+    process.start()
+    yield process
+    process.stop()

@@ -1,0 +1,199 @@
+"""The peer data plane against a real peer-server process: push, pull, stat, dedup, and
+resumption after the peer is killed mid-transfer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from goodput.tiers.atomic import partial_path
+from goodput.tiers.checksum import ChecksumMismatch
+from goodput.tiers.manifest import list_checkpoints, read_manifest
+from goodput.tiers.peer import PeerClient, PeerError, PeerServerProcess
+
+
+async def connect(peer: PeerServerProcess) -> PeerClient:
+    return await PeerClient.connect(peer.host, peer.port)
+
+
+async def test_push_checkpoint_is_bit_exact_and_committed_last(
+    peer: PeerServerProcess, tmp_path: Path, ckpt
+) -> None:
+    files = ckpt.random_files(3, 300_000) | {"tiny/empty.bin": b""}
+    ckpt.make(tmp_path / "node0", 4, files)
+    async with await connect(peer) as client:
+        report = await client.push_checkpoint(
+            tmp_path / "node0" / "step-0000000004", "node0/step-0000000004"
+        )
+        replica = peer.root / "node0" / "step-0000000004"
+        for name, data in files.items():
+            assert (replica / name).read_bytes() == data
+            assert (await client.stat(f"node0/step-0000000004/{name}")).xxh3_128 == xxh3(data)
+        assert (replica / "manifest.json").read_bytes() == (
+            tmp_path / "node0" / "step-0000000004" / "manifest.json"
+        ).read_bytes()
+        assert report.bytes_sent == sum(len(d) for d in files.values())
+        assert report.bytes_skipped == 0
+        assert not (await client.stat("node0/missing")).exists
+        fetched = await client.fetch_manifest("node0/step-0000000004")
+        assert fetched.to_bytes() == (replica / "manifest.json").read_bytes()
+
+
+async def test_three_dp_replicas_cost_one_replica_of_traffic(
+    peer: PeerServerProcess, tmp_path: Path, ckpt
+) -> None:
+    files = ckpt.random_files(4, 200_000)
+    replica_bytes = sum(len(d) for d in files.values())
+    reports = []
+    async with await connect(peer) as client:
+        for n in range(3):
+            ckpt.make(tmp_path / f"node{n}", 8, files)
+            reports.append(
+                await client.push_checkpoint(
+                    tmp_path / f"node{n}" / "step-0000000008", f"node{n}/step-0000000008"
+                )
+            )
+    assert sum(r.bytes_sent for r in reports) == replica_bytes
+    assert sum(r.bytes_skipped for r in reports) == 2 * replica_bytes
+    for n in range(3):
+        assert [s for s, _ in list_checkpoints(peer.root / f"node{n}")] == [8]
+        for name, data in files.items():
+            assert (peer.root / f"node{n}" / "step-0000000008" / name).read_bytes() == data
+    # Identical content is hard-linked, not stored three times.
+    first = peer.root / "node0" / "step-0000000008" / "rank0/shard.bin"
+    assert first.stat().st_nlink == 3
+
+
+async def test_dedup_uses_the_peers_own_checkpoint_after_verifying_it(
+    peer: PeerServerProcess, tmp_path: Path, ckpt
+) -> None:
+    files = ckpt.random_files(2, 100_000)
+    ckpt.make(peer.root / "own", 3, files)  # the peer's own DP replica, written by its engine
+    ckpt.make(tmp_path / "node1", 3, files)
+    async with await connect(peer) as client:
+        report = await client.push_checkpoint(
+            tmp_path / "node1" / "step-0000000003", "node1/step-0000000003"
+        )
+    assert report.bytes_sent == 0
+    # A corrupted local copy on the peer is not trusted: the bytes are sent instead.
+    (peer.root / "own" / "step-0000000003" / "rank1/shard.bin").write_bytes(b"x" * 100_000)
+    ckpt.make(tmp_path / "node2", 3, files)
+    async with await connect(peer) as client:
+        report = await client.push_checkpoint(
+            tmp_path / "node2" / "step-0000000003", "node2/step-0000000003"
+        )
+    assert report.bytes_sent == 100_000
+    assert (peer.root / "node2" / "step-0000000003" / "rank1/shard.bin").read_bytes() == files[
+        "rank1/shard.bin"
+    ]
+
+
+async def test_corrupt_source_is_refused_by_the_receiver(
+    peer: PeerServerProcess, tmp_path: Path, ckpt
+) -> None:
+    ckpt.make(tmp_path / "node0", 1, {"a.bin": b"a" * 5000})
+    (tmp_path / "node0" / "step-0000000001" / "a.bin").write_bytes(b"b" * 5000)
+    async with await connect(peer) as client:
+        with pytest.raises(PeerError, match="checksum mismatch"):
+            await client.push_checkpoint(
+                tmp_path / "node0" / "step-0000000001", "node0/step-0000000001"
+            )
+        # The connection stays usable and nothing is visible on the peer.
+        assert not (await client.stat("node0/step-0000000001/a.bin")).exists
+    assert ckpt.visible(peer.root) == set()
+
+
+@pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "a/.hidden", "a/../../b"])
+async def test_paths_outside_the_served_root_are_refused(
+    peer: PeerServerProcess, path: str
+) -> None:
+    async with await connect(peer) as client:
+        with pytest.raises(PeerError, match="not allowed"):
+            await client.stat(path)
+
+
+async def test_push_resumes_after_the_receiving_peer_is_killed(
+    peer: PeerServerProcess, tmp_path: Path, ckpt
+) -> None:
+    data = os.urandom(64 << 20)
+    ckpt.make(tmp_path / "node0", 2, {"big.bin": data})
+    source = tmp_path / "node0" / "step-0000000002"
+    sent = 0
+
+    def kill_halfway(n: int) -> None:
+        nonlocal sent
+        sent += n
+        if sent >= 40 << 20 and peer.process is not None:
+            peer.kill()
+
+    client = await connect(peer)
+    with pytest.raises((ConnectionError, OSError)):
+        await client.put_file(
+            source / "big.bin", "node0/step-0000000002/big.bin", len(data), xxh3(data), kill_halfway
+        )
+    await client.close()
+    final = peer.root / "node0" / "step-0000000002" / "big.bin"
+    received_before = partial_path(final, xxh3(data)).stat().st_size
+    assert 0 < received_before < len(data)
+    assert not final.exists()
+
+    peer.start()  # the node comes back with what it had on disk
+    async with await connect(peer) as client:
+        report = await client.push_checkpoint(source, "node0/step-0000000002")
+    assert report.bytes_sent == len(data) - received_before
+    assert report.bytes_skipped == received_before
+    assert final.read_bytes() == data
+    assert read_manifest(final.parent).files[0].xxh3_128 == xxh3(data)
+
+
+async def test_pull_resumes_after_the_sending_peer_is_killed(
+    peer: PeerServerProcess, tmp_path: Path, ckpt
+) -> None:
+    data = os.urandom(48 << 20)
+    ckpt.make(peer.root / "node0", 6, {"big.bin": data})
+    partial = tmp_path / ".big.bin.partial"
+    received = 0
+
+    def kill_early(n: int) -> None:
+        nonlocal received
+        received += n
+        if received >= 16 << 20 and peer.process is not None:
+            peer.kill()
+
+    client = await connect(peer)
+    with pytest.raises((ConnectionError, OSError, EOFError)):
+        await client.get_file(
+            "node0/step-0000000006/big.bin", partial, len(data), xxh3(data), kill_early
+        )
+    await client.close()
+    kept = partial.stat().st_size
+    assert kept >= 16 << 20
+
+    peer.start()
+    async with await connect(peer) as client:
+        result = await client.get_file(
+            "node0/step-0000000006/big.bin", partial, len(data), xxh3(data)
+        )
+    assert result.resumed_from == kept
+    assert result.bytes_received == len(data) - kept
+    assert partial.read_bytes() == data
+
+
+async def test_pull_with_wrong_expected_checksum_discards_the_partial(
+    peer: PeerServerProcess, tmp_path: Path, ckpt
+) -> None:
+    ckpt.make(peer.root / "n", 1, {"a.bin": b"a" * 10_000})
+    partial = tmp_path / ".a.partial"
+    async with await connect(peer) as client:
+        with pytest.raises(ChecksumMismatch):
+            await client.get_file("n/step-0000000001/a.bin", partial, 10_000, xxh3(b"other"))
+        with pytest.raises(PeerError, match="no such file"):
+            await client.get_file("n/step-0000000001/zzz", partial, 1, xxh3(b"z"))
+    assert not partial.exists()
+
+
+def xxh3(data: bytes) -> str:
+    return xxhash.xxh3_128_hexdigest(data)

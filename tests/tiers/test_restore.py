@@ -1,0 +1,184 @@
+"""Restore to the nearest tier: local, then peer, then object store, per file, verified."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from goodput.tiers.backup import backup_checkpoint
+from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
+from goodput.tiers.gcs import GcsObjectStore
+from goodput.tiers.manifest import CheckpointManifest, list_checkpoints, read_manifest
+from goodput.tiers.peer import PeerClient, PeerServerProcess
+from goodput.tiers.restore import (
+    LocalSource,
+    ObjectStoreSource,
+    PeerSource,
+    RestoreError,
+    restore_checkpoint,
+)
+
+STEP = 12
+STEP_DIR = "step-0000000012"
+
+
+@pytest.fixture
+def node(tmp_path: Path, ckpt) -> tuple[Path, CheckpointManifest, dict[str, bytes]]:
+    files = ckpt.random_files(3, 500_000, seed=1)
+    manifest = ckpt.make(tmp_path / "node0", STEP, files)
+    return tmp_path / "node0", manifest, files
+
+
+async def replicate_to(peer: PeerServerProcess, node_root: Path) -> None:
+    async with await PeerClient.connect(peer.host, peer.port) as client:
+        await client.push_checkpoint(node_root / STEP_DIR, f"node0/{STEP_DIR}")
+
+
+def assert_restored(dest: Path, manifest: CheckpointManifest, files: dict[str, bytes]) -> None:
+    restored = dest / STEP_DIR
+    for name, data in files.items():
+        assert (restored / name).read_bytes() == data
+    assert (restored / "manifest.json").read_bytes() == manifest.to_bytes()
+    assert [s for s, _ in list_checkpoints(dest)] == [STEP]
+
+
+async def test_restore_from_local(node, tmp_path: Path) -> None:
+    root, manifest, files = node
+    report = await restore_checkpoint(
+        STEP, manifest.files, tmp_path / "fresh", [LocalSource(root)], manifest=manifest
+    )
+    assert_restored(tmp_path / "fresh", manifest, files)
+    assert {f.tier for f in report.files} == {"local"}
+    assert report.bytes_by_tier() == {"local": sum(len(d) for d in files.values())}
+
+
+async def test_restore_from_peer(node, tmp_path: Path, peer: PeerServerProcess) -> None:
+    root, manifest, files = node
+    await replicate_to(peer, root)
+    async with PeerSource(peer.host, peer.port, "node0") as from_peer:
+        sources = [LocalSource(tmp_path / "lost-volume"), from_peer]
+        report = await restore_checkpoint(
+            STEP, manifest.files, tmp_path / "fresh", sources, manifest=manifest
+        )
+    assert_restored(tmp_path / "fresh", manifest, files)
+    assert {f.tier for f in report.files} == {"peer"}
+    assert all("SourceMiss" in f.failed_attempts[0] for f in report.files)
+
+
+async def test_restore_from_object_store(
+    node, tmp_path: Path, gcs_store: GcsObjectStore, prefix: str
+) -> None:
+    root, manifest, files = node
+    backup_checkpoint(root / STEP_DIR, gcs_store, "node0", prefix)
+    sources = [LocalSource(tmp_path / "lost"), ObjectStoreSource(gcs_store, prefix)]
+    report = await restore_checkpoint(
+        STEP, manifest.files, tmp_path / "fresh", sources, manifest=manifest
+    )
+    assert_restored(tmp_path / "fresh", manifest, files)
+    assert {f.tier for f in report.files} == {"object_store"}
+
+
+async def test_corrupt_file_on_each_tier_falls_back_to_the_next(
+    node, tmp_path: Path, peer: PeerServerProcess, gcs_store: GcsObjectStore, prefix: str
+) -> None:
+    root, manifest, files = node
+    await replicate_to(peer, root)
+    backup_checkpoint(root / STEP_DIR, gcs_store, "node0", prefix)
+    names = sorted(files)
+    # rank0 is corrupt locally (-> peer); rank1 corrupt locally and on the peer (-> object store).
+    corrupt(root / STEP_DIR / names[0])
+    corrupt(root / STEP_DIR / names[1])
+    corrupt(peer.root / "node0" / STEP_DIR / names[1])
+    async with PeerSource(peer.host, peer.port, "node0") as from_peer:
+        sources = [LocalSource(root), from_peer, ObjectStoreSource(gcs_store, prefix)]
+        report = await restore_checkpoint(
+            STEP, manifest.files, tmp_path / "fresh", sources, manifest=manifest
+        )
+    assert_restored(tmp_path / "fresh", manifest, files)
+    tiers = {f.name: f.tier for f in report.files}
+    assert tiers == {names[0]: "peer", names[1]: "object_store", names[2]: "local"}
+    by_name = {f.name: f for f in report.files}
+    assert "ChecksumMismatch" in by_name[names[1]].failed_attempts[1]
+
+
+async def test_no_source_has_it_raises_and_commits_nothing(node, tmp_path: Path) -> None:
+    _, manifest, _ = node
+    with pytest.raises(RestoreError, match="cannot restore") as error:
+        await restore_checkpoint(
+            STEP, manifest.files, tmp_path / "fresh", [LocalSource(tmp_path / "empty")]
+        )
+    assert len(error.value.attempts) == 1
+    assert list(list_checkpoints(tmp_path / "fresh")) == []
+
+
+async def test_peer_killed_mid_restore_then_retry_resumes(node, tmp_path: Path, ckpt) -> None:
+    big = {"big.bin": os.urandom(48 << 20)}
+    peer = PeerServerProcess(tmp_path / "peer-volume")
+    manifest = ckpt.make(peer.root / "node0", STEP, big)
+    peer.start()
+    try:
+        moved = 0
+
+        def kill_midway(n: int) -> None:
+            nonlocal moved
+            moved += n
+            if moved >= 16 << 20 and peer.process is not None:
+                peer.kill()
+
+        dest = tmp_path / "fresh"
+        with pytest.raises(RestoreError, match="peer"):
+            await restore_checkpoint(
+                STEP,
+                manifest.files,
+                dest,
+                [PeerSource(peer.host, peer.port, "node0")],
+                progress=kill_midway,
+            )
+        # Nothing half-written is visible: no data file under its final name, no manifest.
+        assert ckpt.visible(dest) == set()
+
+        peer.start()
+        async with PeerSource(peer.host, peer.port, "node0") as from_peer:
+            report = await restore_checkpoint(
+                STEP, manifest.files, dest, [from_peer], manifest=manifest
+            )
+        assert 0 < report.files[0].bytes_moved < len(big["big.bin"])
+        assert (dest / STEP_DIR / "big.bin").read_bytes() == big["big.bin"]
+        assert read_manifest(dest / STEP_DIR).files == manifest.files
+    finally:
+        peer.stop()
+
+
+async def test_object_store_down_gives_clear_error_and_retry_succeeds(node, tmp_path: Path) -> None:
+    root, manifest, files = node
+    with FakeGcsServer(tmp_path / "gcs") as server:
+        ensure_bucket(server.client(), "restore-test")
+        store = GcsObjectStore("restore-test", server.client(), retry_timeout_s=1.0)
+        backup_checkpoint(root / STEP_DIR, store, "node0")
+        server.stop()
+        with pytest.raises(RestoreError, match="unreachable"):
+            await restore_checkpoint(
+                STEP, manifest.files, tmp_path / "fresh", [ObjectStoreSource(store)]
+            )
+        server.start()
+        await restore_checkpoint(
+            STEP, manifest.files, tmp_path / "fresh", [ObjectStoreSource(store)], manifest=manifest
+        )
+    assert_restored(tmp_path / "fresh", manifest, files)
+
+
+async def test_already_restored_files_are_verified_not_copied(node, tmp_path: Path) -> None:
+    root, manifest, _ = node
+    await restore_checkpoint(STEP, manifest.files, tmp_path / "fresh", [LocalSource(root)])
+    report = await restore_checkpoint(STEP, manifest.files, tmp_path / "fresh", [LocalSource(root)])
+    assert {f.tier for f in report.files} == {"present"}
+
+
+def corrupt(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0xFF]))

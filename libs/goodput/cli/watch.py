@@ -1,0 +1,139 @@
+"""Following a job from its events: progress for people, a summary for machines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from goodput import schemas, subjects
+from goodput.bus import Bus
+
+
+@dataclass
+class JobWatcher:
+    """Keeps the facts a run reports (steps, world sizes, restarts, remediations) as they come."""
+
+    bus: Bus
+    job: str
+    total_steps: int
+    console: Console | None = None
+    step: int = 0
+    state: str = "starting"
+    attempt: int = 0
+    world_size_history: list[int] = field(default_factory=list)
+    signals: list[schemas.Signal] = field(default_factory=list)
+    decisions: list[schemas.Decision] = field(default_factory=list)
+    failed_actions: list[schemas.ActionResult] = field(default_factory=list)
+    last_status: schemas.JobStatus | None = None
+    events: int = 0
+
+    def __post_init__(self) -> None:
+        self.ended = asyncio.Event()
+        self._subscription = None
+        self._progress: Progress | None = None
+        self._task = None
+
+    @property
+    def restarts(self) -> int:
+        return max(self.attempt - 1, 0)
+
+    async def start(self) -> JobWatcher:
+        if self.console is not None:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=False,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(
+                f"job {self.job}", total=self.total_steps, info="starting"
+            )
+
+        async def collect(msg) -> None:
+            try:
+                event = schemas.decode_event(msg.data)
+            except schemas.SchemaError:
+                return
+            self.events += 1
+            self._apply(event)
+
+        self._subscription = await self.bus.js.subscribe(
+            subjects.events_of(self.job),
+            stream=subjects.EVENTS_STREAM,
+            cb=collect,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+        )
+        return self
+
+    async def stop(self) -> None:
+        if self._subscription is not None:
+            await self._subscription.unsubscribe()
+        if self._progress is not None:
+            self._progress.stop()
+
+    def _say(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text)
+
+    def _apply(self, event: schemas.Event) -> None:
+        match event:
+            case schemas.StepDone(rank=0):
+                # after a restore the step count goes back: show where training really is
+                self.step = event.step
+            case schemas.JobStatus():
+                self.last_status = event
+                if event.state == "running" and event.attempt != self.attempt:
+                    self.world_size_history.append(event.world_size)
+                self.attempt = event.attempt
+                self.state = event.state
+                self._say(
+                    f"[cyan]job[/] attempt {event.attempt} {event.state}: world size "
+                    f"{event.world_size} on {', '.join(event.active_nodes)}"
+                    + (f" — {event.detail}" if event.detail else "")
+                )
+                if event.state in ("finished", "failed", "stopped"):
+                    self.ended.set()
+            case schemas.Signal():
+                self.signals.append(event)
+                self._say(
+                    f"[yellow]signal[/] {event.signal} on {event.node or 'job'}"
+                    + (f" rank {event.rank}" if event.rank is not None else "")
+                    + f": {event.detail}"
+                )
+            case schemas.Decision():
+                self.decisions.append(event)
+                self._say(f"[magenta]decision[/] {event.rule}: {event.reason}")
+                if event.error:
+                    self._say(f"[red]policy error[/] {event.error}")
+            case schemas.ActionResult(ok=False):
+                self.failed_actions.append(event)
+                self._say(f"[red]action failed[/] {event.action}: {event.detail}")
+        if self._progress is not None and self._task is not None:
+            self._progress.update(
+                self._task,
+                completed=self.step,
+                info=f"attempt {self.attempt} · world {self.world_size_history[-1] if self.world_size_history else '-'} · {self.state}",
+            )
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True if the job ended within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ended.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self.ended.wait(), min(remaining, 1.0))
+            except TimeoutError:
+                continue
+        return True

@@ -1,0 +1,42 @@
+"""What the training loop needs from its surroundings: checkpoint storage, stop requests, metrics.
+
+``LocalFileHooks`` implements it with files for standalone runs and tests; the goodput trainer
+shim implements it with the async checkpoint engine and the bus.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class TrainingHooks(Protocol):
+    def restore(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        """The newest usable checkpoint as ``(step, state)``, or None to start from scratch.
+
+        ``template_state`` has the structure (and the live tensors) of the state to restore.
+        Every rank must get the same checkpoint.
+        """
+        ...
+
+    def step_done(self, step: int, step_time_s: float, tokens: int, loss: float) -> None:
+        """Called after each optimizer step; ``step`` counts completed steps."""
+        ...
+
+    def should_checkpoint(self, step: int) -> bool:
+        """Whether to save after completed step ``step`` (the loop makes the ranks agree)."""
+        ...
+
+    def save(self, state: dict[str, Any], step: int) -> None:
+        """Start saving ``state``; may finish in the background but must not block long.
+
+        ``state`` holds live tensors that training mutates next step: snapshot before returning.
+        """
+        ...
+
+    def should_stop(self) -> bool:
+        """A stop was asked for (SIGTERM, a stop command): the loop saves and exits."""
+        ...
+
+    def finish(self, state: dict[str, Any], step: int) -> None:
+        """Final save of ``state`` at ``step`` (if not saved yet) and flush of pending writes."""
+        ...

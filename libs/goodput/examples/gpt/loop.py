@@ -1,0 +1,64 @@
+"""The training loop, written only against ``TrainingHooks`` so any supervisor can drive it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from goodput.examples.gpt.hooks import TrainingHooks
+from goodput.examples.gpt.training import Trainer
+
+
+@dataclass
+class LoopResult:
+    first_step: int  # the step this process started from (after restore)
+    step: int  # completed steps when the loop ended
+    stopped: bool  # ended early on a stop request, before ``total_steps``
+    losses: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) run here
+    step_time_s: float = 0.0  # total time spent in training steps here (no checkpoint, no startup)
+
+
+def any_rank(*flags: bool) -> list[bool]:
+    """Each flag true if it is true on any rank: the ranks must checkpoint and stop together,
+    or one would wait forever in the next all-reduce for a peer that left."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return list(flags)
+    votes = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
+    dist.all_reduce(votes, op=dist.ReduceOp.MAX)
+    return [bool(vote) for vote in votes.tolist()]
+
+
+def run_training(
+    trainer: Trainer, hooks: TrainingHooks, total_steps: int, stop_at: int | None = None
+) -> LoopResult:
+    """Restore, train to ``total_steps`` (or stop early), checkpoint as the hooks ask, finish.
+
+    ``stop_at`` ends the run after that step as if a stop had been requested (save and exit).
+    """
+    restored = hooks.restore(trainer.state_dict())
+    if restored is not None:
+        trainer.load_state_dict(restored[1])
+    result = LoopResult(first_step=trainer.step, step=trainer.step, stopped=False)
+    while trainer.step < total_steps:
+        if stop_at is not None and trainer.step >= stop_at:
+            result.stopped = True
+            break
+        started = time.perf_counter()
+        loss = trainer.train_step()
+        step_time_s = time.perf_counter() - started
+        result.step_time_s += step_time_s
+        step = trainer.step
+        result.step = step
+        result.losses.append((step, loss))
+        hooks.step_done(step, step_time_s, trainer.tokens_per_step, loss)
+        checkpoint, stop = any_rank(hooks.should_checkpoint(step), hooks.should_stop())
+        if stop and step < total_steps:
+            result.stopped = True
+            break
+        if checkpoint and step < total_steps:
+            hooks.save(trainer.state_dict(), step)
+    hooks.finish(trainer.state_dict(), trainer.step)
+    return result

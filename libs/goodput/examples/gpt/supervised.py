@@ -1,0 +1,38 @@
+"""The example job under goodput supervision: the same loop, with the trainer shim as hooks.
+
+    goodput run --nodes 2 --procs-per-node 1 --spares 1 -- \\
+        python -m goodput.examples.gpt.supervised --steps 300 --ckpt-every 25
+
+Checkpoints go where the actuator says (GOODPUT_CKPT_DIR), asynchronously through the
+checkpoint engine; heartbeats, steps and checkpoint events go to the bus; SIGTERM or a stop
+command saves and exits with status 143 so the supervisor can tell a departure from a finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from goodput.examples.gpt import train
+from goodput.shim import TrainerShim
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--ckpt-dir" not in argv:
+        argv += ["--ckpt-dir", os.environ.get("GOODPUT_CKPT_DIR", "checkpoints")]
+    shims: list[TrainerShim] = []
+
+    def shim_hooks(args: argparse.Namespace, info: train.DistInfo) -> TrainerShim:
+        shim = TrainerShim.from_env(ckpt_dir=str(args.ckpt_dir), ckpt_every=args.ckpt_every)
+        shims.append(shim)
+        return shim
+
+    status = train.main(argv, hooks_factory=shim_hooks)
+    return status or (shims[0].exit_code if shims else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

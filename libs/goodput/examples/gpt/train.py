@@ -1,0 +1,174 @@
+"""Entry point of the example job, launched like torchrun (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
+
+    python -m goodput.examples.gpt.train --steps 300 --ckpt-dir /tmp/ckpt --ckpt-every 50 --seed 0
+
+Resumes from the newest checkpoint in --ckpt-dir, at any world size that divides the batch.
+Exits 0 both when training completed and when it stopped on request after saving; the
+--result JSON tells the two apart ("completed").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from goodput.examples.gpt.hooks import TrainingHooks
+from goodput.examples.gpt.local_hooks import LocalFileHooks
+from goodput.examples.gpt.loop import LoopResult, run_training
+from goodput.examples.gpt.model import ModelConfig
+from goodput.examples.gpt.training import (
+    BatchPlan,
+    RescaleCallback,
+    TrainConfig,
+    Trainer,
+    keep_global_batch,
+    linear_lr_scaling,
+    params_sha256,
+)
+
+RESCALE_CALLBACKS: dict[str, RescaleCallback] = {
+    "keep-global-batch": keep_global_batch,
+    "linear-lr": linear_lr_scaling,
+}
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+
+    @classmethod
+    def from_env(cls) -> DistInfo:
+        return cls(
+            rank=int(os.environ.get("RANK", "0")),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        )
+
+
+HooksFactory = Callable[[argparse.Namespace, DistInfo], TrainingHooks]
+
+
+def local_file_hooks(args: argparse.Namespace, info: DistInfo) -> TrainingHooks:
+    return LocalFileHooks(
+        args.ckpt_dir, args.ckpt_every, rank=info.rank, keep=args.keep, log_every=args.log_every
+    )
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    defaults = TrainConfig()
+    model = ModelConfig()
+    parser = argparse.ArgumentParser(prog="python -m goodput.examples.gpt.train")
+    parser.add_argument(
+        "--steps", type=int, default=defaults.total_steps, help="total steps (LR schedule length)"
+    )
+    parser.add_argument("--ckpt-dir", type=Path, required=True)
+    parser.add_argument(
+        "--ckpt-every", type=int, default=50, help="steps between checkpoints; 0: only at the end"
+    )
+    parser.add_argument("--keep", type=int, default=3, help="checkpoints kept on disk")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--global-batch", type=int, default=defaults.plan.global_batch)
+    parser.add_argument("--micro-batch", type=int, default=defaults.plan.micro_batch)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
+    parser.add_argument("--n-layer", type=int, default=model.n_layer)
+    parser.add_argument("--n-head", type=int, default=model.n_head)
+    parser.add_argument("--d-model", type=int, default=model.d_model)
+    parser.add_argument("--seq-len", type=int, default=model.seq_len)
+    parser.add_argument("--dropout", type=float, default=model.dropout)
+    parser.add_argument("--rescale", choices=sorted(RESCALE_CALLBACKS), default="keep-global-batch")
+    parser.add_argument(
+        "--exit-at-step", type=int, help="save and exit after this step (as on SIGTERM)"
+    )
+    parser.add_argument("--result", type=Path, help="JSON summary written by rank 0 at the end")
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--dist-timeout-s", type=float, default=300.0)
+    return parser.parse_args(argv)
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        seed=args.seed,
+        total_steps=args.steps,
+        plan=BatchPlan(global_batch=args.global_batch, micro_batch=args.micro_batch),
+        model=ModelConfig(
+            seq_len=args.seq_len,
+            n_layer=args.n_layer,
+            n_head=args.n_head,
+            d_model=args.d_model,
+            dropout=args.dropout,
+        ),
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+    )
+
+
+def result_record(trainer: Trainer, outcome: LoopResult) -> dict[str, Any]:
+    return {
+        "steps": trainer.step,
+        "first_step": outcome.first_step,
+        "completed": not outcome.stopped,
+        "world_size": trainer.world_size,
+        "global_batch": trainer.plan.global_batch,
+        "lr_scale": trainer.plan.lr_scale,
+        "params_sha256": params_sha256(trainer.model),
+        "final_loss": outcome.losses[-1][1] if outcome.losses else None,
+        "mean_step_time_s": outcome.step_time_s / len(outcome.losses) if outcome.losses else None,
+        "losses": outcome.losses,
+    }
+
+
+def write_json(record: dict[str, Any], path: Path) -> None:
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_text(json.dumps(record, indent=1))
+    temp.replace(path)
+
+
+def main(argv: Sequence[str] | None = None, hooks_factory: HooksFactory = local_file_hooks) -> int:
+    args = parse_args(argv)
+    info = DistInfo.from_env()
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank{info.rank} %(name)s: %(message)s"
+    )
+    # Ranks share few cores: one thread each avoids oversubscription (and keeps math repeatable).
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    if info.world_size > 1:
+        dist.init_process_group(
+            "gloo",
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=timedelta(seconds=args.dist_timeout_s),
+        )
+    trainer = None
+    try:
+        trainer = Trainer(
+            train_config(args), info.rank, info.world_size, RESCALE_CALLBACKS[args.rescale]
+        )
+        hooks = hooks_factory(args, info)
+        outcome = run_training(trainer, hooks, args.steps, stop_at=args.exit_at_step)
+        if args.result is not None and info.rank == 0:
+            write_json(result_record(trainer, outcome), args.result)
+    finally:
+        if trainer is not None:
+            trainer.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

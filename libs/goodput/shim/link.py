@@ -1,0 +1,154 @@
+"""The trainer's connection to the bus, on a thread of its own.
+
+The training loop is synchronous and must never wait on the network: events go into a queue
+that a background asyncio loop drains (retrying through outages), heartbeats are sent from
+that loop on a timer, and commands for trainers arrive there and are handed to a callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from goodput import schemas, subjects
+from goodput.bus import Bus, BusSettings
+
+log = logging.getLogger(__name__)
+
+_CLOSE = object()
+
+
+class BusLink:
+    """Background publisher of heartbeats and events, and receiver of trainer commands."""
+
+    def __init__(
+        self,
+        *,
+        settings: BusSettings,
+        job: str,
+        node: str,
+        rank: int,
+        heartbeat_period_s: float,
+        on_command: Callable[[schemas.Command], None],
+    ):
+        self.settings = settings
+        self.job = job
+        self.node = node
+        self.rank = rank
+        self.heartbeat_period_s = heartbeat_period_s
+        self.on_command = on_command
+        self.step = 0
+        #: what the rank is busy with ("checkpoint-save", "checkpoint-load") or ""
+        self.busy = ""
+        self.connected = threading.Event()
+        self._events: queue.Queue[object] = queue.Queue()
+        self._started_ns = time.time_ns()
+        self._thread = threading.Thread(target=self._main, name="goodput-bus-link", daemon=True)
+        self._thread.start()
+
+    def publish(self, event: schemas.Event) -> None:
+        """Queue an event; returns at once."""
+        self._events.put(event)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush queued events (bounded by ``timeout_s``) and stop the thread."""
+        self._events.put(_CLOSE)
+        self._thread.join(timeout_s)
+
+    # ---- the background loop ------------------------------------------------------------------
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        try:
+            bus = await Bus.connect(self.settings, name=f"goodput-trainer-{self.rank}")
+        except Exception:
+            log.exception("trainer cannot reach the bus; training goes on without supervision")
+            self._drain_without_bus()
+            return
+        self.connected.set()
+        heartbeats = asyncio.create_task(self._heartbeats(bus))
+        commands = await self._subscribe_commands(bus)
+        try:
+            await self._publish_events(bus)
+        finally:
+            heartbeats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeats
+            if commands is not None:
+                with contextlib.suppress(Exception):
+                    await commands.unsubscribe()
+            await bus.close()
+
+    def _drain_without_bus(self) -> None:
+        while self._events.get() is not _CLOSE:
+            pass
+
+    async def _publish_events(self, bus: Bus) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            item = await loop.run_in_executor(None, self._events.get)
+            if item is _CLOSE:
+                return
+            assert isinstance(item, schemas.Event)
+            try:
+                await bus.emit(item, retry_for_s=60)
+            except Exception:
+                log.exception("event lost after retries", extra={"event": type(item).__name__})
+
+    async def _heartbeats(self, bus: Bus) -> None:
+        subject = subjects.heartbeat(self.job, self.node, self.rank)
+        while True:
+            beat = schemas.Heartbeat(
+                job=self.job,
+                node=self.node,
+                rank=self.rank,
+                pid=os.getpid(),
+                step=self.step,
+                busy=self.busy,
+            )
+            with contextlib.suppress(Exception):  # a missed beat is what the sensor detects
+                await bus.publish_core(subject, beat)
+            await asyncio.sleep(self.heartbeat_period_s)
+
+    async def _subscribe_commands(self, bus: Bus):
+        """Commands for trainers sent since this process started (older ones were for others)."""
+
+        async def handle(msg) -> None:
+            try:
+                command = schemas.decode_command(msg.data)
+            except schemas.SchemaError as exc:
+                await bus.dead_letter(
+                    job=self.job,
+                    service=f"trainer-{self.rank}",
+                    subject=msg.subject,
+                    reason=f"undecodable: {exc}",
+                    payload=msg.data,
+                )
+                return
+            self.on_command(command)
+
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self._started_ns / 1e9))
+        start += f".{self._started_ns % 10**9:09d}Z"
+        try:
+            return await bus.js.subscribe(
+                subjects.command(self.job, subjects.TRAINER),
+                stream=subjects.COMMANDS_STREAM,
+                cb=handle,
+                ordered_consumer=True,
+                config=ConsumerConfig(
+                    deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start
+                ),
+            )
+        except Exception:
+            log.exception("cannot subscribe to trainer commands; they will be missed")
+            return None

@@ -1,0 +1,245 @@
+"""The trainer shim: what a training script imports to be supervised by goodput.
+
+    shim = TrainerShim.from_env()          # reads what the actuator put in the environment
+    restored = shim.restore(state)         # newest verified checkpoint, or None
+    for step in ...:
+        ...train...
+        shim.step_done(step, step_time_s, tokens, loss)
+        if shim.should_checkpoint(step): shim.save(state, step)   # returns after the snapshot
+        if shim.should_stop(): break                               # SIGTERM / stop command
+    shim.finish(state, step)               # final save, flush, exit code via shim.exit_code
+
+It implements the example job's ``TrainingHooks`` protocol, so any loop written against that
+protocol is supervised by swapping in this object.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from goodput import schemas
+from goodput.bus import BusSettings
+from goodput.ckpt import CheckpointEngine, NoCheckpointError
+from goodput.ckpt import events as ckpt_events
+from goodput.shim.link import BusLink
+
+log = logging.getLogger(__name__)
+
+#: exit status of a rank that saved and stopped because it was told to leave (128 + SIGTERM)
+EXIT_TERMINATED = 143
+
+
+class ShimConfig(msgspec.Struct, kw_only=True):
+    job: str = "default"
+    node: str = "local"
+    rank: int = 0
+    world_size: int = 1
+    #: ranks of this node share its local volume: they split the (identical) state among them
+    local_rank: int = 0
+    local_world_size: int = 1
+    attempt: int = 1
+    nats_url: str = ""
+    ckpt_dir: str = "checkpoints"
+    #: steps between checkpoints; the controller may change it (SetCheckpointInterval)
+    ckpt_every: int = 50
+    keep_last: int = 3
+    heartbeat_period_s: float = 0.5
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> ShimConfig:
+        env = os.environ
+        values: dict[str, Any] = {
+            "job": env.get("GOODPUT_JOB", "default"),
+            "node": env.get("GOODPUT_NODE", "local"),
+            "rank": int(env.get("RANK", "0")),
+            "world_size": int(env.get("WORLD_SIZE", "1")),
+            "local_rank": int(env.get("LOCAL_RANK", "0")),
+            "local_world_size": int(env.get("LOCAL_WORLD_SIZE", "1")),
+            "attempt": int(env.get("GOODPUT_ATTEMPT", "1")),
+            "nats_url": env.get("GOODPUT_NATS_URL", ""),
+            "ckpt_dir": env.get("GOODPUT_CKPT_DIR", "checkpoints"),
+            "ckpt_every": int(env.get("GOODPUT_CKPT_EVERY", "50")),
+            "heartbeat_period_s": float(env.get("GOODPUT_HEARTBEAT_PERIOD_S", "0.5")),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+class TrainerShim:
+    """Heartbeats, step and checkpoint events, commands, signals and async checkpoints."""
+
+    def __init__(self, config: ShimConfig, *, install_signal_handlers: bool = True):
+        self.config = config
+        self.ckpt_every = config.ckpt_every
+        self.exit_code = 0
+        self._stop_reason = ""
+        self._checkpoint_requested = threading.Event()
+        self._last_saved_step: int | None = None
+        self.engine = CheckpointEngine(
+            Path(config.ckpt_dir), keep_last=config.keep_last, listener=self._on_ckpt_event
+        )
+        self.link: BusLink | None = None
+        if config.nats_url:
+            self.link = BusLink(
+                settings=BusSettings(url=config.nats_url),
+                job=config.job,
+                node=config.node,
+                rank=config.rank,
+                heartbeat_period_s=config.heartbeat_period_s,
+                on_command=self._on_command,
+            )
+        if install_signal_handlers:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGUSR1, self._on_signal)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> TrainerShim:
+        return cls(ShimConfig.from_env(**overrides))
+
+    # ---- TrainingHooks ----------------------------------------------------------------------
+
+    def restore(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        self._busy("checkpoint-load")
+        try:
+            step, state = self.engine.restore(into=template_state)
+        except NoCheckpointError:
+            log.info("no checkpoint to restore in %s; starting from scratch", self.config.ckpt_dir)
+            return None
+        finally:
+            self._busy("")
+        self._last_saved_step = step
+        if self.link is not None:
+            self.link.step = step
+        return step, state
+
+    def step_done(self, step: int, step_time_s: float, tokens: int, loss: float) -> None:
+        if self.link is not None:
+            self.link.step = step
+        self._publish(
+            schemas.StepDone(
+                job=self.config.job,
+                node=self.config.node,
+                rank=self.config.rank,
+                step=step,
+                step_time_s=step_time_s,
+                tokens=tokens,
+                loss=loss,
+                world_size=self.config.world_size,
+            )
+        )
+
+    def should_checkpoint(self, step: int) -> bool:
+        if self._checkpoint_requested.is_set():
+            self._checkpoint_requested.clear()
+            return True
+        return self.ckpt_every > 0 and step % self.ckpt_every == 0
+
+    def save(self, state: dict[str, Any], step: int) -> None:
+        self._busy("checkpoint-save")
+        try:
+            self.engine.save(state, step, dp_rank=self.config.rank, dp_world=self.config.world_size)
+        finally:
+            self._busy("")
+        self._last_saved_step = step
+
+    def should_stop(self) -> bool:
+        return bool(self._stop_reason)
+
+    def finish(self, state: dict[str, Any], step: int) -> None:
+        """Save the final state unless already saved, wait until durable, flush events."""
+        if self._last_saved_step != step:
+            self.save(state, step)
+        self._busy("checkpoint-save")
+        self.engine.close()
+        self._busy("")
+        if self._stop_reason.startswith("signal"):
+            self.exit_code = EXIT_TERMINATED
+        if self.link is not None:
+            self.link.close()
+
+    # ---- inputs -------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._stop_reason = f"signal {signal.Signals(signum).name}"
+
+    def _on_command(self, command: schemas.Command) -> None:
+        match command:
+            case schemas.CheckpointNow():
+                self._checkpoint_requested.set()
+            case schemas.Stop() if not command.nodes or self.config.node in command.nodes:
+                self._stop_reason = f"stop command: {command.reason}"
+            case schemas.SetCheckpointInterval():
+                log.info(
+                    "checkpoint interval now %d steps (%s)", command.every_steps, command.rationale
+                )
+                self.ckpt_every = command.every_steps
+            case schemas.Rescale():
+                # the world size changes by relaunch: save now so the new group loses nothing
+                self._stop_reason = f"rescale {command.old_world_size} → {command.new_world_size}"
+
+    def _busy(self, what: str) -> None:
+        if self.link is not None:
+            self.link.busy = what
+
+    # ---- outputs ------------------------------------------------------------------------------
+
+    def _publish(self, event: schemas.Event) -> None:
+        if self.link is not None:
+            self.link.publish(event)
+
+    def _on_ckpt_event(self, event: ckpt_events.CheckpointEvent) -> None:
+        common = {"job": self.config.job, "node": self.config.node, "rank": self.config.rank}
+        match event:
+            case ckpt_events.CheckpointSnapshotted():
+                self._publish(
+                    schemas.CheckpointSaved(
+                        **common, step=event.step, stall_s=event.stall_s, bytes=event.bytes
+                    )
+                )
+            case ckpt_events.CheckpointPersisted():
+                self._publish(
+                    schemas.CheckpointPersisted(
+                        **common,
+                        step=event.step,
+                        path=event.path,
+                        bytes=event.bytes,
+                        duration_s=event.duration_s,
+                    )
+                )
+            case ckpt_events.CheckpointSaveFailed():
+                self._publish(
+                    schemas.CheckpointFailed(**common, step=event.step, error=event.error)
+                )
+            case ckpt_events.CheckpointDropped():
+                self._publish(
+                    schemas.CheckpointDropped(
+                        **common, step=event.step, superseded_by=event.superseded_by
+                    )
+                )
+            case ckpt_events.CheckpointRestored():
+                self._publish(
+                    schemas.CheckpointRestored(
+                        **common,
+                        step=event.step,
+                        tier="local",
+                        duration_s=event.duration_s,
+                        bytes=event.bytes,
+                        fallbacks=[f"step {f.step}: {f.reason}" for f in event.fallbacks],
+                    )
+                )
+
+
+def wait_for_bus(shim: TrainerShim, timeout_s: float = 10.0) -> bool:
+    """Block until the shim's bus link is connected (tests and short jobs use this)."""
+    if shim.link is None:
+        return False
+    deadline = time.monotonic() + timeout_s
+    return shim.link.connected.wait(max(deadline - time.monotonic(), 0))

@@ -1,0 +1,70 @@
+"""``train.main`` in this process (world size 1): result file, bad input, swapping the hooks."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from goodput.examples.gpt.local_hooks import snapshot
+from goodput.examples.gpt.train import DistInfo, main
+from tests.examples.launch import TINY_MODEL_ARGS, read_result
+
+
+def test_result_file_describes_the_run(tmp_path: Path) -> None:
+    args = ["--steps", "4", "--ckpt-every", "2", "--ckpt-dir", str(tmp_path / "ckpt")]
+    assert main([*args, "--result", str(tmp_path / "r.json"), *TINY_MODEL_ARGS]) == 0
+    result = read_result(tmp_path / "r.json")
+    assert result["steps"] == 4 and result["completed"] and result["world_size"] == 1
+    assert len(result["params_sha256"]) == 64
+    assert [step for step, _ in result["losses"]] == [1, 2, 3, 4]
+    assert result["final_loss"] == result["losses"][-1][1] and result["mean_step_time_s"] > 0
+
+
+def test_batch_that_does_not_split_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="micro-batch"):
+        main(["--ckpt-dir", str(tmp_path), "--global-batch", "7", "--micro-batch", "2"])
+
+
+class InMemoryHooks:
+    """Another TrainingHooks implementation: checkpoints kept in a dict."""
+
+    def __init__(self) -> None:
+        self.saved: dict[int, dict[str, Any]] = {}
+        self.steps: list[int] = []
+
+    def restore(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        if not self.saved:
+            return None
+        step = max(self.saved)
+        return step, self.saved[step]
+
+    def step_done(self, step: int, step_time_s: float, tokens: int, loss: float) -> None:
+        self.steps.append(step)
+
+    def should_checkpoint(self, step: int) -> bool:
+        return step == 2
+
+    def save(self, state: dict[str, Any], step: int) -> None:
+        self.saved[step] = snapshot(state)
+
+    def should_stop(self) -> bool:
+        return False
+
+    def finish(self, state: dict[str, Any], step: int) -> None:
+        self.save(state, step)
+
+
+def test_hooks_are_swapped_by_the_factory(tmp_path: Path) -> None:
+    memory = InMemoryHooks()
+
+    def factory(args: argparse.Namespace, info: DistInfo) -> InMemoryHooks:
+        assert info == DistInfo(rank=0, local_rank=0, world_size=1)
+        return memory
+
+    argv = ["--steps", "3", "--ckpt-dir", str(tmp_path / "unused"), *TINY_MODEL_ARGS]
+    assert main(argv, hooks_factory=factory) == 0
+    assert memory.steps == [1, 2, 3] and sorted(memory.saved) == [2, 3]
+    assert not (tmp_path / "unused").exists()

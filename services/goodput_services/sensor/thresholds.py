@@ -8,8 +8,13 @@ import msgspec
 class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: how often heartbeats are checked
     heartbeat_polling_period_s: float = 0.5
-    #: silence after which a rank's heartbeat counts as missed
+    #: silence after which a rank's heartbeat counts as missed (a floor: see the safety factor)
     heartbeat_timeout_s: float = 5.0
+    #: the missed-heartbeat timeout grows to this factor × the longest heartbeat gap seen
+    #: (smoothed), so a rank that heartbeats slowly is not declared missing by a guessed number
+    heartbeat_safety_factor: float = 3.0
+    #: allowance between a rank's start and its first heartbeat (interpreter start, imports)
+    first_heartbeat_timeout_s: float = 60.0
     #: a rank's process gone this long without an exit report counts as crashed
     pod_termination_threshold_s: float = 2.0
     #: no step progress from any rank for this long means the job is down
@@ -18,14 +23,24 @@ class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     hang_safety_factor: float = 4.0
     #: floor for the adaptive hang timeout (the first steps have no history)
     hang_min_timeout_s: float = 10.0
+    #: allowance for a rank's first step after a (re)start: compilation, warm-up, data loading
+    first_step_timeout_s: float = 300.0
+    #: longest a rank may stay inside a checkpoint save/load without progress before it hangs
+    checkpoint_timeout_s: float = 600.0
+    #: per observation, the remembered longest interval shrinks by this factor (forgets old peaks)
+    interval_decay: float = 0.98
     #: a rank slower than this × the median step time of its peers is a straggler candidate
     straggler_ratio: float = 1.3
-    #: steps in the straggler window
+    #: steps in the straggler window (the median of the window must exceed the ratio)
     straggler_window: int = 10
 
 
 def updated(current: Thresholds, values: dict[str, float]) -> Thresholds:
-    """A copy of ``current`` with ``values`` applied; unknown names or bad values raise ValueError."""
+    """A copy of ``current`` with ``values`` applied; unknown names or bad values raise ValueError.
+
+    Values arrive as floats (``SetThresholds.values``); integral floats are accepted for integer
+    thresholds such as ``straggler_window``.
+    """
     unknown = sorted(set(values) - set(current.__struct_fields__))
     if unknown:
         raise ValueError(
@@ -33,10 +48,12 @@ def updated(current: Thresholds, values: dict[str, float]) -> Thresholds:
         )
     merged = {**msgspec.structs.asdict(current), **values}
     try:
-        result = msgspec.convert(merged, Thresholds)
+        result = msgspec.convert(merged, Thresholds, strict=False)
     except msgspec.ValidationError as exc:
         raise ValueError(str(exc)) from exc
     negative = [name for name, value in msgspec.structs.asdict(result).items() if value <= 0]
     if negative:
         raise ValueError(f"threshold(s) must be positive: {', '.join(negative)}")
+    if result.interval_decay > 1:
+        raise ValueError("interval_decay must be at most 1")
     return result

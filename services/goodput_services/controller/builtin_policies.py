@@ -1,0 +1,120 @@
+"""The built-in remediation policy, and the building blocks a user's script may reuse.
+
+Rules, in order (the rule name is what a ``Decision`` shows):
+
+* ``scale-up`` — a node came back (``node_returned``) and the job runs below the size it was
+  started with: grow by as many whole replicas as the free spares allow.
+  ``spare-kept`` — it came back but the job is at full size: it stays a spare.
+* ``evict-straggler-hot-swap`` / ``evict-straggler-scale-down`` — a straggler slows every
+  replica: replace it by a spare, else drop its replica. ``straggler-tolerated`` — it is the
+  last replica: a slow job beats no job.
+* ``in-job-restart`` — a correctable fault (a crash, a hang, one missing rank): restart the
+  worker group in place, from the newest checkpoint.
+* ``repeat-offender`` — a node failing for the ``REPEAT_FAILURES``-th time is treated as
+  broken even when the fault looked correctable.
+* ``hot-swap`` — an uncorrectable fault (a lost host, a GPU XID) and a free spare: replace it.
+* ``scale-down`` — no spare: drop the node and regroup the healthy nodes into fewer replicas.
+* ``no-capacity`` — not one whole replica is left: stop the job, saying so.
+* ``restart-job`` — a job-wide fault with no node to blame (``job_down``): restart it all.
+"""
+
+from __future__ import annotations
+
+from goodput import schemas
+from goodput_services.controller.policy import Plan
+from goodput_services.controller.state import JobState
+
+REPEAT_FAILURES = 3
+
+
+def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
+    """The built-in policy: in-job restart, hot swap, scale down, scale up, evict stragglers."""
+    kind = signal.signal
+    if kind == "node_returned":
+        return scale_up(state, why=f"{signal.node} is back")
+    if kind == "straggler":
+        return evict_straggler(signal, state)
+    record = state.node(signal.node) if signal.node else None
+    if record is None:
+        return Plan(
+            [schemas.Restart(job=state.job)],
+            "restart-job",
+            f"{kind} with no node to blame ({signal.detail}): restart the whole job",
+        )
+    if record.failures >= REPEAT_FAILURES:
+        plan = replace_node(state, signal.node, why=f"{signal.node} failed {record.failures} times")
+        return Plan(plan.commands, "repeat-offender", plan.reason)
+    if signal.severity == "correctable":
+        return Plan(
+            [schemas.Restart(job=state.job)],
+            "in-job-restart",
+            f"correctable {kind} on {signal.node}: restart in place from the newest checkpoint",
+        )
+    return replace_node(state, signal.node, why=f"uncorrectable {kind} on {signal.node}")
+
+
+def replace_node(state: JobState, node: str, *, why: str) -> Plan:
+    """Hot swap ``node`` for a spare if one is free, else scale down without it."""
+    if state.spares:
+        spare = state.spares[0]
+        return Plan(
+            [schemas.HotSwap(job=state.job, failed_node=node, spare_node=spare)],
+            "hot-swap",
+            f"{why}: swap in spare {spare}",
+        )
+    return scale_down(state, node, why=f"{why}, no spare free")
+
+
+def scale_down(state: JobState, node: str, *, why: str) -> Plan:
+    """Drop ``node``; the healthy active nodes regroup into as many whole replicas as they can."""
+    remaining = [n for n in state.active if n != node]
+    replicas = len(remaining) // state.num_nodes_per_dp
+    if replicas < 1:
+        return Plan(
+            [schemas.Stop(job=state.job, reason=f"{why}; not one whole replica left")],
+            "no-capacity",
+            f"{why}: fewer than {state.num_nodes_per_dp} healthy node(s) left, stopping",
+        )
+    keep = remaining[: replicas * state.num_nodes_per_dp]
+    return Plan(
+        [schemas.ScaleTo(job=state.job, num_dp_replicas=replicas, nodes=keep, drop_nodes=[node])],
+        "scale-down",
+        f"{why}: scale down from {state.num_dp_replicas} to {replicas} DP replica(s)",
+    )
+
+
+def scale_up(state: JobState, *, why: str) -> Plan:
+    """Grow back towards the starting size with whole replicas of free spares."""
+    missing = state.target_dp_replicas - state.num_dp_replicas
+    affordable = len(state.spares) // state.num_nodes_per_dp
+    grow = min(missing, affordable)
+    if grow < 1:
+        return Plan(
+            [],
+            "spare-kept",
+            f"{why}; kept as a spare ({state.num_dp_replicas} of {state.target_dp_replicas} "
+            f"replicas running, {len(state.spares)} spare(s) free)",
+        )
+    replicas = state.num_dp_replicas + grow
+    nodes = state.active + state.spares[: grow * state.num_nodes_per_dp]
+    return Plan(
+        [schemas.ScaleTo(job=state.job, num_dp_replicas=replicas, nodes=nodes)],
+        "scale-up",
+        f"{why}: scale up from {state.num_dp_replicas} to {replicas} DP replica(s)",
+    )
+
+
+def evict_straggler(signal: schemas.Signal, state: JobState) -> Plan:
+    node = signal.node
+    why = f"straggler {node} ({signal.detail})"
+    if state.spares:
+        plan = replace_node(state, node, why=why)
+        return Plan(plan.commands, "evict-straggler-hot-swap", plan.reason)
+    if state.num_dp_replicas > 1:
+        plan = scale_down(state, node, why=why)
+        return Plan(plan.commands, "evict-straggler-scale-down", plan.reason)
+    return Plan(
+        [],
+        "straggler-tolerated",
+        f"{why}: no spare and only one replica; slow training beats none",
+    )

@@ -1,0 +1,628 @@
+"""The sensor's logic: events in, signals out — pure, deterministic, driven by explicit times.
+
+The service feeds every event with the time it received it (``now``, epoch ns) and calls
+:meth:`Detector.poll` every ``heartbeat_polling_period_s``; nothing here reads a clock, does
+I/O or touches the bus, so the same event sequence always yields the same signals.
+
+What is detected:
+
+* **crash** — a rank exited non-zero (or by a signal) without being told to (immediately);
+  or its host monitor counts fewer live ranks than expected and no exit report came within
+  ``pod_termination_threshold_s`` (the process vanished).
+* **missed_heartbeat** — a live rank silent longer than its heartbeat timeout:
+  ``max(heartbeat_timeout_s, heartbeat_safety_factor × longest gap seen)``, and at least
+  ``first_heartbeat_timeout_s`` before a started rank's first heartbeat. When every rank of
+  the node is silent and its host monitor is silent too, the node is believed lost: one
+  node-wide, uncorrectable signal; otherwise a correctable one naming the rank.
+* **hang** — a rank still heartbeating but without step progress for
+  ``max(hang_min_timeout_s, hang_safety_factor × longest step interval seen)`` (the first step
+  after a start gets ``first_step_timeout_s``). A rank inside a checkpoint save or load
+  (``Heartbeat.busy``) is not hung unless that lasts ``checkpoint_timeout_s``; the interval
+  spent there is neither counted nor learnt.
+* **straggler** — see :mod:`.straggler`; reported once per node.
+* **degraded_host** — a host report that is unhealthy or lists faults (GPU XID, uncorrected
+  ECC, a missing GPU, disk full ...), once per new set of faults; **node_returned** when that
+  host reports healthy again.
+* **job_down** — the job should be running but no rank made progress (a step, or a busy
+  checkpoint heartbeat) for ``jobset_downtime_threshold_s`` (``first_step_timeout_s`` while a
+  started rank has not made its first step yet).
+
+Learnt intervals shrink by ``interval_decay`` per observation, so an old peak is forgotten.
+
+One failure is one incident, not a storm: a rank is reported at most once per failure (an
+exited rank has no heartbeat or hang deadline left), a node that has been reported is not
+reported again, and while a correctable job-wide incident (crash, hang, a single rank's missed
+heartbeat) is open, further correctable failures elsewhere are taken as its collateral
+(in synchronous training every rank stalls or dies when one does). A rank (re)start closes
+the incident of its node and the job's open incident. A node-wide loss or a degraded host is
+still reported during an open incident: it needs the node replaced, not just a restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import xxhash
+
+from goodput import schemas
+from goodput_services.sensor.deadlines import DeadlineQueue
+from goodput_services.sensor.straggler import StragglerTracker
+from goodput_services.sensor.thresholds import Thresholds
+
+NS = 1_000_000_000
+#: ``RankExited.expected_reason`` values after which nothing is expected to come back
+FINISHING_REASONS = frozenset({"", "stop"})
+
+
+@dataclass(slots=True)
+class _Rank:
+    node: str
+    attempt: int = 0
+    alive: bool = True
+    last_heartbeat_ns: int = 0
+    #: smoothed longest gap between heartbeats (ns)
+    heartbeat_gap_ns: float = 0.0
+    #: newest step seen in a heartbeat (None: no heartbeat since the start, no baseline yet)
+    heartbeat_step: int | None = None
+    #: newest step reported done
+    done_step: int = -1
+    last_progress_ns: int = 0
+    #: progress observations since the rank (re)started; 0 means "first step allowance"
+    progress_seen: int = 0
+    #: smoothed longest interval between progress observations (ns)
+    step_gap_ns: float = 0.0
+    busy: str = ""
+    busy_since_ns: int = 0
+    hang_reported: bool = False
+
+
+@dataclass(slots=True)
+class _Node:
+    ranks: set[int] = field(default_factory=set)
+    #: host monitor reports fewer live ranks than expected, since (ns); 0 = not missing
+    missing_since_ns: int = 0
+    missing_detail: str = ""
+    #: when its host monitor last reported (ns); 0 = never
+    last_health_ns: int = 0
+    #: faults last reported as a degraded_host signal
+    faults: tuple[str, ...] = ()
+
+
+class Detector:
+    """One job's failure detector. Every ``on_*`` returns the signals it concludes at once."""
+
+    def __init__(self, job: str, thresholds: Thresholds | None = None):
+        self.job = job
+        self._thresholds = thresholds or Thresholds()
+        self._ranks: dict[int, _Rank] = {}
+        self._nodes: dict[str, _Node] = {}
+        self._heartbeat_deadlines: DeadlineQueue[int] = DeadlineQueue()
+        self._hang_deadlines: DeadlineQueue[int] = DeadlineQueue()
+        self._missing_deadlines: DeadlineQueue[str] = DeadlineQueue()
+        self._stragglers = StragglerTracker(
+            self._thresholds.straggler_ratio, self._thresholds.straggler_window
+        )
+        self._straggler_nodes: set[str] = set()
+        self._incident_open = False
+        self._reported_nodes: set[str] = set()
+        self._alive_ranks = 0
+        #: ranks started but without progress yet: the job is starting, not down
+        self._starting: set[int] = set()
+        self._running = False
+        self._last_job_progress_ns = 0
+        self._job_down_reported = False
+        self._epoch = 0
+
+    # ---- thresholds ----------------------------------------------------------------------------
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return self._thresholds
+
+    def set_thresholds(self, thresholds: Thresholds) -> None:
+        """Apply new thresholds (from ``thresholds.updated``); every deadline is recomputed."""
+        self._thresholds = thresholds
+        self._stragglers.configure(thresholds.straggler_ratio, thresholds.straggler_window)
+        self._heartbeat_deadlines.clear()
+        self._hang_deadlines.clear()
+        for rank_id, rank in self._ranks.items():
+            if rank.alive:
+                self._heartbeat_deadlines.arm(rank_id, self._heartbeat_deadline(rank))
+                if not rank.hang_reported:
+                    self._hang_deadlines.arm(rank_id, self._hang_deadline(rank))
+        self._missing_deadlines.clear()
+        for name, node in self._nodes.items():
+            if node.missing_since_ns:
+                self._missing_deadlines.arm(name, self._missing_deadline(node))
+
+    # ---- events --------------------------------------------------------------------------------
+
+    def on_event(self, event: schemas.Event, now: int) -> list[schemas.Signal]:
+        """Dispatch any event the sensor cares about; others are ignored."""
+        match event:
+            case schemas.Heartbeat():
+                return self.on_heartbeat(event, now)
+            case schemas.StepDone():
+                return self.on_step(event, now)
+            case schemas.RankStarted():
+                return self.on_rank_started(event, now)
+            case schemas.RankExited():
+                return self.on_rank_exited(event, now)
+            case schemas.HostHealth():
+                return self.on_host_health(event, now)
+            case schemas.CheckpointSaved() | schemas.CheckpointRestored():
+                return self.on_checkpoint(event, now)
+        return []
+
+    def on_rank_started(self, event: schemas.RankStarted, now: int) -> list[schemas.Signal]:
+        rank = self._ranks.get(event.rank)
+        if rank is not None and event.attempt < rank.attempt:
+            return []  # a late report of an older generation
+        if rank is None:
+            rank = self._ranks[event.rank] = _Rank(node=event.node, alive=False)
+        elif rank.node != event.node:
+            self._node(rank.node).ranks.discard(event.rank)
+        if not rank.alive:
+            self._alive_ranks += 1
+        rank.node = event.node
+        rank.attempt = event.attempt
+        rank.alive = True
+        rank.last_heartbeat_ns = now
+        rank.last_progress_ns = now
+        rank.progress_seen = 0
+        rank.heartbeat_step = None
+        rank.done_step = -1
+        rank.busy = ""
+        rank.hang_reported = False
+        self._starting.add(event.rank)
+        node = self._node(event.node)
+        node.ranks.add(event.rank)
+        self._epoch = max(self._epoch, event.attempt)
+        self._incident_open = False
+        self._reported_nodes.discard(event.node)
+        self._straggler_nodes.discard(event.node)
+        self._stragglers.forget(event.rank)
+        self._mark_job_progress(now)
+        self._heartbeat_deadlines.arm(event.rank, self._heartbeat_deadline(rank))
+        self._hang_deadlines.arm(event.rank, self._hang_deadline(rank))
+        return []
+
+    def on_rank_exited(self, event: schemas.RankExited, now: int) -> list[schemas.Signal]:
+        rank = self._ranks.get(event.rank)
+        if rank is not None and event.attempt < rank.attempt:
+            return []
+        if rank is None:
+            rank = self._ranks[event.rank] = _Rank(node=event.node, alive=False)
+            self._node(event.node).ranks.add(event.rank)
+        elif rank.alive:
+            rank.alive = False
+            self._alive_ranks -= 1
+        self._starting.discard(event.rank)
+        self._heartbeat_deadlines.disarm(event.rank)
+        self._hang_deadlines.disarm(event.rank)
+        self._stragglers.forget(event.rank)
+        node = self._node(event.node)
+        if node.missing_since_ns:
+            node.missing_since_ns = 0  # the exit report explains the missing process
+            self._missing_deadlines.disarm(event.node)
+        failed = event.expected_reason == "" and (event.exit_code != 0 or event.signal is not None)
+        if self._alive_ranks == 0 and not failed and event.expected_reason in FINISHING_REASONS:
+            self._running = False
+        if not failed:
+            return []
+        how = (
+            f"signal {event.signal}"
+            if event.signal is not None
+            else f"exit code {event.exit_code}"
+            if event.exit_code is not None
+            else "an unknown status"
+        )
+        return self._failure(
+            "crash",
+            event.node,
+            event.rank,
+            "correctable",
+            f"rank {event.rank} on {event.node} exited with {how} (attempt {event.attempt})",
+            observed_ns=now,
+            now=now,
+        )
+
+    def on_heartbeat(self, event: schemas.Heartbeat, now: int) -> list[schemas.Signal]:
+        rank = self._ranks.get(event.rank)
+        if rank is None:
+            # the sensor (re)started while the job runs: adopt the rank as it is now
+            rank = self._ranks[event.rank] = _Rank(
+                node=event.node, last_heartbeat_ns=now, last_progress_ns=now
+            )
+            self._node(event.node).ranks.add(event.rank)
+            self._alive_ranks += 1
+            self._mark_job_progress(now)
+        elif not rank.alive:
+            return []  # a heartbeat in flight when the rank exited
+        else:
+            gap = now - rank.last_heartbeat_ns
+            if gap < self._heartbeat_timeout(rank):
+                rank.heartbeat_gap_ns = max(
+                    gap, rank.heartbeat_gap_ns * self._thresholds.interval_decay
+                )
+            rank.last_heartbeat_ns = now
+        if event.busy:
+            if not rank.busy:
+                rank.busy_since_ns = now
+            rank.busy = event.busy
+            self._mark_job_progress(now)
+        elif rank.busy:
+            self._end_busy(rank, now)
+        # the first heartbeat only sets the baseline: whether it names the step in progress or
+        # the last one done, a change of it is progress
+        if rank.heartbeat_step is None:
+            rank.heartbeat_step = event.step
+        elif event.step > rank.heartbeat_step:
+            rank.heartbeat_step = event.step
+            self._progress(event.rank, rank, now)
+        self._heartbeat_deadlines.arm(event.rank, self._heartbeat_deadline(rank))
+        if not rank.hang_reported:
+            self._hang_deadlines.arm(event.rank, self._hang_deadline(rank))
+        return []
+
+    def on_step(self, event: schemas.StepDone, now: int) -> list[schemas.Signal]:
+        rank = self._ranks.get(event.rank)
+        if rank is None:
+            rank = self._ranks[event.rank] = _Rank(
+                node=event.node, last_heartbeat_ns=now, last_progress_ns=now
+            )
+            self._node(event.node).ranks.add(event.rank)
+            self._alive_ranks += 1
+            self._heartbeat_deadlines.arm(event.rank, self._heartbeat_deadline(rank))
+        if not rank.alive:
+            return []
+        if rank.busy:
+            self._end_busy(rank, now)
+        if event.step > rank.done_step:
+            rank.done_step = event.step
+            self._progress(event.rank, rank, now)
+            if not rank.hang_reported:
+                self._hang_deadlines.arm(event.rank, self._hang_deadline(rank))
+        signals = []
+        # without a world size in the report, the ranks known alive are the peers to wait for
+        expected = event.world_size if event.world_size > 1 else self._alive_ranks
+        for slow_rank, ratio in self._stragglers.observe(
+            event.rank, event.step, event.step_time_s, expected
+        ):
+            signals += self._straggler(slow_rank, ratio, now)
+        return signals
+
+    def on_checkpoint(
+        self, event: schemas.CheckpointSaved | schemas.CheckpointRestored, now: int
+    ) -> list[schemas.Signal]:
+        """A finished save snapshot or restore: the rank is past it, so its step clock restarts."""
+        rank = self._ranks.get(event.rank)
+        if rank is None or not rank.alive:
+            return []
+        if rank.busy:
+            self._end_busy(rank, now)
+        else:
+            rank.last_progress_ns = now
+        self._mark_job_progress(now)
+        if not rank.hang_reported:
+            self._hang_deadlines.arm(event.rank, self._hang_deadline(rank))
+        return []
+
+    def on_host_health(self, event: schemas.HostHealth, now: int) -> list[schemas.Signal]:
+        node = self._node(event.node)
+        node.last_health_ns = now
+        signals = self._check_host_faults(event, node, now)
+        missing = event.ranks_expected - event.ranks_alive
+        if missing > 0 and node.ranks:
+            if not node.missing_since_ns:
+                node.missing_since_ns = now
+                self._missing_deadlines.arm(event.node, self._missing_deadline(node))
+            node.missing_detail = (
+                f"host monitor of {event.node} sees {event.ranks_alive} of "
+                f"{event.ranks_expected} ranks alive"
+            )
+        elif node.missing_since_ns:
+            node.missing_since_ns = 0
+            self._missing_deadlines.disarm(event.node)
+        return signals
+
+    # ---- deadlines -----------------------------------------------------------------------------
+
+    def next_deadline(self) -> int | None:
+        """When :meth:`poll` may next have something to say (epoch ns), if anything is armed."""
+        candidates = [
+            queue.next_deadline()
+            for queue in (self._heartbeat_deadlines, self._hang_deadlines, self._missing_deadlines)
+        ]
+        if self._running and not self._job_down_reported:
+            candidates.append(self._job_down_deadline())
+        return min((c for c in candidates if c is not None), default=None)
+
+    def poll(self, now: int) -> list[schemas.Signal]:
+        """Signals whose deadline passed by ``now``; touches only keys that came due."""
+        signals: list[schemas.Signal] = []
+        for rank_id in self._heartbeat_deadlines.due(now):
+            signals += self._check_heartbeat(rank_id, now)
+        for rank_id in self._hang_deadlines.due(now):
+            signals += self._check_hang(rank_id, now)
+        for node_name in self._missing_deadlines.due(now):
+            signals += self._check_missing(node_name, now)
+        if self._running and not self._job_down_reported and now >= self._job_down_deadline():
+            self._job_down_reported = True
+            silent_s = (now - self._last_job_progress_ns) / NS
+            signals += [
+                self._signal(
+                    "job_down",
+                    "",
+                    None,
+                    "uncorrectable",
+                    f"no rank made progress for {silent_s:.1f} s "
+                    f"(jobset_downtime_threshold_s={self._thresholds.jobset_downtime_threshold_s})",
+                    observed_ns=self._last_job_progress_ns,
+                    now=now,
+                )
+            ]
+        return signals
+
+    def _check_heartbeat(self, rank_id: int, now: int) -> list[schemas.Signal]:
+        rank = self._ranks[rank_id]
+        if not rank.alive:
+            return []
+        deadline = self._heartbeat_deadline(rank)
+        if now < deadline:
+            self._heartbeat_deadlines.arm(rank_id, deadline)
+            return []
+        node = self._nodes[rank.node]
+        floor_ns = self._thresholds.heartbeat_timeout_s * NS / 2
+        alive = [self._ranks[r] for r in node.ranks if self._ranks[r].alive]
+        silent = [r for r in alive if now - r.last_heartbeat_ns >= floor_ns]
+        silent_s = (now - rank.last_heartbeat_ns) / NS
+        host_reports = (
+            node.last_health_ns > 0
+            and now - node.last_health_ns < self._thresholds.heartbeat_timeout_s * NS
+        )
+        if len(silent) == len(alive) and not host_reports:
+            return self._failure(
+                "missed_heartbeat",
+                rank.node,
+                None,
+                "uncorrectable",
+                f"all {len(alive)} rank(s) of {rank.node} silent and no host report: "
+                f"node lost ({silent_s:.1f} s)",
+                observed_ns=max(r.last_heartbeat_ns for r in alive),
+                now=now,
+            )
+        return self._failure(
+            "missed_heartbeat",
+            rank.node,
+            rank_id,
+            "correctable",
+            f"rank {rank_id} on {rank.node} silent for {silent_s:.1f} s "
+            f"({len(silent)} of {len(alive)} ranks of the node silent"
+            + (", its host still reports)" if host_reports else ")"),
+            observed_ns=rank.last_heartbeat_ns,
+            now=now,
+        )
+
+    def _check_hang(self, rank_id: int, now: int) -> list[schemas.Signal]:
+        rank = self._ranks[rank_id]
+        if not rank.alive or rank.hang_reported:
+            return []
+        deadline = self._hang_deadline(rank)
+        if now < deadline:
+            self._hang_deadlines.arm(rank_id, deadline)
+            return []
+        if now - rank.last_heartbeat_ns >= self._heartbeat_timeout(rank):
+            return []  # silent altogether: a missed heartbeat, reported by that check
+        rank.hang_reported = True
+        if rank.busy:
+            stuck_s = (now - rank.busy_since_ns) / NS
+            detail = f"rank {rank_id} on {rank.node} stuck in {rank.busy} for {stuck_s:.1f} s"
+            observed = rank.busy_since_ns
+        else:
+            stuck_s = (now - rank.last_progress_ns) / NS
+            timeout_s = (deadline - rank.last_progress_ns) / NS
+            detail = (
+                f"rank {rank_id} on {rank.node} heartbeats but made no progress past step "
+                f"{max(rank.done_step, rank.heartbeat_step or 0)} for {stuck_s:.1f} s "
+                f"(timeout {timeout_s:.1f} s)"
+            )
+            observed = rank.last_progress_ns
+        return self._failure(
+            "hang", rank.node, rank_id, "correctable", detail, observed_ns=observed, now=now
+        )
+
+    def _check_missing(self, node_name: str, now: int) -> list[schemas.Signal]:
+        node = self._nodes[node_name]
+        if not node.missing_since_ns:
+            return []
+        gone_s = (now - node.missing_since_ns) / NS
+        detail = f"{node.missing_detail}; no exit report for {gone_s:.1f} s"
+        return self._failure(
+            "crash",
+            node_name,
+            None,
+            "correctable",
+            detail,
+            observed_ns=node.missing_since_ns,
+            now=now,
+        )
+
+    def _heartbeat_timeout(self, rank: _Rank) -> float:
+        t = self._thresholds
+        timeout = max(t.heartbeat_timeout_s * NS, t.heartbeat_safety_factor * rank.heartbeat_gap_ns)
+        if rank.heartbeat_step is None:
+            # started, but its heartbeat thread is not up yet (interpreter start, imports)
+            timeout = max(timeout, t.first_heartbeat_timeout_s * NS)
+        return timeout
+
+    def _heartbeat_deadline(self, rank: _Rank) -> int:
+        return rank.last_heartbeat_ns + int(self._heartbeat_timeout(rank))
+
+    def hang_timeout_s(self, rank_id: int) -> float:
+        """The hang timeout in force for a rank now (seconds), for reports and tests."""
+        rank = self._ranks[rank_id]
+        return self._hang_timeout(rank) / NS
+
+    def _hang_timeout(self, rank: _Rank) -> float:
+        t = self._thresholds
+        timeout = max(t.hang_min_timeout_s * NS, t.hang_safety_factor * rank.step_gap_ns)
+        if rank.progress_seen == 0:
+            timeout = max(timeout, t.first_step_timeout_s * NS)
+        return timeout
+
+    def _hang_deadline(self, rank: _Rank) -> int:
+        if rank.busy:
+            return rank.busy_since_ns + int(self._thresholds.checkpoint_timeout_s * NS)
+        return rank.last_progress_ns + int(self._hang_timeout(rank))
+
+    def _missing_deadline(self, node: _Node) -> int:
+        return node.missing_since_ns + int(self._thresholds.pod_termination_threshold_s * NS)
+
+    def _job_down_deadline(self) -> int:
+        t = self._thresholds
+        allowed = t.jobset_downtime_threshold_s
+        if self._starting:
+            allowed = max(allowed, t.first_step_timeout_s)
+        return self._last_job_progress_ns + int(allowed * NS)
+
+    # ---- bookkeeping -----------------------------------------------------------------------------
+
+    def _node(self, name: str) -> _Node:
+        node = self._nodes.get(name)
+        if node is None:
+            node = self._nodes[name] = _Node()
+        return node
+
+    def _progress(self, rank_id: int, rank: _Rank, now: int) -> None:
+        if rank.progress_seen and not rank.hang_reported:
+            gap = now - rank.last_progress_ns
+            rank.step_gap_ns = max(gap, rank.step_gap_ns * self._thresholds.interval_decay)
+        rank.last_progress_ns = now
+        if not rank.progress_seen:
+            self._starting.discard(rank_id)
+        rank.progress_seen += 1
+        rank.hang_reported = False
+        self._mark_job_progress(now)
+
+    def _end_busy(self, rank: _Rank, now: int) -> None:
+        """Leaving a checkpoint save/load: the time inside it is not a step interval."""
+        rank.busy = ""
+        rank.last_progress_ns = now
+        self._mark_job_progress(now)
+
+    def _mark_job_progress(self, now: int) -> None:
+        self._running = True
+        self._last_job_progress_ns = max(self._last_job_progress_ns, now)
+        self._job_down_reported = False
+
+    def _check_host_faults(
+        self, event: schemas.HostHealth, node: _Node, now: int
+    ) -> list[schemas.Signal]:
+        faults = list(event.faults)
+        for gpu in event.gpus:
+            if not gpu.present:
+                faults.append(f"gpu{gpu.index} missing")
+            if gpu.xid_errors:
+                faults.append(f"gpu{gpu.index} xid {','.join(map(str, gpu.xid_errors))}")
+            if gpu.ecc_uncorrected:
+                faults.append(f"gpu{gpu.index} uncorrected ecc {gpu.ecc_uncorrected}")
+        if not event.healthy and not faults:
+            faults.append(event.detail or "host reports unhealthy")
+        current = tuple(sorted(set(faults)))
+        if not current:
+            if not node.faults:
+                return []
+            was = ", ".join(node.faults)
+            node.faults = ()
+            return [
+                self._signal(
+                    "node_returned",
+                    event.node,
+                    None,
+                    "info",
+                    f"{event.node} healthy again (was: {was})",
+                    observed_ns=now,
+                    now=now,
+                )
+            ]
+        new = set(current) - set(node.faults)
+        node.faults = current
+        if not new:
+            return []
+        return [
+            self._signal(
+                "degraded_host",
+                event.node,
+                None,
+                "uncorrectable",
+                f"{event.node}: {', '.join(current)}"
+                + (f" ({event.detail})" if event.detail else ""),
+                observed_ns=now,
+                now=now,
+            )
+        ]
+
+    def _straggler(self, rank_id: int, ratio: float, now: int) -> list[schemas.Signal]:
+        rank = self._ranks[rank_id]
+        if rank.node in self._straggler_nodes:
+            return []
+        self._straggler_nodes.add(rank.node)
+        t = self._thresholds
+        return [
+            self._signal(
+                "straggler",
+                rank.node,
+                rank_id,
+                "info",
+                f"rank {rank_id} on {rank.node}: median step time {ratio:.2f}× its peers' over "
+                f"the last {t.straggler_window} steps (threshold {t.straggler_ratio}×)",
+                observed_ns=now,
+                now=now,
+            )
+        ]
+
+    def _failure(
+        self,
+        kind: schemas.SignalKind,
+        node: str,
+        rank: int | None,
+        severity: str,
+        detail: str,
+        *,
+        observed_ns: int,
+        now: int,
+    ) -> list[schemas.Signal]:
+        if node in self._reported_nodes:
+            return []
+        if severity == "correctable":
+            if self._incident_open:
+                return []  # collateral of the open incident
+            self._incident_open = True
+        self._reported_nodes.add(node)
+        return [self._signal(kind, node, rank, severity, detail, observed_ns=observed_ns, now=now)]
+
+    def _signal(
+        self,
+        kind: schemas.SignalKind,
+        node: str,
+        rank: int | None,
+        severity: str,
+        detail: str,
+        *,
+        observed_ns: int,
+        now: int,
+    ) -> schemas.Signal:
+        # the same facts give the same id, so two sensors on one stream publish one signal
+        identity = f"{self.job}|{kind}|{node}|{rank}|{self._epoch}|{observed_ns}"
+        return schemas.Signal(
+            job=self.job,
+            ts=now,
+            signal_id=xxhash.xxh3_128_hexdigest(identity.encode()),
+            signal=kind,
+            node=node,
+            rank=rank,
+            severity=severity,  # type: ignore[arg-type]
+            detail=detail,
+            observed_ts=observed_ns,
+        )

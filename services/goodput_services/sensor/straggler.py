@@ -1,0 +1,103 @@
+"""Straggler detection: each rank's step time against the median of its peers at the same step.
+
+Comparing within one step cancels what every rank shares (a checkpoint step, a slow data
+shard, a global slowdown); the median of the *peers* (the rank itself left out) keeps a
+2-rank job meaningful. A rank is flagged when the median of its last ``window`` ratios reaches
+``ratio``: one 2× spike moves the median of a window not at all, a persistent 1.5× slowdown
+moves it after ``window // 2 + 1`` steps. A flag is cleared (and may fire again) once the
+windowed median falls back below halfway between 1 and ``ratio``.
+
+Step reports are grouped by step number and judged when all ``world_size`` ranks reported,
+or when reports ``lag_steps`` steps later arrive (a rank that never reports that step does
+not hold the others back). A report for a step already judged is dropped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import deque
+
+
+class StragglerTracker:
+    def __init__(self, ratio: float, window: int, lag_steps: int = 3):
+        self.ratio = ratio
+        self.window = window
+        self.lag_steps = lag_steps
+        self._pending: dict[int, dict[int, float]] = {}
+        self._expected: dict[int, int] = {}
+        self._judged_upto = -1
+        self._ratios: dict[int, deque[float]] = {}
+        self._flagged: set[int] = set()
+
+    def configure(self, ratio: float, window: int) -> None:
+        """New thresholds; windows keep their newest ``window`` ratios."""
+        self.ratio = ratio
+        if window != self.window:
+            self.window = window
+            self._ratios = {rank: deque(r, maxlen=window) for rank, r in self._ratios.items()}
+
+    def forget(self, rank: int) -> None:
+        """The rank (re)started or left: its history says nothing about its new placement."""
+        self._ratios.pop(rank, None)
+        self._flagged.discard(rank)
+
+    def is_flagged(self, rank: int) -> bool:
+        return rank in self._flagged
+
+    def observe(
+        self, rank: int, step: int, step_time_s: float, world_size: int
+    ) -> list[tuple[int, float]]:
+        """Record one report; returns ``(rank, windowed median ratio)`` for ranks newly flagged."""
+        if step <= self._judged_upto or step_time_s <= 0:
+            return []
+        reports = self._pending.setdefault(step, {})
+        reports[rank] = step_time_s
+        self._expected[step] = max(self._expected.get(step, 0), world_size)
+        flagged: list[tuple[int, float]] = []
+        if len(reports) >= self._expected[step]:
+            flagged += self._judge(step)
+        stale = [s for s in self._pending if s <= step - self.lag_steps]
+        for old in sorted(stale):
+            flagged += self._judge(old)
+        return flagged
+
+    def _judge(self, step: int) -> list[tuple[int, float]]:
+        reports = self._pending.pop(step, {})
+        self._expected.pop(step, None)
+        self._judged_upto = max(self._judged_upto, step)
+        if len(reports) < 2:
+            return []
+        ordered = sorted(reports.values())
+        flagged = []
+        for rank, seconds in reports.items():
+            peer_median = _median_without(ordered, seconds)
+            if peer_median <= 0:
+                continue
+            window = self._ratios.get(rank)
+            if window is None:
+                window = self._ratios[rank] = deque(maxlen=self.window)
+            window.append(seconds / peer_median)
+            if len(window) < self.window:
+                continue
+            typical = statistics.median(window)
+            if rank not in self._flagged and typical >= self.ratio:
+                self._flagged.add(rank)
+                flagged.append((rank, typical))
+            elif rank in self._flagged and typical < (1 + self.ratio) / 2:
+                self._flagged.discard(rank)
+        return flagged
+
+
+def _median_without(ordered: list[float], value: float) -> float:
+    """Median of sorted ``ordered`` with one occurrence of ``value`` removed, in O(log n)."""
+    removed_at = bisect.bisect_left(ordered, value)
+    size = len(ordered) - 1
+
+    def at(index: int) -> float:
+        return ordered[index] if index < removed_at else ordered[index + 1]
+
+    middle = size // 2
+    if size % 2:
+        return at(middle)
+    return (at(middle - 1) + at(middle)) / 2

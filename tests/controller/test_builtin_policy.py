@@ -1,0 +1,104 @@
+"""Each rule of the built-in policy, through the controller as the service uses it."""
+
+from __future__ import annotations
+
+from goodput import schemas
+from goodput_services.controller.engine import Controller
+
+from .helpers import JOB, at, job, signal
+
+
+def handle(state, sig, seconds: float = 1.0):
+    outcome = Controller().handle(state, sig, at(seconds))
+    assert outcome.decision is not None
+    return outcome
+
+
+def test_correctable_crash_restarts_in_place() -> None:
+    outcome = handle(job(spares=1), signal("crash", "n2"))
+    assert outcome.decision.rule == "in-job-restart"
+    assert [type(c) for c in outcome.commands] == [schemas.Restart]
+    assert outcome.decision.command_ids == [c.command_id for c in outcome.commands]
+    assert outcome.commands[0].decision_id == outcome.decision.decision_id
+    assert "crash on n2" in outcome.decision.reason and outcome.decision.error == ""
+    assert outcome.state.active == job(spares=1).active
+
+
+def test_uncorrectable_with_spare_hot_swaps() -> None:
+    outcome = handle(job(spares=1), signal("degraded_host", "n3", "uncorrectable"))
+    assert outcome.decision.rule == "hot-swap"
+    (swap,) = outcome.commands
+    assert (swap.failed_node, swap.spare_node) == ("n3", "s0")
+    assert outcome.state.role_of("n3") == "failed" and "s0" in outcome.state.active
+
+
+def test_uncorrectable_without_spare_scales_down() -> None:
+    outcome = handle(job(active=6), signal("missed_heartbeat", "n1", "uncorrectable"))
+    assert outcome.decision.rule == "scale-down"
+    (scale,) = outcome.commands
+    assert scale.num_dp_replicas == 2 and scale.drop_nodes == ["n1"]
+    assert scale.nodes == ["n0", "n2", "n3", "n4"]
+    assert outcome.state.spares == ["n5"]  # the leftover healthy node waits as a spare
+
+
+def test_last_replica_lost_stops_with_a_reason() -> None:
+    outcome = handle(job(active=2), signal("degraded_host", "n0", "uncorrectable"))
+    assert outcome.decision.rule == "no-capacity"
+    assert isinstance(outcome.commands[0], schemas.Stop)
+    assert "not one whole replica" in outcome.commands[0].reason
+    assert outcome.state.stopped
+    after = Controller().handle(outcome.state, signal("crash", "n1"), at(2))
+    assert after.decision.rule == "stopped" and after.commands == []
+
+
+def test_returned_node_scales_back_up() -> None:
+    down = handle(job(active=4), signal("degraded_host", "n1", "uncorrectable")).state
+    assert down.num_dp_replicas == 1 and down.spares == ["n3"]
+    up = handle(down, signal("node_returned", "n1", "info"), 5)
+    assert up.decision.rule == "scale-up"
+    assert up.commands[0].num_dp_replicas == 2 and up.state.num_dp_replicas == 2
+    again = handle(up.state, signal("node_returned", "x9", "info"), 6)
+    assert again.decision.rule == "spare-kept" and again.state.spares == ["x9"]
+
+
+def test_straggler_is_evicted() -> None:
+    with_spare = handle(job(spares=1), signal("straggler", "n4", "info"))
+    assert with_spare.decision.rule == "evict-straggler-hot-swap"
+    without = handle(job(), signal("straggler", "n4", "info"))
+    assert without.decision.rule == "evict-straggler-scale-down"
+    alone = handle(job(active=2), signal("straggler", "n0", "info"))
+    assert alone.decision.rule == "straggler-tolerated" and alone.commands == []
+
+
+def test_repeat_offender_is_replaced() -> None:
+    state, controller = job(spares=1), Controller()
+    for second in (1, 2):
+        state = controller.handle(state, signal("crash", "n2"), at(second * 1000)).state
+    third = controller.handle(state, signal("crash", "n2"), at(3000))
+    assert third.decision.rule == "repeat-offender"
+    assert isinstance(third.commands[0], schemas.HotSwap)
+
+
+def test_job_down_restarts_everything() -> None:
+    outcome = handle(job(), signal("job_down", "", "uncorrectable"))
+    assert outcome.decision.rule == "restart-job"
+
+
+def test_signals_about_nodes_not_in_use_do_nothing() -> None:
+    state = handle(job(spares=1), signal("degraded_host", "n3", "uncorrectable")).state
+    late = handle(state, signal("missed_heartbeat", "n3", "uncorrectable"), 2)
+    assert late.decision.rule == "failed-node" and late.commands == []
+    stranger = handle(state, signal("crash", "zz"), 3)
+    assert stranger.decision.rule == "unknown-node"
+    sick_spare = handle(job(spares=1), signal("degraded_host", "s0", "uncorrectable"), 4)
+    assert sick_spare.commands == [] and sick_spare.state.role_of("s0") == "failed"
+
+
+def test_a_signal_is_handled_once_and_ids_are_stable() -> None:
+    sig = signal("crash", "n2")
+    first = handle(job(), sig)
+    assert Controller().handle(first.state, sig, at(2)).decision is None
+    # a standby controller deciding from the same stored state issues the same command ids
+    twin = Controller().handle(job(), sig, at(1))
+    assert [c.command_id for c in twin.commands] == [c.command_id for c in first.commands]
+    assert all(c.job == JOB for c in first.commands)

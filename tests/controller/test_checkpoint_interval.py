@@ -1,0 +1,73 @@
+"""Young's checkpoint interval and the SetCheckpointInterval recommendation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from goodput import schemas
+from goodput_services.controller.checkpoint_interval import (
+    IntervalSettings,
+    observed_mtbf_s,
+    young_interval_s,
+)
+from goodput_services.controller.engine import Controller
+from goodput_services.controller.state import observe_signal, record_checkpoint, record_step_time
+
+from .helpers import JOB, at, job, signal
+
+
+def test_young_values() -> None:
+    assert young_interval_s(30, 86_400) == pytest.approx(2276.84, abs=0.01)
+    assert young_interval_s(2, 3600) == pytest.approx(120.0)
+    assert young_interval_s(0, 3600) == 0
+    assert young_interval_s(8, 4 * 3600) == pytest.approx(math.sqrt(2 * 8 * 4 * 3600))
+    with pytest.raises(ValueError):
+        young_interval_s(1, 0)
+
+
+def test_mtbf_from_observed_interruptions_with_a_prior() -> None:
+    state = job()
+    assert observed_mtbf_s(state, at(0), 86_400) == 86_400
+    for hour in (1, 2, 3):
+        state = observe_signal(state, signal("crash", "n0", observed_ts=at(hour * 3600)), at(0))
+    # 4 h run + 24 h prior over 3 + 1 failures
+    assert observed_mtbf_s(state, at(4 * 3600), 86_400) == pytest.approx(7 * 3600)
+
+
+def _measured(stall_s: float = 2.0, step_s: float = 0.5, persist_s: float = 5.0):
+    state = record_step_time(job(), step_s)
+    saved = schemas.CheckpointSaved(job=JOB, node="n0", rank=0, step=10, stall_s=stall_s, bytes=1)
+    state = record_checkpoint(state, saved, at(10))
+    persisted = schemas.CheckpointPersisted(
+        job=JOB, node="n0", rank=0, step=10, path="p", bytes=1, duration_s=persist_s
+    )
+    return record_checkpoint(state, persisted, at(20))
+
+
+def test_recommendation_follows_young_and_is_sticky() -> None:
+    controller = Controller()
+    state = _measured(stall_s=2.0, step_s=0.5)
+    # 1 h run, one failure: MTBF = (3600 + 86400) / 2 = 45000 s → sqrt(2·2·45000) = 424.3 s
+    state = observe_signal(state, signal("crash", "n0", observed_ts=at(1800)), at(1800))
+    outcome = controller.recommend_checkpoint_interval(state, at(3600))
+    (command,) = outcome.commands
+    assert isinstance(command, schemas.SetCheckpointInterval)
+    assert command.every_steps == round(math.sqrt(2 * 2.0 * 45_000) / 0.5)
+    assert "Young" in command.rationale and outcome.decision.rule == "checkpoint-interval"
+    assert outcome.state.checkpoint_interval_steps == command.every_steps
+    # barely changed a minute later: no new command
+    assert controller.recommend_checkpoint_interval(outcome.state, at(3660)).commands == []
+
+
+def test_interval_never_below_the_time_to_persist() -> None:
+    state = _measured(stall_s=0.01, step_s=1.0, persist_s=120.0)
+    outcome = Controller().recommend_checkpoint_interval(state, at(60))
+    assert outcome.commands[0].every_steps == 120
+    assert "persist" in outcome.commands[0].rationale
+
+
+def test_nothing_to_recommend_without_measurements() -> None:
+    assert Controller().recommend_checkpoint_interval(job(), at(1)).decision is None
+    assert IntervalSettings().prior_mtbf_s == 86_400

@@ -1,0 +1,362 @@
+"""The detector against synthetic, seeded event sequences with realistic noise."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from goodput import schemas
+from goodput_services.sensor.detectors import NS, Detector
+from goodput_services.sensor.thresholds import Thresholds, updated
+
+from .synthetic import JOB, Run, at, feed
+
+
+def started(rank: int, node: str, attempt: int = 0, world_size: int = 4) -> schemas.RankStarted:
+    return schemas.RankStarted(
+        job=JOB,
+        node=node,
+        rank=rank,
+        local_rank=rank % 2,
+        world_size=world_size,
+        pid=100 + rank,
+        attempt=attempt,
+    )
+
+
+def heartbeat(rank: int, node: str, step: int, busy: str = "") -> schemas.Heartbeat:
+    return schemas.Heartbeat(job=JOB, node=node, rank=rank, pid=100 + rank, step=step, busy=busy)
+
+
+def exited(rank: int, node: str, code: int | None, reason: str = "", attempt: int = 0):
+    return schemas.RankExited(
+        job=JOB,
+        node=node,
+        rank=rank,
+        pid=100 + rank,
+        exit_code=code,
+        expected_reason=reason,
+        attempt=attempt,
+    )
+
+
+def host(node: str, **fields) -> schemas.HostHealth:
+    return schemas.HostHealth(job=JOB, node=node, gpu_available=True, **{"healthy": True, **fields})
+
+
+def steady(ranks: dict[int, str], seconds: float, *, step_s: float = 1.0, start: float = 0.0):
+    """Every rank heartbeats each second and steps every ``step_s``: a healthy job."""
+    events = [(at(start), started(r, n, world_size=len(ranks))) for r, n in ranks.items()]
+    t = start
+    while t < start + seconds:
+        t += 1.0
+        step = int((t - start) / step_s)
+        events += [(at(t), heartbeat(r, n, step)) for r, n in ranks.items()]
+    return events
+
+
+FOUR = {0: "node0", 1: "node0", 2: "node1", 3: "node1"}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_unperturbed_noisy_run_of_500_steps_raises_nothing(seed: int) -> None:
+    run = Run(nodes=8, ranks_per_node=4, seed=seed)
+    assert feed(Detector(JOB), run.events(500)) == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_straggler_found_within_20_steps_at_1_5x(seed: int) -> None:
+    run = Run(nodes=8, ranks_per_node=4, slow={13}, slowdown=1.5, slow_from=120, seed=seed)
+    events = run.events(300)
+    signals = feed(Detector(JOB), events)
+    assert [(s.signal, s.node, s.rank) for s in signals] == [("straggler", "node3", 13)]
+    deadline = next(
+        ts
+        for ts, e in events
+        if isinstance(e, schemas.StepDone) and e.rank == 13 and e.step == run.slow_from + 19
+    )
+    assert signals[0].ts <= deadline
+    assert "threshold 1.3×" in signals[0].detail
+
+
+def test_a_whole_slow_node_is_one_straggler_signal() -> None:
+    run = Run(nodes=4, ranks_per_node=4, slow={4, 5, 6, 7}, slow_from=50, seed=7)
+    signals = feed(Detector(JOB), run.events(200))
+    assert [(s.signal, s.node) for s in signals] == [("straggler", "node1")]
+
+
+def test_two_rank_job_still_finds_its_straggler() -> None:
+    run = Run(nodes=2, ranks_per_node=1, slow={1}, slow_from=30, seed=3, checkpoint_every=0)
+    signals = feed(Detector(JOB), run.events(100))
+    assert [(s.signal, s.rank) for s in signals] == [("straggler", 1)]
+
+
+def test_crash_is_signalled_at_the_exit_event_and_once() -> None:
+    detector = Detector(JOB)
+    feed(detector, steady(FOUR, 10))
+    signals = detector.on_event(exited(1, "node0", 1), at(10.2))
+    assert [(s.signal, s.node, s.rank, s.severity) for s in signals] == [
+        ("crash", "node0", 1, "correctable")
+    ]
+    assert signals[0].ts == at(10.2) and "exit code 1" in signals[0].detail
+    # collateral: the other ranks die of the broken collective, rank 1 stops heartbeating
+    later = detector.on_event(exited(0, "node0", -6), at(10.5))
+    later += detector.on_event(exited(2, "node1", 1), at(11))
+    later += feed(detector, [(at(t), heartbeat(3, "node1", 10)) for t in range(11, 30)])
+    assert later == []
+
+
+def test_a_restart_closes_the_incident() -> None:
+    detector = Detector(JOB)
+    feed(detector, steady(FOUR, 5))
+    assert len(detector.on_event(exited(1, "node0", 1), at(5.5))) == 1
+    for rank, node in FOUR.items():
+        detector.on_event(exited(rank, node, 0, reason="restart"), at(6))
+    for rank, node in FOUR.items():
+        detector.on_event(started(rank, node, attempt=1), at(7))
+    signals = detector.on_event(exited(3, "node1", None, attempt=1), at(8))
+    assert [(s.signal, s.rank) for s in signals] == [("crash", 3)]
+    assert "unknown status" in signals[0].detail
+
+
+def test_stale_and_expected_exits_are_not_crashes() -> None:
+    detector = Detector(JOB)
+    feed(detector, steady(FOUR, 3))
+    detector.on_event(started(0, "node0", attempt=2), at(3))
+    assert detector.on_event(exited(0, "node0", 1, attempt=1), at(3.5)) == []
+    assert detector.on_event(exited(1, "node0", -15, reason="stop"), at(4)) == []
+
+
+def test_lost_node_is_one_uncorrectable_missed_heartbeat_in_time() -> None:
+    thresholds = Thresholds()
+    detector = Detector(JOB, thresholds)
+    events = steady(FOUR, 10)
+    # node1 goes silent at t=10; node0 keeps heartbeating
+    events += [(at(t), heartbeat(r, "node0", int(t))) for t in range(11, 40) for r in (0, 1)]
+    signals = feed(detector, events)
+    assert [(s.signal, s.node, s.rank, s.severity) for s in signals] == [
+        ("missed_heartbeat", "node1", None, "uncorrectable")
+    ]
+    limit = thresholds.heartbeat_timeout_s + thresholds.heartbeat_polling_period_s
+    assert signals[0].ts - signals[0].observed_ts <= limit * NS
+
+
+def test_one_silent_rank_on_a_reporting_host_is_correctable() -> None:
+    detector = Detector(JOB)
+    events = steady(FOUR, 5)
+    events += [(at(t), heartbeat(r, FOUR[r], int(t))) for t in range(6, 30) for r in (0, 2, 3)]
+    events += [(at(t + 0.5), host("node0")) for t in range(0, 30)]
+    signals = feed(detector, events)
+    assert [(s.signal, s.node, s.rank, s.severity) for s in signals] == [
+        ("missed_heartbeat", "node0", 1, "correctable")
+    ]
+    assert "host still reports" in signals[0].detail
+
+
+def test_hang_timeout_adapts_to_slow_steps() -> None:
+    # 6 s steps with 2× spikes: a fixed 10 s hang timeout would fire; the adaptive one must not
+    run = Run(nodes=2, ranks_per_node=2, step_s=6.0, checkpoint_every=0, seed=5)
+    run.spike_probability = 0.05
+    detector = Detector(JOB)
+    events = run.events(60)
+    assert feed(detector, events) == []
+    timeout = detector.hang_timeout_s(0)
+    assert 4 * 6.0 <= timeout <= 4 * 6.0 * 2.2 * 1.1
+    # then every rank stalls while its heartbeat thread goes on: one hang, not four
+    end = events[-1][0]
+    last_step = 59
+    stall = [
+        (end + int(t * NS), heartbeat(r, run.node_of(r), last_step))
+        for t in range(1, 120)
+        for r in range(4)
+    ]
+    signals = feed(detector, stall)
+    # nobody restarted it: after jobset_downtime_threshold_s the job is down as well
+    assert [s.signal for s in signals] == ["hang", "job_down"]
+    waited = (signals[0].ts - signals[0].observed_ts) / NS
+    its_timeout = detector.hang_timeout_s(signals[0].rank)
+    assert its_timeout <= waited <= its_timeout + 1.5
+    assert f"past step {last_step}" in signals[0].detail
+
+
+def test_checkpoint_save_and_load_never_look_like_a_hang() -> None:
+    detector = Detector(JOB)
+    events = steady(FOUR, 20)
+    busy = [
+        (at(t), heartbeat(r, n, 20, busy="checkpoint-save"))
+        for t in range(21, 200)
+        for r, n in FOUR.items()
+    ]
+    events += busy
+    events += [
+        (at(t), heartbeat(r, n, 20 + t - 200)) for t in range(200, 230) for r, n in FOUR.items()
+    ]
+    # a restore after a restart: long load, then training goes on
+    for r, n in FOUR.items():
+        events.append((at(230.5), started(r, n, attempt=1)))
+    events += [
+        (at(t), heartbeat(r, n, 0, busy="checkpoint-load"))
+        for t in range(231, 500)
+        for r, n in FOUR.items()
+    ]
+    events += [
+        (
+            at(500.2),
+            schemas.CheckpointRestored(
+                job=JOB, node=n, rank=r, step=20, tier="peer", duration_s=269.0
+            ),
+        )
+        for r, n in FOUR.items()
+    ]
+    events += [
+        (at(t), heartbeat(r, n, 21 + t - 501)) for t in range(501, 540) for r, n in FOUR.items()
+    ]
+    assert feed(detector, sorted(events, key=lambda e: e[0])) == []
+
+
+def test_a_checkpoint_that_never_ends_is_a_hang_eventually() -> None:
+    detector = Detector(JOB, updated(Thresholds(), {"checkpoint_timeout_s": 60}))
+    events = steady(FOUR, 5)
+    events += [
+        (at(t), heartbeat(r, n, 5, busy="checkpoint-save"))
+        for t in range(6, 100)
+        for r, n in FOUR.items()
+    ]
+    signals = feed(detector, events)
+    assert [s.signal for s in signals] == ["hang"]
+    assert "stuck in checkpoint-save" in signals[0].detail
+    assert signals[0].ts >= at(66)
+
+
+def test_vanished_process_without_exit_report_is_a_crash() -> None:
+    detector = Detector(JOB)
+    events = steady(FOUR, 3)
+    events += [
+        (at(t), host("node1", ranks_alive=1, ranks_expected=2)) for t in (3.1, 4.1, 5.1, 6.1)
+    ]
+    signals = feed(detector, events)
+    assert [(s.signal, s.node, s.rank) for s in signals] == [("crash", "node1", None)]
+    assert "1 of 2 ranks alive" in signals[0].detail
+    assert signals[0].ts >= at(3.1 + Thresholds().pod_termination_threshold_s)
+
+
+def test_exit_report_in_time_means_no_vanish_signal() -> None:
+    detector = Detector(JOB)
+    events = steady(FOUR, 10)
+    events += [(at(3.1), host("node1", ranks_alive=1, ranks_expected=2))]
+    events += [(at(3.5), exited(3, "node1", 0, reason="rescale"))]
+    assert feed(detector, events, until=at(10)) == []
+
+
+def test_degraded_host_once_per_fault_set_then_returned() -> None:
+    detector = Detector(JOB)
+    xid = schemas.GpuHealth(index=3, uuid="GPU-3", xid_errors=[79])
+    first = detector.on_event(host("node1", healthy=False, gpus=[xid]), at(1))
+    again = detector.on_event(host("node1", healthy=False, gpus=[xid]), at(2))
+    disk = detector.on_event(
+        host("node1", healthy=False, gpus=[xid], faults=["disk full: /ckpt"]), at(3)
+    )
+    back = detector.on_event(host("node1"), at(4))
+    assert [(s.signal, s.severity) for s in first] == [("degraded_host", "uncorrectable")]
+    assert "gpu3 xid 79" in first[0].detail
+    assert again == []
+    assert [s.signal for s in disk] == ["degraded_host"] and "disk full" in disk[0].detail
+    assert [(s.signal, s.node, s.severity) for s in back] == [("node_returned", "node1", "info")]
+    assert detector.on_event(host("node1"), at(5)) == []
+
+
+def test_job_down_after_a_crash_nobody_restarts() -> None:
+    thresholds = updated(Thresholds(), {"jobset_downtime_threshold_s": 30})
+    detector = Detector(JOB, thresholds)
+    events = steady(FOUR, 5)
+    events += [(at(5.5), exited(r, n, 1)) for r, n in FOUR.items()]
+    signals = feed(detector, events, until=at(60))
+    assert [s.signal for s in signals] == ["crash", "job_down"]
+    assert signals[1].ts >= at(35) and signals[1].severity == "uncorrectable"
+
+
+def test_a_job_that_finished_is_not_down() -> None:
+    detector = Detector(JOB)
+    events = steady(FOUR, 5)
+    events += [(at(5.5), exited(r, n, 0)) for r, n in FOUR.items()]
+    assert feed(detector, events, until=at(300)) == []
+
+
+def test_thresholds_change_while_running() -> None:
+    detector = Detector(JOB)
+    events = steady(FOUR, 5)
+    feed(detector, events)
+    detector.set_thresholds(updated(detector.thresholds, {"heartbeat_timeout_s": 1.0}))
+    # the learnt floor still holds: 3 × the 1 s heartbeat gap
+    assert detector.poll(at(7.9)) == []
+    signals = detector.poll(at(8.1))
+    assert {(s.signal, s.node) for s in signals} == {
+        ("missed_heartbeat", "node0"),
+        ("missed_heartbeat", "node1"),
+    }
+
+
+def test_thresholds_validation() -> None:
+    assert updated(Thresholds(), {"straggler_window": 12.0}).straggler_window == 12
+    with pytest.raises(ValueError, match="unknown"):
+        updated(Thresholds(), {"nope": 1.0})
+    with pytest.raises(ValueError, match="positive"):
+        updated(Thresholds(), {"heartbeat_timeout_s": 0})
+    with pytest.raises(ValueError):
+        updated(Thresholds(), {"straggler_window": 2.5})
+
+
+def test_same_facts_give_the_same_signal_id() -> None:
+    ids = []
+    for _ in range(2):
+        detector = Detector(JOB)
+        feed(detector, steady(FOUR, 3))
+        ids.append(detector.on_event(exited(2, "node1", 1), at(3.5))[0].signal_id)
+    assert ids[0] == ids[1]
+
+
+def test_poll_touches_nothing_while_heartbeats_flow() -> None:
+    """10,000 nodes: between heartbeats a poll finds nothing due (no scan of all ranks)."""
+    detector = Detector(JOB)
+    nodes = 10_000
+    for second in range(3):
+        now = at(second)
+        for rank in range(nodes):
+            detector.on_heartbeat(heartbeat(rank, f"n{rank}", second), now + rank)
+        assert detector.poll(now + nodes) == []
+    assert detector.next_deadline() == at(0) + int(Thresholds().heartbeat_timeout_s * NS)
+
+
+def test_slow_start_is_not_a_missed_heartbeat_but_no_start_is() -> None:
+    detector = Detector(JOB)
+    events = [(at(0), started(r, n)) for r, n in FOUR.items()]
+    # ranks 0-2 take 30 s to import and then heartbeat; rank 3 never does
+    events += [(at(t), heartbeat(r, FOUR[r], 0)) for t in range(30, 70) for r in (0, 1, 2)]
+    events += [(at(t + 0.5), host(n)) for t in range(0, 70) for n in ("node0", "node1")]
+    signals = feed(detector, events)
+    assert [(s.signal, s.rank) for s in signals] == [("missed_heartbeat", 3)]
+    limit = Thresholds().first_heartbeat_timeout_s + Thresholds().heartbeat_polling_period_s
+    assert signals[0].ts <= at(limit)
+
+
+def test_a_node_lost_during_an_open_incident_is_still_reported() -> None:
+    detector = Detector(JOB)
+    events = steady(FOUR, 5)
+    events += [(at(5.2), exited(0, "node0", 1))]
+    # node1's ranks stop heartbeating: first like collateral, then the whole host is gone
+    events += [(at(t), heartbeat(1, "node0", 5)) for t in range(6, 30)]
+    signals = feed(detector, events)
+    assert [(s.signal, s.node, s.severity) for s in signals] == [
+        ("crash", "node0", "correctable"),
+        ("missed_heartbeat", "node1", "uncorrectable"),
+    ]
+
+
+def test_straggler_found_without_world_size_in_step_reports() -> None:
+    run = Run(nodes=3, ranks_per_node=1, slow={2}, slow_from=20, seed=11)
+    events = [
+        (ts, msgspec.structs.replace(e, world_size=1) if isinstance(e, schemas.StepDone) else e)
+        for ts, e in run.events(80)
+    ]
+    signals = feed(Detector(JOB), events)
+    assert [(s.signal, s.rank) for s in signals] == [("straggler", 2)]

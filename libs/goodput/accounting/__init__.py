@@ -1,0 +1,61 @@
+"""Goodput accounting: how much of a job's wall time made progress that was kept, and where
+the rest went (docs/GOODPUT.md defines every figure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from goodput import schemas
+from goodput.accounting.calculator import compute_events_goodput
+from goodput.accounting.categories import BADPUT_CATEGORIES, BADPUT_KEYS, PRODUCTIVE
+from goodput.accounting.report import GoodputReport, Interruption, Marker, Span, StepPoint, Timeline
+from goodput.accounting.resiliency import ResiliencyEvent, compute_resiliency_goodput
+from goodput.accounting.sources import (
+    EventLogError,
+    load_event_log,
+    replay_from_bus,
+    write_event_log,
+)
+
+
+def compute_goodput(
+    events: Iterable[schemas.Event] | Iterable[ResiliencyEvent],
+    *,
+    nominal_world_size: int | None = None,
+    job: str | None = None,
+    reference_step_time_s: float | None = None,
+) -> GoodputReport:
+    """The goodput report of one job from its events (either format :func:`load_event_log`
+    returns). ``job`` picks one job when the events hold several; ``nominal_world_size``
+    (default: the largest seen) is what "scaled down" is measured against;
+    ``reference_step_time_s`` is the ideal step time for resiliency-calculator logs."""
+    items = list(events)
+    if not items:
+        raise ValueError("no events")
+    resiliency = [item for item in items if isinstance(item, ResiliencyEvent)]
+    if resiliency and len(resiliency) != len(items):
+        raise ValueError("mixed goodput events and resiliency-calculator records")
+    if resiliency:
+        return compute_resiliency_goodput(
+            resiliency, job=job, reference_step_time_s=reference_step_time_s
+        )
+    return compute_events_goodput(items, job=job, nominal_world_size=nominal_world_size)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "BADPUT_CATEGORIES",
+    "BADPUT_KEYS",
+    "PRODUCTIVE",
+    "EventLogError",
+    "GoodputReport",
+    "Interruption",
+    "Marker",
+    "ResiliencyEvent",
+    "Span",
+    "StepPoint",
+    "Timeline",
+    "compute_goodput",
+    "load_event_log",
+    "replay_from_bus",
+    "write_event_log",
+]

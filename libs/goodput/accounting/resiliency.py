@@ -1,0 +1,302 @@
+"""Goodput from the event log of the public resiliency goodput calculator (gpu-recipes).
+
+That log has one JSON object per line — ``timestamp`` (ISO 8601), ``job_name``,
+``event_type`` (``user_scheduled``, ``job_started``, ``checkpoint_loaded``,
+``checkpoint_saved``, ``user_terminated``, ``job_terminated``) and ``step`` for checkpoint
+events. It has no per-step events, so progress is measured between checkpoints: the work
+from one checkpoint to the next is kept unless a later load rolls back past it, and the work
+after a run's last checkpoint is lost. The same partition engine as for goodput's own events
+makes the categories add up; docs/GOODPUT.md says which category each stretch lands in.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+import msgspec
+
+from goodput.accounting import categories as c
+from goodput.accounting.intervals import WORK, Claim, partition
+from goodput.accounting.report import (
+    GoodputReport,
+    Interruption,
+    Marker,
+    Span,
+    StepPoint,
+    Timeline,
+    summarize,
+    thin,
+)
+
+USER_SCHEDULED = "user_scheduled"
+JOB_STARTED = "job_started"
+CHECKPOINT_LOADED = "checkpoint_loaded"
+CHECKPOINT_SAVED = "checkpoint_saved"
+USER_TERMINATED = "user_terminated"
+JOB_TERMINATED = "job_terminated"
+
+ResiliencyEventType = Literal[
+    "user_scheduled",
+    "job_started",
+    "checkpoint_loaded",
+    "checkpoint_saved",
+    "user_terminated",
+    "job_terminated",
+]
+
+#: order of events logged in the same instant (the resiliency calculator's own order)
+_SAME_INSTANT_ORDER = {
+    USER_SCHEDULED: 0,
+    JOB_STARTED: 1,
+    CHECKPOINT_LOADED: 2,
+    CHECKPOINT_SAVED: 3,
+    USER_TERMINATED: 4,
+    JOB_TERMINATED: 5,
+}
+
+
+class ResiliencyEvent(msgspec.Struct, kw_only=True):
+    """One line of a resiliency-calculator log; other fields (``node_rank``…) are ignored."""
+
+    timestamp: datetime
+    event_type: ResiliencyEventType
+    job_name: str = ""
+    step: int | None = None
+
+    @property
+    def ts_ns(self) -> int:
+        """Epoch ns; a timestamp without a zone (the tracker writes local time) is read as UTC."""
+        moment = self.timestamp
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return int(moment.timestamp() * 1_000_000) * 1000
+
+
+@dataclass(slots=True)
+class _Run:
+    #: the first node's start; the run starts when the last node has started
+    launched: float
+    start: float
+    end: float | None = None
+    #: (time, step, event type) of the checkpoint loads and saves inside the run
+    marks: list[tuple[float, int, str]] = field(default_factory=list)
+    user_stopped: bool = False
+
+
+@dataclass(slots=True)
+class _Segment:
+    """Work between two checkpoint marks of a run: steps ``(first_step - 1, last_step]``."""
+
+    start: float
+    end: float
+    first_step: int
+    last_step: int
+    productive: bool = True
+    kept: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return max(0, self.last_step - self.first_step + 1)
+
+
+def _prepare(
+    records: Iterable[ResiliencyEvent], job: str | None
+) -> tuple[str, list[ResiliencyEvent]]:
+    items = list(records)
+    jobs = sorted({r.job_name for r in items})
+    if job is None:
+        if len(jobs) > 1:
+            raise ValueError(f"events of several jobs ({', '.join(jobs)}): choose one with job=")
+        job = jobs[0] if jobs else ""
+    chosen = [r for r in items if r.job_name == job]
+    if not chosen:
+        raise ValueError(f"no events for job {job!r} (found: {', '.join(jobs)})")
+    chosen.sort(key=lambda r: (r.ts_ns, _SAME_INSTANT_ORDER[r.event_type]))
+    # several nodes log the same termination: the last one ends the run
+    deduplicated: list[ResiliencyEvent] = []
+    for record in chosen:
+        if (
+            deduplicated
+            and record.event_type == JOB_TERMINATED
+            and deduplicated[-1].event_type == JOB_TERMINATED
+        ):
+            deduplicated.pop()
+        deduplicated.append(record)
+    return job, deduplicated
+
+
+def _runs(records: list[ResiliencyEvent], sec) -> list[_Run]:
+    runs: list[_Run] = []
+    current: _Run | None = None
+    for record in records:
+        t = sec(record.ts_ns)
+        kind = record.event_type
+        if kind == JOB_STARTED:
+            if current is not None and current.end is None and not current.marks:
+                current.start = t  # another node of the same start: up when the last one is
+                continue
+            if current is not None and current.end is None:
+                current.end = t
+            current = _Run(launched=t, start=t)
+            runs.append(current)
+        elif kind in (CHECKPOINT_LOADED, CHECKPOINT_SAVED):
+            if current is None or current.end is not None:
+                resumed = current.end if current and current.end is not None else 0.0
+                current = _Run(launched=resumed, start=resumed)
+                runs.append(current)
+            current.marks.append((t, record.step or 0, kind))
+        elif kind == USER_TERMINATED and current is not None and current.end is None:
+            current.user_stopped = True  # the job_terminated that follows closes the run
+        elif kind == JOB_TERMINATED and current is not None and current.end is None:
+            current.end = t
+    end = sec(records[-1].ts_ns)
+    for run in runs:
+        if run.end is None:
+            run.end = end
+    return runs
+
+
+def compute_resiliency_goodput(
+    records: Iterable[ResiliencyEvent],
+    *,
+    job: str | None = None,
+    reference_step_time_s: float | None = None,
+) -> GoodputReport:
+    """Goodput of one job from a resiliency-calculator log.
+
+    Without ``reference_step_time_s`` all checkpointed work that was kept counts as productive;
+    with it, only ``steps × reference_step_time_s`` does and the rest of that work time is
+    slowdown (this format cannot tell a slow step from an inline checkpoint save).
+    """
+    job_name, chosen = _prepare(records, job)
+    t0 = chosen[0].ts_ns
+
+    def sec(ts_ns: int) -> float:
+        return (ts_ns - t0) / 1e9
+
+    end = sec(chosen[-1].ts_ns)
+    runs = _runs(chosen, sec)
+    claims: list[Claim] = []
+    segments: list[_Segment] = []
+    rollbacks: list[tuple[float, int]] = []
+    failures: list[Interruption] = []
+    markers: list[Marker] = []
+    saved_so_far = 0
+    for index, run in enumerate(runs):
+        assert run.end is not None
+        if index:
+            markers.append(Marker(t_s=run.start, kind="restart"))
+        claims.append(Claim(run.launched, run.start, c.PROGRAM_STARTUP, c.PROGRAM_STARTUP))
+        last_t, last_step = run.start, saved_so_far
+        for t, step, kind in run.marks:
+            if kind == CHECKPOINT_LOADED:
+                claims.append(Claim(last_t, t, c.CHECKPOINT_RESTORE, c.CHECKPOINT_RESTORE))
+                rollbacks.append((t, step + 1))
+                markers.append(Marker(t_s=t, kind="restore", detail=f"step {step}"))
+            else:
+                segments.append(
+                    _Segment(start=last_t, end=t, first_step=last_step + 1, last_step=step)
+                )
+                claims.append(Claim(last_t, t, WORK, len(segments) - 1))
+                saved_so_far = max(saved_so_far, step)
+                markers.append(Marker(t_s=t, kind="checkpoint", detail=f"step {step}"))
+            last_t, last_step = t, step
+        # work after the run's last checkpoint was never saved: it is lost
+        claims.append(Claim(last_t, run.end, c.WASTED_PROGRESS, c.WASTED_PROGRESS))
+        following = runs[index + 1] if index + 1 < len(runs) else None
+        if following is None:
+            continue
+        if not run.user_stopped:
+            claims.append(Claim(run.end, following.launched, c.RESTART, c.RESTART))
+            resumed = next(
+                (t for t, _, k in following.marks if k == CHECKPOINT_LOADED), following.start
+            )
+            failures.append(
+                Interruption(
+                    fault_s=run.end,
+                    cause=JOB_TERMINATED,
+                    restarted_s=following.start,
+                    resumed_s=resumed,
+                    repair_s=resumed - run.end,
+                )
+            )
+            markers.append(Marker(t_s=run.end, kind="failure", detail=JOB_TERMINATED))
+
+    _mark_thrown_away(segments, rollbacks)
+    pieces = partition(claims, 0.0, end)
+    totals: dict[str, float] = defaultdict(float)
+    for piece in pieces:
+        if piece.kind == WORK:
+            segments[piece.owner].kept += piece.length  # type: ignore[index]
+        else:
+            totals[piece.kind] += piece.length
+    for segment in segments:
+        if not segment.productive:
+            totals[c.WASTED_PROGRESS] += segment.kept
+            continue
+        ideal = segment.kept
+        if reference_step_time_s is not None:
+            ideal = min(segment.kept, segment.steps * reference_step_time_s)
+        totals[c.PRODUCTIVE] += ideal
+        totals[c.STRAGGLER] += segment.kept - ideal
+
+    per_step = [s.kept / s.steps for s in segments if s.productive and s.steps]
+    step_time = reference_step_time_s or (statistics.median(per_step) if per_step else None)
+    notes = ["resiliency-calculator log: progress is measured between checkpoints"]
+    if reference_step_time_s is None:
+        notes.append(
+            "no reference step time: kept checkpoint-to-checkpoint time counts as productive"
+        )
+    spans = []
+    for piece in pieces:
+        category = piece.kind
+        if piece.kind == WORK:
+            kept = segments[piece.owner].productive  # type: ignore[index]
+            category = c.PRODUCTIVE if kept else c.WASTED_PROGRESS
+        if spans and spans[-1].category == category:
+            spans[-1] = Span(start_s=spans[-1].start_s, end_s=piece.end, category=category)
+        else:
+            spans.append(Span(start_s=piece.start, end_s=piece.end, category=category))
+    points = sorted(
+        [StepPoint(t_s=s.end, step=s.last_step, productive=s.productive) for s in segments]
+        + [StepPoint(t_s=t, step=next_step - 1, productive=True) for t, next_step in rollbacks],
+        key=lambda p: p.t_s,
+    )
+    return summarize(
+        job=job_name,
+        source="resiliency",
+        start_ts_ns=t0,
+        end_ts_ns=chosen[-1].ts_ns,
+        totals=dict(totals),
+        failures=failures,
+        uptime_s=sum(run.end - run.start for run in runs if run.end is not None),
+        steps_productive=sum(s.steps for s in segments if s.productive),
+        steps_wasted=sum(s.steps for s in segments if not s.productive),
+        nominal_world_size=0,
+        healthy_step_time_s={0: step_time} if step_time is not None else {},
+        timeline=Timeline(
+            steps=thin(points), markers=sorted(markers, key=lambda m: m.t_s), spans=spans
+        ),
+        notes=notes,
+    )
+
+
+def _mark_thrown_away(segments: list[_Segment], rollbacks: list[tuple[float, int]]) -> None:
+    """Work is thrown away when later work or a later load starts again at or before it."""
+    timeline = sorted(
+        [(s.end, 1, index) for index, s in enumerate(segments)]
+        + [(t, 0, next_step) for t, next_step in rollbacks]
+    )
+    lowest_later = float("inf")
+    for _, is_segment, value in reversed(timeline):
+        if is_segment:
+            segment = segments[value]
+            segment.productive = segment.last_step < lowest_later
+            lowest_later = min(lowest_later, segment.first_step)
+        else:
+            lowest_later = min(lowest_later, value)

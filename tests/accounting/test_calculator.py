@@ -1,0 +1,196 @@
+"""The calculator against hand-built event logs with known answers (seconds)."""
+
+from __future__ import annotations
+
+import random
+from itertools import pairwise
+
+import msgspec
+import pytest
+
+from goodput import schemas
+from goodput.accounting import BADPUT_KEYS, GoodputReport, compute_goodput
+from tests.accounting.scenario import (
+    EXPECTED_BADPUT,
+    EXPECTED_PRODUCTIVE,
+    EXPECTED_TOTAL,
+    JOB,
+    at,
+    scenario_events,
+    started,
+    step,
+)
+
+
+def test_every_badput_category_has_its_known_value() -> None:
+    report = compute_goodput(scenario_events())
+    assert set(report.badput) == set(BADPUT_KEYS) == set(EXPECTED_BADPUT)
+    for key, expected in EXPECTED_BADPUT.items():
+        assert report.badput[key] == pytest.approx(expected, abs=1e-6), key
+    assert report.productive_s == pytest.approx(EXPECTED_PRODUCTIVE, abs=1e-6)
+    assert report.total_s == pytest.approx(EXPECTED_TOTAL, abs=1e-6)
+
+
+def test_categories_add_up_to_the_total() -> None:
+    report = compute_goodput(scenario_events())
+    assert report.productive_s + sum(report.badput.values()) == pytest.approx(report.total_s)
+    assert (report.end_ts_ns - report.start_ts_ns) / 1e9 == pytest.approx(report.total_s)
+    assert report.goodput_pct == pytest.approx(100 * EXPECTED_PRODUCTIVE / EXPECTED_TOTAL)
+
+
+def test_reliability_figures() -> None:
+    report = compute_goodput(scenario_events())
+    # one failure (the crash); the scale-down to evict the straggler was planned
+    assert report.interruptions == 1
+    (failure,) = report.failures
+    assert failure.fault_s == pytest.approx(28)
+    assert failure.detected_s == pytest.approx(31)
+    assert failure.decided_s == pytest.approx(33)
+    assert failure.restarted_s == pytest.approx(40)
+    assert failure.resumed_s == pytest.approx(47)
+    assert failure.repair_s == pytest.approx(19)
+    assert "crash" in failure.cause
+    assert report.mttr_s == pytest.approx(19)
+    # running time: 10–27, 45–68 and 75–80
+    assert report.mtbf_s == pytest.approx(17 + 23 + 5)
+    # productive / (total − job down)
+    assert report.ettr == pytest.approx(EXPECTED_PRODUCTIVE / (EXPECTED_TOTAL - 2.0))
+
+
+def test_step_accounting() -> None:
+    report = compute_goodput(scenario_events())
+    assert report.steps_productive == 16  # steps 1–16, each kept once
+    assert report.steps_wasted == 3  # the first runs of steps 6, 7 and 8
+    assert report.nominal_world_size == 2
+    assert report.healthy_step_time_s == {2: pytest.approx(2.0), 1: pytest.approx(2.5)}
+    thrown_away = [p.step for p in report.timeline.steps if not p.productive]
+    assert thrown_away == [6, 7, 8]
+
+
+def test_timeline_marks_what_happened() -> None:
+    timeline = compute_goodput(scenario_events()).timeline
+    kinds = {(m.kind, round(m.t_s, 3)) for m in timeline.markers}
+    assert {("failure", 28), ("restart", 40), ("restart", 72), ("scale", 75)} <= kinds
+    assert {("checkpoint", 22), ("restore", 44), ("restore", 74), ("straggler", 56)} <= kinds
+    spans = timeline.spans
+    assert spans[0].start_s == 0 and spans[-1].end_s == pytest.approx(EXPECTED_TOTAL)
+    assert all(a.end_s == pytest.approx(b.start_s) for a, b in pairwise(spans))
+
+
+def test_report_is_json_serialisable_and_round_trips() -> None:
+    report = compute_goodput(scenario_events())
+    decoded = msgspec.json.decode(msgspec.json.encode(report), type=GoodputReport)
+    assert decoded == report
+
+
+def test_order_of_arrival_does_not_matter() -> None:
+    events = scenario_events()
+    shuffled = events[:]
+    random.Random(7).shuffle(shuffled)
+    assert compute_goodput(shuffled) == compute_goodput(events)
+
+
+def test_nominal_world_size_can_be_given() -> None:
+    # a job configured for 4 ranks that never got more than 2 idled half its capacity
+    report = compute_goodput(scenario_events(), nominal_world_size=4)
+    idle_at_2 = 0.5 * (10 + 10 + 4 + 2 + 3)  # kept step time at 2 of 4 ranks, less straggling
+    idle_at_1 = 0.75 * 5
+    assert report.badput["scaled_down_idle"] == pytest.approx(idle_at_2 + idle_at_1)
+    assert report.productive_s + sum(report.badput.values()) == pytest.approx(report.total_s)
+
+
+def test_failure_without_recovery_leaves_the_job_down() -> None:
+    events: list[schemas.Event] = [started(0, 0, 1)]
+    events += step(5, 1, 5.0, 1) + step(10, 2, 5.0, 1)
+    events += [
+        schemas.RankExited(
+            job=JOB, ts=at(12), node="n0", rank=0, pid=100, exit_code=None, signal=9
+        ),
+        schemas.Signal(job=JOB, ts=at(15), signal="crash", node="n0", observed_ts=at(12)),
+        schemas.HostHealth(job=JOB, ts=at(20), node="n0", healthy=False, gpu_available=False),
+        schemas.Signal(job=JOB, ts=at(30), signal="job_down", node="n0", severity="uncorrectable"),
+    ]
+    report = compute_goodput(events)
+    # steps 1 and 2 were never thrown away: nothing restored past them
+    assert report.productive_s == pytest.approx(10)
+    assert report.badput["wasted_progress"] == pytest.approx(2)  # the step cut short at 12
+    assert report.badput["failure_detection"] == pytest.approx(3)
+    assert report.badput["job_down"] == pytest.approx(15)  # 15–30: nobody acted
+    assert report.total_s == pytest.approx(30)
+    assert report.interruptions == 1
+    assert report.failures[0].resumed_s is None and report.mttr_s is None
+    assert report.mtbf_s == pytest.approx(10)
+
+
+def test_hang_is_detected_from_the_signal_alone() -> None:
+    hang = schemas.Signal(job=JOB, ts=at(25), signal="hang", node="n0", observed_ts=at(10))
+    events: list[schemas.Event] = [started(0, 0, 1), *step(5, 1, 5.0, 1), *step(10, 2, 5.0, 1)]
+    events += [
+        hang,
+        schemas.Decision(
+            job=JOB,
+            ts=at(26),
+            signal_id=hang.signal_id,
+            policy="p",
+            rule="hang->restart",
+            reason="no progress",
+            command_ids=["r"],
+        ),
+        schemas.RankExited(
+            job=JOB, ts=at(27), node="n0", rank=0, pid=100, exit_code=-15, expected_reason="restart"
+        ),
+        started(30, 0, 1),
+        *step(36, 3, 5.0, 1),
+    ]
+    report = compute_goodput(events)
+    assert report.badput["failure_detection"] == pytest.approx(15)
+    assert report.badput["decision"] == pytest.approx(1)
+    assert report.badput["restart_reprovision"] == pytest.approx(4)
+    assert report.badput["program_startup"] == pytest.approx(1)  # 30–31, step 3 ran 31–36
+    assert report.productive_s == pytest.approx(15)
+    assert report.failures[0].repair_s == pytest.approx(26)
+
+
+def test_a_rollback_without_new_steps_throws_work_away() -> None:
+    events: list[schemas.Event] = [started(0, 0, 1)]
+    events += step(2, 1, 2.0, 1) + step(4, 2, 2.0, 1) + step(6, 3, 2.0, 1)
+    events.append(
+        schemas.CheckpointRestored(
+            job=JOB, ts=at(9), node="n0", rank=0, step=1, tier="object_store", duration_s=2.0
+        )
+    )
+    report = compute_goodput(events)
+    assert report.productive_s == pytest.approx(2)  # only step 1 survives the rollback
+    assert report.badput["wasted_progress"] == pytest.approx(4)
+    assert report.badput["checkpoint_restore"] == pytest.approx(2)
+    assert report.badput["job_down"] == pytest.approx(1)
+
+
+def test_several_jobs_need_a_choice() -> None:
+    other = [msgspec.structs.replace(e, job="other") for e in scenario_events()]
+    with pytest.raises(ValueError, match="several jobs"):
+        compute_goodput(scenario_events() + other)
+    chosen = compute_goodput(scenario_events() + other, job=JOB)
+    assert chosen.total_s == pytest.approx(EXPECTED_TOTAL)
+    with pytest.raises(ValueError, match="no events for job"):
+        compute_goodput(scenario_events(), job="missing")
+
+
+def test_no_training_events_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no events"):
+        compute_goodput([])
+    with pytest.raises(ValueError, match="no training events"):
+        compute_goodput(
+            [schemas.HostHealth(job=JOB, ts=at(1), node="n0", healthy=True, gpu_available=True)]
+        )
+
+
+def test_job_without_steps_is_all_badput() -> None:
+    events = [
+        started(0, 0, 1),
+        schemas.RankExited(job=JOB, ts=at(8), node="n0", rank=0, pid=1, exit_code=3),
+    ]
+    report = compute_goodput(events)
+    assert report.productive_s == 0 and report.goodput_pct == 0
+    assert report.total_s == pytest.approx(8)
+    assert any("no StepDone" in note for note in report.notes)

@@ -94,6 +94,9 @@ class StepDone(Event, tag="step", kw_only=True):
     tokens: int
     loss: float
     world_size: int = 1
+    #: time this rank computed, excluding waiting for peers in collectives (0: not measured).
+    #: In synchronous training every rank's step_time_s is the same; this one tells who is slow.
+    compute_time_s: float = 0.0
 
 
 class CheckpointSaved(Event, tag="ckpt_saved", kw_only=True):
@@ -333,6 +336,14 @@ class InjectFault(Command, tag="inject_fault", kw_only=True):
     clear: bool = False
 
 
+class RestoreToNode(Command, tag="restore_to_node", kw_only=True):
+    """Fill a node's local checkpoint volume from the nearest tier before its ranks start."""
+
+    node: str
+    #: the checkpoint step to restore; None: the newest complete one
+    step: int | None = None
+
+
 class ReturnNode(Command, tag="return_node", kw_only=True):
     """A previously failed node is healthy again and rejoins the spare pool."""
 
@@ -371,6 +382,7 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     SetCheckpointInterval,
     SetThresholds,
     InjectFault,
+    RestoreToNode,
     ReturnNode,
 )
 

@@ -47,6 +47,11 @@ def check_token(value: str, what: str = "name") -> str:
     return value
 
 
+def node_target(service: str, node: str) -> str:
+    """Command target of a per-node service instance (host monitor, checkpoint tier)."""
+    return f"{service}-{node}"
+
+
 def event(job: str, kind: str) -> str:
     return f"gp.{job}.evt.{kind}"
 

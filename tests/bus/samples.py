@@ -32,6 +32,7 @@ def sample_events() -> list[schemas.Event]:
             tokens=4096,
             loss=2.75,
             world_size=4,
+            compute_time_s=0.1,
         ),
         schemas.CheckpointSaved(job=JOB, node="n0", rank=1, step=5, stall_s=0.01, bytes=1 << 30),
         schemas.CheckpointPersisted(
@@ -183,4 +184,5 @@ def sample_commands() -> list[schemas.Command]:
             command_id="c9", node="n0", fault="gpu_xid", detail="79", clear=True, **common
         ),
         schemas.ReturnNode(command_id="c10", node="n0", **common),
+        schemas.RestoreToNode(command_id="c11", node="n0", step=40, **common),
     ]

@@ -7,7 +7,9 @@ import importlib
 
 # Each module exposes ``register(subparsers)`` for `goodput bench <name>`.
 BENCH_MODULES: list[str] = [
+    "goodput.bench.ckpt",
     "goodput.bench.bus",
+    "goodput.bench.restore",
 ]
 
 

@@ -13,8 +13,10 @@ import sys
 # Subcommand modules, in the order `goodput --help` lists them.
 SUBCOMMAND_MODULES = [
     "goodput.cli.demo",
+    "goodput.cli.run",
     "goodput.cli.stack",
     "goodput.cli.bench",
+    "goodput.cli.report",
 ]
 
 

@@ -148,6 +148,10 @@ class LocalBackend:
             detail=detail,
         )
 
+    def volume(self, node: str) -> Path:
+        """The node's local checkpoint volume (what a local SSD is on a real node)."""
+        return node_volume(self.state_dir, node, self.job)
+
     @property
     def ranks_file(self) -> Path:
         """Rank pids on disk, so `goodput down` can stop them even if this process was killed."""
@@ -249,9 +253,7 @@ class LocalBackend:
                 len(membership.active) // max(self.spec.num_nodes_per_dp, 1)
             ),
             "GOODPUT_NUM_NODES_PER_DP": str(self.spec.num_nodes_per_dp),
-            "GOODPUT_CKPT_DIR": self.spec.env.get(
-                "GOODPUT_CKPT_DIR", str(self.state_dir / "checkpoints" / self.job)
-            ),
+            "GOODPUT_CKPT_DIR": self.spec.env.get("GOODPUT_CKPT_DIR", str(self.volume(node))),
             "PYTHONUNBUFFERED": "1",
         }
 
@@ -273,6 +275,11 @@ class LocalBackend:
         if entry in self.ranks and finished and self.state != "finished":
             self.state = "finished"
             await self._report("every rank exited 0")
+
+
+def node_volume(state_dir: Path, node: str, job: str) -> Path:
+    """Where a local node keeps its checkpoints: one directory per node, as on real hosts."""
+    return Path(state_dir) / "nodes" / node / "checkpoints" / job
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -48,6 +48,8 @@ class Actuator:
                 self.server.url,
                 "--state-dir",
                 str(self.state_dir),
+                "--set",
+                "restore_timeout_s=0",
             ],
             stdout=subprocess.DEVNULL,
             stderr=open(self.state_dir / "actuator.log", "ab"),  # noqa: SIM115

@@ -34,6 +34,7 @@ class InMemoryHooks:
     def __init__(self) -> None:
         self.saved: dict[int, dict[str, Any]] = {}
         self.steps: list[int] = []
+        self.compute_times: list[float] = []
 
     def restore(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
         if not self.saved:
@@ -41,8 +42,11 @@ class InMemoryHooks:
         step = max(self.saved)
         return step, self.saved[step]
 
-    def step_done(self, step: int, step_time_s: float, tokens: int, loss: float) -> None:
+    def step_done(
+        self, step: int, step_time_s: float, tokens: int, loss: float, compute_time_s: float = 0.0
+    ) -> None:
         self.steps.append(step)
+        self.compute_times.append(compute_time_s)
 
     def should_checkpoint(self, step: int) -> bool:
         return step == 2
@@ -67,4 +71,6 @@ def test_hooks_are_swapped_by_the_factory(tmp_path: Path) -> None:
     argv = ["--steps", "3", "--ckpt-dir", str(tmp_path / "unused"), *TINY_MODEL_ARGS]
     assert main(argv, hooks_factory=factory) == 0
     assert memory.steps == [1, 2, 3] and sorted(memory.saved) == [2, 3]
+    # the loop reports each step's own compute time, for straggler detection
+    assert len(memory.compute_times) == 3 and all(t > 0 for t in memory.compute_times)
     assert not (tmp_path / "unused").exists()

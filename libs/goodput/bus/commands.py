@@ -37,13 +37,18 @@ class DoneLog:
     def _key(self, command_id: str) -> str:
         return subjects.kv_key(self.job, self.executor, command_id)
 
-    async def is_done(self, command_id: str) -> bool:
+    async def result(self, command_id: str) -> schemas.ActionResult | None:
+        """The recorded result of an executed command, or None if it has not run."""
         kv = await self.bus.kv(subjects.DONE_BUCKET)
         try:
-            await kv.get(self._key(command_id))
-        except nats.js.errors.KeyNotFoundError:
-            return False
-        return True
+            entry = await kv.get(self._key(command_id))
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        result = schemas.decode_event(entry.value or b"")
+        return result if isinstance(result, schemas.ActionResult) else None
+
+    async def is_done(self, command_id: str) -> bool:
+        return await self.result(command_id) is not None
 
     async def record(self, command_id: str, result: schemas.ActionResult) -> None:
         kv = await self.bus.kv(subjects.DONE_BUCKET)

@@ -10,6 +10,7 @@ BENCH_MODULES: list[str] = [
     "goodput.bench.ckpt",
     "goodput.bench.bus",
     "goodput.bench.restore",
+    "goodput.bench.recovery",
 ]
 
 

@@ -16,6 +16,8 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.cli.stack import (
     DEFAULT_STATE_DIR,
+    add_service_set_argument,
+    service_flags_from_args,
     read_stack,
     start_stack,
     stop_stack,
@@ -79,7 +81,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     state_dir = Path(args.state_dir).resolve()
     started_here = read_stack(state_dir) is None
-    stack, settings = start_stack(args, state_dir, args.job, args.nodes + args.spares, console)
+    stack, settings = start_stack(
+        args,
+        state_dir,
+        args.job,
+        args.nodes + args.spares,
+        console,
+        service_flags_from_args(args.service_set),
+    )
     try:
         asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
         env = dict(item.split("=", 1) for item in args.env)
@@ -156,6 +165,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--keep-stack", action="store_true", help="leave the stack running afterwards"
     )
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
+    add_service_set_argument(parser)
     add_bus_arguments(parser)
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- the training command")
     parser.set_defaults(func=cmd_run)

@@ -107,9 +107,17 @@ def spawn_service(
 
 
 def start_stack(
-    args: argparse.Namespace, state_dir: Path, job: str, node_count: int, console: Console
+    args: argparse.Namespace,
+    state_dir: Path,
+    job: str,
+    node_count: int,
+    console: Console,
+    service_flags: dict[str, list[str]] | None = None,
 ) -> tuple[StackRecord, BusSettings]:
-    """Start what is missing of the stack (NATS, services); return its record and bus settings."""
+    """Start what is missing of the stack (NATS, services); return its record and bus settings.
+
+    ``service_flags`` adds command-line flags per service name (e.g. ``--set`` options).
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
     check_token(job, "job name")
     nodes = [f"node-{i}" for i in range(node_count)]
@@ -134,8 +142,9 @@ def start_stack(
         if key in running:
             services.append(running[key])
             continue
+        extra = bus_flags + (service_flags or {}).get(name, [])
         services.append(
-            spawn_service(name, node, job=job, url=url, state_dir=state_dir, extra=bus_flags)
+            spawn_service(name, node, job=job, url=url, state_dir=state_dir, extra=extra)
         )
         console.print(f"[green]started[/] {key} (pid {services[-1].pid})")
     stack = StackRecord(job=job, url=url, embedded=embedded, nodes=nodes, services=services)
@@ -166,10 +175,37 @@ def stop_stack(state_dir: Path) -> int:
     return stopped
 
 
+def add_service_set_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--service-set",
+        action="append",
+        default=[],
+        metavar="SERVICE:KEY=VALUE",
+        help="an option for one service, e.g. controller:policy=\"my_policy.py\" or "
+        "sensor:thresholds={heartbeat_timeout_s=3.0} (repeatable; VALUE is TOML)",
+    )
+
+
+def service_flags_from_args(items: list[str]) -> dict[str, list[str]]:
+    """``SERVICE:KEY=VALUE`` items as per-service ``--set`` flags."""
+    flags: dict[str, list[str]] = {}
+    for item in items:
+        service, sep, option = item.partition(":")
+        if not sep or "=" not in option or service not in CENTRAL_SERVICES + NODE_SERVICES:
+            raise SystemExit(
+                f"--service-set {item!r}: expected SERVICE:KEY=VALUE with SERVICE one of "
+                f"{', '.join(CENTRAL_SERVICES + NODE_SERVICES)}"
+            )
+        flags.setdefault(service, []).extend(["--set", option])
+    return flags
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     state_dir = Path(args.state_dir).resolve()
-    stack, settings = start_stack(args, state_dir, args.job, args.nodes, console)
+    stack, settings = start_stack(
+        args, state_dir, args.job, args.nodes, console, service_flags_from_args(args.service_set)
+    )
     if args.wait <= 0:
         return 0
     report = asyncio.run(wait_healthy(settings, stack.job, stack.services, args.wait, console))
@@ -313,6 +349,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=20.0,
         help="seconds to wait for every service to be healthy (0: don't)",
     )
+    add_service_set_argument(up)
     add_bus_arguments(up)
     up.set_defaults(func=cmd_up)
 

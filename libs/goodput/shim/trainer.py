@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch
+import torch.distributed as dist
 
 from goodput import schemas
 from goodput.bus import BusSettings
@@ -107,20 +109,36 @@ class TrainerShim:
     # ---- TrainingHooks ----------------------------------------------------------------------
 
     def restore(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        """The newest checkpoint every rank holds intact; all ranks load the same step."""
         self._busy("checkpoint-load")
         try:
-            step, state = self.engine.restore(into=template_state)
-        except NoCheckpointError:
-            log.info("no checkpoint to restore in %s; starting from scratch", self.config.ckpt_dir)
-            return None
+            return self._restore_agreed(template_state)
         finally:
             self._busy("")
-        self._last_saved_step = step
-        if self.link is not None:
-            self.link.step = step
-        return step, state
 
-    def step_done(self, step: int, step_time_s: float, tokens: int, loss: float) -> None:
+    def _restore_agreed(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        # a rank whose newest copy is corrupt falls back further: agree on the minimum, again
+        candidate = _agree_min(self.engine.latest_complete_step())
+        for _ in range(4):
+            if candidate is None:
+                log.info("no common checkpoint in %s; starting from scratch", self.config.ckpt_dir)
+                return None
+            try:
+                step, state = self.engine.restore(step=candidate, into=template_state)
+            except NoCheckpointError:
+                step, state = None, None
+            agreed = _agree_min(step)
+            if agreed == step:
+                self._last_saved_step = step
+                if self.link is not None:
+                    self.link.step = step
+                return step, state  # type: ignore[return-value]
+            candidate = agreed
+        raise RuntimeError("ranks could not agree on a checkpoint to restore")
+
+    def step_done(
+        self, step: int, step_time_s: float, tokens: int, loss: float, compute_time_s: float = 0.0
+    ) -> None:
         if self.link is not None:
             self.link.step = step
         self._publish(
@@ -133,6 +151,7 @@ class TrainerShim:
                 tokens=tokens,
                 loss=loss,
                 world_size=self.config.world_size,
+                compute_time_s=compute_time_s,
             )
         )
 
@@ -145,7 +164,12 @@ class TrainerShim:
     def save(self, state: dict[str, Any], step: int) -> None:
         self._busy("checkpoint-save")
         try:
-            self.engine.save(state, step, dp_rank=self.config.rank, dp_world=self.config.world_size)
+            self.engine.save(
+                state,
+                step,
+                dp_rank=self.config.local_rank,
+                dp_world=self.config.local_world_size,
+            )
         finally:
             self._busy("")
         self._last_saved_step = step
@@ -235,6 +259,15 @@ class TrainerShim:
                         fallbacks=[f"step {f.step}: {f.reason}" for f in event.fallbacks],
                     )
                 )
+
+
+def _agree_min(step: int | None) -> int | None:
+    """The smallest of every rank's ``step`` (None on any rank: None); no-op without a group."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return step
+    value = torch.tensor([-1 if step is None else step], dtype=torch.int64)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return None if int(value.item()) < 0 else int(value.item())
 
 
 def wait_for_bus(shim: TrainerShim, timeout_s: float = 10.0) -> bool:

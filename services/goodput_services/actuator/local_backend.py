@@ -28,6 +28,8 @@ from goodput_services.actuator.membership import Membership
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[schemas.Event], Awaitable[None]]
+#: fills a node's local volume with the newest complete checkpoint; returns what it did
+NodePreparer = Callable[[str], Awaitable[str]]
 
 #: how long ranks asked to stop (SIGTERM: save and exit) may take before SIGKILL
 STOP_GRACE_S = 60.0
@@ -47,8 +49,17 @@ class RankProcess:
 class LocalBackend:
     """Launches, watches and replaces rank processes; reports every change as an event."""
 
-    def __init__(self, *, job: str, state_dir: Path, bus_url: str, emit: EventSink):
+    def __init__(
+        self,
+        *,
+        job: str,
+        state_dir: Path,
+        bus_url: str,
+        emit: EventSink,
+        prepare_node: NodePreparer | None = None,
+    ):
         self.job = job
+        self.prepare_node = prepare_node
         self.state_dir = Path(state_dir)
         self.bus_url = bus_url
         self.emit = emit
@@ -190,6 +201,14 @@ class LocalBackend:
     async def _launch(self, state: str, detail: str) -> None:
         assert self.spec is not None and self.membership is not None
         self.attempt += 1
+        if self.attempt > 1 and self.prepare_node is not None:
+            # a swapped-in or returning node has an empty or stale volume: fill it first
+            outcomes = await asyncio.gather(
+                *(self.prepare_node(node) for node in self.membership.active),
+                return_exceptions=True,
+            )
+            for node, outcome in zip(self.membership.active, outcomes, strict=True):
+                log.info("volume of %s prepared: %s", node, outcome)
         port = free_port()
         logs = self.state_dir / "logs" / "ranks" / f"attempt-{self.attempt:03d}"
         logs.mkdir(parents=True, exist_ok=True)

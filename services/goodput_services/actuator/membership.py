@@ -63,13 +63,8 @@ class Membership(msgspec.Struct, kw_only=True):
         """Run on ``nodes`` (or the active ones minus ``drop``); dropped nodes count as failed."""
         for node in nodes + drop:
             self._require_known(node)
-        if nodes:
-            wanted = list(dict.fromkeys(nodes))
-            bad = [n for n in wanted if n in self.failed and n not in self.active]
-            if bad:
-                raise MembershipError(f"cannot scale onto failed node(s) {', '.join(bad)}")
-        else:
-            wanted = [n for n in self.active if n not in drop]
+        # the controller decides membership: a failed node it names has been judged healthy
+        wanted = list(dict.fromkeys(nodes)) if nodes else [n for n in self.active if n not in drop]
         if not wanted:
             raise MembershipError("scaling to zero nodes would stop the job; send stop instead")
         left = [n for n in self.active if n not in wanted]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from pathlib import Path
 
 from goodput import schemas, subjects
+from goodput.bus import DoneLog
 from goodput.config import ServiceConfig
 from goodput_services.actuator.local_backend import LocalBackend
 from goodput_services.actuator.membership import MembershipError
@@ -29,6 +32,10 @@ class ActuatorService(Service):
             bus_url=config.bus.url,
             emit=self._emit,
         )
+        # 0 turns pre-launch restores off (no checkpoint tier runs, e.g. a shared filesystem)
+        self.restore_timeout_s = float(config.options.get("restore_timeout_s", 120.0))
+        if self.restore_timeout_s > 0:
+            self.backend.prepare_node = self._restore_to_node
 
     async def _emit(self, event: schemas.Event) -> None:
         assert self.bus is not None
@@ -36,6 +43,21 @@ class ActuatorService(Service):
         if isinstance(event, schemas.JobStatus):
             kv = await self.bus.kv(subjects.STATE_BUCKET)
             await kv.put(subjects.kv_key(self.job, "job_status"), schemas.encode(event))
+
+    async def _restore_to_node(self, node: str) -> str:
+        """Ask the node's checkpoint tier to fill its volume, and wait for its answer."""
+        assert self.bus is not None
+        target = subjects.node_target(subjects.REPLICATOR, node)
+        command = schemas.RestoreToNode(job=self.job, node=node, reason="before launch")
+        await self.bus.send_command(target, command)
+        done = DoneLog(self.bus, self.job, target)
+        deadline = time.monotonic() + self.restore_timeout_s
+        while time.monotonic() < deadline:
+            result = await done.result(command.command_id)
+            if result is not None:
+                return result.detail if result.ok else f"failed: {result.detail}"
+            await asyncio.sleep(0.1)
+        return f"no answer from {target} within {self.restore_timeout_s:.0f} s; launching anyway"
 
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
         backend = self.backend

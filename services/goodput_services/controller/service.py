@@ -1,12 +1,255 @@
-"""The controller service process."""
+"""The controller service process: signals in, decisions and commands out, one leader at a time.
+
+Every instance competes for the lease; the leader consumes the job's events, keeps the
+``JobState`` and runs the policy. Crash safety comes from an outbox: a decision's commands are
+written into the stored record *with* the new state (one compare-and-set), then published,
+then cleared. A standby that takes over republishes whatever the outbox still holds; the
+commands' ids are deterministic, so the bus and the actuator drop what already went out.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Union
+
+import msgspec
+import nats.js.errors
+from nats.aio.msg import Msg
+
+from goodput import schemas, subjects
+from goodput.bus import DurableConsumer
+from goodput.config import ServiceConfig
 from goodput_services.base import Service
+from goodput_services.controller.engine import Controller, ControllerSettings, Outcome
+from goodput_services.controller.lease import Lease
+from goodput_services.controller.state import (
+    JobState,
+    new_job_state,
+    record_checkpoint,
+    record_step_time,
+)
+
+log = logging.getLogger(__name__)
+
+AnyCommand = Union[schemas.COMMAND_TYPES]  # type: ignore[valid-type]  # noqa: UP007
+#: trainer-facing commands; the rest go to the actuator
+TRAINER_COMMANDS = (schemas.SetCheckpointInterval, schemas.CheckpointNow, schemas.Rescale)
+
+
+class ControllerRecord(msgspec.Struct, kw_only=True):
+    """What survives the leader: the job state and the commands not yet known to be sent."""
+
+    state: JobState | None = None
+    outbox: list[AnyCommand] = msgspec.field(default_factory=list)  # type: ignore[valid-type]
 
 
 class ControllerService(Service):
     name = "controller"
+
+    def __init__(self, config: ServiceConfig):
+        super().__init__(config)
+        options = config.options
+        self.controller = Controller(
+            options.get("policy") or None,
+            msgspec.convert(options.get("settings", {}), ControllerSettings),
+        )
+        self.lease_ttl_s = float(options.get("lease_ttl_s", 3.0))
+        self.record = ControllerRecord()
+        self.revision: int | None = None
+        self.leading = False
+        self.decisions = 0
+        self._dirty = False
+        self._leader_tasks: list[asyncio.Task[None]] = []
+        self._consumer: DurableConsumer | None = None
+
+    @property
+    def state_key(self) -> str:
+        return subjects.kv_key(self.job, "controller")
+
+    def loops(self):
+        return [self._leadership()]
+
+    def health(self) -> tuple[bool, str]:
+        role = "leader" if self.leading else "standby"
+        return True, f"{role}, policy {self.controller.policy_name}, {self.decisions} decision(s)"
+
+    # ---- leadership --------------------------------------------------------------------------
+
+    async def _leadership(self) -> None:
+        assert self.bus is not None
+        lease = Lease(self.bus, self.job, "controller", self.instance, self.lease_ttl_s)
+        try:
+            while not self.stopping.is_set():
+                try:
+                    holding = await lease.acquire_or_renew(time.time_ns())
+                except Exception as exc:  # the bus is down: nobody can lead through it anyway
+                    log.debug("lease check failed: %r", exc)
+                    holding = False
+                if holding and not self.leading:
+                    await self._lead()
+                elif not holding and self.leading:
+                    await self._step_down()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), self.lease_ttl_s / 3)
+        finally:
+            if self.leading:
+                await self._step_down()
+                with contextlib.suppress(Exception):
+                    await lease.release()
+
+    async def _lead(self) -> None:
+        log.info("leading", extra={"instance": self.instance})
+        self.leading = True
+        await self._load()
+        await self._flush_outbox()
+        assert self.bus is not None
+        self._consumer = DurableConsumer(
+            self.bus,
+            stream=subjects.EVENTS_STREAM,
+            durable=f"{self.job}-controller",
+            subject=subjects.events_of(self.job),
+            decode=schemas.decode_event,
+            handler=self._on_event,
+            service=self.name,
+            job=self.job,
+            batch=256,
+            ack_wait_s=3.0,  # a standby gets what a dead leader held within seconds
+        )
+        self._leader_tasks = [
+            asyncio.create_task(self._consumer.run()),
+            asyncio.create_task(self._timers()),
+        ]
+
+    async def _step_down(self) -> None:
+        log.warning("no longer leading", extra={"instance": self.instance})
+        self.leading = False
+        if self._consumer is not None:
+            self._consumer.stop()
+        for task in self._leader_tasks:
+            task.cancel()
+        await asyncio.gather(*self._leader_tasks, return_exceptions=True)
+        self._leader_tasks = []
+
+    # ---- the stored record -------------------------------------------------------------------
+
+    async def _load(self) -> None:
+        assert self.bus is not None
+        kv = await self.bus.kv(subjects.STATE_BUCKET)
+        try:
+            entry = await kv.get(self.state_key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            self.record, self.revision = ControllerRecord(), None
+            return
+        try:
+            self.record = msgspec.msgpack.decode(entry.value or b"", type=ControllerRecord)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.error("stored controller state is unreadable (%s); starting afresh", exc)
+            self.record = ControllerRecord()
+        self.revision = entry.revision
+
+    async def _store(self) -> None:
+        """Compare-and-set the record; losing the race means another leader: step down."""
+        assert self.bus is not None
+        kv = await self.bus.kv(subjects.STATE_BUCKET)
+        payload = msgspec.msgpack.encode(self.record)
+        try:
+            if self.revision is None:
+                self.revision = await kv.create(self.state_key, payload)
+            else:
+                self.revision = await kv.update(self.state_key, payload, last=self.revision)
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            self.leading = False
+            raise RuntimeError("controller state changed under us: another leader") from exc
+        self._dirty = False
+
+    async def _flush_outbox(self) -> None:
+        assert self.bus is not None
+        if not self.record.outbox:
+            return
+        for command in self.record.outbox:
+            target = (
+                subjects.TRAINER if isinstance(command, TRAINER_COMMANDS) else subjects.ACTUATOR
+            )
+            await self.bus.send_command(target, command)
+        self.record = msgspec.structs.replace(self.record, outbox=[])
+        await self._store()
+
+    # ---- inputs ------------------------------------------------------------------------------
+
+    async def _on_event(self, event: schemas.Event, msg: Msg) -> None:
+        if not self.leading:
+            raise RuntimeError("not leading any more; leave the event to the leader")
+        now = time.time_ns()
+        state = self.record.state
+        match event:
+            # a (re)submitted job: its first launch is newer than the state we hold
+            case schemas.JobStatus(state="running", attempt=1) if (
+                state is None or event.ts > state.started_ts
+            ):
+                self._set_state(self._initial_state(event, now))
+                await self._store()
+            case schemas.Signal() if state is not None:
+                await self._apply(self.controller.handle(state, event, now))
+            case schemas.StepDone(rank=0) if state is not None:
+                self._set_state(record_step_time(state, event.step_time_s))
+            case schemas.CheckpointSaved(rank=0) | schemas.CheckpointPersisted(rank=0) if (
+                state is not None
+            ):
+                self._set_state(record_checkpoint(state, event, now))
+                if isinstance(event, schemas.CheckpointPersisted):
+                    await self._apply(
+                        self.controller.recommend_checkpoint_interval(self.record.state, now)
+                    )
+
+    def _initial_state(self, status: schemas.JobStatus, now: int) -> JobState:
+        nodes_per_dp = int(self.config.options.get("num_nodes_per_dp", 1))
+        return new_job_state(
+            self.job,
+            list(status.active_nodes),
+            num_nodes_per_dp=nodes_per_dp,
+            spares=list(status.spare_nodes),
+            procs_per_node=status.procs_per_node,
+            now=now,
+        )
+
+    def _set_state(self, state: JobState) -> None:
+        if state is not self.record.state:
+            self.record = msgspec.structs.replace(self.record, state=state)
+            self._dirty = True
+
+    async def _apply(self, outcome: Outcome) -> None:
+        if outcome.decision is None:
+            self._set_state(outcome.state)
+            return
+        self.record = ControllerRecord(
+            state=outcome.state, outbox=[*self.record.outbox, *outcome.commands]
+        )
+        await self._store()
+        assert self.bus is not None
+        decision = outcome.decision
+        log.info(
+            "decision",
+            extra={"rule": decision.rule, "reason": decision.reason, "error": decision.error},
+        )
+        await self.bus.emit(decision)
+        self.decisions += 1
+        await self._flush_outbox()
+
+    async def _timers(self) -> None:
+        """Deferred (backed-off) signals when they come due; soft state saved now and then."""
+        last_save = time.monotonic()
+        while self.leading and not self.stopping.is_set():
+            state = self.record.state
+            if state is not None:
+                for outcome in self.controller.due(state, time.time_ns()):
+                    await self._apply(outcome)
+            if self._dirty and time.monotonic() - last_save > 5.0:
+                await self._store()
+                last_save = time.monotonic()
+            await asyncio.sleep(0.5)
 
 
 SERVICE = ControllerService

@@ -41,6 +41,7 @@ still reported during an open incident: it needs the node replaced, not just a r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from signal import SIGTERM
 
 import xxhash
 
@@ -50,6 +51,8 @@ from goodput_services.sensor.straggler import StragglerTracker
 from goodput_services.sensor.thresholds import Thresholds
 
 NS = 1_000_000_000
+#: a trainer that saved and left on SIGTERM exits 128 + 15 (goodput.shim.EXIT_TERMINATED)
+EXIT_TERMINATED = 143
 #: ``RankExited.expected_reason`` values after which nothing is expected to come back
 FINISHING_REASONS = frozenset({"", "stop"})
 
@@ -217,12 +220,16 @@ class Detector:
             if event.exit_code is not None
             else "an unknown status"
         )
+        # SIGTERM (or the 143 a trainer exits with after saving on it) means the node is being
+        # taken away (preemption, drain): restarting in place would land on a leaving node
+        terminated = event.signal == SIGTERM or event.exit_code == EXIT_TERMINATED
         return self._failure(
             "crash",
             event.node,
             event.rank,
-            "correctable",
-            f"rank {event.rank} on {event.node} exited with {how} (attempt {event.attempt})",
+            "uncorrectable" if terminated else "correctable",
+            f"rank {event.rank} on {event.node} exited with {how} (attempt {event.attempt})"
+            + ("; the node is being terminated" if terminated else ""),
             observed_ns=now,
             now=now,
         )
@@ -287,7 +294,7 @@ class Detector:
         # without a world size in the report, the ranks known alive are the peers to wait for
         expected = event.world_size if event.world_size > 1 else self._alive_ranks
         for slow_rank, ratio in self._stragglers.observe(
-            event.rank, event.step, event.step_time_s, expected
+            event.rank, event.step, event.compute_time_s or event.step_time_s, expected
         ):
             signals += self._straggler(slow_rank, ratio, now)
         return signals

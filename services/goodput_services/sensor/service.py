@@ -1,33 +1,161 @@
-"""The sensor service process."""
+"""The sensor service process: job events and heartbeats in, signals out.
+
+Facts (rank starts and exits, steps, checkpoints, host health) come through a durable
+consumer, so a restarted sensor resumes where it stopped; heartbeats come over core NATS. The
+``Detector`` holds the logic; this process feeds it receipt times, polls it every
+``heartbeat_polling_period_s`` and publishes what it concludes.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
+
+from nats.aio.msg import Msg
 
 from goodput import schemas, subjects
+from goodput.bus import DurableConsumer
+from goodput.config import ServiceConfig
+from goodput.telemetry import tracer
 from goodput_services.base import Service
+from goodput_services.sensor.detectors import Detector
 from goodput_services.sensor.thresholds import Thresholds, updated
 
 log = logging.getLogger(__name__)
+
+#: the event kinds the detector learns from (signals, decisions… are the sensor's own output)
+OBSERVED = (
+    schemas.RankStarted,
+    schemas.RankExited,
+    schemas.StepDone,
+    schemas.CheckpointSaved,
+    schemas.CheckpointRestored,
+    schemas.HostHealth,
+)
 
 
 class SensorService(Service):
     name = "sensor"
     command_target = subjects.SENSOR
 
-    def __init__(self, config):
+    def __init__(self, config: ServiceConfig):
         super().__init__(config)
-        self.thresholds = updated(Thresholds(), dict(config.options.get("thresholds", {})))
+        thresholds = updated(Thresholds(), dict(config.options.get("thresholds", {})))
+        self.detector = Detector(self.job, thresholds)
+        self.signals_sent = 0
+        self.heartbeats = 0
+        self.undecodable_heartbeats = 0
+        self._tracer = tracer("goodput.sensor")
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return self.detector.thresholds
+
+    def loops(self):
+        return [self._consume_events(), self._consume_heartbeats(), self._poll()]
 
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
         if isinstance(command, schemas.SetThresholds):
             try:
-                self.thresholds = updated(self.thresholds, command.values)
+                self.detector.set_thresholds(updated(self.thresholds, command.values))
             except ValueError as exc:
                 return False, str(exc)
             log.info("thresholds changed", extra={"values": command.values})
             return True, f"thresholds now {self.thresholds}"
         return await super().execute(command)
+
+    def health(self) -> tuple[bool, str]:
+        return True, (
+            f"{self.signals_sent} signal(s) sent, {self.heartbeats} heartbeat(s) seen"
+            + (
+                f", {self.undecodable_heartbeats} undecodable"
+                if self.undecodable_heartbeats
+                else ""
+            )
+        )
+
+    async def _publish(self, signals: list[schemas.Signal]) -> None:
+        assert self.bus is not None
+        for signal in signals:
+            # the root of a remediation's trace: decision, action and resume hang under it
+            with self._tracer.start_as_current_span(
+                f"signal {signal.signal}",
+                attributes={"goodput.signal": signal.signal, "goodput.node": signal.node},
+            ):
+                log.warning(
+                    "signal",
+                    extra={"signal": signal.signal, "node": signal.node, "detail": signal.detail},
+                )
+                await self.bus.emit(signal)
+            self.signals_sent += 1
+
+    async def _consume_events(self) -> None:
+        assert self.bus is not None
+
+        async def handle(event: schemas.Event, msg: Msg) -> None:
+            if isinstance(event, OBSERVED):
+                await self._publish(self.detector.on_event(event, time.time_ns()))
+
+        consumer = DurableConsumer(
+            self.bus,
+            stream=subjects.EVENTS_STREAM,
+            durable=f"{self.job}-sensor",
+            subject=subjects.events_of(self.job),
+            decode=schemas.decode_event,
+            handler=handle,
+            service=self.name,
+            job=self.job,
+            batch=256,
+        )
+        stopper = asyncio.create_task(self._stop_when_asked(consumer))
+        try:
+            await consumer.run()
+        finally:
+            stopper.cancel()
+
+    async def _stop_when_asked(self, consumer: DurableConsumer) -> None:
+        await self.stopping.wait()
+        consumer.stop()
+
+    async def _consume_heartbeats(self) -> None:
+        assert self.bus is not None
+        pending: list[schemas.Signal] = []
+
+        async def handle(msg: Msg) -> None:
+            try:
+                beat = schemas.decode_event(msg.data)
+            except schemas.SchemaError:
+                self.undecodable_heartbeats += (
+                    1  # high-rate and unstored: counted, not dead-lettered
+                )
+                return
+            if isinstance(beat, schemas.Heartbeat):
+                self.heartbeats += 1
+                pending.extend(self.detector.on_heartbeat(beat, time.time_ns()))
+
+        subscription = await self.bus.nc.subscribe(
+            subjects.heartbeats_of(self.job), cb=handle, pending_msgs_limit=200_000
+        )
+        try:
+            while not self.stopping.is_set():
+                if pending:
+                    batch, pending[:] = list(pending), []
+                    await self._publish(batch)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), 0.05)
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def _poll(self) -> None:
+        while not self.stopping.is_set():
+            await self._publish(self.detector.poll(time.time_ns()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self.stopping.wait(), self.thresholds.heartbeat_polling_period_s
+                )
 
 
 SERVICE = SensorService

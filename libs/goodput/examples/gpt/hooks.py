@@ -18,8 +18,13 @@ class TrainingHooks(Protocol):
         """
         ...
 
-    def step_done(self, step: int, step_time_s: float, tokens: int, loss: float) -> None:
-        """Called after each optimizer step; ``step`` counts completed steps."""
+    def step_done(
+        self, step: int, step_time_s: float, tokens: int, loss: float, compute_time_s: float = 0.0
+    ) -> None:
+        """Called after each optimizer step; ``step`` counts completed steps.
+
+        ``compute_time_s`` is this rank's own compute, without waiting for peers (who is slow).
+        """
         ...
 
     def should_checkpoint(self, step: int) -> bool:

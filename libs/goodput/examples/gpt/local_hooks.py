@@ -131,7 +131,9 @@ class LocalFileHooks:
                 log.warning("skipping unusable checkpoint %s: %s", path, error)
         return None
 
-    def step_done(self, step: int, step_time_s: float, tokens: int, loss: float) -> None:
+    def step_done(
+        self, step: int, step_time_s: float, tokens: int, loss: float, compute_time_s: float = 0.0
+    ) -> None:
         if self.rank == 0 and self.log_every > 0 and step % self.log_every == 0:
             log.info(
                 "step %d loss %.4f %.1f ms %.0f tok/s",

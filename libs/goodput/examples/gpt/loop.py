@@ -53,7 +53,9 @@ def run_training(
         step = trainer.step
         result.step = step
         result.losses.append((step, loss))
-        hooks.step_done(step, step_time_s, trainer.tokens_per_step, loss)
+        hooks.step_done(
+            step, step_time_s, trainer.tokens_per_step, loss, trainer.last_compute_time_s
+        )
         checkpoint, stop = any_rank(hooks.should_checkpoint(step), hooks.should_stop())
         if stop and step < total_steps:
             result.stopped = True

@@ -23,6 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--ckpt-dir" not in argv:
         argv += ["--ckpt-dir", os.environ.get("GOODPUT_CKPT_DIR", "checkpoints")]
+    if "--ckpt-every" not in argv and "GOODPUT_CKPT_EVERY" in os.environ:
+        argv += ["--ckpt-every", os.environ["GOODPUT_CKPT_EVERY"]]
     shims: list[TrainerShim] = []
 
     def shim_hooks(args: argparse.Namespace, info: train.DistInfo) -> TrainerShim:

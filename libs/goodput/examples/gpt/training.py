@@ -15,6 +15,7 @@ import hashlib
 import logging
 import math
 import random
+import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
@@ -148,8 +149,19 @@ def restore_rng_states(states: dict[str, Any]) -> None:
     )
 
 
+class ComputeClock:
+    """When this rank's gradients were last ready to send: the end of its own compute.
+
+    In synchronous data parallelism every rank's step takes as long as the slowest one, so a
+    step's wall time cannot tell who is slow; the time until the gradients are ready can.
+    """
+
+    def __init__(self) -> None:
+        self.ready_s = 0.0
+
+
 def rank_ordered_mean_hook(
-    state: object, bucket: dist.GradBucket
+    state: ComputeClock | None, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: gather every rank's gradients and sum them in rank order.
 
@@ -158,6 +170,8 @@ def rank_ordered_mean_hook(
     uninterrupted one at world size 3 and more. Summing gathered copies rank by rank gives the
     same bits whatever the bucket layout (at W times the traffic, nothing at this model size).
     """
+    if state is not None:
+        state.ready_s = time.perf_counter()
     world_size = dist.get_world_size()
     flat = bucket.buffer()
     gathered = torch.empty((world_size, flat.numel()), dtype=flat.dtype)
@@ -202,9 +216,12 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.model = GPT(config.model)
         self.ddp: DistributedDataParallel | None = None
+        self.clock = ComputeClock()
+        #: seconds this rank computed in the last step, excluding waits for its peers
+        self.last_compute_time_s = 0.0
         if world_size > 1:
             self.ddp = DistributedDataParallel(self.model)
-            self.ddp.register_comm_hook(None, rank_ordered_mean_hook)
+            self.ddp.register_comm_hook(self.clock, rank_ordered_mean_hook)
         self.optimizer = torch.optim.AdamW(self._param_groups(), lr=config.lr, betas=config.betas)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -232,6 +249,7 @@ class Trainer:
 
         Returns the mean loss over the whole global batch (the same number on every rank).
         """
+        started = time.perf_counter()
         self.model.train()
         micro_batches = self.sampler.rank_micro_batches(
             self.step, self.plan.global_batch, self.plan.micro_batch, self.rank, self.world_size
@@ -247,12 +265,15 @@ class Trainer:
                 _, loss = network(micro_batch.inputs, micro_batch.targets)
                 (loss / len(micro_batches)).backward()
             loss_sum += loss.detach()
+        synced = time.perf_counter()
         if self.config.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
+        gradients_ready = self.clock.ready_s if self.ddp is not None else synced
+        self.last_compute_time_s = (gradients_ready - started) + (time.perf_counter() - synced)
         if self.world_size > 1:
             dist.all_reduce(loss_sum)
         return loss_sum.item() / (self.plan.global_batch // self.plan.micro_batch)

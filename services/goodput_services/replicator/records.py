@@ -1,0 +1,99 @@
+"""What the replicators keep in the ``gp_ckpt_index`` KV bucket (keys prefixed ``<job>.``).
+
+- ``<job>.node.<node>``: the node's peer data-plane address, topology labels and object store,
+  refreshed every few seconds; a stale one means the node is gone and holds nothing.
+- ``<job>.copy.<step>.<tier>.<holder>.<owner>``: one verified copy of ``owner``'s checkpoint
+  ``step`` on ``tier`` — in ``holder``'s volume (``local``), in ``holder``'s peer area
+  (``peer``), or in the object store (``object_store``, holder ``store``) — with the checksum
+  of every file. A copy is published only after its files were hashed and matched.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from goodput import subjects
+
+Tier = Literal["local", "peer", "object_store"]
+TIERS: tuple[Tier, ...] = ("local", "peer", "object_store")
+STORE_HOLDER = "store"
+
+
+class FileRef(msgspec.Struct, frozen=True, array_like=True):
+    name: str
+    size: int
+    xxh3_128: str
+
+
+class NodeRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    node: str
+    host: str
+    port: int
+    labels: dict[str, str] = {}
+    #: the object store this node backs up to ("dir:…" or "gcs:…") and its emulator endpoint
+    object_store: str = ""
+    gcs_endpoint: str = ""
+    #: epoch ns of the last refresh
+    ts: int = 0
+
+
+class CopyRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    step: int
+    tier: Tier
+    holder: str
+    owner: str
+    #: where the checkpoint's ``step-…`` directory lives: relative to the holder's peer root
+    #: (local, peer tiers) or the listing namespace in the object store
+    root: str
+    files: list[FileRef]
+    verified_ts: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def checksums(self) -> frozenset[tuple[str, int, str]]:
+        return frozenset((f.name, f.size, f.xxh3_128) for f in self.files)
+
+
+def node_key(job: str, node: str) -> str:
+    return subjects.kv_key(job, "node", node)
+
+
+def copy_key(job: str, record: CopyRecord) -> str:
+    return subjects.kv_key(
+        job, "copy", f"{record.step:010d}", record.tier, record.holder, record.owner
+    )
+
+
+def local_root(job: str) -> str:
+    """A node's own checkpoint volume, relative to the node directory its peer server serves."""
+    return f"checkpoints/{job}"
+
+
+def peer_root(job: str, owner: str) -> str:
+    """Where a node keeps the copies it holds of ``owner``'s checkpoints."""
+    return f"peer/{job}/{owner}"
+
+
+def store_namespace(job: str, owner: str) -> str:
+    return f"{job}/{owner}"
+
+
+_encoder = msgspec.msgpack.Encoder()
+_node_decoder = msgspec.msgpack.Decoder(NodeRecord)
+_copy_decoder = msgspec.msgpack.Decoder(CopyRecord)
+
+
+def encode(record: NodeRecord | CopyRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_node(data: bytes) -> NodeRecord:
+    return _node_decoder.decode(data)
+
+
+def decode_copy(data: bytes) -> CopyRecord:
+    return _copy_decoder.decode(data)

@@ -1,0 +1,43 @@
+"""Peer selection: one close peer (same block: fast, but may fail with us), one distant peer
+(another block: survives a correlated failure), peers holding identical data first.
+
+A peer that already holds the same data-parallel shards turns replication into
+verification: its data plane finds the content by checksum and links it, so nothing is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from goodput_services.replicator.records import NodeRecord
+
+
+def block_of(record: NodeRecord, label: str) -> str:
+    return record.labels.get(label, "")
+
+
+def rotated(names: list[str], after: str) -> list[str]:
+    """``names`` in order starting after ``after``: nodes spread their choices around the ring."""
+    ordered = sorted(names)
+    later = [n for n in ordered if n > after]
+    return later + [n for n in ordered if n <= after]
+
+
+def choose_peers(
+    me: NodeRecord,
+    candidates: Iterable[NodeRecord],
+    *,
+    identical: set[str],
+    count: int,
+    block_label: str = "block",
+) -> list[str]:
+    """Up to ``count`` peer names: a close one and a distant one first, when they exist."""
+    others = {c.node: c for c in candidates if c.node != me.node}
+    ring = rotated(list(others), me.node)
+    ranked = sorted(ring, key=lambda n: (n not in identical, ring.index(n)))
+    my_block = block_of(me, block_label)
+    close = [n for n in ranked if block_of(others[n], block_label) == my_block]
+    distant = [n for n in ranked if block_of(others[n], block_label) != my_block]
+    chosen = [group[0] for group in (close, distant) if group][:count]
+    chosen += [n for n in ranked if n not in chosen][: max(count - len(chosen), 0)]
+    return chosen

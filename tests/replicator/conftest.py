@@ -1,0 +1,251 @@
+"""Fixtures for the replicator: real replicator processes on a real nats-server, checkpoints
+written by the real CheckpointEngine, a real fake-gcs-server as the object store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from goodput import schemas, subjects
+from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.ckpt import CheckpointEngine
+from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
+from goodput.tiers.manifest import read_manifest
+from goodput_services.actuator.local_backend import node_volume
+from goodput_services.replicator.index import CheckpointIndex, IndexSnapshot
+from tests.conftest import goodput_cli
+from tests.stack.helpers import EventTap
+
+JOB = "job-rep"
+
+#: fast polling so tests take seconds, not minutes
+FAST = {
+    "poll_s": "0.2",
+    "node_ttl_s": "4",
+    "dedup_wait_s": "3",
+    "backup_wait_s": "3",
+    "backup_every": "1",
+    "gc_interval_s": "3600",
+    "store_retry_s": "3",
+}
+
+
+def make_state(seed: int, megabytes: int = 4) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    half = megabytes * (1 << 20) // 8
+    return {
+        "model": {"w": torch.randn(half, generator=generator)},
+        "optim": {"m": torch.randn(half, generator=generator)},
+        "step": seed,
+    }
+
+
+def write_checkpoint(volume: Path, step: int, seed: int, megabytes: int = 4) -> Path:
+    """A real checkpoint, as a node's ranks write it (engine retention off: GC is ours)."""
+    engine = CheckpointEngine(volume, keep_last=0, writer_threads=2)
+    try:
+        result = engine.save(make_state(seed, megabytes), step).wait(60)
+        assert result.ok, result.error
+    finally:
+        engine.close()
+    return volume / f"step-{step:010d}"
+
+
+def file_checksums(directory: Path) -> dict[str, str]:
+    return {f.name: f.xxh3_128 for f in read_manifest(directory).files}
+
+
+@dataclass
+class Replicators:
+    """Replicator processes, one per node, as `goodput up` starts them."""
+
+    url: str
+    state_dir: Path
+    store_options: dict[str, str]
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    options: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def volume(self, node: str) -> Path:
+        return node_volume(self.state_dir, node, JOB)
+
+    def node_dir(self, node: str) -> Path:
+        return self.state_dir / "nodes" / node
+
+    def start(self, node: str, block: str = "b0", **options: str) -> None:
+        if node not in self.options:
+            self.options[node] = {
+                **FAST,
+                **self.store_options,
+                "labels": f'{{block = "{block}"}}',
+                **options,
+            }
+        sets = [item for k, v in self.options[node].items() for item in ("--set", f"{k}={v}")]
+        log = open(self.state_dir / f"replicator-{node}.log", "ab")  # noqa: SIM115
+        self.processes[node] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "goodput_services.replicator",
+                *("--job", JOB, "--node", node, "--nats-url", self.url),
+                *("--state-dir", str(self.state_dir), *sets),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+
+    def signal(self, node: str, sig: int) -> None:
+        os.kill(self.processes[node].pid, sig)
+
+    def kill(self, node: str) -> None:
+        process = self.processes.pop(node)
+        if process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+            process.kill()
+        process.wait()
+
+    def stop_all(self) -> None:
+        for node in list(self.processes):
+            process = self.processes.pop(node)
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.terminate()
+                try:
+                    process.wait(15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+    def log(self, node: str) -> str:
+        return (self.state_dir / f"replicator-{node}.log").read_text(errors="replace")[-4000:]
+
+
+class Harness:
+    """A bus connection with the job's event stream and index, and ways to wait on them."""
+
+    def __init__(self, bus: Bus, replicators: Replicators, gcs: FakeGcsServer | None):
+        self.bus = bus
+        self.replicators = replicators
+        self.gcs = gcs
+        self.index = CheckpointIndex(bus, JOB)
+        self.events = EventTap(bus, JOB)
+
+    async def snapshot(self) -> IndexSnapshot:
+        return await self.index.snapshot(node_ttl_s=4)
+
+    async def until(self, predicate, timeout_s: float = 40.0, what: str = "condition"):
+        """Poll the index until ``predicate(snapshot)`` holds; return the snapshot."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            snapshot = await self.snapshot()
+            if predicate(snapshot):
+                return snapshot
+            if time.monotonic() > deadline:
+                logs = {n: self.replicators.log(n)[-1500:] for n in self.replicators.processes}
+                raise AssertionError(f"timed out waiting for {what}; logs: {json.dumps(logs)}")
+            await asyncio.sleep(0.2)
+
+    async def events_of(self, kind: type, count: int, step: int) -> list:
+        """The events of ``kind`` for ``step``, once at least ``count`` of them have arrived."""
+        for _ in range(300):
+            found = [e for e in self.events.of(kind) if e.step == step]
+            if len(found) >= count:
+                await asyncio.sleep(0.5)  # and a moment for any extra one to show up
+                return [e for e in self.events.of(kind) if e.step == step]
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{len(found)} {kind.__name__} events for step {step}, not {count}")
+
+    async def restore(self, node: str, step: int | None = None) -> schemas.ActionResult:
+        command = schemas.RestoreToNode(job=JOB, node=node, step=step)
+        await self.bus.send_command(subjects.node_target(subjects.REPLICATOR, node), command)
+        return await self.events.wait_for(
+            lambda e: isinstance(e, schemas.ActionResult) and e.command_id == command.command_id,
+            timeout_s=60,
+            what=f"the restore result of {node}",
+        )
+
+    def restored_event(self, node: str) -> schemas.CheckpointRestored:
+        return [e for e in self.events.of(schemas.CheckpointRestored) if e.node == node][-1]
+
+
+def ckpt_cli(h: Harness, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`goodput ckpt ...` against the harness's bus and state directory."""
+    return goodput_cli(
+        "ckpt",
+        *args,
+        *("--job", JOB, "--nats-url", h.replicators.url),
+        *("--state-dir", str(h.replicators.state_dir), "--node-ttl", "4"),
+        check=check,
+    )
+
+
+def peer_copies(snapshot: IndexSnapshot, owner: str, step: int) -> set[str]:
+    return {
+        c.holder
+        for c in snapshot.copies
+        if c.tier == "peer" and c.owner == owner and c.step == step
+    }
+
+
+def in_store(snapshot: IndexSnapshot, owner: str, step: int) -> bool:
+    return any(
+        c.tier == "object_store" and c.owner == owner and c.step == step for c in snapshot.copies
+    )
+
+
+@pytest.fixture(scope="module")
+def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcsServer]:
+    with FakeGcsServer(tmp_path_factory.mktemp("gcs")) as server:
+        yield server
+
+
+async def _harness(
+    nats_server: EmbeddedNats, state_dir: Path, store_options: dict, gcs: FakeGcsServer | None
+) -> AsyncIterator[Harness]:
+    replicators = Replicators(nats_server.url, state_dir, store_options)
+    bus = await Bus.connect(BusSettings(url=nats_server.url), name="test-replicator")
+    await bus.provision()
+    harness = Harness(bus, replicators, gcs)
+    await harness.events.start()
+    try:
+        yield harness
+    finally:
+        replicators.stop_all()
+        await harness.events.stop()
+        await bus.close()
+
+
+@pytest.fixture
+async def gcs_harness(
+    nats_server: EmbeddedNats, tmp_path: Path, fake_gcs: FakeGcsServer
+) -> AsyncIterator[Harness]:
+    """Replicators backing up to fake-gcs-server, in a bucket of this test's own."""
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    ensure_bucket(fake_gcs.client(), bucket)
+    options = {"object_store": f"gcs:{bucket}", "gcs_endpoint": fake_gcs.url}
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    async for harness in _harness(nats_server, state_dir, options, fake_gcs):
+        yield harness
+
+
+@pytest.fixture
+async def dir_harness(nats_server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[Harness]:
+    """Replicators with the embedded default object store (a directory)."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    async for harness in _harness(nats_server, state_dir, {}, None):
+        yield harness

@@ -1,0 +1,87 @@
+"""Lose a node's volume, then its peers too: RestoreToNode refills it from the nearest tier,
+bit-exact, and the checkpoint engine loads it."""
+
+from __future__ import annotations
+
+import shutil
+
+from goodput import schemas, subjects
+from goodput.ckpt import CheckpointEngine
+from tests.ckpt.helpers import assert_bit_exact
+from tests.replicator.conftest import (
+    JOB,
+    Harness,
+    ckpt_cli,
+    file_checksums,
+    in_store,
+    make_state,
+    peer_copies,
+    write_checkpoint,
+)
+
+STEP = 100
+
+
+async def test_restore_from_peer_then_from_object_store(gcs_harness: Harness) -> None:
+    h, reps = gcs_harness, gcs_harness.replicators
+    reps.start("node-0", block="b0")
+    reps.start("node-1", block="b0")
+    reps.start("node-2", block="b1")
+    saved = write_checkpoint(reps.volume("node-0"), STEP, seed=7)
+    expected = file_checksums(saved)
+
+    snapshot = await h.until(
+        lambda s: (
+            peer_copies(s, "node-0", STEP) == {"node-1", "node-2"} and in_store(s, "node-0", STEP)
+        ),
+        what="replication to a close and a distant peer, and the backup",
+    )
+    newest = snapshot.newest_complete()
+    assert newest is not None and newest.step == STEP
+    assert newest.complete_in("peer") and newest.complete_in("object_store")
+
+    table = ckpt_cli(h, "ls").stdout
+    assert "newest complete: 100" in table and "node-1←node-0" in table
+
+    # the node loses its volume: the close peer (same block) refills it
+    shutil.rmtree(reps.volume("node-0"))
+    result = await h.restore("node-0")
+    assert result.ok, result.detail
+    assert "from peer" in result.detail
+    event = h.restored_event("node-0")
+    assert (event.tier, event.step, event.rank) == ("peer", STEP, -1)
+    assert event.bytes == sum(
+        f.stat().st_size for f in saved.iterdir() if f.name != "manifest.json"
+    )
+    assert file_checksums(saved) == expected
+
+    # the peers are lost too (process and disk): the object store refills it
+    for peer in ("node-1", "node-2"):
+        reps.kill(peer)
+        shutil.rmtree(reps.node_dir(peer))
+    shutil.rmtree(reps.volume("node-0"))
+    result = await h.restore("node-0")
+    assert result.ok, result.detail
+    event = h.restored_event("node-0")
+    assert (event.tier, event.step) == ("object_store", STEP)
+    assert file_checksums(saved) == expected
+    with CheckpointEngine(reps.volume("node-0"), keep_last=0) as engine:
+        step, state = engine.restore()
+    assert step == STEP
+    assert_bit_exact(make_state(7), state)
+
+
+async def test_restore_with_nothing_saved_is_a_no_op(dir_harness: Harness) -> None:
+    dir_harness.replicators.start("node-0")
+    result = await dir_harness.restore("node-0")
+    assert result.ok and "nothing to restore" in result.detail
+    missing = await dir_harness.restore("node-0", step=5)
+    assert not missing.ok and "not complete" in missing.detail
+
+    # a command naming another node is refused, not executed on the wrong volume
+    wrong = schemas.RestoreToNode(job=JOB, node="node-9")
+    await dir_harness.bus.send_command(subjects.node_target(subjects.REPLICATOR, "node-0"), wrong)
+    refused = await dir_harness.events.wait_for(
+        lambda e: isinstance(e, schemas.ActionResult) and e.command_id == wrong.command_id
+    )
+    assert not refused.ok and "serves node-0" in refused.detail

@@ -1,12 +1,240 @@
-"""The host monitor service process (one per node)."""
+"""The host monitor service process (one per node): GPU and host health, fault injection.
+
+It probes every ``probe_interval_s`` and publishes a :class:`~goodput.schemas.HostHealth`
+every ``health_interval_s`` — and at once when the set of faults changes (a fault appearing
+or clearing must not wait for the next period: the sensor acts on it). The node's expected
+rank processes come from the actuator's job status in KV (``gp_state``, ``<job>.job_status``).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import nats.errors
+import nats.js.errors
+
+from goodput import schemas, subjects
+from goodput.bus import BusUnavailableError
+from goodput.bus.client import TRANSIENT_ERRORS
+from goodput.config import ServiceConfig
+from goodput_services.actuator.local_backend import node_volume
 from goodput_services.base import Service
+from goodput_services.hostmon.gpu import GpuProbe, GpuSample, load_nvml
+from goodput_services.hostmon.host import (
+    DEFAULT_DISK_MIN_FREE_BYTES,
+    DEFAULT_DISK_MIN_FREE_FRACTION,
+    DEFAULT_MEMORY_MIN_AVAILABLE_FRACTION,
+    DiskSample,
+    HostLimits,
+    MemorySample,
+    count_alive,
+    sample_disk,
+    sample_memory,
+)
+from goodput_services.hostmon.injected import InjectedFaults, InjectionError
+
+log = logging.getLogger(__name__)
+
+#: job states in which the node's ranks are expected to be running
+RUNNING_STATES = frozenset({"starting", "running"})
+
+
+class HostMonitorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``--set KEY=VALUE`` options of the host monitor."""
+
+    health_interval_s: float = 2.0
+    probe_interval_s: float = 0.5
+    enable_fault_injection: bool = False
+    #: the node's checkpoint volume (default: the local backend's node volume in --state-dir)
+    volume: str = ""
+    disk_min_free_bytes: int = DEFAULT_DISK_MIN_FREE_BYTES
+    disk_min_free_fraction: float = DEFAULT_DISK_MIN_FREE_FRACTION
+    memory_min_available_fraction: float = DEFAULT_MEMORY_MIN_AVAILABLE_FRACTION
+    gpu_max_temperature_c: float = 90.0
+
+
+@dataclass
+class HostSample:
+    gpu: GpuSample
+    disk: DiskSample
+    memory: MemorySample
+    ranks_alive: int
 
 
 class HostMonitorService(Service):
     name = "hostmon"
+
+    def __init__(self, config: ServiceConfig):
+        super().__init__(config)
+        if not config.node:
+            raise SystemExit("the host monitor serves one node: pass --node NAME")
+        try:
+            self.options = msgspec.convert(config.options, HostMonitorOptions)
+        except msgspec.ValidationError as exc:
+            raise SystemExit(f"invalid host monitor option: {exc}") from exc
+        if self.options.health_interval_s <= 0 or self.options.probe_interval_s <= 0:
+            raise SystemExit("health_interval_s and probe_interval_s must be positive")
+        self.node = config.node
+        self.command_target = subjects.node_target(subjects.HOST_MONITOR, self.node)  # type: ignore[misc]
+        self.volume = (
+            Path(self.options.volume)
+            if self.options.volume
+            else node_volume(Path(config.state_dir), self.node, self.job)
+        )
+        self.limits = HostLimits(
+            disk_min_free_bytes=self.options.disk_min_free_bytes,
+            disk_min_free_fraction=self.options.disk_min_free_fraction,
+            memory_min_available_fraction=self.options.memory_min_available_fraction,
+        )
+        self.gpu = GpuProbe(load_nvml(), max_temperature_c=self.options.gpu_max_temperature_c)
+        self.injected = InjectedFaults()
+        self._wake = asyncio.Event()
+        self._job_status: schemas.JobStatus | None = None
+        self._last_faults: list[str] | None = None
+
+    def loops(self):
+        return [self._monitor_loop()]
+
+    # ---- commands ----------------------------------------------------------------------------
+
+    async def execute(self, command: schemas.Command) -> tuple[bool, str]:
+        if not isinstance(command, schemas.InjectFault):
+            return await super().execute(command)
+        if not self.options.enable_fault_injection:
+            return False, (
+                "fault injection disabled: start the host monitor with "
+                "--set enable_fault_injection=true"
+            )
+        if command.node != self.node:
+            return False, f"fault addressed to {command.node}, this host monitor serves {self.node}"
+        try:
+            change = self.injected.apply(command.fault, command.detail, command.clear)
+        except InjectionError as exc:
+            return False, str(exc)
+        log.warning("fault injection: %s", change, extra={"command_id": command.command_id})
+        self._wake.set()
+        return True, change
+
+    def health(self) -> tuple[bool, str]:
+        faults = self._last_faults or []
+        return True, f"host faults: {', '.join(faults)}" if faults else "host healthy"
+
+    async def on_stop(self) -> None:
+        await asyncio.to_thread(self.gpu.close)
+
+    # ---- monitoring --------------------------------------------------------------------------
+
+    async def _monitor_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_periodic = 0.0
+        probe_s = min(self.options.probe_interval_s, self.options.health_interval_s)
+        while not self.stopping.is_set():
+            try:
+                report = await self.report()
+            except Exception:  # a probe failing once must not end the monitoring
+                log.exception("host probe failed")
+                await asyncio.sleep(probe_s)
+                continue
+            changed = report.faults != self._last_faults
+            if changed or loop.time() >= next_periodic:
+                if changed and self._last_faults is not None:
+                    log.warning("host faults now: %s", report.faults or "none")
+                if await self._publish(report):
+                    self._last_faults = report.faults
+                    next_periodic = loop.time() + self.options.health_interval_s
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wait_wake_or_stop(), probe_s)
+
+    async def _wait_wake_or_stop(self) -> None:
+        stop = asyncio.ensure_future(self.stopping.wait())
+        wake = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait([stop, wake], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            wake.cancel()
+
+    async def report(self) -> schemas.HostHealth:
+        """Probe everything once and compose the node's health report."""
+        status = await self._read_job_status()
+        pids: list[int] = []
+        expected = 0
+        if status is not None and status.state in RUNNING_STATES:
+            pids = list(status.pids.get(self.node, []))
+            expected = len(pids)
+        status_ts = status.ts if status is not None else 0
+        sample = await asyncio.to_thread(self._probe, pids, status_ts)
+        faults = set(sample.gpu.faults)
+        if sample.disk.full:
+            faults.add("disk_full")
+        if sample.memory.pressure:
+            faults.add("memory_pressure")
+        faults.update(self.injected.faults())
+        details = [sample.gpu.detail] if sample.gpu.detail else []
+        if self.injected:
+            details.append(f"injected: {', '.join(self.injected.faults())}")
+        return schemas.HostHealth(
+            job=self.job,
+            node=self.node,
+            healthy=not faults,
+            gpu_available=sample.gpu.available,
+            gpus=sample.gpu.gpus,
+            disk_free_bytes=sample.disk.free_bytes,
+            disk_total_bytes=sample.disk.total_bytes,
+            mem_available_bytes=sample.memory.available_bytes,
+            mem_total_bytes=sample.memory.total_bytes,
+            ranks_alive=sample.ranks_alive if expected else 0,
+            ranks_expected=expected,
+            faults=sorted(faults),
+            detail="; ".join(details),
+        )
+
+    def _probe(self, pids: list[int], status_ts: int) -> HostSample:
+        """The blocking part (NVML, statfs, /proc), run off the event loop."""
+        return HostSample(
+            gpu=self.gpu.sample(),
+            disk=sample_disk(self.volume, self.limits),
+            memory=sample_memory(self.limits),
+            ranks_alive=count_alive(pids, status_ts),
+        )
+
+    async def _read_job_status(self) -> schemas.JobStatus | None:
+        """The actuator's newest job status; the last one known while the bus is away."""
+        assert self.bus is not None
+        try:
+            kv = await self.bus.kv(subjects.STATE_BUCKET)
+            entry = await asyncio.wait_for(
+                kv.get(subjects.kv_key(self.job, "job_status")), timeout=2
+            )
+        except nats.js.errors.KeyNotFoundError:
+            self._job_status = None
+            return None
+        except (*TRANSIENT_ERRORS, nats.errors.Error) as exc:
+            log.debug("job status not readable: %r", exc)
+            return self._job_status
+        try:
+            status = schemas.decode_event(entry.value or b"")
+        except schemas.SchemaError as exc:
+            log.warning("undecodable job status in KV: %s", exc)
+            return self._job_status
+        if isinstance(status, schemas.JobStatus):
+            self._job_status = status
+        return self._job_status
+
+    async def _publish(self, report: schemas.HostHealth) -> bool:
+        assert self.bus is not None
+        try:
+            await self.bus.emit(report, retry_for_s=max(5 * self.options.health_interval_s, 5.0))
+        except BusUnavailableError as exc:
+            log.warning("host health not published: %s", exc)
+            return False
+        return True
 
 
 SERVICE = HostMonitorService

@@ -1,0 +1,129 @@
+"""What a fault is, as data: one msgspec struct per fault kind (tag ``kind``).
+
+The same structs describe a fault given on the command line and a fault in a scenario file,
+so both go through one validation and one implementation. Timing fields (``at_s``,
+``rate_per_day``, ``clear_after_s``) only mean something inside a scenario.
+A target left out (``rank``/``node`` = None) is chosen at random when the fault fires.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+RankId = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="kind"):
+    #: scenario only: fire once, this many seconds after the scenario starts
+    at_s: NonNegative | None = None
+    #: scenario only: fire as a Poisson process with this mean rate per (compressed) day
+    rate_per_day: Positive | None = None
+    #: scenario only: undo the fault this many seconds after it fired (clearable faults)
+    clear_after_s: Positive | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.__struct_config__.tag  # type: ignore[return-value]
+
+
+class KillRank(FaultSpec, tag="kill-rank", kw_only=True):
+    """SIGKILL one rank process: a crash the job can restart from (in-job restart)."""
+
+    rank: RankId | None = None
+
+
+class FailNode(FaultSpec, tag="fail-node", kw_only=True):
+    """SIGKILL every rank of a node and make its host monitor report node_down: a lost host."""
+
+    node: str | None = None
+    clear: bool = False
+
+
+class GpuXid(FaultSpec, tag="gpu-xid", kw_only=True):
+    """The node's host monitor reports a critical GPU XID error (79: fell off the bus)."""
+
+    node: str | None = None
+    xid: Annotated[int, msgspec.Meta(ge=1)] = 79
+    clear: bool = False
+
+
+class HostFault(FaultSpec, tag="host-fault", kw_only=True):
+    """The node's host monitor reports any host fault it knows (disk_full, thermal, …)."""
+
+    fault: str
+    node: str | None = None
+    detail: str = ""
+    clear: bool = False
+
+
+class SlowRank(FaultSpec, tag="slow-rank", kw_only=True):
+    """A straggler: the rank runs 1/factor of the time (SIGSTOP/SIGCONT duty cycle)."""
+
+    rank: RankId | None = None
+    factor: Annotated[float, msgspec.Meta(gt=1)] = 2.0
+    duration_s: Positive = 60.0
+    period_s: Annotated[float, msgspec.Meta(ge=0.01)] = 0.2
+
+
+class HangRank(FaultSpec, tag="hang-rank", kw_only=True):
+    """The trainer shim blocks the rank's training loop while its heartbeats go on."""
+
+    rank: RankId | None = None
+    clear: bool = False
+
+
+class FillDisk(FaultSpec, tag="fill-disk", kw_only=True):
+    """A ballast file in the node's checkpoint volume until less than free_mib MiB is free."""
+
+    node: str | None = None
+    free_mib: NonNegative = 1.0
+    clear: bool = False
+
+
+class CorruptCheckpoint(FaultSpec, tag="corrupt-checkpoint", kw_only=True):
+    """Flip one byte in a data file of the node's newest checkpoint (silent data corruption)."""
+
+    node: str | None = None
+    step: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class KillService(FaultSpec, tag="kill-service", kw_only=True):
+    """SIGKILL a goodput service process of the stack (sensor, controller, actuator, …)."""
+
+    service: str
+    node: str = ""
+
+
+class RestartNats(FaultSpec, tag="restart-nats", kw_only=True):
+    """SIGKILL the embedded nats-server and start it again on the same port and store."""
+
+    down_s: NonNegative = 0.0
+
+
+FAULT_TYPES: tuple[type[FaultSpec], ...] = (
+    KillRank,
+    FailNode,
+    GpuXid,
+    HostFault,
+    SlowRank,
+    HangRank,
+    FillDisk,
+    CorruptCheckpoint,
+    KillService,
+    RestartNats,
+)
+FAULTS_BY_KIND: dict[str, type[FaultSpec]] = {
+    t.__struct_config__.tag: t  # type: ignore[misc]
+    for t in FAULT_TYPES
+}
+#: faults that can be undone (``clear``) and so take ``clear_after_s`` in a scenario
+CLEARABLE: tuple[type[FaultSpec], ...] = (FailNode, GpuXid, HostFault, HangRank, FillDisk)
+
+
+def describe(kind: str) -> str:
+    """The one-line explanation of a fault kind (its struct's docstring)."""
+    return (FAULTS_BY_KIND[kind].__doc__ or "").strip()

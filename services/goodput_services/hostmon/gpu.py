@@ -1,0 +1,234 @@
+"""GPU health through NVML (the ``pynvml`` module of nvidia-ml-py), where a GPU and driver exist.
+
+What is read, per GPU: critical XID errors (an NVML event set, drained without blocking),
+volatile uncorrected ECC errors, temperature, clock throttle reasons, and whether the GPU is
+still there (the device count dropping, or a call failing with "GPU is lost").
+
+A machine without a driver or GPU is not an error: :meth:`GpuProbe.sample` then reports
+``available=False`` with the reason, so the host monitor runs on CPU-only hosts too.
+The NVML module is a constructor argument (anything with pynvml's functions and constants) so
+that tests can hand in a stand-in; nothing here talks to NVML except through it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from goodput import schemas
+
+log = logging.getLogger(__name__)
+
+#: throttle-reason bits worth naming (NVML constant name → our short name)
+THROTTLE_REASONS = {
+    "nvmlClocksThrottleReasonHwThermalSlowdown": "hw_thermal",
+    "nvmlClocksThrottleReasonSwThermalSlowdown": "sw_thermal",
+    "nvmlClocksThrottleReasonHwSlowdown": "hw_slowdown",
+    "nvmlClocksThrottleReasonHwPowerBrakeSlowdown": "hw_power_brake",
+    "nvmlClocksThrottleReasonSwPowerCap": "sw_power_cap",
+}
+#: throttle reasons that make the GPU unfit to train at speed
+THERMAL_REASONS = frozenset({"hw_thermal", "sw_thermal", "hw_power_brake"})
+
+
+@dataclass
+class GpuSample:
+    """One look at every GPU: what the HostHealth report carries about them."""
+
+    available: bool
+    gpus: list[schemas.GpuHealth] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+    detail: str = ""
+
+
+def load_nvml() -> ModuleType | None:
+    """The real NVML binding, or None when nvidia-ml-py is not installed."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+class GpuProbe:
+    """Keeps the NVML session, device handles and XID event set between samples."""
+
+    def __init__(self, nvml: Any, *, max_temperature_c: float = 90.0):
+        self.nvml = nvml
+        self.max_temperature_c = max_temperature_c
+        self._started = False
+        self._unavailable = ""
+        self._handles: list[Any] = []
+        self._uuids: list[str] = []
+        self._event_set: Any = None
+        #: critical XIDs seen per GPU index; they persist: such a GPU needs a reset or a new node
+        self._xids: dict[int, list[int]] = {}
+        self._lost: set[int] = set()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Initialise NVML, take every device handle and register for critical XID events."""
+        self._started = True
+        nvml = self.nvml
+        if nvml is None:
+            self._unavailable = "NVML unavailable: nvidia-ml-py (pynvml) is not installed"
+            return
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            self._unavailable = f"NVML unavailable ({exc}): no NVIDIA driver or GPU on this host"
+            return
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self._uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in self._handles]
+        except nvml.NVMLError as exc:
+            self._unavailable = f"NVML could not enumerate GPUs: {exc}"
+            return
+        if not self._handles:
+            self._unavailable = "NVML reports no GPU on this host"
+            return
+        self._register_xid_events()
+
+    def _register_xid_events(self) -> None:
+        nvml = self.nvml
+        assert nvml is not None
+        try:
+            self._event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as exc:
+            log.warning("no NVML event set, XID errors will not be seen: %s", exc)
+            return
+        for index, handle in enumerate(self._handles):
+            try:
+                nvml.nvmlDeviceRegisterEvents(
+                    handle, nvml.nvmlEventTypeXidCriticalError, self._event_set
+                )
+            except nvml.NVMLError as exc:
+                log.warning("GPU %d: XID events not supported: %s", index, exc)
+
+    def close(self) -> None:
+        nvml = self.nvml
+        if nvml is None or not self._handles:
+            return
+        try:
+            if self._event_set is not None:
+                nvml.nvmlEventSetFree(self._event_set)
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:
+            log.debug("NVML shutdown: %s", exc)
+
+    # ---- sampling ----------------------------------------------------------------------------
+
+    def sample(self) -> GpuSample:
+        if not self._started:
+            self.start()
+        if self._unavailable:
+            return GpuSample(available=False, detail=self._unavailable)
+        nvml = self.nvml
+        assert nvml is not None
+        self._drain_xid_events()
+        details = []
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            count = len(self._handles)
+            details.append(f"device count unreadable: {exc}")
+        if count < len(self._handles):
+            details.append(f"{len(self._handles) - count} GPU(s) fell off the bus")
+        gpus = [self._sample_gpu(index, handle) for index, handle in enumerate(self._handles)]
+        faults: set[str] = set()
+        for gpu in gpus:
+            faults.update(f"gpu_xid:{xid}" for xid in gpu.xid_errors)
+            if gpu.ecc_uncorrected:
+                faults.add("ecc_uncorrected")
+            if not gpu.present:
+                faults.add("gpu_lost")
+            if THERMAL_REASONS & set(gpu.throttle_reasons) or (
+                gpu.temperature_c is not None and gpu.temperature_c >= self.max_temperature_c
+            ):
+                faults.add("thermal")
+        if count < len(self._handles):
+            faults.add("gpu_lost")
+        return GpuSample(
+            available=True, gpus=gpus, faults=sorted(faults), detail="; ".join(details)
+        )
+
+    def _drain_xid_events(self) -> None:
+        """Take every pending XID event without waiting (timeout 0 ms)."""
+        nvml = self.nvml
+        assert nvml is not None
+        if self._event_set is None:
+            return
+        while True:
+            try:
+                event = nvml.nvmlEventSetWait_v2(self._event_set, 0)
+            except nvml.NVMLError as exc:
+                if exc.value != nvml.NVML_ERROR_TIMEOUT:
+                    log.warning("reading NVML events failed: %s", exc)
+                return
+            index = self._index_of(event.device)
+            xids = self._xids.setdefault(index, [])
+            if event.eventData not in xids:
+                xids.append(int(event.eventData))
+            log.error("GPU %d: XID %d", index, event.eventData)
+
+    def _index_of(self, handle: Any) -> int:
+        nvml = self.nvml
+        assert nvml is not None
+        try:
+            return int(nvml.nvmlDeviceGetIndex(handle))
+        except nvml.NVMLError:
+            return -1  # the event names a device that no longer answers
+
+    def _sample_gpu(self, index: int, handle: Any) -> schemas.GpuHealth:
+        nvml = self.nvml
+        assert nvml is not None
+        health = schemas.GpuHealth(
+            index=index, uuid=self._uuids[index], xid_errors=list(self._xids.get(index, []))
+        )
+        if index in self._lost:
+            health.present = False
+            return health
+        try:
+            health.temperature_c = float(
+                nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+            )
+            health.ecc_uncorrected = self._optional(
+                lambda: nvml.nvmlDeviceGetTotalEccErrors(
+                    handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+                ),
+                0,
+            )
+            mask = self._optional(lambda: nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle), 0)
+            health.throttle_reasons = [
+                name
+                for constant, name in THROTTLE_REASONS.items()
+                if mask & getattr(nvml, constant, 0)
+            ]
+        except nvml.NVMLError as exc:
+            if exc.value == nvml.NVML_ERROR_GPU_IS_LOST:
+                # a lost GPU does not come back without a reset: remember it
+                log.error("GPU %d is lost: %s", index, exc)
+                self._lost.add(index)
+                health.present = False
+            else:
+                log.warning("GPU %d: NVML query failed: %s", index, exc)
+        return health
+
+    def _optional(self, query: Any, default: int) -> int:
+        """A query some GPUs do not support (ECC on consumer boards): NOT_SUPPORTED → default."""
+        nvml = self.nvml
+        assert nvml is not None
+        try:
+            return int(query())
+        except nvml.NVMLError as exc:
+            if exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+                return default
+            raise
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,129 @@
+"""FakeNvml: a stand-in for the pynvml module, because no GPU can run on the test machine.
+
+It has the pynvml functions the host monitor's GPU probe calls, and takes its constants and
+error codes from the real pynvml, so the probe is tested against the real names and values.
+Tests script it: add an XID event, lose a GPU, set ECC counts or throttle reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pynvml
+
+
+class FakeNvmlError(Exception):
+    """Plays pynvml.NVMLError: carries the NVML return code as ``value``."""
+
+    def __init__(self, value: int):
+        super().__init__(f"fake NVML error {value}")
+        self.value = value
+
+
+@dataclass
+class FakeGpu:
+    index: int
+    uuid: str
+    temperature_c: int = 45
+    ecc_uncorrected: int | None = 0  # None: NOT_SUPPORTED
+    throttle_mask: int = 0
+    lost: bool = False
+
+
+@dataclass
+class FakeEvent:
+    device: FakeGpu
+    eventType: int
+    eventData: int
+
+
+@dataclass
+class FakeNvml:
+    """Scriptable NVML: ``gpus`` present at init; ``driver_missing`` makes nvmlInit fail."""
+
+    gpus: list[FakeGpu] = field(default_factory=list)
+    driver_missing: bool = False
+    visible_count: int | None = None
+    events: list[FakeEvent] = field(default_factory=list)
+    registered: list[int] = field(default_factory=list)
+
+    # pynvml's error type and the constants the probe uses, with their real values
+    NVMLError = FakeNvmlError
+    NVML_ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+    NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+    NVML_ERROR_LIBRARY_NOT_FOUND = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+    nvmlClocksThrottleReasonHwThermalSlowdown = pynvml.nvmlClocksThrottleReasonHwThermalSlowdown
+    nvmlClocksThrottleReasonSwThermalSlowdown = pynvml.nvmlClocksThrottleReasonSwThermalSlowdown
+    nvmlClocksThrottleReasonHwSlowdown = pynvml.nvmlClocksThrottleReasonHwSlowdown
+    nvmlClocksThrottleReasonHwPowerBrakeSlowdown = (
+        pynvml.nvmlClocksThrottleReasonHwPowerBrakeSlowdown
+    )
+    nvmlClocksThrottleReasonSwPowerCap = pynvml.nvmlClocksThrottleReasonSwPowerCap
+
+    # ---- scripting -----------------------------------------------------------------------------
+
+    def raise_xid(self, index: int, xid: int) -> None:
+        self.events.append(FakeEvent(self.gpus[index], self.nvmlEventTypeXidCriticalError, xid))
+
+    # ---- the pynvml functions ------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        if self.driver_missing:
+            raise FakeNvmlError(self.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus) if self.visible_count is None else self.visible_count
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        return self.gpus[index]
+
+    def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:
+        return gpu.uuid
+
+    def nvmlDeviceGetIndex(self, gpu: FakeGpu) -> int:
+        return gpu.index
+
+    def nvmlEventSetCreate(self) -> str:
+        return "event-set"
+
+    def nvmlEventSetFree(self, _event_set: str) -> None:
+        pass
+
+    def nvmlDeviceRegisterEvents(self, gpu: FakeGpu, event_types: int, _event_set: str) -> None:
+        self.registered.append(gpu.index)
+
+    def nvmlEventSetWait_v2(self, _event_set: str, timeout_ms: int) -> FakeEvent:
+        assert timeout_ms == 0, "the probe must never block on NVML events"
+        if not self.events:
+            raise FakeNvmlError(self.NVML_ERROR_TIMEOUT)
+        return self.events.pop(0)
+
+    def _check(self, gpu: FakeGpu) -> None:
+        if gpu.lost:
+            raise FakeNvmlError(self.NVML_ERROR_GPU_IS_LOST)
+
+    def nvmlDeviceGetTemperature(self, gpu: FakeGpu, _sensor: int) -> int:
+        self._check(gpu)
+        return gpu.temperature_c
+
+    def nvmlDeviceGetTotalEccErrors(self, gpu: FakeGpu, _error_type: int, _counter: int) -> int:
+        self._check(gpu)
+        if gpu.ecc_uncorrected is None:
+            raise FakeNvmlError(self.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.ecc_uncorrected
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, gpu: FakeGpu) -> int:
+        self._check(gpu)
+        return gpu.throttle_mask
+
+
+def two_gpus() -> FakeNvml:
+    return FakeNvml(gpus=[FakeGpu(0, "GPU-aaaa"), FakeGpu(1, "GPU-bbbb")])

@@ -1,0 +1,86 @@
+"""The GPU probe's reading of NVML: the real no-GPU path here, the rest through FakeNvml."""
+
+from __future__ import annotations
+
+import pynvml
+
+from goodput_services.hostmon.gpu import GpuProbe, load_nvml
+from tests.hostmon.fake_nvml import FakeNvml, two_gpus
+
+
+def test_this_machine_without_gpu_reports_unavailable_with_the_reason():
+    probe = GpuProbe(load_nvml())
+    sample = probe.sample()
+    assert sample.available is False
+    assert sample.gpus == [] and sample.faults == []
+    assert "NVML" in sample.detail and "no NVIDIA driver or GPU" in sample.detail
+    probe.close()
+
+
+def test_no_nvml_module_at_all():
+    sample = GpuProbe(None).sample()
+    assert not sample.available and "not installed" in sample.detail
+
+
+def test_missing_driver_through_fake():
+    sample = GpuProbe(FakeNvml(driver_missing=True)).sample()
+    assert not sample.available and str(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND) in sample.detail
+
+
+def test_healthy_gpus_report_temperature_and_no_fault():
+    nvml = two_gpus()
+    sample = GpuProbe(nvml).sample()
+    assert sample.available and sample.faults == []
+    assert [g.uuid for g in sample.gpus] == ["GPU-aaaa", "GPU-bbbb"]
+    assert all(g.temperature_c == 45 and g.present for g in sample.gpus)
+    assert nvml.registered == [0, 1], "every GPU registered for critical XID events"
+
+
+def test_xid_event_becomes_a_fault_and_stays():
+    nvml = two_gpus()
+    probe = GpuProbe(nvml)
+    probe.sample()
+    nvml.raise_xid(1, 79)
+    first = probe.sample()
+    assert first.faults == ["gpu_xid:79"]
+    assert first.gpus[1].xid_errors == [79] and first.gpus[0].xid_errors == []
+    # the event was consumed, but a critical XID needs a reset: it is still reported
+    assert probe.sample().faults == ["gpu_xid:79"]
+
+
+def test_gpu_lost_on_a_call_and_by_count():
+    nvml = two_gpus()
+    probe = GpuProbe(nvml)
+    probe.sample()
+    nvml.gpus[0].lost = True
+    sample = probe.sample()
+    assert sample.faults == ["gpu_lost"] and sample.gpus[0].present is False
+
+    nvml = two_gpus()
+    probe = GpuProbe(nvml)
+    probe.sample()
+    nvml.visible_count = 1
+    sample = probe.sample()
+    assert "gpu_lost" in sample.faults and "fell off the bus" in sample.detail
+
+
+def test_uncorrected_ecc_is_a_fault_and_unsupported_ecc_is_not():
+    nvml = two_gpus()
+    nvml.gpus[0].ecc_uncorrected = 3
+    nvml.gpus[1].ecc_uncorrected = None
+    sample = GpuProbe(nvml).sample()
+    assert sample.faults == ["ecc_uncorrected"]
+    assert [g.ecc_uncorrected for g in sample.gpus] == [3, 0]
+
+
+def test_thermal_throttling_and_overheating():
+    nvml = two_gpus()
+    nvml.gpus[0].throttle_mask = pynvml.nvmlClocksThrottleReasonHwThermalSlowdown
+    sample = GpuProbe(nvml).sample()
+    assert sample.faults == ["thermal"] and sample.gpus[0].throttle_reasons == ["hw_thermal"]
+
+    nvml = two_gpus()
+    nvml.gpus[1].temperature_c = 95
+    nvml.gpus[1].throttle_mask = pynvml.nvmlClocksThrottleReasonSwPowerCap
+    sample = GpuProbe(nvml, max_temperature_c=90).sample()
+    assert sample.faults == ["thermal"] and sample.gpus[1].throttle_reasons == ["sw_power_cap"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from goodput import schemas, subjects
 from goodput.bus import DoneLog
 from goodput.config import ServiceConfig
-from goodput_services.actuator.local_backend import LocalBackend
+from goodput_services.actuator.backend import Backend, create_backend
 from goodput_services.actuator.membership import MembershipError
 from goodput_services.base import Service
 
@@ -23,14 +23,13 @@ class ActuatorService(Service):
 
     def __init__(self, config: ServiceConfig):
         super().__init__(config)
-        backend = config.options.get("backend", "local")
-        if backend != "local":
-            raise SystemExit(f"unknown actuator backend {backend!r}; this build supports: local")
-        self.backend = LocalBackend(
+        self.backend: Backend = create_backend(
+            config.options.get("backend", "local"),
             job=self.job,
             state_dir=Path(config.state_dir),
             bus_url=config.bus.url,
             emit=self._emit,
+            options=config.options,
         )
         # 0 turns pre-launch restores off (no checkpoint tier runs, e.g. a shared filesystem)
         self.restore_timeout_s = float(config.options.get("restore_timeout_s", 120.0))

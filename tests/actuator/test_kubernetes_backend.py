@@ -1,0 +1,524 @@
+"""The Kubernetes backend, driven against a recording FAKE of the Kubernetes API.
+
+No Kubernetes cluster can run here, so ``FakeKubernetesApi`` stands in for ``CoreV1Api``: it
+implements only the calls the backend makes, records the pods and services it is asked to
+create or delete, and feeds pod changes (ours, and the ones a test pushes: a crashed rank, a
+finished rank) to ``FakePodWatch``, the stand-in for ``kubernetes.watch.Watch``. The objects
+are the real client's models. The backend has NOT been run against a real cluster here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import signal
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from goodput import schemas
+from goodput.config import ServiceConfig, load_service_config
+from goodput_services.actuator import kubernetes_backend
+from goodput_services.actuator.backend import Backend
+from goodput_services.actuator.kubernetes_backend import (
+    IMMEDIATE_GRACE_S,
+    KubernetesBackend,
+    KubernetesOptions,
+)
+from goodput_services.actuator.local_backend import LocalBackend
+from goodput_services.actuator.membership import MembershipError
+from goodput_services.actuator.service import ActuatorService
+from goodput_services.replicator.options import ReplicatorOptions
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+JOB = "job-k8s"
+NAMESPACE = "training"
+POOL = {"goodput.dev/pool": "gpu"}
+
+
+def _node(name: str, labels: dict[str, str], *, ready: bool = True, cordoned: bool = False):
+    return client.V1Node(
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
+        spec=client.V1NodeSpec(unschedulable=cordoned),
+        status=client.V1NodeStatus(
+            conditions=[client.V1NodeCondition(type="Ready", status=str(ready))]
+        ),
+    )
+
+
+def _matches(labels: dict[str, str] | None, selector: str) -> bool:
+    wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
+    return all((labels or {}).get(k) == v for k, v in wanted.items())
+
+
+def _terminated(exit_code: int) -> client.V1PodStatus:
+    return client.V1PodStatus(
+        phase="Succeeded" if exit_code == 0 else "Failed",
+        container_statuses=[
+            client.V1ContainerStatus(
+                name="trainer",
+                image="trainer:1",
+                image_id="",
+                ready=False,
+                restart_count=0,
+                state=client.V1ContainerState(
+                    terminated=client.V1ContainerStateTerminated(exit_code=exit_code)
+                ),
+            )
+        ],
+    )
+
+
+class FakeKubernetesApi:
+    """FAKE CoreV1Api: records calls, keeps pods in a dict, queues watch events."""
+
+    def __init__(self, nodes: list[client.V1Node]):
+        self.nodes = nodes
+        self.pods: dict[str, client.V1Pod] = {}
+        self.created: list[client.V1Pod] = []
+        self.deleted: list[tuple[str, int]] = []
+        self.services: list[client.V1Service] = []
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.refuse_create_after: int | None = None
+
+    def list_node(self, label_selector: str = "", **_: Any) -> client.V1NodeList:
+        items = [n for n in self.nodes if _matches(n.metadata.labels, label_selector)]
+        return client.V1NodeList(items=items)
+
+    def list_namespaced_pod(
+        self, namespace: str, label_selector: str = "", **_: Any
+    ) -> client.V1PodList:
+        assert namespace == NAMESPACE
+        items = [p for p in self.pods.values() if _matches(p.metadata.labels, label_selector)]
+        return client.V1PodList(items=items, metadata=client.V1ListMeta(resource_version="7"))
+
+    def create_namespaced_pod(self, namespace: str, body: client.V1Pod) -> client.V1Pod:
+        assert namespace == NAMESPACE
+        if self.refuse_create_after is not None and len(self.created) >= self.refuse_create_after:
+            raise ApiException(status=403, reason="Forbidden")
+        if body.metadata.name in self.pods:
+            raise ApiException(status=409, reason="AlreadyExists")
+        body.status = client.V1PodStatus(phase="Pending")
+        self.pods[body.metadata.name] = body
+        self.created.append(body)
+        self.events.put({"type": "ADDED", "object": body})
+        return body
+
+    def delete_namespaced_pod(
+        self, name: str, namespace: str, grace_period_seconds: int | None = None, **_: Any
+    ) -> None:
+        assert namespace == NAMESPACE
+        pod = self.pods.pop(name, None)
+        if pod is None:
+            raise ApiException(status=404, reason="NotFound")
+        self.deleted.append((name, grace_period_seconds))
+        if not (pod.status.container_statuses or []):
+            # a healthy rank given time saves and exits 0; one killed at once dies of SIGKILL
+            graceful = (grace_period_seconds or 0) > IMMEDIATE_GRACE_S
+            pod.status = _terminated(0 if graceful else 128 + signal.SIGKILL)
+            self.events.put({"type": "MODIFIED", "object": pod})
+        self.events.put({"type": "DELETED", "object": pod})
+
+    def create_namespaced_service(self, namespace: str, body: client.V1Service):
+        assert namespace == NAMESPACE
+        if any(s.metadata.name == body.metadata.name for s in self.services):
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.services.append(body)
+        return body
+
+    # ---- what a test makes the "cluster" do ----
+
+    def exit(self, name: str, exit_code: int) -> None:
+        """The rank's container terminated by itself."""
+        self.pods[name].status = _terminated(exit_code)
+        self.events.put({"type": "MODIFIED", "object": self.pods[name]})
+
+    def pod(self, attempt: int, rank: int) -> client.V1Pod:
+        return next(
+            p
+            for p in self.created
+            if p.metadata.labels["goodput.dev/attempt"] == str(attempt)
+            and p.metadata.labels["goodput.dev/rank"] == str(rank)
+        )
+
+
+class FakePodWatch:
+    """FAKE kubernetes.watch.Watch: yields the events the fake API queued."""
+
+    def __init__(self, api: FakeKubernetesApi):
+        self.api = api
+        self._stopped = False
+
+    def stream(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Iterator[dict]:
+        while not self._stopped:
+            try:
+                event = self.api.events.get(timeout=0.02)
+            except queue.Empty:
+                continue
+            if event["type"] == "BROKEN":
+                raise ConnectionError("watch connection reset")
+            yield event
+
+    def stop(self) -> None:
+        self._stopped = True
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[schemas.Event] = []
+
+    async def __call__(self, event: schemas.Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    async def wait_for(self, predicate: Callable[[schemas.Event], bool]) -> schemas.Event:
+        for _ in range(1000):  # a bound on waiting, not a speed requirement
+            found = [e for e in self.events if predicate(e)]
+            if found:
+                return found[-1]
+            await asyncio.sleep(0.01)
+        raise AssertionError("expected event never came")
+
+
+OPTIONS = KubernetesOptions(
+    image="trainer:1",
+    namespace=NAMESPACE,
+    node_selector="goodput.dev/pool=gpu",
+    gpus_per_rank=1,
+    stop_grace_s=60,
+)
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[tuple[KubernetesBackend, FakeKubernetesApi, Recorder]]:
+    api = FakeKubernetesApi(
+        [
+            _node("gpu-c", POOL),
+            _node("gpu-a", POOL),
+            _node("gpu-b", POOL),
+            _node("gpu-d", POOL, ready=False),
+            _node("gpu-e", POOL, cordoned=True),
+            _node("cpu-a", {"goodput.dev/pool": "cpu"}),
+        ]
+    )
+    recorder = Recorder()
+    backend = KubernetesBackend(
+        job=JOB,
+        bus_url="tls://goodput-nats.goodput.svc:4222",
+        emit=recorder,
+        options=OPTIONS,
+        api=api,
+        watch_factory=lambda: FakePodWatch(api),
+    )
+    yield backend, api, recorder
+    await backend.shutdown()
+
+
+def _start(nodes: int = 2, spares: int = 1, procs: int = 2) -> schemas.StartJob:
+    return schemas.StartJob(
+        job=JOB,
+        argv=["python", "-m", "goodput.examples.gpt.supervised"],
+        nodes=nodes,
+        procs_per_node=procs,
+        spares=spares,
+        env={"GOODPUT_CKPT_EVERY": "20"},
+        workdir="/opt/train",
+    )
+
+
+def _env(pod: client.V1Pod) -> dict[str, str]:
+    return {e.name: e.value for e in pod.spec.containers[0].env}
+
+
+def _pinned_node(pod: client.V1Pod) -> str:
+    affinity = pod.spec.affinity.node_affinity
+    terms = affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+    (field,) = terms[0].match_fields
+    assert (field.key, field.operator) == ("metadata.name", "In")
+    return field.values[0]
+
+
+def _placement(api: FakeKubernetesApi, attempt: int) -> list[tuple[int, str]]:
+    pods = [p for p in api.created if p.metadata.labels["goodput.dev/attempt"] == str(attempt)]
+    return sorted((int(p.metadata.labels["goodput.dev/rank"]), _pinned_node(p)) for p in pods)
+
+
+async def test_start_creates_pinned_rank_pods_with_torchrun_environment(rig) -> None:
+    backend, api, recorder = rig
+    detail = await backend.start_job(_start())
+    assert "4 rank pods" in detail
+    # ready, schedulable pool nodes in name order: two run the job, one waits as a spare
+    assert backend.membership.active == ["gpu-a", "gpu-b"]
+    assert backend.membership.spares == ["gpu-c"]
+    assert _placement(api, 1) == [(0, "gpu-a"), (1, "gpu-a"), (2, "gpu-b"), (3, "gpu-b")]
+
+    (service,) = api.services
+    assert service.spec.cluster_ip == "None" and service.spec.publish_not_ready_addresses
+    assert service.spec.selector == {"goodput.dev/job": JOB}
+
+    pod = api.pod(1, 3)
+    assert pod.metadata.name == "job-k8s-a1-r3"
+    assert pod.metadata.labels == {
+        "goodput.dev/job": JOB,
+        "goodput.dev/attempt": "1",
+        "goodput.dev/rank": "3",
+        "goodput.dev/node": "gpu-b",
+    }
+    assert (pod.spec.hostname, pod.spec.subdomain) == ("job-k8s-a1-r3", service.metadata.name)
+    assert pod.spec.restart_policy == "Never"
+    assert pod.spec.termination_grace_period_seconds == 60
+    container = pod.spec.containers[0]
+    assert container.image == "trainer:1" and container.working_dir == "/opt/train"
+    assert container.command == ["python", "-m", "goodput.examples.gpt.supervised"]
+    assert container.resources.limits == {"nvidia.com/gpu": "1"}
+    env = _env(pod)
+    assert env["MASTER_ADDR"] == f"job-k8s-a1-r0.{service.metadata.name}.{NAMESPACE}.svc"
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")} == {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "GROUP_RANK": "1",
+        "WORLD_SIZE": "4",
+    }
+    assert env["LOCAL_WORLD_SIZE"] == "2" and env["MASTER_PORT"] == "29500"
+    assert env["GOODPUT_NODE"] == "gpu-b" and env["GOODPUT_ATTEMPT"] == "1"
+    assert env["GOODPUT_NATS_URL"] == "tls://goodput-nats.goodput.svc:4222"
+    assert env["GOODPUT_CKPT_EVERY"] == "20"  # the job's own environment is kept
+    checkpoint_dir = env["GOODPUT_CKPT_DIR"]
+    assert checkpoint_dir == f"/var/lib/goodput/nodes/gpu-b/checkpoints/{JOB}"
+    volume = next(v for v in pod.spec.volumes if v.name == "checkpoints")
+    assert volume.host_path.path == OPTIONS.checkpoint_host_path
+    mount = next(m for m in container.volume_mounts if m.name == "checkpoints")
+    assert checkpoint_dir.startswith(mount.mount_path + "/")
+
+    started = recorder.of(schemas.RankStarted)
+    assert sorted((e.node, e.rank, e.local_rank) for e in started) == [
+        ("gpu-a", 0, 0),
+        ("gpu-a", 1, 1),
+        ("gpu-b", 2, 0),
+        ("gpu-b", 3, 1),
+    ]
+    status = recorder.of(schemas.JobStatus)[-1]
+    assert (status.state, status.attempt, status.world_size) == ("running", 1, 4)
+    assert status.spare_nodes == ["gpu-c"]
+    assert "already running" in await backend.start_job(_start())
+    assert len(api.created) == 4
+
+
+async def test_a_crashed_rank_is_reported_and_restart_replaces_every_pod(rig) -> None:
+    backend, api, recorder = rig
+    await backend.start_job(_start())
+    api.exit("job-k8s-a1-r1", 128 + signal.SIGSEGV)
+    crashed = await recorder.wait_for(lambda e: isinstance(e, schemas.RankExited))
+    assert (crashed.rank, crashed.node, crashed.attempt) == (1, "gpu-a", 1)
+    assert crashed.signal == signal.SIGSEGV and crashed.exit_code is None
+    assert crashed.expected_reason == ""
+
+    await backend.restart("rank 1 crashed")
+    # a failed worker group is not waited for: deleted at once, all of it
+    assert sorted(api.deleted) == [(f"job-k8s-a1-r{r}", IMMEDIATE_GRACE_S) for r in range(4)]
+    assert _placement(api, 2) == _placement(api, 1)
+    assert _env(api.pod(2, 0))["MASTER_ADDR"].startswith("job-k8s-a2-r0.")
+    assert _env(api.pod(2, 0))["TORCHELASTIC_RESTART_COUNT"] == "1"
+    others = [e for e in recorder.of(schemas.RankExited) if e.attempt == 1 and e.rank != 1]
+    assert sorted(e.rank for e in others) == [0, 2, 3]
+    assert {e.expected_reason for e in others} == {"restart"}
+    assert {e.signal for e in others} == {signal.SIGKILL}
+    status = recorder.of(schemas.JobStatus)[-1]
+    assert (status.state, status.attempt) == ("running", 2)
+
+
+async def test_hot_swap_puts_the_spare_in_the_failed_nodes_rank_positions(rig) -> None:
+    backend, api, recorder = rig
+    await backend.start_job(_start())
+    await backend.hot_swap("gpu-a", "", "XID 79")
+    assert _placement(api, 2) == [(0, "gpu-c"), (1, "gpu-c"), (2, "gpu-b"), (3, "gpu-b")]
+    assert {grace for _, grace in api.deleted} == {IMMEDIATE_GRACE_S}
+    status = recorder.of(schemas.JobStatus)[-1]
+    assert status.active_nodes == ["gpu-c", "gpu-b"] and status.failed_nodes == ["gpu-a"]
+    assert status.world_size == 4 and status.spare_nodes == []
+    swapped = [e for e in recorder.of(schemas.RankExited) if e.attempt == 1]
+    assert {e.expected_reason for e in swapped} == {"hot_swap"}
+
+
+async def test_scale_down_then_up_deletes_gracefully_only_when_growing(rig) -> None:
+    backend, api, recorder = rig
+    await backend.start_job(_start(spares=0))
+    await backend.scale_to([], ["gpu-b"], "gpu-b lost")
+    assert _placement(api, 2) == [(0, "gpu-a"), (1, "gpu-a")]
+    assert {grace for _, grace in api.deleted} == {IMMEDIATE_GRACE_S}
+    assert _env(api.pod(2, 1))["WORLD_SIZE"] == "2"
+    assert recorder.of(schemas.JobStatus)[-1].failed_nodes == ["gpu-b"]
+
+    await backend.return_node("gpu-b")
+    assert recorder.of(schemas.JobStatus)[-1].spare_nodes == ["gpu-b"]
+    api.deleted.clear()
+    await backend.scale_to(["gpu-a", "gpu-b"], [], "gpu-b repaired")
+    # the running ranks are healthy: they get the grace period to save before they go
+    assert sorted(api.deleted) == [("job-k8s-a2-r0", 60), ("job-k8s-a2-r1", 60)]
+    assert _placement(api, 3) == [(0, "gpu-a"), (1, "gpu-a"), (2, "gpu-b"), (3, "gpu-b")]
+    saved = [e for e in recorder.of(schemas.RankExited) if e.attempt == 2]
+    assert {(e.expected_reason, e.exit_code) for e in saved} == {("scale_up", 0)}
+
+
+async def test_commands_naming_unknown_nodes_are_rejected_without_touching_pods(rig) -> None:
+    backend, api, _ = rig
+    await backend.start_job(_start(spares=0))
+    for command in (
+        backend.hot_swap("gpu-z", "", "?"),
+        backend.hot_swap("gpu-a", "", "no spare"),
+        backend.hot_swap("gpu-a", "cpu-a", "not a spare"),
+        backend.scale_to(["ghost"], [], "?"),
+        backend.return_node("ghost"),
+    ):
+        with pytest.raises(MembershipError):
+            await command
+    assert api.deleted == [] and len(api.created) == 4
+    assert backend.state == "running" and backend.attempt == 1
+
+
+async def test_the_job_finishes_when_every_rank_pod_exits_zero(rig) -> None:
+    backend, api, recorder = rig
+    await backend.start_job(_start(nodes=1, spares=0))
+    api.exit("job-k8s-a1-r0", 0)
+    await recorder.wait_for(lambda e: isinstance(e, schemas.RankExited) and e.exit_code == 0)
+    assert backend.state == "running"
+    api.exit("job-k8s-a1-r1", 0)
+    finished = await recorder.wait_for(
+        lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished"
+    )
+    assert finished.attempt == 1
+    assert "saved and stopped" in await backend.stop("done")
+
+
+async def test_a_pod_that_vanished_while_the_watch_was_down_is_reported(rig, monkeypatch) -> None:
+    backend, api, recorder = rig
+    monkeypatch.setattr(kubernetes_backend, "WATCH_RETRY_S", 0.01)
+    await backend.start_job(_start(nodes=1, spares=0))
+    await asyncio.sleep(0)
+    del api.pods["job-k8s-a1-r1"]  # node lost: the pod is gone, no event was delivered
+    api.events.put({"type": "BROKEN"})
+    lost = await recorder.wait_for(lambda e: isinstance(e, schemas.RankExited))
+    assert (lost.rank, lost.exit_code, lost.signal, lost.expected_reason) == (1, None, None, "")
+
+
+async def test_too_few_matching_nodes_is_an_error_and_creates_nothing(rig) -> None:
+    backend, api, _ = rig
+    with pytest.raises(RuntimeError, match="needs 4 nodes; 3 ready nodes match"):
+        await backend.start_job(_start(nodes=4))
+    assert api.created == [] and backend.state == "stopped"
+
+
+async def test_a_refused_pod_creation_fails_the_attempt_and_cleans_up(rig) -> None:
+    backend, api, recorder = rig
+    api.refuse_create_after = 2
+    with pytest.raises(RuntimeError, match="403"):
+        await backend.start_job(_start())
+    assert api.pods == {}
+    assert sorted(name for name, _ in api.deleted) == [p.metadata.name for p in api.created]
+    assert recorder.of(schemas.JobStatus)[-1].state == "failed"
+
+
+async def test_pods_left_by_an_earlier_actuator_are_deleted_before_starting(rig) -> None:
+    backend, api, _ = rig
+    stale = client.V1Pod(
+        metadata=client.V1ObjectMeta(
+            name="job-k8s-a1-r0",
+            labels={"goodput.dev/job": JOB, "goodput.dev/attempt": "1", "goodput.dev/rank": "0"},
+        ),
+        status=client.V1PodStatus(phase="Running"),
+    )
+    api.pods[stale.metadata.name] = stale
+    await backend.start_job(_start())
+    assert api.deleted[0] == ("job-k8s-a1-r0", IMMEDIATE_GRACE_S)
+    assert len(api.created) == 4
+
+
+def test_options_need_an_image_and_reject_unknown_keys() -> None:
+    with pytest.raises(SystemExit, match="needs an image"):
+        KubernetesOptions.from_mapping({"namespace": "x"})
+    with pytest.raises(SystemExit, match="namespce"):
+        KubernetesOptions.from_mapping({"image": "t:1", "namespce": "x"})
+    with pytest.raises(SystemExit, match="toleration"):
+        KubernetesOptions.from_mapping({"image": "t:1", "tolerations": [{"keey": "gpu"}]})
+
+
+def test_credentials_come_from_the_kubeconfig_outside_a_cluster(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: lab\n"
+        "clusters: [{name: lab, cluster: {server: 'https://10.1.2.3:6443'}}]\n"
+        "users: [{name: me, user: {token: abc}}]\n"
+        "contexts: [{name: lab, context: {cluster: lab, user: me}}]\n"
+    )
+    options = KubernetesOptions(image="t:1", kubeconfig=str(kubeconfig))
+    backend = KubernetesBackend.connect(job=JOB, bus_url="", emit=Recorder(), options=options)
+    assert backend.api.api_client.configuration.host == "https://10.1.2.3:6443"
+    missing = KubernetesOptions(image="t:1", kubeconfig=str(tmp_path / "absent"))
+    with pytest.raises(SystemExit, match="no Kubernetes credentials"):
+        KubernetesBackend.connect(job=JOB, bus_url="", emit=Recorder(), options=missing)
+
+
+def test_the_actuator_refuses_an_unknown_backend_by_name(tmp_path: Path) -> None:
+    config = ServiceConfig(job=JOB, state_dir=str(tmp_path), options={"backend": "slurm"})
+    with pytest.raises(SystemExit, match=r"unknown actuator backend 'slurm'.*local, kubernetes"):
+        ActuatorService(config)
+
+
+def test_both_backends_satisfy_the_protocol_the_service_uses(rig, tmp_path: Path) -> None:
+    backend, _, recorder = rig
+    local = LocalBackend(job=JOB, state_dir=tmp_path, bus_url="", emit=recorder)
+    assert isinstance(local, Backend) and isinstance(backend, Backend)
+
+
+def _manifest(file: str, kind: str, name: str) -> dict[str, Any]:
+    documents = yaml.safe_load_all((DEPLOY / file).read_text())
+    return next(d for d in documents if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def _container_config(file: str, name: str, service: str) -> tuple[ServiceConfig, dict]:
+    """The service's settings from its manifest's args (less the mounted config file)."""
+    pod = _manifest(file, "DaemonSet" if "daemons" in file else "Deployment", name)
+    container = pod["spec"]["template"]["spec"]["containers"][0]
+    args = list(container["args"])
+    del args[args.index("--config") : args.index("--config") + 2]
+    return load_service_config(service, args), pod["spec"]["template"]["spec"]
+
+
+def test_the_deployed_actuator_options_fit_the_node_daemons_and_rbac() -> None:
+    config, _ = _container_config("supervisor.yaml", "goodput-actuator", "actuator")
+    assert config.options["backend"] == "kubernetes"
+    options = KubernetesOptions.from_mapping(config.options["kubernetes"])
+    # rank pods write where the node's checkpoint tier serves from
+    replicator, spec = _container_config("node-daemons.yaml", "goodput-replicator", "replicator")
+    ReplicatorOptions.from_mapping(replicator.options)  # every option it is given exists
+    volume = next(v for v in spec["volumes"] if v["name"] == "checkpoints")
+    mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "checkpoints")
+    assert volume["hostPath"]["path"] == options.checkpoint_host_path
+    assert mount["mountPath"] == options.checkpoint_mount_path == replicator.state_dir
+    # the actuator may make every call the backend makes, and the rank pods' account exists
+    trainer = _manifest("rbac.yaml", "ServiceAccount", options.service_account)
+    assert trainer["automountServiceAccountToken"] is False
+    granted = {
+        (resource, verb)
+        for kind, name in (("Role", "goodput-actuator"), ("ClusterRole", "goodput-actuator-nodes"))
+        for rule in _manifest("rbac.yaml", kind, name)["rules"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    needed = {
+        ("nodes", "list"),
+        ("pods", "list"),
+        ("pods", "watch"),
+        ("pods", "create"),
+        ("pods", "delete"),
+        ("services", "create"),
+    }
+    assert needed <= granted

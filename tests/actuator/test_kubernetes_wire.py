@@ -1,0 +1,242 @@
+"""The Kubernetes backend through the REAL ``kubernetes`` client, over HTTP, to a FAKE API server.
+
+No Kubernetes cluster can run here. ``StandInApiServer`` is a small HTTP server answering
+only the REST calls the backend makes (list nodes; list, watch, create and delete pods;
+create a service), so that the real client's serialization, its strictly typed API methods,
+``kubernetes.watch.Watch`` (chunked watch stream) and the kubeconfig loading are exercised
+as they would be against a cluster. It is a stand-in, not an API server: no scheduling, no
+kubelet. The backend has NOT been run against a real cluster here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+from collections.abc import AsyncIterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from goodput import schemas
+from goodput_services.actuator.kubernetes_backend import KubernetesBackend, KubernetesOptions
+
+JOB = "wire"
+NAMESPACE = "goodput"
+NODES = ["gpu-b", "gpu-a", "gpu-c"]
+
+
+def _terminated(exit_code: int) -> dict[str, Any]:
+    return {
+        "phase": "Succeeded" if exit_code == 0 else "Failed",
+        "containerStatuses": [
+            {
+                "name": "trainer",
+                "image": "trainer:1",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit_code}},
+            }
+        ],
+    }
+
+
+class StandInApiServer:
+    """FAKE Kubernetes API server: pods as the JSON the client sent, events to every watcher."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.created: list[dict[str, Any]] = []
+        self.deletions: list[tuple[str, str]] = []  # (pod name, gracePeriodSeconds)
+        self.services: list[dict[str, Any]] = []
+        self.watchers: list[queue.Queue[dict[str, Any] | None]] = []
+        self.watching = threading.Event()
+        self.lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def start(self) -> StandInApiServer:
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        with self.lock:
+            for watcher in self.watchers:
+                watcher.put(None)
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def publish(self, kind: str, pod: dict[str, Any]) -> None:
+        with self.lock:
+            for watcher in self.watchers:
+                watcher.put({"type": kind, "object": json.loads(json.dumps(pod))})
+
+    def exit(self, name: str, exit_code: int) -> None:
+        """A rank's container terminated by itself."""
+        self.pods[name]["status"] = _terminated(exit_code)
+        self.publish("MODIFIED", self.pods[name])
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # the watch stream is chunked
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _body(self) -> dict[str, Any]:
+                return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                query = parse_qs(url.query)
+                if url.path == "/api/v1/nodes":
+                    self._send(200, {"kind": "NodeList", "items": [_node(n) for n in NODES]})
+                elif url.path == f"/api/v1/namespaces/{NAMESPACE}/pods":
+                    if query.get("watch") == ["true"]:
+                        self._watch()
+                    else:
+                        items = list(server.pods.values())
+                        self._send(200, {"metadata": {"resourceVersion": "1"}, "items": items})
+                else:
+                    self._send(404, {"reason": "NotFound"})
+
+            def _watch(self) -> None:
+                events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+                with server.lock:
+                    server.watchers.append(events)
+                server.watching.set()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                while (event := events.get()) is not None:
+                    line = json.dumps(event).encode() + b"\n"
+                    self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+
+            def do_POST(self) -> None:
+                body = self._body()
+                if self.path == f"/api/v1/namespaces/{NAMESPACE}/pods":
+                    body["status"] = {"phase": "Pending"}
+                    server.pods[body["metadata"]["name"]] = body
+                    server.created.append(body)
+                    server.publish("ADDED", body)
+                elif self.path == f"/api/v1/namespaces/{NAMESPACE}/services":
+                    server.services.append(body)
+                self._send(201, body)
+
+            def do_DELETE(self) -> None:
+                url = urlparse(self.path)
+                name = url.path.rsplit("/", 1)[-1]
+                grace = parse_qs(url.query).get("gracePeriodSeconds", [""])[0]
+                pod = server.pods.pop(name, None)
+                if pod is None:
+                    self._send(404, {"kind": "Status", "reason": "NotFound", "code": 404})
+                    return
+                server.deletions.append((name, grace))
+                self._send(200, pod)
+                if pod["status"]["phase"] == "Pending":
+                    pod["status"] = _terminated(0 if int(grace) > 1 else 137)
+                    server.publish("MODIFIED", pod)
+                server.publish("DELETED", pod)
+
+        return Handler
+
+
+def _node(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"goodput.dev/pool": "gpu"}},
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[schemas.Event] = []
+
+    async def __call__(self, event: schemas.Event) -> None:
+        self.events.append(event)
+
+    async def wait_for(self, predicate) -> schemas.Event:
+        for _ in range(1000):  # a bound on waiting, not a speed requirement
+            found = [e for e in self.events if predicate(e)]
+            if found:
+                return found[-1]
+            await asyncio.sleep(0.01)
+        raise AssertionError("expected event never came")
+
+
+@pytest.fixture
+async def wired(
+    tmp_path: Path, monkeypatch
+) -> AsyncIterator[tuple[KubernetesBackend, StandInApiServer, Recorder]]:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    server = StandInApiServer().start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: standin\n"
+        f"clusters: [{{name: standin, cluster: {{server: '{server.url}'}}}}]\n"
+        "users: [{name: me, user: {token: abc}}]\n"
+        "contexts: [{name: standin, context: {cluster: standin, user: me}}]\n"
+    )
+    options = KubernetesOptions.from_mapping(
+        {"image": "trainer:1", "namespace": NAMESPACE, "kubeconfig": str(kubeconfig)}
+    )
+    recorder = Recorder()
+    backend = KubernetesBackend.connect(
+        job=JOB, bus_url="nats://bus:4222", emit=recorder, options=options
+    )
+    yield backend, server, recorder
+    await backend.shutdown()
+    server.close()
+
+
+async def test_pods_go_over_the_wire_and_terminations_come_back_through_the_watch(wired):
+    backend, server, recorder = wired
+    start = schemas.StartJob(job=JOB, argv=["python", "train.py"], nodes=2, procs_per_node=1)
+    await backend.start_job(start)
+    pod = server.pods["wire-a1-r1"]
+    # the JSON the API server receives is Kubernetes-shaped (camelCase, nested as expected)
+    spec = pod["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["gpu-b"]
+    assert spec["volumes"][0]["hostPath"]["type"] == "DirectoryOrCreate"
+    assert spec["restartPolicy"] == "Never" and spec["subdomain"] == "wire-ranks"
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    assert env["RANK"] == "1" and env["MASTER_ADDR"] == "wire-a1-r0.wire-ranks.goodput.svc"
+    assert server.services[0]["spec"]["clusterIP"] == "None"
+
+    assert await asyncio.to_thread(server.watching.wait, 30)
+    server.exit("wire-a1-r1", 1)
+    crashed = await recorder.wait_for(lambda e: isinstance(e, schemas.RankExited))
+    assert (crashed.rank, crashed.exit_code, crashed.node) == (1, 1, "gpu-b")
+
+    await backend.restart("rank 1 failed")
+    assert sorted(server.deletions) == [("wire-a1-r0", "1"), ("wire-a1-r1", "1")]
+    assert sorted(server.pods) == ["wire-a2-r0", "wire-a2-r1"]
+    killed = await recorder.wait_for(
+        lambda e: isinstance(e, schemas.RankExited) and e.expected_reason == "restart"
+    )
+    assert (killed.rank, killed.signal) == (0, 9)

@@ -11,6 +11,8 @@ BENCH_MODULES: list[str] = [
     "goodput.bench.bus",
     "goodput.bench.restore",
     "goodput.bench.recovery",
+    "goodput.bench.detect",
+    "goodput.bench.control_plane",
 ]
 
 

@@ -17,6 +17,8 @@ SUBCOMMAND_MODULES = [
     "goodput.cli.stack",
     "goodput.cli.bench",
     "goodput.cli.report",
+    "goodput.cli.ckpt",
+    "goodput.cli.chaos",
 ]
 
 

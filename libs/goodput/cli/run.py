@@ -17,8 +17,8 @@ from goodput.bus import Bus, BusSettings
 from goodput.cli.stack import (
     DEFAULT_STATE_DIR,
     add_service_set_argument,
-    service_flags_from_args,
     read_stack,
+    service_flags_from_args,
     start_stack,
     stop_stack,
     wait_healthy,

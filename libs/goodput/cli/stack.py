@@ -181,7 +181,7 @@ def add_service_set_argument(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="SERVICE:KEY=VALUE",
-        help="an option for one service, e.g. controller:policy=\"my_policy.py\" or "
+        help='an option for one service, e.g. controller:policy="my_policy.py" or '
         "sensor:thresholds={heartbeat_timeout_s=3.0} (repeatable; VALUE is TOML)",
     )
 

@@ -54,6 +54,8 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     ckpt_every: int = 50
     keep_last: int = 3
     heartbeat_period_s: float = 0.5
+    #: obey InjectFault commands (chaos testing: "hang" blocks the training loop)
+    enable_fault_injection: bool = False
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ShimConfig:
@@ -70,6 +72,8 @@ class ShimConfig(msgspec.Struct, kw_only=True):
             "ckpt_dir": env.get("GOODPUT_CKPT_DIR", "checkpoints"),
             "ckpt_every": int(env.get("GOODPUT_CKPT_EVERY", "50")),
             "heartbeat_period_s": float(env.get("GOODPUT_HEARTBEAT_PERIOD_S", "0.5")),
+            "enable_fault_injection": env.get("GOODPUT_ENABLE_FAULT_INJECTION", "")
+            in ("1", "true"),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -84,6 +88,7 @@ class TrainerShim:
         self.exit_code = 0
         self._stop_reason = ""
         self._checkpoint_requested = threading.Event()
+        self._hang = threading.Event()
         self._last_saved_step: int | None = None
         self.engine = CheckpointEngine(
             Path(config.ckpt_dir), keep_last=config.keep_last, listener=self._on_ckpt_event
@@ -141,6 +146,9 @@ class TrainerShim:
     ) -> None:
         if self.link is not None:
             self.link.step = step
+        if self._hang.is_set():
+            log.error("injected fault: the training loop hangs here (heartbeats go on)")
+            threading.Event().wait()  # until the process is killed
         self._publish(
             schemas.StepDone(
                 job=self.config.job,
@@ -205,9 +213,19 @@ class TrainerShim:
                     "checkpoint interval now %d steps (%s)", command.every_steps, command.rationale
                 )
                 self.ckpt_every = command.every_steps
+            case schemas.InjectFault(fault="hang") if self._targets_me(command):
+                self._hang.set()
             case schemas.Rescale():
                 # the world size changes by relaunch: save now so the new group loses nothing
                 self._stop_reason = f"rescale {command.old_world_size} → {command.new_world_size}"
+
+    def _targets_me(self, command: schemas.InjectFault) -> bool:
+        if not self.config.enable_fault_injection:
+            log.warning("ignoring InjectFault %s: fault injection is not enabled", command.fault)
+            return False
+        if command.node and command.node != self.config.node:
+            return False
+        return not command.detail or command.detail == str(self.config.rank)
 
     def _busy(self, what: str) -> None:
         if self.link is not None:

@@ -57,6 +57,8 @@ class ControllerService(Service):
             msgspec.convert(options.get("settings", {}), ControllerSettings),
         )
         self.lease_ttl_s = float(options.get("lease_ttl_s", 3.0))
+        #: fault injection for failover tests: hold a decision between storing and sending it
+        self.pause_before_send_s = float(options.get("inject_pause_before_send_s", 0.0))
         self.record = ControllerRecord()
         self.revision: int | None = None
         self.leading = False
@@ -228,6 +230,9 @@ class ControllerService(Service):
             state=outcome.state, outbox=[*self.record.outbox, *outcome.commands]
         )
         await self._store()
+        if self.pause_before_send_s:
+            log.warning("fault injection: pausing %.1f s before sending", self.pause_before_send_s)
+            await asyncio.sleep(self.pause_before_send_s)
         assert self.bus is not None
         decision = outcome.decision
         log.info(

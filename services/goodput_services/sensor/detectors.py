@@ -174,6 +174,7 @@ class Detector:
         rank.last_progress_ns = now
         rank.progress_seen = 0
         rank.heartbeat_step = None
+        rank.heartbeat_gap_ns = 0  # a new process: what the old one's heartbeats did is moot
         rank.done_step = -1
         rank.busy = ""
         rank.hang_reported = False
@@ -248,7 +249,8 @@ class Detector:
             return []  # a heartbeat in flight when the rank exited
         else:
             gap = now - rank.last_heartbeat_ns
-            if gap < self._heartbeat_timeout(rank):
+            # the first beat of a new process comes after its start-up, not after a beat
+            if rank.heartbeat_step is not None and gap < self._heartbeat_timeout(rank):
                 rank.heartbeat_gap_ns = max(
                     gap, rank.heartbeat_gap_ns * self._thresholds.interval_decay
                 )

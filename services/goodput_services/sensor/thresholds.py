@@ -30,7 +30,7 @@ class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: per observation, the remembered longest interval shrinks by this factor (forgets old peaks)
     interval_decay: float = 0.98
     #: a rank slower than this × the median step time of its peers is a straggler candidate
-    straggler_ratio: float = 1.3
+    straggler_ratio: float = 1.35
     #: steps in the straggler window (the median of the window must exceed the ratio)
     straggler_window: int = 10
 

@@ -194,3 +194,23 @@ def test_job_without_steps_is_all_badput() -> None:
     assert report.productive_s == 0 and report.goodput_pct == 0
     assert report.total_s == pytest.approx(8)
     assert any("no StepDone" in note for note in report.notes)
+
+
+def test_a_checkpoint_tier_filling_a_volume_is_not_a_training_restore() -> None:
+    """The replicator reports its RestoreToNode work with rank -1; training did not go back."""
+    from goodput import schemas
+    from goodput.accounting import compute_goodput
+    from tests.accounting.scenario import at, scenario_events
+
+    events = scenario_events()
+    tier_restore = schemas.CheckpointRestored(
+        job=events[0].job,
+        ts=at(30.0),
+        node="node-9",
+        rank=-1,
+        step=1,
+        tier="peer",
+        duration_s=0.5,
+        bytes=10,
+    )
+    assert compute_goodput([*events, tier_restore]) == compute_goodput(events)

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
+from goodput import schemas, subjects
+from goodput.bus import Bus, BusSettings
+from goodput.cli.stack import read_stack
 from tests.conftest import goodput_cli
+from tests.stack.helpers import EventTap
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +31,8 @@ def _demo(scenario: str, tmp_path: Path, *extra: str) -> dict:
         "--json",
         "--state-dir",
         str(tmp_path / scenario),
+        "--html",
+        str(tmp_path / f"{scenario}-report"),
         *extra,
         timeout=600,
     )
@@ -43,6 +51,10 @@ def test_killed_twice_ends_bit_identical_to_an_uninterrupted_run(tmp_path: Path)
     ]
     assert interrupted["final_params_sha256"] == reference["final_params_sha256"]
     assert interrupted["steps"] == int(STEPS)
+    # the run ends with its goodput report: the failures cost something, and it adds up
+    assert 0 < interrupted["goodput_pct"] < reference["goodput_pct"] <= 100
+    assert interrupted["badput"]["wasted_progress"] >= 0
+    assert Path(interrupted["html_report"]).is_file()
 
 
 def test_a_script_that_crashes_at_start_up_is_not_restarted_forever(tmp_path: Path) -> None:
@@ -74,3 +86,59 @@ def test_a_script_that_crashes_at_start_up_is_not_restarted_forever(tmp_path: Pa
     assert last["rule"] in ("crash-loop-give-up", "repeat-offender"), last
     assert "stop" in last["reason"]
     assert summary["restarts"] <= 4
+
+
+def test_a_failed_node_is_hot_swapped_for_the_spare(tmp_path: Path) -> None:
+    run = _demo("hot-swap", tmp_path)
+    assert run["state"] == "finished" and run["steps"] == int(STEPS)
+    assert run["world_size_history"] == [2, 2]
+    assert "node-1" in run["failed_nodes"]
+    assert any(d["rule"] == "hot-swap" for d in run["decisions"])
+
+
+def test_scale_down_without_a_spare_then_up_when_the_node_returns(tmp_path: Path) -> None:
+    run = _demo("scale-down-up", tmp_path)
+    assert run["state"] == "finished" and run["steps"] == int(STEPS)
+    assert run["world_size_history"] == [2, 1, 2]
+    rules = [d["rule"] for d in run["decisions"]]
+    assert "scale-down" in rules and "scale-up" in rules
+
+
+async def test_a_rank_dying_during_rendezvous_ends_in_a_running_job(tmp_path: Path) -> None:
+    """Killed while the group forms (before any step): restarted, and the job completes."""
+    state = tmp_path / "stack"
+    goodput_cli("up", "--state-dir", str(state), "--job", "rdzv", "--nodes", "2", "--wait", "30")
+    bus = await Bus.connect(BusSettings(url=read_stack(state).url), name="test")  # type: ignore[union-attr]
+    tap = await EventTap(bus, "rdzv").start()
+    try:
+        await bus.send_command(
+            subjects.ACTUATOR,
+            schemas.StartJob(
+                job="rdzv",
+                argv=[
+                    sys.executable,
+                    "-m",
+                    "goodput.examples.gpt.supervised",
+                    "--steps",
+                    "30",
+                    "--log-every",
+                    "0",
+                ],
+                nodes=2,
+                procs_per_node=1,
+                spares=0,
+            ),
+        )
+        started = await tap.wait_for(
+            lambda e: isinstance(e, schemas.RankStarted) and e.rank == 1 and e.attempt == 1
+        )
+        os.kill(started.pid, signal.SIGKILL)
+        assert not tap.of(schemas.StepDone)  # it died before the group made any step
+        finished = await tap.wait_for(
+            lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished", timeout_s=180
+        )
+        assert finished.attempt >= 2 and finished.world_size == 2
+    finally:
+        await tap.stop()
+        await bus.close()
+        goodput_cli("down", "--state-dir", str(state), check=False)

@@ -66,6 +66,11 @@ def is_failure_exit(event: schemas.RankExited) -> bool:
     return event.expected_reason == "" and (event.exit_code != 0 or event.signal is not None)
 
 
+def _tier_restore(event: schemas.Event) -> bool:
+    """A checkpoint tier filling a node's volume (rank -1): not training going back to a step."""
+    return isinstance(event, schemas.CheckpointRestored) and event.rank < 0
+
+
 def select_job(events: Iterable[schemas.Event], job: str | None) -> tuple[str, list[schemas.Event]]:
     """The events of ``job`` (or of the only job present), oldest first."""
     items = list(events)
@@ -76,7 +81,8 @@ def select_job(events: Iterable[schemas.Event], job: str | None) -> tuple[str, l
         job = jobs[0] if jobs else ""
     # ties in ts are broken by content, so the result never depends on arrival order
     chosen = sorted(
-        (event for event in items if event.job == job), key=lambda e: (e.ts, schemas.encode(e))
+        (event for event in items if event.job == job and not _tier_restore(event)),
+        key=lambda e: (e.ts, schemas.encode(e)),
     )
     if not chosen:
         raise ValueError(

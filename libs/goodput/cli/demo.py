@@ -24,6 +24,9 @@ from rich.console import Console
 from rich.table import Table
 
 from goodput import schemas, subjects
+from goodput.accounting import GoodputReport, compute_goodput, replay_from_bus
+from goodput.accounting.html import write_html_report
+from goodput.accounting.table import render as render_report
 from goodput.bus import Bus, BusSettings
 from goodput.cli.run import summary
 from goodput.cli.stack import start_stack, stop_stack, wait_healthy
@@ -135,7 +138,7 @@ async def _run_scenario(
     steps: int,
     timeout_s: float,
     console,
-) -> tuple[JobWatcher, list]:
+) -> tuple[JobWatcher, list, GoodputReport | None]:
     bus = await Bus.connect(settings, name="goodput-demo")
     watcher = await JobWatcher(bus, start.job, steps, console).start()
     try:
@@ -151,10 +154,19 @@ async def _run_scenario(
                 subjects.ACTUATOR, schemas.Stop(job=start.job, reason="demo timed out")
             )
             await watcher.wait(90)
+        report = await _goodput(bus, start.job)
     finally:
         await watcher.stop()
         await bus.close()
-    return watcher, injected
+    return watcher, injected, report
+
+
+async def _goodput(bus: Bus, job: str) -> GoodputReport | None:
+    """The goodput report of the run, from its events in GP_EVENTS."""
+    try:
+        return compute_goodput(await replay_from_bus(bus, job, idle_timeout_s=3.0))
+    except ValueError:
+        return None  # no events: the job never ran
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
                 spares=spares,
                 env={"GOODPUT_CKPT_EVERY": str(args.ckpt_every)},
             )
-            watcher, injected = asyncio.run(
+            watcher, injected, report = asyncio.run(
                 _run_scenario(
                     settings,
                     start,
@@ -214,13 +226,22 @@ def run(args: argparse.Namespace) -> int:
         "final_params_sha256": training.get("params_sha256"),
         "final_loss": training.get("final_loss"),
         "faults": injected,
+        "goodput_pct": report.goodput_pct if report else None,
+        "badput": report.badput if report else {},
+        "ettr": report.ettr if report else None,
         "elapsed_s": round(time.monotonic() - started, 2),
     }
+    if report is not None and args.html:
+        result["html_report"] = str(write_html_report(report, args.html))
     ok = watcher.state == "finished" and result["steps"] == args.steps
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         _print_summary(result)
+        if report is not None:
+            Console().print(render_report(report))
+        if "html_report" in result:
+            console.print(f"HTML report: {result['html_report']}")
     return 0 if ok else 1
 
 
@@ -268,6 +289,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--state-dir", help="keep the demo's state here (default: a temp dir)")
     parser.add_argument("--job", default="demo", help="job name (default: demo)")
+    parser.add_argument(
+        "--html",
+        default="goodput-demo-report",
+        help="directory for the HTML goodput report with its plots ('' for none; default "
+        "./goodput-demo-report)",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_bus_arguments(parser)
     parser.set_defaults(func=run)

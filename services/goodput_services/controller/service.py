@@ -1,10 +1,11 @@
 """The controller service process: signals in, decisions and commands out, one leader at a time.
 
 Every instance competes for the lease; the leader consumes the job's events, keeps the
-``JobState`` and runs the policy. Crash safety comes from an outbox: a decision's commands are
-written into the stored record *with* the new state (one compare-and-set), then published,
-then cleared. A standby that takes over republishes whatever the outbox still holds; the
-commands' ids are deterministic, so the bus and the actuator drop what already went out.
+``JobState`` and runs the policy. Crash safety comes from an outbox: a decision and its
+commands are written into the stored record *with* the new state (one compare-and-set), then
+published, then cleared. A standby that takes over republishes whatever the outbox still
+holds; decision and command ids are deterministic and used as message ids, so the bus and the
+actuator drop what already went out.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class ControllerRecord(msgspec.Struct, kw_only=True):
 
     state: JobState | None = None
     outbox: list[AnyCommand] = msgspec.field(default_factory=list)  # type: ignore[valid-type]
+    #: decisions not yet published (published with their id as message id: never twice)
+    decisions: list[schemas.Decision] = msgspec.field(default_factory=list)
 
 
 class ControllerService(Service):
@@ -168,15 +171,25 @@ class ControllerService(Service):
         self._dirty = False
 
     async def _flush_outbox(self) -> None:
+        """Publish stored decisions and send stored commands, then clear them."""
         assert self.bus is not None
-        if not self.record.outbox:
+        if not (self.record.outbox or self.record.decisions):
             return
+        for decision in self.record.decisions:
+            log.info(
+                "decision",
+                extra={"rule": decision.rule, "reason": decision.reason, "error": decision.error},
+            )
+            await self.bus.publish(
+                subjects.event_for(decision), decision, msg_id=decision.decision_id
+            )
+            self.decisions += 1
         for command in self.record.outbox:
             target = (
                 subjects.TRAINER if isinstance(command, TRAINER_COMMANDS) else subjects.ACTUATOR
             )
             await self.bus.send_command(target, command)
-        self.record = msgspec.structs.replace(self.record, outbox=[])
+        self.record = msgspec.structs.replace(self.record, outbox=[], decisions=[])
         await self._store()
 
     # ---- inputs ------------------------------------------------------------------------------
@@ -227,20 +240,14 @@ class ControllerService(Service):
             self._set_state(outcome.state)
             return
         self.record = ControllerRecord(
-            state=outcome.state, outbox=[*self.record.outbox, *outcome.commands]
+            state=outcome.state,
+            outbox=[*self.record.outbox, *outcome.commands],
+            decisions=[*self.record.decisions, outcome.decision],
         )
         await self._store()
         if self.pause_before_send_s:
             log.warning("fault injection: pausing %.1f s before sending", self.pause_before_send_s)
             await asyncio.sleep(self.pause_before_send_s)
-        assert self.bus is not None
-        decision = outcome.decision
-        log.info(
-            "decision",
-            extra={"rule": decision.rule, "reason": decision.reason, "error": decision.error},
-        )
-        await self.bus.emit(decision)
-        self.decisions += 1
         await self._flush_outbox()
 
     async def _timers(self) -> None:

@@ -6,6 +6,8 @@ the Kubernetes backend (one pod per rank) are interchangeable behind the same co
 
 from __future__ import annotations
 
+import asyncio
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -44,6 +46,99 @@ class Backend(Protocol):
     async def shutdown(self) -> None: ...
 
     def status(self, detail: str = "") -> schemas.JobStatus: ...
+
+
+class MembershipBackend(ABC):
+    """The remediation commands both backends share: a membership change, then a relaunch.
+
+    Subclasses provide how ranks are started and stopped (``_launch``/``_terminate``) and set
+    ``job``, ``emit``, ``spec``, ``ranks`` and ``_lock`` in their constructor.
+    """
+
+    job: str
+    emit: EventSink
+    spec: schemas.StartJob | None
+    membership: Membership | None
+    ranks: list[Any]
+    state: str
+    attempt: int
+    _lock: asyncio.Lock
+
+    @abstractmethod
+    async def _launch(self, state: str, detail: str) -> None:
+        """Start the worker group of a new attempt on ``self.membership``."""
+
+    @abstractmethod
+    async def _terminate(self, *, graceful: bool, why: str) -> None:
+        """Stop every rank of the current attempt (SIGTERM-and-wait if ``graceful``)."""
+
+    @abstractmethod
+    def status(self, detail: str = "") -> schemas.JobStatus:
+        """The job as it is now, for a JobStatus event."""
+
+    async def restart(self, reason: str) -> str:
+        async with self._lock:
+            self._require_job()
+            await self._relaunch(graceful=False, why="restart", detail=reason or "in-job restart")
+            return f"worker group restarted (attempt {self.attempt})"
+
+    async def hot_swap(self, failed: str, spare: str, reason: str) -> str:
+        async with self._lock:
+            membership = self._require_job()
+            self.membership, chosen = membership.hot_swap(failed, spare)
+            await self._relaunch(
+                graceful=False, why="hot_swap", detail=f"{failed} replaced by {chosen}: {reason}"
+            )
+            return f"{failed} replaced by spare {chosen}; world size {self.membership.world_size}"
+
+    async def scale_to(self, nodes: list[str], drop: list[str], reason: str) -> str:
+        async with self._lock:
+            membership = self._require_job()
+            target = membership.scale_to(nodes, drop)
+            growing = target.world_size > membership.world_size
+            self.membership = target
+            # growing: the running ranks are healthy, let them save first so no step is lost
+            await self._relaunch(
+                graceful=growing,
+                why="scale_up" if growing else "scale_down",
+                detail=f"{membership.world_size} → {target.world_size} ranks: {reason}",
+            )
+            return f"running on {', '.join(target.active)} ({target.world_size} ranks)"
+
+    async def return_node(self, node: str) -> str:
+        async with self._lock:
+            self.membership = self._require_job().return_node(node)
+            await self._report("node returned to the spare pool: " + node)
+            return f"{node} is a spare again"
+
+    async def stop(self, reason: str) -> str:
+        async with self._lock:
+            if not self.ranks:
+                return "no rank running"
+            await self._terminate(graceful=True, why="stop")
+            self.state = "stopped"
+            await self._report(reason or "stopped on request")
+            return "ranks saved and stopped"
+
+    async def shutdown(self) -> None:
+        """The actuator is going away: stop the ranks it owns (they save and exit)."""
+        async with self._lock:
+            if self.ranks:
+                await self._terminate(graceful=True, why="actuator shutdown")
+                self.state = "stopped"
+
+    def _require_job(self) -> Membership:
+        if self.membership is None or self.spec is None:
+            raise RuntimeError("no job has been started")
+        return self.membership
+
+    async def _report(self, detail: str) -> None:
+        await self.emit(self.status(detail))
+
+    async def _relaunch(self, *, graceful: bool, why: str, detail: str) -> None:
+        self.state = "restarting"
+        await self._terminate(graceful=graceful, why=why)
+        await self._launch("running", detail)
 
 
 def create_backend(

@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from goodput import schemas
 from goodput.subjects import check_token
-from goodput_services.actuator.backend import EventSink, NodePreparer
+from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
 from goodput_services.actuator.local_backend import node_volume
 from goodput_services.actuator.membership import Membership
 
@@ -142,7 +142,7 @@ class RankPod:
     gone: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
 
-class KubernetesBackend:
+class KubernetesBackend(MembershipBackend):
     """Creates, watches and replaces rank pods; reports every change as an event."""
 
     def __init__(
@@ -222,56 +222,9 @@ class KubernetesBackend:
                 f"{', '.join(self.membership.active)}"
             )
 
-    async def restart(self, reason: str) -> str:
-        async with self._lock:
-            self._require_job()
-            await self._relaunch(graceful=False, why="restart", detail=reason or "in-job restart")
-            return f"worker group restarted (attempt {self.attempt})"
-
-    async def hot_swap(self, failed: str, spare: str, reason: str) -> str:
-        async with self._lock:
-            membership = self._require_job()
-            self.membership, chosen = membership.hot_swap(failed, spare)
-            await self._relaunch(
-                graceful=False, why="hot_swap", detail=f"{failed} replaced by {chosen}: {reason}"
-            )
-            return f"{failed} replaced by spare {chosen}; world size {self.membership.world_size}"
-
-    async def scale_to(self, nodes: list[str], drop: list[str], reason: str) -> str:
-        async with self._lock:
-            membership = self._require_job()
-            target = membership.scale_to(nodes, drop)
-            growing = target.world_size > membership.world_size
-            self.membership = target
-            # growing: the running ranks are healthy, let them save first so no step is lost
-            await self._relaunch(
-                graceful=growing,
-                why="scale_up" if growing else "scale_down",
-                detail=f"{membership.world_size} → {target.world_size} ranks: {reason}",
-            )
-            return f"running on {', '.join(target.active)} ({target.world_size} ranks)"
-
-    async def return_node(self, node: str) -> str:
-        async with self._lock:
-            self.membership = self._require_job().return_node(node)
-            await self._report("node returned to the spare pool: " + node)
-            return f"{node} is a spare again"
-
-    async def stop(self, reason: str) -> str:
-        async with self._lock:
-            if not self.ranks:
-                return "no rank running"
-            await self._terminate(graceful=True, why="stop")
-            self.state = "stopped"
-            await self._report(reason or "stopped on request")
-            return "rank pods saved and stopped"
-
     async def shutdown(self) -> None:
         """The actuator is going away: stop the pods it owns (they save and exit), and the watch."""
-        async with self._lock:
-            if self.ranks:
-                await self._terminate(graceful=True, why="actuator shutdown")
-                self.state = "stopped"
+        await super().shutdown()
         self._stop_watch.set()
         if self._watcher is not None:
             self._watcher.stop()
@@ -281,11 +234,6 @@ class KubernetesBackend:
                 await self._consumer
 
     # ---- state -------------------------------------------------------------------------------
-
-    def _require_job(self) -> Membership:
-        if self.membership is None or self.spec is None:
-            raise RuntimeError("no job has been started")
-        return self.membership
 
     def status(self, detail: str = "") -> schemas.JobStatus:
         """The job's status; ``pids`` stays empty: rank processes live in pods, not here."""
@@ -301,9 +249,6 @@ class KubernetesBackend:
             failed_nodes=list(membership.failed),
             detail=detail,
         )
-
-    async def _report(self, detail: str) -> None:
-        await self.emit(self.status(detail))
 
     # ---- cluster objects ---------------------------------------------------------------------
 
@@ -454,11 +399,6 @@ class KubernetesBackend:
         }
 
     # ---- attempts ----------------------------------------------------------------------------
-
-    async def _relaunch(self, *, graceful: bool, why: str, detail: str) -> None:
-        self.state = "restarting"
-        await self._terminate(graceful=graceful, why=why)
-        await self._launch("running", detail)
 
     async def _launch(self, state: str, detail: str) -> None:
         assert self.spec is not None and self.membership is not None

@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,13 +22,11 @@ import msgspec
 
 from goodput import schemas
 from goodput.bus.embedded import free_port
+from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
 from goodput_services.actuator.membership import Membership
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[schemas.Event], Awaitable[None]]
-#: fills a node's local volume with the newest complete checkpoint; returns what it did
-NodePreparer = Callable[[str], Awaitable[str]]
 
 #: how long ranks asked to stop (SIGTERM: save and exit) may take before SIGKILL
 STOP_GRACE_S = 60.0
@@ -46,7 +43,7 @@ class RankProcess:
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
-class LocalBackend:
+class LocalBackend(MembershipBackend):
     """Launches, watches and replaces rank processes; reports every change as an event."""
 
     def __init__(
@@ -83,63 +80,7 @@ class LocalBackend:
                 f"started {self.membership.world_size} ranks on {', '.join(self.membership.active)}"
             )
 
-    async def restart(self, reason: str) -> str:
-        async with self._lock:
-            self._require_job()
-            await self._relaunch(graceful=False, why="restart", detail=reason or "in-job restart")
-            return f"worker group restarted (attempt {self.attempt})"
-
-    async def hot_swap(self, failed: str, spare: str, reason: str) -> str:
-        async with self._lock:
-            membership = self._require_job()
-            self.membership, chosen = membership.hot_swap(failed, spare)
-            await self._relaunch(
-                graceful=False, why="hot_swap", detail=f"{failed} replaced by {chosen}: {reason}"
-            )
-            return f"{failed} replaced by spare {chosen}; world size {self.membership.world_size}"
-
-    async def scale_to(self, nodes: list[str], drop: list[str], reason: str) -> str:
-        async with self._lock:
-            membership = self._require_job()
-            target = membership.scale_to(nodes, drop)
-            growing = target.world_size > membership.world_size
-            self.membership = target
-            # growing: the running ranks are healthy, let them save first so no step is lost
-            await self._relaunch(
-                graceful=growing,
-                why="scale_up" if growing else "scale_down",
-                detail=f"{membership.world_size} → {target.world_size} ranks: {reason}",
-            )
-            return f"running on {', '.join(target.active)} ({target.world_size} ranks)"
-
-    async def return_node(self, node: str) -> str:
-        async with self._lock:
-            self.membership = self._require_job().return_node(node)
-            await self._report("node returned to the spare pool: " + node)
-            return f"{node} is a spare again"
-
-    async def stop(self, reason: str) -> str:
-        async with self._lock:
-            if not self.ranks:
-                return "no rank running"
-            await self._terminate(graceful=True, why="stop")
-            self.state = "stopped"
-            await self._report(reason or "stopped on request")
-            return "ranks saved and stopped"
-
-    async def shutdown(self) -> None:
-        """The actuator is going away: stop the ranks it owns (they save and exit)."""
-        async with self._lock:
-            if self.ranks:
-                await self._terminate(graceful=True, why="actuator shutdown")
-                self.state = "stopped"
-
     # ---- machinery ---------------------------------------------------------------------------
-
-    def _require_job(self) -> Membership:
-        if self.membership is None or self.spec is None:
-            raise RuntimeError("no job has been started")
-        return self.membership
 
     def status(self, detail: str = "") -> schemas.JobStatus:
         membership = self.membership or Membership(active=[], spares=[])
@@ -174,11 +115,6 @@ class LocalBackend:
         tmp.write_bytes(msgspec.json.encode(status.pids))
         os.replace(tmp, self.ranks_file)
         await self.emit(status)
-
-    async def _relaunch(self, *, graceful: bool, why: str, detail: str) -> None:
-        self.state = "restarting"
-        await self._terminate(graceful=graceful, why=why)
-        await self._launch("running", detail)
 
     async def _terminate(self, *, graceful: bool, why: str) -> None:
         ranks, self.ranks = self.ranks, []

@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from goodput import schemas, subjects
-from goodput.bus import Bus, BusSettings
-from goodput.cli.stack import read_stack
+from goodput import schemas
 from tests.conftest import goodput_cli
-from tests.stack.helpers import EventTap
+from tests.stack.helpers import job_on_stack
 
 pytestmark = pytest.mark.slow
 
@@ -106,29 +104,22 @@ def test_scale_down_without_a_spare_then_up_when_the_node_returns(tmp_path: Path
 
 async def test_a_rank_dying_during_rendezvous_ends_in_a_running_job(tmp_path: Path) -> None:
     """Killed while the group forms (before any step): restarted, and the job completes."""
-    state = tmp_path / "stack"
-    goodput_cli("up", "--state-dir", str(state), "--job", "rdzv", "--nodes", "2", "--wait", "30")
-    bus = await Bus.connect(BusSettings(url=read_stack(state).url), name="test")  # type: ignore[union-attr]
-    tap = await EventTap(bus, "rdzv").start()
-    try:
-        await bus.send_command(
-            subjects.ACTUATOR,
-            schemas.StartJob(
-                job="rdzv",
-                argv=[
-                    sys.executable,
-                    "-m",
-                    "goodput.examples.gpt.supervised",
-                    "--steps",
-                    "30",
-                    "--log-every",
-                    "0",
-                ],
-                nodes=2,
-                procs_per_node=1,
-                spares=0,
-            ),
-        )
+    start = schemas.StartJob(
+        job="rdzv",
+        argv=[
+            sys.executable,
+            "-m",
+            "goodput.examples.gpt.supervised",
+            "--steps",
+            "30",
+            "--log-every",
+            "0",
+        ],
+        nodes=2,
+        procs_per_node=1,
+        spares=0,
+    )
+    async with job_on_stack(tmp_path / "stack", "rdzv", 2, start) as (_, tap):
         started = await tap.wait_for(
             lambda e: isinstance(e, schemas.RankStarted) and e.rank == 1 and e.attempt == 1
         )
@@ -138,7 +129,3 @@ async def test_a_rank_dying_during_rendezvous_ends_in_a_running_job(tmp_path: Pa
             lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished", timeout_s=180
         )
         assert finished.attempt >= 2 and finished.world_size == 2
-    finally:
-        await tap.stop()
-        await bus.close()
-        goodput_cli("down", "--state-dir", str(state), check=False)

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
-from goodput.bus import Bus
+from goodput.bus import Bus, BusSettings
+from goodput.cli.stack import read_stack
+from tests.conftest import goodput_cli
 
 
 async def action_results(bus: Bus, job: str) -> list[schemas.ActionResult]:
@@ -87,3 +91,38 @@ class EventTap:
             timeout_s,
             f"action result of {type(command).__name__}",
         )
+
+
+@contextlib.asynccontextmanager
+async def job_on_stack(
+    state_dir, job: str, nodes: int, start: schemas.StartJob, *up_flags: str
+) -> AsyncIterator[tuple[Bus, EventTap]]:
+    """`goodput up` with ``nodes`` nodes, ``start`` sent to the actuator, events tapped; torn
+    down (job stopped, stack down) afterwards."""
+    goodput_cli(
+        "up",
+        "--state-dir",
+        str(state_dir),
+        "--job",
+        job,
+        "--nodes",
+        str(nodes),
+        "--wait",
+        "30",
+        *up_flags,
+    )
+    stack = read_stack(state_dir)
+    assert stack is not None
+    bus = await Bus.connect(BusSettings(url=stack.url), name="test")
+    tap = await EventTap(bus, job).start()
+    try:
+        await bus.send_command(subjects.ACTUATOR, start)
+        yield bus, tap
+    finally:
+        with contextlib.suppress(Exception):
+            await bus.send_command(
+                subjects.ACTUATOR, schemas.Stop(job=job, reason="test done"), retry_for_s=5
+            )
+        await tap.stop()
+        await bus.close()
+        goodput_cli("down", "--state-dir", str(state_dir), check=False)

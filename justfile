@@ -33,6 +33,11 @@ fmt:
 demo *ARGS:
     {{bin}}/goodput demo {{ARGS}}
 
-# every benchmark, JSON to stdout
+# every benchmark, JSON to stdout (several minutes; figures go to docs/BENCHMARKS.md)
 bench:
     {{bin}}/goodput bench bus --json
+    {{bin}}/goodput bench ckpt --size-gb 2 --json
+    {{bin}}/goodput bench restore --size-gb 2 --json
+    {{bin}}/goodput bench recovery --json
+    {{bin}}/goodput bench detect --json
+    {{bin}}/goodput bench control-plane --json

@@ -73,8 +73,24 @@ class MembershipBackend(ABC):
         """Stop every rank of the current attempt (SIGTERM-and-wait if ``graceful``)."""
 
     @abstractmethod
+    def _pids(self) -> dict[str, list[int]]:
+        """Rank process ids per node, where this machine can see them."""
+
     def status(self, detail: str = "") -> schemas.JobStatus:
         """The job as it is now, for a JobStatus event."""
+        membership = self.membership or Membership(active=[], spares=[])
+        return schemas.JobStatus(
+            job=self.job,
+            state=self.state,  # type: ignore[arg-type]
+            attempt=self.attempt,
+            world_size=membership.world_size,
+            procs_per_node=membership.procs_per_node,
+            active_nodes=list(membership.active),
+            spare_nodes=list(membership.spares),
+            failed_nodes=list(membership.failed),
+            pids=self._pids(),
+            detail=detail,
+        )
 
     async def restart(self, reason: str) -> str:
         async with self._lock:

@@ -235,20 +235,9 @@ class KubernetesBackend(MembershipBackend):
 
     # ---- state -------------------------------------------------------------------------------
 
-    def status(self, detail: str = "") -> schemas.JobStatus:
-        """The job's status; ``pids`` stays empty: rank processes live in pods, not here."""
-        membership = self.membership or Membership(active=[], spares=[])
-        return schemas.JobStatus(
-            job=self.job,
-            state=self.state,  # type: ignore[arg-type]
-            attempt=self.attempt,
-            world_size=membership.world_size,
-            procs_per_node=membership.procs_per_node,
-            active_nodes=list(membership.active),
-            spare_nodes=list(membership.spares),
-            failed_nodes=list(membership.failed),
-            detail=detail,
-        )
+    def _pids(self) -> dict[str, list[int]]:
+        """Empty: rank processes live in pods, not on this machine."""
+        return {}
 
     # ---- cluster objects ---------------------------------------------------------------------
 

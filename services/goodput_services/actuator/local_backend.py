@@ -82,23 +82,11 @@ class LocalBackend(MembershipBackend):
 
     # ---- machinery ---------------------------------------------------------------------------
 
-    def status(self, detail: str = "") -> schemas.JobStatus:
-        membership = self.membership or Membership(active=[], spares=[])
+    def _pids(self) -> dict[str, list[int]]:
         pids: dict[str, list[int]] = {}
         for rank in self.ranks:
             pids.setdefault(rank.node, []).append(rank.process.pid)
-        return schemas.JobStatus(
-            job=self.job,
-            state=self.state,  # type: ignore[arg-type]
-            attempt=self.attempt,
-            world_size=membership.world_size,
-            procs_per_node=membership.procs_per_node,
-            active_nodes=list(membership.active),
-            spare_nodes=list(membership.spares),
-            failed_nodes=list(membership.failed),
-            pids=pids,
-            detail=detail,
-        )
+        return pids
 
     def volume(self, node: str) -> Path:
         """The node's local checkpoint volume (what a local SSD is on a real node)."""

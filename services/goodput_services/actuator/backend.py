@@ -7,6 +7,7 @@ the Kubernetes backend (one pod per rank) are interchangeable behind the same co
 from __future__ import annotations
 
 import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,6 +21,8 @@ EventSink = Callable[[schemas.Event], Awaitable[None]]
 NodePreparer = Callable[[str], Awaitable[str]]
 
 BACKENDS = ("local", "kubernetes")
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -56,7 +59,9 @@ class MembershipBackend(ABC):
     """
 
     job: str
+    bus_url: str
     emit: EventSink
+    prepare_node: NodePreparer | None
     spec: schemas.StartJob | None
     membership: Membership | None
     ranks: list[Any]
@@ -150,6 +155,52 @@ class MembershipBackend(ABC):
 
     async def _report(self, detail: str) -> None:
         await self.emit(self.status(detail))
+
+    async def _prepare_volumes(self) -> None:
+        """Before a relaunch: a swapped-in or returning node has an empty or stale volume."""
+        if self.attempt <= 1 or self.prepare_node is None or self.membership is None:
+            return
+        nodes = self.membership.active
+        outcomes = await asyncio.gather(
+            *(self.prepare_node(node) for node in nodes), return_exceptions=True
+        )
+        for node, outcome in zip(nodes, outcomes, strict=True):
+            log.info("volume of %s prepared: %s", node, outcome)
+
+    def rank_environment(
+        self,
+        *,
+        node: str,
+        node_index: int,
+        rank: int,
+        local_rank: int,
+        master_addr: str,
+        master_port: int,
+        volume: Path,
+    ) -> dict[str, str]:
+        """What a rank is told, as torchrun would tell it, plus what the trainer shim reads."""
+        assert self.spec is not None and self.membership is not None
+        membership = self.membership
+        nodes_per_dp = max(self.spec.num_nodes_per_dp, 1)
+        return {
+            **self.spec.env,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "GROUP_RANK": str(node_index),
+            "WORLD_SIZE": str(membership.world_size),
+            "LOCAL_WORLD_SIZE": str(membership.procs_per_node),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(self.attempt - 1),
+            "GOODPUT_JOB": self.job,
+            "GOODPUT_NODE": node,
+            "GOODPUT_ATTEMPT": str(self.attempt),
+            "GOODPUT_NATS_URL": self.bus_url,
+            "GOODPUT_NUM_DP_REPLICAS": str(len(membership.active) // nodes_per_dp),
+            "GOODPUT_NUM_NODES_PER_DP": str(nodes_per_dp),
+            "GOODPUT_CKPT_DIR": self.spec.env.get("GOODPUT_CKPT_DIR", str(volume)),
+            "PYTHONUNBUFFERED": "1",
+        }
 
     async def _relaunch(self, *, graceful: bool, why: str, detail: str) -> None:
         self.state = "restarting"

@@ -362,30 +362,15 @@ class KubernetesBackend(MembershipBackend):
         )
 
     def _rank_env(self, node: str, node_index: int, rank: int, local_rank: int) -> dict[str, str]:
-        assert self.spec is not None and self.membership is not None
-        membership = self.membership
-        volume = node_volume(Path(self.options.checkpoint_mount_path), node, self.job)
-        return {
-            **self.spec.env,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(local_rank),
-            "GROUP_RANK": str(node_index),
-            "WORLD_SIZE": str(membership.world_size),
-            "LOCAL_WORLD_SIZE": str(membership.procs_per_node),
-            "MASTER_ADDR": self.master_addr(),
-            "MASTER_PORT": str(self.options.master_port),
-            "TORCHELASTIC_RESTART_COUNT": str(self.attempt - 1),
-            "GOODPUT_JOB": self.job,
-            "GOODPUT_NODE": node,
-            "GOODPUT_ATTEMPT": str(self.attempt),
-            "GOODPUT_NATS_URL": self.bus_url,
-            "GOODPUT_NUM_DP_REPLICAS": str(
-                len(membership.active) // max(self.spec.num_nodes_per_dp, 1)
-            ),
-            "GOODPUT_NUM_NODES_PER_DP": str(self.spec.num_nodes_per_dp),
-            "GOODPUT_CKPT_DIR": self.spec.env.get("GOODPUT_CKPT_DIR", str(volume)),
-            "PYTHONUNBUFFERED": "1",
-        }
+        return self.rank_environment(
+            node=node,
+            node_index=node_index,
+            rank=rank,
+            local_rank=local_rank,
+            master_addr=self.master_addr(),
+            master_port=self.options.master_port,
+            volume=node_volume(Path(self.options.checkpoint_mount_path), node, self.job),
+        )
 
     # ---- attempts ----------------------------------------------------------------------------
 
@@ -393,14 +378,7 @@ class KubernetesBackend(MembershipBackend):
         assert self.spec is not None and self.membership is not None
         self.attempt += 1
         membership = self.membership
-        if self.attempt > 1 and self.prepare_node is not None:
-            # a swapped-in or returning node has an empty or stale volume: fill it first
-            outcomes = await asyncio.gather(
-                *(self.prepare_node(node) for node in membership.active),
-                return_exceptions=True,
-            )
-            for node, outcome in zip(membership.active, outcomes, strict=True):
-                log.info("volume of %s prepared: %s", node, outcome)
+        await self._prepare_volumes()
         bodies: list[client.V1Pod] = []
         for node_index, node in enumerate(membership.active):
             for local_rank in range(membership.procs_per_node):

@@ -125,14 +125,7 @@ class LocalBackend(MembershipBackend):
     async def _launch(self, state: str, detail: str) -> None:
         assert self.spec is not None and self.membership is not None
         self.attempt += 1
-        if self.attempt > 1 and self.prepare_node is not None:
-            # a swapped-in or returning node has an empty or stale volume: fill it first
-            outcomes = await asyncio.gather(
-                *(self.prepare_node(node) for node in self.membership.active),
-                return_exceptions=True,
-            )
-            for node, outcome in zip(self.membership.active, outcomes, strict=True):
-                log.info("volume of %s prepared: %s", node, outcome)
+        await self._prepare_volumes()
         port = free_port()
         logs = self.state_dir / "logs" / "ranks" / f"attempt-{self.attempt:03d}"
         logs.mkdir(parents=True, exist_ok=True)
@@ -175,30 +168,16 @@ class LocalBackend(MembershipBackend):
         await self._report(detail)
 
     def _rank_env(self, node: str, node_index: int, rank: int, local_rank: int, port: int) -> dict:
-        assert self.spec is not None and self.membership is not None
-        membership = self.membership
-        return {
-            **os.environ,
-            **self.spec.env,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(local_rank),
-            "GROUP_RANK": str(node_index),
-            "WORLD_SIZE": str(membership.world_size),
-            "LOCAL_WORLD_SIZE": str(membership.procs_per_node),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "TORCHELASTIC_RESTART_COUNT": str(self.attempt - 1),
-            "GOODPUT_JOB": self.job,
-            "GOODPUT_NODE": node,
-            "GOODPUT_ATTEMPT": str(self.attempt),
-            "GOODPUT_NATS_URL": self.bus_url,
-            "GOODPUT_NUM_DP_REPLICAS": str(
-                len(membership.active) // max(self.spec.num_nodes_per_dp, 1)
-            ),
-            "GOODPUT_NUM_NODES_PER_DP": str(self.spec.num_nodes_per_dp),
-            "GOODPUT_CKPT_DIR": self.spec.env.get("GOODPUT_CKPT_DIR", str(self.volume(node))),
-            "PYTHONUNBUFFERED": "1",
-        }
+        env = self.rank_environment(
+            node=node,
+            node_index=node_index,
+            rank=rank,
+            local_rank=local_rank,
+            master_addr="127.0.0.1",
+            master_port=port,
+            volume=self.volume(node),
+        )
+        return {**os.environ, **env}
 
     async def _watch(self, entry: RankProcess) -> None:
         returncode = await entry.process.wait()

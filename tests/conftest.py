@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -28,6 +29,23 @@ async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
     await connection.provision()
     yield connection
     await connection.close()
+
+
+@contextlib.contextmanager
+def tmpfs_mount(mountpoint: Path, size: str = "4m") -> Iterator[Path]:
+    """A small real filesystem to fill (root can mount one); skips the test where refused."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
 
 
 def goodput_cli(

@@ -14,11 +14,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-import pytest
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
@@ -136,23 +135,6 @@ class HealthTap:
             await asyncio.sleep(0.02)
         last = self.reports[-1] if self.reports else None
         raise AssertionError(f"no matching host health within {timeout_s} s; last: {last}")
-
-
-@contextlib.contextmanager
-def tmpfs_mount(mountpoint: Path, size: str = "8m") -> Iterator[Path]:
-    """A small real filesystem to fill (root can mount one); skips the test where refused."""
-    mountpoint.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mountpoint)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
 
 
 def process_state(pid: int) -> str:

@@ -21,7 +21,8 @@ from goodput.ckpt import CheckpointEngine, list_checkpoints, verify_checkpoint
 from goodput.cli.stack import StackRecord, spawn_service, write_stack
 from goodput_services.actuator.local_backend import node_volume
 from tests.chaos.conftest import VictimJob
-from tests.chaos.processes import HealthTap, start_hostmon, tmpfs_mount
+from tests.chaos.processes import HealthTap, start_hostmon
+from tests.conftest import tmpfs_mount
 
 MIB = 1 << 20
 

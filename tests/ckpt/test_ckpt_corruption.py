@@ -18,6 +18,7 @@ from goodput.ckpt import (
     verify_files,
 )
 from goodput.ckpt.events import CheckpointRestored, CheckpointRestoreFailed, CheckpointSaveFailed
+from tests.conftest import tmpfs_mount
 
 from .helpers import assert_bit_exact, make_state
 
@@ -124,19 +125,8 @@ def test_directory_without_manifest_is_not_a_checkpoint(tmp_path: Path) -> None:
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A real 4 MiB filesystem (tmpfs); skipped only where mounting is not permitted."""
-    mountpoint = tmp_path / "mnt"
-    mountpoint.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mountpoint)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with tmpfs_mount(tmp_path / "mnt", "4m") as mountpoint:
         yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
 
 
 def test_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(small_tmpfs: Path) -> None:

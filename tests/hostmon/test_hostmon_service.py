@@ -16,8 +16,8 @@ from tests.chaos.processes import (
     start_hostmon,
     start_rank,
     stop,
-    tmpfs_mount,
 )
+from tests.conftest import tmpfs_mount
 from tests.stack.helpers import EventTap
 
 JOB = "hm"
@@ -130,7 +130,7 @@ async def test_injection_disabled_is_rejected(
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path):
-    with tmpfs_mount(tmp_path / "tmpfs") as mountpoint:
+    with tmpfs_mount(tmp_path / "tmpfs", "8m") as mountpoint:
         yield mountpoint
 
 

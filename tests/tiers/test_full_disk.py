@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,23 +9,13 @@ import pytest
 
 from goodput.tiers.peer import PeerClient, PeerError, PeerServerProcess
 from goodput.tiers.restore import LocalSource, RestoreError, restore_checkpoint
+from tests.conftest import tmpfs_mount
 
 
 @pytest.fixture
 def tiny_volume(tmp_path: Path) -> Iterator[Path]:
-    mountpoint = tmp_path / "tiny"
-    mountpoint.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mountpoint)],
-        capture_output=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs_mount(tmp_path / "tiny", "4m") as mountpoint:
         yield mountpoint
-    finally:
-        subprocess.run(["umount", str(mountpoint)], check=True)
 
 
 async def test_restore_onto_a_full_volume_fails_cleanly(

@@ -14,8 +14,12 @@ PAIRS = (("node-0", "node-1"), ("node-1", "node-0"))
 
 async def test_three_identical_replicas_move_about_one_replica(gcs_harness: Harness) -> None:
     h, reps = gcs_harness, gcs_harness.replicators
+    # every node is announced before the checkpoints appear, and the leader is waited for
+    # longer than a loaded CI machine can delay it: one upload per unique shard is then
+    # deterministic rather than a race against ``backup_wait_s``
     for node, block in NODES.items():
-        reps.start(node, block=block)
+        reps.start(node, block=block, backup_wait_s="60")
+    await h.until(lambda s: len(s.live_nodes()) == len(NODES), what="every replicator announced")
     # pure data parallelism: every node's ranks save the same state
     dirs = [write_checkpoint(reps.volume(node), STEP, seed=3) for node in NODES]
     manifests = [read_manifest(d) for d in dirs]

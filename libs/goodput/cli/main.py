@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = [
     "goodput.cli.demo",
     "goodput.cli.run",
     "goodput.cli.stack",
+    "goodput.cli.status",
     "goodput.cli.bench",
     "goodput.cli.report",
     "goodput.cli.ckpt",

@@ -1,10 +1,10 @@
-"""`goodput up`, `goodput down`, `goodput status`: the supervisor stack as separate OS processes."""
+"""`goodput up`, `goodput down`: the supervisor stack as separate OS processes (its health:
+`goodput status`, :mod:`goodput.cli.status`)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -14,7 +14,6 @@ from pathlib import Path
 import msgspec
 import nats.js.errors
 from rich.console import Console
-from rich.table import Table
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
@@ -253,65 +252,41 @@ async def wait_healthy(settings, job, services, timeout_s, console) -> list[dict
 
 
 async def service_report(settings, job: str, services: list[ServiceProcess]) -> list[dict]:
-    """One entry per expected service: healthy only if its record is fresh and says so."""
+    """One entry per expected service (see :func:`services_health`), on a connection of its own."""
     bus = await Bus.connect(settings, name="goodput-status", initial_timeout_s=5)
     try:
-        kv = await bus.kv(subjects.SERVICES_BUCKET)
-        now = time.time_ns()
-        report = []
-        for service in services:
-            key = subjects.kv_key(job, service.name, *([service.node] if service.node else []))
-            entry: dict = {"name": service.key, "pid": service.pid, "healthy": False}
-            try:
-                record = schemas.decode_event((await kv.get(key)).value or b"")
-            except nats.js.errors.KeyNotFoundError:
-                entry["detail"] = "no health record yet"
-                report.append(entry)
-                continue
-            assert isinstance(record, schemas.ServiceHealth)
-            age_s = (now - record.ts) / 1e9
-            fresh = age_s < max(3 * record.period_s, 3.0)
-            entry.update(
-                healthy=record.healthy and fresh and pid_alive(service.pid),
-                pid=record.pid,
-                instance=record.instance,
-                age_s=round(age_s, 2),
-                uptime_s=round((now - record.started_ts) / 1e9, 1),
-                detail=record.detail if fresh else f"stale health record ({age_s:.0f} s old)",
-            )
-            report.append(entry)
-        return report
+        return await services_health(bus, job, services)
     finally:
         await bus.close()
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    state_dir = Path(args.state_dir).resolve()
-    stack = read_stack(state_dir)
-    if stack is None:
-        print(
-            f"no stack in {state_dir}: start one with `goodput up --state-dir {state_dir}`",
-            file=sys.stderr,
+async def services_health(bus: Bus, job: str, services: list[ServiceProcess]) -> list[dict]:
+    """One entry per expected service: healthy only if its record is fresh and says so."""
+    kv = await bus.kv(subjects.SERVICES_BUCKET)
+    now = time.time_ns()
+    report = []
+    for service in services:
+        key = subjects.kv_key(job, service.name, *([service.node] if service.node else []))
+        entry: dict = {"name": service.key, "pid": service.pid, "healthy": False}
+        try:
+            record = schemas.decode_event((await kv.get(key)).value or b"")
+        except nats.js.errors.KeyNotFoundError:
+            entry["detail"] = "no health record yet"
+            report.append(entry)
+            continue
+        assert isinstance(record, schemas.ServiceHealth)
+        age_s = (now - record.ts) / 1e9
+        fresh = age_s < max(3 * record.period_s, 3.0)
+        entry.update(
+            healthy=record.healthy and fresh and pid_alive(service.pid),
+            pid=record.pid,
+            instance=record.instance,
+            age_s=round(age_s, 2),
+            uptime_s=round((now - record.started_ts) / 1e9, 1),
+            detail=record.detail if fresh else f"stale health record ({age_s:.0f} s old)",
         )
-        return 1
-    settings = msgspec.structs.replace(bus_settings_from_args(args), url=args.nats_url or stack.url)
-    report = asyncio.run(service_report(settings, stack.job, stack.services))
-    if args.json:
-        print(json.dumps({"job": stack.job, "bus": settings.url, "services": report}, indent=2))
-    else:
-        table = Table(title=f"goodput services — job {stack.job}, bus {settings.url}")
-        for column in ("service", "healthy", "pid", "uptime s", "detail"):
-            table.add_column(column)
-        for entry in report:
-            table.add_row(
-                entry["name"],
-                "[green]yes[/]" if entry["healthy"] else "[red]no[/]",
-                str(entry.get("pid", "")),
-                str(entry.get("uptime_s", "")),
-                entry.get("detail", ""),
-            )
-        Console().print(table)
-    return 0 if all(entry["healthy"] for entry in report) else 1
+        report.append(entry)
+    return report
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -352,12 +327,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_service_set_argument(up)
     add_bus_arguments(up)
     up.set_defaults(func=cmd_up)
-
-    status = subparsers.add_parser("status", help="show the health of every service of the stack")
-    _add_state_args(status)
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    add_bus_arguments(status)
-    status.set_defaults(func=cmd_status)
 
     down = subparsers.add_parser("down", help="stop the stack started by `goodput up`")
     _add_state_args(down)

@@ -1,0 +1,6 @@
+"""The job as an operator watches it: a pure model folded from events (``model``), a feed
+from the bus (``feed``) and rich panels (``render``); `goodput status` puts them together."""
+
+from goodput.jobview.model import JobModel, JobSnapshot
+
+__all__ = ["JobModel", "JobSnapshot"]

@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 from goodput import schemas, subjects
 from goodput.bus.client import Bus
 from goodput.bus.consumer import DurableConsumer
+from goodput.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class CommandRunner:
         self.done = DoneLog(bus, job, target)
         self.executed = 0
         self.duplicates = 0
+        self._tracer = tracer(f"goodput.{service}")
         self.consumer = DurableConsumer(
             bus,
             stream=subjects.COMMANDS_STREAM,
@@ -92,20 +94,26 @@ class CommandRunner:
             )
             return
         action = schemas.kind_of(type(command))
-        started = time.monotonic()
-        try:
-            ok, detail = await self.execute(command)
-        except Exception as exc:  # the executor's failure is a result, not a redelivery loop
-            log.exception("command failed", extra={"command_id": command.command_id})
-            ok, detail = False, f"{type(exc).__name__}: {exc}"
-        result = schemas.ActionResult(
-            job=self.job,
-            command_id=command.command_id,
-            action=action,
-            ok=ok,
-            detail=detail,
-            duration_s=time.monotonic() - started,
-        )
-        await self.done.record(command.command_id, result)
-        self.executed += 1
-        await self.bus.emit(result)
+        # a child of the sender's span when the command came with a traceparent (a remediation)
+        with self._tracer.start_as_current_span(
+            f"{self.service} execute {action}",
+            attributes={"goodput.job": self.job, "goodput.command_id": command.command_id},
+        ) as span:
+            started = time.monotonic()
+            try:
+                ok, detail = await self.execute(command)
+            except Exception as exc:  # the executor's failure is a result, not a redelivery loop
+                log.exception("command failed", extra={"command_id": command.command_id})
+                ok, detail = False, f"{type(exc).__name__}: {exc}"
+            span.set_attribute("goodput.ok", ok)
+            result = schemas.ActionResult(
+                job=self.job,
+                command_id=command.command_id,
+                action=action,
+                ok=ok,
+                detail=detail,
+                duration_s=time.monotonic() - started,
+            )
+            await self.done.record(command.command_id, result)
+            self.executed += 1
+            await self.bus.emit(result)

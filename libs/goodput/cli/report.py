@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from goodput import schemas
 from goodput.accounting import (
     EventLogError,
+    GoodputReport,
     compute_goodput,
     load_event_log,
     replay_from_bus,
@@ -26,7 +27,9 @@ from goodput.accounting.table import render
 from goodput.bus import Bus, BusUnavailableError, InsecureBusError
 from goodput.cli.stack import DEFAULT_STATE_DIR, read_stack, resolve_url
 from goodput.config import add_bus_arguments, bus_settings_from_args
+from goodput.metrics import GoodputGauges
 from goodput.subjects import check_token
+from goodput.telemetry import flush_metrics, setup_metrics
 
 #: replays shorter than this finish before a progress bar would be worth drawing
 PROGRESS_THRESHOLD = 2000
@@ -72,6 +75,16 @@ def _job_for_bus(args: argparse.Namespace) -> str:
     return stack.job if stack else "default"
 
 
+def export_goodput_metrics(report: GoodputReport) -> bool:
+    """The report's goodput and ETTR as OpenTelemetry gauges, when ``OTEL_METRICS_EXPORTER``
+    asks for an exporter; exported before the command exits (it outlives no period)."""
+    if setup_metrics("goodput-report") is None:
+        return False
+    GoodputGauges().set(report.job, goodput=report.goodput_pct / 100, ettr=report.ettr)
+    flush_metrics()
+    return True
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     logging.basicConfig(
@@ -108,6 +121,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     ) as exc:
         err.print(f"[red]goodput report:[/] {exc}")
         return 1
+    export_goodput_metrics(report)
     if args.html:
         path = write_html_report(report, args.html)
         err.print(f"HTML report: {path}")

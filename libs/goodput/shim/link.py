@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable
 
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from opentelemetry.context import Context
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
+from goodput.telemetry import attached
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +56,10 @@ class BusLink:
         self._thread = threading.Thread(target=self._main, name="goodput-bus-link", daemon=True)
         self._thread.start()
 
-    def publish(self, event: schemas.Event) -> None:
-        """Queue an event; returns at once."""
-        self._events.put(event)
+    def publish(self, event: schemas.Event, context: Context | None = None) -> None:
+        """Queue an event; returns at once. ``context``: the trace it is published in (its
+        ``traceparent`` header), since this thread's context does not reach the bus loop."""
+        self._events.put((event, context))
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Flush queued events (bounded by ``timeout_s``) and stop the thread."""
@@ -99,11 +102,13 @@ class BusLink:
             item = await loop.run_in_executor(None, self._events.get)
             if item is _CLOSE:
                 return
-            assert isinstance(item, schemas.Event)
+            assert isinstance(item, tuple)
+            event, context = item
             try:
-                await bus.emit(item, retry_for_s=60)
+                with attached(context):
+                    await bus.emit(event, retry_for_s=60)
             except Exception:
-                log.exception("event lost after retries", extra={"event": type(item).__name__})
+                log.exception("event lost after retries", extra={"event": type(event).__name__})
 
     async def _heartbeats(self, bus: Bus) -> None:
         subject = subjects.heartbeat(self.job, self.node, self.rank)

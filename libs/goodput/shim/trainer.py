@@ -32,6 +32,7 @@ from goodput.bus import BusSettings
 from goodput.ckpt import CheckpointEngine, NoCheckpointError
 from goodput.ckpt import events as ckpt_events
 from goodput.shim.link import BusLink
+from goodput.shim.tracing import ShimTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,9 @@ class TrainerShim:
         self._last_saved_step: int | None = None
         self.engine = CheckpointEngine(
             Path(config.ckpt_dir), keep_last=config.keep_last, listener=self._on_ckpt_event
+        )
+        self.telemetry = ShimTelemetry.from_env(
+            job=config.job, node=config.node, rank=config.rank, attempt=config.attempt
         )
         self.link: BusLink | None = None
         if config.nats_url:
@@ -235,7 +239,8 @@ class TrainerShim:
 
     def _publish(self, event: schemas.Event) -> None:
         if self.link is not None:
-            self.link.publish(event)
+            self.link.publish(event, self.telemetry.context())
+        self.telemetry.observe(event)
 
     def _on_ckpt_event(self, event: ckpt_events.CheckpointEvent) -> None:
         common = {"job": self.config.job, "node": self.config.node, "rank": self.config.rank}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from goodput import schemas
+from goodput.telemetry import TRACEPARENT_ENV, current_traceparent, tracer
 from goodput_services.actuator.membership import Membership
 
 EventSink = Callable[[schemas.Event], Awaitable[None]]
@@ -23,6 +24,8 @@ NodePreparer = Callable[[str], Awaitable[str]]
 BACKENDS = ("local", "kubernetes")
 
 log = logging.getLogger(__name__)
+
+_tracer = tracer("goodput.actuator")
 
 
 @runtime_checkable
@@ -199,13 +202,23 @@ class MembershipBackend(ABC):
             "GOODPUT_NUM_DP_REPLICAS": str(len(membership.active) // nodes_per_dp),
             "GOODPUT_NUM_NODES_PER_DP": str(nodes_per_dp),
             "GOODPUT_CKPT_DIR": self.spec.env.get("GOODPUT_CKPT_DIR", str(volume)),
+            # the launch's trace context: the shim's restore and first step continue it
+            TRACEPARENT_ENV: current_traceparent(),
             "PYTHONUNBUFFERED": "1",
         }
 
     async def _relaunch(self, *, graceful: bool, why: str, detail: str) -> None:
         self.state = "restarting"
-        await self._terminate(graceful=graceful, why=why)
-        await self._launch("running", detail)
+        with _tracer.start_as_current_span(
+            "actuator stop ranks", attributes={"goodput.why": why, "goodput.graceful": graceful}
+        ):
+            await self._terminate(graceful=graceful, why=why)
+        # the ranks are told this span's context: their restore and first step hang under it
+        with _tracer.start_as_current_span(
+            "actuator launch ranks",
+            attributes={"goodput.attempt": self.attempt + 1, "goodput.why": why},
+        ):
+            await self._launch("running", detail)
 
 
 def create_backend(

@@ -33,6 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from goodput import schemas
 from goodput.subjects import check_token
+from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
 from goodput_services.actuator.local_backend import node_volume
 from goodput_services.actuator.membership import Membership
@@ -493,7 +494,8 @@ class KubernetesBackend(MembershipBackend):
             return
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self._consumer = asyncio.create_task(self._consume(queue))
+        # pod changes are facts of their own, not part of the trace of the job's start
+        self._consumer = untraced_task(self._consume(queue))
         threading.Thread(
             target=self._watch_pods, args=(loop, queue), name="pod-watch", daemon=True
         ).start()

@@ -22,6 +22,7 @@ import msgspec
 
 from goodput import schemas
 from goodput.bus.embedded import free_port
+from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
 from goodput_services.actuator.membership import Membership
 
@@ -151,7 +152,8 @@ class LocalBackend(MembershipBackend):
                     attempt=self.attempt,
                     process=process,
                 )
-                entry.watcher = asyncio.create_task(self._watch(entry))
+                # the rank's exit is a fact of its own, not part of the launch's trace
+                entry.watcher = untraced_task(self._watch(entry))
                 self.ranks.append(entry)
                 await self.emit(
                     schemas.RankStarted(

@@ -6,6 +6,11 @@ commands are written into the stored record *with* the new state (one compare-an
 published, then cleared. A standby that takes over republishes whatever the outbox still
 holds; decision and command ids are deterministic and used as message ids, so the bus and the
 actuator drop what already went out.
+
+Tracing: deciding about a signal is a span under the sensor's signal span (its context comes in
+the message headers). The record keeps the ``traceparent`` of each stored decision, command and
+deferred signal, so what a standby resends — or a back-off releases later — still belongs to
+the remediation's trace.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from typing import Union
 import msgspec
 import nats.js.errors
 from nats.aio.msg import Msg
+from opentelemetry.context import Context
 
 from goodput import schemas, subjects
 from goodput.bus import DurableConsumer
 from goodput.config import ServiceConfig
+from goodput.telemetry import attached, context_from_traceparent, current_traceparent, tracer
 from goodput_services.base import Service
 from goodput_services.controller.engine import Controller, ControllerSettings, Outcome
 from goodput_services.controller.lease import Lease
@@ -47,6 +54,9 @@ class ControllerRecord(msgspec.Struct, kw_only=True):
     outbox: list[AnyCommand] = msgspec.field(default_factory=list)  # type: ignore[valid-type]
     #: decisions not yet published (published with their id as message id: never twice)
     decisions: list[schemas.Decision] = msgspec.field(default_factory=list)
+    #: W3C traceparent of the remediation each stored decision, command and deferred signal
+    #: belongs to, by its id (only ids still stored are kept)
+    traces: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class ControllerService(Service):
@@ -69,6 +79,7 @@ class ControllerService(Service):
         self._dirty = False
         self._leader_tasks: list[asyncio.Task[None]] = []
         self._consumer: DurableConsumer | None = None
+        self._tracer = tracer("goodput.controller")
 
     @property
     def state_key(self) -> str:
@@ -180,17 +191,40 @@ class ControllerService(Service):
                 "decision",
                 extra={"rule": decision.rule, "reason": decision.reason, "error": decision.error},
             )
-            await self.bus.publish(
-                subjects.event_for(decision), decision, msg_id=decision.decision_id
-            )
+            with attached(self._stored_context(decision.decision_id)):
+                await self.bus.publish(
+                    subjects.event_for(decision), decision, msg_id=decision.decision_id
+                )
             self.decisions += 1
         for command in self.record.outbox:
             target = (
                 subjects.TRAINER if isinstance(command, TRAINER_COMMANDS) else subjects.ACTUATOR
             )
-            await self.bus.send_command(target, command)
-        self.record = msgspec.structs.replace(self.record, outbox=[], decisions=[])
+            kind = schemas.kind_of(type(command))
+            with (
+                attached(self._stored_context(command.command_id)),
+                self._tracer.start_as_current_span(
+                    f"controller send {kind}",
+                    attributes={"goodput.command_id": command.command_id, "goodput.target": target},
+                ),
+            ):
+                await self.bus.send_command(target, command)
+        sent = msgspec.structs.replace(self.record, outbox=[], decisions=[])
+        self.record = msgspec.structs.replace(sent, traces=self._live_traces(sent))
         await self._store()
+
+    def _stored_context(self, item_id: str) -> Context | None:
+        """The trace a stored decision or command belongs to (None: the current one)."""
+        traceparent = self.record.traces.get(item_id)
+        return context_from_traceparent(traceparent) if traceparent else None
+
+    @staticmethod
+    def _live_traces(record: ControllerRecord) -> dict[str, str]:
+        """The trace contexts of what the record still holds; the rest are forgotten."""
+        live = {d.decision_id for d in record.decisions} | {c.command_id for c in record.outbox}
+        if record.state is not None:
+            live |= {d.signal.signal_id for d in record.state.deferred}
+        return {key: value for key, value in record.traces.items() if key in live}
 
     # ---- inputs ------------------------------------------------------------------------------
 
@@ -207,7 +241,7 @@ class ControllerService(Service):
                 self._set_state(self._initial_state(event, now))
                 await self._store()
             case schemas.Signal() if state is not None:
-                await self._apply(self.controller.handle(state, event, now))
+                await self._decide(state, event, now)
             case schemas.StepDone(rank=0) if state is not None:
                 self._set_state(record_step_time(state, event.step_time_s))
             case schemas.CheckpointSaved(rank=0) | schemas.CheckpointPersisted(rank=0) if (
@@ -235,20 +269,65 @@ class ControllerService(Service):
             self.record = msgspec.structs.replace(self.record, state=state)
             self._dirty = True
 
+    async def _decide(self, state: JobState, signal: schemas.Signal, now: int) -> None:
+        """Run the policy on ``signal``: a child span of the sensor's (from the headers)."""
+        with self._tracer.start_as_current_span(
+            f"controller decide {signal.signal}",
+            attributes={"goodput.signal_id": signal.signal_id, "goodput.node": signal.node},
+        ) as span:
+            outcome = self.controller.handle(state, signal, now)
+            if outcome.decision is not None:
+                span.set_attribute("goodput.rule", outcome.decision.rule)
+                span.set_attribute("goodput.commands", len(outcome.commands))
+            await self._apply(outcome)
+
+    def _traces_for(self, outcome: Outcome) -> dict[str, str]:
+        """Remember which trace the outcome's decision, commands and deferrals belong to."""
+        assert outcome.decision is not None
+        traces = dict(self.record.traces)
+        traceparent = current_traceparent()
+        if traceparent:
+            traces[outcome.decision.decision_id] = traceparent
+            traces.update({c.command_id: traceparent for c in outcome.commands})
+            signal_id = outcome.decision.signal_id
+            if any(d.signal.signal_id == signal_id for d in outcome.state.deferred):
+                traces.setdefault(signal_id, traceparent)
+        return traces
+
     async def _apply(self, outcome: Outcome) -> None:
         if outcome.decision is None:
             self._set_state(outcome.state)
             return
-        self.record = ControllerRecord(
+        record = ControllerRecord(
             state=outcome.state,
             outbox=[*self.record.outbox, *outcome.commands],
             decisions=[*self.record.decisions, outcome.decision],
+            traces=self._traces_for(outcome),
         )
+        self.record = msgspec.structs.replace(record, traces=self._live_traces(record))
         await self._store()
         if self.pause_before_send_s:
             log.warning("fault injection: pausing %.1f s before sending", self.pause_before_send_s)
             await asyncio.sleep(self.pause_before_send_s)
         await self._flush_outbox()
+
+    async def _decide_due(self, state: JobState) -> None:
+        """Decide the signals whose back-off is over, each in its own remediation's trace."""
+        outcomes = self.controller.due(state, time.time_ns())
+        contexts = {
+            o.decision.signal_id: self._stored_context(o.decision.signal_id)
+            for o in outcomes
+            if o.decision is not None
+        }
+        for outcome in outcomes:
+            signal_id = outcome.decision.signal_id if outcome.decision else ""
+            with (
+                attached(contexts.get(signal_id)),
+                self._tracer.start_as_current_span(
+                    "controller decide after back-off", attributes={"goodput.signal_id": signal_id}
+                ),
+            ):
+                await self._apply(outcome)
 
     async def _timers(self) -> None:
         """Deferred (backed-off) signals when they come due; soft state saved now and then."""
@@ -256,8 +335,7 @@ class ControllerService(Service):
         while self.leading and not self.stopping.is_set():
             state = self.record.state
             if state is not None:
-                for outcome in self.controller.due(state, time.time_ns()):
-                    await self._apply(outcome)
+                await self._decide_due(state)
             if self._dirty and time.monotonic() - last_save > 5.0:
                 await self._store()
                 last_save = time.monotonic()

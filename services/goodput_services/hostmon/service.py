@@ -22,6 +22,7 @@ from goodput import schemas, subjects
 from goodput.bus import BusUnavailableError
 from goodput.bus.client import TRANSIENT_ERRORS
 from goodput.config import ServiceConfig
+from goodput.telemetry import tracer
 from goodput_services.actuator.local_backend import node_volume
 from goodput_services.base import Service
 from goodput_services.hostmon.gpu import GpuProbe, GpuSample, load_nvml
@@ -96,6 +97,7 @@ class HostMonitorService(Service):
         self._wake = asyncio.Event()
         self._job_status: schemas.JobStatus | None = None
         self._last_faults: list[str] | None = None
+        self._tracer = tracer("goodput.hostmon")
 
     def loops(self):
         return [self._monitor_loop()]
@@ -144,7 +146,7 @@ class HostMonitorService(Service):
             if changed or loop.time() >= next_periodic:
                 if changed and self._last_faults is not None:
                     log.warning("host faults now: %s", report.faults or "none")
-                if await self._publish(report):
+                if await self._publish(report, traced=changed):
                     self._last_faults = report.faults
                     next_periodic = loop.time() + self.options.health_interval_s
             self._wake.clear()
@@ -227,10 +229,22 @@ class HostMonitorService(Service):
             self._job_status = status
         return self._job_status
 
-    async def _publish(self, report: schemas.HostHealth) -> bool:
+    async def _publish(self, report: schemas.HostHealth, *, traced: bool = False) -> bool:
+        """Publish ``report``; a change of faults is a span (the sensor's signal links to it)."""
         assert self.bus is not None
+        span = (
+            self._tracer.start_as_current_span(
+                "hostmon faults changed",
+                attributes={"goodput.node": self.node, "goodput.faults": report.faults},
+            )
+            if traced
+            else contextlib.nullcontext()
+        )
         try:
-            await self.bus.emit(report, retry_for_s=max(5 * self.options.health_interval_s, 5.0))
+            with span:
+                await self.bus.emit(
+                    report, retry_for_s=max(5 * self.options.health_interval_s, 5.0)
+                )
         except BusUnavailableError as exc:
             log.warning("host health not published: %s", exc)
             return False

@@ -20,6 +20,7 @@ from typing import Any
 
 from goodput import schemas, subjects
 from goodput.config import ServiceConfig
+from goodput.telemetry import tracer
 from goodput.tiers.backup import backup_checkpoint, is_backup_complete, listing_key
 from goodput.tiers.peer import PeerClient, PeerServer
 from goodput_services.base import Service
@@ -97,6 +98,7 @@ class ReplicatorService(Service):
         self._local_steps_seen: set[int] = set()
         self._last_backup: tuple[int, float] | None = None  # (step, monotonic time)
         self._backup_retry_at = 0.0
+        self._tracer = tracer("goodput.replicator")
 
     # ---- service hooks ------------------------------------------------------------------
 
@@ -299,10 +301,13 @@ class ReplicatorService(Service):
         source = self.node_dir / mine.root / f"{STEP_PREFIX}{mine.step:010d}"
         remote = f"{peer_root(self.job, self.node)}/{STEP_PREFIX}{mine.step:010d}"
         try:
-            async with await PeerClient.connect(peer.host, peer.port) as client:
-                report = await asyncio.wait_for(
-                    client.push_checkpoint(source, remote), self.options.push_timeout_s
-                )
+            with self._tracer.start_as_current_span(
+                "replicator push", attributes={"goodput.step": mine.step, "goodput.peer": peer.node}
+            ):
+                async with await PeerClient.connect(peer.host, peer.port) as client:
+                    report = await asyncio.wait_for(
+                        client.push_checkpoint(source, remote), self.options.push_timeout_s
+                    )
         except Exception as exc:
             # pick another peer for a while; the partial files on this one let a retry resume
             self._peer_cooldown[peer.node] = time.monotonic() + self.options.node_ttl_s
@@ -377,10 +382,15 @@ class ReplicatorService(Service):
         source = self.node_dir / mine.root / f"{STEP_PREFIX}{mine.step:010d}"
         namespace = store_namespace(self.job, self.node)
         try:
-            report = await asyncio.to_thread(backup_checkpoint, source, self.store, namespace)
-            complete = await asyncio.to_thread(is_backup_complete, self.store, namespace, mine.step)
-            if not complete:
-                raise RuntimeError("blobs vanished during the backup (concurrent sweep)")
+            with self._tracer.start_as_current_span(
+                "replicator back up", attributes={"goodput.step": mine.step}
+            ):
+                report = await asyncio.to_thread(backup_checkpoint, source, self.store, namespace)
+                complete = await asyncio.to_thread(
+                    is_backup_complete, self.store, namespace, mine.step
+                )
+                if not complete:
+                    raise RuntimeError("blobs vanished during the backup (concurrent sweep)")
         except Exception as exc:
             self._backup_retry_at = time.monotonic() + max(2.0, self.options.poll_s)
             self._failed(f"back up step {mine.step}", exc)

@@ -14,11 +14,12 @@ import logging
 import time
 
 from nats.aio.msg import Msg
+from opentelemetry.context import Context
 
 from goodput import schemas, subjects
 from goodput.bus import DurableConsumer
 from goodput.config import ServiceConfig
-from goodput.telemetry import tracer
+from goodput.telemetry import link_to_current, tracer
 from goodput_services.base import Service
 from goodput_services.sensor.detectors import Detector
 from goodput_services.sensor.thresholds import Thresholds, updated
@@ -79,10 +80,19 @@ class SensorService(Service):
     async def _publish(self, signals: list[schemas.Signal]) -> None:
         assert self.bus is not None
         for signal in signals:
-            # the root of a remediation's trace: decision, action and resume hang under it
+            # the root of a remediation's trace (decision, action and resume hang under it),
+            # linked to whatever trace the event that revealed the fault belonged to
             with self._tracer.start_as_current_span(
                 f"signal {signal.signal}",
-                attributes={"goodput.signal": signal.signal, "goodput.node": signal.node},
+                context=Context(),
+                links=link_to_current(),
+                attributes={
+                    "goodput.job": self.job,
+                    "goodput.signal": signal.signal,
+                    "goodput.signal_id": signal.signal_id,
+                    "goodput.node": signal.node,
+                    "goodput.severity": signal.severity,
+                },
             ):
                 log.warning(
                     "signal",

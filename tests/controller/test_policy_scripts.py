@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import goodput.policies
+from goodput import schemas
 from goodput_services.controller.engine import Controller, ControllerSettings
 
 from .helpers import at, job, signal
@@ -198,3 +199,24 @@ def test_a_script_that_overruns_its_time_limit(tmp_path: Path) -> None:
     second = controller.handle(first.state, signal("hang", "n2"), at(2))
     assert "still running" in second.decision.error
     release.touch()  # let the thread end
+
+
+def test_example_restart_whole_job_waits_for_a_lost_node_then_restarts_everything() -> None:
+    """The baseline the demo compares against: no spare, no resize, no straggler handling."""
+    controller = Controller(str(EXAMPLES / "restart_whole_job.py"))
+    state = job(active=2, spares=1, per_dp=1)
+    crash = controller.handle(state, signal("crash", "n1"), at(1))
+    assert crash.decision.rule == "baseline-restart-job"
+    assert [type(c) for c in crash.commands] == [schemas.Restart]
+    straggler = controller.handle(crash.state, signal("straggler", "n0"), at(2))
+    assert straggler.decision.rule == "baseline-ignore-straggler" and not straggler.commands
+    # a lost node: the spare is not used, every later fault waits for the repair
+    lost = controller.handle(straggler.state, signal("degraded_host", "n1", "uncorrectable"), at(3))
+    assert lost.decision.rule == "baseline-wait-for-repair" and not lost.commands
+    assert lost.state.node("n1").down and lost.state.spares == ["s0"]
+    survivor = controller.handle(lost.state, signal("crash", "n0"), at(4))
+    assert survivor.decision.rule == "baseline-wait-for-repair"
+    back = controller.handle(survivor.state, signal("node_returned", "n1", "info"), at(5))
+    assert back.decision.rule == "baseline-restart-job" and not back.state.node("n1").down
+    assert [type(c) for c in back.commands] == [schemas.Restart]
+    assert back.state.active == ["n0", "n1"]

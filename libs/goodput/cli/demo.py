@@ -1,267 +1,138 @@
-"""`goodput demo`: the whole system on embedded defaults, with a fault scenario.
+"""`goodput demo`: the whole system on embedded defaults, driven through a fault scenario.
 
 It starts the embedded NATS server and every service, runs the example GPT job on local nodes
-(with a spare where the scenario wants one), injects the scenario's faults as training
-progresses, and reports what happened: steps, world sizes, restarts, the decisions taken, and
-the hash of the final parameters (equal to an uninterrupted run's when the world size is).
+(with spares where the scenario wants them), injects the scenario's faults as training
+progresses, and ends with what happened (steps, world sizes, restarts, the decisions taken,
+the hash of the final parameters) and the goodput report.
+
+--compare-baseline runs the same scenario a second time the way a job without goodput runs:
+synchronous torch.save checkpoints, the whole job restarted on any fault, no spares.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
-import os
-import signal
-import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from goodput import schemas, subjects
-from goodput.accounting import GoodputReport, compute_goodput, replay_from_bus
 from goodput.accounting.html import write_html_report
 from goodput.accounting.table import render as render_report
-from goodput.bus import Bus, BusSettings
-from goodput.cli.run import summary
-from goodput.cli.stack import start_stack, stop_stack, wait_healthy
-from goodput.cli.watch import JobWatcher
 from goodput.config import add_bus_arguments
+from goodput.demo.scenarios import SCENARIOS
+from goodput.demo.session import RunPlan, Setup, run_once
 
-
-@dataclass(frozen=True)
-class Fault:
-    """One injected fault: what, on which node, once training passed ``at`` of the steps."""
-
-    at: float
-    action: str  # kill-rank | terminate-node | fail-node | return-node
-    node: str
-
-
-@dataclass(frozen=True)
-class Scenario:
-    description: str
-    faults: tuple[Fault, ...]
-    spares: int
-
-
-SCENARIOS: dict[str, Scenario] = {
-    "none": Scenario("no fault: the reference run", (), spares=1),
-    "kill-twice": Scenario(
-        "kill -9 of a rank (in-job restart), then SIGTERM of a node (hot swap to the spare)",
-        (Fault(0.25, "kill-rank", "node-1"), Fault(0.55, "terminate-node", "node-0")),
-        spares=1,
-    ),
-    "hot-swap": Scenario(
-        "a node fails while a spare exists: swapped, same world size",
-        (Fault(0.35, "fail-node", "node-1"),),
-        spares=1,
-    ),
-    "scale-down-up": Scenario(
-        "a node fails with no spare (scale down), then comes back (scale up)",
-        (Fault(0.25, "fail-node", "node-1"), Fault(0.55, "return-node", "node-1")),
-        spares=0,
-    ),
-}
-
-
-async def _inject(bus: Bus, job: str, fault: Fault, status: schemas.JobStatus) -> str:
-    pids = status.pids.get(fault.node, [])
-    hostmon = subjects.node_target(subjects.HOST_MONITOR, fault.node)
-    match fault.action:
-        case "kill-rank":
-            _signal(pids[:1], signal.SIGKILL)
-            return f"kill -9 rank process {pids[:1]} on {fault.node}"
-        case "terminate-node":
-            _signal(pids, signal.SIGTERM)
-            return f"SIGTERM to every rank of {fault.node} (the node is being taken away)"
-        case "fail-node":
-            await bus.send_command(
-                hostmon, schemas.InjectFault(job=job, node=fault.node, fault="node_down")
-            )
-            _signal(pids, signal.SIGKILL)
-            return f"{fault.node} fails: host down, its ranks killed"
-        case "return-node":
-            await bus.send_command(
-                hostmon,
-                schemas.InjectFault(job=job, node=fault.node, fault="node_down", clear=True),
-            )
-            return f"{fault.node} is repaired and healthy again"
-    raise ValueError(f"unknown fault action {fault.action!r}")
-
-
-def _signal(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def _ready(watcher: JobWatcher, fault: Fault, steps: int, last_attempt: int) -> bool:
-    """Training passed the fault's point and runs again after the previous fault."""
-    status = watcher.last_status
-    if status is None or status.state != "running" or watcher.attempt <= last_attempt:
-        return False
-    if watcher.step < fault.at * steps:
-        return False
-    return fault.action == "return-node" or bool(status.pids.get(fault.node))
-
-
-async def _drive(
-    bus: Bus, watcher: JobWatcher, scenario: Scenario, steps: int, console, injected: list[dict]
-) -> None:
-    """Inject each fault once training passed its point and recovered from the previous one."""
-    last_attempt = 0
-    for fault in scenario.faults:
-        while not _ready(watcher, fault, steps, last_attempt):
-            if watcher.ended.is_set():
-                return
-            await asyncio.sleep(0.1)
-        assert watcher.last_status is not None
-        last_attempt = watcher.attempt
-        what = await _inject(bus, watcher.job, fault, watcher.last_status)
-        injected.append(
-            {"step": watcher.step, "fault": fault.action, "node": fault.node, "what": what}
-        )
-        if console is not None:
-            console.print(f"[red]fault[/] at step {watcher.step}: {what}")
-
-
-async def _run_scenario(
-    settings: BusSettings,
-    start: schemas.StartJob,
-    scenario: Scenario,
-    steps: int,
-    timeout_s: float,
-    console,
-) -> tuple[JobWatcher, list, GoodputReport | None]:
-    bus = await Bus.connect(settings, name="goodput-demo")
-    watcher = await JobWatcher(bus, start.job, steps, console).start()
-    try:
-        await bus.send_command(subjects.ACTUATOR, start)
-        injected: list[dict] = []
-        driver = asyncio.create_task(_drive(bus, watcher, scenario, steps, console, injected))
-        ended = await watcher.wait(timeout_s)
-        driver.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await driver
-        if not ended:
-            await bus.send_command(
-                subjects.ACTUATOR, schemas.Stop(job=start.job, reason="demo timed out")
-            )
-            await watcher.wait(90)
-        report = await _goodput(bus, start.job)
-    finally:
-        await watcher.stop()
-        await bus.close()
-    return watcher, injected, report
-
-
-async def _goodput(bus: Bus, job: str) -> GoodputReport | None:
-    """The goodput report of the run, from its events in GP_EVENTS."""
-    try:
-        return compute_goodput(await replay_from_bus(bus, job, idle_timeout_s=3.0))
-    except ValueError:
-        return None  # no events: the job never ran
+DEFAULT_STEPS = {"full": 800}
 
 
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     scenario = SCENARIOS[args.scenario]
-    spares = scenario.spares if args.spares is None else args.spares
+    if args.compare_baseline and not scenario.comparable:
+        console.print(
+            f"[red]scenario {args.scenario} takes a node away for good: a job without spares "
+            "could never finish it. Compare with a scenario whose nodes come back (full, "
+            "scale-down-up, none)."
+        )
+        return 2
+    steps = args.steps or DEFAULT_STEPS.get(args.scenario, 200)
+    setups: list[Setup] = ["goodput", "baseline"] if args.compare_baseline else ["goodput"]
     started = time.monotonic()
+    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="goodput-demo-") as tmp:
-        state_dir = Path(args.state_dir or tmp).resolve()
-        result_path = state_dir / "training-result.json"
-        service_flags = {
-            "hostmon": ["--set", "enable_fault_injection=true"],
-            # failures are compressed into minutes here: so is the MTBF the interval starts from
-            "controller": ["--set", "settings={checkpoint_interval={prior_mtbf_s=120.0}}"],
-        }
-        try:
-            stack, settings = start_stack(
-                args, state_dir, args.job, args.nodes + spares, console, service_flags
-            )
-            asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
-            console.print(f"[bold]scenario {args.scenario}[/]: {scenario.description}")
-            start = schemas.StartJob(
-                job=stack.job,
-                argv=[
-                    sys.executable,
-                    "-m",
-                    "goodput.examples.gpt.supervised",
-                    "--steps",
-                    str(args.steps),
-                    "--result",
-                    str(result_path),
-                    "--log-every",
-                    "0",
-                ],
+        root = Path(args.state_dir or tmp).resolve()
+        for setup in setups:
+            plan = RunPlan(
+                setup=setup,
+                scenario_name=args.scenario,
+                scenario=scenario,
+                steps=steps,
                 nodes=args.nodes,
-                procs_per_node=1,
-                spares=spares,
-                env={"GOODPUT_CKPT_EVERY": str(args.ckpt_every)},
+                spares=0 if setup == "baseline" else _spares(args, scenario.spares),
+                ckpt_every=args.ckpt_every,
+                timeout_s=args.timeout,
+                job=args.job,
             )
-            watcher, injected, report = asyncio.run(
-                _run_scenario(
-                    settings,
-                    start,
-                    scenario,
-                    args.steps,
-                    args.timeout,
-                    None if args.json else console,
-                )
-            )
-            training = json.loads(result_path.read_text()) if result_path.exists() else {}
-        finally:
-            stop_stack(state_dir)
-    result = {
-        "scenario": args.scenario,
-        **summary(watcher),
-        "steps": training.get("steps", watcher.step),
-        "final_params_sha256": training.get("params_sha256"),
-        "final_loss": training.get("final_loss"),
-        "faults": injected,
-        "goodput_pct": report.goodput_pct if report else None,
-        "badput": report.badput if report else {},
-        "ettr": report.ettr if report else None,
-        "elapsed_s": round(time.monotonic() - started, 2),
-    }
-    if report is not None and args.html:
-        result["html_report"] = str(write_html_report(report, args.html))
-    ok = watcher.state == "finished" and result["steps"] == args.steps
+            state_dir = root if len(setups) == 1 else root / setup
+            results[setup] = run_once(args, plan, state_dir, console)
+    reports = {setup: run_result.pop("_report") for setup, run_result in results.items()}
+    for setup, report in reports.items():
+        if report is not None and args.html:
+            where = Path(args.html) if setup == "goodput" else Path(args.html) / setup
+            results[setup]["html_report"] = str(write_html_report(report, where))
+    result = _combine(results, steps, time.monotonic() - started)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        _print_summary(result)
-        if report is not None:
-            Console().print(render_report(report))
-        if "html_report" in result:
-            console.print(f"HTML report: {result['html_report']}")
+        _print(results, reports, result, console)
+    ok = all(r["state"] == "finished" and r["steps"] == steps for r in results.values())
     return 0 if ok else 1
 
 
-def _print_summary(result: dict) -> None:
-    table = Table(title=f"goodput demo — scenario {result['scenario']}")
-    table.add_column("what")
-    table.add_column("value")
-    for key in (
-        "state",
-        "steps",
-        "restarts",
-        "world_size_history",
-        "final_loss",
-        "final_params_sha256",
-        "elapsed_s",
-    ):
-        table.add_row(key, str(result[key]))
-    Console().print(table)
-    for decision in result["decisions"]:
-        Console().print(f"decision [magenta]{decision['rule']}[/]: {decision['reason']}")
+def _spares(args: argparse.Namespace, default: int) -> int:
+    return default if args.spares is None else args.spares
+
+
+def _combine(results: dict[str, dict], steps: int, took: float) -> dict:
+    """The goodput run's fields at the top level; the baseline's beside them, prefixed."""
+    product = results["goodput"]
+    combined = {key: value for key, value in product.items() if key != "setup"}
+    baseline = results.get("baseline")
+    if baseline is not None:
+        combined |= {
+            "baseline_goodput_pct": baseline["goodput_pct"],
+            "baseline_badput": baseline["badput"],
+            "baseline_ettr": baseline["ettr"],
+            "baseline": {k: v for k, v in baseline.items() if k != "setup"},
+        }
+        if product["goodput_pct"] is not None and baseline["goodput_pct"] is not None:
+            combined["goodput_gain_points"] = round(
+                product["goodput_pct"] - baseline["goodput_pct"], 2
+            )
+    combined["total_steps"] = steps
+    combined["total_elapsed_s"] = round(took, 2)
+    return combined
+
+
+def _print(results: dict[str, dict], reports: dict, result: dict, console: Console) -> None:
+    for setup, run_result in results.items():
+        table = Table(title=f"goodput demo — {setup} — scenario {run_result['scenario']}")
+        table.add_column("what")
+        table.add_column("value")
+        for key in (
+            "state",
+            "steps",
+            "restarts",
+            "world_size_history",
+            "final_loss",
+            "final_params_sha256",
+            "elapsed_s",
+        ):
+            table.add_row(key, str(run_result[key]))
+        Console().print(table)
+        intervals = [d for d in run_result["decisions"] if d["rule"] == "checkpoint-interval"]
+        for decision in run_result["decisions"]:
+            if decision["rule"] != "checkpoint-interval":
+                Console().print(f"decision [magenta]{decision['rule']}[/]: {decision['reason']}")
+        if intervals:
+            Console().print(
+                f"checkpoint interval retuned {len(intervals)} time(s), last: "
+                f"{intervals[-1]['reason']}"
+            )
+        if reports.get(setup) is not None:
+            Console().print(render_report(reports[setup]))
+        if "html_report" in run_result:
+            console.print(f"HTML report ({setup}): {run_result['html_report']}")
+    if "baseline_goodput_pct" in result:
+        Console().print(
+            f"[bold]goodput {result['goodput_pct']:.1f} %[/] with goodput's remediation and "
+            f"checkpoints vs [bold]{result['baseline_goodput_pct']:.1f} %[/] for the baseline "
+            f"(+{result.get('goodput_gain_points', 0):.1f} points)"
+        )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -274,18 +145,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--scenario",
         choices=sorted(SCENARIOS),
-        default="kill-twice",
-        help="faults to inject (default: kill-twice); "
+        default="full",
+        help="faults to inject (default: full); "
         + "; ".join(f"{k}: {v.description}" for k, v in SCENARIOS.items()),
     )
-    parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    parser.add_argument("--steps", type=int, help="training steps (default 800 for full, else 200)")
     parser.add_argument("--nodes", type=int, default=2, help="active local nodes (default 2)")
     parser.add_argument("--spares", type=int, help="spare nodes (default: what the scenario needs)")
     parser.add_argument(
         "--ckpt-every", type=int, default=20, help="initial checkpoint interval in steps"
     )
     parser.add_argument(
-        "--timeout", type=float, default=900.0, help="give up after this many seconds"
+        "--compare-baseline",
+        action="store_true",
+        help="run the scenario again as a job without goodput (synchronous torch.save, whole "
+        "job restarted on any fault, no spares) and report both goodputs",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=900.0, help="give up on a run after this many seconds"
     )
     parser.add_argument("--state-dir", help="keep the demo's state here (default: a temp dir)")
     parser.add_argument("--job", default="demo", help="job name (default: demo)")
@@ -293,7 +170,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--html",
         default="goodput-demo-report",
         help="directory for the HTML goodput report with its plots ('' for none; default "
-        "./goodput-demo-report)",
+        "./goodput-demo-report; the baseline's goes to its baseline/ subdirectory)",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_bus_arguments(parser)

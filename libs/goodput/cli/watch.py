@@ -31,6 +31,9 @@ class JobWatcher:
     failed_actions: list[schemas.ActionResult] = field(default_factory=list)
     last_status: schemas.JobStatus | None = None
     events: int = 0
+    #: monotonic times of rank 0's newest step and of the newest attempt's start
+    last_step_at: float = 0.0
+    attempt_started_at: float = 0.0
 
     def __post_init__(self) -> None:
         self.ended = asyncio.Event()
@@ -81,7 +84,7 @@ class JobWatcher:
         if self._progress is not None:
             self._progress.stop()
 
-    def _say(self, text: str) -> None:
+    def say(self, text: str) -> None:
         if self._progress is not None:
             self._progress.console.print(text)
 
@@ -90,13 +93,15 @@ class JobWatcher:
             case schemas.StepDone(rank=0):
                 # after a restore the step count goes back: show where training really is
                 self.step = event.step
+                self.last_step_at = time.monotonic()
             case schemas.JobStatus():
                 self.last_status = event
                 if event.state == "running" and event.attempt != self.attempt:
                     self.world_size_history.append(event.world_size)
+                    self.attempt_started_at = time.monotonic()
                 self.attempt = event.attempt
                 self.state = event.state
-                self._say(
+                self.say(
                     f"[cyan]job[/] attempt {event.attempt} {event.state}: world size "
                     f"{event.world_size} on {', '.join(event.active_nodes)}"
                     + (f" — {event.detail}" if event.detail else "")
@@ -105,19 +110,19 @@ class JobWatcher:
                     self.ended.set()
             case schemas.Signal():
                 self.signals.append(event)
-                self._say(
+                self.say(
                     f"[yellow]signal[/] {event.signal} on {event.node or 'job'}"
                     + (f" rank {event.rank}" if event.rank is not None else "")
                     + f": {event.detail}"
                 )
             case schemas.Decision():
                 self.decisions.append(event)
-                self._say(f"[magenta]decision[/] {event.rule}: {event.reason}")
+                self.say(f"[magenta]decision[/] {event.rule}: {event.reason}")
                 if event.error:
-                    self._say(f"[red]policy error[/] {event.error}")
+                    self.say(f"[red]policy error[/] {event.error}")
             case schemas.ActionResult(ok=False):
                 self.failed_actions.append(event)
-                self._say(f"[red]action failed[/] {event.action}: {event.detail}")
+                self.say(f"[red]action failed[/] {event.action}: {event.detail}")
         if self._progress is not None and self._task is not None:
             self._progress.update(
                 self._task,

@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import torch
@@ -31,6 +31,7 @@ from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.ckpt import CheckpointEngine, NoCheckpointError
 from goodput.ckpt import events as ckpt_events
+from goodput.ckpt.torch_save import TorchSaveCheckpointer
 from goodput.shim.link import BusLink
 from goodput.shim.tracing import ShimTelemetry
 
@@ -54,6 +55,9 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     #: steps between checkpoints; the controller may change it (SetCheckpointInterval)
     ckpt_every: int = 50
     keep_last: int = 3
+    #: "async": goodput's checkpoint engine; "torch-save": the synchronous baseline
+    #: (rank 0 writes into a ``ckpt_dir`` every node shares), for comparisons
+    ckpt_mode: Literal["async", "torch-save"] = "async"
     heartbeat_period_s: float = 0.5
     #: obey InjectFault commands (chaos testing: "hang" blocks the training loop)
     enable_fault_injection: bool = False
@@ -72,12 +76,13 @@ class ShimConfig(msgspec.Struct, kw_only=True):
             "nats_url": env.get("GOODPUT_NATS_URL", ""),
             "ckpt_dir": env.get("GOODPUT_CKPT_DIR", "checkpoints"),
             "ckpt_every": int(env.get("GOODPUT_CKPT_EVERY", "50")),
+            "ckpt_mode": env.get("GOODPUT_CKPT_MODE", "async"),
             "heartbeat_period_s": float(env.get("GOODPUT_HEARTBEAT_PERIOD_S", "0.5")),
             "enable_fault_injection": env.get("GOODPUT_ENABLE_FAULT_INJECTION", "")
             in ("1", "true"),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        return msgspec.convert(values, cls)  # an unknown GOODPUT_CKPT_MODE is refused here
 
 
 class TrainerShim:
@@ -91,9 +96,18 @@ class TrainerShim:
         self._checkpoint_requested = threading.Event()
         self._hang = threading.Event()
         self._last_saved_step: int | None = None
-        self.engine = CheckpointEngine(
-            Path(config.ckpt_dir), keep_last=config.keep_last, listener=self._on_ckpt_event
-        )
+        self.engine: CheckpointEngine | TorchSaveCheckpointer
+        if config.ckpt_mode == "torch-save":
+            self.engine = TorchSaveCheckpointer(
+                config.ckpt_dir,
+                writer=config.rank == 0,
+                keep_last=config.keep_last,
+                listener=self._on_ckpt_event,
+            )
+        else:
+            self.engine = CheckpointEngine(
+                Path(config.ckpt_dir), keep_last=config.keep_last, listener=self._on_ckpt_event
+            )
         self.telemetry = ShimTelemetry.from_env(
             job=config.job, node=config.node, rank=config.rank, attempt=config.attempt
         )

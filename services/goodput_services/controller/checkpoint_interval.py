@@ -21,6 +21,8 @@ NS = 1_000_000_000
 
 
 class IntervalSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    #: recommend intervals at all (off: the job keeps the interval it was started with)
+    enabled: bool = True
     #: assumed mean time between failures before any is observed (one a day)
     prior_mtbf_s: float = 86_400.0
     #: recommend a new interval only when it differs from the current one by this fraction
@@ -45,7 +47,7 @@ def recommend(
 ) -> schemas.SetCheckpointInterval | None:
     """A new interval (in steps) when it differs enough from the current one, else None."""
     cost = state.checkpoint_cost_s
-    if cost is None or state.step_time_s <= 0:
+    if not settings.enabled or cost is None or state.step_time_s <= 0:
         return None
     mtbf = observed_mtbf_s(state, now, settings.prior_mtbf_s)
     interval_s = young_interval_s(cost, mtbf)

@@ -38,6 +38,9 @@ class NodeRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: why it has its role (the last failure, "returned", ...)
     reason: str = ""
     since_ts: int = 0
+    #: an uncorrectable fault was reported on it and it has not returned since (a policy
+    #: that cannot replace nodes waits for this to clear)
+    down: bool = False
 
 
 class Remediation(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -171,6 +174,9 @@ def observe_signal(state: JobState, signal: schemas.Signal, now: int) -> JobStat
             nodes = [*nodes, NodeRecord(name=signal.node, role="spare", reason="new", since_ts=now)]
         elif record.role == "failed":
             nodes = _with_role(state, signal.node, "spare", "returned", now)
+        nodes = [
+            msgspec.structs.replace(n, down=False) if n.name == signal.node else n for n in nodes
+        ]
     elif signal.signal in FAILURE_KINDS:
         if record is not None:
             role: Role = "failed" if record.role == "spare" else record.role
@@ -179,6 +185,7 @@ def observe_signal(state: JobState, signal: schemas.Signal, now: int) -> JobStat
                     n,
                     failures=n.failures + 1,
                     role=role,
+                    down=n.down or signal.severity == "uncorrectable",
                     reason=f"{signal.signal}: {signal.detail}"[:200],
                     since_ts=now if role != n.role else n.since_ts,
                 )

@@ -1,0 +1,166 @@
+"""Injects a scenario's faults into the running demo job, through the chaos tool.
+
+Faults reach the job the way ``goodput chaos`` sends them (``goodput.chaos.actions``), so the
+demo exercises the same paths a user's chaos test does. Node repairs run on their own clock
+while the scenario goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from goodput.chaos import spec as faults
+from goodput.chaos.actions import FaultOutcome, fire
+from goodput.chaos.targets import ChaosContext, ChaosError
+from goodput.cli.watch import JobWatcher
+from goodput.demo.scenarios import DemoFault, Scenario
+
+#: how often the driver looks at the job while it waits for a fault's moment
+POLL_S = 0.1
+
+
+@dataclass
+class Injected:
+    step: int
+    fault: DemoFault
+    node: str
+    ok: bool
+    detail: str
+    repaired_at_step: int | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "fault": self.fault.action,
+            "rank": self.fault.rank,
+            "node": self.node,
+            "ok": self.ok,
+            "what": self.detail,
+            "repaired_at_step": self.repaired_at_step,
+        }
+
+
+@dataclass
+class Driver:
+    """Fires each fault at its step, once the job runs again after the previous one."""
+
+    ctx: ChaosContext
+    watcher: JobWatcher
+    scenario: Scenario
+    steps: int
+    say: Callable[[str], None] = lambda _: None
+    injected: list[Injected] = field(default_factory=list)
+    _background: set[asyncio.Task] = field(default_factory=set)
+
+    async def run(self) -> None:
+        settled = self._job_stepping_since(0.0, attempt_after=0)
+        try:
+            for fault in self.scenario.faults:
+                if not await self._wait(lambda f=fault, s=settled: s() and self._reached(f)):
+                    return
+                settled = await self._inject(fault)
+            await self._wait(lambda: not self._background)  # repairs still to come
+        finally:
+            for task in self._background:
+                task.cancel()
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _reached(self, fault: DemoFault) -> bool:
+        return self.watcher.step >= fault.at * self.steps
+
+    def _job_stepping_since(self, since: float, attempt_after: int) -> Callable[[], bool]:
+        """The job runs and steps in an attempt newer than ``attempt_after``, after ``since``."""
+
+        def check() -> bool:
+            w = self.watcher
+            return (
+                w.last_status is not None
+                and w.last_status.state == "running"
+                and w.attempt > attempt_after
+                and w.last_step_at > max(since, w.attempt_started_at)
+            )
+
+        return check
+
+    async def _wait(self, ready: Callable[[], bool]) -> bool:
+        while not ready():
+            if self.watcher.ended.is_set():
+                return False
+            await asyncio.sleep(POLL_S)
+        return True
+
+    async def _inject(self, fault: DemoFault) -> Callable[[], bool]:
+        """Fire ``fault``; returns when the job will have played it out."""
+        attempt = self.watcher.attempt
+        try:
+            node = (await self.ctx.rank(fault.rank)).node
+        except ChaosError as exc:
+            self._record(fault, "", False, str(exc))
+            return self._job_stepping_since(time.monotonic(), attempt_after=0)
+        match fault.action:
+            case "slow-rank":
+                spec = faults.SlowRank(
+                    rank=fault.rank, factor=fault.factor, duration_s=fault.duration_s
+                )
+                task = asyncio.create_task(fire(spec, self.ctx))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+                self._record(fault, node, True, fault.describe().split(", ", 1)[1])
+                # it runs alongside what follows: the next fault comes at its own step
+                return self._job_stepping_since(time.monotonic(), attempt_after=0)
+            case "terminate-node":
+                pids = [p.pid for p in await self.ctx.ranks(node)]
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)
+                ok = self._record(
+                    fault, node, True, f"SIGTERM to every rank of {node} (pids {pids})"
+                )
+            case "fail-node":
+                ok = self._record_outcome(
+                    fault, node, await fire(faults.FailNode(node=node), self.ctx)
+                )
+                if ok and fault.repair_after_s:
+                    task = asyncio.create_task(self._repair(node, fault.repair_after_s))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+            case "kill-rank":
+                spec = faults.KillRank(rank=fault.rank)
+                ok = self._record_outcome(fault, node, await fire(spec, self.ctx))
+            case "hang-rank":
+                spec = faults.HangRank(rank=fault.rank)
+                ok = self._record_outcome(fault, node, await fire(spec, self.ctx))
+        # a fault that took effect ends in a new attempt; one that did not leaves the job as is
+        return self._job_stepping_since(time.monotonic(), attempt_after=attempt if ok else 0)
+
+    async def _repair(self, node: str, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        outcome = await fire(faults.FailNode(node=node, clear=True), self.ctx)
+        self.say(
+            f"[green]repair[/] at step {self.watcher.step}: {node} is healthy again"
+            if outcome.ok
+            else f"[red]repair of {node} failed[/]: {outcome.detail}"
+        )
+        for entry in self.injected:
+            if entry.node == node and entry.fault.action == "fail-node":
+                entry.repaired_at_step = self.watcher.step
+
+    def _record_outcome(self, fault: DemoFault, node: str, outcome: FaultOutcome) -> bool:
+        return self._record(fault, node, outcome.ok, outcome.detail)
+
+    def _record(self, fault: DemoFault, node: str, ok: bool, detail: str) -> bool:
+        entry = Injected(self.watcher.step, fault, node, ok, detail)
+        self.injected.append(entry)
+        where = f" on {node}" if node else ""
+        self.say(
+            f"[red]fault[/] at step {entry.step}{where}: {fault.action} — {detail}"
+            if ok
+            else f"[red]fault {fault.action} could not be applied[/]: {detail}"
+        )
+        return ok

@@ -1,0 +1,88 @@
+"""The demo's fault scenarios: which fault hits which rank, at which point of training.
+
+A fault fires once training has done ``at`` of its steps *and* the job has played out the
+fault before it (restarted and stepping again; a straggler runs alongside what follows), so
+every run of a scenario meets the same faults at the same training progress, however quickly
+it recovers — which is what makes goodput's remediation and the baseline comparable. Node faults name the
+node that runs ``rank`` when they fire; a node that fails is repaired ``repair_after_s`` wall
+seconds later (hardware repair takes wall time, whatever the job does meanwhile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Action = Literal["kill-rank", "hang-rank", "slow-rank", "fail-node", "terminate-node"]
+
+
+@dataclass(frozen=True)
+class DemoFault:
+    at: float
+    action: Action
+    rank: int
+    #: fail-node: the node is healthy again this many seconds after it failed (None: never)
+    repair_after_s: float | None = None
+    #: slow-rank: how much slower, and for how long
+    factor: float = 3.0
+    duration_s: float = 60.0
+
+    def describe(self) -> str:
+        what = {
+            "kill-rank": f"crash: kill -9 of rank {self.rank}",
+            "hang-rank": f"hang: the training loop of rank {self.rank} stops, heartbeats go on",
+            "slow-rank": f"straggler: rank {self.rank} at 1/{self.factor:g} speed for "
+            f"{self.duration_s:g} s",
+            "fail-node": f"node loss: the node of rank {self.rank} goes down"
+            + (f", repaired {self.repair_after_s:g} s later" if self.repair_after_s else ""),
+            "terminate-node": f"node taken away: SIGTERM to every rank on rank {self.rank}'s node",
+        }[self.action]
+        return f"at {self.at:.0%} of the steps, {what}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    description: str
+    faults: tuple[DemoFault, ...]
+    spares: int
+
+    @property
+    def comparable(self) -> bool:
+        """The baseline can finish it: every node it takes away comes back."""
+        return all(
+            f.action != "terminate-node" and (f.action != "fail-node" or f.repair_after_s)
+            for f in self.faults
+        )
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "full": Scenario(
+        "a crash, a hang, a straggler, a node lost while a spare is free, another lost with "
+        "none left, then repaired (goodput answers with every remediation: in-job restart, "
+        "restart, eviction, hot swap, scale down, scale up)",
+        (
+            DemoFault(0.10, "kill-rank", rank=1),
+            DemoFault(0.22, "hang-rank", rank=0),
+            DemoFault(0.34, "slow-rank", rank=1, factor=4.0, duration_s=60.0),
+            DemoFault(0.50, "fail-node", rank=0, repair_after_s=45.0),
+            DemoFault(0.62, "fail-node", rank=1, repair_after_s=20.0),
+        ),
+        spares=2,
+    ),
+    "none": Scenario("no fault: the reference run", (), spares=1),
+    "kill-twice": Scenario(
+        "kill -9 of a rank (in-job restart), then SIGTERM of a node (hot swap to the spare)",
+        (DemoFault(0.25, "kill-rank", rank=1), DemoFault(0.55, "terminate-node", rank=0)),
+        spares=1,
+    ),
+    "hot-swap": Scenario(
+        "a node fails while a spare exists: swapped, same world size",
+        (DemoFault(0.35, "fail-node", rank=1),),
+        spares=1,
+    ),
+    "scale-down-up": Scenario(
+        "a node fails with no spare (scale down), is repaired 8 s later (scale up)",
+        (DemoFault(0.25, "fail-node", rank=1, repair_after_s=8.0),),
+        spares=0,
+    ),
+}

@@ -1,0 +1,179 @@
+"""One demo run: the stack, the example job, the scenario's faults, then the goodput report.
+
+Two setups run the same scenario. ``goodput``: the built-in remediation policy, spares, and
+asynchronous multi-tier checkpoints with Young's adaptive interval. ``baseline``: what a job
+without goodput does — rank 0 ``torch.save``s synchronously into storage every node shares,
+every fault restarts the whole job on the same nodes (``goodput.policies.restart_whole_job``),
+no spare, no change of size, a fixed checkpoint interval. Both use the same detection, so the
+difference is what happens after a fault is seen, and what checkpoints cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rich.console import Console
+
+from goodput import schemas, subjects
+from goodput.accounting import GoodputReport, compute_goodput, replay_from_bus
+from goodput.bus import Bus, BusSettings
+from goodput.chaos.targets import ChaosContext
+from goodput.cli.run import summary
+from goodput.cli.stack import start_stack, stop_stack, wait_healthy
+from goodput.cli.watch import JobWatcher
+from goodput.demo.driver import Driver
+from goodput.demo.scenarios import Scenario
+from goodput.policies import restart_whole_job
+
+Setup = Literal["goodput", "baseline"]
+BASELINE_DESCRIPTION = (
+    "the same faults, met as a job without goodput does: synchronous torch.save, the whole "
+    "job restarted on any fault, a lost node waited for, stragglers ignored, no spare"
+)
+
+#: failures are compressed into minutes here, so are the MTBF the checkpoint interval starts
+#: from and the window in which repeated failures look like a crash loop
+COMPRESSED_TIME = "prior_mtbf_s=120.0"
+CRASH_LOOP = "crash_loop={window_s=20.0,max_restarts=3,backoff_s=5.0,max_backoffs=3}"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    setup: Setup
+    scenario_name: str
+    scenario: Scenario
+    steps: int
+    nodes: int
+    spares: int
+    ckpt_every: int
+    timeout_s: float
+    job: str
+
+
+#: a dozen processes share this machine's cores: for ten steps a healthy rank is often 1.4×
+#: its peer, while the scenario's straggler is 4× slower
+STRAGGLER = "thresholds={straggler_ratio=1.8}"
+
+
+def service_flags(setup: Setup) -> dict[str, list[str]]:
+    flags = {
+        "hostmon": ["--set", "enable_fault_injection=true"],
+        "sensor": ["--set", STRAGGLER],
+    }
+    if setup == "goodput":
+        settings = f"settings={{checkpoint_interval={{{COMPRESSED_TIME}}},{CRASH_LOOP}}}"
+        return {**flags, "controller": ["--set", settings]}
+    settings = f"settings={{checkpoint_interval={{enabled=false}},{CRASH_LOOP}}}"
+    return {
+        **flags,
+        "controller": ["--set", settings, "--set", f"policy={restart_whole_job.__file__}"],
+        # no tiers to fill a node's volume from before a launch: the checkpoints are shared
+        "actuator": ["--set", "restore_timeout_s=0"],
+    }
+
+
+def start_command(plan: RunPlan, job: str, state_dir: Path) -> schemas.StartJob:
+    env = {"GOODPUT_CKPT_EVERY": str(plan.ckpt_every), "GOODPUT_ENABLE_FAULT_INJECTION": "1"}
+    if plan.setup == "baseline":
+        env |= {
+            "GOODPUT_CKPT_MODE": "torch-save",
+            "GOODPUT_CKPT_DIR": str(state_dir / "shared-checkpoints"),
+        }
+    return schemas.StartJob(
+        job=job,
+        argv=[
+            sys.executable,
+            "-m",
+            "goodput.examples.gpt.supervised",
+            *("--steps", str(plan.steps)),
+            *("--result", str(state_dir / "training-result.json")),
+            *("--log-every", "0"),
+        ],
+        nodes=plan.nodes,
+        procs_per_node=1,
+        spares=plan.spares,
+        env=env,
+    )
+
+
+def run_once(args: argparse.Namespace, plan: RunPlan, state_dir: Path, console: Console) -> dict:
+    """Start the stack in ``state_dir``, run the job through the scenario, stop the stack."""
+    started = time.monotonic()
+    try:
+        stack, settings = start_stack(
+            args, state_dir, plan.job, plan.nodes + plan.spares, console, service_flags(plan.setup)
+        )
+        asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
+        console.print(
+            f"[bold]{plan.setup}[/] · scenario [bold]{plan.scenario_name}[/]: "
+            + (plan.scenario.description if plan.setup == "goodput" else BASELINE_DESCRIPTION)
+        )
+        start = start_command(plan, stack.job, state_dir)
+        watcher, driver, report = asyncio.run(_follow(settings, state_dir, start, plan, console))
+        result_path = state_dir / "training-result.json"
+        training = json.loads(result_path.read_text()) if result_path.exists() else {}
+    finally:
+        stop_stack(state_dir)
+    return {
+        "setup": plan.setup,
+        "scenario": plan.scenario_name,
+        **summary(watcher),
+        "steps": training.get("steps", watcher.step),
+        "final_params_sha256": training.get("params_sha256"),
+        "final_loss": training.get("final_loss"),
+        "faults": [entry.as_dict() for entry in driver.injected],
+        "goodput_pct": report.goodput_pct if report else None,
+        "badput": report.badput if report else {},
+        "ettr": report.ettr if report else None,
+        "elapsed_s": round(time.monotonic() - started, 2),
+        "_report": report,
+    }
+
+
+async def _follow(
+    settings: BusSettings,
+    state_dir: Path,
+    start: schemas.StartJob,
+    plan: RunPlan,
+    console: Console,
+) -> tuple[JobWatcher, Driver, GoodputReport | None]:
+    bus = await Bus.connect(settings, name="goodput-demo")
+    # progress goes to stderr (``console``) also with --json: stdout carries only the result
+    watcher = await JobWatcher(bus, start.job, plan.steps, console).start()
+    ctx = ChaosContext.open(state_dir, job=start.job, url=settings.url, settings=settings)
+    driver = Driver(ctx, watcher, plan.scenario, plan.steps, say=watcher.say)
+    try:
+        await bus.send_command(subjects.ACTUATOR, start)
+        driving = asyncio.create_task(driver.run())
+        ended = await watcher.wait(plan.timeout_s)
+        driving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await driving
+        if not ended:
+            console.print(f"[red]the job did not finish within {plan.timeout_s:g} s; stopping it")
+            await bus.send_command(
+                subjects.ACTUATOR, schemas.Stop(job=start.job, reason="demo timed out")
+            )
+            await watcher.wait(90)
+        report = await _goodput(bus, start.job)
+    finally:
+        await ctx.close()
+        await watcher.stop()
+        await bus.close()
+    return watcher, driver, report
+
+
+async def _goodput(bus: Bus, job: str) -> GoodputReport | None:
+    """The goodput report of the run, from its events in GP_EVENTS."""
+    try:
+        return compute_goodput(await replay_from_bus(bus, job, idle_timeout_s=3.0))
+    except ValueError:
+        return None  # no events: the job never ran

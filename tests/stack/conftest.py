@@ -20,4 +20,9 @@ def stack(tmp_path: Path) -> Iterator[Path]:
 
 def stack_status(state_dir: Path) -> dict:
     result = goodput_cli("status", "--state-dir", str(state_dir), "--json", check=False)
-    return json.loads(result.stdout)
+    try:
+        return json.loads(result.stdout)
+    except json.JSONDecodeError as exc:
+        raise AssertionError(
+            f"status --json printed no JSON (exit {result.returncode}); stderr:\n{result.stderr}"
+        ) from exc

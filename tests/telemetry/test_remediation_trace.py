@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -21,6 +22,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput_services.actuator.service import ActuatorService
 from goodput_services.controller.service import ControllerService
+from goodput_services.replicator.service import ReplicatorService
 from goodput_services.sensor.service import SensorService
 from tests.stack.helpers import EventTap
 from tests.telemetry.helpers import child_of, one, running, service_config
@@ -81,12 +83,16 @@ async def test_a_remediation_is_one_trace_from_signal_to_first_step(
     state = tmp_path / "state"
     sensor = SensorService(service_config(JOB, nats_server, state))
     controller = ControllerService(service_config(JOB, nats_server, state))
-    actuator = ActuatorService(service_config(JOB, nats_server, state, restore_timeout_s=0))
+    # before relaunching, the actuator asks the node's replicator to fill its volume
+    actuator = ActuatorService(service_config(JOB, nats_server, state, restore_timeout_s=30))
+    replicator = ReplicatorService(
+        msgspec.structs.replace(service_config(JOB, nats_server, state), node="node-0")
+    )
     bus = await Bus.connect(BusSettings(url=nats_server.url), name="test")
     await bus.provision()
     tap = await EventTap(bus, JOB).start()
     try:
-        async with running(sensor, controller, actuator):
+        async with running(sensor, controller, actuator, replicator):
             start = schemas.StartJob(
                 job=JOB,
                 argv=[sys.executable, str(script)],
@@ -103,8 +109,9 @@ async def test_a_remediation_is_one_trace_from_signal_to_first_step(
                 timeout_s=120,
                 what="the relaunched rank finishing",
             )
+            # the replicator checks the volume before the launch (rank -1), the rank loads it
             restored = tap.of(schemas.CheckpointRestored)
-            assert [e.step for e in restored] == [2]
+            assert [e.step for e in restored if e.rank >= 0] == [2]
     finally:
         await tap.stop()
         await bus.close()
@@ -128,6 +135,13 @@ async def test_a_remediation_is_one_trace_from_signal_to_first_step(
     assert child_of(executed, one(in_trace, "actuator handle Restart"))
     assert child_of(launched, executed) and launched.attributes["goodput.attempt"] == 2
     assert child_of(one(in_trace, "actuator stop ranks"), executed)
+    # replicator: the pre-launch restore of node-0's volume belongs to the same remediation
+    restore = one(in_trace, "replicator execute restore_to_node")
+    assert restore.parent is not None
+    assert {s.name for s in in_trace if s.name.startswith("replicator")} >= {
+        "replicator handle RestoreToNode",
+        "replicator execute restore_to_node",
+    }
 
     # the relaunched rank (another process): restore and first step, under the launch span
     log = state / "logs" / "ranks" / "attempt-002" / "node-0-rank0.log"

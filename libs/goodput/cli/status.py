@@ -16,11 +16,12 @@ import time
 from pathlib import Path
 
 import msgspec
+import nats.errors
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from goodput.bus import Bus
+from goodput.bus import Bus, BusUnavailableError, InsecureBusError
 from goodput.cli.stack import DEFAULT_STATE_DIR, StackRecord, read_stack, resolve_url
 from goodput.cli.stack import services_health as fetch_services_health
 from goodput.config import add_bus_arguments, bus_settings_from_args
@@ -68,6 +69,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return asyncio.run(_live(settings, target, args) if live else _once(settings, target, args))
     except KeyboardInterrupt:
         return 0
+    except (BusUnavailableError, InsecureBusError, nats.errors.Error) as exc:
+        print(f"goodput status: cannot read the bus at {target.url}: {exc}", file=sys.stderr)
+        return 1
 
 
 async def _open(settings, target: _Target) -> tuple[Bus, JobModel, JobFeed]:

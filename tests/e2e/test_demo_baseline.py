@@ -20,6 +20,7 @@ def _rules(run: dict) -> set[str]:
     return {d["rule"] for d in run["decisions"]}
 
 
+@pytest.mark.timeout(1500)  # two runs of the full scenario: about six minutes here
 def test_the_full_scenario_against_the_baseline(tmp_path: Path) -> None:
     result = goodput_cli(
         "demo",

@@ -20,11 +20,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from goodput.accounting import GoodputReport
 from goodput.accounting.html import write_html_report
 from goodput.accounting.table import render as render_report
 from goodput.config import add_bus_arguments
 from goodput.demo.scenarios import SCENARIOS
-from goodput.demo.session import RunPlan, Setup, run_once
+from goodput.demo.session import RunOutcome, RunPlan, Setup, run_once
 
 DEFAULT_STEPS = {"full": 800}
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     steps = args.steps or DEFAULT_STEPS.get(args.scenario, 200)
     setups: list[Setup] = ["goodput", "baseline"] if args.compare_baseline else ["goodput"]
     started = time.monotonic()
-    results: dict[str, dict] = {}
+    outcomes: dict[str, RunOutcome] = {}
     with tempfile.TemporaryDirectory(prefix="goodput-demo-") as tmp:
         root = Path(args.state_dir or tmp).resolve()
         for setup in setups:
@@ -58,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
                 job=args.job,
             )
             state_dir = root if len(setups) == 1 else root / setup
-            results[setup] = run_once(args, plan, state_dir, console)
-    reports = {setup: run_result.pop("_report") for setup, run_result in results.items()}
+            outcomes[setup] = run_once(args, plan, state_dir, console)
+    results = {setup: outcome.summary for setup, outcome in outcomes.items()}
+    reports = {setup: outcome.report for setup, outcome in outcomes.items()}
     for setup, report in reports.items():
         if report is not None and args.html:
             where = Path(args.html) if setup == "goodput" else Path(args.html) / setup
@@ -98,7 +100,12 @@ def _combine(results: dict[str, dict], steps: int, took: float) -> dict:
     return combined
 
 
-def _print(results: dict[str, dict], reports: dict, result: dict, console: Console) -> None:
+def _print(
+    results: dict[str, dict],
+    reports: dict[str, GoodputReport | None],
+    result: dict,
+    console: Console,
+) -> None:
     for setup, run_result in results.items():
         table = Table(title=f"goodput demo — {setup} — scenario {run_result['scenario']}")
         table.add_column("what")

@@ -26,7 +26,7 @@ from goodput import schemas, subjects
 from goodput.accounting import GoodputReport, compute_goodput, replay_from_bus
 from goodput.bus import Bus, BusSettings
 from goodput.chaos.targets import ChaosContext
-from goodput.cli.run import summary
+from goodput.cli.run import summary as job_summary
 from goodput.cli.stack import start_stack, stop_stack, wait_healthy
 from goodput.cli.watch import JobWatcher
 from goodput.demo.driver import Driver
@@ -104,7 +104,16 @@ def start_command(plan: RunPlan, job: str, state_dir: Path) -> schemas.StartJob:
     )
 
 
-def run_once(args: argparse.Namespace, plan: RunPlan, state_dir: Path, console: Console) -> dict:
+@dataclass(frozen=True)
+class RunOutcome:
+    #: what happened, JSON-ready: steps, world sizes, decisions, faults, goodput and badput
+    summary: dict
+    report: GoodputReport | None
+
+
+def run_once(
+    args: argparse.Namespace, plan: RunPlan, state_dir: Path, console: Console
+) -> RunOutcome:
     """Start the stack in ``state_dir``, run the job through the scenario, stop the stack."""
     started = time.monotonic()
     try:
@@ -122,10 +131,10 @@ def run_once(args: argparse.Namespace, plan: RunPlan, state_dir: Path, console: 
         training = json.loads(result_path.read_text()) if result_path.exists() else {}
     finally:
         stop_stack(state_dir)
-    return {
+    summary = {
         "setup": plan.setup,
         "scenario": plan.scenario_name,
-        **summary(watcher),
+        **job_summary(watcher),
         "steps": training.get("steps", watcher.step),
         "final_params_sha256": training.get("params_sha256"),
         "final_loss": training.get("final_loss"),
@@ -134,8 +143,8 @@ def run_once(args: argparse.Namespace, plan: RunPlan, state_dir: Path, console: 
         "badput": report.badput if report else {},
         "ettr": report.ettr if report else None,
         "elapsed_s": round(time.monotonic() - started, 2),
-        "_report": report,
     }
+    return RunOutcome(summary, report)
 
 
 async def _follow(

@@ -39,6 +39,7 @@ from goodput.accounting.report import (
     summarize,
     thin,
 )
+from goodput.accounting.rollbacks import Work, kept
 
 #: signals that mean training stopped (or will stop) for a fault, not for a plan
 FAILURE_SIGNALS = frozenset({"crash", "hang", "missed_heartbeat", "degraded_host", "job_down"})
@@ -215,18 +216,9 @@ class _Accounting:
             for e in self.events
             if isinstance(e, schemas.CheckpointRestored)
         ]
-        timeline = sorted(
-            [(x.end, 1, index) for index, x in enumerate(executions)]
-            + [(t, 0, next_step) for t, next_step in rollbacks]
-        )
-        lowest_later = float("inf")
-        for _, is_execution, value in reversed(timeline):
-            if is_execution:
-                execution = executions[value]
-                execution.productive = execution.step < lowest_later
-                lowest_later = min(lowest_later, execution.step)
-            else:
-                lowest_later = min(lowest_later, value)
+        work = [Work(x.end, x.step, x.step) for x in executions]
+        for execution, was_kept in zip(executions, kept(work, rollbacks), strict=True):
+            execution.productive = was_kept
 
     # -- pass 2: outages and claims ----------------------------------------------------------
 

@@ -32,6 +32,7 @@ from goodput.accounting.report import (
     summarize,
     thin,
 )
+from goodput.accounting.rollbacks import Work, kept
 
 USER_SCHEDULED = "user_scheduled"
 JOB_STARTED = "job_started"
@@ -287,16 +288,6 @@ def compute_resiliency_goodput(
 
 
 def _mark_thrown_away(segments: list[_Segment], rollbacks: list[tuple[float, int]]) -> None:
-    """Work is thrown away when later work or a later load starts again at or before it."""
-    timeline = sorted(
-        [(s.end, 1, index) for index, s in enumerate(segments)]
-        + [(t, 0, next_step) for t, next_step in rollbacks]
-    )
-    lowest_later = float("inf")
-    for _, is_segment, value in reversed(timeline):
-        if is_segment:
-            segment = segments[value]
-            segment.productive = segment.last_step < lowest_later
-            lowest_later = min(lowest_later, segment.first_step)
-        else:
-            lowest_later = min(lowest_later, value)
+    work = [Work(s.end, s.first_step, s.last_step) for s in segments]
+    for segment, was_kept in zip(segments, kept(work, rollbacks), strict=True):
+        segment.productive = was_kept

@@ -10,6 +10,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
+from goodput.bus.job_events import JobEvents
 from goodput.cli.stack import read_stack
 from tests.conftest import goodput_cli
 
@@ -43,45 +44,8 @@ async def wait_for_results(
         await asyncio.sleep(0.5)
 
 
-class EventTap:
-    """Every event of a job since the stream began, decoded, with waiting helpers."""
-
-    def __init__(self, bus: Bus, job: str):
-        self.bus = bus
-        self.job = job
-        self.events: list[schemas.Event] = []
-        self._subscription = None
-
-    async def start(self) -> EventTap:
-        async def collect(msg) -> None:
-            self.events.append(schemas.decode_event(msg.data))
-
-        self._subscription = await self.bus.js.subscribe(
-            subjects.events_of(self.job),
-            stream=subjects.EVENTS_STREAM,
-            cb=collect,
-            ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-        )
-        return self
-
-    async def stop(self) -> None:
-        if self._subscription is not None:
-            await self._subscription.unsubscribe()
-
-    def of(self, kind: type) -> list:
-        return [e for e in self.events if isinstance(e, kind)]
-
-    async def wait_for(self, predicate, timeout_s: float = 30.0, what: str = "event"):
-        """The first event (scanning from the start) matching ``predicate``."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for event in list(self.events):
-                if predicate(event):
-                    return event
-            await asyncio.sleep(0.05)
-        kinds = Counter(type(e).__name__ for e in self.events)
-        raise AssertionError(f"no {what} within {timeout_s} s; saw {dict(kinds)}")
+class EventTap(JobEvents):
+    """A job's events for a test: :class:`JobEvents` plus the result of a command."""
 
     async def result_of(
         self, command: schemas.Command, timeout_s: float = 30.0

@@ -24,8 +24,9 @@ from rich.console import Console
 from rich.table import Table
 
 from goodput import schemas, subjects
-from goodput.bench.recovery import EventLog
+from goodput.bench.recovery import WAIT_S
 from goodput.bus import Bus
+from goodput.bus.job_events import JobEvents
 from goodput.chaos.straggler import duty_cycle
 from goodput.cli.stack import start_stack, stop_stack, wait_healthy
 from goodput.config import add_bus_arguments
@@ -35,38 +36,51 @@ HEARTBEAT_TIMEOUT_S = 3.0
 POLL_S = 0.5
 
 
-def _running(log: EventLog) -> schemas.JobStatus:
+def _running(log: JobEvents) -> schemas.JobStatus:
     return next(
         e for e in reversed(log.events) if isinstance(e, schemas.JobStatus) and e.state == "running"
     )
 
 
-def _step(log: EventLog) -> int:
+def _step(log: JobEvents) -> int:
     return next(
         (e.step for e in reversed(log.events) if isinstance(e, schemas.StepDone) and e.rank == 0),
         0,
     )
 
 
-async def _after_resume(log: EventLog, since_ts: int, steps: int = 15) -> None:
+async def _after_resume(log: JobEvents, since_ts: int, steps: int = 15) -> None:
     """Wait until the job runs a new attempt and made ``steps`` steps in it."""
-    restarted = await log.next(
-        lambda e: isinstance(e, schemas.JobStatus) and e.state == "running", since_ts
+    restarted = await log.wait_for(
+        lambda e: isinstance(e, schemas.JobStatus) and e.state == "running",
+        WAIT_S,
+        "the job running again",
+        after_ts=since_ts,
     )
-    first = await log.next(lambda e: isinstance(e, schemas.StepDone) and e.rank == 0, restarted.ts)
-    await log.next(
+    first = await log.wait_for(
+        lambda e: isinstance(e, schemas.StepDone) and e.rank == 0,
+        WAIT_S,
+        "the first step after resume",
+        after_ts=restarted.ts,
+    )
+    await log.wait_for(
         lambda e: isinstance(e, schemas.StepDone) and e.rank == 0 and e.step >= first.step + steps,
-        first.ts,
+        WAIT_S,
+        f"{steps} steps after resume",
+        after_ts=first.ts,
     )
 
 
-async def _signal_after(log: EventLog, kind: str, since_ts: int, timeout_s: float = 120.0):
-    return await log.next(
-        lambda e: isinstance(e, schemas.Signal) and e.signal == kind, since_ts, timeout_s
+async def _signal_after(log: JobEvents, kind: str, since_ts: int, timeout_s: float = 120.0):
+    return await log.wait_for(
+        lambda e: isinstance(e, schemas.Signal) and e.signal == kind,
+        timeout_s,
+        f"a {kind} signal",
+        after_ts=since_ts,
     )
 
 
-async def _measure(bus: Bus, log: EventLog, job: str, fp_steps: int, console: Console) -> dict:
+async def _measure(bus: Bus, log: JobEvents, job: str, fp_steps: int, console: Console) -> dict:
     result: dict = {}
     start_ts = schemas.now_ns()
     await bus.send_command(
@@ -89,10 +103,11 @@ async def _measure(bus: Bus, log: EventLog, job: str, fp_steps: int, console: Co
         ),
     )
     with console.status(f"unperturbed run of {fp_steps} steps (false positives)…"):
-        await log.next(
+        await log.wait_for(
             lambda e: isinstance(e, schemas.StepDone) and e.rank == 0 and e.step >= fp_steps,
-            start_ts,
             timeout_s=30 + fp_steps,
+            what=f"step {fp_steps}",
+            after_ts=start_ts,
         )
     result["straggler_false_positives"] = sum(
         isinstance(e, schemas.Signal) and e.signal == "straggler" for e in log.events
@@ -149,7 +164,7 @@ async def _measure(bus: Bus, log: EventLog, job: str, fp_steps: int, console: Co
     return result
 
 
-def _step_at(log: EventLog, ts: int) -> int:
+def _step_at(log: JobEvents, ts: int) -> int:
     return max(
         (
             e.step
@@ -200,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
 async def _run(settings, job: str, fp_steps: int, console: Console) -> dict:
     bus = await Bus.connect(settings, name="goodput-bench-detect")
     try:
-        log = await EventLog(bus, job).start()
+        log = await JobEvents(bus, job).start()
         return await _measure(bus, log, job, fp_steps, console)
     finally:
         await bus.close()

@@ -17,57 +17,29 @@ import signal
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from nats.js.api import ConsumerConfig, DeliverPolicy
 from rich.console import Console
 from rich.table import Table
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
+from goodput.bus.job_events import JobEvents
 from goodput.cli.stack import start_stack, stop_stack, wait_healthy
 from goodput.config import add_bus_arguments
 
 NS = 1e9
 PARTS = ("detect_s", "decide_s", "restart_s", "load_s", "first_step_s")
+#: how long each awaited event may take before the job counts as not recovering
+WAIT_S = 120.0
 
 
-class EventLog:
-    """Every event of the job as it arrives, with helpers to find the next one of a kind."""
-
-    def __init__(self, bus: Bus, job: str):
-        self.bus = bus
-        self.job = job
-        self.events: list[schemas.Event] = []
-
-    async def start(self) -> EventLog:
-        async def collect(msg) -> None:
-            self.events.append(schemas.decode_event(msg.data))
-
-        await self.bus.js.subscribe(
-            subjects.events_of(self.job),
-            stream=subjects.EVENTS_STREAM,
-            cb=collect,
-            ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-        )
-        return self
-
-    async def next(self, predicate, after_ts: int, timeout_s: float = 120.0) -> schemas.Event:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for event in self.events:
-                if event.ts >= after_ts and predicate(event):
-                    return event
-            await asyncio.sleep(0.02)
-        raise TimeoutError("the job did not recover in time; see the stack's logs")
-
-
-async def _trial(log: EventLog, victim_node: str, min_step: int) -> dict:
+async def _trial(log: JobEvents, victim_node: str, min_step: int) -> dict:
     # wait for a checkpoint beyond min_step so the restore has something to load
-    persisted = await log.next(
-        lambda e: isinstance(e, schemas.CheckpointPersisted) and e.step >= min_step, after_ts=0
+    persisted = await log.wait_for(
+        lambda e: isinstance(e, schemas.CheckpointPersisted) and e.step >= min_step,
+        timeout_s=WAIT_S,
+        what=f"a checkpoint at step {min_step} or later",
     )
     status = next(
         e for e in reversed(log.events) if isinstance(e, schemas.JobStatus) and e.state == "running"
@@ -75,16 +47,26 @@ async def _trial(log: EventLog, victim_node: str, min_step: int) -> dict:
     pid = status.pids[victim_node][0]
     killed_ts = schemas.now_ns()
     os.kill(pid, signal.SIGKILL)
-    sig = await log.next(lambda e: isinstance(e, schemas.Signal), killed_ts)
-    decision = await log.next(
-        lambda e: isinstance(e, schemas.Decision) and e.signal_id == sig.signal_id, killed_ts
+    sig = await log.wait_for(
+        lambda e: isinstance(e, schemas.Signal), WAIT_S, "the crash signal", after_ts=killed_ts
     )
-    restored = await log.next(
-        lambda e: isinstance(e, schemas.CheckpointRestored) and e.rank == 0, decision.ts
+    decision = await log.wait_for(
+        lambda e: isinstance(e, schemas.Decision) and e.signal_id == sig.signal_id,
+        WAIT_S,
+        "the decision",
+        after_ts=killed_ts,
     )
-    first = await log.next(
+    restored = await log.wait_for(
+        lambda e: isinstance(e, schemas.CheckpointRestored) and e.rank == 0,
+        WAIT_S,
+        "the restore after the restart",
+        after_ts=decision.ts,
+    )
+    first = await log.wait_for(
         lambda e: isinstance(e, schemas.StepDone) and e.rank == 0 and e.step == restored.step + 1,
-        restored.ts,
+        WAIT_S,
+        "the first step after resume",
+        after_ts=restored.ts,
     )
     load_started = restored.ts - int(restored.duration_s * NS)
     return {
@@ -102,7 +84,7 @@ async def _trial(log: EventLog, victim_node: str, min_step: int) -> dict:
 
 async def _measure(settings, job: str, trials: int, steps: int, console: Console) -> list[dict]:
     bus = await Bus.connect(settings, name="goodput-bench-recovery")
-    log = await EventLog(bus, job).start()
+    log = await JobEvents(bus, job).start()
     results = []
     try:
         start = schemas.StartJob(

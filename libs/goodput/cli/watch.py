@@ -6,12 +6,12 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from nats.js.api import ConsumerConfig, DeliverPolicy
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from goodput import schemas, subjects
+from goodput import schemas
 from goodput.bus import Bus
+from goodput.bus.job_events import JobEvents
 
 
 @dataclass
@@ -37,7 +37,7 @@ class JobWatcher:
 
     def __post_init__(self) -> None:
         self.ended = asyncio.Event()
-        self._subscription = None
+        self._events: JobEvents | None = None
         self._progress: Progress | None = None
         self._task = None
 
@@ -61,26 +61,12 @@ class JobWatcher:
                 f"job {self.job}", total=self.total_steps, info="starting"
             )
 
-        async def collect(msg) -> None:
-            try:
-                event = schemas.decode_event(msg.data)
-            except schemas.SchemaError:
-                return
-            self.events += 1
-            self._apply(event)
-
-        self._subscription = await self.bus.js.subscribe(
-            subjects.events_of(self.job),
-            stream=subjects.EVENTS_STREAM,
-            cb=collect,
-            ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-        )
+        self._events = await JobEvents(self.bus, self.job, self._apply, keep=False).start()
         return self
 
     async def stop(self) -> None:
-        if self._subscription is not None:
-            await self._subscription.unsubscribe()
+        if self._events is not None:
+            await self._events.stop()
         if self._progress is not None:
             self._progress.stop()
 
@@ -89,6 +75,7 @@ class JobWatcher:
             self._progress.console.print(text)
 
     def _apply(self, event: schemas.Event) -> None:
+        self.events += 1
         match event:
             case schemas.StepDone(rank=0):
                 # after a restore the step count goes back: show where training really is

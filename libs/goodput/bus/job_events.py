@@ -1,0 +1,96 @@
+"""Every event of one job, from the first one stored, as it arrives.
+
+What the demo, the benchmarks and the tests follow a job with: an ephemeral ordered consumer
+of ``gp.<job>.evt.>`` from ``DeliverPolicy.ALL`` (so starting late misses nothing), the
+decoded events in arrival order, and a wait for the first event that matches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TypeVar
+
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from goodput import schemas, subjects
+from goodput.bus.client import Bus
+
+log = logging.getLogger(__name__)
+E = TypeVar("E", bound=schemas.Event)
+POLL_S = 0.02
+
+
+class JobEvents:
+    """The events of ``job`` so far; ``on_event`` sees each one as it arrives.
+
+    ``keep=False`` keeps none (``events`` stays empty): a follower of a long job that folds
+    each event into its own state must not hold every step of the job in memory.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        job: str,
+        on_event: Callable[[schemas.Event], None] | None = None,
+        *,
+        keep: bool = True,
+    ) -> None:
+        self.bus = bus
+        self.job = subjects.check_token(job, "job name")
+        self.events: list[schemas.Event] = []
+        self.undecodable = 0
+        self._on_event = on_event
+        self._keep = keep
+        self._subscription = None
+
+    async def start(self) -> JobEvents:
+        self._subscription = await self.bus.js.subscribe(
+            subjects.events_of(self.job),
+            stream=subjects.EVENTS_STREAM,
+            cb=self._collect,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+        )
+        return self
+
+    async def stop(self) -> None:
+        if self._subscription is not None:
+            await self._subscription.unsubscribe()
+            self._subscription = None
+
+    async def _collect(self, msg: Msg) -> None:
+        try:
+            event = schemas.decode_event(msg.data)
+        except schemas.SchemaError as exc:
+            self.undecodable += 1  # the sensor dead-letters it; a follower just skips it
+            log.warning("skipping undecodable event on %s: %s", msg.subject, exc)
+            return
+        if self._keep:
+            self.events.append(event)
+        if self._on_event is not None:
+            self._on_event(event)
+
+    def of(self, kind: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    async def wait_for(
+        self,
+        predicate: Callable[[schemas.Event], bool],
+        timeout_s: float = 30.0,
+        what: str = "event",
+        after_ts: int = 0,
+    ) -> schemas.Event:
+        """The first event (from the start, or stamped at/after ``after_ts``) that matches."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for event in list(self.events):
+                if event.ts >= after_ts and predicate(event):
+                    return event
+            await asyncio.sleep(POLL_S)
+        kinds = Counter(type(e).__name__ for e in self.events)
+        raise TimeoutError(f"no {what} within {timeout_s:g} s; saw {dict(kinds)}")

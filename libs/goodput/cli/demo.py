@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
                 spares=0 if setup == "baseline" else _spares(args, scenario.spares),
                 ckpt_every=args.ckpt_every,
                 timeout_s=args.timeout,
-                job=args.job,
+                # its own job name: on a shared bus (--nats-url) the two runs' events stay apart
+                job=args.job if setup == "goodput" else f"{args.job}-baseline",
             )
             state_dir = root if len(setups) == 1 else root / setup
             outcomes[setup] = run_once(args, plan, state_dir, console)

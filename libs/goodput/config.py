@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from goodput.bus.settings import BusSettings, settings_from_files
+from goodput.bus.settings import BusSettings, settings_from_env
 from goodput.subjects import check_token
 
 ENV_PREFIX = "GOODPUT_"
@@ -67,28 +67,34 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     add_bus_arguments(parser)
 
 
+#: the bus setting each flag of :func:`add_bus_arguments` sets
+BUS_FLAGS = {
+    "nats_url": "url",
+    "nats_creds": "creds_file",
+    "nats_nkey": "nkey_seed_file",
+    "nats_user": "user",
+    "nats_password": "password",
+    "nats_tls_ca": "tls_ca_file",
+    "nats_tls_cert": "tls_cert_file",
+    "nats_tls_key": "tls_key_file",
+}
+
+
 def bus_settings_from_args(
     args: argparse.Namespace, base: BusSettings | None = None
 ) -> BusSettings:
-    base = base or BusSettings()
-    env = os.environ
-    return settings_from_files(
-        url=args.nats_url or env.get(ENV_PREFIX + "NATS_URL") or base.url,
-        creds_file=args.nats_creds or env.get(ENV_PREFIX + "NATS_CREDS") or base.creds_file,
-        nkey_seed_file=args.nats_nkey or env.get(ENV_PREFIX + "NATS_NKEY") or base.nkey_seed_file,
-        user=args.nats_user or env.get(ENV_PREFIX + "NATS_USER") or base.user,
-        password=args.nats_password or env.get(ENV_PREFIX + "NATS_PASSWORD") or base.password,
-        tls_ca_file=args.nats_tls_ca or env.get(ENV_PREFIX + "NATS_TLS_CA") or base.tls_ca_file,
-        tls_cert_file=args.nats_tls_cert
-        or env.get(ENV_PREFIX + "NATS_TLS_CERT")
-        or base.tls_cert_file,
-        tls_key_file=args.nats_tls_key or env.get(ENV_PREFIX + "NATS_TLS_KEY") or base.tls_key_file,
-        insecure=bool(
-            args.insecure
-            or env.get(ENV_PREFIX + "INSECURE", "").lower() in ("1", "true", "yes")
-            or base.insecure
-        ),
-    )
+    """Flags over ``GOODPUT_NATS_*`` variables (:func:`settings_from_env`) over ``base``."""
+    settings = settings_from_env(base=base)
+    flags: dict[str, Any] = {
+        field: getattr(args, flag, None)
+        for flag, field in BUS_FLAGS.items()
+        if getattr(args, flag, None)
+    }
+    if getattr(args, "insecure", None):
+        flags["insecure"] = True
+    settings = msgspec.structs.replace(settings, **flags)
+    settings.check_files()
+    return settings
 
 
 def _parse_option(text: str) -> tuple[str, Any]:

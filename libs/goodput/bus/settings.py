@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import ssl
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -14,6 +16,27 @@ import msgspec
 
 class InsecureBusError(RuntimeError):
     """Refusal to talk to a non-loopback bus without authentication."""
+
+
+#: the environment variable of each setting; services, CLI commands and the trainer shim all
+#: read these (:func:`settings_from_env`), and the actuator hands them to the ranks
+#: (:func:`settings_to_env`)
+ENV_VARS: dict[str, str] = {
+    "url": "GOODPUT_NATS_URL",
+    "creds_file": "GOODPUT_NATS_CREDS",
+    "nkey_seed_file": "GOODPUT_NATS_NKEY",
+    "user": "GOODPUT_NATS_USER",
+    "password": "GOODPUT_NATS_PASSWORD",
+    "token": "GOODPUT_NATS_TOKEN",
+    "tls_ca_file": "GOODPUT_NATS_TLS_CA",
+    "tls_cert_file": "GOODPUT_NATS_TLS_CERT",
+    "tls_key_file": "GOODPUT_NATS_TLS_KEY",
+    "insecure": "GOODPUT_INSECURE",
+}
+#: the settings that name files (credentials, keys, certificates)
+FILE_FIELDS = ("creds_file", "nkey_seed_file", "tls_ca_file", "tls_cert_file", "tls_key_file")
+#: the settings that are secrets themselves, not paths to them
+SECRET_FIELDS = ("password", "token")
 
 
 class BusSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -49,6 +72,28 @@ class BusSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 "Pass --nats-creds FILE (or --nats-nkey FILE / a user and password), ideally with "
                 "--nats-tls-ca, or --insecure if this network is trusted."
             )
+
+    def check_files(self) -> None:
+        """Refuse credential paths that do not exist (a clear error, early)."""
+        for field in FILE_FIELDS:
+            path = getattr(self, field)
+            if path and not Path(path).is_file():
+                raise FileNotFoundError(f"{field.replace('_', ' ')} {path!r} does not exist")
+
+    def describe(self) -> str:
+        """How this connects, without secrets: for log lines."""
+        if self.creds_file:
+            auth = f"creds file {self.creds_file}"
+        elif self.nkey_seed_file:
+            auth = f"nkey seed {self.nkey_seed_file}"
+        elif self.user:
+            auth = f"user {self.user!r}" + ("" if self.password else " without a password")
+        elif self.token:
+            auth = "a token"
+        else:
+            auth = "no credentials"
+        tls = f", TLS CA {self.tls_ca_file}" if self.tls_ca_file else ""
+        return f"{self.url} with {auth}{tls}"
 
     def hosts(self) -> list[str]:
         return [urlsplit(u.strip()).hostname or "" for u in self.url.split(",") if u.strip()]
@@ -94,11 +139,36 @@ def is_loopback(host: str) -> bool:
             return False
 
 
-def settings_from_files(**overrides: Any) -> BusSettings:
-    """Build settings, rejecting credential paths that do not exist (a clear error, early)."""
-    settings = BusSettings(**{k: v for k, v in overrides.items() if v not in (None, "")})
-    for field in ("creds_file", "nkey_seed_file", "tls_ca_file", "tls_cert_file", "tls_key_file"):
-        path = getattr(settings, field)
-        if path and not Path(path).is_file():
-            raise FileNotFoundError(f"{field.replace('_', ' ')} {path!r} does not exist")
-    return settings
+def settings_from_env(
+    env: Mapping[str, str] | None = None, base: BusSettings | None = None
+) -> BusSettings:
+    """``base`` (default: the defaults) with every ``GOODPUT_NATS_*`` variable set in ``env``.
+
+    Empty variables count as unset. Files are not checked here (see :meth:`check_files`).
+    """
+    env = os.environ if env is None else env
+    base = base or BusSettings()
+    values: dict[str, Any] = {}
+    for field, name in ENV_VARS.items():
+        raw = env.get(name, "")
+        if field == "insecure":
+            values[field] = base.insecure or raw.strip().lower() in ("1", "true", "yes")
+        elif raw:
+            values[field] = raw
+    return msgspec.structs.replace(base, **values)
+
+
+def settings_to_env(settings: BusSettings) -> dict[str, str]:
+    """The environment that makes :func:`settings_from_env` return ``settings`` in a child.
+
+    Only what is set is included (the URL always), so the child's defaults stay defaults.
+    """
+    env = {ENV_VARS["url"]: settings.url}
+    for field, name in ENV_VARS.items():
+        value = getattr(settings, field)
+        if field == "insecure":
+            if value:
+                env[name] = "1"
+        elif field != "url" and value:
+            env[name] = value
+    return env

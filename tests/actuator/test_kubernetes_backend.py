@@ -10,18 +10,23 @@ are the real client's models. The backend has NOT been run against a real cluste
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import signal
+import tomllib
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from goodput import schemas
+from goodput.bus import BusSettings
+from goodput.bus.settings import settings_from_env
 from goodput.config import ServiceConfig, load_service_config
 from goodput_services.actuator import kubernetes_backend
 from goodput_services.actuator.backend import Backend
@@ -211,7 +216,7 @@ async def rig() -> AsyncIterator[tuple[KubernetesBackend, FakeKubernetesApi, Rec
     recorder = Recorder()
     backend = KubernetesBackend(
         job=JOB,
-        bus_url="tls://goodput-nats.goodput.svc:4222",
+        bus_settings=BusSettings(url="tls://goodput-nats.goodput.svc:4222"),
         emit=recorder,
         options=OPTIONS,
         api=api,
@@ -440,6 +445,112 @@ async def test_pods_left_by_an_earlier_actuator_are_deleted_before_starting(rig)
     assert len(api.created) == 4
 
 
+async def _started_pod(
+    settings: BusSettings, options: KubernetesOptions = OPTIONS
+) -> tuple[client.V1Pod, KubernetesBackend]:
+    """Rank 0's pod of a one-node job started by a backend on ``settings``."""
+    api = FakeKubernetesApi([_node("gpu-a", POOL)])
+    backend = KubernetesBackend(
+        job=JOB,
+        bus_settings=settings,
+        emit=Recorder(),
+        options=options,
+        api=api,
+        watch_factory=lambda: FakePodWatch(api),
+    )
+    try:
+        await backend.start_job(_start(nodes=1, spares=0, procs=1))
+    finally:
+        await backend.shutdown()
+    return api.pod(1, 0), backend
+
+
+def _secret_of(pod: client.V1Pod, volume_name: str) -> client.V1SecretVolumeSource:
+    return next(v for v in pod.spec.volumes if v.name == volume_name).secret
+
+
+def _mount_of(pod: client.V1Pod, volume_name: str) -> client.V1VolumeMount:
+    return next(m for m in pod.spec.containers[0].volume_mounts if m.name == volume_name)
+
+
+async def test_rank_pods_get_the_actuators_credentials_from_mounted_secrets() -> None:
+    # the actuator's own files may sit anywhere; in rank pods they are where the Secrets are
+    settings = BusSettings(
+        url="tls://goodput-nats.goodput.svc:4222",
+        creds_file="/run/goodput/creds/actuator.creds",
+        tls_ca_file="/run/goodput/ca/bundle.pem",
+    )
+    options = msgspec.structs.replace(OPTIONS, bus_url="tls://nats.example.internal:4222")
+    pod, _ = await _started_pod(settings, options)
+    env = _env(pod)
+    assert env["GOODPUT_NATS_URL"] == "tls://nats.example.internal:4222"  # the override holds
+    assert env["GOODPUT_NATS_CREDS"] == "/etc/goodput/nats/actuator.creds"
+    assert env["GOODPUT_NATS_TLS_CA"] == "/etc/goodput/tls/ca.crt"
+    creds = _secret_of(pod, "nats-creds")
+    assert (creds.secret_name, creds.items) == ("goodput-nats-creds", None)
+    ca = _secret_of(pod, "nats-tls")
+    assert ca.secret_name == "goodput-nats-tls"
+    assert [(i.key, i.path) for i in ca.items] == [("ca.crt", "ca.crt")]
+    for name, path in (("nats-creds", "/etc/goodput/nats"), ("nats-tls", "/etc/goodput/tls")):
+        mount = _mount_of(pod, name)
+        assert (mount.mount_path, mount.read_only) == (path, True)
+    # what the shim will read from that environment passes its own security check
+    settings_from_env(env).check_security()
+
+
+async def test_rank_pods_of_an_unauthenticated_bus_get_no_secret_volumes(rig) -> None:
+    backend, api, _ = rig
+    await backend.start_job(_start(nodes=1, spares=0, procs=1))
+    pod = api.pod(1, 0)
+    assert {v.name for v in pod.spec.volumes} == {"checkpoints", "dshm"}
+    assert not any(k.startswith("GOODPUT_NATS_") and k != "GOODPUT_NATS_URL" for k in _env(pod))
+
+
+async def test_a_password_reaches_rank_pods_only_through_a_secret_reference() -> None:
+    settings = BusSettings(url="nats://nats.goodput.svc:4222", user="trainer", password="s3cret")
+    with pytest.raises(SystemExit, match=r"password.*nats_auth_secret"):
+        await _started_pod(settings)
+    options = msgspec.structs.replace(OPTIONS, nats_auth_secret="goodput-nats-password")
+    pod, backend = await _started_pod(settings, options)
+    env = pod.spec.containers[0].env
+    assert _env(pod)["GOODPUT_NATS_USER"] == "trainer"
+    (password,) = [e for e in env if e.name == "GOODPUT_NATS_PASSWORD"]
+    reference = password.value_from.secret_key_ref
+    assert (password.value, reference.name, reference.key) == (
+        None,
+        "goodput-nats-password",
+        "password",
+    )
+    assert "s3cret" not in json.dumps(_serialize(pod))
+    assert backend.bus_settings.password == "s3cret"  # the actuator itself still has it
+
+
+def _serialize(pod: client.V1Pod) -> dict:
+    return client.ApiClient().sanitize_for_serialization(pod)
+
+
+def test_the_deployed_actuator_hands_its_own_credential_paths_to_the_rank_pods() -> None:
+    """The rank pods see the Secrets where the deployed actuator sees them, from the same names."""
+    bus = msgspec.convert(tomllib.loads((DEPLOY / "goodput.toml").read_text())["bus"], BusSettings)
+    config, spec = _container_config("supervisor.yaml", "goodput-actuator", "actuator")
+    options = KubernetesOptions.from_mapping(config.options["kubernetes"])
+    rank_bus = kubernetes_backend.RankBus.of(bus, options)
+    assert rank_bus.env["GOODPUT_NATS_CREDS"] == bus.creds_file
+    assert rank_bus.env["GOODPUT_NATS_TLS_CA"] == bus.tls_ca_file
+    # the same Secret at the same path as in the actuator's own pod
+    secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    deployed = {
+        m["mountPath"]: secrets[m["name"]]
+        for m in spec["containers"][0]["volumeMounts"]
+        if m["name"] in secrets
+    }
+    ranks = {
+        m.mount_path: v.secret.secret_name
+        for v, m in zip(rank_bus.volumes, rank_bus.mounts, strict=True)
+    }
+    assert ranks == deployed
+
+
 def test_options_need_an_image_and_reject_unknown_keys() -> None:
     with pytest.raises(SystemExit, match="needs an image"):
         KubernetesOptions.from_mapping({"namespace": "x"})
@@ -459,11 +570,15 @@ def test_credentials_come_from_the_kubeconfig_outside_a_cluster(tmp_path: Path, 
         "contexts: [{name: lab, context: {cluster: lab, user: me}}]\n"
     )
     options = KubernetesOptions(image="t:1", kubeconfig=str(kubeconfig))
-    backend = KubernetesBackend.connect(job=JOB, bus_url="", emit=Recorder(), options=options)
+    backend = KubernetesBackend.connect(
+        job=JOB, bus_settings=BusSettings(), emit=Recorder(), options=options
+    )
     assert backend.api.api_client.configuration.host == "https://10.1.2.3:6443"
     missing = KubernetesOptions(image="t:1", kubeconfig=str(tmp_path / "absent"))
     with pytest.raises(SystemExit, match="no Kubernetes credentials"):
-        KubernetesBackend.connect(job=JOB, bus_url="", emit=Recorder(), options=missing)
+        KubernetesBackend.connect(
+            job=JOB, bus_settings=BusSettings(), emit=Recorder(), options=missing
+        )
 
 
 def test_the_actuator_refuses_an_unknown_backend_by_name(tmp_path: Path) -> None:
@@ -474,7 +589,7 @@ def test_the_actuator_refuses_an_unknown_backend_by_name(tmp_path: Path) -> None
 
 def test_both_backends_satisfy_the_protocol_the_service_uses(rig, tmp_path: Path) -> None:
     backend, _, recorder = rig
-    local = LocalBackend(job=JOB, state_dir=tmp_path, bus_url="", emit=recorder)
+    local = LocalBackend(job=JOB, state_dir=tmp_path, bus_settings=BusSettings(), emit=recorder)
     assert isinstance(local, Backend) and isinstance(backend, Backend)
 
 

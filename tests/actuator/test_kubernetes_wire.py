@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from goodput import schemas
+from goodput.bus import BusSettings
 from goodput_services.actuator.kubernetes_backend import KubernetesBackend, KubernetesOptions
 
 JOB = "wire"
@@ -206,7 +207,10 @@ async def wired(
     )
     recorder = Recorder()
     backend = KubernetesBackend.connect(
-        job=JOB, bus_url="nats://bus:4222", emit=recorder, options=options
+        job=JOB,
+        bus_settings=BusSettings(url="nats://bus:4222"),
+        emit=recorder,
+        options=options,
     )
     yield backend, server, recorder
     await backend.shutdown()

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from goodput import schemas
+from goodput.bus import BusSettings
+from goodput.bus.settings import settings_to_env
 from goodput.telemetry import TRACEPARENT_ENV, current_traceparent, tracer
 from goodput_services.actuator.membership import Membership
 
@@ -62,7 +64,8 @@ class MembershipBackend(ABC):
     """
 
     job: str
-    bus_url: str
+    #: the bus as the actuator reaches it (URL, credentials, TLS)
+    bus_settings: BusSettings
     emit: EventSink
     prepare_node: NodePreparer | None
     spec: schemas.StartJob | None
@@ -170,6 +173,13 @@ class MembershipBackend(ABC):
         for node, outcome in zip(nodes, outcomes, strict=True):
             log.info("volume of %s prepared: %s", node, outcome)
 
+    def rank_bus_environment(self) -> dict[str, str]:
+        """The ``GOODPUT_NATS_*`` variables with which the shim reaches the bus like the actuator.
+
+        A backend whose ranks see files elsewhere (pods) translates the paths.
+        """
+        return settings_to_env(self.bus_settings)
+
     def rank_environment(
         self,
         *,
@@ -198,7 +208,7 @@ class MembershipBackend(ABC):
             "GOODPUT_JOB": self.job,
             "GOODPUT_NODE": node,
             "GOODPUT_ATTEMPT": str(self.attempt),
-            "GOODPUT_NATS_URL": self.bus_url,
+            **self.rank_bus_environment(),
             "GOODPUT_NUM_DP_REPLICAS": str(len(membership.active) // nodes_per_dp),
             "GOODPUT_NUM_NODES_PER_DP": str(nodes_per_dp),
             "GOODPUT_CKPT_DIR": self.spec.env.get("GOODPUT_CKPT_DIR", str(volume)),
@@ -226,7 +236,7 @@ def create_backend(
     *,
     job: str,
     state_dir: Path,
-    bus_url: str,
+    bus_settings: BusSettings,
     emit: EventSink,
     options: dict[str, Any],
 ) -> Backend:
@@ -234,7 +244,7 @@ def create_backend(
     if name == "local":
         from goodput_services.actuator.local_backend import LocalBackend
 
-        return LocalBackend(job=job, state_dir=state_dir, bus_url=bus_url, emit=emit)
+        return LocalBackend(job=job, state_dir=state_dir, bus_settings=bus_settings, emit=emit)
     if name == "kubernetes":
         # imported here: the kubernetes client is slow to import and only this backend needs it
         from goodput_services.actuator.kubernetes_backend import (
@@ -243,5 +253,7 @@ def create_backend(
         )
 
         settings = KubernetesOptions.from_mapping(options.get("kubernetes", {}))
-        return KubernetesBackend.connect(job=job, bus_url=bus_url, emit=emit, options=settings)
+        return KubernetesBackend.connect(
+            job=job, bus_settings=bus_settings, emit=emit, options=settings
+        )
     raise SystemExit(f"unknown actuator backend {name!r}; choose one of: {', '.join(BACKENDS)}")

@@ -2,7 +2,10 @@
 
 Ranks get the torchrun environment (rank 0's stable DNS name through a headless Service is
 the rendezvous address) and the GOODPUT_* variables of the local backend; the node's
-checkpoint volume is a hostPath, the same directory the node's checkpoint tier serves.
+checkpoint volume is a hostPath, the same directory the node's checkpoint tier serves. The
+shim reaches the bus as the actuator does: the Secrets holding the actuator's NATS credential
+files and TLS CA are mounted read-only into every rank pod and ``GOODPUT_NATS_*`` point at
+them; a password or token is never written into a pod spec (``secretKeyRef`` only).
 Every remediation is a membership change (``membership.py``) followed by a new attempt:
 the old attempt's pods are deleted (with a grace period when they are healthy and should
 save, immediately when a rank failed) and the new attempt's pods are created. A watch on the
@@ -32,6 +35,8 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from goodput import schemas
+from goodput.bus import BusSettings
+from goodput.bus.settings import ENV_VARS, FILE_FIELDS, SECRET_FIELDS, settings_to_env
 from goodput.subjects import check_token
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
@@ -82,6 +87,19 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     checkpoint_mount_path: str = "/var/lib/goodput"
     #: the bus as the rank pods reach it; empty: the actuator's own bus URL
     bus_url: str = ""
+    #: the Secret holding the files the actuator authenticates with (creds file, nkey seed,
+    #: client certificate and key) under the same file names, mounted read-only here in each
+    #: rank pod; used only when the actuator has such a file
+    nats_creds_secret: str = "goodput-nats-creds"
+    nats_creds_mount_path: str = "/etc/goodput/nats"
+    #: the Secret and key holding the CA that verifies the NATS server, mounted here; used only
+    #: when the actuator has a CA file (empty secret: the CA comes from ``nats_creds_secret``)
+    nats_tls_secret: str = "goodput-nats-tls"
+    nats_tls_ca_key: str = "ca.crt"
+    nats_tls_mount_path: str = "/etc/goodput/tls"
+    #: a Secret with key ``password`` (and/or ``token``) when the actuator authenticates with
+    #: a password or token: rank pods read it through ``secretKeyRef``, never in clear text
+    nats_auth_secret: str = ""
     #: how long ranks asked to stop (SIGTERM: save and exit) may take
     stop_grace_s: int = 60
     #: credentials: in a pod the service account's (in-cluster), else this kubeconfig
@@ -150,7 +168,7 @@ class KubernetesBackend(MembershipBackend):
         self,
         *,
         job: str,
-        bus_url: str,
+        bus_settings: BusSettings,
         emit: EventSink,
         options: KubernetesOptions,
         api: PodApi,
@@ -158,7 +176,7 @@ class KubernetesBackend(MembershipBackend):
         prepare_node: NodePreparer | None = None,
     ):
         self.job = job
-        self.bus_url = options.bus_url or bus_url
+        self.bus_settings = bus_settings
         self.emit = emit
         self.options = options
         self.api = api
@@ -173,6 +191,7 @@ class KubernetesBackend(MembershipBackend):
         #: every pod this backend created that has not been seen deleted yet, by name
         self.pods: dict[str, RankPod] = {}
         self.service_name = f"{_dns_label(job, 50)}-ranks"
+        self.rank_bus = RankBus.of(bus_settings, options)
         self._lock = asyncio.Lock()
         self._stop_watch = threading.Event()
         self._watcher: PodWatch | None = None
@@ -180,13 +199,14 @@ class KubernetesBackend(MembershipBackend):
 
     @classmethod
     def connect(
-        cls, *, job: str, bus_url: str, emit: EventSink, options: KubernetesOptions
+        cls, *, job: str, bus_settings: BusSettings, emit: EventSink, options: KubernetesOptions
     ) -> KubernetesBackend:
         """A backend talking to the cluster: in-cluster credentials in a pod, else kubeconfig."""
+        RankBus.of(bus_settings, options)  # a refusal before the cluster is asked anything
         api_client = _api_client(options)
         return cls(
             job=job,
-            bus_url=bus_url,
+            bus_settings=bus_settings,
             emit=emit,
             options=options,
             api=client.CoreV1Api(api_client),
@@ -291,6 +311,10 @@ class KubernetesBackend(MembershipBackend):
         options = self.options
         name = self.pod_name(self.attempt, rank)
         env = self._rank_env(node, node_index, rank, local_rank)
+        secret_names = {e.name for e in self.rank_bus.secret_env}
+        env_vars = [
+            client.V1EnvVar(name=k, value=v) for k, v in env.items() if k not in secret_names
+        ]
         resources = None
         if options.gpus_per_rank > 0:
             limits = {options.gpu_resource: str(options.gpus_per_rank)}
@@ -336,7 +360,7 @@ class KubernetesBackend(MembershipBackend):
                         image_pull_policy=options.image_pull_policy,
                         command=list(self.spec.argv),
                         working_dir=self.spec.workdir or None,
-                        env=[client.V1EnvVar(name=k, value=v) for k, v in env.items()],
+                        env=env_vars + self.rank_bus.secret_env,
                         ports=[client.V1ContainerPort(container_port=options.master_port)],
                         resources=resources,
                         volume_mounts=[
@@ -344,6 +368,7 @@ class KubernetesBackend(MembershipBackend):
                                 name="checkpoints", mount_path=options.checkpoint_mount_path
                             ),
                             client.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+                            *self.rank_bus.mounts,
                         ],
                     )
                 ],
@@ -358,9 +383,13 @@ class KubernetesBackend(MembershipBackend):
                     client.V1Volume(
                         name="dshm", empty_dir=client.V1EmptyDirVolumeSource(medium="Memory")
                     ),
+                    *self.rank_bus.volumes,
                 ],
             ),
         )
+
+    def rank_bus_environment(self) -> dict[str, str]:
+        return self.rank_bus.env
 
     def _rank_env(self, node: str, node_index: int, rank: int, local_rank: int) -> dict[str, str]:
         return self.rank_environment(
@@ -588,6 +617,83 @@ class KubernetesBackend(MembershipBackend):
         if entry in self.ranks and finished and self.state != "finished":
             self.state = "finished"
             await self._report("every rank pod exited 0")
+
+
+@dataclass
+class RankBus:
+    """How rank pods reach the bus: the actuator's settings, with files from mounted Secrets."""
+
+    #: plain ``GOODPUT_NATS_*`` values (URL, user, paths inside the pod)
+    env: dict[str, str]
+    #: password/token through ``secretKeyRef``
+    secret_env: list[client.V1EnvVar]
+    volumes: list[client.V1Volume]
+    mounts: list[client.V1VolumeMount]
+
+    @classmethod
+    def of(cls, settings: BusSettings, options: KubernetesOptions) -> RankBus:
+        """Refuses (SystemExit) what rank pods could not be given without a Secret to hold it."""
+        paths: dict[str, str] = {}
+        volumes: list[client.V1Volume] = []
+        mounts: list[client.V1VolumeMount] = []
+        from_creds = [f for f in FILE_FIELDS if getattr(settings, f)]
+        if settings.tls_ca_file and options.nats_tls_secret:
+            from_creds.remove("tls_ca_file")
+            key = options.nats_tls_ca_key
+            paths["tls_ca_file"] = f"{options.nats_tls_mount_path.rstrip('/')}/{key}"
+            volumes.append(_secret_volume("nats-tls", options.nats_tls_secret, [key]))
+            mounts.append(_read_only_mount("nats-tls", options.nats_tls_mount_path))
+        if from_creds:
+            if not options.nats_creds_secret:
+                raise SystemExit(
+                    "the actuator reaches NATS with "
+                    + ", ".join(f"{f.replace('_', ' ')} {getattr(settings, f)}" for f in from_creds)
+                    + "; rank pods need them too: name the Secret holding them (same file names) "
+                    "with kubernetes.nats_creds_secret"
+                )
+            for field in from_creds:
+                name = Path(getattr(settings, field)).name
+                paths[field] = f"{options.nats_creds_mount_path.rstrip('/')}/{name}"
+            volumes.append(_secret_volume("nats-creds", options.nats_creds_secret, None))
+            mounts.append(_read_only_mount("nats-creds", options.nats_creds_mount_path))
+        secrets = [f for f in SECRET_FIELDS if getattr(settings, f)]
+        if secrets and not options.nats_auth_secret:
+            raise SystemExit(
+                f"the actuator reaches NATS with a {' and a '.join(secrets)}, which the kubernetes "
+                "backend does not write into pod specs: put it in a Secret (key "
+                f"{', '.join(repr(f) for f in secrets)}) and name it with "
+                "kubernetes.nats_auth_secret, or authenticate with a creds file"
+            )
+        secret_env = [
+            client.V1EnvVar(
+                name=ENV_VARS[field],
+                value_from=client.V1EnvVarSource(
+                    secret_key_ref=client.V1SecretKeySelector(
+                        name=options.nats_auth_secret, key=field
+                    )
+                ),
+            )
+            for field in secrets
+        ]
+        rank_settings = msgspec.structs.replace(
+            settings,
+            url=options.bus_url or settings.url,
+            password="",
+            token="",
+            **paths,
+        )
+        return cls(settings_to_env(rank_settings), secret_env, volumes, mounts)
+
+
+def _secret_volume(name: str, secret: str, keys: list[str] | None) -> client.V1Volume:
+    items = [client.V1KeyToPath(key=k, path=k) for k in keys] if keys else None
+    return client.V1Volume(
+        name=name, secret=client.V1SecretVolumeSource(secret_name=secret, items=items)
+    )
+
+
+def _read_only_mount(name: str, path: str) -> client.V1VolumeMount:
+    return client.V1VolumeMount(name=name, mount_path=path, read_only=True)
 
 
 def _api_client(options: KubernetesOptions) -> client.ApiClient:

@@ -21,7 +21,9 @@ from pathlib import Path
 import msgspec
 
 from goodput import schemas
+from goodput.bus import BusSettings
 from goodput.bus.embedded import free_port
+from goodput.bus.settings import FILE_FIELDS
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
 from goodput_services.actuator.membership import Membership
@@ -52,14 +54,23 @@ class LocalBackend(MembershipBackend):
         *,
         job: str,
         state_dir: Path,
-        bus_url: str,
+        bus_settings: BusSettings,
         emit: EventSink,
         prepare_node: NodePreparer | None = None,
     ):
         self.job = job
         self.prepare_node = prepare_node
         self.state_dir = Path(state_dir)
-        self.bus_url = bus_url
+        # ranks run on this machine and see the same credential files; absolute paths, since a
+        # rank's working directory is the job's, not the actuator's
+        self.bus_settings = msgspec.structs.replace(
+            bus_settings,
+            **{
+                f: os.path.abspath(getattr(bus_settings, f))
+                for f in FILE_FIELDS
+                if getattr(bus_settings, f)
+            },
+        )
         self.emit = emit
         self.spec: schemas.StartJob | None = None
         self.membership: Membership | None = None

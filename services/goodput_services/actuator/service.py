@@ -27,7 +27,7 @@ class ActuatorService(Service):
             config.options.get("backend", "local"),
             job=self.job,
             state_dir=Path(config.state_dir),
-            bus_url=config.bus.url,
+            bus_settings=config.bus,
             emit=self._emit,
             options=config.options,
         )

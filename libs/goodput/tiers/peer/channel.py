@@ -3,31 +3,38 @@
 Control messages go through asyncio's socket primitives. Headers are read exactly (never
 past their end), so the raw file bytes that follow can be moved by a worker thread on the
 socket switched to blocking mode: ``sendfile`` straight from the page cache on the sending
-side, ``recv_into`` with ``MSG_WAITALL`` into large reusable buffers on the receiving side,
-with hashing and writing of one buffer overlapping the receipt of the next. The event loop
-stays free for other connections, and a per-syscall timeout turns a stalled peer into an
-error instead of a stuck thread.
+side; on the receiving side ``recv_into`` with ``MSG_WAITALL`` into a few large, reused,
+page-aligned buffers, handed through a bounded queue to a writer thread that hashes and
+writes them (with O_DIRECT where the filesystem allows it) while the next ones arrive. The
+event loop stays free for other connections, and a per-syscall timeout turns a stalled peer
+into an error instead of a stuck thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
+import mmap
 import os
+import queue
 import socket
 import struct
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
 import xxhash
 
-from goodput.tiers.checksum import write_all
 from goodput.tiers.peer.protocol import HEADER_LENGTH, MAX_HEADER_BYTES, frame
 
 BUFFER_BYTES = 8 << 20
+BUFFER_COUNT = 4  # per receiving connection: one being received, the rest being written
+DIRECT_ALIGN = 4096  # O_DIRECT offsets, lengths and buffer addresses are multiples of this
 SENDFILE_SLICE_BYTES = 8 << 20
 STALL_TIMEOUT_S = 60.0
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 Progress = Callable[[int], None]
 
@@ -45,9 +52,56 @@ class StreamWriteError(OSError):
     """Received bytes could not be written (e.g. disk full); the stream was drained."""
 
 
-def _hash_and_write(fd: int, hasher: xxhash.xxh3_128, view: memoryview) -> None:
-    hasher.update(view)
-    write_all(fd, view)
+class FileSink:
+    """Appends to ``fd`` from its current position, with O_DIRECT where it can.
+
+    Received bytes go straight to the disk instead of through the page cache: on a VM,
+    filling fresh page-cache pages and writing them back at fsync costs more than the
+    network copy (measured in docs/BENCHMARKS.md). O_DIRECT needs block-aligned file
+    offsets, lengths and buffer addresses, so an unaligned tail (or a resumed, unaligned
+    start) is written through the page cache; the caller's fsync covers both. Where the
+    filesystem refuses O_DIRECT (tmpfs), every write is buffered.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.position = os.lseek(fd, 0, os.SEEK_CUR)
+        self._flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        self._direct_ok = _O_DIRECT != 0
+
+    def write(self, view: memoryview) -> None:
+        """Write all of ``view`` (which starts page-aligned in memory when it can go direct)."""
+        if self._direct_ok and self.position % DIRECT_ALIGN == 0:
+            aligned = len(view) - len(view) % DIRECT_ALIGN
+            if aligned and self._set_direct(True):
+                start = self.position
+                try:
+                    self._write_all(view[:aligned])
+                except OSError as exc:  # refused after all: the rest goes buffered
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    self._direct_ok = False
+                view = view[self.position - start :]
+        if view:
+            self._set_direct(False)
+            self._write_all(view)
+
+    def _write_all(self, view: memoryview) -> None:
+        while view:
+            written = os.write(self.fd, view)
+            self.position += written
+            view = view[written:]
+
+    def _set_direct(self, on: bool) -> bool:
+        wanted = (self._flags | _O_DIRECT) if on else (self._flags & ~_O_DIRECT)
+        if wanted != self._flags:
+            try:
+                fcntl.fcntl(self.fd, fcntl.F_SETFL, wanted)
+            except OSError:
+                self._direct_ok = False
+                return False
+            self._flags = wanted
+        return on == bool(self._flags & _O_DIRECT)
 
 
 def _set_stall_timeout(sock: socket.socket, seconds: float) -> None:
@@ -63,6 +117,7 @@ class Channel:
         sock.setblocking(False)
         self.sock = sock
         self.loop = asyncio.get_running_loop()
+        self._receive_buffers: list[mmap.mmap] = []
 
     async def send(self, message: msgspec.Struct) -> None:
         await self.loop.sock_sendall(self.sock, frame(message))
@@ -127,45 +182,68 @@ class Channel:
     ) -> None:
         """Append exactly ``count`` bytes from the socket to ``fd``, hashing them.
 
-        If the connection drops, every byte received so far is still written before the
-        error propagates, so the partial file reflects the true resume offset. If writing
-        fails (disk full), the rest of the stream is read and discarded so the connection
-        stays in step, then :class:`StreamWriteError` is raised.
+        A writer thread hashes and writes each buffer while the next one is received (see
+        :class:`FileSink` for O_DIRECT). If the connection drops, every byte received so
+        far is still written before the error propagates, so the partial file reflects the
+        true resume offset. If writing fails (disk full), the rest of the stream is read and
+        discarded so the connection stays in step, then :class:`StreamWriteError` is raised.
         """
         await self._bulk(lambda report: self._receive(fd, count, hasher, report), progress)
 
+    def _buffers(self) -> list[mmap.mmap]:
+        # Allocated once per connection and reused: page-aligned (O_DIRECT can write from
+        # them) and already touched, which on a VM costs more than the copy into them.
+        if not self._receive_buffers:
+            self._receive_buffers = [mmap.mmap(-1, BUFFER_BYTES) for _ in range(BUFFER_COUNT)]
+        return self._receive_buffers
+
     def _receive(self, fd: int, count: int, hasher: xxhash.xxh3_128, report: Progress) -> None:
-        buffers = [bytearray(min(BUFFER_BYTES, count)) for _ in range(2)]
-        pending: Future[None] | None = None
-        write_error: OSError | None = None
+        sink = FileSink(fd)
+        free: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
+        for buffer in self._buffers():
+            free.put(buffer)
+        filled_queue: queue.SimpleQueue[tuple[mmap.mmap, int] | None] = queue.SimpleQueue()
+        write_error: list[OSError] = []
 
-        def settle() -> None:
-            nonlocal pending, write_error
-            if pending is not None:
-                try:
-                    pending.result()
-                except OSError as exc:
-                    write_error = write_error or exc
-                pending = None
+        def write_loop() -> None:
+            while (item := filled_queue.get()) is not None:
+                buffer, length = item
+                if not write_error:
+                    view = memoryview(buffer)[:length]
+                    try:
+                        hasher.update(view)
+                        sink.write(view)
+                    except OSError as exc:
+                        write_error.append(exc)
+                    finally:
+                        view.release()
+                free.put(buffer)
 
+        writer = _WRITERS.submit(write_loop)
         received = 0
-        index = 0
+        # A resumed file may start mid-block: the first buffer ends on a block boundary so
+        # that every later one can be written with O_DIRECT.
+        first = BUFFER_BYTES - sink.position % DIRECT_ALIGN
         try:
             while received < count:
-                view = memoryview(buffers[index % 2])[: min(BUFFER_BYTES, count - received)]
-                filled = self._recv_fill(view)
-                settle()
-                if write_error is None and filled:
-                    pending = _WRITERS.submit(_hash_and_write, fd, hasher, view[:filled])
+                buffer = free.get()
+                want = min(first if received == 0 else BUFFER_BYTES, count - received)
+                try:
+                    filled = self._recv_fill(memoryview(buffer)[:want])
+                except BaseException:
+                    free.put(buffer)
+                    raise
+                filled_queue.put((buffer, filled))
                 received += filled
-                index += 1
                 report(filled)
-                if filled < len(view):
+                if filled < want:
                     raise ProtocolError(f"connection closed after {received} of {count} bytes")
         finally:
-            settle()
-        if write_error is not None:
-            raise StreamWriteError(f"{write_error.strerror or write_error}") from write_error
+            filled_queue.put(None)
+            writer.result()
+        if write_error:
+            error = write_error[0]
+            raise StreamWriteError(f"{error.strerror or error}") from error
 
     def _recv_fill(self, view: memoryview) -> int:
         """Fill ``view``; fewer bytes only if the peer closed the connection."""
@@ -188,6 +266,7 @@ class Channel:
 
     def close(self) -> None:
         self.sock.close()
+        self._receive_buffers = []
 
 
 async def open_channel(host: str, port: int, timeout_s: float = 10.0) -> Channel:

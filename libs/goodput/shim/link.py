@@ -20,7 +20,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from opentelemetry.context import Context
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, BusSettings
+from goodput.bus import Bus, BusSettings, InsecureBusError
 from goodput.telemetry import attached
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,8 @@ class BusLink:
         #: what the rank is busy with ("checkpoint-save", "checkpoint-load") or ""
         self.busy = ""
         self.connected = threading.Event()
+        #: why the link gave up on the bus ("" while connected or still trying)
+        self.failure = ""
         self._events: queue.Queue[object] = queue.Queue()
         self._started_ns = time.time_ns()
         self._thread = threading.Thread(target=self._main, name="goodput-bus-link", daemon=True)
@@ -72,11 +74,18 @@ class BusLink:
         asyncio.run(self._run())
 
     async def _run(self) -> None:
+        # Telemetry must never stop training: whatever goes wrong here is logged as an error
+        # naming the cause, and the rank trains on unsupervised (no heartbeats, step events
+        # or commands; under the actuator, the sensor then reports its missing heartbeats).
         try:
+            self.settings.check_security()
+            self.settings.check_files()
             bus = await Bus.connect(self.settings, name=f"goodput-trainer-{self.rank}")
-        except Exception:
-            log.exception("trainer cannot reach the bus; training goes on without supervision")
-            self._drain_without_bus()
+        except (InsecureBusError, FileNotFoundError) as exc:
+            self._give_up(str(exc))
+            return
+        except Exception as exc:
+            self._give_up(f"cannot connect to {self.settings.describe()}: {exc!r}")
             return
         self.connected.set()
         heartbeats = asyncio.create_task(self._heartbeats(bus))
@@ -91,6 +100,16 @@ class BusLink:
                 with contextlib.suppress(Exception):
                     await commands.unsubscribe()
             await bus.close()
+
+    def _give_up(self, reason: str) -> None:
+        self.failure = reason
+        log.error(
+            "goodput: rank %d is NOT supervised: %s; it trains on without heartbeats, step "
+            "events or commands (set GOODPUT_NATS_* as the services have them)",
+            self.rank,
+            reason,
+        )
+        self._drain_without_bus()
 
     def _drain_without_bus(self) -> None:
         while self._events.get() is not _CLOSE:

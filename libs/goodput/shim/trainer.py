@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from goodput import schemas
 from goodput.bus import BusSettings
+from goodput.bus.settings import settings_from_env
 from goodput.ckpt import CheckpointEngine, NoCheckpointError
 from goodput.ckpt import events as ckpt_events
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
@@ -50,7 +51,9 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     local_rank: int = 0
     local_world_size: int = 1
     attempt: int = 1
-    nats_url: str = ""
+    #: the bus, from ``GOODPUT_NATS_*`` as the actuator set them (URL, credentials, TLS);
+    #: None (no ``GOODPUT_NATS_URL``): no supervision, the script trains on its own
+    bus: BusSettings | None = None
     ckpt_dir: str = "checkpoints"
     #: steps between checkpoints; the controller may change it (SetCheckpointInterval)
     ckpt_every: int = 50
@@ -73,7 +76,7 @@ class ShimConfig(msgspec.Struct, kw_only=True):
             "local_rank": int(env.get("LOCAL_RANK", "0")),
             "local_world_size": int(env.get("LOCAL_WORLD_SIZE", "1")),
             "attempt": int(env.get("GOODPUT_ATTEMPT", "1")),
-            "nats_url": env.get("GOODPUT_NATS_URL", ""),
+            "bus": settings_from_env(env) if env.get("GOODPUT_NATS_URL") else None,
             "ckpt_dir": env.get("GOODPUT_CKPT_DIR", "checkpoints"),
             "ckpt_every": int(env.get("GOODPUT_CKPT_EVERY", "50")),
             "ckpt_mode": env.get("GOODPUT_CKPT_MODE", "async"),
@@ -112,9 +115,9 @@ class TrainerShim:
             job=config.job, node=config.node, rank=config.rank, attempt=config.attempt
         )
         self.link: BusLink | None = None
-        if config.nats_url:
+        if config.bus is not None:
             self.link = BusLink(
-                settings=BusSettings(url=config.nats_url),
+                settings=config.bus,
                 job=config.job,
                 node=config.node,
                 rank=config.rank,
@@ -312,4 +315,8 @@ def wait_for_bus(shim: TrainerShim, timeout_s: float = 10.0) -> bool:
     if shim.link is None:
         return False
     deadline = time.monotonic() + timeout_s
-    return shim.link.connected.wait(max(deadline - time.monotonic(), 0))
+    while not shim.link.failure:  # a link that gave up will not connect: no use waiting
+        remaining = deadline - time.monotonic()
+        if shim.link.connected.wait(max(min(remaining, 0.05), 0)) or remaining <= 0:
+            break
+    return shim.link.connected.is_set()

@@ -8,6 +8,7 @@ use the bus (refused as insecure, or rejected by the server) logs why and trains
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from goodput import schemas, subjects
@@ -23,6 +25,7 @@ from goodput.bus.embedded import free_port, nats_server_binary
 from goodput.bus.settings import ENV_VARS
 from goodput.config import ServiceConfig
 from goodput_services.actuator.service import ActuatorService
+from tests.conftest import goodput_cli
 from tests.stack.helpers import EventTap
 from tests.telemetry.helpers import running
 
@@ -184,3 +187,23 @@ def test_a_rank_the_server_rejects_logs_it_and_trains_on(
     assert "trained to step 2" in result.stdout and "bus connected: False" in result.stdout
     assert "rank 0 is NOT supervised" in result.stderr
     assert f"user {USER!r}" in result.stderr and "wrong" not in result.stderr
+
+
+def test_goodput_up_hands_a_password_to_the_services_outside_their_command_lines(
+    tmp_path: Path, secure_bus: BusSettings, clean_bus_environment: None
+) -> None:
+    """`goodput up --nats-password` on an authenticated bus: every service connects (healthy),
+    and the password is in no process's command line."""
+    state = str(tmp_path / "stack")
+    bus = [
+        *("--nats-url", secure_bus.url, "--nats-user", USER),
+        *("--nats-password", PASSWORD, "--nats-tls-ca", secure_bus.tls_ca_file),
+    ]
+    try:
+        goodput_cli("up", "--state-dir", state, "--job", JOB, "--nodes", "1", *bus, "--wait", "30")
+        status = json.loads(goodput_cli("status", "--state-dir", state, "--json", *bus).stdout)
+        assert status["services"] and all(s["healthy"] for s in status["services"]), status
+        for service in status["services"]:
+            assert PASSWORD not in " ".join(psutil.Process(service["pid"]).cmdline())
+    finally:
+        goodput_cli("down", "--state-dir", state, check=False)

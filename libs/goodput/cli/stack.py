@@ -76,8 +76,17 @@ def resolve_url(args: argparse.Namespace, state_dir: Path) -> tuple[str, bool]:
 
 
 def spawn_service(
-    name: str, node: str, *, job: str, url: str, state_dir: Path, extra: list[str]
+    name: str,
+    node: str,
+    *,
+    job: str,
+    url: str,
+    state_dir: Path,
+    extra: list[str],
+    secrets: dict[str, str] | None = None,
 ) -> ServiceProcess:
+    """Start one service process; ``secrets`` go into its environment, never its command line
+    (which every user of the host can read)."""
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / (f"{name}-{node}.log" if node else f"{name}.log")
@@ -101,6 +110,7 @@ def spawn_service(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env={**os.environ, **(secrets or {})},
         )
     return ServiceProcess(name=name, node=node, pid=process.pid, log=str(log_path))
 
@@ -143,7 +153,15 @@ def start_stack(
             continue
         extra = bus_flags + (service_flags or {}).get(name, [])
         services.append(
-            spawn_service(name, node, job=job, url=url, state_dir=state_dir, extra=extra)
+            spawn_service(
+                name,
+                node,
+                job=job,
+                url=url,
+                state_dir=state_dir,
+                extra=extra,
+                secrets=_bus_secrets(settings),
+            )
         )
         console.print(f"[green]started[/] {key} (pid {services[-1].pid})")
     stack = StackRecord(job=job, url=url, embedded=embedded, nodes=nodes, services=services)
@@ -231,6 +249,12 @@ def _bus_flags(args: argparse.Namespace) -> list[str]:
     ]
     flags = [item for flag, value in pairs if value for item in (flag, value)]
     return flags + (["--insecure"] if args.insecure else [])
+
+
+def _bus_secrets(settings: BusSettings) -> dict[str, str]:
+    """The password or token the services need, for their environment (not their flags)."""
+    secrets = {"GOODPUT_NATS_PASSWORD": settings.password, "GOODPUT_NATS_TOKEN": settings.token}
+    return {key: value for key, value in secrets.items() if value}
 
 
 async def _provision(settings) -> None:

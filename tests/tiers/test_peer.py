@@ -149,6 +149,70 @@ async def test_push_resumes_after_the_receiving_peer_is_killed(
     assert read_manifest(final.parent).files[0].xxh3_128 == xxh3(data)
 
 
+async def test_parallel_push_with_one_bad_file_commits_nothing_and_retries_cleanly(
+    peer: PeerServerProcess, tmp_path: Path, ckpt
+) -> None:
+    files = ckpt.random_files(6, 300_000)
+    ckpt.make(tmp_path / "node0", 5, files)
+    source = tmp_path / "node0" / "step-0000000005"
+    (source / "rank3/shard.bin").write_bytes(b"rot" * 100_000)  # same size, wrong bytes
+    async with await connect(peer) as client:
+        with pytest.raises(PeerError, match="checksum mismatch"):
+            await client.push_checkpoint(source, "node0/step-0000000005", streams=3)
+        replica = peer.root / "node0" / "step-0000000005"
+        # No manifest, so no copy a replicator would index; what is visible is verified.
+        assert not (replica / "manifest.json").exists()
+        assert "rank3/shard.bin" not in ckpt.visible(replica)
+        for name in ckpt.visible(replica):
+            assert (replica / name).read_bytes() == files[name]
+        published = sum(len(files[name]) for name in ckpt.visible(replica))
+        # The connection that carried the bad file stays usable; a retry sends the rest.
+        (source / "rank3/shard.bin").write_bytes(files["rank3/shard.bin"])
+        report = await client.push_checkpoint(source, "node0/step-0000000005", streams=3)
+    assert report.bytes_skipped == published
+    assert report.bytes_sent == sum(len(d) for d in files.values()) - published
+    assert ckpt.visible(replica) == set(files) | {"manifest.json"}
+    for name, data in files.items():
+        assert (replica / name).read_bytes() == data
+
+
+async def test_parallel_push_resumes_after_the_receiving_peer_is_killed(
+    peer: PeerServerProcess, tmp_path: Path, ckpt
+) -> None:
+    files = {f"rank{i}/big.bin": os.urandom(24 << 20) for i in range(3)}
+    total = sum(len(d) for d in files.values())
+    ckpt.make(tmp_path / "node0", 7, files)
+    source = tmp_path / "node0" / "step-0000000007"
+    sent = 0
+
+    def kill_halfway(n: int) -> None:
+        nonlocal sent
+        sent += n
+        if sent >= total // 2 and peer.process is not None:
+            peer.kill()
+
+    client = await connect(peer)
+    with pytest.raises((ConnectionError, OSError)):
+        await client.push_checkpoint(source, "node0/step-0000000007", kill_halfway, streams=3)
+    await client.close()
+    replica = peer.root / "node0" / "step-0000000007"
+    assert not (replica / "manifest.json").exists()
+    for name in ckpt.visible(replica):  # a file another stream completed is verified
+        assert (replica / name).read_bytes() == files[name]
+    kept = sum(p.stat().st_size for p in replica.rglob(".*.partial"))
+    kept += sum(len(files[name]) for name in ckpt.visible(replica))
+    assert 0 < kept < total
+
+    peer.start()
+    async with await connect(peer) as client:
+        report = await client.push_checkpoint(source, "node0/step-0000000007", streams=3)
+    assert report.bytes_skipped == kept
+    assert report.bytes_sent == total - kept
+    for name, data in files.items():
+        assert (replica / name).read_bytes() == data
+    assert read_manifest(replica).step == 7
+
+
 async def test_pull_resumes_after_the_sending_peer_is_killed(
     peer: PeerServerProcess, tmp_path: Path, ckpt
 ) -> None:

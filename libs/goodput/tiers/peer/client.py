@@ -28,6 +28,8 @@ from goodput.tiers.peer.protocol import (
     reply_decoder,
 )
 
+PUSH_STREAMS = 2  # connections per push; more did not help on 2 cores (docs/BENCHMARKS.md)
+
 
 class PeerError(RuntimeError):
     """The peer refused a request (bad path, missing file, checksum mismatch on its side)."""
@@ -115,30 +117,63 @@ class PeerClient:
         await self._reply(Ack)
 
     async def push_checkpoint(
-        self, checkpoint_dir: Path, remote_dir: str, progress: Progress | None = None
+        self,
+        checkpoint_dir: Path,
+        remote_dir: str,
+        progress: Progress | None = None,
+        streams: int = PUSH_STREAMS,
     ) -> PushReport:
         """Replicate a committed checkpoint: each file (deduplicated/resumed by the peer),
-        then the manifest, so the peer's copy becomes visible only when complete."""
+        then the manifest, so the peer's copy becomes visible only when complete.
+
+        Files go over up to ``streams`` connections at once (this one and extra ones to the
+        same peer, largest files first), so one file's fsync and the next file's transfer
+        overlap. If any file fails, the other connections finish the file they are on and
+        take no more, the first error is raised, and nothing is committed: the peer holds no
+        manifest for the step, and a retry resumes from the verified or partial files it has.
+        """
         started = time.perf_counter()
         checkpoint_dir = Path(checkpoint_dir)
         manifest = read_manifest(checkpoint_dir)
-        sent = skipped = files_sent = files_skipped = 0
-        for entry in manifest.files:
-            result = await self.put_file(
-                checkpoint_dir / entry.name,
-                f"{remote_dir}/{entry.name}",
-                entry.size,
-                entry.xxh3_128,
-                progress,
-            )
-            sent += result.bytes_sent
-            skipped += result.bytes_skipped
-            if result.bytes_sent:
-                files_sent += 1
-            else:
-                files_skipped += 1
+        pending = sorted(manifest.files, key=lambda entry: entry.size, reverse=True)
+        results: list[PutResult] = []
+        failures: list[BaseException] = []
+
+        async def drain(client: PeerClient) -> None:
+            while pending and not failures:
+                entry = pending.pop(0)
+                try:
+                    results.append(
+                        await client.put_file(
+                            checkpoint_dir / entry.name,
+                            f"{remote_dir}/{entry.name}",
+                            entry.size,
+                            entry.xxh3_128,
+                            progress,
+                        )
+                    )
+                except Exception as exc:
+                    failures.append(exc)
+
+        extra: list[PeerClient] = []
+        try:
+            if streams > 1 and len(pending) > 1:
+                host, port = self._channel.sock.getpeername()[:2]
+                for _ in range(min(streams, len(pending)) - 1):
+                    extra.append(await PeerClient.connect(host, port))
+            await asyncio.gather(*(drain(client) for client in (self, *extra)))
+        finally:
+            for client in extra:
+                await client.close()
+        if failures:
+            raise failures[0]
         await self.commit(remote_dir, manifest.to_bytes())
-        return PushReport(files_sent, files_skipped, sent, skipped, time.perf_counter() - started)
+        sent = sum(r.bytes_sent for r in results)
+        skipped = sum(r.bytes_skipped for r in results)
+        files_sent = sum(1 for r in results if r.bytes_sent)
+        return PushReport(
+            files_sent, len(results) - files_sent, sent, skipped, time.perf_counter() - started
+        )
 
     async def fetch_manifest(self, remote_dir: str) -> CheckpointManifest:
         """The manifest of a checkpoint the peer holds (what to restore from it)."""

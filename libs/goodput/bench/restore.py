@@ -2,12 +2,15 @@
 
 In one run: restore a node's shard set (``--size-gb``) from its local volume, from a peer
 (a real peer-server process over loopback) and from a real fake-gcs-server; replication
-throughput (push to a peer) against raw loopback TCP measured in the same run, both
-memory-to-memory and into a file with fsync (the ceiling for anything that lands on
-disk); and the bytes moved for three identical DP replicas versus one, for peer
-replication and object-store backup (deduplication). Caches are dropped before each
-restore when the kernel allows it (/proc/sys/vm/drop_caches), otherwise the source files
-are evicted with posix_fadvise(DONTNEED). Memory is prewarmed first (see prewarm_memory).
+throughput (push to a peer, source files in the page cache) against raw loopback TCP
+measured in the same run with as many connections as a push uses: memory to memory (what
+the network path carries), and into files with fsync, O_DIRECT from a writer thread the
+way the receiver lands bytes (the ceiling for anything that lands durably on this disk)
+and, for comparison, written through the page cache; and the bytes moved for three
+identical DP replicas versus one, for peer replication and object-store backup
+(deduplication). Caches are dropped before each restore when the kernel allows it
+(/proc/sys/vm/drop_caches), otherwise the source files are evicted with
+posix_fadvise(DONTNEED). Memory is prewarmed first (see prewarm_memory).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from goodput.tiers.manifest import (
     write_manifest,
 )
 from goodput.tiers.peer import PeerClient, PeerServerProcess
+from goodput.tiers.peer.client import PUSH_STREAMS
 from goodput.tiers.peer.loopback import measure_tcp_gbps
 from goodput.tiers.restore import (
     LocalSource,
@@ -101,15 +105,21 @@ def measure(work: Path, size_gb: float, file_count: int, console: Console) -> di
     with console.status("prewarming memory"):
         prewarm_memory(work / "scratch", 2 * replica_bytes)
     with console.status("measuring raw loopback TCP, to memory and to disk"):
-        loopback_gbps = measure_tcp_gbps(replica_bytes)
-        loopback_to_disk_gbps = measure_tcp_gbps(replica_bytes, to_file=work / "sink.bin")
+        sink = work / "sink.bin"
+        loopback_gbps = measure_tcp_gbps(replica_bytes, streams=PUSH_STREAMS)
+        loopback_to_disk_gbps = measure_tcp_gbps(replica_bytes, to_file=sink, streams=PUSH_STREAMS)
+        loopback_to_disk_buffered_gbps = measure_tcp_gbps(
+            replica_bytes, to_file=sink, direct=False, streams=PUSH_STREAMS
+        )
     result: dict = {
         "size_gb": replica_bytes / 1e9,
         "files": file_count,
         "replica_bytes": replica_bytes,
         "prewarmed_bytes": 2 * replica_bytes,
+        "streams": PUSH_STREAMS,
         "loopback_gbps": loopback_gbps,
         "loopback_to_disk_gbps": loopback_to_disk_gbps,
+        "loopback_to_disk_buffered_gbps": loopback_to_disk_buffered_gbps,
     }
     cache_method = ""
     with PeerServerProcess(work / "peer") as peer:
@@ -294,10 +304,21 @@ def result_table(result: dict) -> Table:
     for tier in ("local", "peer", "object_store"):
         seconds = result[f"{tier}_s"]
         table.add_row(f"restore from {tier}", f"{seconds:.2f} s ({size / seconds:.2f} GB/s)")
-    table.add_row("replication (push to peer)", f"{result['replication_gbps']:.2f} GB/s")
-    table.add_row("raw loopback TCP, memory to memory", f"{result['loopback_gbps']:.2f} GB/s")
     table.add_row(
-        "raw loopback TCP, to disk (write + fsync)", f"{result['loopback_to_disk_gbps']:.2f} GB/s"
+        f"replication (push to peer, {result['streams']} conn.)",
+        f"{result['replication_gbps']:.2f} GB/s",
+    )
+    table.add_row(
+        f"raw loopback TCP, memory to memory ({result['streams']} conn.)",
+        f"{result['loopback_gbps']:.2f} GB/s",
+    )
+    table.add_row(
+        "raw loopback TCP, to disk (O_DIRECT + fsync)",
+        f"{result['loopback_to_disk_gbps']:.2f} GB/s",
+    )
+    table.add_row(
+        "raw loopback TCP, to disk (page cache + fsync)",
+        f"{result['loopback_to_disk_buffered_gbps']:.2f} GB/s",
     )
     table.add_row("replication / loopback", f"{result['replication_fraction_of_loopback']:.0%}")
     table.add_row(

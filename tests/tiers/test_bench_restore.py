@@ -22,6 +22,13 @@ def test_bench_restore_reports_every_tier_and_dedup(tmp_path: Path, capsys) -> N
     result = json.loads(capsys.readouterr().out)
     for field in ("local_s", "peer_s", "object_store_s", "replication_gbps", "loopback_gbps"):
         assert result[field] > 0
+    for field in (
+        "replication_cold_source_gbps",
+        "loopback_to_disk_gbps",
+        "loopback_to_disk_buffered_gbps",
+    ):
+        assert result[field] > 0
+    assert result["streams"] >= 1
     assert result["size_gb"] == pytest.approx(0.008)
     assert result["dedup_bytes_ratio"] == {"peer_replication": 1.0, "object_store_backup": 1.0}
     assert result["peer_bytes_3_replicas"] == result["replica_bytes"]

@@ -2,15 +2,16 @@
 
 In one run: restore a node's shard set (``--size-gb``) from its local volume, from a peer
 (a real peer-server process over loopback) and from a real fake-gcs-server; replication
-throughput (push to a peer, source files in the page cache) against raw loopback TCP
-measured in the same run with as many connections as a push uses: memory to memory (what
-the network path carries), and into files with fsync, O_DIRECT from a writer thread the
-way the receiver lands bytes (the ceiling for anything that lands durably on this disk)
-and, for comparison, written through the page cache; and the bytes moved for three
-identical DP replicas versus one, for peer replication and object-store backup
-(deduplication). Caches are dropped before each restore when the kernel allows it
-(/proc/sys/vm/drop_caches), otherwise the source files are evicted with
-posix_fadvise(DONTNEED). Memory is prewarmed first (see prewarm_memory).
+throughput (a push to a peer with the source files in the page cache, and again with them
+read from disk, as after an O_DIRECT checkpoint) against raw loopback TCP measured in the
+same run with as many connections as a push uses: memory to memory (what the network path
+carries), and into files with fsync, O_DIRECT from a writer thread the way the receiver
+lands bytes (the ceiling for anything that lands durably on this disk) and, for
+comparison, written through the page cache; and the bytes moved for three identical DP
+replicas versus one, for peer replication and object-store backup (deduplication). Caches
+are dropped before each restore when the kernel allows it (/proc/sys/vm/drop_caches),
+otherwise the source files are evicted with posix_fadvise(DONTNEED). Memory is prewarmed
+first (see prewarm_memory).
 """
 
 from __future__ import annotations
@@ -144,6 +145,13 @@ def measure(work: Path, size_gb: float, file_count: int, console: Console) -> di
             "peer",
         )
     shutil.rmtree(work / "peer")
+    # What a replicator does in production: the engine wrote the shards with O_DIRECT, so
+    # the push reads them from disk (a fresh peer, or it would deduplicate).
+    drop_caches(source_dir)
+    with PeerServerProcess(work / "peer-cold") as peer:
+        cold_seconds = asyncio.run(push_once(peer, source_dir, replica_bytes, console))
+    result["replication_cold_source_gbps"] = replica_bytes / cold_seconds / 1e9
+    shutil.rmtree(work / "peer-cold")
 
     with FakeGcsServer(work / "gcs") as server:
         ensure_bucket(server.client(), BUCKET)
@@ -255,6 +263,17 @@ async def replicate(
     return seconds, sent
 
 
+async def push_once(
+    peer: PeerServerProcess, checkpoint_dir: Path, replica_bytes: int, console: Console
+) -> float:
+    async with await PeerClient.connect(peer.host, peer.port) as client:
+        with bar(console, "replicate from disk to a fresh peer", replica_bytes) as tick:
+            report = await client.push_checkpoint(
+                checkpoint_dir, f"nodeA/{checkpoint_dirname(STEP)}", tick
+            )
+    return report.seconds
+
+
 def timed_restore(
     manifest: CheckpointManifest, dest: Path, sources: list[Source], console: Console, label: str
 ) -> float:
@@ -307,6 +326,10 @@ def result_table(result: dict) -> Table:
     table.add_row(
         f"replication (push to peer, {result['streams']} conn.)",
         f"{result['replication_gbps']:.2f} GB/s",
+    )
+    table.add_row(
+        "replication, source read from disk",
+        f"{result['replication_cold_source_gbps']:.2f} GB/s",
     )
     table.add_row(
         f"raw loopback TCP, memory to memory ({result['streams']} conn.)",

@@ -3,13 +3,18 @@ unaligned heads and tails, buffered everywhere where O_DIRECT is refused)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import fcntl
 import mmap
 import os
+import socket
+import threading
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from goodput.tiers.peer import channel
 from goodput.tiers.peer.channel import DIRECT_ALIGN, FileSink
@@ -92,3 +97,97 @@ def test_aligned_chunks_skip_the_page_cache(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(channel.os, "write", write)
     write_chunks(tmp_path / "f", b"", [os.urandom(2 * DIRECT_ALIGN), os.urandom(DIRECT_ALIGN + 9)])
     assert direct == [True, True, False]  # two aligned writes, then the 9-byte tail buffered
+
+
+# ---- the receive pipeline (socket -> buffers -> writer thread), over a socketpair -------
+
+
+@contextlib.asynccontextmanager
+async def stream(payload: bytes, hang_up: bool = False):
+    """A Channel over loopback TCP whose other end sends ``payload`` from a thread (then
+    hangs up, if asked)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        theirs = socket.create_connection(listener.getsockname())
+        ours, _ = listener.accept()
+
+    def send() -> None:
+        with contextlib.suppress(OSError):  # the receiver may close first, on failure
+            theirs.sendall(payload)
+            if hang_up:
+                theirs.shutdown(socket.SHUT_WR)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        chan = channel.Channel(ours)
+        yield chan
+    finally:
+        ours.close()
+        await asyncio.to_thread(sender.join)
+        theirs.close()
+
+
+async def receive_into(chan: channel.Channel, path: Path, count: int) -> xxhash.xxh3_128:
+    hasher = xxhash.xxh3_128()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        await chan.receive_to_file(fd, count, hasher)
+    finally:
+        os.close(fd)
+    return hasher
+
+
+@pytest.fixture
+def small_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(channel, "BUFFER_BYTES", 16 * DIRECT_ALIGN)
+
+
+async def test_receive_pipeline_writes_and_hashes_every_byte(tmp_path: Path, small_buffers):
+    data = os.urandom(40 * 16 * DIRECT_ALIGN + 123)  # many buffers, unaligned tail
+    async with stream(data) as chan:
+        hasher = await receive_into(chan, tmp_path / "f", len(data))
+    assert (tmp_path / "f").read_bytes() == data
+    assert hasher.hexdigest() == xxhash.xxh3_128_hexdigest(data)
+
+
+async def test_a_write_failure_drains_the_stream_and_keeps_the_connection_in_step(
+    tmp_path: Path, small_buffers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = FileSink.write
+    writes = 0
+
+    def failing_write(self: FileSink, view: memoryview) -> None:
+        nonlocal writes
+        writes += 1
+        if writes == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, view)
+
+    monkeypatch.setattr(FileSink, "write", failing_write)
+    data = os.urandom(20 * 16 * DIRECT_ALIGN)
+    async with stream(data + b"NEXT") as chan:
+        with pytest.raises(channel.StreamWriteError, match="No space left"):
+            await receive_into(chan, tmp_path / "f", len(data))
+        assert await chan.read_exact(4) == b"NEXT"  # exactly the file's bytes were consumed
+
+
+async def test_an_unexpected_writer_error_does_not_hang_the_receiver(
+    tmp_path: Path, small_buffers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_write(self: FileSink, view: memoryview) -> None:
+        raise RuntimeError("bug in the writer")
+
+    monkeypatch.setattr(FileSink, "write", broken_write)
+    data = os.urandom(20 * 16 * DIRECT_ALIGN)
+    async with stream(data) as chan:
+        with pytest.raises(RuntimeError, match="bug in the writer"):
+            await asyncio.wait_for(receive_into(chan, tmp_path / "f", len(data)), 30)
+
+
+async def test_a_dropped_connection_still_writes_what_arrived(tmp_path: Path, small_buffers):
+    data = os.urandom(10 * 16 * DIRECT_ALIGN)
+    arrived = 3 * 16 * DIRECT_ALIGN + 5000
+    async with stream(data[:arrived], hang_up=True) as chan:
+        with pytest.raises(channel.ProtocolError, match="connection closed"):
+            await receive_into(chan, tmp_path / "f", len(data))
+    assert (tmp_path / "f").read_bytes() == data[:arrived]

@@ -20,6 +20,7 @@ import os
 import queue
 import socket
 import struct
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,10 +39,9 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 Progress = Callable[[int], None]
 
-# Bulk transfers and the disk writes they feed get pools of their own, so that neither
-# can starve the other nor asyncio's default executor.
+# Bulk transfers get a pool of their own, so that they cannot starve asyncio's default
+# executor (nor it them).
 _TRANSFERS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="goodput-peer-transfer")
-_WRITERS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="goodput-peer-write")
 
 
 class ProtocolError(ConnectionError):
@@ -206,9 +206,11 @@ class Channel:
         for buffer in self._buffers():
             free.put(buffer)
         filled_queue: queue.SimpleQueue[tuple[mmap.mmap, int] | None] = queue.SimpleQueue()
-        write_error: list[OSError] = []
+        write_error: list[BaseException] = []
 
         def write_loop() -> None:
+            # After a failure, keep taking buffers (and giving them back) without writing,
+            # so the receiving side drains the stream instead of waiting for a free buffer.
             while (item := filled_queue.get()) is not None:
                 buffer, length = item
                 if not write_error:
@@ -216,13 +218,16 @@ class Channel:
                     try:
                         hasher.update(view)
                         sink.write(view)
-                    except OSError as exc:
+                    except BaseException as exc:
                         write_error.append(exc)
                     finally:
                         view.release()
                 free.put(buffer)
 
-        writer = _WRITERS.submit(write_loop)
+        # A thread per file, not a pool: a writer lives as long as its file, and a pool of
+        # them could leave a receiver waiting for a free writer while its peer times out.
+        writer = threading.Thread(target=write_loop, name="goodput-peer-write", daemon=True)
+        writer.start()
         received = 0
         # A resumed file may start mid-block: the first buffer ends on a block boundary so
         # that every later one can be written with O_DIRECT.
@@ -243,9 +248,11 @@ class Channel:
                     raise ProtocolError(f"connection closed after {received} of {count} bytes")
         finally:
             filled_queue.put(None)
-            writer.result()
+            writer.join()
         if write_error:
             error = write_error[0]
+            if not isinstance(error, OSError):
+                raise error
             raise StreamWriteError(f"{error.strerror or error}") from error
 
     def _recv_fill(self, view: memoryview) -> int:

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Union
 
 import msgspec
-import nats.js.errors
 from nats.js.api import DeliverPolicy
 
 from goodput import schemas, subjects
 from goodput.accounting.resiliency import ResiliencyEvent
 from goodput.bus import Bus
+from goodput.bus.job_events import count_events
 
 log = logging.getLogger(__name__)
 
@@ -107,17 +107,6 @@ def write_event_log(path: str | os.PathLike[str], events: Iterable[schemas.Event
         os.fsync(out.fileno())
     os.replace(tmp, path)
     return count
-
-
-async def count_events(bus: Bus, job: str) -> int:
-    """How many events of ``job`` the GP_EVENTS stream holds now."""
-    try:
-        info = await bus.js.stream_info(
-            subjects.EVENTS_STREAM, subjects_filter=subjects.events_of(job)
-        )
-    except nats.js.errors.NotFoundError:
-        return 0  # the bus was never provisioned: nothing was ever stored
-    return sum((info.state.subjects or {}).values())
 
 
 async def replay_from_bus(

@@ -2,7 +2,8 @@
 
 What the demo, the benchmarks and the tests follow a job with: an ephemeral ordered consumer
 of ``gp.<job>.evt.>`` from ``DeliverPolicy.ALL`` (so starting late misses nothing), the
-decoded events in arrival order, and a wait for the first event that matches.
+decoded events in arrival order, ``caught_up`` once what was stored at the start has arrived,
+and a wait for the first event that matches.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
 
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -23,6 +25,17 @@ from goodput.bus.client import Bus
 log = logging.getLogger(__name__)
 E = TypeVar("E", bound=schemas.Event)
 POLL_S = 0.02
+
+
+async def count_events(bus: Bus, job: str) -> int:
+    """How many events of ``job`` the GP_EVENTS stream holds now."""
+    try:
+        info = await bus.js.stream_info(
+            subjects.EVENTS_STREAM, subjects_filter=subjects.events_of(job)
+        )
+    except nats.js.errors.NotFoundError:
+        return 0  # the bus was never provisioned: nothing was ever stored
+    return sum((info.state.subjects or {}).values())
 
 
 class JobEvents:
@@ -47,15 +60,24 @@ class JobEvents:
         self._on_event = on_event
         self._keep = keep
         self._subscription = None
+        #: set once the events stored when following started have all arrived
+        self.caught_up = asyncio.Event()
 
     async def start(self) -> JobEvents:
-        self._subscription = await self.bus.js.subscribe(
-            subjects.events_of(self.job),
-            stream=subjects.EVENTS_STREAM,
-            cb=self._collect,
-            ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-        )
+        """Follow from the first stored event; on a bus never provisioned there is nothing to
+        follow (nothing was stored, nothing can be), and the follower is caught up at once."""
+        if await count_events(self.bus, self.job) == 0:
+            self.caught_up.set()
+        try:
+            self._subscription = await self.bus.js.subscribe(
+                subjects.events_of(self.job),
+                stream=subjects.EVENTS_STREAM,
+                cb=self._collect,
+                ordered_consumer=True,
+                config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+            )
+        except nats.js.errors.NotFoundError:
+            log.info("no %s stream: no events of %s to follow", subjects.EVENTS_STREAM, self.job)
         return self
 
     async def stop(self) -> None:
@@ -69,11 +91,22 @@ class JobEvents:
         except schemas.SchemaError as exc:
             self.undecodable += 1  # the sensor dead-letters it; a follower just skips it
             log.warning("skipping undecodable event on %s: %s", msg.subject, exc)
-            return
-        if self._keep:
-            self.events.append(event)
-        if self._on_event is not None:
-            self._on_event(event)
+            event = None
+        if event is not None:
+            if self._keep:
+                self.events.append(event)
+            if self._on_event is not None:
+                self._on_event(event)
+        if msg.metadata.num_pending == 0:
+            self.caught_up.set()
+
+    async def wait_caught_up(self, timeout_s: float) -> bool:
+        """True once the history is applied; False if ``timeout_s`` passed first."""
+        try:
+            await asyncio.wait_for(self.caught_up.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def of(self, kind: type[E]) -> list[E]:
         return [e for e in self.events if isinstance(e, kind)]

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                 scenario=scenario,
                 steps=steps,
                 nodes=args.nodes,
-                spares=0 if setup == "baseline" else _spares(args, scenario.spares),
+                spares=_spares(setup, args.spares, scenario.spares),
                 ckpt_every=args.ckpt_every,
                 timeout_s=args.timeout,
                 # its own job name: on a shared bus (--nats-url) the two runs' events stay apart
@@ -76,8 +76,11 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _spares(args: argparse.Namespace, default: int) -> int:
-    return default if args.spares is None else args.spares
+def _spares(setup: Setup, asked: int | None, scenario_default: int) -> int:
+    """The baseline has none; goodput's run has what was asked for, else the scenario's."""
+    if setup == "baseline":
+        return 0
+    return scenario_default if asked is None else asked
 
 
 def _combine(results: dict[str, dict], steps: int, took: float) -> dict:

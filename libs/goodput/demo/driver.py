@@ -12,11 +12,12 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from goodput.chaos import spec as faults
-from goodput.chaos.actions import FaultOutcome, fire
+from goodput.chaos.actions import fire
 from goodput.chaos.targets import ChaosContext, ChaosError
 from goodput.cli.watch import JobWatcher
 from goodput.demo.scenarios import DemoFault, Scenario
@@ -108,9 +109,7 @@ class Driver:
                 spec = faults.SlowRank(
                     rank=fault.rank, factor=fault.factor, duration_s=fault.duration_s
                 )
-                task = asyncio.create_task(fire(spec, self.ctx))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._in_background(fire(spec, self.ctx))
                 self._record(fault, node, True, fault.describe().split(", ", 1)[1])
                 # it runs alongside what follows: the next fault comes at its own step
                 return self._job_stepping_since(time.monotonic(), attempt_after=0)
@@ -122,22 +121,19 @@ class Driver:
                 ok = self._record(
                     fault, node, True, f"SIGTERM to every rank of {node} (pids {pids})"
                 )
-            case "fail-node":
-                ok = self._record_outcome(
-                    fault, node, await fire(faults.FailNode(node=node), self.ctx)
-                )
-                if ok and fault.repair_after_s:
-                    task = asyncio.create_task(self._repair(node, fault.repair_after_s))
-                    self._background.add(task)
-                    task.add_done_callback(self._background.discard)
-            case "kill-rank":
-                spec = faults.KillRank(rank=fault.rank)
-                ok = self._record_outcome(fault, node, await fire(spec, self.ctx))
-            case "hang-rank":
-                spec = faults.HangRank(rank=fault.rank)
-                ok = self._record_outcome(fault, node, await fire(spec, self.ctx))
+            case "fail-node" | "kill-rank" | "hang-rank":
+                outcome = await fire(_chaos_spec(fault, node), self.ctx)
+                ok = self._record(fault, node, outcome.ok, outcome.detail)
+                if ok and fault.action == "fail-node" and fault.repair_after_s:
+                    self._in_background(self._repair(node, fault.repair_after_s))
         # a fault that took effect ends in a new attempt; one that did not leaves the job as is
         return self._job_stepping_since(time.monotonic(), attempt_after=attempt if ok else 0)
+
+    def _in_background(self, work: Coroutine[Any, Any, object]) -> None:
+        """Run ``work`` alongside the scenario; cancelled if the job ends first."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _repair(self, node: str, after_s: float) -> None:
         await asyncio.sleep(after_s)
@@ -151,9 +147,6 @@ class Driver:
             if entry.node == node and entry.fault.action == "fail-node":
                 entry.repaired_at_step = self.watcher.step
 
-    def _record_outcome(self, fault: DemoFault, node: str, outcome: FaultOutcome) -> bool:
-        return self._record(fault, node, outcome.ok, outcome.detail)
-
     def _record(self, fault: DemoFault, node: str, ok: bool, detail: str) -> bool:
         entry = Injected(self.watcher.step, fault, node, ok, detail)
         self.injected.append(entry)
@@ -164,3 +157,15 @@ class Driver:
             else f"[red]fault {fault.action} could not be applied[/]: {detail}"
         )
         return ok
+
+
+def _chaos_spec(fault: DemoFault, node: str) -> faults.FaultSpec:
+    """The chaos tool's fault for a demo fault that is one (a rank's, or its node's)."""
+    match fault.action:
+        case "kill-rank":
+            return faults.KillRank(rank=fault.rank)
+        case "hang-rank":
+            return faults.HangRank(rank=fault.rank)
+        case "fail-node":
+            return faults.FailNode(node=node)
+    raise ValueError(f"{fault.action} is not a chaos fault")

@@ -91,6 +91,7 @@ class FakeKubernetesApi:
         self.services: list[client.V1Service] = []
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.refuse_create_after: int | None = None
+        self.refuse_delete: set[str] = set()
 
     def list_node(self, label_selector: str = "", **_: Any) -> client.V1NodeList:
         items = [n for n in self.nodes if _matches(n.metadata.labels, label_selector)]
@@ -119,6 +120,8 @@ class FakeKubernetesApi:
         self, name: str, namespace: str, grace_period_seconds: int | None = None, **_: Any
     ) -> None:
         assert namespace == NAMESPACE
+        if name in self.refuse_delete:
+            raise ApiException(status=403, reason="Forbidden")
         pod = self.pods.pop(name, None)
         if pod is None:
             raise ApiException(status=404, reason="NotFound")
@@ -357,6 +360,28 @@ async def test_hot_swap_puts_the_spare_in_the_failed_nodes_rank_positions(rig) -
     assert status.world_size == 4 and status.spare_nodes == []
     swapped = [e for e in recorder.of(schemas.RankExited) if e.attempt == 1]
     assert {e.expected_reason for e in swapped} == {"hot_swap"}
+
+
+async def test_a_refused_force_deletion_fails_the_command_and_is_tried_again_later(rig) -> None:
+    backend, api, recorder = rig
+    await backend.start_job(_start())
+    api.refuse_delete = {"job-k8s-a1-r0"}
+    with pytest.raises(RuntimeError, match="cannot delete pod job-k8s-a1-r0: 403 Forbidden"):
+        await backend.hot_swap("gpu-a", "", "XID 79")
+    # the deletions that were allowed happened, and only their exits are reported
+    assert sorted(name for name, _ in api.deleted) == [f"job-k8s-a1-r{r}" for r in (1, 2, 3)]
+    lost = [e for e in recorder.of(schemas.RankExited) if e.node == "gpu-a"]
+    assert [(e.rank, e.signal) for e in lost] == [(1, signal.SIGKILL)]
+
+    api.refuse_delete.clear()
+    await backend.restart("retry")
+    assert ("job-k8s-a1-r0", FORCE_GRACE_S) in api.deleted
+    lost = [e for e in recorder.of(schemas.RankExited) if e.node == "gpu-a"]
+    assert sorted((e.rank, e.signal, e.expected_reason) for e in lost) == [
+        (0, signal.SIGKILL, "hot_swap"),
+        (1, signal.SIGKILL, "hot_swap"),
+    ]
+    assert _placement(api, 2) == [(0, "gpu-c"), (1, "gpu-c"), (2, "gpu-b"), (3, "gpu-b")]
 
 
 async def test_scale_down_then_up_deletes_gracefully_only_when_growing(rig) -> None:

@@ -301,7 +301,14 @@ class KubernetesBackend(MembershipBackend):
         lost = [pod for pod in self.pods.values() if pod.node in failed]
         healthy = [pod for pod in pods if pod.node not in failed]
         grace_s = self.options.stop_grace_s if graceful else IMMEDIATE_GRACE_S
-        await asyncio.gather(self._force_delete(lost, why), self._delete(healthy, grace_s, why))
+        outcomes = await asyncio.gather(
+            self._force_delete(lost, why),
+            self._delete(healthy, grace_s, why),
+            return_exceptions=True,  # one refused deletion must not leave the other running
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):
+                raise outcome
 
     async def _force_delete(self, pods: list[RankPod], why: str) -> None:
         """Remove the pods of a failed node at once; their exits are recorded as SIGKILL now.

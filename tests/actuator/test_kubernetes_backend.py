@@ -28,13 +28,14 @@ from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_from_env
 from goodput.config import ServiceConfig, load_service_config
-from goodput_services.actuator import kubernetes_backend
+from goodput_services.actuator import kubernetes_watch
 from goodput_services.actuator.backend import Backend
 from goodput_services.actuator.kubernetes_backend import (
+    FORCE_GRACE_S,
     IMMEDIATE_GRACE_S,
     KubernetesBackend,
-    KubernetesOptions,
 )
+from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
 from goodput_services.actuator.local_backend import LocalBackend
 from goodput_services.actuator.membership import MembershipError
 from goodput_services.actuator.service import ActuatorService
@@ -90,6 +91,7 @@ class FakeKubernetesApi:
         self.services: list[client.V1Service] = []
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.refuse_create_after: int | None = None
+        self.refuse_delete: set[str] = set()
 
     def list_node(self, label_selector: str = "", **_: Any) -> client.V1NodeList:
         items = [n for n in self.nodes if _matches(n.metadata.labels, label_selector)]
@@ -118,6 +120,8 @@ class FakeKubernetesApi:
         self, name: str, namespace: str, grace_period_seconds: int | None = None, **_: Any
     ) -> None:
         assert namespace == NAMESPACE
+        if name in self.refuse_delete:
+            raise ApiException(status=403, reason="Forbidden")
         pod = self.pods.pop(name, None)
         if pod is None:
             raise ApiException(status=404, reason="NotFound")
@@ -344,7 +348,13 @@ async def test_hot_swap_puts_the_spare_in_the_failed_nodes_rank_positions(rig) -
     await backend.start_job(_start())
     await backend.hot_swap("gpu-a", "", "XID 79")
     assert _placement(api, 2) == [(0, "gpu-c"), (1, "gpu-c"), (2, "gpu-b"), (3, "gpu-b")]
-    assert {grace for _, grace in api.deleted} == {IMMEDIATE_GRACE_S}
+    # the failed node's pods are force-deleted; the healthy node's are killed, not waited for
+    assert sorted(api.deleted) == [
+        ("job-k8s-a1-r0", FORCE_GRACE_S),
+        ("job-k8s-a1-r1", FORCE_GRACE_S),
+        ("job-k8s-a1-r2", IMMEDIATE_GRACE_S),
+        ("job-k8s-a1-r3", IMMEDIATE_GRACE_S),
+    ]
     status = recorder.of(schemas.JobStatus)[-1]
     assert status.active_nodes == ["gpu-c", "gpu-b"] and status.failed_nodes == ["gpu-a"]
     assert status.world_size == 4 and status.spare_nodes == []
@@ -352,12 +362,39 @@ async def test_hot_swap_puts_the_spare_in_the_failed_nodes_rank_positions(rig) -
     assert {e.expected_reason for e in swapped} == {"hot_swap"}
 
 
+async def test_a_refused_force_deletion_fails_the_command_and_is_tried_again_later(rig) -> None:
+    backend, api, recorder = rig
+    await backend.start_job(_start())
+    api.refuse_delete = {"job-k8s-a1-r0"}
+    with pytest.raises(RuntimeError, match="cannot delete pod job-k8s-a1-r0: 403 Forbidden"):
+        await backend.hot_swap("gpu-a", "", "XID 79")
+    # the deletions that were allowed happened, and only their exits are reported
+    assert sorted(name for name, _ in api.deleted) == [f"job-k8s-a1-r{r}" for r in (1, 2, 3)]
+    lost = [e for e in recorder.of(schemas.RankExited) if e.node == "gpu-a"]
+    assert [(e.rank, e.signal) for e in lost] == [(1, signal.SIGKILL)]
+
+    api.refuse_delete.clear()
+    await backend.restart("retry")
+    assert ("job-k8s-a1-r0", FORCE_GRACE_S) in api.deleted
+    lost = [e for e in recorder.of(schemas.RankExited) if e.node == "gpu-a"]
+    assert sorted((e.rank, e.signal, e.expected_reason) for e in lost) == [
+        (0, signal.SIGKILL, "hot_swap"),
+        (1, signal.SIGKILL, "hot_swap"),
+    ]
+    assert _placement(api, 2) == [(0, "gpu-c"), (1, "gpu-c"), (2, "gpu-b"), (3, "gpu-b")]
+
+
 async def test_scale_down_then_up_deletes_gracefully_only_when_growing(rig) -> None:
     backend, api, recorder = rig
     await backend.start_job(_start(spares=0))
     await backend.scale_to([], ["gpu-b"], "gpu-b lost")
     assert _placement(api, 2) == [(0, "gpu-a"), (1, "gpu-a")]
-    assert {grace for _, grace in api.deleted} == {IMMEDIATE_GRACE_S}
+    assert sorted(api.deleted) == [
+        ("job-k8s-a1-r0", IMMEDIATE_GRACE_S),
+        ("job-k8s-a1-r1", IMMEDIATE_GRACE_S),
+        ("job-k8s-a1-r2", FORCE_GRACE_S),
+        ("job-k8s-a1-r3", FORCE_GRACE_S),
+    ]
     assert _env(api.pod(2, 1))["WORLD_SIZE"] == "2"
     assert recorder.of(schemas.JobStatus)[-1].failed_nodes == ["gpu-b"]
 
@@ -404,7 +441,7 @@ async def test_the_job_finishes_when_every_rank_pod_exits_zero(rig) -> None:
 
 async def test_a_pod_that_vanished_while_the_watch_was_down_is_reported(rig, monkeypatch) -> None:
     backend, api, recorder = rig
-    monkeypatch.setattr(kubernetes_backend, "WATCH_RETRY_S", 0.01)
+    monkeypatch.setattr(kubernetes_watch, "WATCH_RETRY_S", 0.01)
     await backend.start_job(_start(nodes=1, spares=0))
     await asyncio.sleep(0)
     del api.pods["job-k8s-a1-r1"]  # node lost: the pod is gone, no event was delivered
@@ -534,7 +571,7 @@ def test_the_deployed_actuator_hands_its_own_credential_paths_to_the_rank_pods()
     bus = msgspec.convert(tomllib.loads((DEPLOY / "goodput.toml").read_text())["bus"], BusSettings)
     config, spec = _container_config("supervisor.yaml", "goodput-actuator", "actuator")
     options = KubernetesOptions.from_mapping(config.options["kubernetes"])
-    rank_bus = kubernetes_backend.RankBus.of(bus, options)
+    rank_bus = RankBus.of(bus, options)
     assert rank_bus.env["GOODPUT_NATS_CREDS"] == bus.creds_file
     assert rank_bus.env["GOODPUT_NATS_TLS_CA"] == bus.tls_ca_file
     # the same Secret at the same path as in the actuator's own pod

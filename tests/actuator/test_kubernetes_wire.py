@@ -4,14 +4,21 @@ No Kubernetes cluster can run here. ``StandInApiServer`` is a small HTTP server 
 only the REST calls the backend makes (list nodes; list, watch, create and delete pods;
 create a service), so that the real client's serialization, its strictly typed API methods,
 ``kubernetes.watch.Watch`` (chunked watch stream) and the kubeconfig loading are exercised
-as they would be against a cluster. It is a stand-in, not an API server: no scheduling, no
-kubelet. The backend has NOT been run against a real cluster here.
+as they would be against a cluster. It is a stand-in, not an API server: no scheduler, and
+the kubelet's part reduced to two behaviours. A pod on a live node that is deleted stops at
+once (exit 0 when given more than a second to save, else SIGKILL) and goes away. A pod on a
+node in ``dead_nodes`` has no kubelet to stop it: a delete with a grace period only marks it
+Terminating (``deletionTimestamp``) and it stays so forever, as against a real API server
+whose node is gone; only a delete with grace period 0 (force) removes it. No kube-apiserver
+can be installed here (Debian packages etcd, not the API server; PyPI has neither), so the
+backend has NOT been run against a real cluster here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
@@ -54,6 +61,8 @@ class StandInApiServer:
         self.pods: dict[str, dict[str, Any]] = {}
         self.created: list[dict[str, Any]] = []
         self.deletions: list[tuple[str, str]] = []  # (pod name, gracePeriodSeconds)
+        #: nodes whose kubelet is gone: their pods never finish terminating by themselves
+        self.dead_nodes: set[str] = set()
         self.services: list[dict[str, Any]] = []
         self.watchers: list[queue.Queue[dict[str, Any] | None]] = []
         self.watching = threading.Event()
@@ -151,18 +160,36 @@ class StandInApiServer:
                 url = urlparse(self.path)
                 name = url.path.rsplit("/", 1)[-1]
                 grace = parse_qs(url.query).get("gracePeriodSeconds", [""])[0]
-                pod = server.pods.pop(name, None)
+                pod = server.pods.get(name)
                 if pod is None:
                     self._send(404, {"kind": "Status", "reason": "NotFound", "code": 404})
                     return
                 server.deletions.append((name, grace))
+                if _pinned_node(pod) in server.dead_nodes and int(grace) > 0:
+                    # no kubelet confirms the containers stopped: Terminating, for good
+                    metadata = pod["metadata"]
+                    if "deletionTimestamp" not in metadata:
+                        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+                        metadata["deletionGracePeriodSeconds"] = int(grace)
+                        server.publish("MODIFIED", pod)
+                    self._send(200, pod)
+                    return
+                del server.pods[name]
                 self._send(200, pod)
-                if pod["status"]["phase"] == "Pending":
+                alive = _pinned_node(pod) not in server.dead_nodes
+                if alive and pod["status"]["phase"] == "Pending":
                     pod["status"] = _terminated(0 if int(grace) > 1 else 137)
                     server.publish("MODIFIED", pod)
                 server.publish("DELETED", pod)
 
         return Handler
+
+
+def _pinned_node(pod: dict[str, Any]) -> str:
+    """The node a rank pod is pinned to (where a scheduler would bind it)."""
+    affinity = pod["spec"]["affinity"]["nodeAffinity"]
+    terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return terms[0]["matchFields"][0]["values"][0]
 
 
 def _node(name: str) -> dict[str, Any]:
@@ -244,3 +271,86 @@ async def test_pods_go_over_the_wire_and_terminations_come_back_through_the_watc
         lambda e: isinstance(e, schemas.RankExited) and e.expected_reason == "restart"
     )
     assert (killed.rank, killed.signal) == (0, 9)
+
+
+def _two_nodes_of_two_ranks() -> schemas.StartJob:
+    """gpu-a runs ranks 0 and 1, gpu-b ranks 2 and 3, gpu-c waits as the spare."""
+    return schemas.StartJob(
+        job=JOB, argv=["python", "train.py"], nodes=2, procs_per_node=2, spares=1
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        (lambda backend: backend.hot_swap("gpu-a", "", "gpu-a not ready"), "hot_swap"),
+        (lambda backend: backend.scale_to([], ["gpu-a"], "gpu-a not ready"), "scale_down"),
+    ],
+    ids=["hot_swap", "scale_down"],
+)
+async def test_pods_of_a_node_declared_failed_are_force_deleted_and_their_exits_reported(
+    wired, command, why
+):
+    backend, server, recorder = wired
+    await backend.start_job(_two_nodes_of_two_ranks())
+    assert await asyncio.to_thread(server.watching.wait, 30)
+    server.dead_nodes.add("gpu-a")  # its pods would stay Terminating for good
+
+    await command(backend)
+    # gpu-a's pods are force-deleted (grace 0), not waited for; gpu-b's stop as before
+    assert sorted(server.deletions) == [
+        ("wire-a1-r0", "0"),
+        ("wire-a1-r1", "0"),
+        ("wire-a1-r2", "1"),
+        ("wire-a1-r3", "1"),
+    ]
+    assert not [name for name in server.pods if name.startswith("wire-a1-")]
+    # the exits of gpu-a's ranks are on record before the command returns
+    lost = [e for e in recorder.events if isinstance(e, schemas.RankExited) and e.node == "gpu-a"]
+    assert sorted((e.rank, e.attempt, e.signal, e.expected_reason) for e in lost) == [
+        (0, 1, 9, why),
+        (1, 1, 9, why),
+    ]
+    assert backend.attempt == 2 and backend.state == "running"
+
+
+async def test_pods_left_terminating_on_a_node_later_declared_failed_are_force_deleted(
+    wired, monkeypatch
+):
+    from goodput_services.actuator import kubernetes_backend
+
+    # how long a restart waits for pods that never go: not what this test is about
+    monkeypatch.setattr(kubernetes_backend, "DELETE_MARGIN_S", 0.0)
+    backend, server, recorder = wired
+    await backend.start_job(_two_nodes_of_two_ranks())
+    assert await asyncio.to_thread(server.watching.wait, 30)
+    server.dead_nodes.add("gpu-a")
+    # a restart before anyone knows gpu-a is dead: its pods stay Terminating, no exit comes
+    await backend.restart("collective timeout")
+    assert {"wire-a1-r0", "wire-a1-r1"} <= set(server.pods)
+
+    await backend.hot_swap("gpu-a", "", "gpu-a not ready")
+    forced = sorted(name for name, grace in server.deletions if grace == "0")
+    assert forced == ["wire-a1-r0", "wire-a1-r1", "wire-a2-r0", "wire-a2-r1"]
+    assert not [name for name in server.pods if not name.startswith("wire-a3-")]
+    lost = [e for e in recorder.events if isinstance(e, schemas.RankExited) and e.node == "gpu-a"]
+    assert sorted((e.attempt, e.rank, e.signal) for e in lost) == [
+        (1, 0, 9),
+        (1, 1, 9),
+        (2, 0, 9),
+        (2, 1, 9),
+    ]
+
+
+async def test_shutdown_stops_the_pod_watch_without_reporting_an_interruption(wired, caplog):
+    backend, server, _ = wired
+    caplog.set_level(logging.WARNING)
+    await backend.start_job(
+        schemas.StartJob(job=JOB, argv=["python", "train.py"], nodes=1, procs_per_node=1)
+    )
+    assert await asyncio.to_thread(server.watching.wait, 30)
+    await backend.shutdown()
+    for thread in threading.enumerate():
+        if thread.name == "pod-watch":
+            await asyncio.to_thread(thread.join, 30)
+    assert not [r for r in caplog.records if "pod watch interrupted" in r.getMessage()]

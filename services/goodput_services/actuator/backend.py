@@ -247,10 +247,8 @@ def create_backend(
         return LocalBackend(job=job, state_dir=state_dir, bus_settings=bus_settings, emit=emit)
     if name == "kubernetes":
         # imported here: the kubernetes client is slow to import and only this backend needs it
-        from goodput_services.actuator.kubernetes_backend import (
-            KubernetesBackend,
-            KubernetesOptions,
-        )
+        from goodput_services.actuator.kubernetes_backend import KubernetesBackend
+        from goodput_services.actuator.kubernetes_options import KubernetesOptions
 
         settings = KubernetesOptions.from_mapping(options.get("kubernetes", {}))
         return KubernetesBackend.connect(

@@ -1,0 +1,156 @@
+"""The Kubernetes backend's options, and how rank pods reach the bus with the actuator's credentials.
+
+The shim reaches the bus as the actuator does: the Secrets holding the actuator's NATS
+credential files and TLS CA are mounted read-only into every rank pod and ``GOODPUT_NATS_*``
+point at them; a password or token is never written into a pod spec (``secretKeyRef`` only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from kubernetes import client
+
+from goodput.bus import BusSettings
+from goodput.bus.settings import ENV_VARS, FILE_FIELDS, SECRET_FIELDS, settings_to_env
+
+
+class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The actuator's ``kubernetes`` option table (``--set 'kubernetes={image="…"}'``)."""
+
+    #: the training image; the StartJob's argv is its command
+    image: str = ""
+    namespace: str = "goodput"
+    #: the nodes the job may use, as a label selector; sorted by name, the first N run the job
+    #: and the next S wait as spares
+    node_selector: str = "goodput.dev/pool=gpu"
+    service_account: str = "goodput-trainer"
+    image_pull_policy: str = "IfNotPresent"
+    master_port: int = 29500
+    #: GPUs each rank pod requests (0: none, e.g. CPU-only test clusters)
+    gpus_per_rank: int = 0
+    gpu_resource: str = "nvidia.com/gpu"
+    tolerations: list[dict[str, str]] = msgspec.field(
+        default_factory=lambda: [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    )
+    #: the node's checkpoint directory on the host, and where rank pods see it; the node's
+    #: checkpoint tier must use the same directory as its state directory
+    checkpoint_host_path: str = "/mnt/stateful_partition/goodput-checkpoints"
+    checkpoint_mount_path: str = "/var/lib/goodput"
+    #: the bus as the rank pods reach it; empty: the actuator's own bus URL
+    bus_url: str = ""
+    #: the Secret holding the files the actuator authenticates with (creds file, nkey seed,
+    #: client certificate and key) under the same file names, mounted read-only here in each
+    #: rank pod; used only when the actuator has such a file
+    nats_creds_secret: str = "goodput-nats-creds"
+    nats_creds_mount_path: str = "/etc/goodput/nats"
+    #: the Secret and key holding the CA that verifies the NATS server, mounted here; used only
+    #: when the actuator has a CA file (empty secret: the CA comes from ``nats_creds_secret``)
+    nats_tls_secret: str = "goodput-nats-tls"
+    nats_tls_ca_key: str = "ca.crt"
+    nats_tls_mount_path: str = "/etc/goodput/tls"
+    #: a Secret with key ``password`` (and/or ``token``) when the actuator authenticates with
+    #: a password or token: rank pods read it through ``secretKeyRef``, never in clear text
+    nats_auth_secret: str = ""
+    #: how long ranks asked to stop (SIGTERM: save and exit) may take
+    stop_grace_s: int = 60
+    #: credentials: in a pod the service account's (in-cluster), else this kubeconfig
+    kubeconfig: str = ""
+    context: str = ""
+
+    @classmethod
+    def from_mapping(cls, options: dict[str, Any]) -> KubernetesOptions:
+        try:
+            parsed = msgspec.convert(options, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            raise SystemExit(f"invalid kubernetes option: {exc}") from exc
+        if not parsed.image:
+            raise SystemExit("the kubernetes backend needs an image: --set 'kubernetes={image=…}'")
+        for toleration in parsed.tolerations:
+            try:
+                client.V1Toleration(**toleration)
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                raise SystemExit(f"invalid kubernetes toleration {toleration}: {exc}") from exc
+        return parsed
+
+
+@dataclass
+class RankBus:
+    """How rank pods reach the bus: the actuator's settings, with files from mounted Secrets."""
+
+    #: plain ``GOODPUT_NATS_*`` values (URL, user, paths inside the pod)
+    env: dict[str, str]
+    #: password/token through ``secretKeyRef``
+    secret_env: list[client.V1EnvVar]
+    volumes: list[client.V1Volume]
+    mounts: list[client.V1VolumeMount]
+
+    @classmethod
+    def of(cls, settings: BusSettings, options: KubernetesOptions) -> RankBus:
+        """Refuses (SystemExit) what rank pods could not be given without a Secret to hold it."""
+        paths: dict[str, str] = {}
+        volumes: list[client.V1Volume] = []
+        mounts: list[client.V1VolumeMount] = []
+        from_creds = [f for f in FILE_FIELDS if getattr(settings, f)]
+        if settings.tls_ca_file and options.nats_tls_secret:
+            from_creds.remove("tls_ca_file")
+            key = options.nats_tls_ca_key
+            paths["tls_ca_file"] = f"{options.nats_tls_mount_path.rstrip('/')}/{key}"
+            volumes.append(_secret_volume("nats-tls", options.nats_tls_secret, [key]))
+            mounts.append(_read_only_mount("nats-tls", options.nats_tls_mount_path))
+        if from_creds:
+            if not options.nats_creds_secret:
+                raise SystemExit(
+                    "the actuator reaches NATS with "
+                    + ", ".join(f"{f.replace('_', ' ')} {getattr(settings, f)}" for f in from_creds)
+                    + "; rank pods need them too: name the Secret holding them (same file names) "
+                    "with kubernetes.nats_creds_secret"
+                )
+            for field in from_creds:
+                name = Path(getattr(settings, field)).name
+                paths[field] = f"{options.nats_creds_mount_path.rstrip('/')}/{name}"
+            volumes.append(_secret_volume("nats-creds", options.nats_creds_secret, None))
+            mounts.append(_read_only_mount("nats-creds", options.nats_creds_mount_path))
+        secrets = [f for f in SECRET_FIELDS if getattr(settings, f)]
+        if secrets and not options.nats_auth_secret:
+            raise SystemExit(
+                f"the actuator reaches NATS with a {' and a '.join(secrets)}, which the kubernetes "
+                "backend does not write into pod specs: put it in a Secret (key "
+                f"{', '.join(repr(f) for f in secrets)}) and name it with "
+                "kubernetes.nats_auth_secret, or authenticate with a creds file"
+            )
+        secret_env = [
+            client.V1EnvVar(
+                name=ENV_VARS[field],
+                value_from=client.V1EnvVarSource(
+                    secret_key_ref=client.V1SecretKeySelector(
+                        name=options.nats_auth_secret, key=field
+                    )
+                ),
+            )
+            for field in secrets
+        ]
+        rank_settings = msgspec.structs.replace(
+            settings,
+            url=options.bus_url or settings.url,
+            password="",
+            token="",
+            **paths,
+        )
+        return cls(settings_to_env(rank_settings), secret_env, volumes, mounts)
+
+
+def _secret_volume(name: str, secret: str, keys: list[str] | None) -> client.V1Volume:
+    items = [client.V1KeyToPath(key=k, path=k) for k in keys] if keys else None
+    return client.V1Volume(
+        name=name, secret=client.V1SecretVolumeSource(secret_name=secret, items=items)
+    )
+
+
+def _read_only_mount(name: str, path: str) -> client.V1VolumeMount:
+    return client.V1VolumeMount(name=name, mount_path=path, read_only=True)

@@ -1,0 +1,170 @@
+"""The Kubernetes objects of a job: rank pods, the rendezvous Service, and how to read them.
+
+Every rank is a pod pinned to its node, with the torchrun environment the backend computes
+(rank 0's stable DNS name through a headless Service is the rendezvous address); the node's
+checkpoint volume is a hostPath, the same directory the node's checkpoint tier serves.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from kubernetes import client
+
+from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
+
+LABEL_JOB = "goodput.dev/job"
+LABEL_ATTEMPT = "goodput.dev/attempt"
+LABEL_RANK = "goodput.dev/rank"
+LABEL_NODE = "goodput.dev/node"
+CONTAINER = "trainer"
+
+
+class PodApi(Protocol):
+    """The CoreV1Api methods the backend calls (a test passes a recording fake)."""
+
+    def list_node(self, **kwargs: Any) -> client.V1NodeList: ...
+
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> client.V1PodList: ...
+
+    def create_namespaced_pod(self, namespace: str, body: client.V1Pod) -> client.V1Pod: ...
+
+    def delete_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
+
+    def create_namespaced_service(
+        self, namespace: str, body: client.V1Service
+    ) -> client.V1Service: ...
+
+
+def rank_pod(
+    *,
+    name: str,
+    labels: dict[str, str],
+    node: str,
+    service_name: str,
+    argv: Sequence[str],
+    workdir: str,
+    env: dict[str, str],
+    options: KubernetesOptions,
+    rank_bus: RankBus,
+) -> client.V1Pod:
+    """The pod of one rank, pinned to ``node``; bus secrets come by reference, never inline."""
+    secret_names = {e.name for e in rank_bus.secret_env}
+    env_vars = [client.V1EnvVar(name=k, value=v) for k, v in env.items() if k not in secret_names]
+    resources = None
+    if options.gpus_per_rank > 0:
+        limits = {options.gpu_resource: str(options.gpus_per_rank)}
+        resources = client.V1ResourceRequirements(limits=limits)
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
+        spec=client.V1PodSpec(
+            restart_policy="Never",  # the actuator decides what a failed rank means
+            hostname=name,
+            subdomain=service_name,
+            # node affinity rather than nodeName: the scheduler still checks GPUs and taints
+            affinity=client.V1Affinity(
+                node_affinity=client.V1NodeAffinity(
+                    required_during_scheduling_ignored_during_execution=client.V1NodeSelector(
+                        node_selector_terms=[
+                            client.V1NodeSelectorTerm(
+                                match_fields=[
+                                    client.V1NodeSelectorRequirement(
+                                        key="metadata.name", operator="In", values=[node]
+                                    )
+                                ]
+                            )
+                        ]
+                    )
+                )
+            ),
+            tolerations=[client.V1Toleration(**t) for t in options.tolerations],
+            service_account_name=options.service_account,
+            automount_service_account_token=False,
+            termination_grace_period_seconds=options.stop_grace_s,
+            containers=[
+                client.V1Container(
+                    name=CONTAINER,
+                    image=options.image,
+                    image_pull_policy=options.image_pull_policy,
+                    command=list(argv),
+                    working_dir=workdir or None,
+                    env=env_vars + rank_bus.secret_env,
+                    ports=[client.V1ContainerPort(container_port=options.master_port)],
+                    resources=resources,
+                    volume_mounts=[
+                        client.V1VolumeMount(
+                            name="checkpoints", mount_path=options.checkpoint_mount_path
+                        ),
+                        client.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+                        *rank_bus.mounts,
+                    ],
+                )
+            ],
+            volumes=[
+                client.V1Volume(
+                    name="checkpoints",
+                    host_path=client.V1HostPathVolumeSource(
+                        path=options.checkpoint_host_path, type="DirectoryOrCreate"
+                    ),
+                ),
+                # data loader workers and NCCL share memory through /dev/shm (64 MiB default)
+                client.V1Volume(
+                    name="dshm", empty_dir=client.V1EmptyDirVolumeSource(medium="Memory")
+                ),
+                *rank_bus.volumes,
+            ],
+        ),
+    )
+
+
+def rendezvous_service(name: str, job: str, port: int) -> client.V1Service:
+    """The headless Service that gives rank 0 a stable DNS name for the rendezvous."""
+    return client.V1Service(
+        metadata=client.V1ObjectMeta(name=name, labels={LABEL_JOB: job}),
+        spec=client.V1ServiceSpec(
+            cluster_ip="None",
+            selector={LABEL_JOB: job},
+            # rank 0 must resolve before it is "ready": the others dial it while it starts
+            publish_not_ready_addresses=True,
+            ports=[client.V1ServicePort(name="rendezvous", port=port, protocol="TCP")],
+        ),
+    )
+
+
+def is_ready(node: client.V1Node) -> bool:
+    conditions = (node.status.conditions if node.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def terminated_state(pod: client.V1Pod) -> client.V1ContainerStateTerminated | None:
+    """The trainer container's final state, once it has one."""
+    statuses = (pod.status.container_statuses if pod.status else None) or []
+    for status in statuses:
+        if status.name == CONTAINER and status.state and status.state.terminated:
+            return status.state.terminated
+    return None
+
+
+def exit_of(terminated: client.V1ContainerStateTerminated | None) -> tuple[int | None, int | None]:
+    """(exit code, signal) of a container; None, None for a pod that vanished with its node.
+
+    Container runtimes report a signal death as exit code 128 + signal (137 = SIGKILL, also for
+    the OOM killer), so it is reported as a signal, like the local backend's negative codes.
+    """
+    if terminated is None:
+        return None, None
+    if terminated.signal:
+        return None, terminated.signal
+    code = terminated.exit_code
+    if 128 < code < 128 + signal.NSIG:
+        return None, code - 128
+    return code, None
+
+
+def dns_label(text: str, limit: int) -> str:
+    """``text`` as a DNS label (pod and service names): lowercase, letters, digits and '-'."""
+    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return label[:limit].rstrip("-") or "job"

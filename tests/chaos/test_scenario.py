@@ -237,14 +237,14 @@ def test_a_file_that_once_crashed_or_hung_is_refused(name: str, tmp_path: Path):
 
 
 @pytest.mark.slow  # the `goodput` CLI starts slowly
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("name", REFUSED_BY_THE_CLI)
 def test_the_cli_refuses_a_bad_scenario_in_one_line(name: str, tmp_path: Path):
     content, field = REFUSED_BY_THE_CLI[name]
     path = tmp_path / "bad.toml"
     path.write_bytes(content)
     result = goodput_cli(
-        "chaos", "run", str(path), "--state-dir", str(tmp_path / "none"), timeout=60, check=False
+        "chaos", "run", str(path), "--state-dir", str(tmp_path / "none"), timeout=110, check=False
     )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()

@@ -289,7 +289,8 @@ class Bus:
             stream_seq=stream_seq,
             max_payload=self.nc.max_payload,
         )
-        msg_id = f"{service}:{subject}:{stream_seq}" if stream_seq else schemas.new_id()
+        # the subject's head names the stream, whose sequence names the message
+        msg_id = f"{service}:{subject[:200]}:{stream_seq}" if stream_seq else schemas.new_id()
         return await self.publish(
             subjects.dead_letter(job, service), letter, msg_id=msg_id, retry_for_s=retry_for_s
         )

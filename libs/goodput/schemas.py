@@ -256,10 +256,15 @@ class ServiceHealth(Event, tag="service_health", kw_only=True):
 
 
 class DeadLetter(Event, tag="dead_letter", kw_only=True):
+    """Input a service could not use. ``payload`` is cut to fit the server's max payload; ``size``
+    is the original's length and ``stream_seq`` its sequence in its stream (0: core NATS)."""
+
     service: str
     subject: str
     reason: str
     payload: bytes
+    size: int = 0
+    stream_seq: int = 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -402,6 +407,8 @@ def _decode(decoder: msgspec.msgpack.Decoder[Any], payload: bytes) -> Any:
         message = decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise SchemaError(str(exc)) from exc
+    except RecursionError as exc:  # msgspec skipping a deeply nested value it will reject anyway
+        raise SchemaError("nested too deeply") from exc
     if message.schema > SCHEMA_VERSION:
         raise SchemaError(
             f"schema version {message.schema} is newer than this build understands "

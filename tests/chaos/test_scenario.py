@@ -11,7 +11,9 @@ import pytest
 
 from goodput.chaos import ScenarioError, parse_scenario, plan
 from goodput.chaos import spec as faults
+from goodput.chaos.scenario import load_scenario
 from tests.chaos.conftest import VictimJob
+from tests.conftest import goodput_cli
 
 GOOD = """
 duration_s = 120
@@ -192,3 +194,59 @@ def test_the_documented_example_is_a_valid_scenario():
     example = doc.split("```toml")[1].split("```")[0]
     parsed = parse_scenario(example, "docstring")
     assert [f.kind for f in parsed.faults] == ["kill-rank", "fail-node"]
+
+
+#: files that once gave a traceback or a hang; each must fail with one line naming file and field
+REFUSED_BY_THE_CLI = {
+    "kind is a list": (b'duration_s = 5\n[[faults]]\nkind = ["kill-rank"]\nat_s = 1', "kind"),
+    "not UTF-8": (b'duration_s = 5\n[[faults]]\nkind = "kill-rank"\nat_s = 1 # \xff\xfe', "UTF-8"),
+    "infinite rate": (
+        b'duration_s = 5\n[[faults]]\nkind = "kill-rank"\nrate_per_day = inf',
+        "rate_per_day",
+    ),
+    "enormous rate": (
+        b'duration_s = 5\n[[faults]]\nkind = "kill-rank"\nrate_per_day = 1e15',
+        "rate_per_day",
+    ),
+    "infinite Poisson duration": (
+        b'duration_s = inf\n[[faults]]\nkind = "kill-rank"\nrate_per_day = 5',
+        "duration_s",
+    ),
+    "too many planned": (
+        b'duration_s = 86400\ntime_compression = 1e6\n[[faults]]\nkind = "kill-rank"\n'
+        b"rate_per_day = 5",
+        "at most",
+    ),
+    "nan at_s": (b'duration_s = 5\n[[faults]]\nkind = "kill-rank"\nat_s = nan', "at_s"),
+    "too many faults": (
+        b"duration_s = 5\n" + b'[[faults]]\nkind = "kill-rank"\nat_s = 1\n' * 1001,
+        "faults",
+    ),
+}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("name", REFUSED_BY_THE_CLI)
+def test_a_file_that_once_crashed_or_hung_is_refused(name: str, tmp_path: Path):
+    content, field = REFUSED_BY_THE_CLI[name]
+    path = tmp_path / "bad.toml"
+    path.write_bytes(content)
+    with pytest.raises(ScenarioError) as caught:
+        plan(load_scenario(path))
+    assert "bad.toml" in str(caught.value) and field in str(caught.value)
+
+
+@pytest.mark.slow  # the `goodput` CLI starts slowly
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", REFUSED_BY_THE_CLI)
+def test_the_cli_refuses_a_bad_scenario_in_one_line(name: str, tmp_path: Path):
+    content, field = REFUSED_BY_THE_CLI[name]
+    path = tmp_path / "bad.toml"
+    path.write_bytes(content)
+    result = goodput_cli(
+        "chaos", "run", str(path), "--state-dir", str(tmp_path / "none"), timeout=110, check=False
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "bad.toml" in lines[0] and field in lines[0], lines[0]

@@ -104,6 +104,36 @@ async def retry_transient(
             delay = min(delay * 2, 1.0)
 
 
+#: room left in a dead letter for its headers (message id, trace context)
+DEAD_LETTER_HEADROOM = 4096
+
+
+def dead_letter_entry(
+    *,
+    job: str,
+    service: str,
+    subject: str,
+    reason: str,
+    payload: bytes,
+    stream_seq: int,
+    max_payload: int,
+) -> schemas.DeadLetter:
+    """The dead letter of ``payload``, cut so that letter and headers fit in ``max_payload``."""
+    letter = schemas.DeadLetter(
+        job=job,
+        service=service,
+        subject=subject[:1024],
+        reason=reason[:2000],
+        payload=b"",
+        size=len(payload),
+        stream_seq=stream_seq,
+    )
+    # +5: the largest msgpack bin header the payload can add
+    room = max(0, max_payload - DEAD_LETTER_HEADROOM - len(schemas.encode(letter)) - 5)
+    letter.payload = payload[:room]
+    return letter
+
+
 class Bus:
     """One service's connection to NATS JetStream."""
 
@@ -235,12 +265,35 @@ class Bus:
         await self.nc.publish(subject, schemas.encode(message), headers=inject_headers())
 
     async def dead_letter(
-        self, *, job: str, service: str, subject: str, reason: str, payload: bytes
-    ) -> None:
-        letter = schemas.DeadLetter(
-            job=job, service=service, subject=subject, reason=reason[:2000], payload=payload
+        self,
+        *,
+        job: str,
+        service: str,
+        subject: str,
+        reason: str,
+        payload: bytes,
+        stream_seq: int = 0,
+        retry_for_s: float = 120.0,
+    ) -> PubAck:
+        """Store a dead letter no larger than the server accepts: the payload is cut to fit.
+
+        A letter for a stored message has a deterministic id, so a message dead-lettered again
+        after a lost ack is stored once.
+        """
+        letter = dead_letter_entry(
+            job=job,
+            service=service,
+            subject=subject,
+            reason=reason,
+            payload=payload,
+            stream_seq=stream_seq,
+            max_payload=self.nc.max_payload,
         )
-        await self.publish(subjects.dead_letter(job, service), letter, msg_id=schemas.new_id())
+        # the subject's head names the stream, whose sequence names the message
+        msg_id = f"{service}:{subject[:200]}:{stream_seq}" if stream_seq else schemas.new_id()
+        return await self.publish(
+            subjects.dead_letter(job, service), letter, msg_id=msg_id, retry_for_s=retry_for_s
+        )
 
     async def close(self) -> None:
         if self.nc.is_closed:

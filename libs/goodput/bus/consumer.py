@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from goodput import schemas
-from goodput.bus.client import TRANSIENT_ERRORS, Bus
+from goodput.bus.client import TRANSIENT_ERRORS, Bus, BusUnavailableError
 from goodput.telemetry import extract_context, tracer
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ class DurableConsumer:
         )
         self.handled = 0
         self.dead_lettered = 0
+        #: messages acked without a dead letter because storing the letter failed
+        self.undeliverable = 0
         self._stopping = asyncio.Event()
         self._tracer = tracer(f"goodput.{service}")
 
@@ -98,13 +100,22 @@ class DurableConsumer:
                 await asyncio.sleep(0.25)
                 continue
             for message in messages:
-                await self._handle(message)
+                try:
+                    await self._handle(message)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a defect in handling one message must not stop the stream
+                    log.exception("handling a message failed", extra={"consumer": self.durable})
+                    await self._settle(message.nak(delay=1.0))
 
     async def _handle(self, msg: Msg) -> None:
         try:
             decoded = self.decode(msg.data)
         except schemas.SchemaError as exc:
             await self._dead_letter(msg, f"undecodable: {exc}")
+            return
+        except Exception as exc:  # a decoder's own defect must not stop the stream either
+            await self._dead_letter(msg, f"undecodable ({type(exc).__name__}): {exc}")
             return
         delivered = msg.metadata.num_delivered if msg.metadata else 1
         if delivered > self.max_deliver:
@@ -133,13 +144,39 @@ class DurableConsumer:
         await self._settle(msg.ack())
 
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
+        """Dead-letter and ack; a letter that cannot be stored is logged, never fatal.
+
+        Through an outage the message is nak'ed (dead-lettered on redelivery); any other
+        failure would repeat on every redelivery, so the message is acked with the error logged.
+        """
         log.error(
             "dead-lettering a message",
-            extra={"subject": msg.subject, "reason": reason, "consumer": self.durable},
+            extra={"subject": msg.subject, "reason": reason[:500], "consumer": self.durable},
         )
-        await self.bus.dead_letter(
-            job=self.job, service=self.service, subject=msg.subject, reason=reason, payload=msg.data
-        )
+        try:
+            await self.bus.dead_letter(
+                job=self.job,
+                service=self.service,
+                subject=msg.subject,
+                reason=reason,
+                payload=msg.data,
+                stream_seq=msg.metadata.sequence.stream if msg.metadata else 0,
+            )
+        except asyncio.CancelledError:
+            raise
+        except (*TRANSIENT_ERRORS, BusUnavailableError) as exc:
+            log.error("dead letter not stored (%r); the message will be redelivered", exc)
+            await self._settle(msg.nak(delay=1.0))
+            return
+        except Exception as exc:
+            log.error(
+                "dead letter not stored (%r); acking the message anyway",
+                exc,
+                extra={"subject": msg.subject, "size": len(msg.data), "consumer": self.durable},
+            )
+            self.undeliverable += 1
+            await self._settle(msg.ack())
+            return
         self.dead_lettered += 1
         await self._settle(msg.ack())
 

@@ -45,11 +45,16 @@ DAY_S = 86_400.0
 FaultUnion = Union[faults.FAULT_TYPES]  # type: ignore[valid-type]  # noqa: UP007
 
 
+#: at most this many entries in a file, and this many firings planned for one Poisson entry
+MAX_FAULTS = 1000
+MAX_PLANNED = 10_000
+
+
 class Scenario(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    duration_s: Annotated[float, msgspec.Meta(gt=0)]
-    faults: Annotated[list[FaultUnion], msgspec.Meta(min_length=1)]  # type: ignore[valid-type]
+    duration_s: faults.Positive
+    faults: Annotated[list[FaultUnion], msgspec.Meta(min_length=1, max_length=MAX_FAULTS)]  # type: ignore[valid-type]
     seed: int = 0
-    time_compression: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    time_compression: Annotated[float, msgspec.Meta(gt=0, le=1e6)] = 1.0
 
 
 class ScenarioError(ValueError):
@@ -59,7 +64,7 @@ class ScenarioError(ValueError):
 def parse_scenario(text: str, source: str = "scenario") -> Scenario:
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
         raise ScenarioError(f"{source}: not valid TOML: {exc}") from exc
     _check_kinds(data, source)
     try:
@@ -72,9 +77,11 @@ def parse_scenario(text: str, source: str = "scenario") -> Scenario:
 
 def load_scenario(path: Path) -> Scenario:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_bytes().decode("utf-8")
     except OSError as exc:
         raise ScenarioError(f"cannot read scenario {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     return parse_scenario(text, str(path))
 
 
@@ -89,6 +96,10 @@ def _check_kinds(data: dict, source: str) -> None:
             continue
         if "kind" not in entry:
             raise ScenarioError(f"{source}: faults[{index}] has no kind (one of: {known})")
+        if not isinstance(entry["kind"], str):
+            raise ScenarioError(
+                f"{source}: faults[{index}].kind must be a string (one of: {known})"
+            )
         if entry["kind"] not in faults.FAULTS_BY_KIND:
             raise ScenarioError(
                 f"{source}: faults[{index}]: unknown fault {entry['kind']!r} (known: {known})"
@@ -106,6 +117,13 @@ def _check_timing(scenario: Scenario, source: str) -> None:
             raise ScenarioError(
                 f"{where}: at_s = {fault.at_s:g} is after the end (duration_s = {scenario.duration_s:g})"
             )
+        if fault.rate_per_day is not None:
+            expected = fault.rate_per_day * scenario.time_compression * scenario.duration_s / DAY_S
+            if expected > MAX_PLANNED:
+                raise ScenarioError(
+                    f"{where}: rate_per_day × time_compression × duration_s plans about "
+                    f"{expected:.3g} faults; at most {MAX_PLANNED} per entry"
+                )
         if fault.clear_after_s is not None:
             if not isinstance(fault, faults.CLEARABLE):
                 clearable = ", ".join(t.__struct_config__.tag for t in faults.CLEARABLE)  # type: ignore[misc]

@@ -12,16 +12,21 @@ from typing import Annotated
 
 import msgspec
 
-NonNegative = Annotated[float, msgspec.Meta(ge=0)]
-Positive = Annotated[float, msgspec.Meta(gt=0)]
-RankId = Annotated[int, msgspec.Meta(ge=0)]
+#: the longest any scenario or fault may last (30 days): every time is finite and bounded
+MAX_SECONDS = 30 * 86_400.0
+#: the highest Poisson rate, per (compressed) day
+MAX_RATE_PER_DAY = 1e6
+
+NonNegative = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
+Positive = Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)]
+RankId = Annotated[int, msgspec.Meta(ge=0, le=1 << 20)]
 
 
 class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="kind"):
     #: scenario only: fire once, this many seconds after the scenario starts
     at_s: NonNegative | None = None
     #: scenario only: fire as a Poisson process with this mean rate per (compressed) day
-    rate_per_day: Positive | None = None
+    rate_per_day: Annotated[float, msgspec.Meta(gt=0, le=MAX_RATE_PER_DAY)] | None = None
     #: scenario only: undo the fault this many seconds after it fired (clearable faults)
     clear_after_s: Positive | None = None
 
@@ -47,7 +52,7 @@ class GpuXid(FaultSpec, tag="gpu-xid", kw_only=True):
     """The node's host monitor reports a critical GPU XID error (79: fell off the bus)."""
 
     node: str | None = None
-    xid: Annotated[int, msgspec.Meta(ge=1)] = 79
+    xid: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] = 79
     clear: bool = False
 
 
@@ -64,9 +69,9 @@ class SlowRank(FaultSpec, tag="slow-rank", kw_only=True):
     """A straggler: the rank runs 1/factor of the time (SIGSTOP/SIGCONT duty cycle)."""
 
     rank: RankId | None = None
-    factor: Annotated[float, msgspec.Meta(gt=1)] = 2.0
+    factor: Annotated[float, msgspec.Meta(gt=1, le=1000)] = 2.0
     duration_s: Positive = 60.0
-    period_s: Annotated[float, msgspec.Meta(ge=0.01)] = 0.2
+    period_s: Annotated[float, msgspec.Meta(ge=0.01, le=3600)] = 0.2
 
 
 class HangRank(FaultSpec, tag="hang-rank", kw_only=True):
@@ -80,7 +85,7 @@ class FillDisk(FaultSpec, tag="fill-disk", kw_only=True):
     """A ballast file in the node's checkpoint volume until less than free_mib MiB is free."""
 
     node: str | None = None
-    free_mib: NonNegative = 1.0
+    free_mib: Annotated[float, msgspec.Meta(ge=0, le=1 << 30)] = 1.0
     clear: bool = False
 
 

@@ -232,6 +232,7 @@ def cmd_fault(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from goodput.chaos.scenario import ScenarioError, load_scenario, plan, run_scenario
+    from goodput.chaos.targets import ChaosError
 
     try:
         scenario = load_scenario(args.scenario)
@@ -258,6 +259,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         fired = asyncio.run(go())
+    except ChaosError as exc:
+        print(f"goodput chaos run: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -136,14 +136,17 @@ class SensorService(Service):
         async def handle(msg: Msg) -> None:
             try:
                 beat = schemas.decode_event(msg.data)
+                if not isinstance(beat, schemas.Heartbeat):
+                    raise schemas.SchemaError(f"{type(beat).__name__} is not a heartbeat")
             except schemas.SchemaError:
-                self.undecodable_heartbeats += (
-                    1  # high-rate and unstored: counted, not dead-lettered
-                )
+                # high-rate and unstored: counted, not dead-lettered
+                self.undecodable_heartbeats += 1
                 return
-            if isinstance(beat, schemas.Heartbeat):
-                self.heartbeats += 1
+            self.heartbeats += 1
+            try:
                 pending.extend(self.detector.on_heartbeat(beat, time.time_ns()))
+            except Exception:  # one odd beat must not end heartbeat tracking
+                log.exception("heartbeat not understood", extra={"subject": msg.subject})
 
         subscription = await self.bus.nc.subscribe(
             subjects.heartbeats_of(self.job), cb=handle, pending_msgs_limit=200_000

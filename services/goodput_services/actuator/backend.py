@@ -16,8 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_to_env
+from goodput.membership import Membership
 from goodput.telemetry import TRACEPARENT_ENV, current_traceparent, tracer
-from goodput_services.actuator.membership import Membership
 
 EventSink = Callable[[schemas.Event], Awaitable[None]]
 #: fills a node's local volume with the newest complete checkpoint; returns what it did

@@ -37,11 +37,11 @@ from kubernetes.client.exceptions import ApiException
 from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import ENV_VARS, FILE_FIELDS, SECRET_FIELDS, settings_to_env
+from goodput.membership import Membership, check_job_shape
 from goodput.subjects import check_token
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
 from goodput_services.actuator.local_backend import node_volume
-from goodput_services.actuator.membership import Membership
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +219,7 @@ class KubernetesBackend(MembershipBackend):
         async with self._lock:
             if self.state in ("running", "starting", "restarting"):
                 return f"job already {self.state} (attempt {self.attempt}); not started again"
+            check_job_shape(spec)
             nodes = await asyncio.to_thread(self._eligible_nodes)
             if len(nodes) < spec.nodes:
                 raise RuntimeError(

@@ -10,8 +10,8 @@ from pathlib import Path
 from goodput import schemas, subjects
 from goodput.bus import DoneLog
 from goodput.config import ServiceConfig
+from goodput.membership import MembershipError
 from goodput_services.actuator.backend import Backend, create_backend
-from goodput_services.actuator.membership import MembershipError
 from goodput_services.base import Service
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,14 @@ class ActuatorService(Service):
                 case schemas.Stop():
                     return True, await backend.stop(command.reason)
         except (MembershipError, RuntimeError) as exc:
+            # a refusal is a result the controller folds; say it here too, so no command
+            # leaves the actuator without a line in its log
+            log.warning(
+                "refused %s: %s",
+                schemas.kind_of(type(command)),
+                exc,
+                extra={"command_id": command.command_id},
+            )
             return False, str(exc)
         return await super().execute(command)
 

@@ -154,7 +154,7 @@ class Controller:
         decision_id = _id(signal.signal_id, tag)
         retry, redecided = tag == "retry", bool(note)
         policy, error = self.policy_name, ""
-        returning = self._return_node(state, signal)
+        returning = self._return_node(state, signal, now, decision_id)
         if returning is not None:
             # the actuator owns membership: a repaired node is a spare once it says so
             state = apply_command(state, returning, now)
@@ -179,9 +179,6 @@ class Controller:
         for command in commands:
             state = apply_command(state, command, now, signal=signal, redecided=redecided)
         if returning is not None:
-            returning = msgspec.structs.replace(
-                returning, ts=now, command_id=_id(decision_id, "return"), decision_id=decision_id
-            )
             commands.insert(0, returning)
             note = f"{signal.node} returned to the spare pool; {note}"
         decision = schemas.Decision(
@@ -198,11 +195,20 @@ class Controller:
         return Outcome(state, decision, commands)
 
     @staticmethod
-    def _return_node(state: JobState, signal: schemas.Signal) -> schemas.ReturnNode | None:
+    def _return_node(
+        state: JobState, signal: schemas.Signal, now: int, decision_id: str
+    ) -> schemas.ReturnNode | None:
         """A ``ReturnNode`` for a repaired node the actuator still counts as failed."""
         if signal.signal != "node_returned" or state.role_of(signal.node) != "failed":
             return None
-        return schemas.ReturnNode(job=state.job, node=signal.node, reason="repaired")
+        return schemas.ReturnNode(
+            job=state.job,
+            ts=now,
+            command_id=_id(decision_id, "return"),
+            decision_id=decision_id,
+            node=signal.node,
+            reason=f"{signal.node} repaired: {signal.detail}",
+        )
 
     def _quick_answer(self, state: JobState, signal: schemas.Signal, now: int) -> Plan | None:
         """Cases no policy is asked about: a stopped job, a signal about a node not in use, a

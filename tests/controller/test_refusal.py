@@ -145,3 +145,40 @@ async def test_a_refused_hot_swap_leaves_the_node_active_for_the_next_decision(
                 process.terminate()
         for process in processes:
             process.wait(90)
+
+
+async def test_a_first_launch_no_state_can_hold_is_refused_once_not_retried(
+    tmp_path: Path, nats_server: EmbeddedNats
+) -> None:
+    """#16 item 10: a job started on no node made the controller raise until dead-lettered."""
+    controller = _service("controller", nats_server, tmp_path)
+    bus = await Bus.connect(BusSettings(url=nats_server.url), name="test")
+    await bus.provision()
+    tap = await EventTap(bus, JOB).start()
+    try:
+        empty = schemas.JobStatus(
+            job=JOB, state="running", attempt=1, world_size=0, procs_per_node=1
+        )
+        await bus.emit(empty)
+        refused = await tap.wait_for(
+            lambda e: isinstance(e, schemas.Decision) and e.rule == "job-refused", timeout_s=60
+        )
+        assert "no nodes" in refused.reason and refused.error
+        good = schemas.JobStatus(
+            job=JOB,
+            state="running",
+            attempt=1,
+            world_size=2,
+            procs_per_node=1,
+            active_nodes=["node-0", "node-1"],
+        )
+        await bus.emit(good)
+        state = await _wait_state(bus, lambda s: s.active == ["node-0", "node-1"], "job taken up")
+        assert state.started_ts > 0
+        assert len([d for d in tap.of(schemas.Decision) if d.rule == "job-refused"]) == 1
+        assert controller.poll() is None
+    finally:
+        await tap.stop()
+        await bus.close()
+        controller.terminate()
+        controller.wait(90)

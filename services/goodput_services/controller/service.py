@@ -277,7 +277,7 @@ class ControllerService(Service):
             log.error(reason)
             decision = schemas.Decision(
                 job=self.job,
-                decision_id=xxhash.xxh3_128_hexdigest(f"{self.job}|refused|{status.ts}"),
+                decision_id=xxhash.xxh3_128_hexdigest(f"{self.job}|refused|{status.ts}".encode()),
                 signal_id="",
                 policy=self.controller.policy_name,
                 rule="job-refused",

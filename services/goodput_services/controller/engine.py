@@ -10,8 +10,8 @@ bus and the executors deduplicate.
 Every decision ends in an executed action or a recorded refusal: the actuator answers each
 command with an ActionResult (:meth:`Controller.settle`); a refused remediation is recorded,
 its prediction dropped, and the signal decided once more on what the actuator reported. One
-fault gets one remediation: a correctable failure observed before, or while, a restart that
-covers it (every remediation relaunches the whole worker group) is the same incident.
+fault gets one remediation: a correctable failure observed before a restart was issued is
+covered by it (every remediation relaunches the whole worker group): the same incident.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ class Controller:
             return Plan(
                 [],
                 "same-incident",
-                f"observed before or during the {covering.action} issued "
+                f"observed before the {covering.action} issued "
                 f"{(now - covering.ts) / 1e9:.1f} s ago, which relaunches every rank",
             )
         if signal.signal == "node_returned" or not signal.node:
@@ -260,9 +260,10 @@ class Controller:
 def _covering_restart(state: JobState, signal: schemas.Signal) -> Remediation | None:
     """The latest restart that already remedies ``signal``, if any.
 
-    Only a correctable failure (or the whole job down) observed before that restart was issued,
-    or while it is still pending, is covered; an uncorrectable node fault needs the node
-    replaced whatever restarted. Signals without an observation time are never covered.
+    Only a correctable failure (or the whole job down) observed before that restart was issued
+    is covered: a failure observed later may be the new attempt's own, even while the restart's
+    result is still on its way. An uncorrectable node fault needs the node replaced whatever
+    restarted. Signals without an observation time are never covered.
     """
     correctable = signal.severity == "correctable" or signal.signal == "job_down"
     if signal.signal not in FAILURE_KINDS or not correctable or not signal.observed_ts:
@@ -270,8 +271,7 @@ def _covering_restart(state: JobState, signal: schemas.Signal) -> Remediation | 
     if not state.restarts:
         return None
     latest = state.restarts[-1]
-    pending = any(p.command.command_id == latest.command_id for p in state.pending)
-    return latest if signal.observed_ts <= latest.ts or pending else None
+    return latest if signal.observed_ts <= latest.ts else None
 
 
 def _id(*parts: str) -> str:

@@ -28,6 +28,7 @@ from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_from_env
 from goodput.config import ServiceConfig, load_service_config
+from goodput.membership import MembershipError
 from goodput_services.actuator import kubernetes_watch
 from goodput_services.actuator.backend import Backend
 from goodput_services.actuator.kubernetes_backend import (
@@ -37,7 +38,6 @@ from goodput_services.actuator.kubernetes_backend import (
 )
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
 from goodput_services.actuator.local_backend import LocalBackend
-from goodput_services.actuator.membership import MembershipError
 from goodput_services.actuator.service import ActuatorService
 from goodput_services.replicator.options import ReplicatorOptions
 

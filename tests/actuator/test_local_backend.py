@@ -187,6 +187,24 @@ async def test_commands_for_unknown_nodes_are_rejected_not_fatal(rig) -> None:
     assert actuator.process.poll() is None
 
 
+async def test_a_job_of_no_shape_is_refused_and_a_good_one_starts_after(rig) -> None:
+    """#16 item 10: `goodput run --nodes 0` was started with no rank and never ended."""
+    bus, tap, actuator = rig
+    for bad in (_start(nodes=0), _start(procs=0), _start(nodes=3, procs=1, spares=-1)):
+        await bus.send_command("actuator", bad)
+        result = await tap.result_of(bad)
+        assert not result.ok and "a job needs at least 1 node" in result.detail
+    odd = schemas.StartJob(job=JOB, argv=["true"], nodes=3, procs_per_node=1, num_nodes_per_dp=2)
+    await bus.send_command("actuator", odd)
+    assert "do not form whole replicas" in (await tap.result_of(odd)).detail
+    assert tap.of(schemas.RankStarted) == [] and tap.of(schemas.JobStatus) == []
+    good = _start(spares=0)
+    await bus.send_command("actuator", good)
+    assert (await tap.result_of(good)).ok
+    assert (await _status(tap, 1)).world_size == 4
+    assert actuator.process.poll() is None
+
+
 async def test_job_finishes_when_every_rank_exits_zero(rig) -> None:
     bus, tap, _ = rig
     await bus.send_command("actuator", _start(nodes=1, procs=2, spares=0, EXIT_AFTER="0"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from goodput import schemas
-from goodput_services.controller.state import JobState, new_job_state
+from goodput.policy.state import JobState, new_job_state
 
 JOB = "job"
 NS = 1_000_000_000

@@ -56,9 +56,11 @@ def test_returned_node_scales_back_up() -> None:
     assert down.num_dp_replicas == 1 and down.spares == ["n3"]
     up = handle(down, signal("node_returned", "n1", "info"), 5)
     assert up.decision.rule == "scale-up"
-    assert up.commands[0].num_dp_replicas == 2 and up.state.num_dp_replicas == 2
+    assert up.commands[-1].num_dp_replicas == 2 and up.state.num_dp_replicas == 2
+    assert [type(c) for c in up.commands] == [schemas.ReturnNode, schemas.ScaleTo]
+    # a node the actuator does not know cannot join: it reports membership, not the controller
     again = handle(up.state, signal("node_returned", "x9", "info"), 6)
-    assert again.decision.rule == "spare-kept" and again.state.spares == ["x9"]
+    assert again.decision.rule == "spare-kept" and again.state.spares == []
 
 
 def test_straggler_is_evicted() -> None:

@@ -97,7 +97,7 @@ BAD_SCRIPTS = {
         def decide(signal, state):
             return [schemas.HotSwap(job=state.job, failed_node="nope", spare_node="s0")]
         """,
-        "hot swap of 'nope', which is not active",
+        "unknown node 'nope'",
     ),
     "impossible scale": (
         """

@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 
 from goodput import schemas
+from goodput.policy.state import decode_state, encode_state, new_job_state
 from goodput_services.controller.state import (
     apply_command,
-    decode_state,
-    encode_state,
-    new_job_state,
     observe_signal,
     record_checkpoint,
     record_step_time,
@@ -48,6 +46,8 @@ def test_scale_to_down_and_up() -> None:
     assert state.num_dp_replicas == 2 and state.active == ["n0", "n2", "n3", "n4"]
     assert state.role_of("n1") == "failed" and state.spares == ["n5"]
     state = observe_signal(state, signal("node_returned", "n1", "info"), at(2))
+    assert state.role_of("n1") == "failed"  # until the actuator takes it back
+    state = apply_command(state, schemas.ReturnNode(job=JOB, node="n1"), at(2))
     assert state.spares == ["n1", "n5"]
     up = schemas.ScaleTo(job=JOB, num_dp_replicas=3, nodes=[*state.active, "n1", "n5"])
     state = apply_command(state, up, at(3))

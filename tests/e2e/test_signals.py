@@ -105,6 +105,8 @@ async def test_a_hung_training_loop_is_restarted(tmp_path: Path) -> None:
         signal = await tap.wait_for(
             lambda e: isinstance(e, schemas.Signal) and e.signal == "hang", timeout_s=90
         )
+        # blamed on the hung rank, not on its peer waiting for it in the next collective
+        assert (signal.node, signal.rank) == ("node-1", 1), signal.detail
         decision = await tap.wait_for(
             lambda e: isinstance(e, schemas.Decision) and e.signal_id == signal.signal_id
         )

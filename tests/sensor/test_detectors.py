@@ -387,3 +387,66 @@ def test_a_slow_process_start_does_not_stretch_the_heartbeat_timeout() -> None:
         now += second // 2
     assert signals and signals[0].signal == "missed_heartbeat"
     assert (now - last_beat) / second <= 3.0 + 0.5 + 0.5
+
+
+TWO = {0: "node-0", 1: "node-1"}
+
+
+def test_one_rank_kill_is_one_incident_across_the_restart() -> None:
+    """The host monitor still counts the killed rank's pid until the relaunch is reported; its
+    '0 of 1 ranks alive' is explained by the exit report and must not become a second crash
+    once the restart closed the incident."""
+    detector = Detector(JOB)
+    events = steady(TWO, 10)
+    events += [(at(10.2), exited(0, "node-0", 1))]
+    events += [(at(t), host("node-0", ranks_alive=0, ranks_expected=1)) for t in (10.6, 11.6)]
+    events += [(at(11.0), exited(1, "node-1", None, reason="restart"))]
+    events += [(at(11.5), started(r, n, attempt=1, world_size=2)) for r, n in TWO.items()]
+    events += [(at(13.6), host("node-0", ranks_alive=1, ranks_expected=1))]
+    events += [(at(11.5 + t), heartbeat(r, n, t)) for t in range(1, 8) for r, n in TWO.items()]
+    signals = feed(detector, events, until=at(19))
+    assert [(s.signal, s.node, s.rank) for s in signals] == [("crash", "node-0", 0)]
+
+
+def test_a_hang_is_blamed_on_the_rank_that_did_not_finish_the_step() -> None:
+    """node-0 hangs inside step 6 (its heartbeat already names it); node-1 finished step 6 and
+    waits for it in the next collective. node-1's deadline comes first, yet node-0 is hung."""
+    detector = Detector(JOB)
+    events = steady(TWO, 5)
+    for step in range(1, 6):
+        events += [
+            (
+                at(step + 0.1),
+                schemas.StepDone(
+                    job=JOB,
+                    node=n,
+                    rank=r,
+                    step=step,
+                    step_time_s=1.0,
+                    tokens=1,
+                    loss=1.0,
+                    world_size=2,
+                ),
+            )
+            for r, n in TWO.items()
+        ]
+    events += [
+        (
+            at(6.1),
+            schemas.StepDone(
+                job=JOB,
+                node="node-1",
+                rank=1,
+                step=6,
+                step_time_s=1.0,
+                tokens=1,
+                loss=1.0,
+                world_size=2,
+            ),
+        )
+    ]
+    events += [(at(6.4), heartbeat(0, "node-0", 6)), (at(6.2), heartbeat(1, "node-1", 6))]
+    events += [(at(6 + t), heartbeat(r, n, 6)) for t in range(1, 40) for r, n in TWO.items()]
+    signals = [s for s in feed(detector, events, until=at(45)) if s.signal == "hang"]
+    assert [(s.node, s.rank) for s in signals] == [("node-0", 0)]
+    assert "node-1" not in signals[0].detail.split(";")[0]

@@ -110,6 +110,9 @@ class JobWatcher:
             case schemas.ActionResult(ok=False):
                 self.failed_actions.append(event)
                 self.say(f"[red]action failed[/] {event.action}: {event.detail}")
+                if event.action == "start_job":  # refused: no job will ever report
+                    self.state = "failed"
+                    self.ended.set()
         if self._progress is not None and self._task is not None:
             self._progress.update(
                 self._task,

@@ -5,10 +5,8 @@ fewer replicas right away, and the built-in ``scale-up`` rule grows the job back
 returns. Everything else is left to the built-in policy.
 """
 
+from goodput.policy import JobState, Plan, default_policy, scale_down
 from goodput.schemas import Signal
-from goodput_services.controller.builtin_policies import default_policy, scale_down
-from goodput_services.controller.policy import Plan
-from goodput_services.controller.state import JobState
 
 
 def decide(signal: Signal, state: JobState) -> Plan:

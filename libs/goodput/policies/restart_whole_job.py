@@ -7,9 +7,8 @@ under a batch scheduler with requeue. ``goodput demo --compare-baseline`` runs i
 built-in policy on the same fault scenario.
 """
 
+from goodput.policy import JobState, Plan
 from goodput.schemas import Restart, Signal
-from goodput_services.controller.policy import Plan
-from goodput_services.controller.state import JobState
 
 
 def decide(signal: Signal, state: JobState) -> Plan:

@@ -16,8 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_to_env
+from goodput.membership import Membership
 from goodput.telemetry import TRACEPARENT_ENV, current_traceparent, tracer
-from goodput_services.actuator.membership import Membership
 
 EventSink = Callable[[schemas.Event], Awaitable[None]]
 #: fills a node's local volume with the newest complete checkpoint; returns what it did
@@ -59,8 +59,10 @@ class Backend(Protocol):
 class MembershipBackend(ABC):
     """The remediation commands both backends share: a membership change, then a relaunch.
 
-    Subclasses provide how ranks are started and stopped (``_launch``/``_terminate``) and set
-    ``job``, ``emit``, ``spec``, ``ranks`` and ``_lock`` in their constructor.
+    Membership follows :mod:`goodput.membership`, whose refusals the service reports as failed
+    ActionResults. Subclasses provide ``start_job`` (where the nodes come from), how ranks are
+    started and stopped (``_launch``/``_terminate``) and where their pids are (``_pids``), and
+    set ``job``, ``emit``, ``spec``, ``ranks`` and ``_lock`` in their constructor.
     """
 
     job: str

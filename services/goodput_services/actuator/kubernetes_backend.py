@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from goodput import schemas
 from goodput.bus import BusSettings
+from goodput.membership import Membership, check_job_shape
 from goodput.subjects import check_token
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
@@ -47,7 +48,6 @@ from goodput_services.actuator.kubernetes_pods import (
 )
 from goodput_services.actuator.kubernetes_watch import PodEvent, PodWatch, PodWatcher
 from goodput_services.actuator.local_backend import node_volume
-from goodput_services.actuator.membership import Membership
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,7 @@ class KubernetesBackend(MembershipBackend):
         async with self._lock:
             if self.state in ("running", "starting", "restarting"):
                 return f"job already {self.state} (attempt {self.attempt}); not started again"
+            check_job_shape(spec)
             nodes = await asyncio.to_thread(self._eligible_nodes)
             if len(nodes) < spec.nodes:
                 raise RuntimeError(

@@ -24,9 +24,9 @@ from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.embedded import free_port
 from goodput.bus.settings import FILE_FIELDS
+from goodput.membership import Membership, check_job_shape
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
-from goodput_services.actuator.membership import Membership
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,7 @@ class LocalBackend(MembershipBackend):
         async with self._lock:
             if self.state in ("running", "starting", "restarting"):
                 return f"job already {self.state} (attempt {self.attempt}); not started again"
+            check_job_shape(spec)
             self.spec = spec
             self.membership = Membership.initial(spec.nodes, spec.spares, spec.procs_per_node)
             await self._launch("starting", "job started")

@@ -10,8 +10,8 @@ from pathlib import Path
 from goodput import schemas, subjects
 from goodput.bus import DoneLog
 from goodput.config import ServiceConfig
+from goodput.membership import MembershipError
 from goodput_services.actuator.backend import Backend, create_backend
-from goodput_services.actuator.membership import MembershipError
 from goodput_services.base import Service
 
 log = logging.getLogger(__name__)
@@ -59,28 +59,37 @@ class ActuatorService(Service):
         return f"no answer from {target} within {self.restore_timeout_s:.0f} s; launching anyway"
 
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
-        backend = self.backend
+        """Run a membership or lifecycle command; a refusal is a result, logged like a success,
+        so no command leaves the actuator without a line in its log."""
+        kind = schemas.kind_of(type(command))
         try:
-            match command:
-                case schemas.StartJob():
-                    return True, await backend.start_job(command)
-                case schemas.Restart():
-                    return True, await backend.restart(command.reason)
-                case schemas.HotSwap():
-                    return True, await backend.hot_swap(
-                        command.failed_node, command.spare_node, command.reason
-                    )
-                case schemas.ScaleTo():
-                    return True, await backend.scale_to(
-                        command.nodes, command.drop_nodes, command.reason
-                    )
-                case schemas.ReturnNode():
-                    return True, await backend.return_node(command.node)
-                case schemas.Stop():
-                    return True, await backend.stop(command.reason)
+            done = await self._run(command)
         except (MembershipError, RuntimeError) as exc:
+            log.warning("refused %s: %s", kind, exc, extra={"command_id": command.command_id})
             return False, str(exc)
-        return await super().execute(command)
+        if done is None:
+            return await super().execute(command)
+        log.info("%s done: %s", kind, done, extra={"command_id": command.command_id})
+        return True, done
+
+    async def _run(self, command: schemas.Command) -> str | None:
+        backend = self.backend
+        match command:
+            case schemas.StartJob():
+                return await backend.start_job(command)
+            case schemas.Restart():
+                return await backend.restart(command.reason)
+            case schemas.HotSwap():
+                return await backend.hot_swap(
+                    command.failed_node, command.spare_node, command.reason
+                )
+            case schemas.ScaleTo():
+                return await backend.scale_to(command.nodes, command.drop_nodes, command.reason)
+            case schemas.ReturnNode():
+                return await backend.return_node(command.node)
+            case schemas.Stop():
+                return await backend.stop(command.reason)
+        return None
 
     def health(self) -> tuple[bool, str]:
         return True, f"job {self.backend.state}, attempt {self.backend.attempt}"

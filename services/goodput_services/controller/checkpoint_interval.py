@@ -15,7 +15,7 @@ import math
 import msgspec
 
 from goodput import schemas
-from goodput_services.controller.state import JobState
+from goodput.policy.state import JobState
 
 NS = 1_000_000_000
 

@@ -12,7 +12,8 @@ from typing import Literal
 
 import msgspec
 
-from goodput_services.controller.state import FAILURE_KINDS, JobState
+from goodput.policy.state import JobState
+from goodput_services.controller.state import FAILURE_KINDS
 
 NS = 1_000_000_000
 

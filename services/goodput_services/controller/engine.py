@@ -6,6 +6,12 @@ signal already handled (its id is in the state) yields nothing, so a standby con
 redelivered signal never acts twice. Decision and command ids are derived from the signal id,
 so even a decision taken twice by two controllers carries the same command ids, which the
 bus and the executors deduplicate.
+
+Every decision ends in an executed action or a recorded refusal: the actuator answers each
+command with an ActionResult (:meth:`Controller.settle`); a refused remediation is recorded,
+its prediction dropped, and the signal decided once more on what the actuator reported. One
+fault gets one remediation: a correctable failure observed before a restart was issued is
+covered by it (every remediation relaunches the whole worker group): the same incident.
 """
 
 from __future__ import annotations
@@ -16,15 +22,16 @@ import msgspec
 import xxhash
 
 from goodput import schemas
+from goodput.policy import JobState, Plan, PolicyError, default_policy, validate
+from goodput.policy.state import DeferredSignal, Remediation
 from goodput_services.controller import checkpoint_interval, crash_loop
-from goodput_services.controller.builtin_policies import default_policy
-from goodput_services.controller.policy import Plan, PolicyError, ScriptPolicy, validate
+from goodput_services.controller.policy import ScriptPolicy
 from goodput_services.controller.state import (
     FAILURE_KINDS,
     RESTARTING,
-    DeferredSignal,
-    JobState,
     apply_command,
+    expire_pending,
+    observe_result,
     observe_signal,
 )
 
@@ -33,6 +40,8 @@ BUILTIN = "builtin"
 
 class ControllerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     policy_timeout_s: float = 2.0
+    #: a command the actuator has not answered in this long is taken as refused
+    pending_timeout_s: float = 600.0
     crash_loop: crash_loop.CrashLoopLimits = msgspec.field(
         default_factory=crash_loop.CrashLoopLimits
     )
@@ -69,19 +78,46 @@ class Controller:
         """Decide what to do about ``signal``; a signal handled before yields nothing."""
         if signal.signal_id in state.handled_signal_ids:
             return Outcome(state)
-        return self._decide(observe_signal(state, signal, now), signal, now, retry=False)
+        return self._decide(observe_signal(state, signal, now), signal, now, tag="first")
+
+    def settle(self, state: JobState, result: schemas.ActionResult, now: int) -> Outcome:
+        """Fold the actuator's answer; a refused remediation's signal is decided once more."""
+        pending = next(
+            (p for p in state.pending if p.command.command_id == result.command_id), None
+        )
+        state = observe_result(state, result, now)
+        if (
+            pending is None
+            or result.ok
+            or pending.signal is None
+            or pending.redecided
+            or not isinstance(pending.command, RESTARTING)
+        ):
+            return Outcome(state)
+        return self._decide(
+            state,
+            pending.signal,
+            now,
+            tag=f"after-refusal|{result.command_id}",
+            note=f"{result.action} refused ({result.detail}); decided again: ",
+        )
 
     def due(self, state: JobState, now: int) -> list[Outcome]:
-        """Decide the signals whose crash-loop back-off has been served by ``now``."""
-        ready = [d for d in state.deferred if d.until_ts <= now]
+        """Decide the signals whose crash-loop back-off has been served by ``now``.
+
+        Commands the actuator left unanswered past ``pending_timeout_s`` become refusals.
+        """
+        expired = expire_pending(state, now, self.settings.pending_timeout_s)
+        ready = [d for d in expired.deferred if d.until_ts <= now]
         if not ready:
-            return []
+            return [Outcome(expired)] if expired is not state else []
+        state = expired
         state = msgspec.structs.replace(
             state, deferred=[d for d in state.deferred if d.until_ts > now]
         )
         outcomes = []
         for deferred in ready:
-            outcome = self._decide(state, deferred.signal, now, retry=True)
+            outcome = self._decide(state, deferred.signal, now, tag="retry")
             outcomes.append(outcome)
             state = outcome.state
         return outcomes
@@ -112,10 +148,17 @@ class Controller:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _decide(self, state: JobState, signal: schemas.Signal, now: int, *, retry: bool) -> Outcome:
-        decision_id = _id(signal.signal_id, "retry" if retry else "first")
+    def _decide(
+        self, state: JobState, signal: schemas.Signal, now: int, *, tag: str, note: str = ""
+    ) -> Outcome:
+        decision_id = _id(signal.signal_id, tag)
+        retry, redecided = tag == "retry", bool(note)
         policy, error = self.policy_name, ""
-        plan = self._quick_answer(state, signal)
+        returning = self._return_node(state, signal, now, decision_id)
+        if returning is not None:
+            # the actuator owns membership: a repaired node is a spare once it says so
+            state = apply_command(state, returning, now)
+        plan = self._quick_answer(state, signal, now)
         if plan is None:
             plan, error = self._run_policy(signal, state)
             if error:
@@ -134,7 +177,10 @@ class Controller:
             for index, command in enumerate(plan.commands)
         ]
         for command in commands:
-            state = apply_command(state, command, now, cause=signal.signal)
+            state = apply_command(state, command, now, signal=signal, redecided=redecided)
+        if returning is not None:
+            commands.insert(0, returning)
+            note = f"{signal.node} returned to the spare pool; {note}"
         decision = schemas.Decision(
             job=state.job,
             ts=now,
@@ -142,16 +188,41 @@ class Controller:
             signal_id=signal.signal_id,
             policy=policy,
             rule=plan.rule,
-            reason=f"{signal.signal} on {signal.node or 'the job'}: {plan.reason}",
+            reason=f"{signal.signal} on {signal.node or 'the job'}: {note}{plan.reason}",
             command_ids=[c.command_id for c in commands],
             error=error,
         )
         return Outcome(state, decision, commands)
 
-    def _quick_answer(self, state: JobState, signal: schemas.Signal) -> Plan | None:
-        """Cases no policy is asked about: a stopped job, a signal about a node not in use."""
+    @staticmethod
+    def _return_node(
+        state: JobState, signal: schemas.Signal, now: int, decision_id: str
+    ) -> schemas.ReturnNode | None:
+        """A ``ReturnNode`` for a repaired node the actuator still counts as failed."""
+        if signal.signal != "node_returned" or state.role_of(signal.node) != "failed":
+            return None
+        return schemas.ReturnNode(
+            job=state.job,
+            ts=now,
+            command_id=_id(decision_id, "return"),
+            decision_id=decision_id,
+            node=signal.node,
+            reason=f"{signal.node} repaired: {signal.detail}",
+        )
+
+    def _quick_answer(self, state: JobState, signal: schemas.Signal, now: int) -> Plan | None:
+        """Cases no policy is asked about: a stopped job, a signal about a node not in use, a
+        failure the restart under way already covers."""
         if state.stopped:
             return Plan([], "stopped", f"the job was stopped ({state.stopped})")
+        covering = _covering_restart(state, signal)
+        if covering is not None:
+            return Plan(
+                [],
+                "same-incident",
+                f"observed before the {covering.action} issued "
+                f"{(now - covering.ts) / 1e9:.1f} s ago, which relaunches every rank",
+            )
         if signal.signal == "node_returned" or not signal.node:
             return None
         role = state.role_of(signal.node)
@@ -184,6 +255,23 @@ class Controller:
             return Plan([], "crash-loop-backoff", f"{verdict.reason} (then: {plan.rule})"), state
         stop = schemas.Stop(job=state.job, reason=verdict.reason)
         return Plan([stop], "crash-loop-give-up", verdict.reason), state
+
+
+def _covering_restart(state: JobState, signal: schemas.Signal) -> Remediation | None:
+    """The latest restart that already remedies ``signal``, if any.
+
+    Only a correctable failure (or the whole job down) observed before that restart was issued
+    is covered: a failure observed later may be the new attempt's own, even while the restart's
+    result is still on its way. An uncorrectable node fault needs the node replaced whatever
+    restarted. Signals without an observation time are never covered.
+    """
+    correctable = signal.severity == "correctable" or signal.signal == "job_down"
+    if signal.signal not in FAILURE_KINDS or not correctable or not signal.observed_ts:
+        return None
+    if not state.restarts:
+        return None
+    latest = state.restarts[-1]
+    return latest if signal.observed_ts <= latest.ts else None
 
 
 def _id(*parts: str) -> str:

@@ -19,32 +19,28 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Union
 
 import msgspec
 import nats.js.errors
+import xxhash
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
 from goodput import schemas, subjects
 from goodput.bus import DurableConsumer
 from goodput.config import ServiceConfig
+from goodput.policy.state import ACTUATOR_COMMANDS, AnyCommand, JobState, new_job_state
 from goodput.telemetry import attached, context_from_traceparent, current_traceparent, tracer
 from goodput_services.base import Service
 from goodput_services.controller.engine import Controller, ControllerSettings, Outcome
 from goodput_services.controller.lease import Lease
 from goodput_services.controller.state import (
-    JobState,
-    new_job_state,
+    observe_status,
     record_checkpoint,
     record_step_time,
 )
 
 log = logging.getLogger(__name__)
-
-AnyCommand = Union[schemas.COMMAND_TYPES]  # type: ignore[valid-type]  # noqa: UP007
-#: trainer-facing commands; the rest go to the actuator
-TRAINER_COMMANDS = (schemas.SetCheckpointInterval, schemas.CheckpointNow, schemas.Rescale)
 
 
 class ControllerRecord(msgspec.Struct, kw_only=True):
@@ -198,7 +194,7 @@ class ControllerService(Service):
             self.decisions += 1
         for command in self.record.outbox:
             target = (
-                subjects.TRAINER if isinstance(command, TRAINER_COMMANDS) else subjects.ACTUATOR
+                subjects.ACTUATOR if isinstance(command, ACTUATOR_COMMANDS) else subjects.TRAINER
             )
             kind = schemas.kind_of(type(command))
             with (
@@ -238,8 +234,18 @@ class ControllerService(Service):
             case schemas.JobStatus(state="running", attempt=1) if (
                 state is None or event.ts > state.started_ts
             ):
-                self._set_state(self._initial_state(event, now))
+                await self._start(event, now)
+            case schemas.JobStatus() if state is not None:
+                # membership is what the actuator reports, never what the controller predicted
+                self._set_state(observe_status(state, event, now))
                 await self._store()
+            case schemas.ActionResult() if state is not None:
+                outcome = self.controller.settle(state, event, now)
+                if outcome.state is not state:
+                    self._log_settled(event)
+                await self._apply(outcome)
+                if outcome.decision is None and outcome.state is not state:
+                    await self._store()
             case schemas.Signal() if state is not None:
                 await self._decide(state, event, now)
             case schemas.StepDone(rank=0) if state is not None:
@@ -253,16 +259,51 @@ class ControllerService(Service):
                         self.controller.recommend_checkpoint_interval(self.record.state, now)
                     )
 
-    def _initial_state(self, status: schemas.JobStatus, now: int) -> JobState:
+    async def _start(self, status: schemas.JobStatus, now: int) -> None:
+        """A job's first launch: its state, or a recorded refusal when no state can hold it."""
         nodes_per_dp = int(self.config.options.get("num_nodes_per_dp", 1))
-        return new_job_state(
-            self.job,
-            list(status.active_nodes),
-            num_nodes_per_dp=nodes_per_dp,
-            spares=list(status.spare_nodes),
-            procs_per_node=status.procs_per_node,
-            now=now,
-        )
+        try:
+            state = new_job_state(
+                self.job,
+                list(status.active_nodes),
+                num_nodes_per_dp=nodes_per_dp,
+                spares=list(status.spare_nodes),
+                procs_per_node=status.procs_per_node,
+                now=now,
+            )
+        except ValueError as exc:
+            # a decision saying why, once, instead of a handler failing until dead-lettered
+            reason = f"cannot supervise attempt 1 on {status.active_nodes or 'no nodes'}: {exc}"
+            log.error(reason)
+            decision = schemas.Decision(
+                job=self.job,
+                decision_id=xxhash.xxh3_128_hexdigest(f"{self.job}|refused|{status.ts}".encode()),
+                signal_id="",
+                policy=self.controller.policy_name,
+                rule="job-refused",
+                reason=reason,
+                error=reason,
+            )
+            decisions = [*self.record.decisions, decision]
+            self.record = msgspec.structs.replace(self.record, decisions=decisions)
+            await self._store()
+            await self._flush_outbox()
+            return
+        self._set_state(observe_status(state, status, now))
+        await self._store()
+
+    @staticmethod
+    def _log_settled(result: schemas.ActionResult) -> None:
+        if result.ok:
+            log.info(
+                "action done", extra={"command_id": result.command_id, "detail": result.detail}
+            )
+        else:
+            log.warning(
+                "action refused by the actuator: %s",
+                result.detail,
+                extra={"command_id": result.command_id, "action": result.action},
+            )
 
     def _set_state(self, state: JobState) -> None:
         if state is not self.record.state:

@@ -7,7 +7,8 @@ I/O or touches the bus, so the same event sequence always yields the same signal
 What is detected:
 
 * **crash** — a rank exited non-zero (or by a signal) without being told to (immediately);
-  or its host monitor counts fewer live ranks than expected and no exit report came within
+  or its host monitor counts fewer live ranks than the detector believes alive there (an
+  exited or not yet started rank is not missing) and no exit report came within
   ``pod_termination_threshold_s`` (the process vanished).
 * **missed_heartbeat** — a live rank silent longer than its heartbeat timeout:
   ``max(heartbeat_timeout_s, heartbeat_safety_factor × longest gap seen)``, and at least
@@ -18,7 +19,8 @@ What is detected:
   ``max(hang_min_timeout_s, hang_safety_factor × longest step interval seen)`` (the first step
   after a start gets ``first_step_timeout_s``). A rank inside a checkpoint save or load
   (``Heartbeat.busy``) is not hung unless that lasts ``checkpoint_timeout_s``; the interval
-  spent there is neither counted nor learnt.
+  spent there is neither counted nor learnt. It is blamed on the live rank furthest behind in
+  finished steps: its peers finished the step and only wait for it in the next collective.
 * **straggler** — see :mod:`.straggler`; reported once per node.
 * **degraded_host** — a host report that is unhealthy or lists faults (GPU XID, uncorrected
   ECC, a missing GPU, disk full ...), once per new set of faults; **node_returned** when that
@@ -181,6 +183,9 @@ class Detector:
         self._starting.add(event.rank)
         node = self._node(event.node)
         node.ranks.add(event.rank)
+        # a host count taken before this process existed says nothing about it
+        node.missing_since_ns = 0
+        self._missing_deadlines.disarm(event.node)
         self._epoch = max(self._epoch, event.attempt)
         self._incident_open = False
         self._reported_nodes.discard(event.node)
@@ -321,8 +326,11 @@ class Detector:
         node = self._node(event.node)
         node.last_health_ns = now
         signals = self._check_host_faults(event, node, now)
-        missing = event.ranks_expected - event.ranks_alive
-        if missing > 0 and node.ranks:
+        # only ranks this detector believes alive can vanish: one whose exit was reported is
+        # explained, whatever a host report taken from an older job status still expects
+        believed = sum(1 for r in node.ranks if self._ranks[r].alive)
+        missing = min(event.ranks_expected, believed) - event.ranks_alive
+        if missing > 0:
             if not node.missing_since_ns:
                 node.missing_since_ns = now
                 self._missing_deadlines.arm(event.node, self._missing_deadline(node))
@@ -424,6 +432,16 @@ class Detector:
         if now - rank.last_heartbeat_ns >= self._heartbeat_timeout(rank):
             return []  # silent altogether: a missed heartbeat, reported by that check
         rank.hang_reported = True
+        waiting = ""
+        laggard = self._laggard(rank)
+        if laggard is not None:
+            # in synchronous training the ranks that finished a step wait in the next
+            # collective for the one that did not: that one hangs, the others only wait
+            waiting = f"; rank {rank_id} on {rank.node} finished step {rank.done_step} and waits"
+            rank_id, rank = laggard, self._ranks[laggard]
+            rank.hang_reported = True
+            self._hang_deadlines.disarm(rank_id)
+            deadline = self._hang_deadline(rank)
         if rank.busy:
             stuck_s = (now - rank.busy_since_ns) / NS
             detail = f"rank {rank_id} on {rank.node} stuck in {rank.busy} for {stuck_s:.1f} s"
@@ -438,8 +456,23 @@ class Detector:
             )
             observed = rank.last_progress_ns
         return self._failure(
-            "hang", rank.node, rank_id, "correctable", detail, observed_ns=observed, now=now
+            "hang",
+            rank.node,
+            rank_id,
+            "correctable",
+            detail + waiting,
+            observed_ns=observed,
+            now=now,
         )
+
+    def _laggard(self, rank: _Rank) -> int | None:
+        """The live rank furthest behind ``rank`` in finished steps, if one is behind it."""
+        behind = [
+            (other.done_step, rank_id)
+            for rank_id, other in self._ranks.items()
+            if other.alive and not other.hang_reported and other.done_step < rank.done_step
+        ]
+        return min(behind)[1] if behind else None
 
     def _check_missing(self, node_name: str, now: int) -> list[schemas.Signal]:
         node = self._nodes[node_name]

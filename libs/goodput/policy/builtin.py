@@ -1,5 +1,9 @@
 """The built-in remediation policy, and the building blocks a user's script may reuse.
 
+It reads the view of ``JobState``: what the actuator reported plus the predicted effect of
+commands it has not answered yet, so a spare already promised to a pending hot swap is not
+free, and a refused hot swap leaves its node active for the next decision.
+
 Rules, in order (the rule name is what a ``Decision`` shows):
 
 * ``scale-up`` — a node came back (``node_returned``) and the job runs below the size it was
@@ -21,8 +25,8 @@ Rules, in order (the rule name is what a ``Decision`` shows):
 from __future__ import annotations
 
 from goodput import schemas
-from goodput_services.controller.policy import Plan
-from goodput_services.controller.state import JobState
+from goodput.policy.plan import Plan
+from goodput.policy.state import JobState
 
 REPEAT_FAILURES = 3
 

@@ -1,12 +1,16 @@
-"""Which nodes run the job, which wait as spares, which failed: the pure part of the actuator.
+"""Which nodes run the job, which wait as spares, which failed: the one set of membership rules.
 
-Every remediation is a membership change followed by a relaunch of the worker group, so the
-rules live here, separately from how processes (or pods) are started.
+The actuator owns membership: it executes every change with these rules and reports the result
+in ``JobStatus``. The controller never changes membership itself; it predicts what a command it
+sent but has not seen answered will do with the same rules (:meth:`Membership.after`), so a
+policy and the actuator can never disagree about what a hot swap or a scale means.
 """
 
 from __future__ import annotations
 
 import msgspec
+
+from goodput import schemas
 
 
 class MembershipError(ValueError):
@@ -23,6 +27,20 @@ class Membership(msgspec.Struct, kw_only=True):
     def initial(cls, nodes: int, spares: int, procs_per_node: int) -> Membership:
         names = [f"node-{i}" for i in range(nodes + spares)]
         return cls(active=names[:nodes], spares=names[nodes:], procs_per_node=procs_per_node)
+
+    def after(self, command: schemas.Command) -> Membership:
+        """The membership once ``command`` is executed (unchanged by a non-membership command).
+
+        Raises :class:`MembershipError` where the actuator would refuse it.
+        """
+        match command:
+            case schemas.HotSwap():
+                return self.hot_swap(command.failed_node, command.spare_node)[0]
+            case schemas.ScaleTo():
+                return self.scale_to(list(command.nodes), list(command.drop_nodes))
+            case schemas.ReturnNode():
+                return self.return_node(command.node)
+        return self
 
     @property
     def world_size(self) -> int:
@@ -104,4 +122,19 @@ class Membership(msgspec.Struct, kw_only=True):
             spares=[n for n in self.spares if n != node],
             failed=[*self.failed, node],
             procs_per_node=self.procs_per_node,
+        )
+
+
+def check_job_shape(spec: schemas.StartJob) -> None:
+    """Refuse a job no membership can run (no nodes, no ranks, partial replicas)."""
+    per_dp = spec.num_nodes_per_dp
+    if spec.nodes < 1 or spec.procs_per_node < 1 or spec.spares < 0 or per_dp < 1:
+        raise MembershipError(
+            f"a job needs at least 1 node, 1 rank per node, 0 or more spares and at least 1 "
+            f"node per data-parallel replica (got {spec.nodes} node(s), {spec.procs_per_node} "
+            f"rank(s) per node, {spec.spares} spare(s), {per_dp} node(s) per replica)"
+        )
+    if spec.nodes % per_dp:
+        raise MembershipError(
+            f"{spec.nodes} node(s) do not form whole replicas of {per_dp} node(s)"
         )

@@ -1,0 +1,50 @@
+"""The policy extension API: what a remediation policy script imports.
+
+A policy is a Python file defining::
+
+    def decide(signal: goodput.schemas.Signal, state: goodput.policy.JobState)
+        -> goodput.policy.Plan | list[goodput.schemas.Command]
+
+It returns the commands to issue, chosen from :data:`ALLOWED_COMMANDS` and built with
+``job=state.job`` (ids, timestamps and the decision link are filled in by the controller).
+Returning a :class:`Plan` adds the rule name and a sentence saying why, which end up in the
+published ``Decision``; a bare list is reported as rule ``"script"``; ``[]`` means "do
+nothing". A script may call the built-in policy (:func:`default_policy`) or its building
+blocks (:func:`scale_down`, :func:`scale_up`, :func:`replace_node`, :func:`evict_straggler`)
+and change only what it wants. It gets copies of the signal and the state: changing them
+changes nothing. Its answer must pass :func:`validate`, or the built-in policy decides.
+
+``JobState`` is what the actuator reported (membership, attempt), the commands it has not
+answered yet (``pending``, whose effect the view already shows) and those it refused
+(``refused``, with the reason), plus what the controller learnt from signals (failures per
+node, ``down``), checkpoints and remediations.
+"""
+
+from goodput.policy.builtin import (
+    REPEAT_FAILURES,
+    default_policy,
+    evict_straggler,
+    replace_node,
+    scale_down,
+    scale_up,
+)
+from goodput.policy.plan import ALLOWED_COMMANDS, MAX_COMMANDS, Plan, PolicyError, validate
+from goodput.policy.state import JobState, NodeRecord, PendingCommand, Refusal
+
+__all__ = [
+    "ALLOWED_COMMANDS",
+    "MAX_COMMANDS",
+    "REPEAT_FAILURES",
+    "JobState",
+    "NodeRecord",
+    "PendingCommand",
+    "Plan",
+    "PolicyError",
+    "Refusal",
+    "default_policy",
+    "evict_straggler",
+    "replace_node",
+    "scale_down",
+    "scale_up",
+    "validate",
+]

@@ -1,0 +1,263 @@
+"""The job as a policy sees it: the actuator's facts, plus what the controller still waits on.
+
+``JobState`` is a msgspec Struct so the controller can keep it in the ``gp_state`` KV bucket and
+a policy script gets a copy. Membership is owned by the actuator: ``observed`` is what its last
+``JobStatus`` reported, ``pending`` the commands sent to it and not yet answered by an
+``ActionResult``, ``refused`` the recent ones it refused. ``nodes`` is the view a policy reads:
+the observed membership with the pending commands' effects predicted by the same rules the
+actuator executes (:mod:`goodput.membership`), and with each node's health as the controller
+learnt it from signals. A refused command is dropped from ``pending``, so the view falls back to
+what the actuator reported.
+
+Node order matters: the active nodes, in list order, form the data-parallel replicas
+(``num_nodes_per_dp`` consecutive active nodes per replica).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Literal, Union
+
+import msgspec
+
+from goodput import schemas
+from goodput.membership import Membership, MembershipError
+
+Role = Literal["active", "spare", "failed"]
+AnyCommand = Union[schemas.COMMAND_TYPES]  # type: ignore[valid-type]  # noqa: UP007
+
+#: commands the actuator executes and answers with an ActionResult; the rest go to the trainers
+ACTUATOR_COMMANDS = (
+    schemas.Restart,
+    schemas.HotSwap,
+    schemas.ScaleTo,
+    schemas.Stop,
+    schemas.ReturnNode,
+)
+#: how many refusals are remembered
+REFUSAL_MEMORY = 32
+
+
+class NodeRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    role: Role
+    #: failure signals seen on this node
+    failures: int = 0
+    #: why it has its role (the last failure, "returned", ...)
+    reason: str = ""
+    since_ts: int = 0
+    #: an uncorrectable fault was reported on it and it has not returned since (a policy
+    #: that cannot replace nodes waits for this to clear; a spare that is down is not free)
+    down: bool = False
+
+
+class Remediation(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A restarting command issued, and the kind of signal that caused it."""
+
+    ts: int
+    action: str
+    command_id: str
+    signal: str = ""
+
+
+class CheckpointRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    step: int
+    ts: int
+    #: training time lost to the save (the snapshot stall)
+    stall_s: float
+    #: time until it was durable (0 until known)
+    persist_s: float = 0.0
+
+
+class DeferredSignal(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A signal whose remediation waits out a crash-loop back-off."""
+
+    signal: schemas.Signal
+    until_ts: int
+
+
+class PendingCommand(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A command sent to the actuator whose ActionResult has not come yet."""
+
+    command: AnyCommand  # type: ignore[valid-type]
+    ts: int
+    #: the signal it remediates (None: not a remediation)
+    signal: schemas.Signal | None = None
+    #: issued by a second decision after the actuator refused the first: not decided again
+    redecided: bool = False
+
+
+class Refusal(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A command the actuator refused or failed (or never answered), and why."""
+
+    command_id: str
+    action: str
+    reason: str
+    ts: int
+
+
+class JobState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    job: str
+    #: the view: observed membership + pending predictions, with the health learnt per node
+    nodes: list[NodeRecord]
+    num_dp_replicas: int
+    num_nodes_per_dp: int
+    #: the size asked for at start: scale-up goes back to it, never beyond
+    target_dp_replicas: int
+    procs_per_node: int = 1
+    #: membership as the actuator last reported it (JobStatus)
+    observed: Membership = msgspec.field(default_factory=lambda: Membership(active=[], spares=[]))
+    #: the actuator's attempt number as last reported
+    attempt: int = 0
+    pending: list[PendingCommand] = msgspec.field(default_factory=list)
+    refused: list[Refusal] = msgspec.field(default_factory=list)
+    started_ts: int = 0
+    restarts: list[Remediation] = msgspec.field(default_factory=list)
+    #: when failures interrupted training (epoch ns), for the observed MTBF
+    interruptions: list[int] = msgspec.field(default_factory=list)
+    checkpoints: list[CheckpointRecord] = msgspec.field(default_factory=list)
+    last_checkpoint_step: int = -1
+    #: smoothed step time (s), 0 until a step was seen
+    step_time_s: float = 0.0
+    checkpoint_interval_steps: int = 0
+    backoff_level: int = 0
+    deferred: list[DeferredSignal] = msgspec.field(default_factory=list)
+    #: why the controller stopped the job ("" while it runs)
+    stopped: str = ""
+    applied_command_ids: list[str] = msgspec.field(default_factory=list)
+    handled_signal_ids: list[str] = msgspec.field(default_factory=list)
+    version: int = 0
+
+    def names(self, role: Role) -> list[str]:
+        return [n.name for n in self.nodes if n.role == role]
+
+    @property
+    def active(self) -> list[str]:
+        return self.names("active")
+
+    @property
+    def spares(self) -> list[str]:
+        return self.names("spare")
+
+    @property
+    def world_size(self) -> int:
+        return len(self.active) * self.procs_per_node
+
+    def node(self, name: str) -> NodeRecord | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def role_of(self, name: str) -> Role | None:
+        record = self.node(name)
+        return record.role if record else None
+
+    def membership(self) -> Membership:
+        """The view as a :class:`Membership`, to check a command with the actuator's rules."""
+        return Membership(
+            active=self.active,
+            spares=self.spares,
+            failed=self.names("failed"),
+            procs_per_node=self.procs_per_node,
+        )
+
+    @property
+    def checkpoint_cost_s(self) -> float | None:
+        """Mean training time lost per checkpoint over the remembered ones."""
+        if not self.checkpoints:
+            return None
+        return sum(c.stall_s for c in self.checkpoints) / len(self.checkpoints)
+
+
+def new_job_state(
+    job: str,
+    active: list[str],
+    *,
+    num_nodes_per_dp: int,
+    spares: Sequence[str] = (),
+    procs_per_node: int = 1,
+    now: int = 0,
+) -> JobState:
+    """The state at job start: ``active`` nodes (a multiple of ``num_nodes_per_dp``) + spares."""
+    if num_nodes_per_dp < 1 or not active or len(active) % num_nodes_per_dp:
+        raise ValueError(
+            f"{len(active)} active node(s) do not form whole replicas of {num_nodes_per_dp}"
+        )
+    names = [*active, *spares]
+    if len(set(names)) != len(names):
+        raise ValueError("node names must be unique")
+    replicas = len(active) // num_nodes_per_dp
+    return JobState(
+        job=job,
+        nodes=[NodeRecord(name=n, role="active", since_ts=now) for n in active]
+        + [NodeRecord(name=n, role="spare", since_ts=now) for n in spares],
+        num_dp_replicas=replicas,
+        num_nodes_per_dp=num_nodes_per_dp,
+        target_dp_replicas=replicas,
+        procs_per_node=procs_per_node,
+        observed=Membership(
+            active=list(active), spares=list(spares), procs_per_node=procs_per_node
+        ),
+        started_ts=now,
+    )
+
+
+def with_pending(
+    state: JobState,
+    command: schemas.Command,
+    now: int,
+    *,
+    signal: schemas.Signal | None = None,
+    redecided: bool = False,
+) -> JobState:
+    """``state`` once ``command`` is sent: an actuator command waits for its result."""
+    if not isinstance(command, ACTUATOR_COMMANDS):
+        return state
+    entry = PendingCommand(command=command, ts=now, signal=signal, redecided=redecided)
+    pending = [*state.pending, entry]
+    return project(msgspec.structs.replace(state, pending=pending), now)
+
+
+def project(state: JobState, now: int) -> JobState:
+    """Recompute the view (``nodes``, replicas) from ``observed``, ``pending`` and node health.
+
+    A pending command the observed membership no longer admits predicts nothing (the actuator
+    will refuse it, and its result says so).
+    """
+    membership = state.observed
+    for pending in state.pending:
+        with contextlib.suppress(MembershipError):
+            membership = membership.after(pending.command)
+    records = {n.name: n for n in state.nodes}
+    for name in membership.spares:
+        if (record := records.get(name)) is not None and record.down:
+            membership = membership.fail_node(name)
+    roles: dict[str, Role] = {n: "active" for n in membership.active}
+    roles.update({n: "spare" for n in membership.spares})
+    roles.update({n: "failed" for n in membership.failed})
+    rest = [n.name for n in state.nodes if n.name in roles and n.name not in membership.active]
+    new = [n for n in roles if n not in records and n not in membership.active]
+    nodes = []
+    for name in [*membership.active, *rest, *new]:
+        role = roles[name]
+        record = records.get(name) or NodeRecord(name=name, role=role, reason="new", since_ts=now)
+        if record.role != role:
+            record = msgspec.structs.replace(record, role=role, since_ts=now)
+        nodes.append(record)
+    return msgspec.structs.replace(
+        state,
+        nodes=nodes,
+        num_dp_replicas=len(membership.active) // state.num_nodes_per_dp,
+        procs_per_node=membership.procs_per_node,
+    )
+
+
+def encode_state(state: JobState) -> bytes:
+    return msgspec.msgpack.encode(state)
+
+
+def decode_state(payload: bytes) -> JobState:
+    """A stored state; raises ``schemas.SchemaError`` on anything that is not one."""
+    try:
+        return msgspec.msgpack.decode(payload, type=JobState)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise schemas.SchemaError(f"not a JobState: {exc}") from exc

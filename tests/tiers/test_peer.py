@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from goodput.tiers.atomic import partial_path
-from goodput.tiers.checksum import ChecksumMismatch
-from goodput.tiers.manifest import list_checkpoints, read_manifest
+from goodput.ckptfmt import ChecksumMismatch, committed_steps, partial_path, read_manifest
 from goodput.tiers.peer import PeerClient, PeerError, PeerServerProcess
 
 
@@ -59,7 +57,7 @@ async def test_three_dp_replicas_cost_one_replica_of_traffic(
     assert sum(r.bytes_sent for r in reports) == replica_bytes
     assert sum(r.bytes_skipped for r in reports) == 2 * replica_bytes
     for n in range(3):
-        assert [s for s, _ in list_checkpoints(peer.root / f"node{n}")] == [8]
+        assert [s for s, _ in committed_steps(peer.root / f"node{n}")] == [8]
         for name, data in files.items():
             assert (peer.root / f"node{n}" / "step-0000000008" / name).read_bytes() == data
     # Identical content is hard-linked, not stored three times.

@@ -31,10 +31,16 @@ from goodput.ckpt.fileio import (
     DirectIOPolicy,
     read_data_file,
 )
-from goodput.ckpt.layout import step_dirs
-from goodput.ckpt.manifest import KIND_ENGINE, FileEntry, Manifest, ManifestError, read_manifest
 from goodput.ckpt.plan import StreamIndex
 from goodput.ckpt.tree import TensorRef, dtype_from_name, dtype_name, unflatten
+from goodput.ckptfmt import (
+    KIND_ENGINE,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    read_manifest,
+    step_dirs,
+)
 
 
 class NoCheckpointError(Exception):

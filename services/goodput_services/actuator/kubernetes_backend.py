@@ -37,10 +37,10 @@ from kubernetes.client.exceptions import ApiException
 from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import ENV_VARS, FILE_FIELDS, SECRET_FIELDS, settings_to_env
+from goodput.ckptfmt import node_volume
 from goodput.subjects import check_token
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
-from goodput_services.actuator.local_backend import node_volume
 from goodput_services.actuator.membership import Membership
 
 log = logging.getLogger(__name__)

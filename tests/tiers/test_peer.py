@@ -104,6 +104,32 @@ async def test_corrupt_source_is_refused_by_the_receiver(
     assert ckpt.visible(peer.root) == set()
 
 
+@pytest.mark.timeout(60)
+async def test_a_fifo_in_place_of_a_file_is_refused_not_waited_on(
+    peer: PeerServerProcess, tmp_path: Path, ckpt
+) -> None:
+    """A named pipe would block an open until a writer comes: sender and server refuse it."""
+    ckpt.make(tmp_path / "node0", 1, {"a.bin": b"a" * 5000})
+    shard = tmp_path / "node0" / "step-0000000001" / "a.bin"
+    shard.unlink()
+    os.mkfifo(shard)
+    served = peer.root / "node0" / "step-0000000002"
+    served.mkdir(parents=True)
+    os.mkfifo(served / "b.bin")
+    async with await connect(peer) as client:
+        with pytest.raises(OSError, match="not a regular file"):
+            await client.push_checkpoint(
+                tmp_path / "node0" / "step-0000000001", "node0/step-0000000001"
+            )
+    async with await connect(peer) as client:  # what `goodput ckpt verify` asks a holder
+        assert not (await client.stat("node0/step-0000000002/b.bin")).exists
+        with pytest.raises(PeerError, match="no such file"):
+            await client.get_file(
+                "node0/step-0000000002/b.bin", tmp_path / "b.partial", 1, "0" * 32
+            )
+    assert ckpt.visible(peer.root / "node0" / "step-0000000001") == set()
+
+
 @pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "a/.hidden", "a/../../b"])
 async def test_paths_outside_the_served_root_are_refused(
     peer: PeerServerProcess, path: str

@@ -5,7 +5,6 @@ decides, on node disks and in the object store, and withdraw the deleted copies 
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +14,6 @@ from goodput.ckptindex.records import CopyRecord
 from goodput.ckptindex.retention import Retention, plan_gc
 from goodput.tiers.backup import DEFAULT_PREFIX, listing_key, listing_step, read_listing
 from goodput.tiers.object_store import ObjectNotFound, ObjectStore
-
-log = logging.getLogger(__name__)
 
 
 def delete_from_disk(node_dir: Path, copy: CopyRecord) -> None:

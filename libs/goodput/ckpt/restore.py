@@ -34,6 +34,7 @@ from goodput.ckpt.fileio import (
 from goodput.ckpt.plan import StreamIndex
 from goodput.ckpt.tree import TensorRef, dtype_from_name, dtype_name, unflatten
 from goodput.ckptfmt import (
+    KIND_DCP,
     KIND_ENGINE,
     FileEntry,
     Manifest,
@@ -195,10 +196,12 @@ def restore_checkpoint(
             continue
         try:
             manifest = read_manifest(path)
-            if manifest.kind != KIND_ENGINE:
+            if manifest.kind == KIND_DCP:
                 raise CorruptCheckpointError(
-                    f"written by {manifest.kind!r}; load it with dcp.load and GoodputStorageReader"
+                    "written by 'dcp'; load it with dcp.load and GoodputStorageReader"
                 )
+            if manifest.kind != KIND_ENGINE:
+                raise CorruptCheckpointError(f"written by {manifest.kind!r}, not the engine")
             if manifest.step != candidate:
                 raise CorruptCheckpointError(f"manifest says step {manifest.step}")
             state = load_checkpoint(path, manifest, into=into, io_threads=io_threads, policy=policy)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from goodput.ckpt import (
     CheckpointEngine,
@@ -18,6 +19,7 @@ from goodput.ckpt import (
     verify_files,
 )
 from goodput.ckpt.events import CheckpointRestored, CheckpointRestoreFailed, CheckpointSaveFailed
+from goodput.ckptfmt import FileEntry, build_manifest, step_dir, write_manifest
 from tests.conftest import tmpfs_mount
 
 from .helpers import assert_bit_exact, make_state
@@ -97,6 +99,46 @@ def test_edited_manifest_fails_its_own_checksum(tmp_path: Path) -> None:
         read_manifest(manifest)
     _assert_fell_back_to_step_1(engine)
     engine.close()
+
+
+@pytest.mark.timeout(60)
+def test_shard_replaced_by_a_fifo_falls_back_without_hanging(tmp_path: Path) -> None:
+    """Opening a named pipe blocks until a writer comes: restore must treat it as damage."""
+    engine = _two_checkpoints(tmp_path)
+    shard = _newest(tmp_path) / read_manifest(_newest(tmp_path)).files[-1].name
+    shard.unlink()
+    os.mkfifo(shard)
+    assert [p.reason for p in verify_files(_newest(tmp_path))] == ["not a regular file"]
+    assert not list_checkpoints(tmp_path)[0].complete
+    _assert_fell_back_to_step_1(engine)
+    engine.close()
+
+
+@pytest.mark.timeout(60)
+def test_manifest_replaced_by_a_fifo_falls_back_without_hanging(tmp_path: Path) -> None:
+    engine = _two_checkpoints(tmp_path)
+    manifest = _newest(tmp_path) / "manifest.json"
+    manifest.unlink()
+    os.mkfifo(manifest)
+    with pytest.raises(ManifestError, match="not a regular file"):
+        read_manifest(_newest(tmp_path))
+    _assert_fell_back_to_step_1(engine)
+    engine.close()
+
+
+@pytest.mark.timeout(60)
+def test_verify_reports_an_empty_file_replaced_by_a_fifo(tmp_path: Path) -> None:
+    """Same size as an empty file, so only the file type tells: verify must not block on it."""
+    directory = step_dir(tmp_path, 5)
+    directory.mkdir()
+    (directory / "data.bin").write_bytes(b"abc")
+    os.mkfifo(directory / "empty.bin")
+    entries = [
+        FileEntry(name="data.bin", size=3, xxh3_128=xxhash.xxh3_128_hexdigest(b"abc")),
+        FileEntry(name="empty.bin", size=0, xxh3_128=xxhash.xxh3_128_hexdigest(b"")),
+    ]
+    write_manifest(directory, build_manifest(5, entries))
+    assert [str(p) for p in verify_files(directory)] == ["empty.bin: not a regular file"]
 
 
 def test_nothing_intact_is_a_clear_error(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from goodput.ckpt import CheckpointEngine, read_manifest, verify_files
 from goodput.ckpt.events import CheckpointSnapshotted
-from goodput.ckpt.layout import step_dirs
+from goodput.ckptfmt import step_dirs
 
 from .helpers import assert_bit_exact, make_state
 

@@ -21,10 +21,9 @@ import torch
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.ckpt import CheckpointEngine
+from goodput.ckptfmt import node_volume, read_manifest
+from goodput.ckptindex.index import CheckpointIndex, IndexSnapshot
 from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
-from goodput.tiers.manifest import read_manifest
-from goodput_services.actuator.local_backend import node_volume
-from goodput_services.replicator.index import CheckpointIndex, IndexSnapshot
 from tests.conftest import goodput_cli
 from tests.stack.helpers import EventTap
 

@@ -70,7 +70,7 @@ async def test_corrupt_shards_are_never_counted_and_restore_falls_back(
     staging = write_checkpoint(tmp_path / "staging", 20, seed=2)
     flip_a_byte(sorted(staging.glob("data-*.bin"))[0])
     os.replace(staging, reps.volume("node-0") / staging.name)
-    assert "checksum differs" in await wait_health(h, "node-0", "not indexed")
+    assert "xxh3_128 mismatch" in await wait_health(h, "node-0", "not indexed")
     snapshot = await h.snapshot()
     assert 20 not in snapshot.steps()
     assert snapshot.newest_complete().step == 10
@@ -105,7 +105,7 @@ async def test_scrubbing_withdraws_a_copy_that_rotted_on_disk(dir_harness: Harne
         f.seek(100)
         f.write(b"bit rot")
     await h.until(lambda s: not peer_copies(s, "node-0", 10), what="the rotten copy withdrawn")
-    assert "checksum differs" in await wait_health(h, "node-1", "not indexed")
+    assert "xxh3_128 mismatch" in await wait_health(h, "node-1", "not indexed")
     # node-0 notices the missing replica and sends the damaged file again
     await h.until(lambda s: peer_copies(s, "node-0", 10) == {"node-1"}, what="the repair")
     assert file_checksums(saved) == {f.name: f.xxh3_128 for f in verify_copy(rotten[0].parent)[0]}

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from goodput_services.replicator.gc import Retention, plan_gc
-from goodput_services.replicator.index import IndexSnapshot
+from goodput.ckptindex.index import IndexSnapshot
+from goodput.ckptindex.records import CopyRecord, FileRef, NodeRecord
+from goodput.ckptindex.retention import Retention, plan_gc
 from goodput_services.replicator.options import ReplicatorOptions
-from goodput_services.replicator.records import CopyRecord, FileRef, NodeRecord
 from goodput_services.replicator.topology import choose_peers
 
 NOW = time.time_ns()

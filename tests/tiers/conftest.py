@@ -3,7 +3,6 @@ process and real peer-server processes."""
 
 from __future__ import annotations
 
-import json
 import random
 import uuid
 from collections.abc import Iterator
@@ -13,27 +12,33 @@ from types import SimpleNamespace
 import pytest
 import xxhash
 
+from goodput.ckptfmt import (
+    FileEntry,
+    Manifest,
+    build_manifest,
+    read_manifest,
+    step_dir,
+    write_manifest,
+)
 from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
 from goodput.tiers.gcs import GcsObjectStore
-from goodput.tiers.manifest import CheckpointManifest, checkpoint_dirname, read_manifest
 from goodput.tiers.peer import PeerServerProcess
 
 BUCKET = "goodput-test"
 
 
-def make_checkpoint(root: Path, step: int, files: dict[str, bytes]) -> CheckpointManifest:
-    """Write a checkpoint the way the engine does: data files, then manifest.json."""
-    directory = root / checkpoint_dirname(step)
+def make_checkpoint(root: Path, step: int, files: dict[str, bytes]) -> Manifest:
+    """Write a checkpoint the way the engine does: data files, then the sealed manifest."""
+    directory = step_dir(root, step)
     directory.mkdir(parents=True)
     entries = []
     for name, data in files.items():
         (directory / name).parent.mkdir(parents=True, exist_ok=True)
         (directory / name).write_bytes(data)
         entries.append(
-            {"name": name, "size": len(data), "xxh3_128": xxhash.xxh3_128_hexdigest(data)}
+            FileEntry(name=name, size=len(data), xxh3_128=xxhash.xxh3_128_hexdigest(data))
         )
-    document = {"format": "goodput-ckpt/1", "step": step, "files": entries, "engine": "test"}
-    (directory / "manifest.json").write_text(json.dumps(document))
+    write_manifest(directory, build_manifest(step, entries, metadata={"engine": "test"}))
     return read_manifest(directory)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from goodput.ckptfmt import ChecksumMismatch
 from goodput.tiers.backup import (
     backed_up_steps,
     backup_checkpoint,
@@ -14,7 +15,6 @@ from goodput.tiers.backup import (
     listing_key,
     read_listing,
 )
-from goodput.tiers.checksum import ChecksumMismatch
 from goodput.tiers.object_store import DirectoryObjectStore, ObjectStore
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from goodput.tiers.peer import PeerClient, PeerError, PeerServerProcess
-from goodput.tiers.restore import LocalSource, RestoreError, restore_checkpoint
+from goodput.tiers.restore import LocalSource, RestoreError, restore_to_volume
 from tests.conftest import tmpfs_mount
 
 
@@ -23,7 +23,9 @@ async def test_restore_onto_a_full_volume_fails_cleanly(
 ) -> None:
     manifest = ckpt.make(tmp_path / "node0", 1, ckpt.random_files(3, 1_500_000))
     with pytest.raises(RestoreError, match="No space left"):
-        await restore_checkpoint(1, manifest.files, tiny_volume, [LocalSource(tmp_path / "node0")])
+        await restore_to_volume(
+            1, manifest.files, tiny_volume, [LocalSource(tmp_path / "node0")], manifest=manifest
+        )
     restored = tiny_volume / "step-0000000001"
     # Whatever is visible is complete and verified; no manifest; no leftover temp files.
     assert "manifest.json" not in ckpt.visible(restored)

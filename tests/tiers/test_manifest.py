@@ -3,10 +3,14 @@ from pathlib import Path
 
 import pytest
 
-from goodput.tiers.manifest import (
-    InvalidManifest,
+from goodput.ckptfmt import (
+    FORMAT,
+    FileEntry,
+    Manifest,
+    ManifestError,
     build_manifest,
-    list_checkpoints,
+    committed_steps,
+    encode_manifest,
     parse_manifest,
     read_manifest,
     write_manifest,
@@ -18,39 +22,37 @@ def test_reads_engine_manifest_and_keeps_unknown_keys_verbatim(tmp_path: Path, c
     assert manifest.step == 7
     assert [(f.name, f.size) for f in manifest.files] == [("a.bin", 3), ("sub/b.bin", 4)]
     assert manifest.to_bytes() == (tmp_path / "step-0000000007" / "manifest.json").read_bytes()
-    assert json.loads(manifest.to_bytes())["engine"] == "test"
+    assert json.loads(manifest.to_bytes())["metadata"]["engine"] == "test"
+
+
+def _sealed(name: str = "a", fmt: str = FORMAT) -> bytes:
+    entry = FileEntry(name=name, size=1, xxh3_128="0")
+    return encode_manifest(Manifest(format=fmt, step=1, kind="files", files=[entry]))
 
 
 @pytest.mark.parametrize(
-    "document",
+    "data",
     [
-        {"format": "other/1", "step": 1, "files": []},
-        {"format": "goodput-ckpt/1", "step": "1", "files": []},
-        {"format": "goodput-ckpt/1", "step": 1, "files": [{"name": "a"}]},
-        {
-            "format": "goodput-ckpt/1",
-            "step": 1,
-            "files": [{"name": "../x", "size": 1, "xxh3_128": "0"}],
-        },
-        {
-            "format": "goodput-ckpt/1",
-            "step": 1,
-            "files": [{"name": "/etc/x", "size": 1, "xxh3_128": "0"}],
-        },
-        {
-            "format": "goodput-ckpt/1",
-            "step": 1,
-            "files": [{"name": ".tmp", "size": 1, "xxh3_128": "0"}],
-        },
+        _sealed(fmt="other/1"),
+        json.dumps({"format": FORMAT, "step": "1", "kind": "files", "files": []}).encode(),
+        json.dumps(
+            {"format": FORMAT, "step": 1, "kind": "files", "files": [{"name": "a"}]}
+        ).encode(),
+        _sealed("../x"),
+        _sealed("/etc/x"),
+        _sealed(".tmp"),
+        # well-formed, but not sealed: the manifest's own checksum is checked by every reader
+        json.dumps({"format": FORMAT, "step": 1, "kind": "files", "files": []}).encode(),
+        _sealed().replace(b'"step": 1', b'"step": 2'),
     ],
 )
-def test_rejects_bad_manifests(document: dict) -> None:
-    with pytest.raises(InvalidManifest):
-        parse_manifest(json.dumps(document).encode())
+def test_rejects_bad_manifests(data: bytes) -> None:
+    with pytest.raises(ManifestError):
+        parse_manifest(data)
 
 
 def test_rejects_non_json() -> None:
-    with pytest.raises(InvalidManifest):
+    with pytest.raises(ManifestError):
         parse_manifest(b"\xff{not json")
 
 
@@ -61,7 +63,7 @@ def test_lists_only_committed_checkpoints(tmp_path: Path, ckpt) -> None:
     (tmp_path / ".tmp-step-0000000012").mkdir()
     (tmp_path / "step-0000000013").mkdir()
     (tmp_path / "step-0000000013" / "manifest.json").write_text("{truncated")
-    assert [step for step, _ in list_checkpoints(tmp_path)] == [2, 10]
+    assert [step for step, _ in committed_steps(tmp_path)] == [2, 10]
 
 
 def test_write_manifest_round_trips(tmp_path: Path, ckpt) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from goodput.tiers.checksum import ChecksumMismatch
+from goodput.ckptfmt import ChecksumMismatch
 from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
 from goodput.tiers.gcs import PARTS_PREFIX, GcsObjectStore
 from goodput.tiers.object_store import (

@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from goodput.tiers.atomic import partial_path
-from goodput.tiers.checksum import ChecksumMismatch
-from goodput.tiers.manifest import list_checkpoints, read_manifest
+from goodput.ckptfmt import ChecksumMismatch, committed_steps, partial_path, read_manifest
 from goodput.tiers.peer import PeerClient, PeerError, PeerServerProcess
 
 
@@ -59,7 +57,7 @@ async def test_three_dp_replicas_cost_one_replica_of_traffic(
     assert sum(r.bytes_sent for r in reports) == replica_bytes
     assert sum(r.bytes_skipped for r in reports) == 2 * replica_bytes
     for n in range(3):
-        assert [s for s, _ in list_checkpoints(peer.root / f"node{n}")] == [8]
+        assert [s for s, _ in committed_steps(peer.root / f"node{n}")] == [8]
         for name, data in files.items():
             assert (peer.root / f"node{n}" / "step-0000000008" / name).read_bytes() == data
     # Identical content is hard-linked, not stored three times.
@@ -104,6 +102,32 @@ async def test_corrupt_source_is_refused_by_the_receiver(
         # The connection stays usable and nothing is visible on the peer.
         assert not (await client.stat("node0/step-0000000001/a.bin")).exists
     assert ckpt.visible(peer.root) == set()
+
+
+@pytest.mark.timeout(60)
+async def test_a_fifo_in_place_of_a_file_is_refused_not_waited_on(
+    peer: PeerServerProcess, tmp_path: Path, ckpt
+) -> None:
+    """A named pipe would block an open until a writer comes: sender and server refuse it."""
+    ckpt.make(tmp_path / "node0", 1, {"a.bin": b"a" * 5000})
+    shard = tmp_path / "node0" / "step-0000000001" / "a.bin"
+    shard.unlink()
+    os.mkfifo(shard)
+    served = peer.root / "node0" / "step-0000000002"
+    served.mkdir(parents=True)
+    os.mkfifo(served / "b.bin")
+    async with await connect(peer) as client:
+        with pytest.raises(OSError, match="not a regular file"):
+            await client.push_checkpoint(
+                tmp_path / "node0" / "step-0000000001", "node0/step-0000000001"
+            )
+    async with await connect(peer) as client:  # what `goodput ckpt verify` asks a holder
+        assert not (await client.stat("node0/step-0000000002/b.bin")).exists
+        with pytest.raises(PeerError, match="no such file"):
+            await client.get_file(
+                "node0/step-0000000002/b.bin", tmp_path / "b.partial", 1, "0" * 32
+            )
+    assert ckpt.visible(peer.root / "node0" / "step-0000000001") == set()
 
 
 @pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "a/.hidden", "a/../../b"])

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from goodput.ckptfmt import Manifest, committed_steps, read_manifest
 from goodput.tiers.backup import backup_checkpoint
 from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
 from goodput.tiers.gcs import GcsObjectStore
-from goodput.tiers.manifest import CheckpointManifest, list_checkpoints, read_manifest
 from goodput.tiers.peer import PeerClient, PeerServerProcess
 from goodput.tiers.restore import (
     LocalSource,
     ObjectStoreSource,
     PeerSource,
     RestoreError,
-    restore_checkpoint,
+    restore_to_volume,
 )
 
 STEP = 12
@@ -25,7 +25,7 @@ STEP_DIR = "step-0000000012"
 
 
 @pytest.fixture
-def node(tmp_path: Path, ckpt) -> tuple[Path, CheckpointManifest, dict[str, bytes]]:
+def node(tmp_path: Path, ckpt) -> tuple[Path, Manifest, dict[str, bytes]]:
     files = ckpt.random_files(3, 500_000, seed=1)
     manifest = ckpt.make(tmp_path / "node0", STEP, files)
     return tmp_path / "node0", manifest, files
@@ -36,17 +36,17 @@ async def replicate_to(peer: PeerServerProcess, node_root: Path) -> None:
         await client.push_checkpoint(node_root / STEP_DIR, f"node0/{STEP_DIR}")
 
 
-def assert_restored(dest: Path, manifest: CheckpointManifest, files: dict[str, bytes]) -> None:
+def assert_restored(dest: Path, manifest: Manifest, files: dict[str, bytes]) -> None:
     restored = dest / STEP_DIR
     for name, data in files.items():
         assert (restored / name).read_bytes() == data
     assert (restored / "manifest.json").read_bytes() == manifest.to_bytes()
-    assert [s for s, _ in list_checkpoints(dest)] == [STEP]
+    assert [s for s, _ in committed_steps(dest)] == [STEP]
 
 
 async def test_restore_from_local(node, tmp_path: Path) -> None:
     root, manifest, files = node
-    report = await restore_checkpoint(
+    report = await restore_to_volume(
         STEP, manifest.files, tmp_path / "fresh", [LocalSource(root)], manifest=manifest
     )
     assert_restored(tmp_path / "fresh", manifest, files)
@@ -59,7 +59,7 @@ async def test_restore_from_peer(node, tmp_path: Path, peer: PeerServerProcess) 
     await replicate_to(peer, root)
     async with PeerSource(peer.host, peer.port, "node0") as from_peer:
         sources = [LocalSource(tmp_path / "lost-volume"), from_peer]
-        report = await restore_checkpoint(
+        report = await restore_to_volume(
             STEP, manifest.files, tmp_path / "fresh", sources, manifest=manifest
         )
     assert_restored(tmp_path / "fresh", manifest, files)
@@ -73,7 +73,7 @@ async def test_restore_from_object_store(
     root, manifest, files = node
     backup_checkpoint(root / STEP_DIR, gcs_store, "node0", prefix)
     sources = [LocalSource(tmp_path / "lost"), ObjectStoreSource(gcs_store, prefix)]
-    report = await restore_checkpoint(
+    report = await restore_to_volume(
         STEP, manifest.files, tmp_path / "fresh", sources, manifest=manifest
     )
     assert_restored(tmp_path / "fresh", manifest, files)
@@ -93,7 +93,7 @@ async def test_corrupt_file_on_each_tier_falls_back_to_the_next(
     corrupt(peer.root / "node0" / STEP_DIR / names[1])
     async with PeerSource(peer.host, peer.port, "node0") as from_peer:
         sources = [LocalSource(root), from_peer, ObjectStoreSource(gcs_store, prefix)]
-        report = await restore_checkpoint(
+        report = await restore_to_volume(
             STEP, manifest.files, tmp_path / "fresh", sources, manifest=manifest
         )
     assert_restored(tmp_path / "fresh", manifest, files)
@@ -106,11 +106,15 @@ async def test_corrupt_file_on_each_tier_falls_back_to_the_next(
 async def test_no_source_has_it_raises_and_commits_nothing(node, tmp_path: Path) -> None:
     _, manifest, _ = node
     with pytest.raises(RestoreError, match="cannot restore") as error:
-        await restore_checkpoint(
-            STEP, manifest.files, tmp_path / "fresh", [LocalSource(tmp_path / "empty")]
+        await restore_to_volume(
+            STEP,
+            manifest.files,
+            tmp_path / "fresh",
+            [LocalSource(tmp_path / "empty")],
+            manifest=manifest,
         )
     assert len(error.value.attempts) == 1
-    assert list(list_checkpoints(tmp_path / "fresh")) == []
+    assert list(committed_steps(tmp_path / "fresh")) == []
 
 
 async def test_peer_killed_mid_restore_then_retry_resumes(node, tmp_path: Path, ckpt) -> None:
@@ -129,11 +133,12 @@ async def test_peer_killed_mid_restore_then_retry_resumes(node, tmp_path: Path, 
 
         dest = tmp_path / "fresh"
         with pytest.raises(RestoreError, match="peer"):
-            await restore_checkpoint(
+            await restore_to_volume(
                 STEP,
                 manifest.files,
                 dest,
                 [PeerSource(peer.host, peer.port, "node0")],
+                manifest=manifest,
                 progress=kill_midway,
             )
         # Nothing half-written is visible: no data file under its final name, no manifest.
@@ -141,7 +146,7 @@ async def test_peer_killed_mid_restore_then_retry_resumes(node, tmp_path: Path, 
 
         peer.start()
         async with PeerSource(peer.host, peer.port, "node0") as from_peer:
-            report = await restore_checkpoint(
+            report = await restore_to_volume(
                 STEP, manifest.files, dest, [from_peer], manifest=manifest
             )
         assert 0 < report.files[0].bytes_moved < len(big["big.bin"])
@@ -159,11 +164,15 @@ async def test_object_store_down_gives_clear_error_and_retry_succeeds(node, tmp_
         backup_checkpoint(root / STEP_DIR, store, "node0")
         server.stop()
         with pytest.raises(RestoreError, match="unreachable"):
-            await restore_checkpoint(
-                STEP, manifest.files, tmp_path / "fresh", [ObjectStoreSource(store)]
+            await restore_to_volume(
+                STEP,
+                manifest.files,
+                tmp_path / "fresh",
+                [ObjectStoreSource(store)],
+                manifest=manifest,
             )
         server.start()
-        await restore_checkpoint(
+        await restore_to_volume(
             STEP, manifest.files, tmp_path / "fresh", [ObjectStoreSource(store)], manifest=manifest
         )
     assert_restored(tmp_path / "fresh", manifest, files)
@@ -171,8 +180,11 @@ async def test_object_store_down_gives_clear_error_and_retry_succeeds(node, tmp_
 
 async def test_already_restored_files_are_verified_not_copied(node, tmp_path: Path) -> None:
     root, manifest, _ = node
-    await restore_checkpoint(STEP, manifest.files, tmp_path / "fresh", [LocalSource(root)])
-    report = await restore_checkpoint(STEP, manifest.files, tmp_path / "fresh", [LocalSource(root)])
+    sources = [LocalSource(root)]
+    await restore_to_volume(STEP, manifest.files, tmp_path / "fresh", sources, manifest=manifest)
+    report = await restore_to_volume(
+        STEP, manifest.files, tmp_path / "fresh", sources, manifest=manifest
+    )
     assert {f.tier for f in report.files} == {"present"}
 
 

@@ -33,17 +33,17 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from goodput.tiers.backup import backup_checkpoint
-from goodput.tiers.checksum import write_all
-from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
-from goodput.tiers.gcs import GcsObjectStore
-from goodput.tiers.manifest import (
-    CheckpointManifest,
+from goodput.ckptfmt import (
     FileEntry,
+    Manifest,
     build_manifest,
-    checkpoint_dirname,
+    step_dir_name,
+    write_all,
     write_manifest,
 )
+from goodput.tiers.backup import backup_checkpoint
+from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
+from goodput.tiers.gcs import GcsObjectStore
 from goodput.tiers.peer import PeerClient, PeerServerProcess
 from goodput.tiers.peer.client import PUSH_STREAMS
 from goodput.tiers.peer.loopback import measure_tcp_gbps
@@ -52,7 +52,7 @@ from goodput.tiers.restore import (
     ObjectStoreSource,
     PeerSource,
     Source,
-    restore_checkpoint,
+    restore_to_volume,
 )
 
 STEP = 1000
@@ -99,9 +99,9 @@ def measure(work: Path, size_gb: float, file_count: int, console: Console) -> di
     replica_bytes = file_size * file_count
     with bar(console, "write node shard set", replica_bytes) as tick:
         manifest = write_shard_set(work / "nodeA", file_count, file_size, tick)
-    source_dir = work / "nodeA" / checkpoint_dirname(STEP)
+    source_dir = work / "nodeA" / step_dir_name(STEP)
     for replica in ("nodeB", "nodeC"):  # identical DP replicas: same bytes, other nodes
-        link_replica(source_dir, work / replica / checkpoint_dirname(STEP))
+        link_replica(source_dir, work / replica / step_dir_name(STEP))
 
     with console.status("prewarming memory"):
         prewarm_memory(work / "scratch", 2 * replica_bytes)
@@ -160,9 +160,7 @@ def measure(work: Path, size_gb: float, file_count: int, console: Console) -> di
         for replica in ("nodeA", "nodeB", "nodeC"):
             started = time.perf_counter()
             with console.status(f"backing up {replica} to fake-gcs-server"):
-                report = backup_checkpoint(
-                    work / replica / checkpoint_dirname(STEP), store, replica
-                )
+                report = backup_checkpoint(work / replica / step_dir_name(STEP), store, replica)
             uploaded += report.bytes_uploaded
             if replica == "nodeA":
                 result["object_store_backup_s"] = time.perf_counter() - started
@@ -195,9 +193,9 @@ def bar(console: Console, label: str, total: int) -> Iterator[Callable[[int], No
 
 def write_shard_set(
     root: Path, file_count: int, file_size: int, tick: Callable[[int], None]
-) -> CheckpointManifest:
+) -> Manifest:
     """Random (incompressible, distinct) shard files and an engine-format manifest."""
-    directory = root / checkpoint_dirname(STEP)
+    directory = root / step_dir_name(STEP)
     directory.mkdir(parents=True)
     rng = np.random.default_rng(0)
     entries = []
@@ -216,8 +214,8 @@ def write_shard_set(
             os.fsync(fd)
         finally:
             os.close(fd)
-        entries.append(FileEntry(name, file_size, hasher.hexdigest()))
-    manifest = build_manifest(STEP, entries, {"bench": "goodput bench restore"})
+        entries.append(FileEntry(name=name, size=file_size, xxh3_128=hasher.hexdigest()))
+    manifest = build_manifest(STEP, entries, metadata={"bench": "goodput bench restore"})
     write_manifest(directory, manifest)
     return manifest
 
@@ -253,8 +251,8 @@ async def replicate(
         for replica in ("nodeA", "nodeB", "nodeC"):
             with bar(console, f"replicate {replica} to peer", replica_bytes) as tick:
                 report = await client.push_checkpoint(
-                    work / replica / checkpoint_dirname(STEP),
-                    f"{replica}/{checkpoint_dirname(STEP)}",
+                    work / replica / step_dir_name(STEP),
+                    f"{replica}/{step_dir_name(STEP)}",
                     tick,
                 )
             sent += report.bytes_sent
@@ -269,19 +267,19 @@ async def push_once(
     async with await PeerClient.connect(peer.host, peer.port) as client:
         with bar(console, "replicate from disk to a fresh peer", replica_bytes) as tick:
             report = await client.push_checkpoint(
-                checkpoint_dir, f"nodeA/{checkpoint_dirname(STEP)}", tick
+                checkpoint_dir, f"nodeA/{step_dir_name(STEP)}", tick
             )
     return report.seconds
 
 
 def timed_restore(
-    manifest: CheckpointManifest, dest: Path, sources: list[Source], console: Console, label: str
+    manifest: Manifest, dest: Path, sources: list[Source], console: Console, label: str
 ) -> float:
     total = sum(f.size for f in manifest.files)
 
     async def restore() -> float:
         with bar(console, f"restore from {label}", total) as tick:
-            report = await restore_checkpoint(
+            report = await restore_to_volume(
                 STEP, manifest.files, dest, sources, manifest=manifest, progress=tick
             )
         for source in sources:

@@ -84,7 +84,7 @@ def corrupt_newest_checkpoint(volume: Path, step: int | None = None) -> Corrupti
     Sizes stay the same, so only a checksum can tell: what restore verification must catch.
     """
     from goodput.ckpt.catalog import list_checkpoints
-    from goodput.ckpt.manifest import ManifestError, read_manifest
+    from goodput.ckptfmt import ManifestError, read_manifest
 
     infos = [info for info in list_checkpoints(volume) if step is None or info.step == step]
     complete = [info for info in infos if info.complete]

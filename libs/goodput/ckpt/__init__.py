@@ -14,14 +14,14 @@ from goodput.ckpt.catalog import (
 )
 from goodput.ckpt.engine import CheckpointEngine, SaveHandle, SaveResult
 from goodput.ckpt.fileio import CorruptCheckpointError
-from goodput.ckpt.manifest import (
+from goodput.ckpt.restore import NoCheckpointError, StateMismatchError, restore_checkpoint
+from goodput.ckptfmt import (
     Manifest,
     ManifestError,
     VerifyProblem,
     read_manifest,
     verify_files,
 )
-from goodput.ckpt.restore import NoCheckpointError, StateMismatchError, restore_checkpoint
 
 __all__ = [
     "CheckpointEngine",

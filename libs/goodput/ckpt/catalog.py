@@ -9,22 +9,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from goodput.ckpt.events import CheckpointRetentionDeleted, Listener, emit
-from goodput.ckpt.layout import (
+from goodput.ckptfmt import (
     TRASH_PREFIX,
-    parse_tmp_step_dir,
-    remove_dir_safely,
-    step_dir,
-    step_dirs,
-)
-from goodput.ckpt.manifest import (
     ManifestError,
     VerifyProblem,
     check_file_sizes,
+    parse_tmp_step_dir,
     read_manifest,
+    remove_dir_safely,
+    step_dir,
+    step_dirs,
     verify_files,
 )
 
 log = logging.getLogger(__name__)
+
+#: complete checkpoints a root keeps (engine, DCP writer, torch.save baseline, shim config)
+DEFAULT_KEEP_LAST = 3
 
 
 @dataclass(frozen=True)

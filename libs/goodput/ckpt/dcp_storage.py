@@ -20,28 +20,26 @@ from typing import Any
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, Metadata
 from torch.distributed.checkpoint.storage import WriteResult
 
-from goodput.ckpt.catalog import apply_retention
+from goodput.ckpt.catalog import DEFAULT_KEEP_LAST, apply_retention
 from goodput.ckpt.events import CheckpointPersisted, Listener, RestoreFallback, emit
-from goodput.ckpt.layout import (
+from goodput.ckpt.restore import NoCheckpointError
+from goodput.ckptfmt import (
+    FORMAT,
+    KIND_DCP,
     MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    file_xxh3_128,
     fsync_dir,
+    read_manifest,
     remove_dir_safely,
     step_dir,
     step_dirs,
     tmp_step_dir,
-)
-from goodput.ckpt.manifest import (
-    FORMAT,
-    KIND_DCP,
-    FileEntry,
-    Manifest,
-    ManifestError,
-    hash_file,
-    read_manifest,
     verify_files,
     write_manifest,
 )
-from goodput.ckpt.restore import NoCheckpointError
 
 
 class GoodputStorageWriter(FileSystemWriter):
@@ -53,7 +51,7 @@ class GoodputStorageWriter(FileSystemWriter):
         step: int,
         *,
         thread_count: int = 4,
-        keep_last: int = 3,
+        keep_last: int = DEFAULT_KEEP_LAST,
         listener: Listener | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> None:
@@ -82,8 +80,8 @@ class GoodputStorageWriter(FileSystemWriter):
         for name in sorted(os.listdir(tmp)):
             if name == MANIFEST_NAME or name.endswith(".tmp") or not (tmp / name).is_file():
                 continue
-            size, digest = hash_file(tmp / name)
-            files.append(FileEntry(name=name, size=size, xxh3_128=digest))
+            size = (tmp / name).stat().st_size
+            files.append(FileEntry(name=name, size=size, xxh3_128=file_xxh3_128(tmp / name)))
         manifest = Manifest(
             format=FORMAT,
             step=self.step,

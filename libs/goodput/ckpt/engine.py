@@ -36,17 +36,21 @@ from goodput.ckpt.events import (
     emit,
 )
 from goodput.ckpt.fileio import DirectIOPolicy, DirectMode, write_data_file
-from goodput.ckpt.layout import (
+from goodput.ckpt.plan import IO_ALIGN, MIN_FILE_BYTES, SavePlan, align_up, make_plan
+from goodput.ckpt.restore import restore_checkpoint
+from goodput.ckpt.tree import flatten
+from goodput.ckptfmt import (
+    FORMAT,
+    KIND_ENGINE,
+    FileEntry,
+    Manifest,
     fsync_dir,
     remove_dir_safely,
     step_dir,
     tmp_step_dir,
     write_file_durably,
+    write_manifest,
 )
-from goodput.ckpt.manifest import FORMAT, KIND_ENGINE, FileEntry, Manifest, write_manifest
-from goodput.ckpt.plan import IO_ALIGN, MIN_FILE_BYTES, SavePlan, align_up, make_plan
-from goodput.ckpt.restore import restore_checkpoint
-from goodput.ckpt.tree import flatten
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +149,7 @@ class CheckpointEngine:
         self,
         root: str | os.PathLike,
         *,
-        keep_last: int = 3,
+        keep_last: int = catalog.DEFAULT_KEEP_LAST,
         writer_threads: int = 4,
         direct_io: DirectMode = "auto",
         max_inflight: int = 1,

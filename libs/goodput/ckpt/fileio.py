@@ -18,8 +18,8 @@ from typing import Literal
 import torch
 import xxhash
 
-from goodput.ckpt.manifest import FileEntry
 from goodput.ckpt.plan import IO_ALIGN, StreamIndex, align_up
+from goodput.ckptfmt import FileEntry, NotRegularFile, open_regular
 
 WRITE_CHUNK_BYTES = 64 << 20
 READ_CHUNK_BYTES = 32 << 20
@@ -56,6 +56,11 @@ class DirectIOPolicy:
 
 def _open(path: Path, flags: int, direct: bool) -> int:
     return os.open(path, flags | os.O_CLOEXEC | (_O_DIRECT if direct else 0), 0o644)
+
+
+def _open_for_read(path: Path, direct: bool) -> int:
+    """Only a regular file is data: a FIFO in its place would block the restore forever."""
+    return open_regular(path, os.O_RDONLY | (_O_DIRECT if direct else 0))
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
@@ -120,7 +125,7 @@ def _read(
     staging: torch.Tensor,
     direct: bool,
 ) -> None:
-    fd = _open(path, os.O_RDONLY, direct)
+    fd = _open_for_read(path, direct)
     try:
         actual = os.fstat(fd).st_size
         if actual != entry.size:
@@ -168,11 +173,15 @@ def read_data_file(
             try:
                 _read(path, entry, index, targets, staging, direct=True)
                 return
+            except NotRegularFile:
+                raise
             except OSError as exc:
                 if not policy.refused(exc):
                     raise
         _read(path, entry, index, targets, staging, direct=False)
     except FileNotFoundError as exc:
         raise CorruptCheckpointError(f"{path.name}: missing") from exc
+    except NotRegularFile as exc:
+        raise CorruptCheckpointError(f"{path.name}: not a regular file") from exc
     except OSError as exc:
         raise CorruptCheckpointError(f"{path.name}: unreadable ({exc.strerror or exc})") from exc

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import xxhash
 
-from goodput.ckpt.manifest import TensorEntry
 from goodput.ckpt.tree import dtype_name
+from goodput.ckptfmt import TensorEntry
 
 TENSOR_ALIGN = 64
 IO_ALIGN = 4096

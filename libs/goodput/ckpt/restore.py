@@ -31,10 +31,17 @@ from goodput.ckpt.fileio import (
     DirectIOPolicy,
     read_data_file,
 )
-from goodput.ckpt.layout import step_dirs
-from goodput.ckpt.manifest import KIND_ENGINE, FileEntry, Manifest, ManifestError, read_manifest
 from goodput.ckpt.plan import StreamIndex
 from goodput.ckpt.tree import TensorRef, dtype_from_name, dtype_name, unflatten
+from goodput.ckptfmt import (
+    KIND_DCP,
+    KIND_ENGINE,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    read_manifest,
+    step_dirs,
+)
 
 
 class NoCheckpointError(Exception):
@@ -189,10 +196,12 @@ def restore_checkpoint(
             continue
         try:
             manifest = read_manifest(path)
-            if manifest.kind != KIND_ENGINE:
+            if manifest.kind == KIND_DCP:
                 raise CorruptCheckpointError(
-                    f"written by {manifest.kind!r}; load it with dcp.load and GoodputStorageReader"
+                    "written by 'dcp'; load it with dcp.load and GoodputStorageReader"
                 )
+            if manifest.kind != KIND_ENGINE:
+                raise CorruptCheckpointError(f"written by {manifest.kind!r}, not the engine")
             if manifest.step != candidate:
                 raise CorruptCheckpointError(f"manifest says step {manifest.step}")
             state = load_checkpoint(path, manifest, into=into, io_threads=io_threads, policy=policy)

@@ -11,13 +11,13 @@ reports the same events, so the goodput calculator charges its stall like the en
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
 from goodput.ckpt.events import (
     CheckpointPersisted,
     CheckpointRestored,
@@ -28,12 +28,13 @@ from goodput.ckpt.events import (
     emit,
 )
 from goodput.ckpt.restore import NoCheckpointError
+from goodput.ckptfmt import parse_step_dir, step_dir_name
 
-_NAME = re.compile(r"^step-(\d{10})\.pt$")
+_SUFFIX = ".pt"
 
 
 def checkpoint_path(root: Path, step: int) -> Path:
-    return root / f"step-{step:010d}.pt"
+    return root / f"{step_dir_name(step)}{_SUFFIX}"
 
 
 class TorchSaveCheckpointer:
@@ -44,7 +45,7 @@ class TorchSaveCheckpointer:
         root: str | os.PathLike,
         *,
         writer: bool,
-        keep_last: int = 3,
+        keep_last: int = DEFAULT_KEEP_LAST,
         listener: Listener | None = None,
     ) -> None:
         self.root = Path(root)
@@ -84,7 +85,12 @@ class TorchSaveCheckpointer:
     def steps(self) -> list[int]:
         if not self.root.is_dir():
             return []
-        return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := _NAME.match(p.name)))
+        names = [p.name for p in self.root.iterdir() if p.name.endswith(_SUFFIX)]
+        return sorted(
+            step
+            for name in names
+            if (step := parse_step_dir(name.removesuffix(_SUFFIX))) is not None
+        )
 
     def latest_complete_step(self) -> int | None:
         steps = self.steps()

@@ -18,18 +18,16 @@ from rich.table import Table
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
+from goodput.ckptfmt import node_dir, step_dir_name
+from goodput.ckptindex.gc import collect_garbage
+from goodput.ckptindex.index import DEFAULT_NODE_TTL_S, CheckpointIndex, IndexSnapshot, StepView
+from goodput.ckptindex.records import CopyRecord
+from goodput.ckptindex.retention import DEFAULT_KEEP, DEFAULT_REQUIRE, Retention, plan_gc
 from goodput.cli.stack import DEFAULT_STATE_DIR, resolve_url
 from goodput.config import add_bus_arguments, bus_settings_from_args
 from goodput.tiers.backup import DEFAULT_PREFIX, blob_key
-from goodput.tiers.object_store import ObjectStore
+from goodput.tiers.object_store import ObjectStore, open_object_store
 from goodput.tiers.peer import PeerClient
-from goodput_services.replicator.gc import Retention, collect_garbage, plan_gc
-from goodput_services.replicator.holdings import STEP_PREFIX, node_dir
-from goodput_services.replicator.index import CheckpointIndex, IndexSnapshot, StepView
-from goodput_services.replicator.options import ReplicatorOptions, open_object_store
-from goodput_services.replicator.records import CopyRecord
-
-DEFAULTS = ReplicatorOptions()
 
 
 async def _connect(args: argparse.Namespace) -> Bus:
@@ -136,7 +134,7 @@ async def _verify_copy(
     copy: CopyRecord, snapshot: IndexSnapshot, store: ObjectStore | None, deep: bool
 ) -> list[str]:
     """Problems with one copy; the holder's peer server hashes its own files."""
-    directory = f"{copy.root}/{STEP_PREFIX}{copy.step:010d}"
+    directory = f"{copy.root}/{step_dir_name(copy.step)}"
     if copy.tier == "object_store":
         if store is None:
             return ["no object store known"]
@@ -304,7 +302,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node-ttl",
         type=float,
-        default=DEFAULTS.node_ttl_s,
+        default=DEFAULT_NODE_TTL_S,
         help="a node not heard from for this many seconds holds nothing",
     )
     add_bus_arguments(parser)
@@ -355,13 +353,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     gc = actions.add_parser("gc", help="delete old checkpoints the retention policy allows")
     gc.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
-    gc.add_argument("--keep-local", type=int, default=DEFAULTS.keep_local)
-    gc.add_argument("--keep-peer", type=int, default=DEFAULTS.keep_peer)
-    gc.add_argument("--keep-object-store", type=int, default=DEFAULTS.keep_object_store)
+    gc.add_argument("--keep-local", type=int, default=DEFAULT_KEEP["local"])
+    gc.add_argument("--keep-peer", type=int, default=DEFAULT_KEEP["peer"])
+    gc.add_argument("--keep-object-store", type=int, default=DEFAULT_KEEP["object_store"])
     gc.add_argument(
         "--require",
         nargs="*",
-        default=list(DEFAULTS.gc_require),
+        default=list(DEFAULT_REQUIRE),
         choices=["local", "peer", "object_store"],
         help="tiers a newer step must be complete in before older ones go",
     )

@@ -32,6 +32,7 @@ from goodput.bus import BusSettings
 from goodput.bus.settings import settings_from_env
 from goodput.ckpt import CheckpointEngine, NoCheckpointError
 from goodput.ckpt import events as ckpt_events
+from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
 from goodput.shim.link import BusLink
 from goodput.shim.tracing import ShimTelemetry
@@ -57,7 +58,7 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     ckpt_dir: str = "checkpoints"
     #: steps between checkpoints; the controller may change it (SetCheckpointInterval)
     ckpt_every: int = 50
-    keep_last: int = 3
+    keep_last: int = DEFAULT_KEEP_LAST
     #: "async": goodput's checkpoint engine; "torch-save": the synchronous baseline
     #: (rank 0 writes into a ``ckpt_dir`` every node shares), for comparisons
     ckpt_mode: Literal["async", "torch-save"] = "async"

@@ -3,6 +3,7 @@
 Bus-independent building blocks the replicator service calls: content-addressed backup to
 an object store (directory or GCS), a peer-to-peer TCP data plane with deduplication and
 resumable transfers, and restore from the nearest tier with per-file checksum fallback.
+The checkpoint format itself (names, manifest, hashing) is :mod:`goodput.ckptfmt`.
 """
 
 from goodput.tiers.backup import (
@@ -13,18 +14,6 @@ from goodput.tiers.backup import (
     is_backup_complete,
     listing_key,
     read_listing,
-)
-from goodput.tiers.checksum import ChecksumMismatch, file_xxh3_128
-from goodput.tiers.manifest import (
-    CheckpointManifest,
-    FileEntry,
-    InvalidManifest,
-    build_manifest,
-    checkpoint_dirname,
-    list_checkpoints,
-    parse_manifest,
-    read_manifest,
-    write_manifest,
 )
 from goodput.tiers.object_store import (
     DirectoryObjectStore,
@@ -42,17 +31,13 @@ from goodput.tiers.restore import (
     RestoreReport,
     Source,
     SourceMiss,
-    restore_checkpoint,
+    restore_to_volume,
 )
 
 __all__ = [
     "BackupReport",
-    "CheckpointManifest",
-    "ChecksumMismatch",
     "DirectoryObjectStore",
-    "FileEntry",
     "FileRestore",
-    "InvalidManifest",
     "LocalSource",
     "ObjectInfo",
     "ObjectNotFound",
@@ -67,15 +52,8 @@ __all__ = [
     "backed_up_steps",
     "backup_checkpoint",
     "blob_key",
-    "build_manifest",
-    "checkpoint_dirname",
-    "file_xxh3_128",
     "is_backup_complete",
-    "list_checkpoints",
     "listing_key",
-    "parse_manifest",
     "read_listing",
-    "read_manifest",
-    "restore_checkpoint",
-    "write_manifest",
+    "restore_to_volume",
 ]

@@ -12,12 +12,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput.tiers.checksum import ChecksumMismatch, file_xxh3_128
-from goodput.tiers.manifest import (
-    CheckpointManifest,
-    checkpoint_dirname,
+from goodput.ckptfmt import (
+    STEP_PREFIX,
+    ChecksumMismatch,
+    Manifest,
+    file_xxh3_128,
     parse_manifest,
+    parse_step_dir,
     read_manifest,
+    step_dir_name,
 )
 from goodput.tiers.object_store import ObjectStore
 
@@ -29,7 +32,13 @@ def blob_key(xxh3_128: str, prefix: str = DEFAULT_PREFIX) -> str:
 
 
 def listing_key(namespace: str, step: int, prefix: str = DEFAULT_PREFIX) -> str:
-    return f"{prefix}/checkpoints/{namespace}/{checkpoint_dirname(step)}.json"
+    return f"{prefix}/checkpoints/{namespace}/{step_dir_name(step)}.json"
+
+
+def listing_step(key: str) -> int | None:
+    """The step of a listing key (None for any other key)."""
+    name = key.rsplit("/", 1)[-1]
+    return parse_step_dir(name.removesuffix(".json")) if name.endswith(".json") else None
 
 
 @dataclass(frozen=True)
@@ -86,17 +95,17 @@ def backup_checkpoint(
 
 def read_listing(
     store: ObjectStore, namespace: str, step: int, prefix: str = DEFAULT_PREFIX
-) -> CheckpointManifest:
+) -> Manifest:
     return parse_manifest(store.get_bytes(listing_key(namespace, step, prefix)))
 
 
 def backed_up_steps(store: ObjectStore, namespace: str, prefix: str = DEFAULT_PREFIX) -> list[int]:
     """Steps with a listing (complete only if :func:`is_backup_complete` also says so)."""
     steps = []
-    for key in store.list(f"{prefix}/checkpoints/{namespace}/step-"):
-        name = key.rsplit("/", 1)[-1].removesuffix(".json")
-        if name.startswith("step-") and name[5:].isdigit():
-            steps.append(int(name[5:]))
+    for key in store.list(f"{prefix}/checkpoints/{namespace}/{STEP_PREFIX}"):
+        step = listing_step(key)
+        if step is not None:
+            steps.append(step)
     return sorted(steps)
 
 

@@ -26,8 +26,7 @@ from google.cloud import storage
 from google.cloud.storage import transfer_manager
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from goodput.tiers.atomic import publish
-from goodput.tiers.checksum import ChecksumMismatch, file_xxh3_128
+from goodput.ckptfmt import ChecksumMismatch, file_xxh3_128, publish
 from goodput.tiers.object_store import (
     ObjectInfo,
     ObjectNotFound,

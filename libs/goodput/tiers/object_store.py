@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from goodput.tiers.atomic import atomic_write_bytes, publish
-from goodput.tiers.checksum import ChecksumMismatch, copy_and_hash
+from goodput.ckptfmt import ChecksumMismatch, copy_and_hash, publish, write_file_durably
 
 
 class ObjectStoreUnavailable(ConnectionError):
@@ -81,7 +80,7 @@ class DirectoryObjectStore:
             digest = copy_and_hash(Path(path), temp)
             if xxh3_128 is not None and digest != xxh3_128:
                 raise ChecksumMismatch(f"{path}: xxh3_128 {digest}, expected {xxh3_128}")
-            atomic_write_bytes(self._checksum_path(final), digest.encode())
+            write_file_durably(self._checksum_path(final), digest.encode())
             publish(temp, final)
         finally:
             temp.unlink(missing_ok=True)
@@ -102,7 +101,7 @@ class DirectoryObjectStore:
             temp.unlink(missing_ok=True)
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        atomic_write_bytes(self._path(key), data)
+        write_file_durably(self._path(key), data)
 
     def get_bytes(self, key: str) -> bytes:
         try:
@@ -139,3 +138,35 @@ class DirectoryObjectStore:
         path = self._path(key)
         self._checksum_path(path).unlink(missing_ok=True)
         path.unlink(missing_ok=True)
+
+
+def open_object_store(spec: str, gcs_endpoint: str = "", retry_s: float = 20.0) -> ObjectStore:
+    """The store named by ``spec``: ``dir:<path>`` or ``gcs:<bucket>`` (optionally an emulator)."""
+    kind, _, where = spec.partition(":")
+    if kind == "dir" and where:
+        return DirectoryObjectStore(Path(where))
+    if kind == "gcs" and where:
+        from goodput.tiers.gcs import GcsObjectStore  # google-cloud-storage only when needed
+
+        return GcsObjectStore(where, _gcs_client(gcs_endpoint), retry_timeout_s=retry_s)
+    raise SystemExit(f"object_store must be 'dir:<path>' or 'gcs:<bucket>', got {spec!r}")
+
+
+def _gcs_client(endpoint: str):
+    from google.cloud import storage
+
+    if not endpoint:
+        return storage.Client()  # Application Default Credentials
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+
+    return storage.Client(
+        project="goodput-local",
+        credentials=AnonymousCredentials(),
+        client_options=ClientOptions(api_endpoint=endpoint),
+    )
+
+
+def store_uri(spec: str) -> str:
+    kind, _, where = spec.partition(":")
+    return f"gs://{where}" if kind == "gcs" else f"file://{where}"

@@ -16,16 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from goodput.tiers.atomic import partial_path, publish
-from goodput.tiers.backup import DEFAULT_PREFIX, blob_key
-from goodput.tiers.checksum import ChecksumMismatch, copy_and_hash, file_xxh3_128
-from goodput.tiers.manifest import (
-    CheckpointManifest,
+from goodput.ckptfmt import (
+    ChecksumMismatch,
     FileEntry,
-    build_manifest,
-    checkpoint_dirname,
+    Manifest,
+    copy_and_hash,
+    file_xxh3_128,
+    is_regular_file,
+    partial_path,
+    publish,
+    step_dir,
+    step_dir_name,
     write_manifest,
 )
+from goodput.tiers.backup import DEFAULT_PREFIX, blob_key
 from goodput.tiers.object_store import ObjectNotFound, ObjectStore
 from goodput.tiers.peer.channel import Progress
 from goodput.tiers.peer.client import PeerClient, PeerError
@@ -68,8 +72,8 @@ class LocalSource:
         self.name = f"local:{self.root}"
 
     async def fetch(self, step: int, entry: FileEntry, partial: Path, progress: Progress) -> int:
-        source = self.root / checkpoint_dirname(step) / entry.name
-        if not source.is_file() or source.stat().st_size != entry.size:
+        source = step_dir(self.root, step) / entry.name
+        if not is_regular_file(source) or source.stat().st_size != entry.size:
             raise SourceMiss(f"{source} absent or of the wrong size")
         try:
             digest = await asyncio.to_thread(copy_and_hash, source, partial)
@@ -96,7 +100,7 @@ class PeerSource:
         self._client: PeerClient | None = None
 
     async def fetch(self, step: int, entry: FileEntry, partial: Path, progress: Progress) -> int:
-        parts = [self.remote_root, checkpoint_dirname(step), entry.name]
+        parts = [self.remote_root, step_dir_name(step), entry.name]
         remote = "/".join(p for p in parts if p)
         if self._client is None:
             self._client = await PeerClient.connect(self.host, self.port)
@@ -167,25 +171,25 @@ class RestoreReport:
         return totals
 
 
-async def restore_checkpoint(
+async def restore_to_volume(
     step: int,
     files: Sequence[FileEntry],
     dest_root: Path,
     sources: Sequence[Source],
     *,
-    manifest: CheckpointManifest | None = None,
+    manifest: Manifest,
     progress: Callable[[int], None] | None = None,
 ) -> RestoreReport:
-    """Fill ``dest_root/step-<step>/`` with ``files`` and commit it with ``manifest``
-    (the original manifest, kept verbatim; a minimal one is built when not given)."""
+    """Fill ``dest_root/step-<step>/`` with ``files`` and commit it with ``manifest``: the
+    owner's own manifest (a node restores exactly the checkpoint its engine can load)."""
     started = time.perf_counter()
-    directory = Path(dest_root) / checkpoint_dirname(step)
+    directory = step_dir(dest_root, step)
     directory.mkdir(parents=True, exist_ok=True)
     report = RestoreReport(step, directory)
     tick = progress or (lambda _n: None)
     for entry in files:
         report.files.append(await _restore_file(step, entry, directory, sources, tick))
-    write_manifest(directory, manifest or build_manifest(step, files))
+    write_manifest(directory, manifest)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -224,7 +228,7 @@ async def _restore_file(
 
 def _is_verified_copy(path: Path, entry: FileEntry) -> bool:
     return (
-        path.is_file()
+        is_regular_file(path)
         and path.stat().st_size == entry.size
         and file_xxh3_128(path) == entry.xxh3_128
     )

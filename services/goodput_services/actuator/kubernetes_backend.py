@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from goodput import schemas
 from goodput.bus import BusSettings
+from goodput.ckptfmt import node_volume
 from goodput.membership import Membership, check_job_shape
 from goodput.subjects import check_token
 from goodput.telemetry import untraced_task
@@ -47,7 +48,6 @@ from goodput_services.actuator.kubernetes_pods import (
     terminated_state,
 )
 from goodput_services.actuator.kubernetes_watch import PodEvent, PodWatch, PodWatcher
-from goodput_services.actuator.local_backend import node_volume
 
 log = logging.getLogger(__name__)
 

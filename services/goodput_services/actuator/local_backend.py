@@ -24,6 +24,7 @@ from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.embedded import free_port
 from goodput.bus.settings import FILE_FIELDS
+from goodput.ckptfmt import node_volume
 from goodput.membership import Membership, check_job_shape
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
@@ -211,11 +212,6 @@ class LocalBackend(MembershipBackend):
         if entry in self.ranks and finished and self.state != "finished":
             self.state = "finished"
             await self._report("every rank exited 0")
-
-
-def node_volume(state_dir: Path, node: str, job: str) -> Path:
-    """Where a local node keeps its checkpoints: one directory per node, as on real hosts."""
-    return Path(state_dir) / "nodes" / node / "checkpoints" / job
 
 
 def _signal_group(pid: int, sig: int) -> None:

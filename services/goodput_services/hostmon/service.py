@@ -21,9 +21,9 @@ import nats.js.errors
 from goodput import schemas, subjects
 from goodput.bus import BusUnavailableError
 from goodput.bus.client import TRANSIENT_ERRORS
+from goodput.ckptfmt import node_volume
 from goodput.config import ServiceConfig
 from goodput.telemetry import tracer
-from goodput_services.actuator.local_backend import node_volume
 from goodput_services.base import Service
 from goodput_services.hostmon.gpu import GpuProbe, GpuSample, load_nvml
 from goodput_services.hostmon.host import (

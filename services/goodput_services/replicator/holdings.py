@@ -12,52 +12,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput.tiers.checksum import file_xxh3_128
-from goodput.tiers.manifest import MANIFEST_NAME, InvalidManifest, parse_manifest
-from goodput_services.replicator.records import (
-    CopyRecord,
-    FileRef,
-    Tier,
-    copy_key,
+from goodput.ckptfmt import (
+    MANIFEST_NAME,
     local_root,
+    parse_step_dir,
     peer_root,
+    step_dir,
+    verify_manifest_and_files,
 )
-
-STEP_PREFIX = "step-"
-
-
-def node_dir(state_dir: Path, node: str) -> Path:
-    """Everything a node stores; its peer server serves this directory."""
-    return Path(state_dir) / "nodes" / node
-
-
-def step_of(name: str) -> int | None:
-    digits = name.removeprefix(STEP_PREFIX)
-    if name.startswith(STEP_PREFIX) and len(digits) == 10 and digits.isdigit():
-        return int(digits)
-    return None
+from goodput.ckptindex.records import CopyRecord, FileRef, Tier, copy_key
 
 
 def verify_copy(directory: Path) -> tuple[list[FileRef], str]:
-    """(files, "") if every file matches the manifest, else ([], the problem)."""
-    try:
-        manifest = parse_manifest((directory / MANIFEST_NAME).read_bytes())
-    except (OSError, InvalidManifest) as exc:
-        return [], f"{directory}: unreadable manifest ({exc})"
-    if manifest.step != step_of(directory.name):
-        return [], f"{directory}: manifest says step {manifest.step}"
-    files = []
-    for entry in manifest.files:
-        path = directory / entry.name
-        try:
-            if path.stat().st_size != entry.size:
-                return [], f"{path}: size differs from the manifest"
-            if file_xxh3_128(path) != entry.xxh3_128:
-                return [], f"{path}: checksum differs from the manifest"
-        except OSError as exc:
-            return [], f"{path}: {exc.strerror or exc}"
-        files.append(FileRef(entry.name, entry.size, entry.xxh3_128))
-    return files, ""
+    """(files, "") if every file matches the manifest, else ([], the problems)."""
+    manifest, problems = verify_manifest_and_files(directory)
+    if manifest is None or problems:
+        return [], f"{directory}: " + "; ".join(map(str, problems))
+    return [FileRef(e.name, e.size, e.xxh3_128) for e in manifest.files], ""
 
 
 @dataclass
@@ -102,7 +73,7 @@ class DiskHoldings:
             except FileNotFoundError:
                 continue
             for name in names:
-                step = step_of(name)
+                step = parse_step_dir(name)
                 if step is None:
                     continue  # being written or deleted (hidden names), or not a checkpoint
                 directory = parent / name
@@ -137,7 +108,7 @@ class DiskHoldings:
             del self._seen[gone]
         return held, problems
 
-    def age_s(self, record: CopyRecord) -> float:
-        """Seconds since this node first saw the copy (how long it has waited for peers)."""
-        seen = self._seen.get(self.directory / record.root / f"{STEP_PREFIX}{record.step:010d}")
-        return time.monotonic() - seen.first_seen if seen else 0.0
+    def first_seen(self, record: CopyRecord) -> float | None:
+        """When (monotonic) this node first saw the copy: how long it has waited for peers."""
+        seen = self._seen.get(step_dir(self.directory / record.root, record.step))
+        return seen.first_seen if seen else None

@@ -1,4 +1,4 @@
-"""The replicator's options (``--set key=value``), checked at start-up, and its object store.
+"""The replicator's options (``--set key=value``), checked at start-up.
 
 Unknown keys are an error, so a typo in a retention setting cannot silently keep (or
 delete) checkpoints the operator did not mean to.
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import msgspec
 
-from goodput.tiers.object_store import DirectoryObjectStore, ObjectStore
+from goodput.ckptindex.index import DEFAULT_NODE_TTL_S
+from goodput.ckptindex.retention import DEFAULT_KEEP, DEFAULT_REQUIRE
 
 
 class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -44,15 +45,15 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     #: polling period of the node's disk; the node is announced in the index as often
     poll_s: float = 1.0
     #: a node whose announcement is older than this holds nothing, as far as the index is concerned
-    node_ttl_s: float = 15.0
+    node_ttl_s: float = DEFAULT_NODE_TTL_S
     #: held copies are fully re-hashed this often (bit rot, tampering)
     scrub_interval_s: float = 600.0
     #: retention: complete checkpoints kept per tier, and the tiers a newer checkpoint must be
     #: complete in before anything older is deleted anywhere
-    keep_local: int = 2
-    keep_peer: int = 2
-    keep_object_store: int = 3
-    gc_require: list[str] = msgspec.field(default_factory=lambda: ["peer"])
+    keep_local: int = DEFAULT_KEEP["local"]
+    keep_peer: int = DEFAULT_KEEP["peer"]
+    keep_object_store: int = DEFAULT_KEEP["object_store"]
+    gc_require: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_REQUIRE))
     gc_interval_s: float = 30.0
 
     @classmethod
@@ -71,35 +72,3 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
 def store_spec(options: ReplicatorOptions, state_dir: Path) -> str:
     return options.object_store or f"dir:{Path(state_dir).resolve() / 'object-store'}"
-
-
-def open_object_store(spec: str, gcs_endpoint: str = "", retry_s: float = 20.0) -> ObjectStore:
-    """The store named by ``spec``: ``dir:<path>`` or ``gcs:<bucket>`` (optionally an emulator)."""
-    kind, _, where = spec.partition(":")
-    if kind == "dir" and where:
-        return DirectoryObjectStore(Path(where))
-    if kind == "gcs" and where:
-        from goodput.tiers.gcs import GcsObjectStore
-
-        return GcsObjectStore(where, _gcs_client(gcs_endpoint), retry_timeout_s=retry_s)
-    raise SystemExit(f"object_store must be 'dir:<path>' or 'gcs:<bucket>', got {spec!r}")
-
-
-def _gcs_client(endpoint: str):
-    from google.cloud import storage
-
-    if not endpoint:
-        return storage.Client()  # Application Default Credentials
-    from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
-
-    return storage.Client(
-        project="goodput-local",
-        credentials=AnonymousCredentials(),
-        client_options=ClientOptions(api_endpoint=endpoint),
-    )
-
-
-def store_uri(spec: str) -> str:
-    kind, _, where = spec.partition(":")
-    return f"gs://{where}" if kind == "gcs" else f"file://{where}"

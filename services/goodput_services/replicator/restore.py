@@ -14,13 +14,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from goodput.tiers.backup import read_listing
-from goodput.tiers.manifest import (
-    MANIFEST_NAME,
-    CheckpointManifest,
-    InvalidManifest,
-    parse_manifest,
+from goodput.ckptfmt import (
+    Manifest,
+    ManifestError,
+    local_root,
+    read_manifest,
+    step_dir,
+    step_dir_name,
 )
+from goodput.ckptindex.index import TIER_ORDER, IndexSnapshot, StepView
+from goodput.ckptindex.records import CopyRecord, FileRef
+from goodput.tiers.backup import read_listing
 from goodput.tiers.object_store import ObjectStore
 from goodput.tiers.peer import PeerClient, PeerError
 from goodput.tiers.restore import (
@@ -31,11 +35,8 @@ from goodput.tiers.restore import (
     RestoreError,
     RestoreReport,
     Source,
-    restore_checkpoint,
+    restore_to_volume,
 )
-from goodput_services.replicator.holdings import STEP_PREFIX
-from goodput_services.replicator.index import TIER_ORDER, IndexSnapshot, StepView
-from goodput_services.replicator.records import CopyRecord, FileRef, local_root
 from goodput_services.replicator.topology import block_of
 
 
@@ -58,10 +59,6 @@ class RestoreOutcome:
 
 class NothingToRestore(LookupError):
     """The asked-for step is not complete in any tier, or no candidate could be restored."""
-
-
-def _dirname(step: int) -> str:
-    return f"{STEP_PREFIX}{step:010d}"
 
 
 async def restore_to_node(
@@ -146,7 +143,7 @@ async def _restore_step(
         sources.append(ObjectStoreSource(store))
     try:
         manifest = await _find_manifest(view, owner, files, node, node_dir, store, snapshot)
-        return await restore_checkpoint(
+        return await restore_to_volume(
             view.step, manifest.files, node_dir / local_root(job), sources, manifest=manifest
         )
     finally:
@@ -161,7 +158,7 @@ async def _find_manifest(
     node_dir: Path,
     store: ObjectStore | None,
     snapshot: IndexSnapshot,
-) -> CheckpointManifest:
+) -> Manifest:
     """The owner's manifest, verbatim, from the nearest copy whose files match the index."""
     wanted = {(f.name, f.size, f.xxh3_128) for f in files}
     copies = sorted(
@@ -172,7 +169,7 @@ async def _find_manifest(
     for copy in copies:
         try:
             manifest = await _read_manifest(copy, node, node_dir, store, snapshot)
-        except (*FALLBACK_ERRORS, InvalidManifest) as exc:
+        except (*FALLBACK_ERRORS, ManifestError) as exc:
             problems.append(f"manifest from {copy.tier}:{copy.holder}: {exc}")
             continue
         if {(f.name, f.size, f.xxh3_128) for f in manifest.files} == wanted:
@@ -183,15 +180,14 @@ async def _find_manifest(
 
 async def _read_manifest(
     copy: CopyRecord, node: str, node_dir: Path, store: ObjectStore | None, snapshot: IndexSnapshot
-) -> CheckpointManifest:
+) -> Manifest:
     if copy.tier == "object_store":
         if store is None:
             raise PeerError("no object store configured")
         namespace = copy.root
         return await asyncio.to_thread(read_listing, store, namespace, copy.step)
     if copy.holder == node:
-        path = node_dir / copy.root / _dirname(copy.step) / MANIFEST_NAME
-        return parse_manifest(await asyncio.to_thread(path.read_bytes))
+        return await asyncio.to_thread(read_manifest, step_dir(node_dir / copy.root, copy.step))
     holder = snapshot.nodes[copy.holder]
     async with await PeerClient.connect(holder.host, holder.port, timeout_s=5) as client:
-        return await client.fetch_manifest(f"{copy.root}/{_dirname(copy.step)}")
+        return await client.fetch_manifest(f"{copy.root}/{step_dir_name(copy.step)}")

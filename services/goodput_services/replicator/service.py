@@ -19,30 +19,54 @@ from pathlib import Path
 from typing import Any
 
 from goodput import schemas, subjects
-from goodput.config import ServiceConfig
-from goodput.telemetry import tracer
-from goodput.tiers.backup import backup_checkpoint, is_backup_complete, listing_key
-from goodput.tiers.peer import PeerClient, PeerServer
-from goodput_services.base import Service
-from goodput_services.replicator.gc import Retention, collect_garbage
-from goodput_services.replicator.holdings import STEP_PREFIX, DiskHoldings, node_dir
-from goodput_services.replicator.index import CheckpointIndex, IndexSnapshot
-from goodput_services.replicator.options import (
-    ReplicatorOptions,
-    open_object_store,
-    store_spec,
-    store_uri,
+from goodput.ckptfmt import (
+    ChecksumMismatch,
+    ManifestError,
+    node_dir,
+    peer_root,
+    step_dir,
+    step_dir_name,
 )
-from goodput_services.replicator.records import (
+from goodput.ckptindex.gc import collect_garbage
+from goodput.ckptindex.index import CheckpointIndex, IndexSnapshot
+from goodput.ckptindex.records import (
     STORE_HOLDER,
     CopyRecord,
     NodeRecord,
     copy_key,
-    peer_root,
     store_namespace,
 )
+from goodput.ckptindex.retention import Retention
+from goodput.config import ServiceConfig
+from goodput.telemetry import tracer
+from goodput.tiers.backup import backup_checkpoint, is_backup_complete, listing_key
+from goodput.tiers.object_store import ObjectNotFound, open_object_store, store_uri
+from goodput.tiers.peer import PeerClient, PeerError, PeerServer
+from goodput_services.base import Service
+from goodput_services.replicator.holdings import DiskHoldings
+from goodput_services.replicator.options import ReplicatorOptions, store_spec
+from goodput_services.replicator.planner import (
+    Held,
+    Memory,
+    Wait,
+    plan_backup,
+    plan_index_sync,
+    plan_replication,
+    recall_last_backup,
+    sweeps_store,
+)
 from goodput_services.replicator.restore import NothingToRestore, restore_to_node
-from goodput_services.replicator.topology import choose_peers
+
+#: what a push can fail with: the peer or the network, or a local file that changed under it
+TRANSFER_ERRORS = (OSError, EOFError, PeerError, ChecksumMismatch, ManifestError)
+
+
+class BackupIncomplete(RuntimeError):
+    """Blobs a listing names vanished during the backup (a concurrent sweep): retry."""
+
+
+#: what a backup can fail with: the store (unreachable or racing a sweep), or the local copy
+BACKUP_ERRORS = (OSError, ChecksumMismatch, ManifestError, ObjectNotFound, BackupIncomplete)
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +115,7 @@ class ReplicatorService(Service):
         self._fresh: list[asyncio.Event] = []  # one per transfer loop: a new snapshot
         self._store_lock = asyncio.Lock()  # backups and the store sweep never overlap here
         self._sync_lock = asyncio.Lock()
-        #: recent pushes, counted as copies until the holder has indexed them (or withdrawn
-        #: them: a copy that later fails its scrub is then replicated again)
-        self._pushed: dict[tuple[int, str], float] = {}
-        self._peer_cooldown: dict[str, float] = {}
-        self._local_steps_seen: set[int] = set()
-        self._last_backup: tuple[int, float] | None = None  # (step, monotonic time)
-        self._backup_retry_at = 0.0
+        self.memory = Memory()
         self._tracer = tracer("goodput.replicator")
 
     # ---- service hooks ------------------------------------------------------------------
@@ -147,6 +165,15 @@ class ReplicatorService(Service):
         self.counters.last_error = f"{what}: {type(exc).__name__}: {exc}"[:300]
         log.warning("%s failed: %r", what, exc)
 
+    async def _guarded(self, what: str, work: Awaitable[None]) -> None:
+        """The one place an unexpected failure of a round is caught: it is logged and shown
+        in health, and the loop goes on (one bad round must not stop replication for good).
+        Expected failures (transfers, the object store) are handled where they happen."""
+        try:
+            await work
+        except Exception as exc:
+            self._failed(what, exc)
+
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), seconds)
@@ -157,10 +184,7 @@ class ReplicatorService(Service):
         if delay:
             await self._pause(period_s)
         while not self.stopping.is_set():
-            try:
-                await work()
-            except Exception as exc:
-                self._failed(what, exc)
+            await self._guarded(what, work())
             await self._pause(period_s)
 
     async def _on_snapshot(
@@ -175,10 +199,7 @@ class ReplicatorService(Service):
             if not fresh.is_set() or self.snapshot is None:
                 continue
             fresh.clear()
-            try:
-                await work(self.snapshot)
-            except Exception as exc:
-                self._failed(what, exc)
+            await self._guarded(what, work(self.snapshot))
 
     # ---- sync: announce and index what the disk holds ----------------------------------
 
@@ -209,111 +230,60 @@ class ReplicatorService(Service):
             for c in snapshot.copies_held_by(self.node)
             if c.tier != "object_store"
         }
-        changed = False
-        for key, record in held.items():
-            if key not in indexed or indexed[key].files != record.files:
-                await self.index.put_copy(record)
-                changed = True
-        for key, record in indexed.items():
-            if key not in held:
-                await self.index.delete_copy(record)
-                changed = True
+        puts, deletes = plan_index_sync(held, indexed)
+        for record in puts:
+            await self.index.put_copy(record)
+        for record in deletes:
+            await self.index.delete_copy(record)
         self.held = held
-        self._local_steps_seen |= {c.step for c in held.values() if c.tier == "local"}
-        if changed:
+        self.memory.local_steps_seen |= {c.step for c in held.values() if c.tier == "local"}
+        if puts or deletes:
             snapshot = await self.index.snapshot(self.options.node_ttl_s)
         self.snapshot = snapshot
+        self.memory.last_backup = recall_last_backup(
+            snapshot, self.node, time.monotonic(), self.memory
+        )
         for fresh in self._fresh:
             fresh.set()
 
-    def _newest_own(self) -> CopyRecord | None:
+    def _held(self) -> Held:
         own = [c for c in self.held.values() if c.tier == "local"]
-        return max(own, key=lambda c: c.step) if own else None
-
-    def _identical_holders(self, snapshot: IndexSnapshot, mine: CopyRecord) -> set[str]:
-        """Live nodes whose own checkpoint of this step has exactly our files."""
-        return {
-            c.holder
-            for c in snapshot.copies
-            if c.tier == "local" and c.step == mine.step and c.checksums() == mine.checksums()
-        }
+        mine = max(own, key=lambda c: c.step) if own else None
+        first_seen = self.holdings.first_seen(mine) if mine else None
+        return Held(self.node, mine, time.monotonic() if first_seen is None else first_seen)
 
     # ---- replicate ----------------------------------------------------------------------
 
-    @property
-    def _index_lag_s(self) -> float:
-        """How long a holder may take to hash and index a copy it just received."""
-        return max(5.0, 5 * self.options.poll_s)
-
     async def _replicate(self, snapshot: IndexSnapshot) -> None:
-        mine = self._newest_own()
-        me = snapshot.nodes.get(self.node)
-        if mine is None or me is None:
+        held = self._held()
+        decision = plan_replication(snapshot, held, time.monotonic(), self.options, self.memory)
+        if isinstance(decision, Wait):
+            log.debug("not replicating: %s", decision.reason)
             return
-        done = {
-            c.holder
-            for c in snapshot.copies
-            if c.tier == "peer" and c.owner == self.node and c.step == mine.step
-        } | {
-            peer
-            for (step, peer), at in self._pushed.items()
-            if step == mine.step and time.monotonic() - at < self._index_lag_s
-        }
-        done &= {n.node for n in snapshot.live_nodes()}
-        missing = self.options.replicas - len(done)
-        if missing <= 0:
-            return
-        now = time.monotonic()
-        candidates = [
-            n
-            for n in snapshot.live_nodes()
-            if n.node not in done and self._peer_cooldown.get(n.node, 0.0) <= now
-        ]
-        # peers that already hold these exact files (their own checkpoint, or a copy of an
-        # identical node's): replicating to them is verification, not transfer
-        identical = {
-            c.holder
-            for c in snapshot.copies
-            if c.tier != "object_store"
-            and c.step == mine.step
-            and c.checksums() == mine.checksums()
-        } - {self.node}
-        chosen = choose_peers(
-            me,
-            candidates,
-            identical=identical,
-            count=missing,
-            block_label=self.options.block_label,
+        assert held.newest_own is not None
+        await asyncio.gather(
+            *(self._push(held.newest_own, snapshot.nodes[p.peer], p.reason) for p in decision)
         )
-        if not chosen:
-            return
-        # Give peers with identical shards time to commit theirs (then no byte moves); of
-        # nodes with identical data, the lowest-named sends first and the others wait longer,
-        # so a peer that needs a real copy receives it once and links it for the rest.
-        leader = min(self._identical_holders(snapshot, mine) | {self.node}) == self.node
-        patience = self.options.dedup_wait_s * (1 if leader else 2)
-        if self.holdings.age_s(mine) < patience and not set(chosen) <= identical:
-            return
-        await asyncio.gather(*(self._push(mine, snapshot.nodes[p]) for p in chosen))
 
-    async def _push(self, mine: CopyRecord, peer: NodeRecord) -> None:
+    async def _push(self, mine: CopyRecord, peer: NodeRecord, reason: str) -> None:
         assert self.bus is not None
-        source = self.node_dir / mine.root / f"{STEP_PREFIX}{mine.step:010d}"
-        remote = f"{peer_root(self.job, self.node)}/{STEP_PREFIX}{mine.step:010d}"
+        source = step_dir(self.node_dir / mine.root, mine.step)
+        remote = f"{peer_root(self.job, self.node)}/{step_dir_name(mine.step)}"
         try:
             with self._tracer.start_as_current_span(
-                "replicator push", attributes={"goodput.step": mine.step, "goodput.peer": peer.node}
+                "replicator push",
+                attributes={"goodput.step": mine.step, "goodput.peer": peer.node, "reason": reason},
             ):
                 async with await PeerClient.connect(peer.host, peer.port) as client:
                     report = await asyncio.wait_for(
                         client.push_checkpoint(source, remote), self.options.push_timeout_s
                     )
-        except Exception as exc:
+        except TRANSFER_ERRORS as exc:
             # pick another peer for a while; the partial files on this one let a retry resume
-            self._peer_cooldown[peer.node] = time.monotonic() + self.options.node_ttl_s
+            self.memory.cooldown_until[peer.node] = time.monotonic() + self.options.node_ttl_s
             self._failed(f"replicate step {mine.step} to {peer.node}", exc)
             return
-        self._pushed[(mine.step, peer.node)] = time.monotonic()
+        self.memory.pushed[(mine.step, peer.node)] = time.monotonic()
         self.counters.replicated += 1
         await self.bus.emit(
             schemas.CheckpointReplicated(
@@ -329,70 +299,32 @@ class ReplicatorService(Service):
 
     # ---- back up ------------------------------------------------------------------------
 
-    def _backup_due(self, snapshot: IndexSnapshot, mine: CopyRecord) -> bool:
-        if self._last_backup is None:
-            ours = [
-                c.step
-                for c in snapshot.all_copies
-                if c.tier == "object_store" and c.owner == self.node
-            ]
-            if ours:
-                self._last_backup = (max(ours), time.monotonic())
-        if self._last_backup is None:
-            return True
-        last_step, last_time = self._last_backup
-        if mine.step <= last_step:
-            return False
-        since = len([s for s in self._local_steps_seen if s > last_step])
-        return (
-            since >= self.options.backup_every
-            or time.monotonic() - last_time >= self.options.backup_interval_s
-        )
-
     async def _backup(self, snapshot: IndexSnapshot) -> None:
-        mine = self._newest_own()
-        if mine is None or time.monotonic() < self._backup_retry_at:
+        held = self._held()
+        decision = plan_backup(snapshot, held, time.monotonic(), self.options, self.memory)
+        if isinstance(decision, Wait):
+            log.debug("not backing up: %s", decision.reason)
             return
-        if not self._backup_due(snapshot, mine):
-            return
-        if self._should_wait_for_leader(snapshot, mine):
-            return  # the group's leader uploads the shared shards once; we follow
+        assert held.newest_own is not None
         async with self._store_lock:
-            await self._upload(mine)
+            await self._upload(held.newest_own, decision.reason)
 
-    def _should_wait_for_leader(self, snapshot: IndexSnapshot, mine: CopyRecord) -> bool:
-        """Nodes with identical data back up after the lowest-named of them (the leader) has
-        stored the shards, so each unique shard is uploaded once. Lower-named live nodes that
-        have not indexed this step yet may still turn out identical: they are waited for too,
-        at most ``backup_wait_s``."""
-        if self.holdings.age_s(mine) >= self.options.backup_wait_s:
-            return False
-        if any(
-            c.tier == "object_store" and c.step == mine.step and c.checksums() == mine.checksums()
-            for c in snapshot.all_copies
-        ):
-            return False
-        leader = min(self._identical_holders(snapshot, mine) | {self.node})
-        indexed = {c.holder for c in snapshot.copies if c.tier == "local" and c.step == mine.step}
-        undecided = [n.node for n in snapshot.live_nodes() if n.node not in indexed]
-        return leader != self.node or any(n < self.node for n in undecided)
-
-    async def _upload(self, mine: CopyRecord) -> None:
+    async def _upload(self, mine: CopyRecord, reason: str) -> None:
         assert self.bus is not None and self.index is not None
-        source = self.node_dir / mine.root / f"{STEP_PREFIX}{mine.step:010d}"
+        source = step_dir(self.node_dir / mine.root, mine.step)
         namespace = store_namespace(self.job, self.node)
         try:
             with self._tracer.start_as_current_span(
-                "replicator back up", attributes={"goodput.step": mine.step}
+                "replicator back up", attributes={"goodput.step": mine.step, "reason": reason}
             ):
                 report = await asyncio.to_thread(backup_checkpoint, source, self.store, namespace)
                 complete = await asyncio.to_thread(
                     is_backup_complete, self.store, namespace, mine.step
                 )
                 if not complete:
-                    raise RuntimeError("blobs vanished during the backup (concurrent sweep)")
-        except Exception as exc:
-            self._backup_retry_at = time.monotonic() + max(2.0, self.options.poll_s)
+                    raise BackupIncomplete("blobs vanished during the backup (concurrent sweep)")
+        except BACKUP_ERRORS as exc:
+            self.memory.backup_retry_at = time.monotonic() + max(2.0, self.options.poll_s)
             self._failed(f"back up step {mine.step}", exc)
             return
         await self.index.put_copy(
@@ -406,7 +338,7 @@ class ReplicatorService(Service):
                 verified_ts=time.time_ns(),
             )
         )
-        self._last_backup = (mine.step, time.monotonic())
+        self.memory.last_backup = (mine.step, time.monotonic())
         self.counters.backed_up += 1
         await self.bus.emit(
             schemas.CheckpointBackedUp(
@@ -425,8 +357,6 @@ class ReplicatorService(Service):
     async def _collect_garbage(self) -> None:
         assert self.index is not None
         snapshot = await self.index.snapshot(self.options.node_ttl_s)
-        live = [n.node for n in snapshot.live_nodes()]
-        sweeps_store = bool(live) and min(live) == self.node  # one sweeper for the shared store
         async with self._store_lock:
             report = await collect_garbage(
                 self.index,
@@ -434,7 +364,7 @@ class ReplicatorService(Service):
                 self.retention,
                 state_dir=self.state_dir,
                 disks_of={self.node},
-                store=self.store if sweeps_store else None,
+                store=self.store if sweeps_store(snapshot, self.node) else None,
             )
         if report.deleted:
             self.counters.gc_deleted += len(report.deleted)
@@ -446,10 +376,8 @@ class ReplicatorService(Service):
         assert self.bus is not None and self.index is not None
         if command.node != self.node:
             return False, f"this replicator serves {self.node}, not {command.node}"
-        try:
-            await self._sync()  # index a checkpoint the ranks committed a moment ago, if any
-        except Exception as exc:
-            self._failed("sync before restore", exc)
+        # index a checkpoint the ranks committed a moment ago, if any
+        await self._guarded("sync before restore", self._sync())
         snapshot = await self.index.snapshot(self.options.node_ttl_s)
         try:
             outcome = await restore_to_node(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from goodput_services.replicator.records import NodeRecord
+from goodput.ckptindex.records import NodeRecord
 
 
 def block_of(record: NodeRecord, label: str) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 import msgspec
 import xxhash
 
+from goodput.ckptfmt import open_regular
 from goodput.tiers.peer.protocol import HEADER_LENGTH, MAX_HEADER_BYTES, frame
 
 BUFFER_BYTES = 8 << 20
@@ -160,7 +161,7 @@ class Channel:
     async def send_file(
         self, path: Path, offset: int, count: int, progress: Progress | None = None
     ) -> None:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             await self._bulk(lambda report: self._sendfile(f, offset, count, report), progress)
 
     def _sendfile(self, f, offset: int, count: int, report: Progress) -> None:

@@ -11,8 +11,14 @@ from pathlib import Path
 
 import xxhash
 
-from goodput.tiers.checksum import ChecksumMismatch, hash_file
-from goodput.tiers.manifest import MANIFEST_NAME, CheckpointManifest, parse_manifest, read_manifest
+from goodput.ckptfmt import (
+    MANIFEST_NAME,
+    ChecksumMismatch,
+    Manifest,
+    hash_file,
+    parse_manifest,
+    read_manifest,
+)
 from goodput.tiers.peer.channel import Channel, Progress, ProtocolError, open_channel
 from goodput.tiers.peer.protocol import (
     MAX_HEADER_BYTES,
@@ -175,7 +181,7 @@ class PeerClient:
             files_sent, len(results) - files_sent, sent, skipped, time.perf_counter() - started
         )
 
-    async def fetch_manifest(self, remote_dir: str) -> CheckpointManifest:
+    async def fetch_manifest(self, remote_dir: str) -> Manifest:
         """The manifest of a checkpoint the peer holds (what to restore from it)."""
         await self._channel.send(GetRequest(f"{remote_dir}/{MANIFEST_NAME}"))
         reply: GetReply = await self._reply(GetReply)

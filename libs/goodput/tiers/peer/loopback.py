@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from goodput.tiers.checksum import write_all
+from goodput.ckptfmt import write_all
 from goodput.tiers.peer.channel import BUFFER_BYTES, BUFFER_COUNT, FileSink
 
 TOTAL = struct.Struct(">Q")

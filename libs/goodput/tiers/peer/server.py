@@ -18,17 +18,21 @@ import logging
 import os
 import shutil
 import socket
+import stat
 from pathlib import Path, PurePosixPath
 
 import xxhash
 
-from goodput.tiers.atomic import fsync_dir, partial_path, publish
-from goodput.tiers.checksum import file_xxh3_128, hash_file
-from goodput.tiers.manifest import (
+from goodput.ckptfmt import (
     MANIFEST_NAME,
-    CheckpointManifest,
-    InvalidManifest,
+    Manifest,
+    ManifestError,
+    file_xxh3_128,
+    fsync_dir,
+    hash_file,
     parse_manifest,
+    partial_path,
+    publish,
     read_manifest,
     write_manifest,
 )
@@ -70,13 +74,15 @@ class ChecksumIndex:
         found = []
         for path in list(self._paths.get(xxh3_128, ())):
             try:
-                if path.stat().st_size == size:
-                    found.append(path)
+                info = path.stat()
             except FileNotFoundError:
                 self._paths[xxh3_128].discard(path)
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_size == size:  # never a FIFO in its place
+                found.append(path)
         return found
 
-    def add_manifest(self, checkpoint_dir: Path, manifest: CheckpointManifest) -> None:
+    def add_manifest(self, checkpoint_dir: Path, manifest: Manifest) -> None:
         self._indexed_manifests.add(checkpoint_dir)
         for entry in manifest.files:
             self.add(entry.xxh3_128, checkpoint_dir / entry.name)
@@ -91,7 +97,7 @@ class ChecksumIndex:
                 continue
             try:
                 manifest = read_manifest(checkpoint_dir)
-            except InvalidManifest:
+            except ManifestError:
                 continue
             self.add_manifest(checkpoint_dir, manifest)
 
@@ -271,7 +277,7 @@ class PeerServer:
     def _commit(self, directory: Path, manifest_bytes: bytes) -> None:
         try:
             manifest = parse_manifest(manifest_bytes)
-        except InvalidManifest as exc:
+        except ManifestError as exc:
             raise RequestRefused(str(exc)) from exc
         for entry in manifest.files:
             path = directory / entry.name

@@ -12,26 +12,29 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import msgspec
 from nats.js.kv import KeyValue
 
 from goodput import subjects
 from goodput.bus import Bus
-from goodput_services.replicator.records import (
+from goodput.ckptindex.records import (
     CopyRecord,
     FileRef,
+    IndexRecordError,
     NodeRecord,
     Tier,
     copy_key,
     decode_copy,
     decode_node,
     encode,
+    key_kind,
     node_key,
 )
 
 log = logging.getLogger(__name__)
 
 TIER_ORDER: dict[str, int] = {"present": 0, "local": 0, "peer": 1, "object_store": 2}
+#: a node whose announcement is older than this holds nothing, as far as the index is concerned
+DEFAULT_NODE_TTL_S = 15.0
 
 
 class CheckpointIndex:
@@ -53,7 +56,7 @@ class CheckpointIndex:
     async def delete_copy(self, record: CopyRecord) -> None:
         await (await self._kv()).delete(copy_key(self.job, record))
 
-    async def snapshot(self, node_ttl_s: float = 15.0) -> IndexSnapshot:
+    async def snapshot(self, node_ttl_s: float = DEFAULT_NODE_TTL_S) -> IndexSnapshot:
         """Every record of the job, read in one pass of a KV watcher."""
         kv = await self._kv()
         # the server drops the watcher's consumer soon after this read (default: 5 minutes)
@@ -68,14 +71,14 @@ class CheckpointIndex:
             while (entry := await watcher.updates(timeout=10)) is not None:
                 if not entry.value:
                     continue
-                kind = entry.key.split(".")[1]
+                kind = key_kind(entry.key)
                 try:
                     if kind == "node":
                         record = decode_node(entry.value)
                         nodes[record.node] = record
                     elif kind == "copy":
                         copies.append(decode_copy(entry.value))
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                except IndexRecordError as exc:
                     log.warning("ignoring undecodable index record %s: %s", entry.key, exc)
         finally:
             await watcher.stop()
@@ -127,7 +130,7 @@ class StepView:
 class IndexSnapshot:
     nodes: dict[str, NodeRecord]
     all_copies: list[CopyRecord]
-    node_ttl_s: float = 15.0
+    node_ttl_s: float = DEFAULT_NODE_TTL_S
     now_ns: int = field(default_factory=time.time_ns)
 
     def alive(self, node: str) -> bool:

@@ -6,6 +6,9 @@
   ``step`` on ``tier`` — in ``holder``'s volume (``local``), in ``holder``'s peer area
   (``peer``), or in the object store (``object_store``, holder ``store``) — with the checksum
   of every file. A copy is published only after its files were hashed and matched.
+
+Records are versioned like the bus messages: a record of a newer schema than this build
+understands is refused rather than half-read.
 """
 
 from __future__ import annotations
@@ -16,9 +19,14 @@ import msgspec
 
 from goodput import subjects
 
+INDEX_SCHEMA_VERSION = 1
 Tier = Literal["local", "peer", "object_store"]
 TIERS: tuple[Tier, ...] = ("local", "peer", "object_store")
 STORE_HOLDER = "store"
+
+
+class IndexRecordError(ValueError):
+    """An index entry that is not a valid record this build understands."""
 
 
 class FileRef(msgspec.Struct, frozen=True, array_like=True):
@@ -37,6 +45,7 @@ class NodeRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gcs_endpoint: str = ""
     #: epoch ns of the last refresh
     ts: int = 0
+    schema: int = INDEX_SCHEMA_VERSION
 
 
 class CopyRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -44,11 +53,12 @@ class CopyRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tier: Tier
     holder: str
     owner: str
-    #: where the checkpoint's ``step-…`` directory lives: relative to the holder's peer root
+    #: where the checkpoint's step directory lives: relative to the holder's peer root
     #: (local, peer tiers) or the listing namespace in the object store
     root: str
     files: list[FileRef]
     verified_ts: int = 0
+    schema: int = INDEX_SCHEMA_VERSION
 
     @property
     def total_bytes(self) -> int:
@@ -68,17 +78,14 @@ def copy_key(job: str, record: CopyRecord) -> str:
     )
 
 
-def local_root(job: str) -> str:
-    """A node's own checkpoint volume, relative to the node directory its peer server serves."""
-    return f"checkpoints/{job}"
-
-
-def peer_root(job: str, owner: str) -> str:
-    """Where a node keeps the copies it holds of ``owner``'s checkpoints."""
-    return f"peer/{job}/{owner}"
+def key_kind(key: str) -> str:
+    """ "node" or "copy" for a key of this bucket (what to decode the value as)."""
+    parts = key.split(".")
+    return parts[1] if len(parts) > 1 else ""
 
 
 def store_namespace(job: str, owner: str) -> str:
+    """Where ``owner``'s backups of ``job`` are listed in the object store."""
     return f"{job}/{owner}"
 
 
@@ -91,9 +98,26 @@ def encode(record: NodeRecord | CopyRecord) -> bytes:
     return _encoder.encode(record)
 
 
+def _checked(record: NodeRecord | CopyRecord) -> NodeRecord | CopyRecord:
+    if record.schema > INDEX_SCHEMA_VERSION:
+        raise IndexRecordError(
+            f"index record schema {record.schema} is newer than this build understands "
+            f"({INDEX_SCHEMA_VERSION}); upgrade goodput"
+        )
+    return record
+
+
 def decode_node(data: bytes) -> NodeRecord:
-    return _node_decoder.decode(data)
+    try:
+        record = _node_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise IndexRecordError(f"invalid node record: {exc}") from exc
+    return _checked(record)  # type: ignore[return-value]
 
 
 def decode_copy(data: bytes) -> CopyRecord:
-    return _copy_decoder.decode(data)
+    try:
+        record = _copy_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise IndexRecordError(f"invalid copy record: {exc}") from exc
+    return _checked(record)  # type: ignore[return-value]

@@ -1,71 +1,24 @@
-"""Garbage collection across tiers, driven by the index.
-
-On each tier the newest ``keep_<tier>`` steps complete in that tier are kept, and everything
-newer; older copies on that tier go, but only behind a newer step that is complete in that
-tier *and* in every tier of ``require`` — until such a step exists nothing is deleted there.
-The newest complete step is never deleted anywhere.
+"""Garbage collection across tiers: carry out what :func:`~goodput.ckptindex.retention.plan_gc`
+decides, on node disks and in the object store, and withdraw the deleted copies from the index.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput.tiers.backup import DEFAULT_PREFIX, listing_key, read_listing
+from goodput.ckptfmt import node_dir, remove_dir_safely, step_dir
+from goodput.ckptindex.index import CheckpointIndex, IndexSnapshot
+from goodput.ckptindex.records import CopyRecord
+from goodput.ckptindex.retention import Retention, plan_gc
+from goodput.tiers.backup import DEFAULT_PREFIX, listing_key, listing_step, read_listing
 from goodput.tiers.object_store import ObjectNotFound, ObjectStore
-from goodput_services.replicator.holdings import STEP_PREFIX, node_dir, step_of
-from goodput_services.replicator.index import CheckpointIndex, IndexSnapshot
-from goodput_services.replicator.records import TIERS, CopyRecord
-
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Retention:
-    keep: dict[str, int]
-    require: tuple[str, ...] = ("peer",)
-
-
-def plan_gc(snapshot: IndexSnapshot, retention: Retention) -> list[CopyRecord]:
-    """The copies (of every holder) that retention says may be deleted now."""
-    views = snapshot.views()
-    complete = [v for v in views if v.complete]
-    if not complete:
-        return []
-    newest_complete = complete[0].step
-    qualified = [v for v in complete if all(v.complete_in(t) for t in retention.require)]
-    doomed = []
-    for tier in TIERS:
-        safe_behind = [v.step for v in qualified if v.complete_in(tier)]
-        if not safe_behind:
-            continue
-        kept = [v.step for v in complete if v.complete_in(tier)][: retention.keep[tier]]
-        floor = min(kept[-1], safe_behind[0])
-        doomed += [
-            c
-            for c in snapshot.all_copies
-            if c.tier == tier and c.step < floor and c.step != newest_complete
-        ]
-    return doomed
-
-
-def remove_checkpoint_dir(directory: Path) -> None:
-    """Rename to a hidden trash name first (readers never see half a checkpoint), then delete."""
-    trash = directory.with_name(f".trash-{directory.name}-{os.getpid()}-{time.monotonic_ns()}")
-    try:
-        os.replace(directory, trash)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 def delete_from_disk(node_dir: Path, copy: CopyRecord) -> None:
-    remove_checkpoint_dir(node_dir / copy.root / f"{STEP_PREFIX}{copy.step:010d}")
+    """Remove one local or peer copy from a node directory (gone already is fine)."""
+    remove_dir_safely(step_dir(node_dir / copy.root, copy.step))
 
 
 def delete_from_store(store: ObjectStore, copies: list[CopyRecord], in_use: set[str]) -> int:
@@ -81,8 +34,8 @@ def delete_from_store(store: ObjectStore, copies: list[CopyRecord], in_use: set[
     referenced: set[str] = set()
     listings_prefix = f"{DEFAULT_PREFIX}/checkpoints/"
     for key in store.list(listings_prefix):
-        namespace, _, name = key.removeprefix(listings_prefix).rpartition("/")
-        step = step_of(name.removesuffix(".json"))
+        namespace = key.removeprefix(listings_prefix).rpartition("/")[0]
+        step = listing_step(key)
         if step is None:
             continue
         try:

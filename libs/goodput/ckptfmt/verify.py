@@ -1,0 +1,80 @@
+"""Is a checkpoint directory complete and intact? Sizes first (cheap), then every byte."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from goodput.ckptfmt.files import file_xxh3_128
+from goodput.ckptfmt.layout import MANIFEST_NAME, parse_step_dir
+from goodput.ckptfmt.manifest import Manifest, ManifestError, read_manifest
+
+
+@dataclass(frozen=True)
+class VerifyProblem:
+    """One reason a checkpoint directory cannot be trusted."""
+
+    name: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+
+def check_file_sizes(checkpoint_dir: Path, manifest: Manifest) -> list[VerifyProblem]:
+    """Cheap completeness check: every listed file is a regular file of the listed size."""
+    problems = []
+    for entry in manifest.files:
+        try:
+            info = os.stat(checkpoint_dir / entry.name)
+        except FileNotFoundError:
+            problems.append(VerifyProblem(entry.name, "missing"))
+            continue
+        except OSError as exc:
+            problems.append(VerifyProblem(entry.name, f"unreadable ({exc.strerror or exc})"))
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            problems.append(VerifyProblem(entry.name, "not a regular file"))
+        elif info.st_size != entry.size:
+            problems.append(
+                VerifyProblem(entry.name, f"size {info.st_size} != {entry.size} in manifest")
+            )
+    return problems
+
+
+def verify_manifest_and_files(
+    checkpoint_dir: str | os.PathLike,
+) -> tuple[Manifest | None, list[VerifyProblem]]:
+    """The manifest (None if unusable) and every reason not to trust ``checkpoint_dir``.
+
+    Reads every data file in full and compares its xxh3_128 digest with the manifest; a
+    ``step-N`` directory whose manifest names another step is not trusted either.
+    """
+    checkpoint_dir = Path(checkpoint_dir)
+    try:
+        manifest = read_manifest(checkpoint_dir)
+    except ManifestError as exc:
+        return None, [VerifyProblem(MANIFEST_NAME, str(exc))]
+    named = parse_step_dir(checkpoint_dir.name)
+    if named is not None and named != manifest.step:
+        return manifest, [VerifyProblem(MANIFEST_NAME, f"manifest says step {manifest.step}")]
+    problems = check_file_sizes(checkpoint_dir, manifest)
+    broken = {problem.name for problem in problems}
+    for entry in manifest.files:
+        if entry.name in broken:
+            continue
+        try:
+            digest = file_xxh3_128(checkpoint_dir / entry.name)
+        except OSError as exc:
+            problems.append(VerifyProblem(entry.name, f"unreadable ({exc.strerror or exc})"))
+            continue
+        if digest != entry.xxh3_128:
+            problems.append(VerifyProblem(entry.name, "xxh3_128 mismatch"))
+    return manifest, problems
+
+
+def verify_files(checkpoint_dir: str | os.PathLike) -> list[VerifyProblem]:
+    """Every reason not to trust ``checkpoint_dir`` (empty list: complete and intact)."""
+    return verify_manifest_and_files(checkpoint_dir)[1]

@@ -10,7 +10,7 @@ import argparse
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -18,10 +18,16 @@ from goodput.bus.settings import BusSettings, settings_from_env
 from goodput.subjects import check_token
 
 ENV_PREFIX = "GOODPUT_"
+#: the job a command or service serves when none is named (one spelling for every default)
+DEFAULT_JOB = "default"
+#: the state directory when none is given: per user, so every folder finds the same stack
+DEFAULT_STATE_DIR = "~/.local/state/goodput"
+
+OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
 
 
 class ServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    job: str = "default"
+    job: str = DEFAULT_JOB
     #: node this instance serves (per-node services: host monitor, checkpoint tier)
     node: str = ""
     instance: str = ""
@@ -31,6 +37,20 @@ class ServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     bus: BusSettings = msgspec.field(default_factory=BusSettings)
     #: service-specific options (thresholds, policy path, backend…)
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def convert_options(
+    options_type: type[OptionsT], options: dict[str, Any], service: str
+) -> OptionsT:
+    """The service's options struct from the merged file/``--set`` table, converted once.
+
+    ``options_type`` rejects unknown fields; a typo, a wrong type or a value its
+    ``__post_init__`` refuses stops the service with one line naming the field.
+    """
+    try:
+        return msgspec.convert(options, options_type)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"invalid {service} option: {exc}") from exc
 
 
 def add_bus_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,12 +18,12 @@ from goodput.bus import BusSettings
 from goodput.bus.settings import settings_to_env
 from goodput.telemetry import TRACEPARENT_ENV, current_traceparent, tracer
 from goodput_services.actuator.membership import Membership
+from goodput_services.actuator.options import ActuatorOptions
 
 EventSink = Callable[[schemas.Event], Awaitable[None]]
 #: fills a node's local volume with the newest complete checkpoint; returns what it did
 NodePreparer = Callable[[str], Awaitable[str]]
 
-BACKENDS = ("local", "kubernetes")
 
 log = logging.getLogger(__name__)
 
@@ -232,15 +232,15 @@ class MembershipBackend(ABC):
 
 
 def create_backend(
-    name: str,
+    options: ActuatorOptions,
     *,
     job: str,
     state_dir: Path,
     bus_settings: BusSettings,
     emit: EventSink,
-    options: dict[str, Any],
 ) -> Backend:
-    """The backend called ``name``; an unknown name stops the service with the choices."""
+    """The backend ``options.backend`` names (the options struct admits only known names)."""
+    name = options.backend
     if name == "local":
         from goodput_services.actuator.local_backend import LocalBackend
 
@@ -252,8 +252,8 @@ def create_backend(
             KubernetesOptions,
         )
 
-        settings = KubernetesOptions.from_mapping(options.get("kubernetes", {}))
+        settings = KubernetesOptions.from_mapping(options.kubernetes)
         return KubernetesBackend.connect(
             job=job, bus_settings=bus_settings, emit=emit, options=settings
         )
-    raise SystemExit(f"unknown actuator backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    raise ValueError(f"unknown actuator backend {name!r}")

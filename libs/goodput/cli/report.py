@@ -22,7 +22,6 @@ from goodput.accounting import (
     replay_from_bus,
     write_event_log,
 )
-from goodput.accounting.html import write_html_report
 from goodput.accounting.table import render
 from goodput.bus import Bus, BusUnavailableError, InsecureBusError
 from goodput.cli.stack import DEFAULT_STATE_DIR, read_stack, resolve_url
@@ -123,6 +122,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 1
     export_goodput_metrics(report)
     if args.html:
+        # imported only here: the plots need matplotlib, slow to import and needed for nothing else
+        from goodput.accounting.html import write_html_report
+
         path = write_html_report(report, args.html)
         err.print(f"HTML report: {path}")
     if args.json:

@@ -28,8 +28,8 @@ from goodput.bench.recovery import WAIT_S
 from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
 from goodput.chaos.straggler import duty_cycle
-from goodput.cli.stack import start_stack, stop_stack, wait_healthy
 from goodput.config import add_bus_arguments
+from goodput.stack.launcher import start_stack, stop_stack, wait_healthy
 
 NS = 1e9
 HEARTBEAT_TIMEOUT_S = 3.0

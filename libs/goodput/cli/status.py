@@ -22,12 +22,17 @@ from rich.live import Live
 from rich.text import Text
 
 from goodput.bus import Bus, BusUnavailableError, InsecureBusError
-from goodput.cli.stack import DEFAULT_STATE_DIR, StackRecord, read_stack, resolve_url
-from goodput.cli.stack import services_health as fetch_services_health
-from goodput.config import add_bus_arguments, bus_settings_from_args
+from goodput.config import (
+    add_bus_arguments,
+    add_state_dir_argument,
+    bus_settings_from_args,
+    job_name,
+)
 from goodput.jobview.feed import JobFeed
 from goodput.jobview.model import JobModel
 from goodput.jobview.render import job_view, services_table
+from goodput.stack.launcher import StackRecord, read_stack, resolve_url
+from goodput.stack.launcher import services_health as fetch_services_health
 
 #: service health is a KV read per service: refreshed less often than the job panels
 SERVICES_EVERY_S = 2.0
@@ -170,13 +175,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Exits 1 when a service of the stack is not healthy."
         ),
     )
+    add_state_dir_argument(status, "where the stack keeps its state")
     status.add_argument(
-        "--state-dir",
-        default=DEFAULT_STATE_DIR,
-        help="where the stack keeps its state (default: .goodput)",
-    )
-    status.add_argument(
-        "--job", default=None, help="job to show (default: the job of the stack in --state-dir)"
+        "--job",
+        type=job_name,
+        default=None,
+        help="job to show (default: the job of the stack in --state-dir)",
     )
     status.add_argument(
         "--once", action="store_true", help="read the history, print one snapshot and exit"

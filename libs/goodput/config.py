@@ -15,11 +15,9 @@ from typing import Any, TypeVar
 import msgspec
 
 from goodput.bus.settings import BusSettings, settings_from_env
-from goodput.subjects import check_token
+from goodput.subjects import DEFAULT_JOB, check_token
 
 ENV_PREFIX = "GOODPUT_"
-#: the job a command or service serves when none is named (one spelling for every default)
-DEFAULT_JOB = "default"
 
 OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
 

@@ -23,8 +23,8 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.bus.client import TRANSIENT_ERRORS, BusUnavailableError
 from goodput.bus.embedded import read_record
-from goodput.config import DEFAULT_JOB
 from goodput.stack.launcher import StackRecord, read_stack
+from goodput.subjects import DEFAULT_JOB
 from goodput_services.actuator.local_backend import node_volume
 
 

@@ -19,13 +19,13 @@ from rich.table import Table
 from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.config import (
-    DEFAULT_JOB,
     add_bus_arguments,
     add_state_dir_argument,
     bus_settings_from_args,
     job_name,
 )
 from goodput.stack.launcher import resolve_url
+from goodput.subjects import DEFAULT_JOB
 from goodput.tiers.backup import DEFAULT_PREFIX, blob_key
 from goodput.tiers.object_store import ObjectStore
 from goodput.tiers.peer import PeerClient

@@ -25,14 +25,13 @@ from goodput.accounting import (
 from goodput.accounting.table import render
 from goodput.bus import Bus, BusUnavailableError, InsecureBusError
 from goodput.config import (
-    DEFAULT_JOB,
     add_bus_arguments,
     add_state_dir_argument,
     bus_settings_from_args,
 )
 from goodput.metrics import GoodputGauges
 from goodput.stack.launcher import read_stack, resolve_url
-from goodput.subjects import check_token
+from goodput.subjects import DEFAULT_JOB, check_token
 from goodput.telemetry import flush_metrics, setup_metrics
 
 #: replays shorter than this finish before a progress bar would be worth drawing

@@ -14,6 +14,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.cli.stack import add_stack_arguments
 from goodput.config import add_bus_arguments, count_at_least
+from goodput.rank_env import knobs
 from goodput.stack.launcher import (
     add_service_set_argument,
     check_policy_options,
@@ -74,9 +75,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     try:
         asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
-        env = dict(item.split("=", 1) for item in args.env)
+        env = dict(args.env)
         if args.ckpt_every is not None:
-            env["GOODPUT_CKPT_EVERY"] = str(args.ckpt_every)
+            env.update(knobs(ckpt_every=args.ckpt_every))
         start = schemas.StartJob(
             job=stack.job,
             argv=argv,
@@ -110,6 +111,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if watcher.state == "finished" else 1
 
 
+def environment_item(text: str) -> tuple[str, str]:
+    """argparse type of ``--env KEY=VALUE``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run",
@@ -137,13 +146,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         help="nodes per data-parallel replica",
     )
-    parser.add_argument(
-        "--ckpt-every", type=int, help="checkpoint interval in steps (GOODPUT_CKPT_EVERY)"
-    )
+    parser.add_argument("--ckpt-every", type=count_at_least(1), help="checkpoint interval in steps")
     parser.add_argument("--steps", type=int, help="expected steps, for the progress bar")
     parser.add_argument(
         "--env",
         action="append",
+        type=environment_item,
         default=[],
         metavar="KEY=VALUE",
         help="extra environment for the ranks",

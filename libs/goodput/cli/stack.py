@@ -10,7 +10,6 @@ import sys
 from rich.console import Console
 
 from goodput.config import (
-    DEFAULT_JOB,
     add_bus_arguments,
     add_state_dir_argument,
     count_at_least,
@@ -24,6 +23,7 @@ from goodput.stack.launcher import (
     stop_stack,
     wait_healthy,
 )
+from goodput.subjects import DEFAULT_JOB
 
 
 def cmd_up(args: argparse.Namespace) -> int:

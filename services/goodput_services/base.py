@@ -105,10 +105,14 @@ class Service:
         log.info("service started", extra={"instance": self.instance, "bus": self.config.bus.url})
         stop_wait = asyncio.create_task(self._stopping.wait())
         done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        # a loop that raised, or returned although no stop was asked for, ends the service
+        stop_asked = self._stopping.is_set()
         died = [
             task
             for task in done
-            if task is not stop_wait and not task.cancelled() and task.exception() is not None
+            if task is not stop_wait
+            and not task.cancelled()
+            and (task.exception() is not None or not stop_asked)
         ]
         for task in died:
             log.error("a service loop died: %s", task.get_name(), exc_info=task.exception())
@@ -116,10 +120,9 @@ class Service:
         stop_wait.cancel()
         await self._shutdown(tasks)
         if died:
-            first = died[0]
-            raise ServiceLoopDied(
-                f"service loop {first.get_name()} died: {first.exception()!r}"
-            ) from first.exception()
+            first, cause = died[0], died[0].exception()
+            why = repr(cause) if cause is not None else "it returned before any stop request"
+            raise ServiceLoopDied(f"service loop {first.get_name()} died: {why}") from cause
 
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
         # command runners stop at the next fetch; give in-flight handling a moment to finish

@@ -45,6 +45,8 @@ class _Target(msgspec.Struct, kw_only=True):
     job: str
     url: str
     stack: StackRecord | None
+    #: the state directory the stack was looked for in (said in the view: which stack this is)
+    state_dir: str
 
 
 def _target(args: argparse.Namespace) -> _Target | str:
@@ -60,7 +62,7 @@ def _target(args: argparse.Namespace) -> _Target | str:
     url = args.nats_url or (stack.url if stack else "") or resolve_url(args, state_dir)[0]
     if not url:
         return f"no bus: no stack in {state_dir}; give --nats-url"
-    return _Target(job=job, url=url, stack=stack)
+    return _Target(job=job, url=url, stack=stack, state_dir=str(state_dir))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -95,7 +97,9 @@ def _services_renderable(report: list[dict], target: _Target) -> RenderableType 
     if target.stack is None:
         return None
     return services_table(
-        report, f"goodput services — job {target.stack.job}, bus {target.stack.url}"
+        report,
+        f"goodput services — job {target.stack.job}, bus {target.stack.url}, "
+        f"state {target.state_dir}",
     )
 
 

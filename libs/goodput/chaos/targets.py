@@ -24,7 +24,8 @@ from goodput.bus import Bus, BusSettings
 from goodput.bus.client import TRANSIENT_ERRORS, BusUnavailableError
 from goodput.bus.embedded import read_record
 from goodput.ckptfmt import node_volume
-from goodput.cli.stack import StackRecord, read_stack
+from goodput.stack.launcher import StackRecord, read_stack
+from goodput.subjects import DEFAULT_JOB
 
 
 class ChaosError(RuntimeError):
@@ -71,7 +72,7 @@ class ChaosContext:
         """The job of the stack in ``state_dir``; the bus is ``url``, else the stack's."""
         state_dir = Path(state_dir).resolve()
         stack = read_stack(state_dir)
-        job = job or (stack.job if stack else "default")
+        job = job or (stack.job if stack else DEFAULT_JOB)
         subjects.check_token(job, "job name")
         if not url:
             record = read_record(state_dir)

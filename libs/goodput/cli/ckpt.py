@@ -23,8 +23,14 @@ from goodput.ckptindex.gc import collect_garbage
 from goodput.ckptindex.index import DEFAULT_NODE_TTL_S, CheckpointIndex, IndexSnapshot, StepView
 from goodput.ckptindex.records import CopyRecord
 from goodput.ckptindex.retention import DEFAULT_KEEP, DEFAULT_REQUIRE, Retention, plan_gc
-from goodput.cli.stack import DEFAULT_STATE_DIR, resolve_url
-from goodput.config import add_bus_arguments, bus_settings_from_args
+from goodput.config import (
+    add_bus_arguments,
+    add_state_dir_argument,
+    bus_settings_from_args,
+    job_name,
+)
+from goodput.stack.launcher import resolve_url
+from goodput.subjects import DEFAULT_JOB
 from goodput.tiers.backup import DEFAULT_PREFIX, blob_key
 from goodput.tiers.object_store import ObjectStore, open_object_store
 from goodput.tiers.peer import PeerClient
@@ -296,8 +302,8 @@ def cmd_ckpt(args: argparse.Namespace) -> int:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="stack state directory")
-    parser.add_argument("--job", default="default", help="job name")
+    add_state_dir_argument(parser, "stack state directory")
+    parser.add_argument("--job", type=job_name, default=DEFAULT_JOB, help="job name")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
         "--node-ttl",

@@ -1,5 +1,13 @@
 """The main job end to end: every remediation, and the same faults lived through by a job
-without goodput (synchronous torch.save, whole-job restarts, no spares)."""
+without goodput (synchronous torch.save, whole-job restarts, no spares).
+
+What is asserted holds however loaded the machine is: faults fire at training steps and, for
+goodput's run, lost nodes come back at training steps too (``DemoFault.repair_at``), so the
+remediations that change the job's nodes come in one order. How many in-job restarts a fault
+costs (a lost node's ranks may be seen to exit before its host reports) and whether the
+crash-loop guard backs off (restarts closer than its window) depend on speed, and are not
+asserted; ``tests/demo/test_scenario_timing.py`` plays the same at several speeds.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +20,16 @@ from tests.conftest import goodput_cli
 
 pytestmark = pytest.mark.slow
 
-REMEDIATIONS = {"in-job-restart", "evict-straggler-hot-swap", "hot-swap", "scale-down", "scale-up"}
+#: the decisions that change the job's nodes, in the order the full scenario causes them
+MEMBERSHIP_CHANGES = ["evict-straggler-hot-swap", "hot-swap", "scale-down", "scale-up"]
+CHANGES_OR_GIVING_UP = {
+    *MEMBERSHIP_CHANGES,
+    "evict-straggler-scale-down",
+    "repeat-offender",
+    "restart-job",
+    "no-capacity",
+    "crash-loop-give-up",
+}
 BASELINE_RULES = {"baseline-restart-job", "baseline-ignore-straggler", "baseline-wait-for-repair"}
 
 
@@ -20,15 +37,21 @@ def _rules(run: dict) -> set[str]:
     return {d["rule"] for d in run["decisions"]}
 
 
-@pytest.mark.timeout(1500)  # two runs of the full scenario: about six minutes here
+#: one run of the full scenario takes about three minutes on an idle machine, and over twenty
+#: with a dozen other jobs on two cores (steps of 1.5 s instead of 0.2 s): room for the latter
+RUN_TIMEOUT_S = 2400
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 300)
 def test_the_full_scenario_against_the_baseline(tmp_path: Path) -> None:
     result = goodput_cli(
         "demo",
         "--compare-baseline",
         "--json",
+        *("--timeout", str(RUN_TIMEOUT_S)),
         *("--state-dir", str(tmp_path / "demo")),
         *("--html", str(tmp_path / "report")),
-        timeout=1500,
+        timeout=2 * RUN_TIMEOUT_S + 240,
     )
     run = json.loads(result.stdout)
     baseline = run["baseline"]
@@ -45,8 +68,14 @@ def test_the_full_scenario_against_the_baseline(tmp_path: Path) -> None:
         ("fail-node", 1),
     ]
     assert all(f["ok"] for f in run["faults"] + baseline["faults"])
-    # goodput used every remediation; the baseline only restarted, waited and ignored
-    assert _rules(run) >= REMEDIATIONS, _rules(run)
+    # goodput used every remediation, each node change in the scenario's order; the baseline
+    # only restarted, waited and ignored
+    rules = [d["rule"] for d in run["decisions"]]
+    assert "in-job-restart" in rules, rules
+    assert [rule for rule in rules if rule in CHANGES_OR_GIVING_UP] == MEMBERSHIP_CHANGES, rules
+    # the lost nodes came back once goodput's job had trained on without them
+    repaired = [f["repaired_at_step"] for f in run["faults"] if f["fault"] == "fail-node"]
+    assert repaired[0] >= 0.80 * 800 and repaired[1] >= 0.70 * 800, run["faults"]
     assert 1 in run["world_size_history"] and run["world_size_history"][-1] == 2
     assert _rules(baseline) == BASELINE_RULES  # and a fixed checkpoint interval
     assert set(baseline["world_size_history"]) == {2}

@@ -2,9 +2,11 @@
 
 ``play`` walks the scenario step by step on a simulated clock and feeds the signals the sensor
 raises into the real controller with its built-in policy; repairs come when the scenario's
-``DemoFault.repair_due`` says so, as in the demo's driver. A node loss shows up the way it does
-on a loaded machine: the killed ranks' exit (a correctable crash) before the host monitor's
-fault (uncorrectable).
+``DemoFault.repair_due`` says so, as in the demo's driver. Every command goes through the
+actuator's membership rules, which refuse one the actuator could not carry out (a refused hot
+swap left the loaded demo's job dead until ``job_down`` restarted it whole). A node loss reaches
+the sensor either way round: the killed ranks' exit (a correctable crash) first, common under
+load, or the host monitor's fault first.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from goodput import schemas
 from goodput.config import load_service_config
 from goodput.demo.scenarios import SCENARIOS, DemoFault, Scenario
 from goodput.demo.session import service_flags
+from goodput_services.actuator.membership import Membership
 from goodput_services.controller.engine import Controller, ControllerSettings, Outcome
 from goodput_services.controller.state import JobState, new_job_state
 
@@ -34,6 +37,8 @@ def demo_controller() -> Controller:
 @dataclass
 class Run:
     state: JobState
+    #: the actuator's view, moved by the commands as the actuator applies them
+    membership: Membership
     controller: Controller = field(default_factory=demo_controller)
     now_s: float = 0.0
     rules: list[str] = field(default_factory=list)
@@ -56,6 +61,17 @@ class Run:
         self.state = outcome.state
         if outcome.decision is not None:
             self.rules.append(outcome.decision.rule)
+        for command in outcome.commands:
+            match command:
+                case schemas.HotSwap():
+                    self.membership, _ = self.membership.hot_swap(
+                        command.failed_node, command.spare_node
+                    )
+                case schemas.ScaleTo():
+                    self.membership = self.membership.scale_to(command.nodes, command.drop_nodes)
+                case schemas.ReturnNode():
+                    self.membership = self.membership.return_node(command.node)
+        assert self.membership.active == self.state.active
 
 
 #: the signals each fault raises; a node loss either way round, as the sensor may see it
@@ -88,7 +104,10 @@ SPEED_IDS = ["idle", "busy", "loaded", "overloaded"]
 def play(scenario: Scenario, *, step_s: float, recover_s: float, loss: str) -> list[str]:
     """The decision rules, in order, for a job training at ``step_s`` per step."""
     nodes = [f"node-{i}" for i in range(2 + scenario.spares)]
-    run = Run(new_job_state("demo", nodes[:2], num_nodes_per_dp=1, spares=nodes[2:]))
+    run = Run(
+        new_job_state("demo", nodes[:2], num_nodes_per_dp=1, spares=nodes[2:]),
+        Membership.initial(2, scenario.spares, 1),
+    )
     down: list[tuple[DemoFault, str, float]] = []
     faults = list(scenario.faults)
     for step in range(STEPS):

@@ -74,9 +74,10 @@ def test_the_full_scenario_against_the_baseline(tmp_path: Path) -> None:
     # the lost nodes came back once goodput's job had trained on without them
     repaired = [f["repaired_at_step"] for f in run["faults"] if f["fault"] == "fail-node"]
     assert repaired[0] >= 0.80 * 800 and repaired[1] >= 0.70 * 800, run["faults"]
-    # scaled down to one replica, then back up to two (the size it ends at is not asserted: on a
-    # loaded machine a finishing rank may fall silent before its exit is reported, and the
-    # sensor's missed heartbeat then drops it in the last steps)
+    # scaled down to one replica, then back up to two. The size it ends at is not asserted: on a
+    # heavily loaded machine a finishing rank falls silent (its shim stops heartbeats) seconds
+    # before its exit is reported, and the sensor's missed heartbeat drops it at the last step.
+    # (Open defect: with one replica left that stops the job, and the test fails on its state.)
     sizes = run["world_size_history"]
     assert 1 in sizes and 2 in sizes[sizes.index(1) :], sizes
     assert _rules(baseline) == BASELINE_RULES  # and a fixed checkpoint interval

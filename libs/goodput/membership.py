@@ -56,13 +56,18 @@ class Membership(msgspec.Struct, kw_only=True):
             )
 
     def hot_swap(self, failed: str, spare: str = "") -> tuple[Membership, str]:
-        """Put a spare in the failed node's place (same rank positions, same world size)."""
+        """Put a spare in the failed node's place (same rank positions, same world size).
+
+        A named ``spare`` may be one this membership still counts as failed: as in
+        :meth:`scale_to`, the controller decides, and it names a node it has seen return
+        (a repaired node it kept as a spare is not announced to the actuator on its own).
+        """
         self._require_known(failed)
         if failed not in self.active:
             raise MembershipError(f"node {failed!r} is not active; nothing to swap")
-        if spare and spare not in self.spares:
+        if spare and spare not in self.spares and spare not in self.failed:
             raise MembershipError(f"node {spare!r} is not a spare")
-        if not self.spares:
+        if not spare and not self.spares:
             raise MembershipError("no spare node available")
         chosen = spare or self.spares[0]
         active = [chosen if n == failed else n for n in self.active]
@@ -71,7 +76,7 @@ class Membership(msgspec.Struct, kw_only=True):
             Membership(
                 active=active,
                 spares=spares,
-                failed=[*self.failed, failed],
+                failed=[*(n for n in self.failed if n != chosen), failed],
                 procs_per_node=self.procs_per_node,
             ),
             chosen,

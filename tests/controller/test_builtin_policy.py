@@ -81,6 +81,16 @@ def test_repeat_offender_is_replaced() -> None:
     assert isinstance(third.commands[0], schemas.HotSwap)
 
 
+def test_a_lost_node_after_earlier_faults_is_hot_swapped_not_a_repeat_offender() -> None:
+    # a hang on n2, then n2 lost: its ranks' crash is seen before its host's fault
+    state, controller = job(spares=1), Controller()
+    state = controller.handle(state, signal("hang", "n2"), at(1000)).state
+    state = controller.handle(state, signal("crash", "n2"), at(2000)).state
+    lost = controller.handle(state, signal("degraded_host", "n2", "uncorrectable"), at(2001))
+    assert lost.decision.rule == "hot-swap"
+    assert isinstance(lost.commands[0], schemas.HotSwap)
+
+
 def test_job_down_restarts_everything() -> None:
     outcome = handle(job(), signal("job_down", "", "uncorrectable"))
     assert outcome.decision.rule == "restart-job"

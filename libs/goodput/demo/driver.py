@@ -1,8 +1,8 @@
 """Injects a scenario's faults into the running demo job, through the chaos tool.
 
 Faults reach the job the way ``goodput chaos`` sends them (``goodput.chaos.actions``), so the
-demo exercises the same paths a user's chaos test does. Node repairs run on their own clock
-while the scenario goes on.
+demo exercises the same paths a user's chaos test does. Node repairs run alongside the
+scenario, each when its fault says it is due (``DemoFault.repair_due``).
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ class Driver:
     scenario: Scenario
     steps: int
     say: Callable[[str], None] = lambda _: None
+    #: the job cannot train without a failed node (the baseline): repairs follow the wall clock
+    job_waits_for_nodes: bool = False
     injected: list[Injected] = field(default_factory=list)
     _background: set[asyncio.Task] = field(default_factory=set)
 
@@ -125,7 +127,7 @@ class Driver:
                 outcome = await fire(_chaos_spec(fault, node), self.ctx)
                 ok = self._record(fault, node, outcome.ok, outcome.detail)
                 if ok and fault.action == "fail-node" and fault.repair_after_s:
-                    self._in_background(self._repair(node, fault.repair_after_s))
+                    self._in_background(self._repair(node, fault))
         # a fault that took effect ends in a new attempt; one that did not leaves the job as is
         return self._job_stepping_since(time.monotonic(), attempt_after=attempt if ok else 0)
 
@@ -135,8 +137,18 @@ class Driver:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _repair(self, node: str, after_s: float) -> None:
-        await asyncio.sleep(after_s)
+    async def _repair(self, node: str, fault: DemoFault) -> None:
+        failed_at = time.monotonic()
+        due = await self._wait(
+            lambda: fault.repair_due(
+                down_s=time.monotonic() - failed_at,
+                step=self.watcher.step,
+                steps=self.steps,
+                job_waits=self.job_waits_for_nodes,
+            )
+        )
+        if not due:
+            return  # the job ended first
         outcome = await fire(faults.FailNode(node=node, clear=True), self.ctx)
         self.say(
             f"[green]repair[/] at step {self.watcher.step}: {node} is healthy again"

@@ -3,9 +3,16 @@
 A fault fires once training has done ``at`` of its steps *and* the job has played out the
 fault before it (restarted and stepping again; a straggler runs alongside what follows), so
 every run of a scenario meets the same faults at the same training progress, however quickly
-it recovers — which is what makes goodput's remediation and the baseline comparable. Node faults name the
-node that runs ``rank`` when they fire; a node that fails is repaired ``repair_after_s`` wall
-seconds later (hardware repair takes wall time, whatever the job does meanwhile).
+it recovers — which is what makes goodput's remediation and the baseline comparable. Node
+faults name the node that runs ``rank`` when they fire.
+
+A failed node comes back on the clock that matters to the job. A job that went on without it
+gets it back once training reached ``repair_at`` of its steps, so whether a spare is free when
+a later fault fires depends on training progress, never on how fast this machine runs (on a
+wall clock, a loaded machine saw the first lost node back before the second loss, and hot
+swapped where the scenario means to scale down). A job that waits for the node (the baseline)
+cannot progress without it: it gets it back ``repair_after_s`` wall seconds after the loss, the
+time a repair takes, which is what waiting costs it.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ class DemoFault:
     rank: int
     #: fail-node: the node is healthy again this many seconds after it failed (None: never)
     repair_after_s: float | None = None
+    #: fail-node: for a job that went on without the node, it is back at this fraction of the
+    #: steps instead (None: on the wall clock too)
+    repair_at: float | None = None
     #: slow-rank: how much slower, and for how long
     factor: float = 3.0
     duration_s: float = 60.0
@@ -34,10 +44,27 @@ class DemoFault:
             "slow-rank": f"straggler: rank {self.rank} at 1/{self.factor:g} speed for "
             f"{self.duration_s:g} s",
             "fail-node": f"node loss: the node of rank {self.rank} goes down"
-            + (f", repaired {self.repair_after_s:g} s later" if self.repair_after_s else ""),
+            + (f", repaired {self.repair_after_s:g} s later" if self.repair_after_s else "")
+            + (
+                f" (at {self.repair_at:.0%} of the steps if the job goes on without it)"
+                if self.repair_at and self.repair_after_s
+                else ""
+            ),
             "terminate-node": f"node taken away: SIGTERM to every rank on rank {self.rank}'s node",
         }[self.action]
         return f"at {self.at:.0%} of the steps, {what}"
+
+    def repair_due(self, *, down_s: float, step: int, steps: int, job_waits: bool) -> bool:
+        """Whether the node this fault took down is back, ``down_s`` wall seconds after it failed.
+
+        ``step`` of ``steps``: the training progress now; ``job_waits``: the job cannot train
+        without the node (the baseline).
+        """
+        if self.repair_after_s is None:
+            return False
+        if job_waits or self.repair_at is None:
+            return down_s >= self.repair_after_s
+        return step >= self.repair_at * steps
 
 
 @dataclass(frozen=True)
@@ -64,8 +91,9 @@ SCENARIOS: dict[str, Scenario] = {
             DemoFault(0.10, "kill-rank", rank=1),
             DemoFault(0.22, "hang-rank", rank=0),
             DemoFault(0.34, "slow-rank", rank=1, factor=4.0, duration_s=60.0),
-            DemoFault(0.50, "fail-node", rank=0, repair_after_s=45.0),
-            DemoFault(0.62, "fail-node", rank=1, repair_after_s=20.0),
+            # back after the next loss found no spare free, and after the scale-up it causes
+            DemoFault(0.50, "fail-node", rank=0, repair_after_s=45.0, repair_at=0.80),
+            DemoFault(0.62, "fail-node", rank=1, repair_after_s=20.0, repair_at=0.70),
         ),
         spares=2,
     ),
@@ -81,8 +109,9 @@ SCENARIOS: dict[str, Scenario] = {
         spares=1,
     ),
     "scale-down-up": Scenario(
-        "a node fails with no spare (scale down), is repaired 8 s later (scale up)",
-        (DemoFault(0.25, "fail-node", rank=1, repair_after_s=8.0),),
+        "a node fails with no spare (scale down), is repaired 8 s later, once the job has "
+        "trained on without it (scale up)",
+        (DemoFault(0.25, "fail-node", rank=1, repair_after_s=8.0, repair_at=0.40),),
         spares=0,
     ),
 }

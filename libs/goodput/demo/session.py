@@ -158,7 +158,14 @@ async def _follow(
     # progress goes to stderr (``console``) also with --json: stdout carries only the result
     watcher = await JobWatcher(bus, start.job, plan.steps, console).start()
     ctx = ChaosContext.open(state_dir, job=start.job, url=settings.url, settings=settings)
-    driver = Driver(ctx, watcher, plan.scenario, plan.steps, say=watcher.say)
+    driver = Driver(
+        ctx,
+        watcher,
+        plan.scenario,
+        plan.steps,
+        say=watcher.say,
+        job_waits_for_nodes=plan.setup == "baseline",
+    )
     try:
         await bus.send_command(subjects.ACTUATOR, start)
         driving = asyncio.create_task(driver.run())

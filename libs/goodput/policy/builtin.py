@@ -14,8 +14,10 @@ Rules, in order (the rule name is what a ``Decision`` shows):
   last replica: a slow job beats no job.
 * ``in-job-restart`` — a correctable fault (a crash, a hang, one missing rank): restart the
   worker group in place, from the newest checkpoint.
-* ``repeat-offender`` — a node failing for the ``REPEAT_FAILURES``-th time is treated as
-  broken even when the fault looked correctable.
+* ``repeat-offender`` — a node failing for the ``REPEAT_FAILURES``-th time with a fault that
+  looked correctable is treated as broken. (An uncorrectable fault replaces the node anyway and
+  keeps its own rule: a lost node often shows as its ranks' crash before its host's fault, and
+  that one loss must not read as a third failure.)
 * ``hot-swap`` — an uncorrectable fault (a lost host, a GPU XID) and a free spare: replace it.
 * ``scale-down`` — no spare: drop the node and regroup the healthy nodes into fewer replicas.
 * ``no-capacity`` — not one whole replica is left: stop the job, saying so.
@@ -45,10 +47,11 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
             "restart-job",
             f"{kind} with no node to blame ({signal.detail}): restart the whole job",
         )
-    if record.failures >= REPEAT_FAILURES:
-        plan = replace_node(state, signal.node, why=f"{signal.node} failed {record.failures} times")
-        return Plan(plan.commands, "repeat-offender", plan.reason)
     if signal.severity == "correctable":
+        if record.failures >= REPEAT_FAILURES:
+            why = f"{signal.node} failed {record.failures} times"
+            plan = replace_node(state, signal.node, why=why)
+            return Plan(plan.commands, "repeat-offender", plan.reason)
         return Plan(
             [schemas.Restart(job=state.job)],
             "in-job-restart",

@@ -20,9 +20,10 @@ from goodput import schemas
 from goodput.config import load_service_config
 from goodput.demo.scenarios import SCENARIOS, DemoFault, Scenario
 from goodput.demo.session import service_flags
-from goodput_services.actuator.membership import Membership
+from goodput.membership import Membership, MembershipError
+from goodput.policy.state import JobState, new_job_state
 from goodput_services.controller.engine import Controller, ControllerSettings, Outcome
-from goodput_services.controller.state import JobState, new_job_state
+from goodput_services.controller.state import observe_status
 
 NS = 1_000_000_000
 STEPS = 800
@@ -58,20 +59,47 @@ class Run:
         return int(self.now_s * NS)
 
     def _take(self, outcome: Outcome) -> None:
+        """Apply the decision's commands as the actuator would, and fold its answers back."""
         self.state = outcome.state
         if outcome.decision is not None:
             self.rules.append(outcome.decision.rule)
         for command in outcome.commands:
-            match command:
-                case schemas.HotSwap():
-                    self.membership, _ = self.membership.hot_swap(
-                        command.failed_node, command.spare_node
-                    )
-                case schemas.ScaleTo():
-                    self.membership = self.membership.scale_to(command.nodes, command.drop_nodes)
-                case schemas.ReturnNode():
-                    self.membership = self.membership.return_node(command.node)
-        assert self.membership.active == self.state.active
+            ok, detail = True, ""
+            try:
+                match command:
+                    case schemas.HotSwap():
+                        self.membership, _ = self.membership.hot_swap(
+                            command.failed_node, command.spare_node
+                        )
+                    case schemas.ScaleTo():
+                        self.membership = self.membership.scale_to(
+                            command.nodes, command.drop_nodes
+                        )
+                    case schemas.ReturnNode():
+                        self.membership = self.membership.return_node(command.node)
+            except MembershipError as exc:
+                ok, detail = False, str(exc)
+            result = schemas.ActionResult(
+                job="demo",
+                command_id=command.command_id,
+                action=schemas.kind_of(type(command)),
+                ok=ok,
+                detail=detail,
+            )
+            self._take(self.controller.settle(self.state, result, self.now_ns))
+        status = schemas.JobStatus(
+            job="demo",
+            state="running",
+            attempt=self.state.attempt + 1,
+            world_size=self.membership.world_size,
+            procs_per_node=self.membership.procs_per_node,
+            active_nodes=self.membership.active,
+            spare_nodes=self.membership.spares,
+            failed_nodes=self.membership.failed,
+        )
+        self.state = observe_status(self.state, status, self.now_ns)
+        if not self.state.pending:  # the view is the actuator's once every command is answered
+            assert self.membership.active == self.state.active
 
 
 #: the signals each fault raises; a node loss either way round, as the sensor may see it

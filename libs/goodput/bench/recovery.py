@@ -5,6 +5,12 @@ SIGKILL (a crash), reads the job's events and splits the time until training mad
 step into: detect (death → signal), decide (signal → decision), restart (decision → ranks
 running and starting to load), load (checkpoint restore) and first step (load → first step
 done). It repeats that ``--trials`` times in one job and reports the median of each part.
+
+Each trial starts from a steady job: running again after the previous trial's restart, with a
+checkpoint persisted by every rank since its resume; only events stamped after those moments
+count, so no trial acts on an earlier one's events. Each trial also reports the step killed
+at, the newest step every rank had persisted by then and the step restored (they should be
+equal: a lower restore is lost work), and the run reports the load average around it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -34,43 +41,90 @@ PARTS = ("detect_s", "decide_s", "restart_s", "load_s", "first_step_s")
 WAIT_S = 120.0
 
 
-async def _trial(log: JobEvents, victim_node: str, min_step: int) -> dict:
-    # wait for a checkpoint beyond min_step so the restore has something to load
-    persisted = await log.wait_for(
-        lambda e: isinstance(e, schemas.CheckpointPersisted) and e.step >= min_step,
-        timeout_s=WAIT_S,
-        what=f"a checkpoint at step {min_step} or later",
+def newest_held_by_all(events: list[schemas.Event], world_size: int, before_ts: int) -> int:
+    """The newest step every rank reported persisted at or before ``before_ts`` (-1: none)."""
+    ranks_by_step: dict[int, set[int]] = {}
+    for event in events:
+        if isinstance(event, schemas.CheckpointPersisted) and event.ts <= before_ts:
+            ranks_by_step.setdefault(event.step, set()).add(event.rank)
+    full = [step for step, ranks in ranks_by_step.items() if len(ranks) >= world_size]
+    return max(full, default=-1)
+
+
+async def _held_after(log: JobEvents, world_size: int, after_ts: int) -> int:
+    """The newest step persisted by every rank in events stamped after ``after_ts``."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        recent = [e for e in log.events[:] if e.ts > after_ts]
+        step = newest_held_by_all(recent, world_size, schemas.now_ns())
+        if step >= 0:
+            return step
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"no checkpoint persisted by all {world_size} ranks within {WAIT_S:g} s")
+
+
+async def _trial(log: JobEvents, restarted_ts: int, resumed_ts: int) -> dict:
+    """Kill a rank once the job is steady again: running after ``restarted_ts`` (the previous
+    trial's decision) and a checkpoint persisted by every rank after ``resumed_ts`` (its first
+    step). Only events stamped after those count: a trial never acts on an earlier one's."""
+    status = await log.wait_for(
+        lambda e: isinstance(e, schemas.JobStatus) and e.state == "running",
+        WAIT_S,
+        "the job running",
+        after_ts=restarted_ts,
     )
-    status = next(
-        e for e in reversed(log.events) if isinstance(e, schemas.JobStatus) and e.state == "running"
+    assert isinstance(status, schemas.JobStatus)
+    await _held_after(log, status.world_size, max(resumed_ts, status.ts))
+    latest = next(
+        e
+        for e in reversed(log.events[:])
+        if isinstance(e, schemas.JobStatus) and e.state == "running"
     )
-    pid = status.pids[victim_node][0]
+    assert isinstance(latest, schemas.JobStatus)
+    victim_node = latest.active_nodes[-1]
     killed_ts = schemas.now_ns()
-    os.kill(pid, signal.SIGKILL)
+    os.kill(latest.pids[victim_node][0], signal.SIGKILL)
     sig = await log.wait_for(
-        lambda e: isinstance(e, schemas.Signal), WAIT_S, "the crash signal", after_ts=killed_ts
+        lambda e: isinstance(e, schemas.Signal) and e.node == victim_node,
+        WAIT_S,
+        "the crash signal",
+        after_ts=killed_ts,
     )
+    assert isinstance(sig, schemas.Signal)
     decision = await log.wait_for(
         lambda e: isinstance(e, schemas.Decision) and e.signal_id == sig.signal_id,
         WAIT_S,
         "the decision",
         after_ts=killed_ts,
     )
+    assert isinstance(decision, schemas.Decision)
     restored = await log.wait_for(
         lambda e: isinstance(e, schemas.CheckpointRestored) and e.rank == 0,
         WAIT_S,
         "the restore after the restart",
         after_ts=decision.ts,
     )
+    assert isinstance(restored, schemas.CheckpointRestored)
     first = await log.wait_for(
         lambda e: isinstance(e, schemas.StepDone) and e.rank == 0 and e.step == restored.step + 1,
         WAIT_S,
         "the first step after resume",
         after_ts=restored.ts,
     )
+    held = newest_held_by_all(log.events[:], status.world_size, killed_ts)
     load_started = restored.ts - int(restored.duration_s * NS)
     return {
-        "killed_step_min": persisted.step,
+        "victim": victim_node,
+        "signal": sig.signal,
+        "killed_at_step": max(
+            (
+                e.step
+                for e in log.events[:]
+                if isinstance(e, schemas.StepDone) and e.ts <= killed_ts
+            ),
+            default=0,
+        ),
+        "newest_persisted_step": held,
         "restored_step": restored.step,
         "detect_s": (sig.ts - killed_ts) / NS,
         "decide_s": (decision.ts - sig.ts) / NS,
@@ -79,6 +133,8 @@ async def _trial(log: JobEvents, victim_node: str, min_step: int) -> dict:
         "first_step_s": (first.ts - restored.ts) / NS,
         "total_s": (first.ts - killed_ts) / NS,
         "rule": decision.rule,
+        "decision_ts": decision.ts,
+        "resumed_ts": first.ts,
     }
 
 
@@ -103,14 +159,19 @@ async def _measure(settings, job: str, trials: int, steps: int, console: Console
             spares=1,
             env={"GOODPUT_CKPT_EVERY": "10"},
         )
+        restarted_ts = resumed_ts = schemas.now_ns()
         await bus.send_command(subjects.ACTUATOR, start)
         for trial in range(trials):
-            min_step = 20 * (trial + 1)
             with console.status(
-                f"trial {trial + 1}/{trials}: waiting for step {min_step}, then kill -9…"
+                f"trial {trial + 1}/{trials}: waiting for a checkpoint on every rank, then kill -9…"
             ):
-                result = await _trial(log, "node-1", min_step)
-            console.print(f"trial {trial + 1}: {result['total_s']:.2f} s ({result['rule']})")
+                result = await _trial(log, restarted_ts, resumed_ts)
+            restarted_ts, resumed_ts = result.pop("decision_ts"), result.pop("resumed_ts")
+            console.print(
+                f"trial {trial + 1}: {result['total_s']:.2f} s ({result['rule']}), step "
+                f"{result['killed_at_step']} killed, {result['restored_step']} restored "
+                f"(newest on every rank: {result['newest_persisted_step']})"
+            )
             results.append(result)
         await bus.send_command(subjects.ACTUATOR, schemas.Stop(job=job, reason="benchmark done"))
     finally:
@@ -120,6 +181,7 @@ async def _measure(settings, job: str, trials: int, steps: int, console: Console
 
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
+    load_before = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="goodput-bench-recovery-") as tmp:
         state_dir = Path(tmp)
         try:
@@ -129,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             stop_stack(state_dir)
     result = {
+        "load_1m_before": load_before,
+        "load_1m_after": round(os.getloadavg()[0], 2),
         "trials": trials,
         "total_s": round(statistics.median(t["total_s"] for t in trials), 3),
         **{part: round(statistics.median(t[part] for t in trials), 3) for part in PARTS},

@@ -1,0 +1,115 @@
+"""Interval changes mid-run under the real stack: every rank checkpoints the same steps, and
+after a crash the job resumes from the newest checkpoint every rank had persisted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from goodput import schemas, subjects
+from tests.stack.helpers import EventTap, job_on_stack
+
+pytestmark = pytest.mark.slow
+
+JOB = "interval"
+#: the controller's own (Young) interval commands are off: the test sends its own
+NO_YOUNG = "controller:settings={checkpoint_interval={enabled=false}}"
+
+
+def persisted_steps(tap: EventTap, before_ts: int) -> dict[int, set[int]]:
+    """Per rank, the steps it reported persisted at or before ``before_ts``."""
+    steps: dict[int, set[int]] = {}
+    for event in tap.of(schemas.CheckpointPersisted):
+        if event.ts <= before_ts:
+            steps.setdefault(event.rank, set()).add(event.step)
+    return steps
+
+
+async def newest_on_both_ranks(tap: EventTap, after_ts: int, timeout_s: float = 120.0) -> int:
+    """Wait for a step persisted by both ranks after ``after_ts`` that is not a multiple of 10
+    (so an interval the test sent is in force); return the newest such step."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        fresh: dict[int, set[int]] = {}
+        for event in tap.of(schemas.CheckpointPersisted):
+            if event.ts > after_ts and event.step % 10:
+                fresh.setdefault(event.step, set()).add(event.rank)
+        both = [step for step, ranks in fresh.items() if ranks == {0, 1}]
+        if both:
+            return max(both)
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no checkpoint on both ranks under the new interval: {fresh}")
+
+
+async def test_after_interval_changes_a_crash_resumes_from_the_newest_persisted_step(
+    tmp_path: Path,
+) -> None:
+    start = schemas.StartJob(
+        job=JOB,
+        argv=[
+            sys.executable,
+            "-m",
+            "goodput.examples.gpt.supervised",
+            "--steps",
+            "100000",
+            "--log-every",
+            "0",
+        ],
+        nodes=2,
+        procs_per_node=1,
+        spares=0,
+        env={"GOODPUT_CKPT_EVERY": "10"},
+    )
+    async with job_on_stack(tmp_path / "stack", JOB, 2, start, "--service-set", NO_YOUNG) as (
+        bus,
+        tap,
+    ):
+        await tap.wait_for(
+            lambda e: isinstance(e, schemas.StepDone) and e.step >= 12, 180, "step 12"
+        )
+        # two changes in a row, the second while the first may still be on its way to a rank
+        for every in (7, 23):
+            await bus.send_command(
+                subjects.TRAINER, schemas.SetCheckpointInterval(job=JOB, every_steps=every)
+            )
+            await asyncio.sleep(0.3)
+        sent_ts = schemas.now_ns()
+        await newest_on_both_ranks(tap, sent_ts)
+
+        status = next(
+            e
+            for e in reversed(tap.events[:])
+            if isinstance(e, schemas.JobStatus) and e.state == "running"
+        )
+        killed_ts = schemas.now_ns()
+        os.kill(status.pids["node-1"][0], signal.SIGKILL)
+        restored = [
+            await tap.wait_for(
+                lambda e, rank=rank: (
+                    isinstance(e, schemas.CheckpointRestored)
+                    and e.rank == rank
+                    and e.ts > killed_ts
+                ),
+                180,
+                f"rank {rank} restored",
+            )
+            for rank in (0, 1)
+        ]
+
+        before_kill = persisted_steps(tap, killed_ts)
+        held_by_both = before_kill[0] & before_kill[1]
+        newest = max(held_by_both)
+        assert [r.step for r in restored] == [newest, newest], (restored, before_kill)
+        # the ranks checkpointed the same steps: what one holds, the other holds too (the
+        # killed rank may have persisted one more step than it could report)
+        assert {s for s in before_kill[0] if s <= newest} == {
+            s for s in before_kill[1] if s <= newest
+        }
+        # the last interval (23) is in force, counted from a vote step (a multiple of 10)
+        previous = max(held_by_both - {newest})
+        assert newest - previous == 23 or ((newest - 23) % 10 == 0 and previous <= newest - 23)

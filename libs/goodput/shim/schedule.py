@@ -8,8 +8,8 @@ So a command only takes effect once every rank holds it, and that is established
 at *agreement steps* — multiples of ``agree_every``, a step every rank can compute without
 any command — where the ranks all-reduce (MIN) what :meth:`CheckpointSchedule.vote` returns:
 
-* the newest interval command each holds (its ``ts``, and ``-ts`` so that MIN also yields the
-  maximum): when minimum and maximum are equal, every rank holds that same command, and from
+* the last interval command each received (its ``ts``, and ``-ts`` so that MIN also yields
+  the maximum): when minimum and maximum are equal, every rank holds that same command, and from
   the step after the vote its interval is in force on every rank; otherwise a rank has not
   received it yet and the vote is repeated at the next agreement step (nothing diverges);
 * whether any rank was asked for a checkpoint now: then every rank checkpoints this step.
@@ -73,8 +73,11 @@ class CheckpointSchedule:
         return self.changes[-1].every_steps
 
     def receive_interval(self, ts: int, every_steps: int) -> None:
-        """A ``SetCheckpointInterval`` arrived; the newest one received is put to the vote."""
-        if ts > self._newest[0] and ts > self._agreed_ts:
+        """A ``SetCheckpointInterval`` arrived; the last one received is put to the vote.
+
+        Every rank reads the same stream, so arrival order is the order commands were sent
+        (``ts`` is only their name: a standby controller's clock may lag the old leader's)."""
+        if ts not in (self._newest[0], self._agreed_ts):  # not a redelivery
             self._newest = (ts, every_steps)
 
     def request_now(self) -> None:
@@ -96,7 +99,7 @@ class CheckpointSchedule:
             assert self._voted is not None, "decide with a ballot follows this rank's vote"
             newest, oldest = ballot[0], -ballot[1]
             ts, every_steps = self._voted
-            if newest == oldest == ts and ts > self._agreed_ts:
+            if newest == oldest == ts and ts not in (0, self._agreed_ts):
                 self._agreed_ts = ts
                 if every_steps != self.every_steps:
                     # steps only grow within a process: older changes are never in force again

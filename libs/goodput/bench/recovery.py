@@ -10,7 +10,9 @@ Each trial starts from a steady job: running again after the previous trial's re
 checkpoint persisted by every rank since its resume; only events stamped after those moments
 count, so no trial acts on an earlier one's events. Each trial also reports the step killed
 at, the newest step every rank had persisted by then and the step restored (they should be
-equal: a lower restore is lost work), and the run reports the load average around it.
+equal: a lower restore is lost work). Starting a rank (Python, torch, rendezvous) dominates
+and grows with the machine's load, so the run also reports the load average around it and a
+same-run reference: the time two bare processes take to import torch and the job.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -190,9 +193,22 @@ async def _measure(settings, job: str, trials: int, steps: int, console: Console
     return results
 
 
+def bare_start_s() -> float:
+    """The same-load reference for ``startup_s``: two processes started together (as the
+    ranks are) that only import torch and the example job, then exit. What the machine's
+    load does to starting a rank shows here as much as in the trials."""
+    code = "import torch, goodput.examples.gpt.supervised"
+    started = time.perf_counter()
+    processes = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+    if any(p.wait() for p in processes):
+        raise RuntimeError("a bare rank process failed to import torch and the example")
+    return time.perf_counter() - started
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     load_before = round(os.getloadavg()[0], 2)
+    bare_before = bare_start_s()
     with tempfile.TemporaryDirectory(prefix="goodput-bench-recovery-") as tmp:
         state_dir = Path(tmp)
         try:
@@ -201,9 +217,11 @@ def run(args: argparse.Namespace) -> int:
             trials = asyncio.run(_measure(settings, stack.job, args.trials, args.steps, console))
         finally:
             stop_stack(state_dir)
+    bare = (bare_before + bare_start_s()) / 2
     result = {
         "load_1m_before": load_before,
         "load_1m_after": round(os.getloadavg()[0], 2),
+        "bare_start_s": round(bare, 3),
         "trials": trials,
         "total_s": round(statistics.median(t["total_s"] for t in trials), 3),
         **{
@@ -212,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         },
         "target_total_s": 10.0,
     }
+    result["startup_over_bare"] = round(result["startup_s"] / bare, 2)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -224,6 +243,10 @@ def run(args: argparse.Namespace) -> int:
             for sub in RESTART_PARTS:
                 table.add_row(f"  {sub.removesuffix('_s')}", f"{result[sub]:.2f}")
     Console().print(table)
+    console.print(
+        f"bare start (2 processes importing torch + the job, same machine): {bare:.2f} s; "
+        f"load average {result['load_1m_before']} → {result['load_1m_after']}"
+    )
     return 0
 
 

@@ -30,20 +30,18 @@ def persisted_steps(tap: EventTap, before_ts: int) -> dict[int, set[int]]:
     return steps
 
 
-async def newest_on_both_ranks(tap: EventTap, after_ts: int, timeout_s: float = 120.0) -> int:
-    """Wait for a step persisted by both ranks after ``after_ts`` that is not a multiple of 10
-    (so an interval the test sent is in force); return the newest such step."""
+async def held_with_gap(tap: EventTap, gap: int, timeout_s: float = 180.0) -> int:
+    """Wait until both ranks persisted two steps ``gap`` apart, a gap no other interval of
+    the test produces (so an interval of ``gap`` is in force); the newer of those steps."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while asyncio.get_running_loop().time() < deadline:
-        fresh: dict[int, set[int]] = {}
-        for event in tap.of(schemas.CheckpointPersisted):
-            if event.ts > after_ts and event.step % 10:
-                fresh.setdefault(event.step, set()).add(event.rank)
-        both = [step for step, ranks in fresh.items() if ranks == {0, 1}]
-        if both:
-            return max(both)
+        steps = persisted_steps(tap, schemas.now_ns())
+        both = steps.get(0, set()) & steps.get(1, set())
+        found = [step for step in both if step - gap in both]
+        if found:
+            return max(found)
         await asyncio.sleep(0.05)
-    raise AssertionError(f"no checkpoint on both ranks under the new interval: {fresh}")
+    raise AssertionError(f"no two checkpoints {gap} steps apart on both ranks: {steps}")
 
 
 async def test_after_interval_changes_a_crash_resumes_from_the_newest_persisted_step(
@@ -72,14 +70,13 @@ async def test_after_interval_changes_a_crash_resumes_from_the_newest_persisted_
         await tap.wait_for(
             lambda e: isinstance(e, schemas.StepDone) and e.step >= 12, 180, "step 12"
         )
-        # two changes in a row, the second while the first may still be on its way to a rank
+        # one change, then another once the first is in force: 10 → 7 → 23 (the gaps 7 and
+        # 23 tell each one apart from the others)
         for every in (7, 23):
             await bus.send_command(
                 subjects.TRAINER, schemas.SetCheckpointInterval(job=JOB, every_steps=every)
             )
-            await asyncio.sleep(0.3)
-        sent_ts = schemas.now_ns()
-        await newest_on_both_ranks(tap, sent_ts)
+            await held_with_gap(tap, every)
 
         status = next(
             e
@@ -110,6 +107,3 @@ async def test_after_interval_changes_a_crash_resumes_from_the_newest_persisted_
         assert {s for s in before_kill[0] if s <= newest} == {
             s for s in before_kill[1] if s <= newest
         }
-        # the last interval (23) is in force, counted from a vote step (a multiple of 10)
-        previous = max(held_by_both - {newest})
-        assert newest - previous == 23 or ((newest - 23) % 10 == 0 and previous <= newest - 23)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from goodput import schemas, subjects
+from tests.examples.launch import TINY_MODEL_ARGS
 from tests.stack.helpers import EventTap, job_on_stack
 
 pytestmark = pytest.mark.slow
@@ -44,6 +45,7 @@ async def held_with_gap(tap: EventTap, gap: int, timeout_s: float = 180.0) -> in
     raise AssertionError(f"no two checkpoints {gap} steps apart on both ranks: {steps}")
 
 
+@pytest.mark.timeout(900)  # two rank start-ups and ~70 steps: minutes on a loaded machine
 async def test_after_interval_changes_a_crash_resumes_from_the_newest_persisted_step(
     tmp_path: Path,
 ) -> None:
@@ -55,8 +57,7 @@ async def test_after_interval_changes_a_crash_resumes_from_the_newest_persisted_
             "goodput.examples.gpt.supervised",
             "--steps",
             "100000",
-            "--log-every",
-            "0",
+            *TINY_MODEL_ARGS,
         ],
         nodes=2,
         procs_per_node=1,
@@ -70,9 +71,9 @@ async def test_after_interval_changes_a_crash_resumes_from_the_newest_persisted_
         await tap.wait_for(
             lambda e: isinstance(e, schemas.StepDone) and e.step >= 12, 180, "step 12"
         )
-        # one change, then another once the first is in force: 10 → 7 → 23 (the gaps 7 and
-        # 23 tell each one apart from the others)
-        for every in (7, 23):
+        # one change, then another once the first is in force: 10 → 7 → 13 (the gaps 7 and
+        # 13 tell each one apart from the others)
+        for every in (7, 13):
             await bus.send_command(
                 subjects.TRAINER, schemas.SetCheckpointInterval(job=JOB, every_steps=every)
             )

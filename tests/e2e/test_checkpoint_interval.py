@@ -108,3 +108,11 @@ async def test_after_interval_changes_a_crash_resumes_from_the_newest_persisted_
         assert {s for s in before_kill[0] if s <= newest} == {
             s for s in before_kill[1] if s <= newest
         }
+
+        # stop the job here, within this test's time, so that tearing the stack down on a
+        # loaded machine does not wait for ranks to save and exit
+        stop = schemas.Stop(job=JOB, reason="test done")
+        await bus.send_command(subjects.ACTUATOR, stop)
+        await tap.wait_for(
+            lambda e: isinstance(e, schemas.JobStatus) and e.state == "stopped", 300, "stopped"
+        )

@@ -45,6 +45,8 @@ PARTS = ("detect_s", "decide_s", "restart_s", "load_s", "first_step_s")
 RESTART_PARTS = ("relaunch_s", "startup_s")
 #: how long each awaited event may take before the job counts as not recovering
 WAIT_S = 120.0
+#: events that show the ranks starting or training (service health events do not count)
+PROGRESS = (schemas.RankStarted, schemas.StepDone, schemas.CheckpointSaved)
 
 
 def newest_held_by_all(events: list[schemas.Event], world_size: int, before_ts: int) -> int:
@@ -58,15 +60,23 @@ def newest_held_by_all(events: list[schemas.Event], world_size: int, before_ts: 
 
 
 async def _held_after(log: JobEvents, world_size: int, after_ts: int) -> int:
-    """The newest step persisted by every rank in events stamped after ``after_ts``."""
-    deadline = time.monotonic() + WAIT_S
+    """The newest step persisted by every rank in events stamped after ``after_ts``.
+
+    Starting ranks and their first steps take minutes on a loaded machine: the wait gives up
+    only after ``WAIT_S`` without the ranks making progress, not after a fixed time."""
+    deadline, seen = time.monotonic() + WAIT_S, 0
     while time.monotonic() < deadline:
-        recent = [e for e in log.events[:] if e.ts > after_ts]
-        step = newest_held_by_all(recent, world_size, schemas.now_ns())
+        events = log.events[:]
+        progress = sum(isinstance(e, PROGRESS) for e in events)
+        if progress > seen:
+            deadline, seen = time.monotonic() + WAIT_S, progress
+        step = newest_held_by_all([e for e in events if e.ts > after_ts], world_size, 2**63)
         if step >= 0:
             return step
         await asyncio.sleep(0.02)
-    raise TimeoutError(f"no checkpoint persisted by all {world_size} ranks within {WAIT_S:g} s")
+    raise TimeoutError(
+        f"no checkpoint persisted by all {world_size} ranks, and no progress for {WAIT_S:g} s"
+    )
 
 
 async def _trial(log: JobEvents, restarted_ts: int, resumed_ts: int) -> dict:
@@ -215,6 +225,9 @@ def run(args: argparse.Namespace) -> int:
             stack, settings = start_stack(args, state_dir, "bench", 3, console)
             asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
             trials = asyncio.run(_measure(settings, stack.job, args.trials, args.steps, console))
+        except TimeoutError as exc:
+            console.print(f"[red]bench recovery: the job did not recover: {exc}[/]")
+            return 1
         finally:
             stop_stack(state_dir)
     bare = (bare_before + bare_start_s()) / 2

@@ -117,7 +117,7 @@ async def _trial(log: JobEvents, restarted_ts: int, resumed_ts: int) -> dict:
     relaunched = await log.wait_for(
         lambda e: isinstance(e, schemas.JobStatus) and e.state == "running",
         WAIT_S,
-        "the relaunched group",
+        "relaunch of the group",
         after_ts=decision.ts,
     )
     restored = await log.wait_for(

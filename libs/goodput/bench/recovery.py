@@ -5,6 +5,14 @@ SIGKILL (a crash), reads the job's events and splits the time until training mad
 step into: detect (death → signal), decide (signal → decision), restart (decision → ranks
 running and starting to load), load (checkpoint restore) and first step (load → first step
 done). It repeats that ``--trials`` times in one job and reports the median of each part.
+
+Each trial starts from a steady job: running again after the previous trial's restart, with a
+checkpoint persisted by every rank since its resume; only events stamped after those moments
+count, so no trial acts on an earlier one's events. Each trial also reports the step killed
+at, the newest step every rank had persisted by then and the step restored (they should be
+equal: a lower restore is lost work). Starting a rank (Python, torch, rendezvous) dominates
+and grows with the machine's load, so the run also reports the load average around it and a
+same-run reference: the time two bare processes take to import torch and the job.
 """
 
 from __future__ import annotations
@@ -15,8 +23,10 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -31,31 +41,85 @@ from goodput.stack.launcher import start_stack, stop_stack, wait_healthy
 
 NS = 1e9
 PARTS = ("detect_s", "decide_s", "restart_s", "load_s", "first_step_s")
+#: restart_s split: decision → new group spawned (stop the old one, fill volumes, spawn), and
+#: spawned → loading (Python start, imports, rendezvous: what a loaded machine slows most)
+RESTART_PARTS = ("relaunch_s", "startup_s")
 #: how long each awaited event may take before the job counts as not recovering
 WAIT_S = 120.0
+#: events that show the ranks starting or training (service health events do not count)
+PROGRESS = (schemas.RankStarted, schemas.StepDone, schemas.CheckpointSaved)
 
 
-async def _trial(log: JobEvents, victim_node: str, min_step: int) -> dict:
-    # wait for a checkpoint beyond min_step so the restore has something to load
-    persisted = await log.wait_for(
-        lambda e: isinstance(e, schemas.CheckpointPersisted) and e.step >= min_step,
-        timeout_s=WAIT_S,
-        what=f"a checkpoint at step {min_step} or later",
+def newest_held_by_all(events: list[schemas.Event], world_size: int, before_ts: int) -> int:
+    """The newest step every rank reported persisted at or before ``before_ts`` (-1: none)."""
+    ranks_by_step: dict[int, set[int]] = {}
+    for event in events:
+        if isinstance(event, schemas.CheckpointPersisted) and event.ts <= before_ts:
+            ranks_by_step.setdefault(event.step, set()).add(event.rank)
+    full = [step for step, ranks in ranks_by_step.items() if len(ranks) >= world_size]
+    return max(full, default=-1)
+
+
+async def _held_after(log: JobEvents, world_size: int, after_ts: int) -> int:
+    """The newest step persisted by every rank in events stamped after ``after_ts``.
+
+    Starting ranks and their first steps take minutes on a loaded machine: the wait gives up
+    only after ``WAIT_S`` without the ranks making progress, not after a fixed time."""
+    deadline, seen = time.monotonic() + WAIT_S, 0
+    while time.monotonic() < deadline:
+        events = log.events[:]
+        progress = sum(isinstance(e, PROGRESS) for e in events)
+        if progress > seen:
+            deadline, seen = time.monotonic() + WAIT_S, progress
+        step = newest_held_by_all([e for e in events if e.ts > after_ts], world_size, 2**63)
+        if step >= 0:
+            return step
+        await asyncio.sleep(0.02)
+    raise TimeoutError(
+        f"no checkpoint persisted by all {world_size} ranks, and no progress for {WAIT_S:g} s"
     )
-    status = next(
-        e for e in reversed(log.events) if isinstance(e, schemas.JobStatus) and e.state == "running"
+
+
+async def _trial(log: JobEvents, restarted_ts: int, resumed_ts: int) -> dict:
+    """Kill a rank once the job is steady again: running after ``restarted_ts`` (the previous
+    trial's decision) and a checkpoint persisted by every rank after ``resumed_ts`` (its first
+    step). Only events stamped after those count: a trial never acts on an earlier one's."""
+    status = await log.wait_for(
+        lambda e: isinstance(e, schemas.JobStatus) and e.state == "running",
+        WAIT_S,
+        "the job running",
+        after_ts=restarted_ts,
     )
-    pid = status.pids[victim_node][0]
+    assert isinstance(status, schemas.JobStatus)
+    await _held_after(log, status.world_size, max(resumed_ts, status.ts))
+    latest = next(
+        e
+        for e in reversed(log.events[:])
+        if isinstance(e, schemas.JobStatus) and e.state == "running"
+    )
+    assert isinstance(latest, schemas.JobStatus)
+    victim_node = latest.active_nodes[-1]
     killed_ts = schemas.now_ns()
-    os.kill(pid, signal.SIGKILL)
+    os.kill(latest.pids[victim_node][0], signal.SIGKILL)
     sig = await log.wait_for(
-        lambda e: isinstance(e, schemas.Signal), WAIT_S, "the crash signal", after_ts=killed_ts
+        lambda e: isinstance(e, schemas.Signal) and e.node == victim_node,
+        WAIT_S,
+        "the crash signal",
+        after_ts=killed_ts,
     )
+    assert isinstance(sig, schemas.Signal)
     decision = await log.wait_for(
         lambda e: isinstance(e, schemas.Decision) and e.signal_id == sig.signal_id,
         WAIT_S,
         "the decision",
         after_ts=killed_ts,
+    )
+    assert isinstance(decision, schemas.Decision)
+    relaunched = await log.wait_for(
+        lambda e: isinstance(e, schemas.JobStatus) and e.state == "running",
+        WAIT_S,
+        "relaunch of the group",
+        after_ts=decision.ts,
     )
     restored = await log.wait_for(
         lambda e: isinstance(e, schemas.CheckpointRestored) and e.rank == 0,
@@ -63,23 +127,39 @@ async def _trial(log: JobEvents, victim_node: str, min_step: int) -> dict:
         "the restore after the restart",
         after_ts=decision.ts,
     )
+    assert isinstance(restored, schemas.CheckpointRestored)
     first = await log.wait_for(
         lambda e: isinstance(e, schemas.StepDone) and e.rank == 0 and e.step == restored.step + 1,
         WAIT_S,
         "the first step after resume",
         after_ts=restored.ts,
     )
+    held = newest_held_by_all(log.events[:], status.world_size, killed_ts)
     load_started = restored.ts - int(restored.duration_s * NS)
     return {
-        "killed_step_min": persisted.step,
+        "victim": victim_node,
+        "signal": sig.signal,
+        "killed_at_step": max(
+            (
+                e.step
+                for e in log.events[:]
+                if isinstance(e, schemas.StepDone) and e.ts <= killed_ts
+            ),
+            default=0,
+        ),
+        "newest_persisted_step": held,
         "restored_step": restored.step,
         "detect_s": (sig.ts - killed_ts) / NS,
         "decide_s": (decision.ts - sig.ts) / NS,
         "restart_s": max(load_started - decision.ts, 0) / NS,
+        "relaunch_s": (relaunched.ts - decision.ts) / NS,
+        "startup_s": max(load_started - relaunched.ts, 0) / NS,
         "load_s": restored.duration_s,
         "first_step_s": (first.ts - restored.ts) / NS,
         "total_s": (first.ts - killed_ts) / NS,
         "rule": decision.rule,
+        "decision_ts": decision.ts,
+        "resumed_ts": first.ts,
     }
 
 
@@ -104,14 +184,19 @@ async def _measure(settings, job: str, trials: int, steps: int, console: Console
             spares=1,
             env=knobs(ckpt_every=10),
         )
+        restarted_ts = resumed_ts = schemas.now_ns()
         await bus.send_command(subjects.ACTUATOR, start)
         for trial in range(trials):
-            min_step = 20 * (trial + 1)
             with console.status(
-                f"trial {trial + 1}/{trials}: waiting for step {min_step}, then kill -9…"
+                f"trial {trial + 1}/{trials}: waiting for a checkpoint on every rank, then kill -9…"
             ):
-                result = await _trial(log, "node-1", min_step)
-            console.print(f"trial {trial + 1}: {result['total_s']:.2f} s ({result['rule']})")
+                result = await _trial(log, restarted_ts, resumed_ts)
+            restarted_ts, resumed_ts = result.pop("decision_ts"), result.pop("resumed_ts")
+            console.print(
+                f"trial {trial + 1}: {result['total_s']:.2f} s ({result['rule']}), step "
+                f"{result['killed_at_step']} killed, {result['restored_step']} restored "
+                f"(newest on every rank: {result['newest_persisted_step']})"
+            )
             results.append(result)
         await bus.send_command(subjects.ACTUATOR, schemas.Stop(job=job, reason="benchmark done"))
     finally:
@@ -119,22 +204,47 @@ async def _measure(settings, job: str, trials: int, steps: int, console: Console
     return results
 
 
+def bare_start_s() -> float:
+    """The same-load reference for ``startup_s``: two processes started together (as the
+    ranks are) that only import torch and the example job, then exit. What the machine's
+    load does to starting a rank shows here as much as in the trials."""
+    code = "import torch, goodput.examples.gpt.supervised"
+    started = time.perf_counter()
+    processes = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+    if any(p.wait() for p in processes):
+        raise RuntimeError("a bare rank process failed to import torch and the example")
+    return time.perf_counter() - started
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
+    load_before = round(os.getloadavg()[0], 2)
+    bare_before = bare_start_s()
     with tempfile.TemporaryDirectory(prefix="goodput-bench-recovery-") as tmp:
         state_dir = Path(tmp)
         try:
             stack, settings = start_stack(args, state_dir, "bench", 3, console)
             asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
             trials = asyncio.run(_measure(settings, stack.job, args.trials, args.steps, console))
+        except TimeoutError as exc:
+            console.print(f"[red]bench recovery: the job did not recover: {exc}[/]")
+            return 1
         finally:
             stop_stack(state_dir)
+    bare = (bare_before + bare_start_s()) / 2
     result = {
+        "load_1m_before": load_before,
+        "load_1m_after": round(os.getloadavg()[0], 2),
+        "bare_start_s": round(bare, 3),
         "trials": trials,
         "total_s": round(statistics.median(t["total_s"] for t in trials), 3),
-        **{part: round(statistics.median(t[part] for t in trials), 3) for part in PARTS},
+        **{
+            part: round(statistics.median(t[part] for t in trials), 3)
+            for part in (*PARTS, *RESTART_PARTS)
+        },
         "target_total_s": 10.0,
     }
+    result["startup_over_bare"] = round(result["startup_s"] / bare, 2)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -143,7 +253,14 @@ def run(args: argparse.Namespace) -> int:
     table.add_column("seconds", justify="right")
     for part in (*PARTS, "total_s"):
         table.add_row(part.removesuffix("_s"), f"{result[part]:.2f}")
+        if part == "restart_s":
+            for sub in RESTART_PARTS:
+                table.add_row(f"  {sub.removesuffix('_s')}", f"{result[sub]:.2f}")
     Console().print(table)
+    console.print(
+        f"bare start (2 processes importing torch + the job, same machine): {bare:.2f} s; "
+        f"load average {result['load_1m_before']} → {result['load_1m_after']}"
+    )
     return 0
 
 

@@ -36,6 +36,7 @@ from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
 from goodput.rank_env import RankEnv
 from goodput.shim.link import BusLink
+from goodput.shim.schedule import CheckpointSchedule
 from goodput.shim.tracing import ShimTelemetry
 from goodput.subjects import DEFAULT_JOB
 
@@ -99,10 +100,10 @@ class TrainerShim:
 
     def __init__(self, config: ShimConfig, *, install_signal_handlers: bool = True):
         self.config = config
-        self.ckpt_every = config.ckpt_every
+        self.schedule = CheckpointSchedule(config.ckpt_every)
+        self._schedule_lock = threading.Lock()  # commands arrive on the bus link's thread
         self.exit_code = 0
         self._stop_reason = ""
-        self._checkpoint_requested = threading.Event()
         self._hang = threading.Event()
         self._last_saved_step: int | None = None
         self.engine: CheckpointEngine | TorchSaveCheckpointer
@@ -190,11 +191,24 @@ class TrainerShim:
             )
         )
 
+    @property
+    def ckpt_every(self) -> int:
+        """The checkpoint interval (steps) in force, as every rank agreed on it."""
+        return self.schedule.every_steps
+
     def should_checkpoint(self, step: int) -> bool:
-        if self._checkpoint_requested.is_set():
-            self._checkpoint_requested.clear()
-            return True
-        return self.ckpt_every > 0 and step % self.ckpt_every == 0
+        """Whether to save ``step``: the same answer on every rank, so every rank must call it
+        at every step (at agreement steps the ranks vote through the process group)."""
+        solo = not _grouped()
+        if not self.schedule.is_agreement_step(step, solo):
+            return self.schedule.decide(step)
+        with self._schedule_lock:
+            ballot = self.schedule.vote()
+        every_before = self.schedule.every_steps
+        due = self.schedule.decide(step, ballot if solo else _all_reduce_min(ballot))
+        if self.schedule.every_steps != every_before:
+            log.info("checkpoint interval now %d steps from step %d", self.ckpt_every, step + 1)
+        return due
 
     def save(self, state: dict[str, Any], step: int) -> None:
         self._busy("checkpoint-save")
@@ -232,14 +246,18 @@ class TrainerShim:
     def _on_command(self, command: schemas.Command) -> None:
         match command:
             case schemas.CheckpointNow():
-                self._checkpoint_requested.set()
+                with self._schedule_lock:
+                    self.schedule.request_now()
             case schemas.Stop() if not command.nodes or self.config.node in command.nodes:
                 self._stop_reason = f"stop command: {command.reason}"
             case schemas.SetCheckpointInterval():
                 log.info(
-                    "checkpoint interval now %d steps (%s)", command.every_steps, command.rationale
+                    "checkpoint interval %d steps received (%s); in force once every rank has it",
+                    command.every_steps,
+                    command.rationale,
                 )
-                self.ckpt_every = command.every_steps
+                with self._schedule_lock:
+                    self.schedule.receive_interval(command.ts, command.every_steps)
             case schemas.InjectFault(fault="hang") if self._targets_me(command):
                 self._hang.set()
             case schemas.Rescale():
@@ -307,13 +325,27 @@ class TrainerShim:
                 )
 
 
+def _grouped() -> bool:
+    """Whether this rank has peers in a process group to agree with."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _all_reduce_min(values: list[int]) -> list[int]:
+    """Element-wise minimum of ``values`` over every rank of the default group."""
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    )
+    tensor = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return [int(v) for v in tensor.tolist()]
+
+
 def _agree_min(step: int | None) -> int | None:
     """The smallest of every rank's ``step`` (None on any rank: None); no-op without a group."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if not _grouped():
         return step
-    value = torch.tensor([-1 if step is None else step], dtype=torch.int64)
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
-    return None if int(value.item()) < 0 else int(value.item())
+    agreed = _all_reduce_min([-1 if step is None else step])[0]
+    return None if agreed < 0 else agreed
 
 
 def wait_for_bus(shim: TrainerShim, timeout_s: float = 10.0) -> bool:

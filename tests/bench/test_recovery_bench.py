@@ -1,0 +1,19 @@
+"""The recovery benchmark's reading of the events: the newest step every rank persisted."""
+
+from __future__ import annotations
+
+from goodput import schemas
+from goodput.bench.recovery import newest_held_by_all
+
+
+def persisted(rank: int, step: int, ts: int) -> schemas.CheckpointPersisted:
+    return schemas.CheckpointPersisted(
+        job="j", ts=ts, node=f"node-{rank}", rank=rank, step=step, path="p", bytes=1, duration_s=0
+    )
+
+
+def test_the_newest_step_counts_only_when_every_rank_persisted_it_in_time():
+    events = [persisted(0, 10, 1), persisted(1, 10, 2), persisted(0, 20, 3), persisted(1, 20, 9)]
+    assert newest_held_by_all(events, world_size=2, before_ts=5) == 10  # rank 1's 20 is later
+    assert newest_held_by_all(events, world_size=2, before_ts=9) == 20
+    assert newest_held_by_all(events[:1], world_size=2, before_ts=9) == -1

@@ -3,6 +3,7 @@ the rest went (docs/GOODPUT.md defines every figure)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 from goodput import schemas
@@ -12,6 +13,7 @@ from goodput.accounting.report import GoodputReport, Interruption, Marker, Span,
 from goodput.accounting.resiliency import ResiliencyEvent, compute_resiliency_goodput
 from goodput.accounting.sources import (
     EventLogError,
+    iter_event_log,
     load_event_log,
     replay_from_bus,
     write_event_log,
@@ -25,19 +27,20 @@ def compute_goodput(
     job: str | None = None,
     reference_step_time_s: float | None = None,
 ) -> GoodputReport:
-    """The goodput report of one job from its events (either format :func:`load_event_log`
-    returns). ``job`` picks one job when the events hold several; ``nominal_world_size``
+    """The goodput report of one job from its events (either format :func:`iter_event_log`
+    yields; read in one pass). ``job`` picks one job when the events hold several; ``nominal_world_size``
     (default: the largest seen) is what "scaled down" is measured against;
     ``reference_step_time_s`` is the ideal step time for resiliency-calculator logs."""
-    items = list(events)
-    if not items:
+    stream = iter(events)  # read once: a log's events may stream from its file
+    first = next(stream, None)
+    if first is None:
         raise ValueError("no events")
-    resiliency = [item for item in items if isinstance(item, ResiliencyEvent)]
-    if resiliency and len(resiliency) != len(items):
-        raise ValueError("mixed goodput events and resiliency-calculator records")
-    if resiliency:
+    items = itertools.chain([first], stream)
+    if isinstance(first, ResiliencyEvent):
         return compute_resiliency_goodput(
-            resiliency, job=job, reference_step_time_s=reference_step_time_s
+            items,  # type: ignore[arg-type]
+            job=job,
+            reference_step_time_s=reference_step_time_s,
         )
     return compute_events_goodput(items, job=job, nominal_world_size=nominal_world_size)  # type: ignore[arg-type]
 
@@ -55,6 +58,7 @@ __all__ = [
     "StepPoint",
     "Timeline",
     "compute_goodput",
+    "iter_event_log",
     "load_event_log",
     "replay_from_bus",
     "write_event_log",

@@ -19,7 +19,7 @@ from goodput.accounting import (
     EventLogError,
     GoodputReport,
     compute_goodput,
-    load_event_log,
+    iter_event_log,
     replay_from_bus,
     write_event_log,
 )
@@ -95,7 +95,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.events:
             if args.export:
                 raise ReportError("--export writes events replayed from the bus; drop --events")
-            events = load_event_log(args.events, strict=not args.skip_invalid)
+            events = iter_event_log(args.events, strict=not args.skip_invalid)
             job = args.job
         else:
             job = _job_for_bus(args)

@@ -11,11 +11,20 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
 SCHEMA_VERSION = 1
+
+#: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
+MAX_DURATION_S = 1e9
+
+#: epoch nanoseconds: not before 1970, and within a signed 64-bit integer (msgpack, other
+#: languages' clients), so arithmetic on it never overflows a fixed-width type
+EpochNs = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+#: a duration in seconds: never negative, always finite
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_DURATION_S)]
 
 
 class SchemaError(ValueError):
@@ -44,7 +53,7 @@ class Message(
     """Base of every message: the job it belongs to, when it happened, and its schema version."""
 
     job: str
-    ts: int = msgspec.field(default_factory=now_ns)
+    ts: EpochNs = msgspec.field(default_factory=now_ns)
     schema: int = SCHEMA_VERSION
 
 
@@ -90,13 +99,13 @@ class StepDone(Event, tag="step", kw_only=True):
     node: str
     rank: int
     step: int
-    step_time_s: float
+    step_time_s: Seconds
     tokens: int
     loss: float
     world_size: int = 1
     #: time this rank computed, excluding waiting for peers in collectives (0: not measured).
     #: In synchronous training every rank's step_time_s is the same; this one tells who is slow.
-    compute_time_s: float = 0.0
+    compute_time_s: Seconds = 0.0
 
 
 class CheckpointSaved(Event, tag="ckpt_saved", kw_only=True):
@@ -105,7 +114,7 @@ class CheckpointSaved(Event, tag="ckpt_saved", kw_only=True):
     node: str
     rank: int
     step: int
-    stall_s: float
+    stall_s: Seconds
     bytes: int
 
 
@@ -115,7 +124,7 @@ class CheckpointPersisted(Event, tag="ckpt_persisted", kw_only=True):
     step: int
     path: str
     bytes: int
-    duration_s: float
+    duration_s: Seconds
 
 
 class CheckpointFailed(Event, tag="ckpt_failed", kw_only=True):
@@ -140,7 +149,7 @@ class CheckpointReplicated(Event, tag="ckpt_replicated", kw_only=True):
     step: int
     bytes_sent: int
     bytes_deduplicated: int
-    duration_s: float
+    duration_s: Seconds
 
 
 class CheckpointBackedUp(Event, tag="ckpt_backed_up", kw_only=True):
@@ -149,7 +158,7 @@ class CheckpointBackedUp(Event, tag="ckpt_backed_up", kw_only=True):
     uri: str
     bytes_uploaded: int
     bytes_deduplicated: int
-    duration_s: float
+    duration_s: Seconds
 
 
 class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
@@ -157,7 +166,7 @@ class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
     rank: int
     step: int
     tier: Literal["local", "peer", "object_store", "none"]
-    duration_s: float
+    duration_s: Seconds
     bytes: int = 0
     fallbacks: list[str] = msgspec.field(default_factory=list)
 
@@ -204,7 +213,7 @@ class Signal(Event, tag="signal", kw_only=True):
     severity: Literal["correctable", "uncorrectable", "info"] = "correctable"
     detail: str = ""
     #: when the fault is believed to have happened (epoch ns), for detection-latency accounting
-    observed_ts: int = 0
+    observed_ts: EpochNs = 0
 
 
 class Decision(Event, tag="decision", kw_only=True):
@@ -224,7 +233,7 @@ class ActionResult(Event, tag="action_result", kw_only=True):
     action: str
     ok: bool
     detail: str = ""
-    duration_s: float = 0.0
+    duration_s: Seconds = 0.0
     #: the command was already executed before (redelivery); nothing was done again
     duplicate: bool = False
 
@@ -249,9 +258,9 @@ class ServiceHealth(Event, tag="service_health", kw_only=True):
     instance: str
     pid: int
     healthy: bool
-    started_ts: int
+    started_ts: EpochNs
     #: how often the record is refreshed; a record older than a few periods means "not running"
-    period_s: float = 1.0
+    period_s: Seconds = 1.0
     detail: str = ""
 
 

@@ -68,3 +68,35 @@ def test_an_event_is_not_a_command() -> None:
     event = schemas.Signal(job="j", signal="crash", node="n")
     with pytest.raises(schemas.SchemaError):
         schemas.decode_command(schemas.encode(event))
+
+
+def _step(**fields: object) -> bytes:
+    step = schemas.StepDone(
+        job="j", ts=1, node="n", rank=0, step=1, step_time_s=1.0, tokens=1, loss=1.0
+    )
+    return msgspec.msgpack.encode({**_raw(step), **fields})
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"ts": -1},
+        {"ts": 2**63},
+        {"step_time_s": -0.5},
+        {"step_time_s": float("inf")},
+        {"step_time_s": float("nan")},
+        {"compute_time_s": -1.0},
+    ],
+    ids=str,
+)
+def test_out_of_range_times_are_rejected(fields: dict[str, object]) -> None:
+    with pytest.raises(schemas.SchemaError, match=next(iter(fields))):
+        schemas.decode_event(_step(**fields))
+
+
+def test_every_legitimate_time_is_admitted() -> None:
+    edge = schemas.decode_event(_step(ts=2**63 - 1, step_time_s=schemas.MAX_DURATION_S))
+    assert edge.ts == 2**63 - 1
+    assert schemas.decode_event(_step(ts=0, step_time_s=0.0)).ts == 0
+    for message in sample_events() + sample_commands():  # what the services publish
+        assert schemas.decode_any(schemas.encode(message)) == message

@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import TypeVar
 
 from goodput import schemas
 from goodput.accounting import categories as c
@@ -36,10 +37,15 @@ from goodput.accounting.report import (
     Span,
     StepPoint,
     Timeline,
+    bound_markers,
+    bound_spans,
     summarize,
     thin,
 )
 from goodput.accounting.rollbacks import Work, kept
+from goodput.accounting.selection import JobEvents, earliest_ns, select_job
+
+E = TypeVar("E", bound=schemas.Event)
 
 #: signals that mean training stopped (or will stop) for a fault, not for a plan
 FAILURE_SIGNALS = frozenset({"crash", "hang", "missed_heartbeat", "degraded_host", "job_down"})
@@ -65,31 +71,6 @@ _LIFECYCLE = (
 def is_failure_exit(event: schemas.RankExited) -> bool:
     """An exit nobody asked for, with a non-zero code or a signal."""
     return event.expected_reason == "" and (event.exit_code != 0 or event.signal is not None)
-
-
-def _tier_restore(event: schemas.Event) -> bool:
-    """A checkpoint tier filling a node's volume (rank -1): not training going back to a step."""
-    return isinstance(event, schemas.CheckpointRestored) and event.rank < 0
-
-
-def select_job(events: Iterable[schemas.Event], job: str | None) -> tuple[str, list[schemas.Event]]:
-    """The events of ``job`` (or of the only job present), oldest first."""
-    items = list(events)
-    jobs = sorted({event.job for event in items})
-    if job is None:
-        if len(jobs) > 1:
-            raise ValueError(f"events of several jobs ({', '.join(jobs)}): choose one with job=")
-        job = jobs[0] if jobs else ""
-    # ties in ts are broken by content, so the result never depends on arrival order
-    chosen = sorted(
-        (event for event in items if event.job == job and not _tier_restore(event)),
-        key=lambda e: (e.ts, schemas.encode(e)),
-    )
-    if not chosen:
-        raise ValueError(
-            f"no events for job {job!r}" + (f" (found: {', '.join(jobs)})" if jobs else "")
-        )
-    return job, chosen
 
 
 @dataclass(slots=True)
@@ -127,26 +108,32 @@ class Outage:
 
 
 class _Accounting:
-    def __init__(self, job: str, events: list[schemas.Event], nominal_world_size: int | None):
-        self.job = job
-        self.events = events
-        lifecycle = [e for e in events if isinstance(e, _LIFECYCLE)]
-        if not lifecycle:
+    def __init__(self, selected: JobEvents, nominal_world_size: int | None):
+        self.job = job = selected.job
+        self.by_type: dict[type, list] = defaultdict(list)
+        for event in selected.events:  # one pass; every later pass reads only its kinds
+            self.by_type[type(event)].append(event)
+        lifecycle = [e for kind in _LIFECYCLE for e in self.by_type.get(kind, ())]
+        starts = [earliest_ns(e) for e in lifecycle]
+        ends = [e.ts for e in lifecycle]
+        if selected.steps_from_ns is not None and selected.steps_to_ns is not None:
+            starts.append(selected.steps_from_ns)  # every rank's steps, the folded ones too
+            ends.append(selected.steps_to_ns)
+        if not starts:
             raise ValueError(f"job {job!r} has no training events (steps, ranks, checkpoints)")
-        self.t0_ns = min(_earliest_ns(e) for e in lifecycle)
-        self.t1_ns = max(e.ts for e in lifecycle)
+        self.t0_ns = min(starts)
+        self.t1_ns = max(ends)
         self.end = self.sec(self.t1_ns)
         self.notes: list[str] = []
         self.restarts: list[float] = []  # when each restarted group was fully up
-        self.started_times = sorted(
-            self.sec(e.ts) for e in events if isinstance(e, schemas.RankStarted)
-        )
-        steps = [e for e in events if isinstance(e, schemas.StepDone)]
-        sizes = [e.world_size for e in steps] + [
-            e.world_size for e in events if isinstance(e, schemas.RankStarted)
-        ]
+        started = self.of(schemas.RankStarted)
+        self.started_times = sorted(self.sec(e.ts) for e in started)
+        sizes = [e.world_size for e in started]
+        if selected.step_rank is not None:
+            sizes.append(selected.steps_world_size)
         self.nominal = max(nominal_world_size or max(sizes, default=1), 1)
-        self.ref_rank = min((e.rank for e in steps), default=0)
+        steps = self.of(schemas.StepDone)  # the reference rank's (selection folded the others)
+        self.ref_rank = selected.step_rank if selected.step_rank is not None else 0
         if steps and self.ref_rank != 0:
             self.notes.append(
                 f"no steps from rank 0: step completion taken from rank {self.ref_rank}"
@@ -157,22 +144,23 @@ class _Accounting:
     def sec(self, ts_ns: int) -> float:
         return (ts_ns - self.t0_ns) / 1e9
 
+    def of(self, kind: type[E]) -> list[E]:
+        """The job's events of one kind, oldest first."""
+        return self.by_type.get(kind, [])
+
     # -- pass 1: executions and runs ---------------------------------------------------------
 
     def restart_markers(self) -> list[float]:
         """Times after which the next step cannot continue the previous run."""
         return sorted(
-            self.sec(e.ts)
-            for e in self.events
-            if isinstance(e, schemas.RankStarted | schemas.CheckpointRestored)
-            or (isinstance(e, schemas.RankExited) and is_failure_exit(e))
+            [self.sec(e.ts) for e in self.of(schemas.RankStarted)]
+            + [self.sec(e.ts) for e in self.of(schemas.CheckpointRestored)]
+            + [self.sec(e.ts) for e in self.of(schemas.RankExited) if is_failure_exit(e)]
         )
 
     def executions(self) -> tuple[list[Execution], list[Run]]:
         markers = self.restart_markers()
-        done = [
-            e for e in self.events if isinstance(e, schemas.StepDone) and e.rank == self.ref_rank
-        ]
+        done = self.of(schemas.StepDone)
         executions: list[Execution] = []
         runs: list[Run] = []
         for event in done:
@@ -211,11 +199,7 @@ class _Accounting:
 
     def mark_thrown_away(self, executions: list[Execution]) -> None:
         """An execution is thrown away if a later execution or restore goes back to or before it."""
-        rollbacks = [
-            (self.sec(e.ts), e.step + 1)
-            for e in self.events
-            if isinstance(e, schemas.CheckpointRestored)
-        ]
+        rollbacks = [(self.sec(e.ts), e.step + 1) for e in self.of(schemas.CheckpointRestored)]
         work = [Work(x.end, x.step, x.step) for x in executions]
         for execution, was_kept in zip(executions, kept(work, rollbacks), strict=True):
             execution.productive = was_kept
@@ -230,18 +214,18 @@ class _Accounting:
             start = executions[before.last].end if before else 0.0
             end = executions[after.first].start if after else self.end
             outages.append(Outage(start=start, end=end, before=before, after=after))
-        decisions = [e for e in self.events if isinstance(e, schemas.Decision)]
+        decisions = self.of(schemas.Decision)
         acting = {d.signal_id: d for d in decisions if d.command_ids}
         bounds = [outage.end for outage in outages]
 
         def owner(t: float) -> Outage:
             return outages[min(bisect.bisect_left(bounds, t), len(outages) - 1)]
 
-        for event in self.events:
-            if isinstance(event, schemas.RankExited) and is_failure_exit(event):
-                owner(self.sec(event.ts)).exits.append(event)
-            elif isinstance(event, schemas.Signal):
-                self.attach_signal(event, acting.get(event.signal_id), owner, executions)
+        for exited in self.of(schemas.RankExited):
+            if is_failure_exit(exited):
+                owner(self.sec(exited.ts)).exits.append(exited)
+        for signal in self.of(schemas.Signal):
+            self.attach_signal(signal, acting.get(signal.signal_id), owner, executions)
         for outage in outages:
             ids = {s.signal_id for s in outage.signals}
             outage.decisions = [d for d in decisions if d.signal_id in ids]
@@ -318,14 +302,14 @@ class _Accounting:
 
     def event_claims(self) -> list[Claim]:
         claims = []
-        for event in self.events:
-            end = self.sec(event.ts)
-            if isinstance(event, schemas.CheckpointSaved):
-                claims.append(Claim(end - event.stall_s, end, c.CHECKPOINT_SAVE, c.CHECKPOINT_SAVE))
-            elif isinstance(event, schemas.CheckpointRestored):
-                claims.append(
-                    Claim(end - event.duration_s, end, c.CHECKPOINT_RESTORE, c.CHECKPOINT_RESTORE)
-                )
+        for saved in self.of(schemas.CheckpointSaved):
+            end = self.sec(saved.ts)
+            claims.append(Claim(end - saved.stall_s, end, c.CHECKPOINT_SAVE, c.CHECKPOINT_SAVE))
+        for restored in self.of(schemas.CheckpointRestored):
+            end = self.sec(restored.ts)
+            claims.append(
+                Claim(end - restored.duration_s, end, c.CHECKPOINT_RESTORE, c.CHECKPOINT_RESTORE)
+            )
         return claims
 
     # -- pass 3: split what kept executions kept ---------------------------------------------
@@ -337,8 +321,8 @@ class _Accounting:
         median step time per world size."""
         flags = sorted(
             self.sec(e.observed_ts or e.ts)
-            for e in self.events
-            if isinstance(e, schemas.Signal) and e.signal == "straggler"
+            for e in self.of(schemas.Signal)
+            if e.signal == "straggler"
         )
         ends = [x.end for x in executions]
         # the most a flag can cover: from the first step ending after it to the end of its run
@@ -434,16 +418,21 @@ class _Accounting:
             if failure.decided_s is not None:
                 markers.append(Marker(t_s=failure.decided_s, kind="decision"))
         markers += [Marker(t_s=t, kind="restart") for t in self.restarts]
-        for event in self.events:
-            t = self.sec(event.ts)
-            if isinstance(event, schemas.CheckpointPersisted) and event.rank == self.ref_rank:
-                markers.append(Marker(t_s=t, kind="checkpoint", detail=f"step {event.step}"))
-            elif isinstance(event, schemas.CheckpointRestored) and event.rank == self.ref_rank:
-                markers.append(
-                    Marker(t_s=t, kind="restore", detail=f"step {event.step} from {event.tier}")
-                )
-            elif isinstance(event, schemas.Signal) and event.signal == "straggler":
-                markers.append(Marker(t_s=t, kind="straggler", detail=event.node))
+        markers += [
+            Marker(t_s=self.sec(e.ts), kind="checkpoint", detail=f"step {e.step}")
+            for e in self.of(schemas.CheckpointPersisted)
+            if e.rank == self.ref_rank
+        ]
+        markers += [
+            Marker(t_s=self.sec(e.ts), kind="restore", detail=f"step {e.step} from {e.tier}")
+            for e in self.of(schemas.CheckpointRestored)
+            if e.rank == self.ref_rank
+        ]
+        markers += [
+            Marker(t_s=self.sec(e.ts), kind="straggler", detail=e.node)
+            for e in self.of(schemas.Signal)
+            if e.signal == "straggler"
+        ]
         for previous, x in pairwise(executions):
             if x.world_size != previous.world_size:
                 markers.append(
@@ -462,21 +451,9 @@ class _Accounting:
                 spans[-1] = Span(start_s=spans[-1].start_s, end_s=piece.end, category=category)
             else:
                 spans.append(Span(start_s=piece.start, end_s=piece.end, category=category))
-        markers.sort(key=lambda m: m.t_s)
-        return Timeline(steps=thin(points), markers=markers, spans=spans)
-
-
-def _earliest_ns(event: schemas.Event) -> int:
-    """When the event's story began (a step began before it was reported done)."""
-    if isinstance(event, schemas.StepDone):
-        return event.ts - int(max(event.step_time_s, 0.0) * 1e9)
-    if isinstance(event, schemas.CheckpointRestored):
-        return event.ts - int(max(event.duration_s, 0.0) * 1e9)
-    if isinstance(event, schemas.CheckpointSaved):
-        return event.ts - int(max(event.stall_s, 0.0) * 1e9)
-    if isinstance(event, schemas.Signal) and event.observed_ts:
-        return min(event.ts, event.observed_ts)
-    return event.ts
+        return Timeline(
+            steps=thin(points), markers=bound_markers(markers), spans=bound_spans(spans)
+        )
 
 
 def compute_events_goodput(
@@ -485,5 +462,4 @@ def compute_events_goodput(
     job: str | None = None,
     nominal_world_size: int | None = None,
 ) -> GoodputReport:
-    job_name, chosen = select_job(events, job)
-    return _Accounting(job_name, chosen, nominal_world_size).report()
+    return _Accounting(select_job(events, job), nominal_world_size).report()

@@ -16,12 +16,13 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Literal
 
 import msgspec
 
 from goodput.accounting import categories as c
-from goodput.accounting.intervals import WORK, Claim, partition
+from goodput.accounting.intervals import WORK, Claim, Piece, partition
 from goodput.accounting.report import (
     GoodputReport,
     Interruption,
@@ -29,6 +30,9 @@ from goodput.accounting.report import (
     Span,
     StepPoint,
     Timeline,
+    bound_markers,
+    bound_spans,
+    series_markers,
     summarize,
     thin,
 )
@@ -78,6 +82,11 @@ class ResiliencyEvent(msgspec.Struct, kw_only=True):
         return int(moment.timestamp() * 1_000_000) * 1000
 
 
+#: a record reduced to what the accounting reads: (ts_ns, same-instant order, event type, step)
+_Record = tuple[int, int, str, int | None]
+_instant = itemgetter(0, 1)
+
+
 @dataclass(slots=True)
 class _Run:
     #: the first node's start; the run starts when the last node has started
@@ -105,38 +114,71 @@ class _Segment:
         return max(0, self.last_step - self.first_step + 1)
 
 
-def _prepare(
-    records: Iterable[ResiliencyEvent], job: str | None
-) -> tuple[str, list[ResiliencyEvent]]:
-    items = list(records)
-    jobs = sorted({r.job_name for r in items})
+def _stretches(segments: list[_Segment]) -> list[tuple[int, int]]:
+    """(first, last) indices of runs of back-to-back segments that were all kept or all thrown
+    away: one work claim each instead of one per segment, for logs of a million checkpoints."""
+    stretches: list[tuple[int, int]] = []
+    first = 0
+    for index in range(1, len(segments) + 1):
+        if (
+            index == len(segments)
+            or segments[index].start != segments[index - 1].end
+            or segments[index].productive != segments[first].productive
+        ):
+            stretches.append((first, index - 1))
+            first = index
+    return stretches
+
+
+def _share(segments: list[_Segment], pieces: list[Piece]) -> None:
+    """Give each segment of a stretch what the partition left to the stretch inside it."""
+    at = 0
+    for segment in segments:
+        while at < len(pieces) and pieces[at].end <= segment.start:
+            at += 1
+        index = at
+        while index < len(pieces) and pieces[index].start < segment.end:
+            piece = pieces[index]
+            segment.kept += min(segment.end, piece.end) - max(segment.start, piece.start)
+            index += 1
+
+
+def _prepare(records: Iterable[ResiliencyEvent], job: str | None) -> tuple[str, list[_Record]]:
+    """The records of ``job`` (or of the only job present) as compact tuples, in log order,
+    read in one pass."""
+    by_job: dict[str, list[_Record]] = defaultdict(list)
+    seen: set[str] = set()
+    for record in records:
+        if not isinstance(record, ResiliencyEvent):
+            raise ValueError("mixed goodput events and resiliency-calculator records")
+        if job is not None and record.job_name != job:
+            seen.add(record.job_name)
+            continue
+        kind = record.event_type
+        by_job[record.job_name].append((record.ts_ns, _SAME_INSTANT_ORDER[kind], kind, record.step))
+    jobs = sorted(seen | set(by_job))
     if job is None:
         if len(jobs) > 1:
             raise ValueError(f"events of several jobs ({', '.join(jobs)}): choose one with job=")
         job = jobs[0] if jobs else ""
-    chosen = [r for r in items if r.job_name == job]
+    chosen = by_job.get(job)
     if not chosen:
         raise ValueError(f"no events for job {job!r} (found: {', '.join(jobs)})")
-    chosen.sort(key=lambda r: (r.ts_ns, _SAME_INSTANT_ORDER[r.event_type]))
+    chosen.sort(key=_instant)
     # several nodes log the same termination: the last one ends the run
-    deduplicated: list[ResiliencyEvent] = []
+    deduplicated: list[_Record] = []
     for record in chosen:
-        if (
-            deduplicated
-            and record.event_type == JOB_TERMINATED
-            and deduplicated[-1].event_type == JOB_TERMINATED
-        ):
+        if deduplicated and record[2] == JOB_TERMINATED and deduplicated[-1][2] == JOB_TERMINATED:
             deduplicated.pop()
         deduplicated.append(record)
     return job, deduplicated
 
 
-def _runs(records: list[ResiliencyEvent], sec) -> list[_Run]:
+def _runs(records: list[_Record], sec) -> list[_Run]:
     runs: list[_Run] = []
     current: _Run | None = None
-    for record in records:
-        t = sec(record.ts_ns)
-        kind = record.event_type
+    for ts_ns, _, kind, step in records:
+        t = sec(ts_ns)
         if kind == JOB_STARTED:
             if current is not None and current.end is None and not current.marks:
                 current.start = t  # another node of the same start: up when the last one is
@@ -150,12 +192,12 @@ def _runs(records: list[ResiliencyEvent], sec) -> list[_Run]:
                 resumed = current.end if current and current.end is not None else 0.0
                 current = _Run(launched=resumed, start=resumed)
                 runs.append(current)
-            current.marks.append((t, record.step or 0, kind))
+            current.marks.append((t, step or 0, kind))
         elif kind == USER_TERMINATED and current is not None and current.end is None:
             current.user_stopped = True  # the job_terminated that follows closes the run
         elif kind == JOB_TERMINATED and current is not None and current.end is None:
             current.end = t
-    end = sec(records[-1].ts_ns)
+    end = sec(records[-1][0])
     for run in runs:
         if run.end is None:
             run.end = end
@@ -175,13 +217,15 @@ def compute_resiliency_goodput(
     slowdown (this format cannot tell a slow step from an inline checkpoint save).
     """
     job_name, chosen = _prepare(records, job)
-    t0 = chosen[0].ts_ns
+    t0 = chosen[0][0]
 
     def sec(ts_ns: int) -> float:
         return (ts_ns - t0) / 1e9
 
-    end = sec(chosen[-1].ts_ns)
+    end_ts_ns = chosen[-1][0]
+    end = sec(end_ts_ns)
     runs = _runs(chosen, sec)
+    del chosen  # the runs hold what is needed; a million records need not stay in memory
     claims: list[Claim] = []
     segments: list[_Segment] = []
     rollbacks: list[tuple[float, int]] = []
@@ -203,9 +247,7 @@ def compute_resiliency_goodput(
                 segments.append(
                     _Segment(start=last_t, end=t, first_step=last_step + 1, last_step=step)
                 )
-                claims.append(Claim(last_t, t, WORK, len(segments) - 1))
                 saved_so_far = max(saved_so_far, step)
-                markers.append(Marker(t_s=t, kind="checkpoint", detail=f"step {step}"))
             last_t, last_step = t, step
         # work after the run's last checkpoint was never saved: it is lost
         claims.append(Claim(last_t, run.end, c.WASTED_PROGRESS, c.WASTED_PROGRESS))
@@ -227,15 +269,24 @@ def compute_resiliency_goodput(
                 )
             )
             markers.append(Marker(t_s=run.end, kind="failure", detail=JOB_TERMINATED))
+        run.marks = []  # read by the previous run's turn (resumed), not needed any more
 
     _mark_thrown_away(segments, rollbacks)
+    stretches = _stretches(segments)
+    claims += [
+        Claim(segments[first].start, segments[last].end, WORK, index)
+        for index, (first, last) in enumerate(stretches)
+    ]
     pieces = partition(claims, 0.0, end)
     totals: dict[str, float] = defaultdict(float)
+    worked: list[list[Piece]] = [[] for _ in stretches]
     for piece in pieces:
         if piece.kind == WORK:
-            segments[piece.owner].kept += piece.length  # type: ignore[index]
+            worked[piece.owner].append(piece)  # type: ignore[index]
         else:
             totals[piece.kind] += piece.length
+    for (first, last), kept_pieces in zip(stretches, worked, strict=True):
+        _share(segments[first : last + 1], kept_pieces)
     for segment in segments:
         if not segment.productive:
             totals[c.WASTED_PROGRESS] += segment.kept
@@ -257,7 +308,7 @@ def compute_resiliency_goodput(
     for piece in pieces:
         category = piece.kind
         if piece.kind == WORK:
-            kept = segments[piece.owner].productive  # type: ignore[index]
+            kept = segments[stretches[piece.owner][0]].productive  # type: ignore[index]
             category = c.PRODUCTIVE if kept else c.WASTED_PROGRESS
         if spans and spans[-1].category == category:
             spans[-1] = Span(start_s=spans[-1].start_s, end_s=piece.end, category=category)
@@ -272,7 +323,7 @@ def compute_resiliency_goodput(
         job=job_name,
         source="resiliency",
         start_ts_ns=t0,
-        end_ts_ns=chosen[-1].ts_ns,
+        end_ts_ns=end_ts_ns,
         totals=dict(totals),
         failures=failures,
         uptime_s=sum(run.end - run.start for run in runs if run.end is not None),
@@ -281,7 +332,16 @@ def compute_resiliency_goodput(
         nominal_world_size=0,
         healthy_step_time_s={0: step_time} if step_time is not None else {},
         timeline=Timeline(
-            steps=thin(points), markers=sorted(markers, key=lambda m: m.t_s), spans=spans
+            steps=thin(points),
+            markers=bound_markers(
+                markers
+                + series_markers(
+                    "checkpoint",
+                    [s.end for s in segments],
+                    lambda index: f"step {segments[index].last_step}",
+                )
+            ),
+            spans=bound_spans(spans),
         ),
         notes=notes,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 
 from goodput.accounting import categories as c
@@ -46,7 +47,7 @@ def breakdown_rows(report: GoodputReport) -> list[tuple[str, str, float, str]]:
 
 def render(report: GoodputReport) -> Group:
     summary = Table(
-        title=f"goodput — job {report.job} ({report.source})",
+        title=escape(f"goodput — job {report.job} ({report.source})"),
         show_header=False,
         title_justify="left",
     )
@@ -82,5 +83,5 @@ def render(report: GoodputReport) -> Group:
                 duration(f.repair_s),
             )
         parts.append(failures)
-    parts += [f"[yellow]note:[/] {note}" for note in report.notes]
+    parts += [f"[yellow]note:[/] {escape(note)}" for note in report.notes]
     return Group(*parts)

@@ -13,6 +13,7 @@ BENCH_MODULES: list[str] = [
     "goodput.bench.recovery",
     "goodput.bench.detect",
     "goodput.bench.control_plane",
+    "goodput.bench.report",
 ]
 
 

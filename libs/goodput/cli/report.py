@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 import nats.errors
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from goodput import schemas
@@ -18,7 +19,7 @@ from goodput.accounting import (
     EventLogError,
     GoodputReport,
     compute_goodput,
-    load_event_log,
+    iter_event_log,
     replay_from_bus,
     write_event_log,
 )
@@ -97,14 +98,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.events:
             if args.export:
                 raise ReportError("--export writes events replayed from the bus; drop --events")
-            events = load_event_log(args.events, strict=not args.skip_invalid)
+            events = iter_event_log(args.events, strict=not args.skip_invalid)
             job = args.job
         else:
             job = _job_for_bus(args)
             events = asyncio.run(_replay(args, job, err))
             if args.export:
                 count = write_event_log(args.export, events)
-                err.print(f"wrote {count} events of job {job} to {args.export}")
+                err.print(escape(f"wrote {count} events of job {job} to {args.export}"))
             if not events:
                 raise ReportError(f"the bus holds no events of job {job!r}")
         report = compute_goodput(
@@ -122,7 +123,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         nats.errors.Error,
         OSError,
     ) as exc:
-        err.print(f"[red]goodput report:[/] {exc}")
+        err.print(f"[red]goodput report:[/] {escape(str(exc))}", soft_wrap=True)
         return 1
     export_goodput_metrics(report)
     if args.html:
@@ -130,7 +131,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         from goodput.accounting.html import write_html_report
 
         path = write_html_report(report, args.html)
-        err.print(f"HTML report: {path}")
+        err.print(escape(f"HTML report: {path}"))
     if args.json:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(report)).decode() + "\n")
     else:

@@ -7,6 +7,7 @@ same thing.
 from __future__ import annotations
 
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -43,16 +44,16 @@ def _number(value: float | None, fmt: str = "{:.3g}") -> str:
 
 def services_table(report: list[dict], title: str) -> Table:
     """Health of every service of the stack (what `goodput status` always showed)."""
-    table = Table(title=title, title_justify="left")
+    table = Table(title=escape(title), title_justify="left")
     for column in ("service", "healthy", "pid", "uptime s", "detail"):
         table.add_column(column)
     for entry in report:
         table.add_row(
-            entry["name"],
+            escape(entry["name"]),
             "[green]yes[/]" if entry["healthy"] else "[red]no[/]",
             str(entry.get("pid", "")),
             str(entry.get("uptime_s", "")),
-            entry.get("detail", ""),
+            escape(entry.get("detail", "")),
         )
     return table
 
@@ -81,9 +82,9 @@ def job_panel(snap: JobSnapshot) -> Panel:
         f"{_number(step.tokens_per_s, '{:,.0f}')} tokens/s",
     )
     if snap.detail:
-        grid.add_row("detail", snap.detail)
+        grid.add_row("detail", escape(snap.detail))
     grid.add_row("events", str(snap.events))
-    return Panel(grid, title=f"job {snap.job}", title_align="left")
+    return Panel(grid, title=escape(f"job {snap.job}"), title_align="left")
 
 
 def nodes_table(snap: JobSnapshot) -> Table:
@@ -97,13 +98,13 @@ def nodes_table(snap: JobSnapshot) -> Table:
             host = "[green]healthy[/]" if node.host_healthy else "[red]unhealthy[/]"
             host += "" if node.gpu_available else " [dim](no GPU)[/]"
         table.add_row(
-            node.name,
+            escape(node.name),
             f"[{_ROLE_STYLE[node.role]}]{node.role}[/]",
             ", ".join(map(str, node.ranks)) or "-",
             ", ".join(map(str, node.pids)) or "-",
             age(node.last_heard_age_s),
             host,
-            ", ".join(node.host_faults) or node.host_detail,
+            escape(", ".join(node.host_faults) or node.host_detail),
         )
     return table
 
@@ -119,18 +120,20 @@ def checkpoints_table(snap: JobSnapshot) -> Table:
             table.add_row(title, "-", "-", "")
             continue
         holders = ", ".join(view.holders[:4]) + (" …" if len(view.holders) > 4 else "")
-        table.add_row(title, str(view.step), age(view.age_s), holders)
+        table.add_row(title, str(view.step), age(view.age_s), escape(holders))
     if snap.last_restore is not None:
         restore = snap.last_restore
         table.add_row(
             "[bold]last restore[/]",
             str(restore.step),
             age(restore.age_s),
-            f"from {restore.tier} on {restore.node}"
-            + (f" (fell back: {', '.join(restore.fallbacks)})" if restore.fallbacks else ""),
+            escape(
+                f"from {restore.tier} on {restore.node}"
+                + (f" (fell back: {', '.join(restore.fallbacks)})" if restore.fallbacks else "")
+            ),
         )
     if snap.last_checkpoint_failure:
-        table.add_row("[red]last failure[/]", "", "", snap.last_checkpoint_failure)
+        table.add_row("[red]last failure[/]", "", "", escape(snap.last_checkpoint_failure))
     return table
 
 
@@ -145,19 +148,24 @@ def incidents_table(snap: JobSnapshot) -> Table:
         if signal.rank is not None:
             where += f" rank {signal.rank}"
         what = f"[yellow]signal[/] {signal.signal} ({signal.severity})"
-        rows.append((signal.age_s, what, where, signal.detail))
+        rows.append((signal.age_s, what, escape(where), escape(signal.detail)))
     for decision in snap.decisions:
         detail = (
-            decision.reason
-            + (f" [red]error: {decision.error}[/]" if decision.error else "")
+            escape(decision.reason)
+            + (f" [red]error: {escape(decision.error)}[/]" if decision.error else "")
             + (f" ({decision.commands} command(s))" if decision.commands else "")
         )
         rows.append(
-            (decision.age_s, f"[magenta]decision[/] {decision.policy}", decision.rule, detail)
+            (
+                decision.age_s,
+                f"[magenta]decision[/] {escape(decision.policy)}",
+                escape(decision.rule),
+                detail,
+            )
         )
     for action in snap.actions:
-        what = ("[green]done[/] " if action.ok else "[red]failed[/] ") + action.action
-        rows.append((action.age_s, what, f"{action.duration_s:.2f} s", action.detail))
+        what = ("[green]done[/] " if action.ok else "[red]failed[/] ") + escape(action.action)
+        rows.append((action.age_s, what, f"{action.duration_s:.2f} s", escape(action.detail)))
     for seconds, what, where, detail in sorted(rows, key=lambda row: row[0]):
         table.add_row(age(seconds), what, where, detail)
     if not rows:

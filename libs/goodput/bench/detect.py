@@ -41,6 +41,17 @@ HEARTBEAT_TIMEOUT_S = 3.0
 POLL_S = 0.5
 
 
+def _settled_since(log: JobEvents, ts: int) -> bool:
+    stepped = False
+    for event in reversed(log.events):
+        if event.ts < ts:
+            break
+        if isinstance(event, schemas.RankStarted | schemas.RankExited):
+            return False
+        stepped = stepped or (isinstance(event, schemas.StepDone) and event.rank == 0)
+    return stepped
+
+
 class BenchError(Exception):
     """The benchmark cannot go on; its message is the one line the user sees."""
 
@@ -49,9 +60,9 @@ async def _stepping_on(log: JobEvents, nodes: int, timeout_s: float = WAIT_S) ->
     """The job's current status once it runs on ``nodes`` nodes whose ranks step again.
 
     A status read while the job relaunches (a remediation of a previous fault, or of a false
-    positive) can be a "restarting" one, or a "running" one on fewer nodes after an eviction
-    that found no spare: wait for a running status with every active node's ranks, followed
-    by a step of rank 0.
+    positive) names ranks that are exiting, or fewer nodes after an eviction that found no
+    spare: wait for a running status with every active node's ranks, no rank started or exited
+    since, and a step of rank 0 after it.
     """
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
@@ -61,10 +72,7 @@ async def _stepping_on(log: JobEvents, nodes: int, timeout_s: float = WAIT_S) ->
             and status.state == "running"
             and len(status.active_nodes) >= nodes
             and all(status.pids.get(node) for node in status.active_nodes)
-            and any(
-                isinstance(e, schemas.StepDone) and e.rank == 0 and e.ts >= status.ts
-                for e in reversed(log.events)
-            )
+            and _settled_since(log, status.ts)
         ):
             return status
         if status is not None and status.state in ("finished", "failed", "stopped"):

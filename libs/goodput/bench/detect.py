@@ -157,7 +157,7 @@ async def _measure(
     with console.status(f"unperturbed run of {fp_steps} steps (false positives)…"):
         await log.wait_for(
             lambda e: isinstance(e, schemas.StepDone) and e.rank == 0 and e.step >= fp_steps,
-            timeout_s=30 + fp_steps,
+            timeout_s=60 + 5 * fp_steps,  # a loaded machine steps slowly
             what=f"step {fp_steps}",
             after_ts=start_ts,
         )

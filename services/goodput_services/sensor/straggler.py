@@ -56,7 +56,7 @@ class StragglerTracker:
     def observe(
         self, rank: int, step: int, step_time_s: float, world_size: int
     ) -> list[tuple[int, float]]:
-        """Record one report; returns ``(rank, windowed median ratio)`` for ranks newly flagged."""
+        """Record one report; returns ``(rank, lower median ratio)`` for ranks newly flagged."""
         if step <= self._judged_upto or step_time_s <= 0:
             return []
         reports = self._pending.setdefault(step, {})

@@ -6,6 +6,9 @@ rank slowed 1.5× by a SIGSTOP/SIGCONT duty cycle (steps until the straggler sig
 kill -9 of a rank (seconds until the crash signal); a rank whose training loop hangs while
 its heartbeats go on (seconds until the hang signal); a rank frozen whole (SIGSTOP: seconds
 until the missed-heartbeat signal). Each fault is remediated before the next one.
+
+``--record FILE`` keeps what the straggler detector saw (rank starts, step reports, straggler
+signals) as gzipped JSON lines of the events, for replay through the pure detector in tests.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
 import json
 import os
 import signal
@@ -20,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import msgspec
 from rich.console import Console
 from rich.table import Table
 
@@ -37,10 +42,55 @@ HEARTBEAT_TIMEOUT_S = 3.0
 POLL_S = 0.5
 
 
-def _running(log: JobEvents) -> schemas.JobStatus:
-    return next(
-        e for e in reversed(log.events) if isinstance(e, schemas.JobStatus) and e.state == "running"
-    )
+def _settled_since(log: JobEvents, ts: int) -> bool:
+    stepped = False
+    for event in reversed(log.events):
+        if event.ts < ts:
+            break
+        if isinstance(event, schemas.RankStarted | schemas.RankExited):
+            return False
+        stepped = stepped or (isinstance(event, schemas.StepDone) and event.rank == 0)
+    return stepped
+
+
+class BenchError(Exception):
+    """The benchmark cannot go on; its message is the one line the user sees."""
+
+
+async def _stepping_on(log: JobEvents, nodes: int, timeout_s: float = WAIT_S) -> schemas.JobStatus:
+    """The job's current status once it runs on ``nodes`` nodes whose ranks step again.
+
+    A status read while the job relaunches (a remediation of a previous fault, or of a false
+    positive) names ranks that are exiting, or fewer nodes after an eviction that found no
+    spare: wait for a running status with every active node's ranks, no rank started or exited
+    since, and a step of rank 0 after it.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        status = next((e for e in reversed(log.events) if isinstance(e, schemas.JobStatus)), None)
+        if (
+            status is not None
+            and status.state == "running"
+            and len(status.active_nodes) >= nodes
+            and all(status.pids.get(node) for node in status.active_nodes)
+            and _settled_since(log, status.ts)
+        ):
+            return status
+        if status is not None and status.state in ("finished", "failed", "stopped"):
+            raise BenchError(
+                f"the job is {status.state} ({status.detail}); nothing left to measure"
+            )
+        if asyncio.get_running_loop().time() >= deadline:
+            seen = (
+                f"{status.state} on {len(status.active_nodes)} node(s) ({status.detail})"
+                if status
+                else "no job status"
+            )
+            raise BenchError(
+                f"the job did not run on {nodes} stepping nodes within {timeout_s:g} s; "
+                f"last status: {seen}"
+            )
+        await asyncio.sleep(POLL_S)
 
 
 def _step(log: JobEvents) -> int:
@@ -81,7 +131,9 @@ async def _signal_after(log: JobEvents, kind: str, since_ts: int, timeout_s: flo
     )
 
 
-async def _measure(bus: Bus, log: JobEvents, job: str, fp_steps: int, console: Console) -> dict:
+async def _measure(
+    bus: Bus, log: JobEvents, job: str, fp_steps: int, console: Console, record: Path | None
+) -> dict:
     result: dict = {}
     start_ts = schemas.now_ns()
     await bus.send_command(
@@ -106,7 +158,7 @@ async def _measure(bus: Bus, log: JobEvents, job: str, fp_steps: int, console: C
     with console.status(f"unperturbed run of {fp_steps} steps (false positives)…"):
         await log.wait_for(
             lambda e: isinstance(e, schemas.StepDone) and e.rank == 0 and e.step >= fp_steps,
-            timeout_s=30 + fp_steps,
+            timeout_s=60 + 5 * fp_steps,  # a loaded machine steps slowly
             what=f"step {fp_steps}",
             after_ts=start_ts,
         )
@@ -115,7 +167,7 @@ async def _measure(bus: Bus, log: JobEvents, job: str, fp_steps: int, console: C
     )
     result["unperturbed_steps"] = fp_steps
 
-    status = _running(log)
+    status = await _stepping_on(log, 2)
     victim = status.pids[status.active_nodes[1]][0]
     slowed_at_step, slowed_ts = _step(log), schemas.now_ns()
     with console.status("rank 1 slowed 1.5× …"):
@@ -128,9 +180,11 @@ async def _measure(bus: Bus, log: JobEvents, job: str, fp_steps: int, console: C
                 await slowing
     result["straggler_detect_steps"] = _step_at(log, found.ts) - slowed_at_step
     result["straggler_node"] = found.node
+    if record:
+        _record(log, record, until_ts=found.ts)
     await _after_resume(log, found.ts)
 
-    status = _running(log)
+    status = await _stepping_on(log, 2)
     victim = status.pids[status.active_nodes[0]][0]
     killed_ts = schemas.now_ns()
     os.kill(victim, signal.SIGKILL)
@@ -138,7 +192,7 @@ async def _measure(bus: Bus, log: JobEvents, job: str, fp_steps: int, console: C
     result["crash_detect_s"] = (found.ts - killed_ts) / NS
     await _after_resume(log, found.ts)
 
-    status = _running(log)
+    status = await _stepping_on(log, 2)
     node = status.active_nodes[1]
     hang_ts = schemas.now_ns()
     await bus.send_command(
@@ -149,7 +203,7 @@ async def _measure(bus: Bus, log: JobEvents, job: str, fp_steps: int, console: C
     result["hang_detect_s"] = (found.ts - hang_ts) / NS
     await _after_resume(log, found.ts)
 
-    status = _running(log)
+    status = await _stepping_on(log, 2)
     victim = status.pids[status.active_nodes[0]][0]
     frozen_ts = schemas.now_ns()
     os.kill(victim, signal.SIGSTOP)
@@ -163,6 +217,19 @@ async def _measure(bus: Bus, log: JobEvents, job: str, fp_steps: int, console: C
     result["heartbeat_polling_period_s"] = POLL_S
     await bus.send_command(subjects.ACTUATOR, schemas.Stop(job=job, reason="benchmark done"))
     return result
+
+
+def _record(log: JobEvents, path: Path, until_ts: int) -> None:
+    """What the straggler detector saw up to ``until_ts``, as gzipped JSON lines of events."""
+    kept = (schemas.RankStarted, schemas.RankExited, schemas.StepDone, schemas.JobStatus)
+    with gzip.open(path, "wb") as out:
+        for event in log.events:
+            if event.ts > until_ts:
+                break
+            if isinstance(event, kept) or (
+                isinstance(event, schemas.Signal) and event.signal == "straggler"
+            ):
+                out.write(msgspec.json.encode(event) + b"\n")
 
 
 def _step_at(log: JobEvents, ts: int) -> int:
@@ -190,7 +257,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             stack, settings = start_stack(args, state_dir, "bench", 5, console, flags)
             asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
-            result = asyncio.run(_run(settings, stack.job, args.fp_steps, console))
+            result = asyncio.run(_run(settings, stack.job, args.fp_steps, console, args.record))
+        except (BenchError, TimeoutError) as exc:
+            console.print(f"[red]bench detect:[/] {exc}")
+            return 1
         finally:
             stop_stack(state_dir)
     result["targets"] = {
@@ -213,11 +283,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(settings, job: str, fp_steps: int, console: Console) -> dict:
+async def _run(settings, job: str, fp_steps: int, console: Console, record: Path | None) -> dict:
     bus = await Bus.connect(settings, name="goodput-bench-detect")
     try:
         log = await JobEvents(bus, job).start()
-        return await _measure(bus, log, job, fp_steps, console)
+        return await _measure(bus, log, job, fp_steps, console, record)
     finally:
         await bus.close()
 
@@ -232,5 +302,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--fp-steps", type=int, default=500, help="unperturbed steps (default 500)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--state-dir", help="keep the stack's state and logs here (default: temp)")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        help="write the events the straggler detector saw (until it fired) to this .jsonl.gz",
+    )
     add_bus_arguments(parser)
     parser.set_defaults(func=run)

@@ -617,7 +617,7 @@ class Detector:
                 rank.node,
                 rank_id,
                 "info",
-                f"rank {rank_id} on {rank.node}: median step time {ratio:.2f}× its peers' over "
+                f"rank {rank_id} on {rank.node}: compute time {ratio:.2f}× its peers' in most of "
                 f"the last {t.straggler_window} steps (threshold {t.straggler_ratio}×)",
                 observed_ns=now,
                 now=now,

@@ -29,10 +29,11 @@ class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     checkpoint_timeout_s: float = 600.0
     #: per observation, the remembered longest interval shrinks by this factor (forgets old peaks)
     interval_decay: float = 0.98
-    #: a rank slower than this × the median step time of its peers is a straggler candidate
-    straggler_ratio: float = 1.35
-    #: steps in the straggler window (the median of the window must exceed the ratio)
-    straggler_window: int = 10
+    #: a rank whose compute time is this × its peers' median, step by step, is a straggler
+    straggler_ratio: float = 1.25
+    #: steps in the straggler window: more than half of them must reach the ratio (a load burst
+    #: shorter than half the window never does; a persistent straggler after window // 2 + 1)
+    straggler_window: int = 20
 
 
 def updated(current: Thresholds, values: dict[str, float]) -> Thresholds:

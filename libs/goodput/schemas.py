@@ -86,12 +86,18 @@ class RankExited(Event, tag="rank_exited", kw_only=True):
     expected_reason: str = ""
 
 
+#: ``Heartbeat.busy`` of a rank's last beat: it finished (or was told to stop) and is leaving;
+#: its silence until the exit report is expected, not a missed heartbeat
+BUSY_EXITING = "exiting"
+
+
 class Heartbeat(Event, tag="heartbeat", kw_only=True):
     node: str
     rank: int
     pid: int
     step: int
-    #: the rank is inside a checkpoint save/load; silence is expected, not a hang
+    #: the rank is inside a checkpoint save/load (silence is expected, not a hang), or
+    #: ``BUSY_EXITING``
     busy: str = ""
 
 

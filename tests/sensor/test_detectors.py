@@ -248,6 +248,34 @@ def test_exit_report_in_time_means_no_vanish_signal() -> None:
     assert feed(detector, events, until=at(10)) == []
 
 
+def test_a_finished_rank_leaving_slowly_is_neither_silent_nor_vanished() -> None:
+    """Under load a finished rank's teardown can outlast the heartbeat timeout and the host
+    monitor's count: its last beat says it is leaving, so only its exit report counts."""
+    detector = Detector(JOB)
+    events = steady(FOUR, 10)
+    # every rank finished at t=10: one last beat saying so, then silence during teardown
+    events += [(at(10.2), heartbeat(r, n, 10, busy=schemas.BUSY_EXITING)) for r, n in FOUR.items()]
+    events += [(at(t + 0.5), host(n)) for t in range(10, 40) for n in ("node0", "node1")]
+    events += [(at(t + 0.6), host("node1", ranks_alive=0, ranks_expected=2)) for t in (20, 21, 22)]
+    events += [(at(35), exited(r, n, 0)) for r, n in FOUR.items()]
+    assert feed(detector, events, until=at(40)) == []
+
+
+def test_a_leaving_rank_that_never_exits_is_reported_after_the_exit_timeout() -> None:
+    thresholds = Thresholds()
+    detector = Detector(JOB, thresholds)
+    events = steady(FOUR, 10)
+    events += [(at(10.2), heartbeat(3, "node1", 10, busy=schemas.BUSY_EXITING))]
+    events += [(at(t), heartbeat(r, FOUR[r], t)) for t in range(11, 80) for r in (0, 1, 2)]
+    events += [(at(t + 0.5), host(n)) for t in range(10, 80) for n in ("node0", "node1")]
+    signals = feed(detector, events, until=at(80))
+    assert [(s.signal, s.node, s.rank) for s in signals if s.signal == "missed_heartbeat"] == [
+        ("missed_heartbeat", "node1", 3)
+    ]
+    missed = next(s for s in signals if s.signal == "missed_heartbeat")
+    assert missed.ts >= at(10.2 + thresholds.exit_timeout_s)
+
+
 def test_degraded_host_once_per_fault_set_then_returned() -> None:
     detector = Detector(JOB)
     xid = schemas.GpuHealth(index=3, uuid="GPU-3", xid_errors=[79])

@@ -96,6 +96,11 @@ class BusLink:
             heartbeats.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeats
+            # the last beat says the rank is leaving: the silence until its exit report (a
+            # slow interpreter teardown on a loaded host) is then no missed heartbeat
+            self.busy = schemas.BUSY_EXITING
+            with contextlib.suppress(Exception):
+                await bus.publish_core(self._subject, self._beat())
             if commands is not None:
                 with contextlib.suppress(Exception):
                     await commands.unsubscribe()
@@ -129,19 +134,24 @@ class BusLink:
             except Exception:
                 log.exception("event lost after retries", extra={"event": type(event).__name__})
 
+    @property
+    def _subject(self) -> str:
+        return subjects.heartbeat(self.job, self.node, self.rank)
+
+    def _beat(self) -> schemas.Heartbeat:
+        return schemas.Heartbeat(
+            job=self.job,
+            node=self.node,
+            rank=self.rank,
+            pid=os.getpid(),
+            step=self.step,
+            busy=self.busy,
+        )
+
     async def _heartbeats(self, bus: Bus) -> None:
-        subject = subjects.heartbeat(self.job, self.node, self.rank)
         while True:
-            beat = schemas.Heartbeat(
-                job=self.job,
-                node=self.node,
-                rank=self.rank,
-                pid=os.getpid(),
-                step=self.step,
-                busy=self.busy,
-            )
             with contextlib.suppress(Exception):  # a missed beat is what the sensor detects
-                await bus.publish_core(subject, beat)
+                await bus.publish_core(self._subject, self._beat())
             await asyncio.sleep(self.heartbeat_period_s)
 
     async def _subscribe_commands(self, bus: Bus):

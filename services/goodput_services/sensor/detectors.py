@@ -14,7 +14,9 @@ What is detected:
   ``max(heartbeat_timeout_s, heartbeat_safety_factor × longest gap seen)``, and at least
   ``first_heartbeat_timeout_s`` before a started rank's first heartbeat. When every rank of
   the node is silent and its host monitor is silent too, the node is believed lost: one
-  node-wide, uncorrectable signal; otherwise a correctable one naming the rank.
+  node-wide, uncorrectable signal; otherwise a correctable one naming the rank. A rank whose
+  last beat said it is leaving (``schemas.BUSY_EXITING``: finished or told to stop) gets
+  ``exit_timeout_s`` for its exit report, and its vanishing process is not a crash.
 * **hang** — a rank still heartbeating but without step progress for
   ``max(hang_min_timeout_s, hang_safety_factor × longest step interval seen)`` (the first step
   after a start gets ``first_step_timeout_s``). A rank inside a checkpoint save or load
@@ -328,7 +330,11 @@ class Detector:
         signals = self._check_host_faults(event, node, now)
         # only ranks this detector believes alive can vanish: one whose exit was reported is
         # explained, whatever a host report taken from an older job status still expects
-        believed = sum(1 for r in node.ranks if self._ranks[r].alive)
+        believed = sum(
+            1
+            for r in node.ranks
+            if self._ranks[r].alive and self._ranks[r].busy != schemas.BUSY_EXITING
+        )
         missing = min(event.ranks_expected, believed) - event.ranks_alive
         if missing > 0:
             if not node.missing_since_ns:
@@ -496,6 +502,8 @@ class Detector:
         if rank.heartbeat_step is None:
             # started, but its heartbeat thread is not up yet (interpreter start, imports)
             timeout = max(timeout, t.first_heartbeat_timeout_s * NS)
+        if rank.busy == schemas.BUSY_EXITING:
+            timeout = max(timeout, t.exit_timeout_s * NS)
         return timeout
 
     def _heartbeat_deadline(self, rank: _Rank) -> int:
@@ -514,6 +522,8 @@ class Detector:
         return timeout
 
     def _hang_deadline(self, rank: _Rank) -> int:
+        if rank.busy == schemas.BUSY_EXITING:
+            return rank.busy_since_ns + int(self._thresholds.exit_timeout_s * NS)
         if rank.busy:
             return rank.busy_since_ns + int(self._thresholds.checkpoint_timeout_s * NS)
         return rank.last_progress_ns + int(self._hang_timeout(rank))

@@ -27,6 +27,9 @@ class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     first_step_timeout_s: float = 300.0
     #: longest a rank may stay inside a checkpoint save/load without progress before it hangs
     checkpoint_timeout_s: float = 600.0
+    #: a rank whose last heartbeat said it is leaving may be silent this long before its exit
+    #: report (interpreter and process-group teardown on a loaded host)
+    exit_timeout_s: float = 60.0
     #: per observation, the remembered longest interval shrinks by this factor (forgets old peaks)
     interval_decay: float = 0.98
     #: a rank whose compute time is this × its peers' median, step by step, is a straggler

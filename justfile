@@ -19,10 +19,11 @@ test: lint
 test-quick:
     {{bin}}/pytest -q -m "not slow"
 
-# ruff lint and format check
+# ruff lint and format check, and the import contracts (layering) of pyproject.toml
 lint:
     {{bin}}/ruff check libs services tests
     {{bin}}/ruff format --check libs services tests
+    {{bin}}/lint-imports
 
 # reformat and autofix
 fmt:

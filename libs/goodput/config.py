@@ -10,27 +10,92 @@ import argparse
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from goodput.bus.settings import BusSettings, settings_from_env
-from goodput.subjects import check_token
+from goodput.subjects import DEFAULT_JOB, check_token
 
 ENV_PREFIX = "GOODPUT_"
 
+OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
+
 
 class ServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    job: str = "default"
+    job: str = DEFAULT_JOB
     #: node this instance serves (per-node services: host monitor, checkpoint tier)
     node: str = ""
     instance: str = ""
-    state_dir: str = ".goodput"
+    state_dir: str = msgspec.field(default_factory=lambda: str(default_state_dir()))
     log_level: str = "info"
     health_period_s: float = 1.0
     bus: BusSettings = msgspec.field(default_factory=BusSettings)
     #: service-specific options (thresholds, policy path, backend…)
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def default_state_dir() -> Path:
+    """Where the stack keeps its state when ``--state-dir`` is not given: ``$GOODPUT_STATE_DIR``,
+    else ``$XDG_STATE_HOME/goodput``, else ``~/.local/state/goodput``.
+
+    Per user, not per folder: `goodput up` in one folder and `goodput status` in another talk
+    about the same stack (a relative default silently started a second one).
+    """
+    explicit = os.environ.get(ENV_PREFIX + "STATE_DIR")
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return (Path(base).expanduser() / "goodput").resolve()
+
+
+def add_state_dir_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``--state-dir`` as an absolute path, defaulting to :func:`default_state_dir`."""
+    parser.add_argument(
+        "--state-dir",
+        type=lambda text: Path(text).expanduser().resolve(),
+        default=str(default_state_dir()),
+        help=f"{help_text} (default: %(default)s: $GOODPUT_STATE_DIR, else "
+        "$XDG_STATE_HOME/goodput, else ~/.local/state/goodput)",
+    )
+
+
+def job_name(text: str) -> str:
+    """argparse type of ``--job``: a subject token (:func:`goodput.subjects.check_token`)."""
+    try:
+        return check_token(text, "job name")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def count_at_least(minimum: int):
+    """argparse type: an integer ``>= minimum`` (``--nodes 0`` would wait forever)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def convert_options(
+    options_type: type[OptionsT], options: dict[str, Any], service: str
+) -> OptionsT:
+    """The service's options struct from the merged file/``--set`` table, converted once.
+
+    ``options_type`` rejects unknown fields; a typo, a wrong type or a value its
+    ``__post_init__`` refuses stops the service with one line naming the field.
+    """
+    try:
+        return msgspec.convert(options, options_type)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"invalid {service} option: {exc}") from exc
 
 
 def add_bus_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +124,9 @@ def add_bus_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML file with service settings")
-    parser.add_argument("--job", help="job name (subject token); default: 'default'")
+    parser.add_argument(
+        "--job", type=job_name, help=f"job name (subject token); default: {DEFAULT_JOB!r}"
+    )
     parser.add_argument(
         "--state-dir", help="directory for local state (embedded NATS store, logs, pids)"
     )
@@ -97,7 +164,8 @@ def bus_settings_from_args(
     return settings
 
 
-def _parse_option(text: str) -> tuple[str, Any]:
+def parse_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--set``: VALUE as TOML when it parses, else as a string."""
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"--set expects KEY=VALUE, got {text!r}")
     key, raw = text.split("=", 1)
@@ -120,7 +188,7 @@ def load_service_config(service: str, argv: list[str] | None = None) -> ServiceC
         "--set",
         dest="options",
         action="append",
-        type=_parse_option,
+        type=parse_option,
         default=[],
         metavar="KEY=VALUE",
         help="service option (repeatable); VALUE is parsed as TOML when it can be",
@@ -152,7 +220,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     options = dict(file_config.options)
     options.update(dict(getattr(args, "options", []) or []))
     config = ServiceConfig(
-        job=check_token(pick("job", file_config.job), "job name"),
+        job=pick("job", file_config.job),
         node=pick("node", file_config.node),
         instance=pick("instance", file_config.instance),
         state_dir=pick("state_dir", file_config.state_dir),
@@ -161,6 +229,10 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
         bus=bus_settings_from_args(args, file_config.bus),
         options=options,
     )
-    if config.node:
-        check_token(config.node, "node name")
+    try:
+        check_token(config.job, "job name")
+        if config.node:
+            check_token(config.node, "node name")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
     return config

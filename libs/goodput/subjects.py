@@ -35,6 +35,9 @@ TRAINER = "trainer"
 HOST_MONITOR = "hostmon"
 REPLICATOR = "replicator"
 
+#: the job a command, service or rank serves when none is named
+DEFAULT_JOB = "default"
+
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
 

@@ -3,7 +3,8 @@
 A service is one OS process. It connects to the bus (retrying until the server is up),
 provisions streams idempotently, runs its loops, refreshes its health record in the
 ``gp_services`` KV bucket every ``health_period_s``, and on SIGTERM stops its consumers,
-finishes the message in hand and exits 0.
+finishes the message in hand and exits 0. A loop that dies stops the service too, with exit
+status 1 and the cause in the log: a supervisor (Kubernetes, systemd) must not read it as done.
 """
 
 from __future__ import annotations
@@ -18,12 +19,18 @@ import time
 from collections.abc import Coroutine
 from typing import Any, ClassVar
 
+import msgspec
+
 from goodput import schemas, subjects
 from goodput.bus import Bus, CommandRunner
-from goodput.config import ServiceConfig
+from goodput.config import ServiceConfig, convert_options
 from goodput.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
+
+
+class ServiceLoopDied(Exception):
+    """One of the service's loops raised: the service stopped and must exit non-zero."""
 
 
 class Service:
@@ -32,9 +39,14 @@ class Service:
     name: ClassVar[str] = "service"
     #: subject token of the commands this service executes (``None``: takes no commands)
     command_target: ClassVar[str | None] = None
+    #: the struct ``config.options`` is converted to once, at start-up, as ``self.options``
+    #: (unknown fields rejected); ``None``: the service reads ``config.options`` itself
+    options_type: ClassVar[type[msgspec.Struct] | None] = None
 
     def __init__(self, config: ServiceConfig):
         self.config = config
+        if self.options_type is not None:
+            self.options: Any = convert_options(self.options_type, config.options, self.name)
         self.job = config.job
         self.instance = config.instance or f"{socket.gethostname()}-{os.getpid()}"
         self.started_ts = schemas.now_ns()
@@ -89,15 +101,28 @@ class Service:
                 execute=self.execute,
             )
             tasks.append(asyncio.create_task(self.commands.run(), name="commands"))
-        tasks += [asyncio.create_task(coro) for coro in self.loops()]
+        tasks += [asyncio.create_task(coro, name=coro.__qualname__) for coro in self.loops()]
         log.info("service started", extra={"instance": self.instance, "bus": self.config.bus.url})
         stop_wait = asyncio.create_task(self._stopping.wait())
         done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if task is not stop_wait and task.exception() is not None:
-                log.error("a service loop died", exc_info=task.exception())
+        # a loop that raised, or returned although no stop was asked for, ends the service
+        stop_asked = self._stopping.is_set()
+        died = [
+            task
+            for task in done
+            if task is not stop_wait
+            and not task.cancelled()
+            and (task.exception() is not None or not stop_asked)
+        ]
+        for task in died:
+            log.error("a service loop died: %s", task.get_name(), exc_info=task.exception())
         self.request_stop()
+        stop_wait.cancel()
         await self._shutdown(tasks)
+        if died:
+            first, cause = died[0], died[0].exception()
+            why = repr(cause) if cause is not None else "it returned before any stop request"
+            raise ServiceLoopDied(f"service loop {first.get_name()} died: {why}") from cause
 
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
         # command runners stop at the next fetch; give in-flight handling a moment to finish
@@ -152,8 +177,14 @@ def run_service(service_class: type[Service], argv: list[str] | None = None) -> 
     setup_logging(config.log_level, service=service_class.name, job=config.job)
     setup_tracing(f"goodput-{service_class.name}")
     started = time.monotonic()
+    service = service_class(config)  # options refused here exit with one line (SystemExit)
     try:
-        asyncio.run(service_class(config).run())
+        asyncio.run(service.run())
+    except ServiceLoopDied as exc:
+        log.error(
+            "service failed: %s", exc, extra={"uptime_s": round(time.monotonic() - started, 3)}
+        )
+        return 1
     except Exception:
         log.exception("service failed", extra={"uptime_s": round(time.monotonic() - started, 3)})
         return 1

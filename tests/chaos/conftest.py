@@ -10,7 +10,7 @@ import pytest
 
 from goodput.bus import Bus, EmbeddedNats
 from goodput.chaos import ChaosContext
-from goodput.cli.stack import StackRecord, write_stack
+from goodput.stack.launcher import StackRecord, write_stack
 from tests.chaos.processes import put_job_status, start_rank, stop
 from tests.conftest import goodput_cli
 

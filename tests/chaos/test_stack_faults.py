@@ -18,7 +18,7 @@ from goodput.chaos import ChaosContext, fire
 from goodput.chaos import spec as faults
 from goodput.chaos.storage import BALLAST_NAME
 from goodput.ckpt import CheckpointEngine, list_checkpoints, verify_checkpoint
-from goodput.cli.stack import StackRecord, spawn_service, write_stack
+from goodput.stack.launcher import StackRecord, spawn_service, write_stack
 from goodput_services.actuator.local_backend import node_volume
 from tests.chaos.conftest import VictimJob
 from tests.chaos.processes import HealthTap, start_hostmon

@@ -28,8 +28,9 @@ from goodput.bench.recovery import WAIT_S
 from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
 from goodput.chaos.straggler import duty_cycle
-from goodput.cli.stack import start_stack, stop_stack, wait_healthy
 from goodput.config import add_bus_arguments
+from goodput.rank_env import knobs
+from goodput.stack.launcher import start_stack, stop_stack, wait_healthy
 
 NS = 1e9
 HEARTBEAT_TIMEOUT_S = 3.0
@@ -99,7 +100,7 @@ async def _measure(bus: Bus, log: JobEvents, job: str, fp_steps: int, console: C
             nodes=2,
             procs_per_node=1,
             spares=3,
-            env={"GOODPUT_CKPT_EVERY": "25", "GOODPUT_ENABLE_FAULT_INJECTION": "1"},
+            env=knobs(ckpt_every=25, enable_fault_injection=True),
         ),
     )
     with console.status(f"unperturbed run of {fp_steps} steps (false positives)…"):

@@ -25,8 +25,9 @@ from rich.table import Table
 from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
-from goodput.cli.stack import start_stack, stop_stack, wait_healthy
 from goodput.config import add_bus_arguments
+from goodput.rank_env import knobs
+from goodput.stack.launcher import start_stack, stop_stack, wait_healthy
 
 NS = 1e9
 PARTS = ("detect_s", "decide_s", "restart_s", "load_s", "first_step_s")
@@ -101,7 +102,7 @@ async def _measure(settings, job: str, trials: int, steps: int, console: Console
             nodes=2,
             procs_per_node=1,
             spares=1,
-            env={"GOODPUT_CKPT_EVERY": "10"},
+            env=knobs(ckpt_every=10),
         )
         await bus.send_command(subjects.ACTUATOR, start)
         for trial in range(trials):

@@ -23,7 +23,8 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.bus.client import TRANSIENT_ERRORS, BusUnavailableError
 from goodput.bus.embedded import read_record
-from goodput.cli.stack import StackRecord, read_stack
+from goodput.stack.launcher import StackRecord, read_stack
+from goodput.subjects import DEFAULT_JOB
 from goodput_services.actuator.local_backend import node_volume
 
 
@@ -71,7 +72,7 @@ class ChaosContext:
         """The job of the stack in ``state_dir``; the bus is ``url``, else the stack's."""
         state_dir = Path(state_dir).resolve()
         stack = read_stack(state_dir)
-        job = job or (stack.job if stack else "default")
+        job = job or (stack.job if stack else DEFAULT_JOB)
         subjects.check_token(job, "job name")
         if not url:
             record = read_record(state_dir)

@@ -14,7 +14,7 @@ import msgspec
 
 from goodput.chaos import scenario as scenario_format
 from goodput.chaos import spec as faults
-from goodput.config import add_bus_arguments, bus_settings_from_args
+from goodput.config import add_bus_arguments, add_state_dir_argument, bus_settings_from_args
 
 #: per fault kind: (flag, keyword, argparse options) beyond the common ones
 _NODE = ("--node", "node", {"default": "node-0", "help": "node (default: node-0)"})
@@ -158,7 +158,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", default=".goodput", help="the stack's state directory")
+    add_state_dir_argument(parser, "the stack's state directory")
     parser.add_argument("--job", default="", help="job name (default: the stack's job)")
     parser.add_argument("--json", action="store_true", help="print JSON lines")
     add_bus_arguments(parser)

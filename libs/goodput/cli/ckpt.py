@@ -18,8 +18,14 @@ from rich.table import Table
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
-from goodput.cli.stack import DEFAULT_STATE_DIR, resolve_url
-from goodput.config import add_bus_arguments, bus_settings_from_args
+from goodput.config import (
+    add_bus_arguments,
+    add_state_dir_argument,
+    bus_settings_from_args,
+    job_name,
+)
+from goodput.stack.launcher import resolve_url
+from goodput.subjects import DEFAULT_JOB
 from goodput.tiers.backup import DEFAULT_PREFIX, blob_key
 from goodput.tiers.object_store import ObjectStore
 from goodput.tiers.peer import PeerClient
@@ -298,8 +304,8 @@ def cmd_ckpt(args: argparse.Namespace) -> int:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="stack state directory")
-    parser.add_argument("--job", default="default", help="job name")
+    add_state_dir_argument(parser, "stack state directory")
+    parser.add_argument("--job", type=job_name, default=DEFAULT_JOB, help="job name")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
         "--node-ttl",

@@ -1,7 +1,10 @@
-"""The `goodput` command: one entry point, one module per subcommand.
+"""The `goodput` command: one entry point, one module per subcommand, imported only when run.
 
-Each subcommand module exposes ``register(subparsers)``, which adds its parser and sets
-``func`` (a callable taking the parsed namespace and returning an exit code).
+Each subcommand module exposes ``register(subparsers)``, which adds its parser(s) and sets
+``func`` (a callable taking the parsed namespace and returning an exit code). Only the module
+of the command given is imported: ``goodput --help`` or ``goodput report`` must not pay for
+torch or matplotlib, which other subcommands pull in. ``goodput --help`` lists the commands
+from :data:`SUBCOMMANDS` without importing any of them.
 """
 
 from __future__ import annotations
@@ -10,21 +13,53 @@ import argparse
 import importlib
 import sys
 
-# Subcommand modules, in the order `goodput --help` lists them.
-SUBCOMMAND_MODULES = [
-    "goodput.cli.demo",
-    "goodput.cli.run",
-    "goodput.cli.stack",
-    "goodput.cli.status",
-    "goodput.cli.bench",
-    "goodput.cli.report",
-    "goodput.cli.ckpt",
-    "goodput.cli.chaos",
-]
+#: command -> (the module registering it, its line in `goodput --help`), in listing order
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": (
+        "goodput.cli.demo",
+        "the main job: the whole system on embedded defaults, with a fault scenario",
+    ),
+    "run": ("goodput.cli.run", "launch a training script under supervision (local backend)"),
+    "up": (
+        "goodput.cli.stack",
+        "start the supervisor stack (embedded NATS + every service as its own process)",
+    ),
+    "down": ("goodput.cli.stack", "stop the stack started by `goodput up`"),
+    "status": (
+        "goodput.cli.status",
+        "live view of the job (nodes, ranks, step rate, checkpoints, signals, goodput) "
+        "and the health of the stack's services",
+    ),
+    "bench": (
+        "goodput.cli.bench",
+        "run a benchmark (ratios against a baseline measured in the same run)",
+    ),
+    "report": (
+        "goodput.cli.report",
+        "goodput of a job: productive time, badput by cause, ETTR, MTBF/MTTR",
+    ),
+    "ckpt": (
+        "goodput.cli.ckpt",
+        "inspect, verify, restore and garbage-collect checkpoints across tiers",
+    ),
+    "chaos": (
+        "goodput.cli.chaos",
+        "inject faults into the running job (kill ranks, fail nodes, fill disks…)",
+    ),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Usage errors as one line (``goodput up: error: …``); ``--help`` shows the usage."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with the full parser(s) of ``command``'s module and one-line entries for
+    the rest (enough for ``goodput --help`` and for naming an unknown command)."""
+    parser = OneLineErrorParser(
         prog="goodput",
         description=(
             "Keep large PyTorch training jobs productive: detect crashes, hangs and "
@@ -33,13 +68,24 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in SUBCOMMAND_MODULES:
-        importlib.import_module(module_name).register(subparsers)
+    chosen = SUBCOMMANDS[command][0] if command in SUBCOMMANDS else None
+    for name, (module_name, help_line) in SUBCOMMANDS.items():
+        if module_name != chosen:
+            subparsers.add_parser(name, help=help_line)
+        elif name == _first_command_of(module_name):
+            # the module registers all its commands (`up` and `down`) at its first one's place
+            importlib.import_module(module_name).register(subparsers)
     return parser
 
 
+def _first_command_of(module_name: str) -> str:
+    return next(name for name, (module, _) in SUBCOMMANDS.items() if module == module_name)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

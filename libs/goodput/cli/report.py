@@ -22,13 +22,16 @@ from goodput.accounting import (
     replay_from_bus,
     write_event_log,
 )
-from goodput.accounting.html import write_html_report
 from goodput.accounting.table import render
 from goodput.bus import Bus, BusUnavailableError, InsecureBusError
-from goodput.cli.stack import DEFAULT_STATE_DIR, read_stack, resolve_url
-from goodput.config import add_bus_arguments, bus_settings_from_args
+from goodput.config import (
+    add_bus_arguments,
+    add_state_dir_argument,
+    bus_settings_from_args,
+)
 from goodput.metrics import GoodputGauges
-from goodput.subjects import check_token
+from goodput.stack.launcher import read_stack, resolve_url
+from goodput.subjects import DEFAULT_JOB, check_token
 from goodput.telemetry import flush_metrics, setup_metrics
 
 #: replays shorter than this finish before a progress bar would be worth drawing
@@ -72,7 +75,7 @@ def _job_for_bus(args: argparse.Namespace) -> str:
     if args.job:
         return check_token(args.job, "job name")
     stack = read_stack(Path(args.state_dir).resolve())
-    return stack.job if stack else "default"
+    return stack.job if stack else DEFAULT_JOB
 
 
 def export_goodput_metrics(report: GoodputReport) -> bool:
@@ -123,6 +126,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 1
     export_goodput_metrics(report)
     if args.html:
+        # imported only here: the plots need matplotlib, slow to import and needed for nothing else
+        from goodput.accounting.html import write_html_report
+
         path = write_html_report(report, args.html)
         err.print(f"HTML report: {path}")
     if args.json:
@@ -148,11 +154,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--job",
         help="job to report (bus: default the stack's job; log: needed if it holds several)",
     )
-    parser.add_argument(
-        "--state-dir",
-        default=DEFAULT_STATE_DIR,
-        help="state directory of `goodput up`, to find its bus (default: .goodput)",
-    )
+    add_state_dir_argument(parser, "state directory of `goodput up`, to find its bus")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--html",

@@ -7,24 +7,24 @@ import asyncio
 import json
 import os
 import sys
-from pathlib import Path
 
-import msgspec
 from rich.console import Console
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
-from goodput.cli.stack import (
-    DEFAULT_STATE_DIR,
+from goodput.cli.stack import add_stack_arguments
+from goodput.config import add_bus_arguments, count_at_least
+from goodput.rank_env import knobs
+from goodput.stack.launcher import (
     add_service_set_argument,
+    check_policy_options,
     read_stack,
     service_flags_from_args,
     start_stack,
     stop_stack,
     wait_healthy,
 )
-from goodput.cli.watch import JobWatcher
-from goodput.config import add_bus_arguments
+from goodput.stack.watch import JobWatcher, summary
 
 
 async def supervise(
@@ -54,20 +54,6 @@ async def supervise(
     return watcher
 
 
-def summary(watcher: JobWatcher) -> dict:
-    status = watcher.last_status
-    return {
-        "job": watcher.job,
-        "state": watcher.state,
-        "steps": watcher.step,
-        "restarts": watcher.restarts,
-        "world_size_history": watcher.world_size_history,
-        "signals": [msgspec.to_builtins(s) for s in watcher.signals],
-        "decisions": [msgspec.to_builtins(d) for d in watcher.decisions],
-        "failed_nodes": status.failed_nodes if status else [],
-    }
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     argv = list(args.argv)
     if argv and argv[0] == "--":
@@ -79,21 +65,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         # the interpreter goodput runs in has goodput (and torch) installed
         argv[0] = sys.executable
     console = Console(stderr=True)
-    state_dir = Path(args.state_dir).resolve()
+    state_dir = args.state_dir
+    service_flags = service_flags_from_args(args.service_set)
+    check_policy_options(service_flags)
+    console.print(f"stack state: {state_dir}")
     started_here = read_stack(state_dir) is None
     stack, settings = start_stack(
-        args,
-        state_dir,
-        args.job,
-        args.nodes + args.spares,
-        console,
-        service_flags_from_args(args.service_set),
+        args, state_dir, args.job, args.nodes + args.spares, console, service_flags
     )
     try:
         asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
-        env = dict(item.split("=", 1) for item in args.env)
+        env = dict(args.env)
         if args.ckpt_every is not None:
-            env["GOODPUT_CKPT_EVERY"] = str(args.ckpt_every)
+            env.update(knobs(ckpt_every=args.ckpt_every))
         start = schemas.StartJob(
             job=stack.job,
             argv=argv,
@@ -127,6 +111,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if watcher.state == "finished" else 1
 
 
+def environment_item(text: str) -> tuple[str, str]:
+    """argparse type of ``--env KEY=VALUE``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run",
@@ -139,19 +131,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--procs-per-node 1 --spares 1 -- python -m goodput.examples.gpt.supervised --steps 200"
         ),
     )
-    parser.add_argument("--nodes", type=int, default=2, help="active nodes (default 2)")
-    parser.add_argument("--procs-per-node", type=int, default=1, help="ranks per node (default 1)")
-    parser.add_argument("--spares", type=int, default=1, help="spare nodes (default 1)")
     parser.add_argument(
-        "--nodes-per-dp", type=int, default=1, help="nodes per data-parallel replica"
+        "--nodes", type=count_at_least(1), default=2, help="active nodes (default 2)"
     )
     parser.add_argument(
-        "--ckpt-every", type=int, help="checkpoint interval in steps (GOODPUT_CKPT_EVERY)"
+        "--procs-per-node", type=count_at_least(1), default=1, help="ranks per node (default 1)"
     )
+    parser.add_argument(
+        "--spares", type=count_at_least(0), default=1, help="spare nodes (default 1)"
+    )
+    parser.add_argument(
+        "--nodes-per-dp",
+        type=count_at_least(1),
+        default=1,
+        help="nodes per data-parallel replica",
+    )
+    parser.add_argument("--ckpt-every", type=count_at_least(1), help="checkpoint interval in steps")
     parser.add_argument("--steps", type=int, help="expected steps, for the progress bar")
     parser.add_argument(
         "--env",
         action="append",
+        type=environment_item,
         default=[],
         metavar="KEY=VALUE",
         help="extra environment for the ranks",
@@ -159,8 +159,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--timeout", type=float, default=3600.0, help="stop the job after this many seconds"
     )
-    parser.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="stack state directory")
-    parser.add_argument("--job", default="default", help="job name")
+    add_stack_arguments(parser)
     parser.add_argument(
         "--keep-stack", action="store_true", help="leave the stack running afterwards"
     )

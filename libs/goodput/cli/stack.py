@@ -1,228 +1,38 @@
-"""`goodput up`, `goodput down`: the supervisor stack as separate OS processes (its health:
-`goodput status`, :mod:`goodput.cli.status`)."""
+"""`goodput up`, `goodput down`: the supervisor stack (:mod:`goodput.stack.launcher`) from the
+command line; its health: `goodput status`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-import msgspec
-import nats.js.errors
 from rich.console import Console
 
-from goodput import schemas, subjects
-from goodput.bus import Bus, BusSettings, EmbeddedNats
-from goodput.bus.embedded import pid_alive, read_record, stop_recorded, terminate_pid
-from goodput.config import add_bus_arguments, bus_settings_from_args
-from goodput.subjects import check_token
-
-#: central services, one each
-CENTRAL_SERVICES = ("sensor", "controller", "actuator")
-#: per-node services, one per node
-NODE_SERVICES = ("hostmon", "replicator")
-
-DEFAULT_STATE_DIR = ".goodput"
-#: the actuator lets ranks checkpoint before it exits (its own grace period, plus margin)
-ACTUATOR_STOP_S = 75.0
-STACK_RECORD = "stack.json"
-
-
-class ServiceProcess(msgspec.Struct, kw_only=True):
-    name: str
-    node: str
-    pid: int
-    log: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}@{self.node}" if self.node else self.name
-
-
-class StackRecord(msgspec.Struct, kw_only=True):
-    job: str
-    url: str
-    embedded: bool
-    nodes: list[str]
-    services: list[ServiceProcess]
-
-
-def read_stack(state_dir: Path) -> StackRecord | None:
-    path = state_dir / STACK_RECORD
-    if not path.exists():
-        return None
-    return msgspec.json.decode(path.read_bytes(), type=StackRecord)
-
-
-def write_stack(state_dir: Path, record: StackRecord) -> None:
-    tmp = state_dir / (STACK_RECORD + ".tmp")
-    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(record)))
-    os.replace(tmp, state_dir / STACK_RECORD)
-
-
-def resolve_url(args: argparse.Namespace, state_dir: Path) -> tuple[str, bool]:
-    """The bus URL: explicit flag/env, else the embedded server recorded in the state dir."""
-    explicit = args.nats_url or os.environ.get("GOODPUT_NATS_URL")
-    if explicit:
-        return explicit, False
-    record = read_record(state_dir)
-    if record is not None and pid_alive(record.pid):
-        return record.url, True
-    return "", True
-
-
-def spawn_service(
-    name: str,
-    node: str,
-    *,
-    job: str,
-    url: str,
-    state_dir: Path,
-    extra: list[str],
-    secrets: dict[str, str] | None = None,
-) -> ServiceProcess:
-    """Start one service process; ``secrets`` go into its environment, never its command line
-    (which every user of the host can read)."""
-    logs = state_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / (f"{name}-{node}.log" if node else f"{name}.log")
-    argv = [
-        sys.executable,
-        "-m",
-        f"goodput_services.{name}",
-        "--job",
-        job,
-        "--nats-url",
-        url,
-        "--state-dir",
-        str(state_dir),
-        *(["--node", node] if node else []),
-        *extra,
-    ]
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, **(secrets or {})},
-        )
-    return ServiceProcess(name=name, node=node, pid=process.pid, log=str(log_path))
-
-
-def start_stack(
-    args: argparse.Namespace,
-    state_dir: Path,
-    job: str,
-    node_count: int,
-    console: Console,
-    service_flags: dict[str, list[str]] | None = None,
-) -> tuple[StackRecord, BusSettings]:
-    """Start what is missing of the stack (NATS, services); return its record and bus settings.
-
-    ``service_flags`` adds command-line flags per service name (e.g. ``--set`` options).
-    """
-    state_dir.mkdir(parents=True, exist_ok=True)
-    check_token(job, "job name")
-    nodes = [f"node-{i}" for i in range(node_count)]
-    url, embedded = resolve_url(args, state_dir)
-    if embedded and not url:
-        record = EmbeddedNats(state_dir, port=getattr(args, "nats_port", None), detach=True).start()
-        url = record.url
-        console.print(f"[green]started[/] embedded nats-server on {url} (store {record.store_dir})")
-    settings = msgspec.structs.replace(bus_settings_from_args(args), url=url)
-    settings.check_security()
-    asyncio.run(_provision(settings))
-
-    previous = read_stack(state_dir)
-    running = {p.key: p for p in (previous.services if previous else []) if pid_alive(p.pid)}
-    wanted = [(name, "") for name in CENTRAL_SERVICES] + [
-        (name, node) for node in nodes for name in NODE_SERVICES
-    ]
-    bus_flags = _bus_flags(args)
-    services: list[ServiceProcess] = []
-    for name, node in wanted:
-        key = f"{name}@{node}" if node else name
-        if key in running:
-            services.append(running[key])
-            continue
-        extra = bus_flags + (service_flags or {}).get(name, [])
-        services.append(
-            spawn_service(
-                name,
-                node,
-                job=job,
-                url=url,
-                state_dir=state_dir,
-                extra=extra,
-                secrets=_bus_secrets(settings),
-            )
-        )
-        console.print(f"[green]started[/] {key} (pid {services[-1].pid})")
-    stack = StackRecord(job=job, url=url, embedded=embedded, nodes=nodes, services=services)
-    write_stack(state_dir, stack)
-    return stack, settings
-
-
-def stop_stack(state_dir: Path) -> int:
-    """Stop every service process, any rank left running, then the embedded server.
-
-    The actuator is asked first and given time: it lets running ranks save and exit.
-    """
-    stack = read_stack(state_dir)
-    services = stack.services if stack else []
-    stopped = sum(
-        terminate_pid(s.pid, timeout_s=ACTUATOR_STOP_S if s.name == "actuator" else 10)
-        for s in sorted(services, key=lambda s: s.name != "actuator")
-    )
-    for ranks_file in state_dir.glob("ranks-*.json"):
-        for pids in msgspec.json.decode(
-            ranks_file.read_bytes(), type=dict[str, list[int]]
-        ).values():
-            for pid in pids:
-                terminate_pid(pid, timeout_s=5)
-        ranks_file.unlink()
-    stop_recorded(state_dir)
-    (state_dir / STACK_RECORD).unlink(missing_ok=True)
-    return stopped
-
-
-def add_service_set_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--service-set",
-        action="append",
-        default=[],
-        metavar="SERVICE:KEY=VALUE",
-        help='an option for one service, e.g. controller:policy="my_policy.py" or '
-        "sensor:thresholds={heartbeat_timeout_s=3.0} (repeatable; VALUE is TOML)",
-    )
-
-
-def service_flags_from_args(items: list[str]) -> dict[str, list[str]]:
-    """``SERVICE:KEY=VALUE`` items as per-service ``--set`` flags."""
-    flags: dict[str, list[str]] = {}
-    for item in items:
-        service, sep, option = item.partition(":")
-        if not sep or "=" not in option or service not in CENTRAL_SERVICES + NODE_SERVICES:
-            raise SystemExit(
-                f"--service-set {item!r}: expected SERVICE:KEY=VALUE with SERVICE one of "
-                f"{', '.join(CENTRAL_SERVICES + NODE_SERVICES)}"
-            )
-        flags.setdefault(service, []).extend(["--set", option])
-    return flags
+from goodput.config import (
+    add_bus_arguments,
+    add_state_dir_argument,
+    count_at_least,
+    job_name,
+)
+from goodput.stack.launcher import (
+    add_service_set_argument,
+    check_policy_options,
+    service_flags_from_args,
+    start_stack,
+    stop_stack,
+    wait_healthy,
+)
+from goodput.subjects import DEFAULT_JOB
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
-    state_dir = Path(args.state_dir).resolve()
-    stack, settings = start_stack(
-        args, state_dir, args.job, args.nodes, console, service_flags_from_args(args.service_set)
-    )
+    state_dir = args.state_dir
+    service_flags = service_flags_from_args(args.service_set)
+    check_policy_options(service_flags)
+    console.print(f"stack state: {state_dir}")
+    stack, settings = start_stack(args, state_dir, args.job, args.nodes, console, service_flags)
     if args.wait <= 0:
         return 0
     report = asyncio.run(wait_healthy(settings, stack.job, stack.services, args.wait, console))
@@ -237,85 +47,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bus_flags(args: argparse.Namespace) -> list[str]:
-    """Authentication flags handed on to the service processes."""
-    pairs = [
-        ("--nats-creds", args.nats_creds),
-        ("--nats-nkey", args.nats_nkey),
-        ("--nats-user", args.nats_user),
-        ("--nats-tls-ca", args.nats_tls_ca),
-        ("--nats-tls-cert", args.nats_tls_cert),
-        ("--nats-tls-key", args.nats_tls_key),
-    ]
-    flags = [item for flag, value in pairs if value for item in (flag, value)]
-    return flags + (["--insecure"] if args.insecure else [])
-
-
-def _bus_secrets(settings: BusSettings) -> dict[str, str]:
-    """The password or token the services need, for their environment (not their flags)."""
-    secrets = {"GOODPUT_NATS_PASSWORD": settings.password, "GOODPUT_NATS_TOKEN": settings.token}
-    return {key: value for key, value in secrets.items() if value}
-
-
-async def _provision(settings) -> None:
-    bus = await Bus.connect(settings, name="goodput-cli", initial_timeout_s=15)
-    try:
-        await bus.provision()
-    finally:
-        await bus.close()
-
-
-async def wait_healthy(settings, job, services, timeout_s, console) -> list[dict]:
-    deadline = time.monotonic() + timeout_s
-    with console.status("waiting for services to report healthy…"):
-        while True:
-            report = await service_report(settings, job, services)
-            if all(s["healthy"] for s in report) or time.monotonic() > deadline:
-                return report
-            await asyncio.sleep(0.5)
-
-
-async def service_report(settings, job: str, services: list[ServiceProcess]) -> list[dict]:
-    """One entry per expected service (see :func:`services_health`), on a connection of its own."""
-    bus = await Bus.connect(settings, name="goodput-status", initial_timeout_s=5)
-    try:
-        return await services_health(bus, job, services)
-    finally:
-        await bus.close()
-
-
-async def services_health(bus: Bus, job: str, services: list[ServiceProcess]) -> list[dict]:
-    """One entry per expected service: healthy only if its record is fresh and says so."""
-    kv = await bus.kv(subjects.SERVICES_BUCKET)
-    now = time.time_ns()
-    report = []
-    for service in services:
-        key = subjects.kv_key(job, service.name, *([service.node] if service.node else []))
-        entry: dict = {"name": service.key, "pid": service.pid, "healthy": False}
-        try:
-            record = schemas.decode_event((await kv.get(key)).value or b"")
-        except nats.js.errors.KeyNotFoundError:
-            entry["detail"] = "no health record yet"
-            report.append(entry)
-            continue
-        assert isinstance(record, schemas.ServiceHealth)
-        age_s = (now - record.ts) / 1e9
-        fresh = age_s < max(3 * record.period_s, 3.0)
-        entry.update(
-            healthy=record.healthy and fresh and pid_alive(service.pid),
-            pid=record.pid,
-            instance=record.instance,
-            age_s=round(age_s, 2),
-            uptime_s=round((now - record.started_ts) / 1e9, 1),
-            detail=record.detail if fresh else f"stale health record ({age_s:.0f} s old)",
-        )
-        report.append(entry)
-    return report
-
-
 def cmd_down(args: argparse.Namespace) -> int:
-    stopped = stop_stack(Path(args.state_dir).resolve())
-    print(f"stopped {stopped} service process(es) and the embedded server, if any", file=sys.stderr)
+    stopped = stop_stack(args.state_dir)
+    print(
+        f"stopped {stopped} service process(es) and the embedded server, if any "
+        f"(stack state: {args.state_dir})",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -329,10 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Running `up` again starts only what is missing."
         ),
     )
-    _add_state_args(up)
+    add_stack_arguments(up)
     up.add_argument(
         "--nodes",
-        type=int,
+        type=count_at_least(1),
         default=1,
         help="local nodes (one host monitor and one checkpoint tier each)",
     )
@@ -353,14 +91,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.set_defaults(func=cmd_up)
 
     down = subparsers.add_parser("down", help="stop the stack started by `goodput up`")
-    _add_state_args(down)
+    add_stack_arguments(down)
     down.set_defaults(func=cmd_down)
 
 
-def _add_state_args(parser: argparse.ArgumentParser) -> None:
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--state-dir`` and ``--job`` of the commands that start or stop a stack."""
+    add_state_dir_argument(parser, "where the stack keeps its state")
     parser.add_argument(
-        "--state-dir",
-        default=DEFAULT_STATE_DIR,
-        help="where the stack keeps its state (default: .goodput)",
+        "--job", type=job_name, default=DEFAULT_JOB, help=f"job name (default: {DEFAULT_JOB!r})"
     )
-    parser.add_argument("--job", default="default", help="job name (default: 'default')")

@@ -22,12 +22,17 @@ from rich.live import Live
 from rich.text import Text
 
 from goodput.bus import Bus, BusUnavailableError, InsecureBusError
-from goodput.cli.stack import DEFAULT_STATE_DIR, StackRecord, read_stack, resolve_url
-from goodput.cli.stack import services_health as fetch_services_health
-from goodput.config import add_bus_arguments, bus_settings_from_args
+from goodput.config import (
+    add_bus_arguments,
+    add_state_dir_argument,
+    bus_settings_from_args,
+    job_name,
+)
 from goodput.jobview.feed import JobFeed
 from goodput.jobview.model import JobModel
 from goodput.jobview.render import job_view, services_table
+from goodput.stack.launcher import StackRecord, read_stack, resolve_url
+from goodput.stack.launcher import services_health as fetch_services_health
 
 #: service health is a KV read per service: refreshed less often than the job panels
 SERVICES_EVERY_S = 2.0
@@ -40,6 +45,8 @@ class _Target(msgspec.Struct, kw_only=True):
     job: str
     url: str
     stack: StackRecord | None
+    #: the state directory the stack was looked for in (said in the view: which stack this is)
+    state_dir: str
 
 
 def _target(args: argparse.Namespace) -> _Target | str:
@@ -55,7 +62,7 @@ def _target(args: argparse.Namespace) -> _Target | str:
     url = args.nats_url or (stack.url if stack else "") or resolve_url(args, state_dir)[0]
     if not url:
         return f"no bus: no stack in {state_dir}; give --nats-url"
-    return _Target(job=job, url=url, stack=stack)
+    return _Target(job=job, url=url, stack=stack, state_dir=str(state_dir))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -90,7 +97,9 @@ def _services_renderable(report: list[dict], target: _Target) -> RenderableType 
     if target.stack is None:
         return None
     return services_table(
-        report, f"goodput services — job {target.stack.job}, bus {target.stack.url}"
+        report,
+        f"goodput services — job {target.stack.job}, bus {target.stack.url}, "
+        f"state {target.state_dir}",
     )
 
 
@@ -170,13 +179,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Exits 1 when a service of the stack is not healthy."
         ),
     )
+    add_state_dir_argument(status, "where the stack keeps its state")
     status.add_argument(
-        "--state-dir",
-        default=DEFAULT_STATE_DIR,
-        help="where the stack keeps its state (default: .goodput)",
-    )
-    status.add_argument(
-        "--job", default=None, help="job to show (default: the job of the stack in --state-dir)"
+        "--job",
+        type=job_name,
+        default=None,
+        help="job to show (default: the job of the stack in --state-dir)",
     )
     status.add_argument(
         "--once", action="store_true", help="read the history, print one snapshot and exit"

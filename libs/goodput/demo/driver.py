@@ -19,8 +19,8 @@ from typing import Any
 from goodput.chaos import spec as faults
 from goodput.chaos.actions import fire
 from goodput.chaos.targets import ChaosContext, ChaosError
-from goodput.cli.watch import JobWatcher
 from goodput.demo.scenarios import DemoFault, Scenario
+from goodput.stack.watch import JobWatcher
 
 #: how often the driver looks at the job while it waits for a fault's moment
 POLL_S = 0.1

@@ -26,12 +26,12 @@ from goodput import schemas, subjects
 from goodput.accounting import GoodputReport, compute_goodput, replay_from_bus
 from goodput.bus import Bus, BusSettings
 from goodput.chaos.targets import ChaosContext
-from goodput.cli.run import summary as job_summary
-from goodput.cli.stack import start_stack, stop_stack, wait_healthy
-from goodput.cli.watch import JobWatcher
 from goodput.demo.driver import Driver
 from goodput.demo.scenarios import Scenario
 from goodput.policies import restart_whole_job
+from goodput.stack.launcher import start_stack, stop_stack, wait_healthy
+from goodput.stack.watch import JobWatcher
+from goodput.stack.watch import summary as job_summary
 
 Setup = Literal["goodput", "baseline"]
 BASELINE_DESCRIPTION = (

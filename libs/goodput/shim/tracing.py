@@ -13,14 +13,12 @@ context), so the first step's event still belongs to the remediation.
 
 from __future__ import annotations
 
-import os
-
 from opentelemetry import context, metrics, trace
 
 from goodput import schemas
 from goodput.metrics import JOB, NODE, RANK, TrainingMetrics
+from goodput.rank_env import RankEnv
 from goodput.telemetry import (
-    TRACEPARENT_ENV,
     context_from_traceparent,
     exporter_choice,
     setup_metrics,
@@ -66,7 +64,7 @@ class ShimTelemetry:
             node=node,
             rank=rank,
             attempt=attempt,
-            traceparent=os.environ.get(TRACEPARENT_ENV, ""),
+            traceparent=RankEnv.from_env().traceparent,
         )
 
     def context(self) -> context.Context | None:

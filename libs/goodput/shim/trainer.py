@@ -33,8 +33,10 @@ from goodput.bus.settings import settings_from_env
 from goodput.ckpt import CheckpointEngine, NoCheckpointError
 from goodput.ckpt import events as ckpt_events
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
+from goodput.rank_env import RankEnv
 from goodput.shim.link import BusLink
 from goodput.shim.tracing import ShimTelemetry
+from goodput.subjects import DEFAULT_JOB
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ EXIT_TERMINATED = 143
 
 
 class ShimConfig(msgspec.Struct, kw_only=True):
-    job: str = "default"
+    job: str = DEFAULT_JOB
     node: str = "local"
     rank: int = 0
     world_size: int = 1
@@ -67,25 +69,28 @@ class ShimConfig(msgspec.Struct, kw_only=True):
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ShimConfig:
+        """What the actuator put in the environment (:class:`~goodput.rank_env.RankEnv`, the
+        bus from ``GOODPUT_NATS_*``); a malformed variable raises ``RankEnvError``."""
         env = os.environ
+        rank_env = RankEnv.from_env(env)
         values: dict[str, Any] = {
-            "job": env.get("GOODPUT_JOB", "default"),
-            "node": env.get("GOODPUT_NODE", "local"),
-            "rank": int(env.get("RANK", "0")),
-            "world_size": int(env.get("WORLD_SIZE", "1")),
-            "local_rank": int(env.get("LOCAL_RANK", "0")),
-            "local_world_size": int(env.get("LOCAL_WORLD_SIZE", "1")),
-            "attempt": int(env.get("GOODPUT_ATTEMPT", "1")),
+            "job": rank_env.job,
+            "node": rank_env.node,
+            "rank": rank_env.rank,
+            "world_size": rank_env.world_size,
+            "local_rank": rank_env.local_rank,
+            "local_world_size": rank_env.local_world_size,
+            "attempt": rank_env.attempt,
             "bus": settings_from_env(env) if env.get("GOODPUT_NATS_URL") else None,
-            "ckpt_dir": env.get("GOODPUT_CKPT_DIR", "checkpoints"),
-            "ckpt_every": int(env.get("GOODPUT_CKPT_EVERY", "50")),
-            "ckpt_mode": env.get("GOODPUT_CKPT_MODE", "async"),
-            "heartbeat_period_s": float(env.get("GOODPUT_HEARTBEAT_PERIOD_S", "0.5")),
-            "enable_fault_injection": env.get("GOODPUT_ENABLE_FAULT_INJECTION", "")
-            in ("1", "true"),
+            "ckpt_dir": rank_env.ckpt_dir,
+            "ckpt_every": rank_env.ckpt_every,
+            "ckpt_mode": rank_env.ckpt_mode,
+            "heartbeat_period_s": rank_env.heartbeat_period_s,
+            "enable_fault_injection": rank_env.enable_fault_injection,
         }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return msgspec.convert(values, cls)  # an unknown GOODPUT_CKPT_MODE is refused here
+        values.update(overrides)
+        # unset knobs take this struct's defaults
+        return msgspec.convert({k: v for k, v in values.items() if v is not None}, cls)
 
 
 class TrainerShim:

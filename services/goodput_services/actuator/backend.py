@@ -16,14 +16,15 @@ from typing import Any, Protocol, runtime_checkable
 from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_to_env
-from goodput.telemetry import TRACEPARENT_ENV, current_traceparent, tracer
+from goodput.rank_env import VARIABLES, RankEnv
+from goodput.telemetry import current_traceparent, tracer
 from goodput_services.actuator.membership import Membership
+from goodput_services.actuator.options import ActuatorOptions
 
 EventSink = Callable[[schemas.Event], Awaitable[None]]
 #: fills a node's local volume with the newest complete checkpoint; returns what it did
 NodePreparer = Callable[[str], Awaitable[str]]
 
-BACKENDS = ("local", "kubernetes")
 
 log = logging.getLogger(__name__)
 
@@ -195,25 +196,29 @@ class MembershipBackend(ABC):
         assert self.spec is not None and self.membership is not None
         membership = self.membership
         nodes_per_dp = max(self.spec.num_nodes_per_dp, 1)
+        rank_env = RankEnv(
+            rank=rank,
+            local_rank=local_rank,
+            group_rank=node_index,
+            world_size=membership.world_size,
+            local_world_size=membership.procs_per_node,
+            master_addr=master_addr,
+            master_port=master_port,
+            restart_count=self.attempt - 1,
+            job=self.job,
+            node=node,
+            attempt=self.attempt,
+            num_dp_replicas=len(membership.active) // nodes_per_dp,
+            num_nodes_per_dp=nodes_per_dp,
+            # the launch's trace context: the shim's restore and first step continue it
+            traceparent=current_traceparent(),
+            # the job's own checkpoint directory (a shared one) wins over the node's volume
+            ckpt_dir=self.spec.env.get(VARIABLES["ckpt_dir"]) or str(volume),
+        )
         return {
             **self.spec.env,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(local_rank),
-            "GROUP_RANK": str(node_index),
-            "WORLD_SIZE": str(membership.world_size),
-            "LOCAL_WORLD_SIZE": str(membership.procs_per_node),
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(master_port),
-            "TORCHELASTIC_RESTART_COUNT": str(self.attempt - 1),
-            "GOODPUT_JOB": self.job,
-            "GOODPUT_NODE": node,
-            "GOODPUT_ATTEMPT": str(self.attempt),
+            **rank_env.to_env(),
             **self.rank_bus_environment(),
-            "GOODPUT_NUM_DP_REPLICAS": str(len(membership.active) // nodes_per_dp),
-            "GOODPUT_NUM_NODES_PER_DP": str(nodes_per_dp),
-            "GOODPUT_CKPT_DIR": self.spec.env.get("GOODPUT_CKPT_DIR", str(volume)),
-            # the launch's trace context: the shim's restore and first step continue it
-            TRACEPARENT_ENV: current_traceparent(),
             "PYTHONUNBUFFERED": "1",
         }
 
@@ -232,15 +237,15 @@ class MembershipBackend(ABC):
 
 
 def create_backend(
-    name: str,
+    options: ActuatorOptions,
     *,
     job: str,
     state_dir: Path,
     bus_settings: BusSettings,
     emit: EventSink,
-    options: dict[str, Any],
 ) -> Backend:
-    """The backend called ``name``; an unknown name stops the service with the choices."""
+    """The backend ``options.backend`` names (the options struct admits only known names)."""
+    name = options.backend
     if name == "local":
         from goodput_services.actuator.local_backend import LocalBackend
 
@@ -250,8 +255,8 @@ def create_backend(
         from goodput_services.actuator.kubernetes_backend import KubernetesBackend
         from goodput_services.actuator.kubernetes_options import KubernetesOptions
 
-        settings = KubernetesOptions.from_mapping(options.get("kubernetes", {}))
+        settings = KubernetesOptions.from_mapping(options.kubernetes)
         return KubernetesBackend.connect(
             job=job, bus_settings=bus_settings, emit=emit, options=settings
         )
-    raise SystemExit(f"unknown actuator backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    raise ValueError(f"unknown actuator backend {name!r}")

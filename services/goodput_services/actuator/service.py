@@ -12,6 +12,7 @@ from goodput.bus import DoneLog
 from goodput.config import ServiceConfig
 from goodput_services.actuator.backend import Backend, create_backend
 from goodput_services.actuator.membership import MembershipError
+from goodput_services.actuator.options import ActuatorOptions
 from goodput_services.base import Service
 
 log = logging.getLogger(__name__)
@@ -20,19 +21,19 @@ log = logging.getLogger(__name__)
 class ActuatorService(Service):
     name = "actuator"
     command_target = subjects.ACTUATOR
+    options_type = ActuatorOptions
+    options: ActuatorOptions
 
     def __init__(self, config: ServiceConfig):
         super().__init__(config)
         self.backend: Backend = create_backend(
-            config.options.get("backend", "local"),
+            self.options,
             job=self.job,
             state_dir=Path(config.state_dir),
             bus_settings=config.bus,
             emit=self._emit,
-            options=config.options,
         )
-        # 0 turns pre-launch restores off (no checkpoint tier runs, e.g. a shared filesystem)
-        self.restore_timeout_s = float(config.options.get("restore_timeout_s", 120.0))
+        self.restore_timeout_s = self.options.restore_timeout_s
         if self.restore_timeout_s > 0:
             self.backend.prepare_node = self._restore_to_node
 

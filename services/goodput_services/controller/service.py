@@ -31,8 +31,9 @@ from goodput.bus import DurableConsumer
 from goodput.config import ServiceConfig
 from goodput.telemetry import attached, context_from_traceparent, current_traceparent, tracer
 from goodput_services.base import Service
-from goodput_services.controller.engine import Controller, ControllerSettings, Outcome
+from goodput_services.controller.engine import Controller, Outcome
 from goodput_services.controller.lease import Lease
+from goodput_services.controller.options import ControllerOptions
 from goodput_services.controller.state import (
     JobState,
     new_job_state,
@@ -61,17 +62,16 @@ class ControllerRecord(msgspec.Struct, kw_only=True):
 
 class ControllerService(Service):
     name = "controller"
+    options_type = ControllerOptions
+    options: ControllerOptions
 
     def __init__(self, config: ServiceConfig):
         super().__init__(config)
-        options = config.options
-        self.controller = Controller(
-            options.get("policy") or None,
-            msgspec.convert(options.get("settings", {}), ControllerSettings),
-        )
-        self.lease_ttl_s = float(options.get("lease_ttl_s", 3.0))
-        #: fault injection for failover tests: hold a decision between storing and sending it
-        self.pause_before_send_s = float(options.get("inject_pause_before_send_s", 0.0))
+        self.controller = Controller(self.options.policy or None, self.options.settings)
+        if self.controller.script is not None and self.controller.script.load_error:
+            raise SystemExit(self.controller.script.load_error)  # not "healthy" until a fault
+        self.lease_ttl_s = self.options.lease_ttl_s
+        self.pause_before_send_s = self.options.inject_pause_before_send_s
         self.record = ControllerRecord()
         self.revision: int | None = None
         self.leading = False
@@ -254,7 +254,7 @@ class ControllerService(Service):
                     )
 
     def _initial_state(self, status: schemas.JobStatus, now: int) -> JobState:
-        nodes_per_dp = int(self.config.options.get("num_nodes_per_dp", 1))
+        nodes_per_dp = self.options.num_nodes_per_dp
         return new_job_state(
             self.job,
             list(status.active_nodes),

@@ -14,7 +14,6 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import nats.errors
 import nats.js.errors
 
@@ -27,9 +26,6 @@ from goodput_services.actuator.local_backend import node_volume
 from goodput_services.base import Service
 from goodput_services.hostmon.gpu import GpuProbe, GpuSample, load_nvml
 from goodput_services.hostmon.host import (
-    DEFAULT_DISK_MIN_FREE_BYTES,
-    DEFAULT_DISK_MIN_FREE_FRACTION,
-    DEFAULT_MEMORY_MIN_AVAILABLE_FRACTION,
     DiskSample,
     HostLimits,
     MemorySample,
@@ -38,25 +34,12 @@ from goodput_services.hostmon.host import (
     sample_memory,
 )
 from goodput_services.hostmon.injected import InjectedFaults, InjectionError
+from goodput_services.hostmon.options import HostMonitorOptions
 
 log = logging.getLogger(__name__)
 
 #: job states in which the node's ranks are expected to be running
 RUNNING_STATES = frozenset({"starting", "running"})
-
-
-class HostMonitorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """``--set KEY=VALUE`` options of the host monitor."""
-
-    health_interval_s: float = 2.0
-    probe_interval_s: float = 0.5
-    enable_fault_injection: bool = False
-    #: the node's checkpoint volume (default: the local backend's node volume in --state-dir)
-    volume: str = ""
-    disk_min_free_bytes: int = DEFAULT_DISK_MIN_FREE_BYTES
-    disk_min_free_fraction: float = DEFAULT_DISK_MIN_FREE_FRACTION
-    memory_min_available_fraction: float = DEFAULT_MEMORY_MIN_AVAILABLE_FRACTION
-    gpu_max_temperature_c: float = 90.0
 
 
 @dataclass
@@ -69,17 +52,13 @@ class HostSample:
 
 class HostMonitorService(Service):
     name = "hostmon"
+    options_type = HostMonitorOptions
+    options: HostMonitorOptions
 
     def __init__(self, config: ServiceConfig):
         super().__init__(config)
         if not config.node:
             raise SystemExit("the host monitor serves one node: pass --node NAME")
-        try:
-            self.options = msgspec.convert(config.options, HostMonitorOptions)
-        except msgspec.ValidationError as exc:
-            raise SystemExit(f"invalid host monitor option: {exc}") from exc
-        if self.options.health_interval_s <= 0 or self.options.probe_interval_s <= 0:
-            raise SystemExit("health_interval_s and probe_interval_s must be positive")
         self.node = config.node
         self.command_target = subjects.node_target(subjects.HOST_MONITOR, self.node)  # type: ignore[misc]
         self.volume = (

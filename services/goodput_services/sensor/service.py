@@ -22,6 +22,7 @@ from goodput.config import ServiceConfig
 from goodput.telemetry import link_to_current, tracer
 from goodput_services.base import Service
 from goodput_services.sensor.detectors import Detector
+from goodput_services.sensor.options import SensorOptions
 from goodput_services.sensor.thresholds import Thresholds, updated
 
 log = logging.getLogger(__name__)
@@ -40,11 +41,12 @@ OBSERVED = (
 class SensorService(Service):
     name = "sensor"
     command_target = subjects.SENSOR
+    options_type = SensorOptions
+    options: SensorOptions
 
     def __init__(self, config: ServiceConfig):
         super().__init__(config)
-        thresholds = updated(Thresholds(), dict(config.options.get("thresholds", {})))
-        self.detector = Detector(self.job, thresholds)
+        self.detector = Detector(self.job, self.options.thresholds)
         self.signals_sent = 0
         self.heartbeats = 0
         self.undecodable_heartbeats = 0

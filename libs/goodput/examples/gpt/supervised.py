@@ -11,20 +11,21 @@ command saves and exits with status 143 so the supervisor can tell a departure f
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
 from goodput.examples.gpt import train
+from goodput.rank_env import RankEnv
 from goodput.shim import TrainerShim
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    rank_env = RankEnv.from_env()
     if "--ckpt-dir" not in argv:
-        argv += ["--ckpt-dir", os.environ.get("GOODPUT_CKPT_DIR", "checkpoints")]
-    if "--ckpt-every" not in argv and "GOODPUT_CKPT_EVERY" in os.environ:
-        argv += ["--ckpt-every", os.environ["GOODPUT_CKPT_EVERY"]]
+        argv += ["--ckpt-dir", rank_env.ckpt_dir or "checkpoints"]
+    if "--ckpt-every" not in argv and rank_env.ckpt_every is not None:
+        argv += ["--ckpt-every", str(rank_env.ckpt_every)]
     shims: list[TrainerShim] = []
 
     def shim_hooks(args: argparse.Namespace, info: train.DistInfo) -> TrainerShim:

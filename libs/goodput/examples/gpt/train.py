@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from goodput.examples.gpt.training import (
     linear_lr_scaling,
     params_sha256,
 )
+from goodput.rank_env import RankEnv
 
 RESCALE_CALLBACKS: dict[str, RescaleCallback] = {
     "keep-global-batch": keep_global_batch,
@@ -51,11 +51,8 @@ class DistInfo:
 
     @classmethod
     def from_env(cls) -> DistInfo:
-        return cls(
-            rank=int(os.environ.get("RANK", "0")),
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-            world_size=int(os.environ.get("WORLD_SIZE", "1")),
-        )
+        env = RankEnv.from_env()
+        return cls(rank=env.rank, local_rank=env.local_rank, world_size=env.world_size)
 
 
 HooksFactory = Callable[[argparse.Namespace, DistInfo], TrainingHooks]

@@ -6,6 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -129,3 +130,18 @@ class JobWatcher:
             except TimeoutError:
                 continue
         return True
+
+
+def summary(watcher: JobWatcher) -> dict:
+    """What `goodput run --json` and the demo report about a job that was followed."""
+    status = watcher.last_status
+    return {
+        "job": watcher.job,
+        "state": watcher.state,
+        "steps": watcher.step,
+        "restarts": watcher.restarts,
+        "world_size_history": watcher.world_size_history,
+        "signals": [msgspec.to_builtins(s) for s in watcher.signals],
+        "decisions": [msgspec.to_builtins(d) for d in watcher.decisions],
+        "failed_nodes": status.failed_nodes if status else [],
+    }

@@ -1,0 +1,117 @@
+"""The environment of a rank process: the one contract between the actuator, which writes it,
+and the shim, the checkpointer and training scripts, which read it.
+
+torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``…) plus goodput's own
+(``GOODPUT_JOB``, ``GOODPUT_NODE``, ``GOODPUT_ATTEMPT``…), each spelled once, in
+:data:`VARIABLES`. The knobs a user may set for a job (``GOODPUT_CKPT_EVERY`` and the like,
+``None`` when unset) are written only when set, so the reader's own default applies otherwise.
+The bus a rank reaches (``GOODPUT_NATS_*``) is not here: :mod:`goodput.bus.settings` reads
+and writes it, for services and ranks alike.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from goodput.subjects import DEFAULT_JOB
+from goodput.telemetry import TRACEPARENT_ENV
+
+#: field -> environment variable
+VARIABLES: dict[str, str] = {
+    "rank": "RANK",
+    "local_rank": "LOCAL_RANK",
+    "group_rank": "GROUP_RANK",
+    "world_size": "WORLD_SIZE",
+    "local_world_size": "LOCAL_WORLD_SIZE",
+    "master_addr": "MASTER_ADDR",
+    "master_port": "MASTER_PORT",
+    "restart_count": "TORCHELASTIC_RESTART_COUNT",
+    "job": "GOODPUT_JOB",
+    "node": "GOODPUT_NODE",
+    "attempt": "GOODPUT_ATTEMPT",
+    "num_dp_replicas": "GOODPUT_NUM_DP_REPLICAS",
+    "num_nodes_per_dp": "GOODPUT_NUM_NODES_PER_DP",
+    "traceparent": TRACEPARENT_ENV,
+    "ckpt_dir": "GOODPUT_CKPT_DIR",
+    "ckpt_every": "GOODPUT_CKPT_EVERY",
+    "ckpt_mode": "GOODPUT_CKPT_MODE",
+    "heartbeat_period_s": "GOODPUT_HEARTBEAT_PERIOD_S",
+    "enable_fault_injection": "GOODPUT_ENABLE_FAULT_INJECTION",
+}
+
+_TRUE = ("1", "true", "yes")
+
+
+class RankEnvError(ValueError):
+    """A variable of the rank environment does not parse; the message names it."""
+
+
+class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # torchrun's
+    rank: int = 0
+    local_rank: int = 0
+    #: the node's index among the active nodes
+    group_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    master_addr: str = ""
+    master_port: int = 0
+    restart_count: int = 0
+    # goodput's
+    job: str = DEFAULT_JOB
+    node: str = "local"
+    #: the actuator's launch number of the worker group, from 1
+    attempt: int = 1
+    num_dp_replicas: int = 1
+    num_nodes_per_dp: int = 1
+    #: W3C traceparent of the launch span: the rank's restore and first step continue it
+    traceparent: str = ""
+    # the job's knobs (StartJob.env); None: unset, the reader's default applies
+    ckpt_dir: str | None = None
+    ckpt_every: int | None = None
+    ckpt_mode: Literal["async", "torch-save"] | None = None
+    heartbeat_period_s: float | None = None
+    enable_fault_injection: bool | None = None
+
+    def to_env(self) -> dict[str, str]:
+        """The variables to put in a rank's environment (unset knobs left out)."""
+        env: dict[str, str] = {}
+        for field, variable in VARIABLES.items():
+            value = getattr(self, field)
+            if value is None:
+                continue
+            env[variable] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        return env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RankEnv:
+        """The rank environment in ``env`` (default: this process's); missing variables take
+        the defaults, a malformed one raises :class:`RankEnvError` naming it."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for field, variable in VARIABLES.items():
+            raw = env.get(variable)
+            if raw is None or (raw == "" and field not in ("master_addr", "traceparent")):
+                continue
+            values[field] = (
+                raw.strip().lower() in _TRUE if field == "enable_fault_injection" else raw
+            )
+            try:
+                msgspec.convert({field: values[field]}, cls, strict=False)
+            except msgspec.ValidationError as exc:
+                raise RankEnvError(f"{variable}={raw!r}: {str(exc).split(' - at ')[0]}") from None
+        return msgspec.convert(values, cls, strict=False)
+
+
+def knobs(**values: Any) -> dict[str, str]:
+    """Variables for ``StartJob.env`` (``knobs(ckpt_every=20)``), only those given; an unknown
+    name or a wrong type raises :class:`RankEnvError`."""
+    try:
+        env = msgspec.convert(values, RankEnv).to_env()
+    except msgspec.ValidationError as exc:
+        raise RankEnvError(str(exc)) from None
+    return {VARIABLES[f]: env[VARIABLES[f]] for f in values if VARIABLES[f] in env}

@@ -1,0 +1,21 @@
+"""The actuator's options (``[options]`` of its config file, ``--set KEY=VALUE``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+
+class ActuatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    backend: Literal["local", "kubernetes"] = "local"
+    #: how long a pre-launch restore (RestoreToNode) may take; 0 turns them off (no checkpoint
+    #: tier runs, e.g. a shared filesystem)
+    restore_timeout_s: float = 120.0
+    #: the kubernetes backend's table, checked by that backend (``KubernetesOptions``): its
+    #: client is slow to import and only that backend needs it
+    kubernetes: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.restore_timeout_s < 0:
+            raise ValueError("restore_timeout_s must not be negative")

@@ -1,0 +1,29 @@
+"""The host monitor's options (``[options]`` of its config file, ``--set KEY=VALUE``)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from goodput_services.hostmon.host import (
+    DEFAULT_DISK_MIN_FREE_BYTES,
+    DEFAULT_DISK_MIN_FREE_FRACTION,
+    DEFAULT_MEMORY_MIN_AVAILABLE_FRACTION,
+)
+
+
+class HostMonitorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``--set KEY=VALUE`` options of the host monitor."""
+
+    health_interval_s: float = 2.0
+    probe_interval_s: float = 0.5
+    enable_fault_injection: bool = False
+    #: the node's checkpoint volume (default: the local backend's node volume in --state-dir)
+    volume: str = ""
+    disk_min_free_bytes: int = DEFAULT_DISK_MIN_FREE_BYTES
+    disk_min_free_fraction: float = DEFAULT_DISK_MIN_FREE_FRACTION
+    memory_min_available_fraction: float = DEFAULT_MEMORY_MIN_AVAILABLE_FRACTION
+    gpu_max_temperature_c: float = 90.0
+
+    def __post_init__(self) -> None:
+        if self.health_interval_s <= 0 or self.probe_interval_s <= 0:
+            raise ValueError("health_interval_s and probe_interval_s must be positive")

@@ -1,0 +1,65 @@
+"""The rank environment: what the actuator writes is what the shim reads, knobs stay unset
+unless set, and a malformed variable is named."""
+
+from __future__ import annotations
+
+import pytest
+
+from goodput.rank_env import VARIABLES, RankEnv, RankEnvError, knobs
+from goodput.shim.trainer import ShimConfig
+
+
+def test_what_is_written_reads_back() -> None:
+    written = RankEnv(
+        rank=3,
+        local_rank=1,
+        group_rank=1,
+        world_size=4,
+        local_world_size=2,
+        master_addr="10.0.0.1",
+        master_port=29511,
+        restart_count=2,
+        job="j1",
+        node="node-1",
+        attempt=3,
+        num_dp_replicas=2,
+        num_nodes_per_dp=1,
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ckpt_dir="/ckpt",
+        ckpt_every=20,
+        ckpt_mode="torch-save",
+        heartbeat_period_s=0.25,
+        enable_fault_injection=True,
+    )
+    env = written.to_env()
+    assert env["RANK"] == "3" and env["GOODPUT_JOB"] == "j1"
+    assert env["GOODPUT_ENABLE_FAULT_INJECTION"] == "1"
+    assert RankEnv.from_env(env) == written
+
+
+def test_unset_knobs_are_not_written_and_readers_keep_their_defaults(monkeypatch) -> None:
+    env = RankEnv(rank=1, world_size=2, job="j2").to_env()
+    assert "GOODPUT_CKPT_EVERY" not in env and "GOODPUT_CKPT_MODE" not in env
+    for variable in VARIABLES.values():
+        monkeypatch.delenv(variable, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    config = ShimConfig.from_env()
+    assert (config.job, config.rank, config.world_size) == ("j2", 1, 2)
+    assert (config.ckpt_every, config.ckpt_mode) == (ShimConfig().ckpt_every, "async")
+
+
+def test_knobs_write_only_what_is_given() -> None:
+    assert knobs(ckpt_every=10, enable_fault_injection=True) == {
+        "GOODPUT_CKPT_EVERY": "10",
+        "GOODPUT_ENABLE_FAULT_INJECTION": "1",
+    }
+    with pytest.raises(RankEnvError, match="ckpt_evry"):
+        knobs(ckpt_evry=10)
+
+
+def test_a_malformed_variable_is_named() -> None:
+    with pytest.raises(RankEnvError, match="GOODPUT_CKPT_EVERY='often'"):
+        RankEnv.from_env({"GOODPUT_CKPT_EVERY": "often"})
+    with pytest.raises(RankEnvError, match="GOODPUT_CKPT_MODE"):
+        RankEnv.from_env({"GOODPUT_CKPT_MODE": "pickle"})

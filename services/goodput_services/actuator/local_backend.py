@@ -83,9 +83,7 @@ class LocalBackend(MembershipBackend):
 
     async def start_job(self, spec: schemas.StartJob) -> str:
         async with self._lock:
-            if self.state in ("running", "starting", "restarting"):
-                return f"job already {self.state} (attempt {self.attempt}); not started again"
-            self.spec = spec
+            await self._begin_run(spec)
             self.membership = Membership.initial(spec.nodes, spec.spares, spec.procs_per_node)
             await self._launch("starting", "job started")
             return (

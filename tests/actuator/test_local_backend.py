@@ -212,24 +212,33 @@ async def test_each_start_is_a_new_run_and_a_start_during_a_run_is_refused(rig) 
     stop = schemas.Stop(job=JOB, reason="done")
     await bus.send_command("actuator", stop)
     assert (await tap.result_of(stop)).ok
-    second = _start(nodes=1, procs=1, spares=0)
+    second = _start(nodes=1, procs=1, spares=0, EXIT_AFTER="0")
     await bus.send_command("actuator", second)
     assert (await tap.result_of(second)).ok
-    # the second run counts its attempts from 1 again and says which run it is
+    await tap.wait_for(
+        lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished",
+        what="the second run finishing",
+    )
+    third = _start(nodes=1, procs=1, spares=0)
+    await bus.send_command("actuator", third)
+    assert (await tap.result_of(third)).ok
+    # the third run counts its attempts from 1 again, says which run it is, and lists only
+    # its own rank (not the second run's, exited but never stopped)
     status = await tap.wait_for(
-        lambda e: isinstance(e, schemas.JobStatus) and e.run_id == second.run_id,
-        what="the second run's status",
+        lambda e: isinstance(e, schemas.JobStatus) and e.run_id == third.run_id,
+        what="the third run's status",
     )
     assert (status.state, status.attempt) == ("running", 1)
-    assert [e.run_id for e in tap.of(schemas.RunStarted)] == [first.run_id, second.run_id]
-    # a follower that starts now sees the newest run from its start, nothing of the first
+    assert [len(pids) for pids in status.pids.values()] == [1]
+    runs = [e.run_id for e in tap.of(schemas.RunStarted)]
+    assert runs == [first.run_id, second.run_id, third.run_id]
+    # a follower that starts now sees the newest run from its start, nothing of the others
     newest = await EventTap(bus, JOB).start()
     try:
         await newest.wait_for(lambda e: isinstance(e, schemas.JobStatus), what="a status")
         assert isinstance(newest.events[0], schemas.RunStarted)
-        assert newest.events[0].run_id == second.run_id
-        statuses = newest.of(schemas.JobStatus)
-        assert {s.run_id for s in statuses} == {second.run_id}
+        assert newest.events[0].run_id == third.run_id
+        assert {s.run_id for s in newest.of(schemas.JobStatus)} == {third.run_id}
         assert {e.attempt for e in newest.of(schemas.RankStarted)} == {1}
     finally:
         await newest.stop()

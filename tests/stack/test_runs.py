@@ -13,6 +13,8 @@ from goodput.stack.runs import running_clash
 from tests.conftest import goodput_cli
 
 JOB = "again"
+#: the machine may be loaded: a rank starved for seconds is not what these tests are about
+SLACK = "sensor:thresholds={heartbeat_timeout_s=60.0,hang_min_timeout_s=120.0}"
 NOW = 1_800_000_000 * 10**9
 
 # A rank that reports STEPS steps (no restore: each run trains from scratch) and finishes.
@@ -95,6 +97,8 @@ def _run(state: Path, script: Path, steps: int, *flags: str, step_s: float = 0.0
         f"STEPS={steps}",
         "--env",
         f"STEP_S={step_s}",
+        "--service-set",
+        SLACK,
         *flags,
         "--",
         sys.executable,
@@ -138,7 +142,19 @@ def test_a_second_run_while_the_first_is_running_is_refused_in_one_line(tmp_path
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     state = tmp_path / "stack"
-    goodput_cli("up", "--state-dir", str(state), "--job", JOB, "--nodes", "1", "--wait", "60")
+    goodput_cli(
+        "up",
+        "--state-dir",
+        str(state),
+        "--job",
+        JOB,
+        "--nodes",
+        "1",
+        "--wait",
+        "60",
+        "--service-set",
+        SLACK,
+    )
     try:
         first = subprocess.Popen(
             [

@@ -15,7 +15,9 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-SCHEMA_VERSION = 1
+#: 2: a job runs as runs (``StartJob.run_id``, ``RunStarted``, ``JobStatus.run_id``); a build
+#: of version 1 would mistake a second run of a job for the first one still going
+SCHEMA_VERSION = 2
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9
@@ -257,6 +259,24 @@ class JobStatus(Event, tag="job_status", kw_only=True):
     #: rank process ids per node, for operators and the chaos tool
     pids: dict[str, list[int]] = msgspec.field(default_factory=dict)
     detail: str = ""
+    #: the run this status belongs to (``StartJob.run_id``; empty before any run)
+    run_id: str = ""
+
+
+class RunStarted(Event, tag="run_started", kw_only=True):
+    """A new run of the job begins: its attempts, steps and accounting start here.
+
+    The actuator emits it before the run's first rank starts, so a follower that starts at the
+    newest one of these (a stream sequence, see ``goodput.bus.job_events``) sees the whole run
+    and nothing of earlier runs of the same job name.
+    """
+
+    run_id: str
+    #: the StartJob that began it
+    command_id: str
+    argv: list[str] = msgspec.field(default_factory=list)
+    nodes: int = 0
+    procs_per_node: int = 0
 
 
 class ServiceHealth(Event, tag="service_health", kw_only=True):
@@ -312,6 +332,8 @@ class StartJob(Command, tag="start_job", kw_only=True):
     num_nodes_per_dp: int = 1
     env: dict[str, str] = msgspec.field(default_factory=dict)
     workdir: str = ""
+    #: names this run of the job: a second StartJob of the same job name is a new run
+    run_id: str = msgspec.field(default_factory=new_id)
 
 
 class Restart(Command, tag="restart", kw_only=True):
@@ -387,6 +409,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Decision,
     ActionResult,
     JobStatus,
+    RunStarted,
     ServiceHealth,
     DeadLetter,
 )

@@ -316,7 +316,8 @@ async def test_start_creates_pinned_rank_pods_with_torchrun_environment(rig) -> 
     status = recorder.of(schemas.JobStatus)[-1]
     assert (status.state, status.attempt, status.world_size) == ("running", 1, 4)
     assert status.spare_nodes == ["gpu-c"]
-    assert "already running" in await backend.start_job(_start())
+    with pytest.raises(RuntimeError, match="already running"):
+        await backend.start_job(_start())  # a second run while one is going: refused
     assert len(api.created) == 4
 
 

@@ -212,3 +212,51 @@ async def test_job_finishes_when_every_rank_exits_zero(rig) -> None:
         lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished"
     )
     assert status.attempt == 1
+
+
+async def test_each_start_is_a_new_run_and_a_start_during_a_run_is_refused(rig) -> None:
+    bus, tap, _ = rig
+    first = _start(nodes=1, procs=1, spares=0)
+    await bus.send_command("actuator", first)
+    assert (await tap.result_of(first)).ok
+    await _status(tap, 1)
+    clash = _start(nodes=1, procs=1, spares=0)
+    await bus.send_command("actuator", clash)
+    refused = await tap.result_of(clash)
+    assert not refused.ok and f"job {JOB} is already running (attempt 1" in refused.detail
+    restart = schemas.Restart(job=JOB, reason="a second attempt")
+    await bus.send_command("actuator", restart)
+    await _status(tap, 2)
+    stop = schemas.Stop(job=JOB, reason="done")
+    await bus.send_command("actuator", stop)
+    assert (await tap.result_of(stop)).ok
+    second = _start(nodes=1, procs=1, spares=0, EXIT_AFTER="0")
+    await bus.send_command("actuator", second)
+    assert (await tap.result_of(second)).ok
+    await tap.wait_for(
+        lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished",
+        what="the second run finishing",
+    )
+    third = _start(nodes=1, procs=1, spares=0)
+    await bus.send_command("actuator", third)
+    assert (await tap.result_of(third)).ok
+    # the third run counts its attempts from 1 again, says which run it is, and lists only
+    # its own rank (not the second run's, exited but never stopped)
+    status = await tap.wait_for(
+        lambda e: isinstance(e, schemas.JobStatus) and e.run_id == third.run_id,
+        what="the third run's status",
+    )
+    assert (status.state, status.attempt) == ("running", 1)
+    assert [len(pids) for pids in status.pids.values()] == [1]
+    runs = [e.run_id for e in tap.of(schemas.RunStarted)]
+    assert runs == [first.run_id, second.run_id, third.run_id]
+    # a follower that starts now sees the newest run from its start, nothing of the others
+    newest = await EventTap(bus, JOB).start()
+    try:
+        await newest.wait_for(lambda e: isinstance(e, schemas.JobStatus), what="a status")
+        assert isinstance(newest.events[0], schemas.RunStarted)
+        assert newest.events[0].run_id == third.run_id
+        assert {s.run_id for s in newest.of(schemas.JobStatus)} == {third.run_id}
+        assert {e.attempt for e in newest.of(schemas.RankStarted)} == {1}
+    finally:
+        await newest.stop()

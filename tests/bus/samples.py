@@ -133,6 +133,15 @@ def sample_events() -> list[schemas.Event]:
             failed_nodes=["n3"],
             pids={"n0": [11, 12]},
             detail="hot swap",
+            run_id="r1",
+        ),
+        schemas.RunStarted(
+            job=JOB,
+            run_id="r1",
+            command_id="c1",
+            argv=["python", "t.py"],
+            nodes=2,
+            procs_per_node=2,
         ),
         schemas.ServiceHealth(
             job=JOB,

@@ -127,6 +127,18 @@ def test_stale_and_expected_exits_are_not_crashes() -> None:
     assert detector.on_event(exited(1, "node0", -15, reason="stop"), at(4)) == []
 
 
+def test_a_new_run_forgets_the_attempts_of_the_previous_one() -> None:
+    detector = Detector(JOB)
+    ranks = {0: "node0", 1: "node0"}
+    feed(detector, [(at(0), started(r, n, attempt=3, world_size=2)) for r, n in ranks.items()])
+    feed(detector, [(at(2), exited(r, n, 0, attempt=3)) for r, n in ranks.items()])
+    detector.on_event(schemas.RunStarted(job=JOB, run_id="second", command_id="c"), at(5))
+    # the new run's attempt 1 is not a late report of the old run's older attempt
+    feed(detector, [(at(6), started(r, n, attempt=1, world_size=2)) for r, n in ranks.items()])
+    signals = detector.on_event(exited(1, "node0", 1, attempt=1), at(8))
+    assert [(s.signal, s.rank) for s in signals] == [("crash", 1)]
+
+
 def test_lost_node_is_one_uncorrectable_missed_heartbeat_in_time() -> None:
     thresholds = Thresholds()
     detector = Detector(JOB, thresholds)

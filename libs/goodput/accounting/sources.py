@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any, BinaryIO, Union
 
 import msgspec
-from nats.js.api import DeliverPolicy
 
 from goodput import schemas, subjects
 from goodput.accounting.resiliency import ResiliencyEvent
 from goodput.bus import Bus
-from goodput.bus.job_events import count_events
+from goodput.bus.job_events import count_events, deliver_from
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +129,11 @@ async def replay_from_bus(
     *,
     progress: Callable[[int, int], None] | None = None,
     idle_timeout_s: float = REPLAY_IDLE_TIMEOUT_S,
+    all_runs: bool = False,
 ) -> list[schemas.Event]:
-    """Every stored event of ``job``, oldest first, read with an ephemeral ordered consumer.
+    """Every stored event of ``job``'s newest run (``all_runs``: of every run), oldest first,
+    read with an ephemeral ordered consumer. An earlier run of the same job name is another
+    job instance: its down time and steps are not this run's.
 
     Reads until the consumer reports nothing pending. An undecodable message is logged and
     skipped: a report should not die on one bad record. ``progress(done, total)`` is called
@@ -145,7 +147,7 @@ async def replay_from_bus(
         subjects.events_of(job),
         stream=subjects.EVENTS_STREAM,
         ordered_consumer=True,
-        deliver_policy=DeliverPolicy.ALL,
+        config=await deliver_from(bus, job, all_runs=all_runs),
     )
     events: list[schemas.Event] = []
     seen = 0

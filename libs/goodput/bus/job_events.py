@@ -1,9 +1,10 @@
-"""Every event of one job, from the first one stored, as it arrives.
+"""Every event of one job's newest run, from its start, as it arrives.
 
 What the demo, the benchmarks and the tests follow a job with: an ephemeral ordered consumer
-of ``gp.<job>.evt.>`` from ``DeliverPolicy.ALL`` (so starting late misses nothing), the
-decoded events in arrival order, ``caught_up`` once what was stored at the start has arrived,
-and a wait for the first event that matches.
+of ``gp.<job>.evt.>`` from the stream sequence of the newest ``RunStarted`` (so starting late
+misses nothing of the run, and an earlier run of the same job name is not mistaken for this
+one), the decoded events in arrival order, ``caught_up`` once what was stored at the start has
+arrived, and a wait for the first event that matches.
 """
 
 from __future__ import annotations
@@ -38,11 +39,40 @@ async def count_events(bus: Bus, job: str) -> int:
     return sum((info.state.subjects or {}).values())
 
 
+async def newest_run(bus: Bus, job: str) -> tuple[int, schemas.RunStarted] | None:
+    """The stream sequence and event of the newest run start of ``job``; None: no run yet.
+
+    One lookup (the last message on ``gp.<job>.evt.run_started``), however long the history.
+    """
+    subject = subjects.event(job, schemas.kind_of(schemas.RunStarted))
+    try:
+        message = await bus.js.get_last_msg(subjects.EVENTS_STREAM, subject)
+    except nats.js.errors.NotFoundError:
+        return None  # no such stream, or no run started on it
+    try:
+        event = schemas.decode_event(message.data or b"")
+    except schemas.SchemaError as exc:
+        log.warning("newest run start of %s does not decode (%s); following all", job, exc)
+        return None
+    if not isinstance(event, schemas.RunStarted):
+        return None
+    return message.seq, event
+
+
+async def deliver_from(bus: Bus, job: str, *, all_runs: bool = False) -> ConsumerConfig:
+    """Where a follower of ``job`` starts: its newest run's start, or the first event stored."""
+    run = None if all_runs else await newest_run(bus, job)
+    if run is None:
+        return ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=run[0])
+
+
 class JobEvents:
     """The events of ``job`` so far; ``on_event`` sees each one as it arrives.
 
     ``keep=False`` keeps none (``events`` stays empty): a follower of a long job that folds
     each event into its own state must not hold every step of the job in memory.
+    ``all_runs=True`` follows from the first event stored, earlier runs included.
     """
 
     def __init__(
@@ -52,6 +82,7 @@ class JobEvents:
         on_event: Callable[[schemas.Event], None] | None = None,
         *,
         keep: bool = True,
+        all_runs: bool = False,
     ) -> None:
         self.bus = bus
         self.job = subjects.check_token(job, "job name")
@@ -59,13 +90,14 @@ class JobEvents:
         self.undecodable = 0
         self._on_event = on_event
         self._keep = keep
+        self._all_runs = all_runs
         self._subscription = None
         #: set once the events stored when following started have all arrived
         self.caught_up = asyncio.Event()
 
     async def start(self) -> JobEvents:
-        """Follow from the first stored event; on a bus never provisioned there is nothing to
-        follow (nothing was stored, nothing can be), and the follower is caught up at once."""
+        """Follow from the newest run's start (or the first stored event); on a bus never
+        provisioned there is nothing to follow, and the follower is caught up at once."""
         if await count_events(self.bus, self.job) == 0:
             self.caught_up.set()
         try:
@@ -74,7 +106,7 @@ class JobEvents:
                 stream=subjects.EVENTS_STREAM,
                 cb=self._collect,
                 ordered_consumer=True,
-                config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+                config=await deliver_from(self.bus, self.job, all_runs=self._all_runs),
             )
         except nats.js.errors.NotFoundError:
             log.info("no %s stream: no events of %s to follow", subjects.EVENTS_STREAM, self.job)

@@ -67,7 +67,7 @@ async def _replay(args: argparse.Namespace, job: str, console: Console) -> list[
                 if total >= PROGRESS_THRESHOLD:
                     progress.update(task, completed=done, total=total, visible=True)
 
-            return await replay_from_bus(bus, job, progress=advance)
+            return await replay_from_bus(bus, job, progress=advance, all_runs=args.all_runs)
     finally:
         await bus.close()
 
@@ -156,6 +156,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="job to report (bus: default the stack's job; log: needed if it holds several)",
     )
     add_state_dir_argument(parser, "state directory of `goodput up`, to find its bus")
+    parser.add_argument(
+        "--all-runs",
+        action="store_true",
+        help="bus: every run of the job name (default: its newest run only)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--html",

@@ -24,6 +24,7 @@ from goodput.stack.launcher import (
     stop_stack,
     wait_healthy,
 )
+from goodput.stack.runs import find_clash
 from goodput.stack.watch import JobWatcher, summary
 
 
@@ -35,10 +36,15 @@ async def supervise(
     timeout_s: float,
     console: Console | None,
 ) -> JobWatcher:
-    """Send the start command and follow the job until it ends (or ``timeout_s`` passes)."""
+    """Send the start command and follow the new run until it ends (or ``timeout_s`` passes);
+    refused (``watcher.state``) if a run of the job is going."""
     bus = await Bus.connect(settings, name="goodput-run")
-    watcher = await JobWatcher(bus, start.job, total_steps, console).start()
+    watcher = await JobWatcher(bus, start.job, total_steps, console, run_start=start).start()
     try:
+        clash = await find_clash(bus, start.job)
+        if clash is not None:
+            watcher.state, watcher.refusal = "refused", clash
+            return watcher
         await bus.send_command(subjects.ACTUATOR, start)
         if not await watcher.wait(timeout_s):
             await bus.send_command(
@@ -100,6 +106,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if started_here and not args.keep_stack:
             stop_stack(state_dir)
+    if watcher.state == "refused":
+        print(f"goodput run: {watcher.refusal}", file=sys.stderr)
+        return 1
     result = summary(watcher)
     if args.json:
         print(json.dumps(result, indent=2))

@@ -156,7 +156,7 @@ async def _follow(
 ) -> tuple[JobWatcher, Driver, GoodputReport | None]:
     bus = await Bus.connect(settings, name="goodput-demo")
     # progress goes to stderr (``console``) also with --json: stdout carries only the result
-    watcher = await JobWatcher(bus, start.job, plan.steps, console).start()
+    watcher = await JobWatcher(bus, start.job, plan.steps, console, run_start=start).start()
     ctx = ChaosContext.open(state_dir, job=start.job, url=settings.url, settings=settings)
     driver = Driver(
         ctx,

@@ -275,6 +275,11 @@ async def service_report(settings, job: str, services: list[ServiceProcess]) -> 
         await bus.close()
 
 
+def record_is_fresh(record: schemas.ServiceHealth, now_ns: int) -> bool:
+    """A health record refreshed within a few of its periods: its service is still there."""
+    return (now_ns - record.ts) / 1e9 < max(3 * record.period_s, 3.0)
+
+
 async def services_health(bus: Bus, job: str, services: list[ServiceProcess]) -> list[dict]:
     """One entry per expected service: healthy only if its record is fresh and says so."""
     kv = await bus.kv(subjects.SERVICES_BUCKET)
@@ -291,7 +296,7 @@ async def services_health(bus: Bus, job: str, services: list[ServiceProcess]) ->
             continue
         assert isinstance(record, schemas.ServiceHealth)
         age_s = (now - record.ts) / 1e9
-        fresh = age_s < max(3 * record.period_s, 3.0)
+        fresh = record_is_fresh(record, now)
         entry.update(
             healthy=record.healthy and fresh and pid_alive(service.pid),
             pid=record.pid,

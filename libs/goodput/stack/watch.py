@@ -17,12 +17,19 @@ from goodput.bus.job_events import JobEvents
 
 @dataclass
 class JobWatcher:
-    """Keeps the facts a run reports (steps, world sizes, restarts, remediations) as they come."""
+    """Keeps the facts a run reports (steps, world sizes, restarts, remediations) as they come.
+
+    Given ``run_start`` (the StartJob it follows), it counts nothing until that run's
+    ``RunStarted``: what came before is an earlier run of the same job name. If the actuator
+    refuses the start, the watcher ends with state ``refused`` and the reason in ``refusal``.
+    """
 
     bus: Bus
     job: str
     total_steps: int
     console: Console | None = None
+    run_start: schemas.StartJob | None = None
+    refusal: str = ""
     step: int = 0
     state: str = "starting"
     attempt: int = 0
@@ -41,6 +48,7 @@ class JobWatcher:
         self._events: JobEvents | None = None
         self._progress: Progress | None = None
         self._task = None
+        self._in_run = self.run_start is None
 
     @property
     def restarts(self) -> int:
@@ -76,6 +84,9 @@ class JobWatcher:
             self._progress.console.print(text)
 
     def _apply(self, event: schemas.Event) -> None:
+        if not self._in_run:
+            self._before_run(event)
+            return
         self.events += 1
         match event:
             case schemas.StepDone(rank=0):
@@ -120,6 +131,17 @@ class JobWatcher:
                 completed=self.step,
                 info=f"attempt {self.attempt} · world {self.world_size_history[-1] if self.world_size_history else '-'} · {self.state}",
             )
+
+    def _before_run(self, event: schemas.Event) -> None:
+        """Wait for our run's start, or for the actuator's refusal to start it."""
+        assert self.run_start is not None
+        match event:
+            case schemas.RunStarted() if event.run_id == self.run_start.run_id:
+                self._in_run = True
+                self.events += 1
+            case schemas.ActionResult(ok=False) if event.command_id == self.run_start.command_id:
+                self.state, self.refusal = "refused", event.detail
+                self.ended.set()
 
     async def wait(self, timeout_s: float) -> bool:
         """True if the job ended within ``timeout_s``."""

@@ -37,6 +37,7 @@ class Backend(Protocol):
 
     state: str
     attempt: int
+    run_id: str
     membership: Membership | None
     prepare_node: NodePreparer | None
 
@@ -76,6 +77,8 @@ class MembershipBackend(ABC):
     ranks: list[Any]
     state: str
     attempt: int
+    #: the run the attempts belong to (``StartJob.run_id``); empty before the first run
+    run_id: str = ""
     _lock: asyncio.Lock
 
     @abstractmethod
@@ -104,6 +107,28 @@ class MembershipBackend(ABC):
             failed_nodes=list(membership.failed),
             pids=self._pids(),
             detail=detail,
+            run_id=self.run_id,
+        )
+
+    async def _begin_run(self, spec: schemas.StartJob) -> None:
+        """A StartJob is a new run of the job: attempts count from 1 again and ``RunStarted``
+        marks where the run's history begins. Refused while a run is going (call under the
+        lock): two runs of one job name would share its ranks, subjects and volumes."""
+        if self.state in ("running", "starting", "restarting"):
+            raise RuntimeError(
+                f"job {self.job} is already {self.state} (attempt {self.attempt} of run "
+                f"{self.run_id}); stop it first"
+            )
+        self.spec, self.run_id, self.attempt = spec, spec.run_id, 0
+        await self.emit(
+            schemas.RunStarted(
+                job=self.job,
+                run_id=spec.run_id,
+                command_id=spec.command_id,
+                argv=list(spec.argv),
+                nodes=spec.nodes,
+                procs_per_node=spec.procs_per_node,
+            )
         )
 
     async def restart(self, reason: str) -> str:

@@ -130,8 +130,6 @@ class KubernetesBackend(MembershipBackend):
 
     async def start_job(self, spec: schemas.StartJob) -> str:
         async with self._lock:
-            if self.state in ("running", "starting", "restarting"):
-                return f"job already {self.state} (attempt {self.attempt}); not started again"
             check_job_shape(spec)
             nodes = await asyncio.to_thread(self._eligible_nodes)
             if len(nodes) < spec.nodes:
@@ -139,7 +137,7 @@ class KubernetesBackend(MembershipBackend):
                     f"the job needs {spec.nodes} nodes; {len(nodes)} ready nodes match "
                     f"{self.options.node_selector!r}: {', '.join(nodes) or 'none'}"
                 )
-            self.spec = spec
+            await self._begin_run(spec)
             self.membership = Membership(
                 active=nodes[: spec.nodes],
                 spares=nodes[spec.nodes : spec.nodes + spec.spares],

@@ -84,10 +84,11 @@ class LocalBackend(MembershipBackend):
 
     async def start_job(self, spec: schemas.StartJob) -> str:
         async with self._lock:
-            if self.state in ("running", "starting", "restarting"):
-                return f"job already {self.state} (attempt {self.attempt}); not started again"
             check_job_shape(spec)
-            self.spec = spec
+            await self._begin_run(spec)
+            # the previous run's ranks have all exited, but they would still count as this
+            # run's: in its pids (a host monitor would miss them) and in "every rank exited 0"
+            await self._terminate(graceful=False, why="new run")
             self.membership = Membership.initial(spec.nodes, spec.spares, spec.procs_per_node)
             await self._launch("starting", "job started")
             return (

@@ -101,6 +101,10 @@ class Detector:
     def __init__(self, job: str, thresholds: Thresholds | None = None):
         self.job = job
         self._thresholds = thresholds or Thresholds()
+        self._forget_run()
+
+    def _forget_run(self) -> None:
+        """Know nothing of any rank or node: the state of one run of the job."""
         self._ranks: dict[int, _Rank] = {}
         self._nodes: dict[str, _Node] = {}
         self._heartbeat_deadlines: DeadlineQueue[int] = DeadlineQueue()
@@ -159,6 +163,10 @@ class Detector:
                 return self.on_host_health(event, now)
             case schemas.CheckpointSaved() | schemas.CheckpointRestored():
                 return self.on_checkpoint(event, now)
+            case schemas.RunStarted():
+                # a new run counts attempts from 1 again: the old run's ranks would make its
+                # first attempt look stale, and its silence look like the new run hanging
+                self._forget_run()
         return []
 
     def on_rank_started(self, event: schemas.RankStarted, now: int) -> list[schemas.Signal]:

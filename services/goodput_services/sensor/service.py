@@ -35,6 +35,7 @@ OBSERVED = (
     schemas.CheckpointSaved,
     schemas.CheckpointRestored,
     schemas.HostHealth,
+    schemas.RunStarted,
 )
 
 

@@ -20,6 +20,9 @@ import msgspec
 from goodput.subjects import DEFAULT_JOB
 from goodput.telemetry import TRACEPARENT_ENV
 
+#: a rank that saved and left on SIGTERM (the node is going away) exits 128 + 15
+EXIT_TERMINATED = 143
+
 #: field -> environment variable
 VARIABLES: dict[str, str] = {
     "rank": "RANK",

@@ -43,7 +43,7 @@ from goodput.accounting.report import (
     thin,
 )
 from goodput.accounting.rollbacks import Work, kept
-from goodput.accounting.selection import JobEvents, earliest_ns, select_job
+from goodput.accounting.selection import SelectedJob, earliest_ns, select_job
 
 E = TypeVar("E", bound=schemas.Event)
 
@@ -108,7 +108,7 @@ class Outage:
 
 
 class _Accounting:
-    def __init__(self, selected: JobEvents, nominal_world_size: int | None):
+    def __init__(self, selected: SelectedJob, nominal_world_size: int | None):
         self.job = job = selected.job
         self.by_type: dict[type, list] = defaultdict(list)
         for event in selected.events:  # one pass; every later pass reads only its kinds

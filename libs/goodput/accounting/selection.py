@@ -33,7 +33,7 @@ def earliest_ns(event: schemas.Event) -> int:
 
 
 @dataclass(slots=True)
-class JobEvents:
+class SelectedJob:
     """A job's events, oldest first, with the steps of ranks above ``step_rank`` folded."""
 
     job: str
@@ -76,9 +76,9 @@ class JobEvents:
                 start = index
 
 
-def select_job(events: Iterable[schemas.Event], job: str | None) -> JobEvents:
+def select_job(events: Iterable[schemas.Event], job: str | None) -> SelectedJob:
     """The events of ``job`` (or of the only job present), in one pass over ``events``."""
-    by_job: dict[str, JobEvents] = {}
+    by_job: dict[str, SelectedJob] = {}
     seen: set[str] = set()
     for event in events:
         if type(event) not in _EVENT_TYPES:
@@ -89,7 +89,7 @@ def select_job(events: Iterable[schemas.Event], job: str | None) -> JobEvents:
             continue
         chosen = by_job.get(name)
         if chosen is None:
-            chosen = by_job[name] = JobEvents(name)
+            chosen = by_job[name] = SelectedJob(name)
         chosen.add(event)
     jobs = sorted(seen | set(by_job))
     if job is None and len(by_job) > 1:

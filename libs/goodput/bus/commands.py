@@ -60,7 +60,7 @@ class DoneLog:
         await kv.put(self._key(command_id), schemas.encode(result))
 
 
-def decode_command(payload: bytes) -> schemas.Command:
+def decode_executable_command(payload: bytes) -> schemas.Command:
     """A command whose id can be recorded in ``gp_done``; otherwise :class:`SchemaError`."""
     command = schemas.decode_command(payload)
     if not _COMMAND_ID.match(command.command_id):
@@ -88,7 +88,7 @@ class CommandRunner:
             stream=subjects.COMMANDS_STREAM,
             durable=f"{job}-{target}",
             subject=subjects.command(job, target),
-            decode=decode_command,
+            decode=decode_executable_command,
             handler=self._handle,
             service=service,
             job=job,

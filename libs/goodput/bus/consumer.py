@@ -20,11 +20,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from goodput import schemas
 from goodput.bus.client import TRANSIENT_ERRORS, Bus, BusUnavailableError
-from goodput.telemetry import extract_context, tracer
+from goodput.telemetry import TRACEPARENT, extract_context, tracer
 
 log = logging.getLogger(__name__)
 
-TRACEPARENT = "traceparent"
 
 Handler = Callable[[Any, Msg], Awaitable[None]]
 Decoder = Callable[[bytes], Any]

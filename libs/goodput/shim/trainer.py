@@ -34,16 +34,13 @@ from goodput.ckpt import CheckpointEngine, NoCheckpointError
 from goodput.ckpt import events as ckpt_events
 from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
-from goodput.rank_env import RankEnv
+from goodput.rank_env import EXIT_TERMINATED, RankEnv
 from goodput.shim.link import BusLink
 from goodput.shim.schedule import CheckpointSchedule
 from goodput.shim.tracing import ShimTelemetry
 from goodput.subjects import DEFAULT_JOB
 
 log = logging.getLogger(__name__)
-
-#: exit status of a rank that saved and stopped because it was told to leave (128 + SIGTERM)
-EXIT_TERMINATED = 143
 
 
 class ShimConfig(msgspec.Struct, kw_only=True):

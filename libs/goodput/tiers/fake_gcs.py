@@ -8,7 +8,6 @@ environment: callers get an explicitly configured :class:`storage.Client`.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,11 +21,7 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from goodput.bus.embedded import free_port
 
 
 class FakeGcsServer:

@@ -50,13 +50,12 @@ from signal import SIGTERM
 import xxhash
 
 from goodput import schemas
+from goodput.rank_env import EXIT_TERMINATED
 from goodput_services.sensor.deadlines import DeadlineQueue
 from goodput_services.sensor.straggler import StragglerTracker
 from goodput_services.sensor.thresholds import Thresholds
 
 NS = 1_000_000_000
-#: a trainer that saved and left on SIGTERM exits 128 + 15 (goodput.shim.EXIT_TERMINATED)
-EXIT_TERMINATED = 143
 #: ``RankExited.expected_reason`` values after which nothing is expected to come back
 FINISHING_REASONS = frozenset({"", "stop"})
 

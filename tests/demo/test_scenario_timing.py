@@ -18,7 +18,7 @@ import pytest
 
 from goodput import schemas
 from goodput.config import load_service_config
-from goodput.demo.scenarios import SCENARIOS, DemoFault, Scenario
+from goodput.demo.scenarios import SCENARIOS, DemoFault, DemoScenario
 from goodput.demo.session import service_flags
 from goodput.membership import Membership, MembershipError
 from goodput.policy.state import JobState, new_job_state
@@ -129,7 +129,7 @@ SPEEDS = [(0.1, 5.0), (0.3, 10.0), (1.0, 30.0), (3.0, 90.0)]
 SPEED_IDS = ["idle", "busy", "loaded", "overloaded"]
 
 
-def play(scenario: Scenario, *, step_s: float, recover_s: float, loss: str) -> list[str]:
+def play(scenario: DemoScenario, *, step_s: float, recover_s: float, loss: str) -> list[str]:
     """The decision rules, in order, for a job training at ``step_s`` per step."""
     nodes = [f"node-{i}" for i in range(2 + scenario.spares)]
     run = Run(

@@ -10,7 +10,7 @@ import time
 import msgspec
 
 from goodput.ckptindex.index import IndexSnapshot
-from goodput.ckptindex.records import CopyRecord, FileRef, NodeRecord
+from goodput.ckptindex.records import CopyRecord, FileRef, NodeAddressRecord
 from goodput_services.replicator.options import ReplicatorOptions
 from goodput_services.replicator.planner import (
     BackUp,
@@ -33,8 +33,8 @@ OTHER = [FileRef("data-0.bin", 100, "b" * 32)]
 OPTIONS = ReplicatorOptions(replicas=2, dedup_wait_s=10, backup_every=3, backup_wait_s=30)
 
 
-def node(name: str, block: str = "b0", age_s: float = 0.0) -> NodeRecord:
-    return NodeRecord(
+def node(name: str, block: str = "b0", age_s: float = 0.0) -> NodeAddressRecord:
+    return NodeAddressRecord(
         node=name, host="127.0.0.1", port=1, labels={"block": block}, ts=NOW_NS - int(age_s * 1e9)
     )
 
@@ -46,7 +46,7 @@ def copy(step: int, tier: str, holder: str, owner: str = "node-1", files=FILES) 
 NODES = [node("node-0", "b0"), node("node-1", "b0"), node("node-2", "b0"), node("node-3", "b1")]
 
 
-def snapshot(copies: list[CopyRecord], nodes: list[NodeRecord] = NODES) -> IndexSnapshot:
+def snapshot(copies: list[CopyRecord], nodes: list[NodeAddressRecord] = NODES) -> IndexSnapshot:
     return IndexSnapshot({n.node: n for n in nodes}, copies, node_ttl_s=10, now_ns=NOW_NS)
 
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from goodput.ckptindex.index import IndexSnapshot
-from goodput.ckptindex.records import CopyRecord, FileRef, NodeRecord
+from goodput.ckptindex.records import CopyRecord, FileRef, NodeAddressRecord
 from goodput.ckptindex.retention import Retention, plan_gc
 from goodput_services.replicator.options import ReplicatorOptions
 from goodput_services.replicator.topology import choose_peers
@@ -16,8 +16,8 @@ NOW = time.time_ns()
 FILES = [FileRef("data-0.bin", 100, "a" * 32), FileRef("data-1.bin", 100, "b" * 32)]
 
 
-def node(name: str, block: str = "b0", age_s: float = 0.0) -> NodeRecord:
-    return NodeRecord(
+def node(name: str, block: str = "b0", age_s: float = 0.0) -> NodeAddressRecord:
+    return NodeAddressRecord(
         node=name, host="127.0.0.1", port=1, labels={"block": block}, ts=NOW - int(age_s * 1e9)
     )
 
@@ -26,7 +26,9 @@ def copy(step: int, tier: str, holder: str, owner: str = "node-0", files=FILES) 
     return CopyRecord(step=step, tier=tier, holder=holder, owner=owner, root="r", files=files)
 
 
-def snapshot(copies: list[CopyRecord], nodes: list[NodeRecord] | None = None) -> IndexSnapshot:
+def snapshot(
+    copies: list[CopyRecord], nodes: list[NodeAddressRecord] | None = None
+) -> IndexSnapshot:
     nodes = nodes or [node("node-0"), node("node-1"), node("node-2", "b1")]
     return IndexSnapshot({n.node: n for n in nodes}, copies, node_ttl_s=10, now_ns=NOW)
 

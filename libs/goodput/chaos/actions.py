@@ -21,7 +21,7 @@ from goodput.bus.embedded import EmbeddedNats, EmbeddedNatsError, pid_alive, rea
 from goodput.chaos import spec as faults
 from goodput.chaos.storage import clear_volume, corrupt_newest_checkpoint, fill_volume
 from goodput.chaos.straggler import StragglerRecord, duty_cycle, record_path, stop_detached
-from goodput.chaos.targets import ChaosContext, ChaosError, RankProcess
+from goodput.chaos.targets import ChaosContext, ChaosError, RankTarget
 
 #: how long to wait for a host monitor to say whether it applied an injected fault
 HOSTMON_ANSWER_S = 5.0
@@ -57,7 +57,7 @@ def _describe_target(spec: faults.FaultSpec) -> str:
     return "nats-server" if isinstance(spec, faults.RestartNats) else ""
 
 
-def _rank_target(process: RankProcess) -> str:
+def _rank_target(process: RankTarget) -> str:
     return f"rank {process.rank} on {process.node} (pid {process.pid})"
 
 

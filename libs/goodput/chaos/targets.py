@@ -33,7 +33,7 @@ class ChaosError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class RankProcess:
+class RankTarget:
     rank: int
     node: str
     pid: int
@@ -129,7 +129,7 @@ class ChaosContext:
             return msgspec.json.decode(path.read_bytes(), type=dict[str, list[int]])
         return {}
 
-    async def ranks(self, node: str | None = None) -> list[RankProcess]:
+    async def ranks(self, node: str | None = None) -> list[RankTarget]:
         """Live rank processes of the job (of one node), verified through their environment."""
         found = []
         for listed_node, pids in (await self.rank_pids()).items():
@@ -141,7 +141,7 @@ class ChaosContext:
                     found.append(process)
         return sorted(found, key=lambda p: p.rank)
 
-    def _verified_rank(self, pid: int, node: str) -> RankProcess | None:
+    def _verified_rank(self, pid: int, node: str) -> RankTarget | None:
         try:
             process = psutil.Process(pid)
             if process.status() == psutil.STATUS_ZOMBIE:
@@ -157,14 +157,14 @@ class ChaosContext:
             rank = int(env["RANK"])
         except (KeyError, ValueError):
             return None
-        return RankProcess(
+        return RankTarget(
             rank=rank,
             node=node,
             pid=pid,
             injectable=env.get("GOODPUT_ENABLE_FAULT_INJECTION", "") in ("1", "true", "yes"),
         )
 
-    async def rank(self, rank: int | None) -> RankProcess:
+    async def rank(self, rank: int | None) -> RankTarget:
         """One live rank (``None``: a random one)."""
         ranks = await self.ranks()
         if not ranks:

@@ -20,7 +20,7 @@ from goodput.ckptindex.records import (
     CopyRecord,
     FileRef,
     IndexRecordError,
-    NodeRecord,
+    NodeAddressRecord,
     Tier,
     copy_key,
     decode_copy,
@@ -47,7 +47,7 @@ class CheckpointIndex:
     async def _kv(self) -> KeyValue:
         return await self.bus.kv(subjects.CKPT_INDEX_BUCKET)
 
-    async def announce(self, record: NodeRecord) -> None:
+    async def announce(self, record: NodeAddressRecord) -> None:
         await (await self._kv()).put(node_key(self.job, record.node), encode(record))
 
     async def put_copy(self, record: CopyRecord) -> None:
@@ -63,7 +63,7 @@ class CheckpointIndex:
         watcher = await kv.watch(
             subjects.kv_key(self.job, ">"), ignore_deletes=True, inactive_threshold=2.0
         )
-        nodes: dict[str, NodeRecord] = {}
+        nodes: dict[str, NodeAddressRecord] = {}
         copies: list[CopyRecord] = []
         try:
             # the watcher signals "caught up" with None; a timeout raises instead of returning
@@ -128,7 +128,7 @@ class StepView:
 
 @dataclass
 class IndexSnapshot:
-    nodes: dict[str, NodeRecord]
+    nodes: dict[str, NodeAddressRecord]
     all_copies: list[CopyRecord]
     node_ttl_s: float = DEFAULT_NODE_TTL_S
     now_ns: int = field(default_factory=time.time_ns)
@@ -137,7 +137,7 @@ class IndexSnapshot:
         record = self.nodes.get(node)
         return record is not None and (self.now_ns - record.ts) / 1e9 < self.node_ttl_s
 
-    def live_nodes(self) -> list[NodeRecord]:
+    def live_nodes(self) -> list[NodeAddressRecord]:
         return [r for name, r in sorted(self.nodes.items()) if self.alive(name)]
 
     @property

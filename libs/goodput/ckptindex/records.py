@@ -35,7 +35,7 @@ class FileRef(msgspec.Struct, frozen=True, array_like=True):
     xxh3_128: str
 
 
-class NodeRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class NodeAddressRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node: str
     host: str
     port: int
@@ -90,15 +90,15 @@ def store_namespace(job: str, owner: str) -> str:
 
 
 _encoder = msgspec.msgpack.Encoder()
-_node_decoder = msgspec.msgpack.Decoder(NodeRecord)
+_node_decoder = msgspec.msgpack.Decoder(NodeAddressRecord)
 _copy_decoder = msgspec.msgpack.Decoder(CopyRecord)
 
 
-def encode(record: NodeRecord | CopyRecord) -> bytes:
+def encode(record: NodeAddressRecord | CopyRecord) -> bytes:
     return _encoder.encode(record)
 
 
-def _checked(record: NodeRecord | CopyRecord) -> NodeRecord | CopyRecord:
+def _checked(record: NodeAddressRecord | CopyRecord) -> NodeAddressRecord | CopyRecord:
     if record.schema > INDEX_SCHEMA_VERSION:
         raise IndexRecordError(
             f"index record schema {record.schema} is newer than this build understands "
@@ -107,7 +107,7 @@ def _checked(record: NodeRecord | CopyRecord) -> NodeRecord | CopyRecord:
     return record
 
 
-def decode_node(data: bytes) -> NodeRecord:
+def decode_node(data: bytes) -> NodeAddressRecord:
     try:
         record = _node_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -19,7 +19,7 @@ from typing import Any
 from goodput.chaos import spec as faults
 from goodput.chaos.actions import fire
 from goodput.chaos.targets import ChaosContext, ChaosError
-from goodput.demo.scenarios import DemoFault, Scenario
+from goodput.demo.scenarios import DemoFault, DemoScenario
 from goodput.stack.watch import JobWatcher
 
 #: how often the driver looks at the job while it waits for a fault's moment
@@ -53,7 +53,7 @@ class Driver:
 
     ctx: ChaosContext
     watcher: JobWatcher
-    scenario: Scenario
+    scenario: DemoScenario
     steps: int
     say: Callable[[str], None] = lambda _: None
     #: the job cannot train without a failed node (the baseline): repairs follow the wall clock

@@ -20,13 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Action = Literal["kill-rank", "hang-rank", "slow-rank", "fail-node", "terminate-node"]
+DemoAction = Literal["kill-rank", "hang-rank", "slow-rank", "fail-node", "terminate-node"]
 
 
 @dataclass(frozen=True)
 class DemoFault:
     at: float
-    action: Action
+    action: DemoAction
     rank: int
     #: fail-node: the node is healthy again this many seconds after it failed (None: never)
     repair_after_s: float | None = None
@@ -68,7 +68,7 @@ class DemoFault:
 
 
 @dataclass(frozen=True)
-class Scenario:
+class DemoScenario:
     description: str
     faults: tuple[DemoFault, ...]
     spares: int
@@ -82,8 +82,8 @@ class Scenario:
         )
 
 
-SCENARIOS: dict[str, Scenario] = {
-    "full": Scenario(
+SCENARIOS: dict[str, DemoScenario] = {
+    "full": DemoScenario(
         "a crash, a hang, a straggler, a node lost while a spare is free, another lost with "
         "none left, then repaired (goodput answers with every remediation: in-job restart, "
         "restart, eviction, hot swap, scale down, scale up)",
@@ -97,18 +97,18 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         spares=2,
     ),
-    "none": Scenario("no fault: the reference run", (), spares=1),
-    "kill-twice": Scenario(
+    "none": DemoScenario("no fault: the reference run", (), spares=1),
+    "kill-twice": DemoScenario(
         "kill -9 of a rank (in-job restart), then SIGTERM of a node (hot swap to the spare)",
         (DemoFault(0.25, "kill-rank", rank=1), DemoFault(0.55, "terminate-node", rank=0)),
         spares=1,
     ),
-    "hot-swap": Scenario(
+    "hot-swap": DemoScenario(
         "a node fails while a spare exists: swapped, same world size",
         (DemoFault(0.35, "fail-node", rank=1),),
         spares=1,
     ),
-    "scale-down-up": Scenario(
+    "scale-down-up": DemoScenario(
         "a node fails with no spare (scale down), is repaired 8 s later, once the job has "
         "trained on without it (scale up)",
         (DemoFault(0.25, "fail-node", rank=1, repair_after_s=8.0, repair_at=0.40),),

@@ -27,7 +27,7 @@ from goodput.accounting import GoodputReport, compute_goodput, replay_from_bus
 from goodput.bus import Bus, BusSettings
 from goodput.chaos.targets import ChaosContext
 from goodput.demo.driver import Driver
-from goodput.demo.scenarios import Scenario
+from goodput.demo.scenarios import DemoScenario
 from goodput.policies import restart_whole_job
 from goodput.stack.launcher import start_stack, stop_stack, wait_healthy
 from goodput.stack.watch import JobWatcher
@@ -49,7 +49,7 @@ CRASH_LOOP = "crash_loop={window_s=20.0,max_restarts=3,backoff_s=5.0,max_backoff
 class RunPlan:
     setup: Setup
     scenario_name: str
-    scenario: Scenario
+    scenario: DemoScenario
     steps: int
     nodes: int
     spares: int

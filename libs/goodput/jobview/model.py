@@ -25,7 +25,7 @@ RATE_WINDOW_S = 30.0
 GOODPUT_EVERY_S = 5.0
 
 NodeRole = Literal["active", "spare", "failed", "unknown"]
-Tier = Literal["saved", "persisted", "replicated", "backed_up"]
+CheckpointStage = Literal["saved", "persisted", "replicated", "backed_up"]
 #: where each tier's copy lives, in the order a restore prefers them
 TIER_TITLES: dict[str, str] = {
     "saved": "host memory (snapshot)",
@@ -65,7 +65,7 @@ class NodeView(msgspec.Struct, kw_only=True):
 class TierView(msgspec.Struct, kw_only=True):
     """The newest checkpoint one tier reported."""
 
-    tier: Tier
+    tier: CheckpointStage
     step: int
     age_s: float
     #: ranks (saved/persisted), peers (replicated) or URIs (backed up) holding that step
@@ -80,7 +80,7 @@ class RestoreView(msgspec.Struct, kw_only=True):
     fallbacks: list[str]
 
 
-class StepView(msgspec.Struct, kw_only=True):
+class StepProgress(msgspec.Struct, kw_only=True):
     step: int | None = None
     #: reference-rank steps per second over the last RATE_WINDOW_S (None: fewer than 2 steps)
     steps_per_s: float | None = None
@@ -137,7 +137,7 @@ class JobSnapshot(msgspec.Struct, kw_only=True):
     procs_per_node: int
     detail: str
     events: int
-    step: StepView
+    step: StepProgress
     nodes: list[NodeView]
     ranks: list[RankView]
     checkpoints: list[TierView]
@@ -183,7 +183,7 @@ class JobModel:
         self.latest_attempt = 0
         self.last_heard: dict[str, int] = {}
         self.hosts: dict[str, schemas.HostHealth] = {}
-        self.copies: dict[Tier, _Copy] = {}
+        self.copies: dict[CheckpointStage, _Copy] = {}
         self.last_restore: schemas.CheckpointRestored | None = None
         self.last_failure: schemas.CheckpointFailed | None = None
         self.step_ts: deque[int] = deque()  # reference-rank step completions inside the window
@@ -274,7 +274,7 @@ class JobModel:
         while self.step_ts and self.step_ts[0] < event.ts - self.rate_window_ns:
             self.step_ts.popleft()
 
-    def _copy(self, tier: Tier, step: int, ts: int, holder: str) -> None:
+    def _copy(self, tier: CheckpointStage, step: int, ts: int, holder: str) -> None:
         current = self.copies.get(tier)
         if current is None or current.step != step:
             # "last" is the newest report: after a rollback an older step is the live one again
@@ -361,10 +361,10 @@ class JobModel:
             goodput_note=self._goodput_note,
         )
 
-    def _step_view(self, now_ns: int) -> StepView:
+    def _step_view(self, now_ns: int) -> StepProgress:
         last = self.last_step
         if last is None:
-            return StepView()
+            return StepProgress()
         start = now_ns - self.rate_window_ns
         recent = [ts for ts in self.step_ts if ts >= start]
         rate = None
@@ -372,7 +372,7 @@ class JobModel:
             rate = round((len(recent) - 1) / ((recent[-1] - recent[0]) / 1e9), 3)
         elif self.step_ts and not recent:
             rate = 0.0  # steps were seen, none in the window: training is not progressing
-        return StepView(
+        return StepProgress(
             step=last.step,
             steps_per_s=rate,
             step_time_s=round(last.step_time_s, 4),

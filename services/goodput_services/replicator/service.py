@@ -32,7 +32,7 @@ from goodput.ckptindex.index import CheckpointIndex, IndexSnapshot
 from goodput.ckptindex.records import (
     STORE_HOLDER,
     CopyRecord,
-    NodeRecord,
+    NodeAddressRecord,
     copy_key,
     store_namespace,
 )
@@ -210,7 +210,7 @@ class ReplicatorService(Service):
     async def _sync_once(self) -> None:
         assert self.index is not None and self.peer_server is not None
         await self.index.announce(
-            NodeRecord(
+            NodeAddressRecord(
                 node=self.node,
                 host=self.options.advertise_host or self.options.host,
                 port=self.peer_server.port,
@@ -265,7 +265,7 @@ class ReplicatorService(Service):
             *(self._push(held.newest_own, snapshot.nodes[p.peer], p.reason) for p in decision)
         )
 
-    async def _push(self, mine: CopyRecord, peer: NodeRecord, reason: str) -> None:
+    async def _push(self, mine: CopyRecord, peer: NodeAddressRecord, reason: str) -> None:
         assert self.bus is not None
         source = step_dir(self.node_dir / mine.root, mine.step)
         remote = f"{peer_root(self.job, self.node)}/{step_dir_name(mine.step)}"

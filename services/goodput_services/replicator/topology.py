@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from goodput.ckptindex.records import NodeRecord
+from goodput.ckptindex.records import NodeAddressRecord
 
 
-def block_of(record: NodeRecord, label: str) -> str:
+def block_of(record: NodeAddressRecord, label: str) -> str:
     return record.labels.get(label, "")
 
 
@@ -24,8 +24,8 @@ def rotated(names: list[str], after: str) -> list[str]:
 
 
 def choose_peers(
-    me: NodeRecord,
-    candidates: Iterable[NodeRecord],
+    me: NodeAddressRecord,
+    candidates: Iterable[NodeAddressRecord],
     *,
     identical: set[str],
     count: int,

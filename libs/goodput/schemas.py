@@ -200,6 +200,9 @@ class HostHealth(Event, tag="host_health", kw_only=True):
     mem_total_bytes: int = 0
     ranks_alive: int = 0
     ranks_expected: int = 0
+    #: the attempt of the job status the ranks were counted against (0: none): a count from
+    #: an older attempt says nothing about ranks a newer one started
+    attempt: int = 0
     faults: list[str] = msgspec.field(default_factory=list)
     detail: str = ""
 

@@ -490,3 +490,27 @@ def test_a_hang_is_blamed_on_the_rank_that_did_not_finish_the_step() -> None:
     signals = [s for s in feed(detector, events, until=at(45)) if s.signal == "hang"]
     assert [(s.node, s.rank) for s in signals] == [("node-0", 0)]
     assert "node-1" not in signals[0].detail.split(";")[0]
+
+
+def test_a_host_count_against_an_older_attempt_is_no_crash_of_the_new_one() -> None:
+    """Under load the host monitor may still count the previous attempt's pids (its job status
+    is older than the relaunch): '0 of 1 ranks alive' then says nothing about the new ranks."""
+    detector = Detector(JOB)
+    events = [(at(0), started(r, n, attempt=1, world_size=2)) for r, n in TWO.items()]
+    events += [(at(t), heartbeat(r, n, t)) for t in range(1, 10) for r, n in TWO.items()]
+    events += [
+        (at(t + 0.5), host(n, ranks_alive=1, ranks_expected=1, attempt=1))
+        for t in range(9)
+        for n in ("node-0", "node-1")
+    ]
+    # a graceful relaunch (scale-up): the old ranks leave, attempt 2 starts
+    events += [(at(10.0), exited(r, n, 143, reason="scale_to")) for r, n in TWO.items()]
+    events += [(at(10.5), started(r, n, attempt=2, world_size=2)) for r, n in TWO.items()]
+    stale = [
+        (at(10.6 + t), host(n, ranks_alive=0, ranks_expected=1, attempt=1))
+        for t in range(4)
+        for n in ("node-0", "node-1")
+    ]
+    events += stale
+    events += [(at(10.5 + t), heartbeat(r, n, t)) for t in range(1, 8) for r, n in TWO.items()]
+    assert feed(detector, events, until=at(18)) == []

@@ -172,6 +172,7 @@ class HostMonitorService(Service):
             mem_total_bytes=sample.memory.total_bytes,
             ranks_alive=sample.ranks_alive if expected else 0,
             ranks_expected=expected,
+            attempt=status.attempt if status is not None else 0,
             faults=sorted(faults),
             detail="; ".join(details),
         )

@@ -340,7 +340,10 @@ class Detector:
         believed = sum(
             1
             for r in node.ranks
-            if self._ranks[r].alive and self._ranks[r].busy != schemas.BUSY_EXITING
+            if self._ranks[r].alive
+            and self._ranks[r].busy != schemas.BUSY_EXITING
+            # a count against an older attempt's pids cannot see a newer attempt's process
+            and self._ranks[r].attempt <= event.attempt
         )
         missing = min(event.ranks_expected, believed) - event.ranks_alive
         if missing > 0:

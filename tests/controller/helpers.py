@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from goodput import schemas
+from goodput.bus import EmbeddedNats
 from goodput.policy.state import JobState, new_job_state
 
 JOB = "job"
@@ -28,4 +34,30 @@ def job(active: int = 6, spares: int = 0, per_dp: int = 2) -> JobState:
 def signal(kind: str, node: str = "", severity: str = "correctable", **fields) -> schemas.Signal:
     return schemas.Signal(
         job=JOB, signal=kind, node=node, severity=severity, detail="test", **fields
+    )
+
+
+def spawn_service(
+    name: str, job: str, server: EmbeddedNats, state: Path, *options: str
+) -> subprocess.Popen:
+    """A real service process of ``job`` on ``server``; ``options`` as ``--set`` flags; its
+    instance name and log file tell apart several processes of one service."""
+    flags = [item for option in options for item in ("--set", option)]
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            f"goodput_services.{name}",
+            "--job",
+            job,
+            "--nats-url",
+            server.url,
+            "--state-dir",
+            str(state),
+            "--instance",
+            f"{name}-{len(options)}",
+            *flags,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(state / f"{name}-{os.getpid()}-{len(options)}.log", "ab"),
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,33 +12,12 @@ import pytest
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
+from tests.controller.helpers import spawn_service
 from tests.stack.helpers import EventTap
 
 pytestmark = pytest.mark.slow
 JOB = "job-ha"
 SLEEPER = "import time; time.sleep(600)"
-
-
-def _service(name: str, server: EmbeddedNats, state: Path, *options: str) -> subprocess.Popen:
-    flags = [item for option in options for item in ("--set", option)]
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            f"goodput_services.{name}",
-            "--job",
-            JOB,
-            "--nats-url",
-            server.url,
-            "--state-dir",
-            str(state),
-            "--instance",
-            f"{name}-{len(options)}",
-            *flags,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(state / f"{name}-{os.getpid()}-{len(options)}.log", "ab"),
-    )
 
 
 async def _leader(bus: Bus) -> str:
@@ -52,12 +30,17 @@ async def test_standby_finishes_the_remediation_and_nothing_runs_twice(
     tmp_path: Path, nats_server: EmbeddedNats
 ) -> None:
     processes = [
-        _service("actuator", nats_server, tmp_path, "restore_timeout_s=0"),
-        _service("sensor", nats_server, tmp_path),
+        spawn_service("actuator", JOB, nats_server, tmp_path, "restore_timeout_s=0"),
+        spawn_service("sensor", JOB, nats_server, tmp_path),
     ]
     # the first controller holds each decision for 5 s between storing and sending it
-    doomed = _service(
-        "controller", nats_server, tmp_path, "inject_pause_before_send_s=5.0", "lease_ttl_s=2.0"
+    doomed = spawn_service(
+        "controller",
+        JOB,
+        nats_server,
+        tmp_path,
+        "inject_pause_before_send_s=5.0",
+        "lease_ttl_s=2.0",
     )
     processes.append(doomed)
     bus = await Bus.connect(BusSettings(url=nats_server.url), name="test")
@@ -71,7 +54,7 @@ async def test_standby_finishes_the_remediation_and_nothing_runs_twice(
             except Exception:
                 pass
             await asyncio.sleep(0.2)
-        processes.append(_service("controller", nats_server, tmp_path, "lease_ttl_s=2.0"))
+        processes.append(spawn_service("controller", JOB, nats_server, tmp_path, "lease_ttl_s=2.0"))
         start = schemas.StartJob(
             job=JOB, argv=[sys.executable, "-c", SLEEPER], nodes=2, procs_per_node=1, spares=1
         )

@@ -10,8 +10,6 @@ in order, must refuse the controller's swap.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,31 +20,12 @@ import pytest
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.policy.state import JobState
+from tests.controller.helpers import spawn_service
 from tests.stack.helpers import EventTap
 
 pytestmark = pytest.mark.slow
 JOB = "job-refusal"
 SLEEPER = "import time; time.sleep(600)"
-
-
-def _service(name: str, server: EmbeddedNats, state: Path, *options: str) -> subprocess.Popen:
-    flags = [item for option in options for item in ("--set", option)]
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            f"goodput_services.{name}",
-            "--job",
-            JOB,
-            "--nats-url",
-            server.url,
-            "--state-dir",
-            str(state),
-            *flags,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(state / f"{name}-{os.getpid()}.log", "ab"),
-    )
 
 
 class _Record(msgspec.Struct):
@@ -74,8 +53,8 @@ async def test_a_refused_hot_swap_leaves_the_node_active_for_the_next_decision(
     tmp_path: Path, nats_server: EmbeddedNats
 ) -> None:
     processes = [
-        _service("actuator", nats_server, tmp_path, "restore_timeout_s=4"),
-        _service("controller", nats_server, tmp_path),
+        spawn_service("actuator", JOB, nats_server, tmp_path, "restore_timeout_s=4"),
+        spawn_service("controller", JOB, nats_server, tmp_path),
     ]
     bus = await Bus.connect(BusSettings(url=nats_server.url), name="test")
     await bus.provision()
@@ -151,7 +130,7 @@ async def test_a_first_launch_no_state_can_hold_is_refused_once_not_retried(
     tmp_path: Path, nats_server: EmbeddedNats
 ) -> None:
     """#16 item 10: a job started on no node made the controller raise until dead-lettered."""
-    controller = _service("controller", nats_server, tmp_path)
+    controller = spawn_service("controller", JOB, nats_server, tmp_path)
     bus = await Bus.connect(BusSettings(url=nats_server.url), name="test")
     await bus.provision()
     tap = await EventTap(bus, JOB).start()

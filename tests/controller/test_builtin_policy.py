@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from goodput import schemas
-from goodput_services.controller.engine import Controller
+from goodput.control.engine import Controller
 
 from .helpers import JOB, at, job, signal
 

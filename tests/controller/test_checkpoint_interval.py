@@ -7,13 +7,13 @@ import math
 import pytest
 
 from goodput import schemas
-from goodput_services.controller.checkpoint_interval import (
+from goodput.control.checkpoint_interval import (
     IntervalSettings,
     observed_mtbf_s,
     young_interval_s,
 )
-from goodput_services.controller.engine import Controller
-from goodput_services.controller.state import observe_signal, record_checkpoint, record_step_time
+from goodput.control.engine import Controller
+from goodput.control.state import observe_signal, record_checkpoint, record_step_time
 
 from .helpers import JOB, at, job, signal
 

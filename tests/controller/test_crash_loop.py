@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from goodput import schemas
-from goodput_services.controller.crash_loop import CrashLoopLimits
-from goodput_services.controller.engine import Controller, ControllerSettings
+from goodput.control.crash_loop import CrashLoopLimits
+from goodput.control.engine import Controller, ControllerSettings
 
 from .helpers import at, job, signal
 

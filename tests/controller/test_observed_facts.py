@@ -8,10 +8,10 @@ show that the actuator can execute them.
 from __future__ import annotations
 
 from goodput import schemas
+from goodput.control.engine import Controller, ControllerSettings
+from goodput.control.state import observe_result, observe_status
 from goodput.membership import Membership
 from goodput.policy import JobState
-from goodput_services.controller.engine import Controller, ControllerSettings
-from goodput_services.controller.state import observe_result, observe_status
 
 from .helpers import JOB, at, job, signal
 

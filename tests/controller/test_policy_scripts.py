@@ -9,7 +9,7 @@ import pytest
 
 import goodput.policies
 from goodput import schemas
-from goodput_services.controller.engine import Controller, ControllerSettings
+from goodput.control.engine import Controller, ControllerSettings
 
 from .helpers import at, job, signal
 

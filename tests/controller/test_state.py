@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from goodput import schemas
-from goodput.policy.state import decode_state, encode_state, new_job_state
-from goodput_services.controller.state import (
+from goodput.control.state import (
     apply_command,
     observe_signal,
     record_checkpoint,
     record_step_time,
 )
+from goodput.policy.state import decode_state, encode_state, new_job_state
 
 from .helpers import JOB, T0, at, job, signal
 

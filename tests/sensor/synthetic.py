@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass, field
 
 from goodput import schemas
-from goodput_services.sensor.detectors import NS, Detector
+from goodput.detect.detector import NS, Detector
 
 JOB = "job"
 T0 = 1_700_000_000 * NS

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goodput_services.sensor.deadlines import DeadlineQueue
+from goodput.detect.deadlines import DeadlineQueue
 
 operations = st.lists(
     st.one_of(

@@ -16,8 +16,8 @@ import msgspec
 import pytest
 
 from goodput import schemas
-from goodput_services.sensor.detectors import Detector
-from goodput_services.sensor.straggler import StragglerTracker
+from goodput.detect.detector import Detector
+from goodput.detect.straggler import StragglerTracker
 
 from .synthetic import JOB, at
 

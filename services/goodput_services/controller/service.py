@@ -29,17 +29,17 @@ from opentelemetry.context import Context
 from goodput import schemas, subjects
 from goodput.bus import DurableConsumer
 from goodput.config import ServiceConfig
-from goodput.policy.state import ACTUATOR_COMMANDS, AnyCommand, JobState, new_job_state
-from goodput.telemetry import attached, context_from_traceparent, current_traceparent, tracer
-from goodput_services.base import Service
-from goodput_services.controller.engine import Controller, Outcome
-from goodput_services.controller.lease import Lease
-from goodput_services.controller.options import ControllerOptions
-from goodput_services.controller.state import (
+from goodput.control.engine import Controller, Outcome
+from goodput.control.state import (
     observe_status,
     record_checkpoint,
     record_step_time,
 )
+from goodput.policy.state import ACTUATOR_COMMANDS, AnyCommand, JobState, new_job_state
+from goodput.telemetry import attached, context_from_traceparent, current_traceparent, tracer
+from goodput_services.base import Service
+from goodput_services.controller.lease import Lease
+from goodput_services.controller.options import ControllerOptions
 
 log = logging.getLogger(__name__)
 

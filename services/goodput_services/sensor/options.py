@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from goodput_services.sensor.thresholds import Thresholds, updated
+from goodput.detect.thresholds import Thresholds, updated
 
 
 class SensorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -19,11 +19,11 @@ from opentelemetry.context import Context
 from goodput import schemas, subjects
 from goodput.bus import DurableConsumer
 from goodput.config import ServiceConfig
+from goodput.detect.detector import Detector
+from goodput.detect.thresholds import Thresholds, updated
 from goodput.telemetry import link_to_current, tracer
 from goodput_services.base import Service
-from goodput_services.sensor.detectors import Detector
 from goodput_services.sensor.options import SensorOptions
-from goodput_services.sensor.thresholds import Thresholds, updated
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import time
 import msgspec
 
 from goodput import schemas
-from goodput_services.sensor.detectors import NS, Detector
+from goodput.detect.detector import NS, Detector
 
 
 class DetectorLoad(msgspec.Struct, kw_only=True):

@@ -22,11 +22,9 @@ import msgspec
 import xxhash
 
 from goodput import schemas
-from goodput.policy import JobState, Plan, PolicyError, default_policy, validate
-from goodput.policy.state import DeferredSignal, Remediation
-from goodput_services.controller import checkpoint_interval, crash_loop
-from goodput_services.controller.policy import ScriptPolicy
-from goodput_services.controller.state import (
+from goodput.control import checkpoint_interval, crash_loop
+from goodput.control.script_policy import ScriptPolicy
+from goodput.control.state import (
     FAILURE_KINDS,
     RESTARTING,
     apply_command,
@@ -34,6 +32,8 @@ from goodput_services.controller.state import (
     observe_result,
     observe_signal,
 )
+from goodput.policy import JobState, Plan, PolicyError, default_policy, validate
+from goodput.policy.state import DeferredSignal, Remediation
 
 BUILTIN = "builtin"
 

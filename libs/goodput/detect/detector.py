@@ -1,97 +1,28 @@
-"""The sensor's logic: events in, signals out — pure, deterministic, driven by explicit times.
-
-The service feeds every event with the time it received it (``now``, epoch ns) and calls
-:meth:`Detector.poll` every ``heartbeat_polling_period_s``; nothing here reads a clock, does
-I/O or touches the bus, so the same event sequence always yields the same signals.
-
-What is detected:
-
-* **crash** — a rank exited non-zero (or by a signal) without being told to (immediately);
-  or its host monitor counts fewer live ranks than the detector believes alive there (an
-  exited or not yet started rank is not missing) and no exit report came within
-  ``pod_termination_threshold_s`` (the process vanished).
-* **missed_heartbeat** — a live rank silent longer than its heartbeat timeout:
-  ``max(heartbeat_timeout_s, heartbeat_safety_factor × longest gap seen)``, and at least
-  ``first_heartbeat_timeout_s`` before a started rank's first heartbeat. When every rank of
-  the node is silent and its host monitor is silent too, the node is believed lost: one
-  node-wide, uncorrectable signal; otherwise a correctable one naming the rank. A rank whose
-  last beat said it is leaving (``schemas.BUSY_EXITING``: finished or told to stop) gets
-  ``exit_timeout_s`` for its exit report, and its vanishing process is not a crash.
-* **hang** — a rank still heartbeating but without step progress for
-  ``max(hang_min_timeout_s, hang_safety_factor × longest step interval seen)`` (the first step
-  after a start gets ``first_step_timeout_s``). A rank inside a checkpoint save or load
-  (``Heartbeat.busy``) is not hung unless that lasts ``checkpoint_timeout_s``; the interval
-  spent there is neither counted nor learnt. It is blamed on the live rank furthest behind in
-  finished steps: its peers finished the step and only wait for it in the next collective.
-* **straggler** — see :mod:`.straggler`; reported once per node.
-* **degraded_host** — a host report that is unhealthy or lists faults (GPU XID, uncorrected
-  ECC, a missing GPU, disk full ...), once per new set of faults; **node_returned** when that
-  host reports healthy again.
-* **job_down** — the job should be running but no rank made progress (a step, or a busy
-  checkpoint heartbeat) for ``jobset_downtime_threshold_s`` (``first_step_timeout_s`` while a
-  started rank has not made its first step yet).
-
-Learnt intervals shrink by ``interval_decay`` per observation, so an old peak is forgotten.
-
-One failure is one incident, not a storm: a rank is reported at most once per failure (an
-exited rank has no heartbeat or hang deadline left), a node that has been reported is not
-reported again, and while a correctable job-wide incident (crash, hang, a single rank's missed
-heartbeat) is open, further correctable failures elsewhere are taken as its collateral
-(in synchronous training every rank stalls or dies when one does). A rank (re)start closes
-the incident of its node and the job's open incident. A node-wide loss or a degraded host is
-still reported during an open incident: it needs the node replaced, not just a restart.
-"""
+"""The failure detector: see the package docstring for what it detects and why."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from signal import SIGTERM
 
-import xxhash
-
 from goodput import schemas
+from goodput.detect.deadlines import DeadlineQueue
+from goodput.detect.host_faults import fault_change, host_faults
+from goodput.detect.records import NodeRecord, RankRecord
+from goodput.detect.signals import make_signal
+from goodput.detect.straggler import StragglerTracker
+from goodput.detect.thresholds import Thresholds
+from goodput.detect.timeouts import (
+    NS,
+    hang_deadline,
+    hang_timeout,
+    heartbeat_deadline,
+    heartbeat_timeout,
+    missing_deadline,
+)
 from goodput.rank_env import EXIT_TERMINATED
-from goodput_services.sensor.deadlines import DeadlineQueue
-from goodput_services.sensor.straggler import StragglerTracker
-from goodput_services.sensor.thresholds import Thresholds
 
-NS = 1_000_000_000
 #: ``RankExited.expected_reason`` values after which nothing is expected to come back
 FINISHING_REASONS = frozenset({"", "stop"})
-
-
-@dataclass(slots=True)
-class _Rank:
-    node: str
-    attempt: int = 0
-    alive: bool = True
-    last_heartbeat_ns: int = 0
-    #: smoothed longest gap between heartbeats (ns)
-    heartbeat_gap_ns: float = 0.0
-    #: newest step seen in a heartbeat (None: no heartbeat since the start, no baseline yet)
-    heartbeat_step: int | None = None
-    #: newest step reported done
-    done_step: int = -1
-    last_progress_ns: int = 0
-    #: progress observations since the rank (re)started; 0 means "first step allowance"
-    progress_seen: int = 0
-    #: smoothed longest interval between progress observations (ns)
-    step_gap_ns: float = 0.0
-    busy: str = ""
-    busy_since_ns: int = 0
-    hang_reported: bool = False
-
-
-@dataclass(slots=True)
-class _Node:
-    ranks: set[int] = field(default_factory=set)
-    #: host monitor reports fewer live ranks than expected, since (ns); 0 = not missing
-    missing_since_ns: int = 0
-    missing_detail: str = ""
-    #: when its host monitor last reported (ns); 0 = never
-    last_health_ns: int = 0
-    #: faults last reported as a degraded_host signal
-    faults: tuple[str, ...] = ()
 
 
 class Detector:
@@ -104,8 +35,8 @@ class Detector:
 
     def _forget_run(self) -> None:
         """Know nothing of any rank or node: the state of one run of the job."""
-        self._ranks: dict[int, _Rank] = {}
-        self._nodes: dict[str, _Node] = {}
+        self._ranks: dict[int, RankRecord] = {}
+        self._nodes: dict[str, NodeRecord] = {}
         self._heartbeat_deadlines: DeadlineQueue[int] = DeadlineQueue()
         self._hang_deadlines: DeadlineQueue[int] = DeadlineQueue()
         self._missing_deadlines: DeadlineQueue[str] = DeadlineQueue()
@@ -137,13 +68,13 @@ class Detector:
         self._hang_deadlines.clear()
         for rank_id, rank in self._ranks.items():
             if rank.alive:
-                self._heartbeat_deadlines.arm(rank_id, self._heartbeat_deadline(rank))
+                self._heartbeat_deadlines.arm(rank_id, heartbeat_deadline(rank, self._thresholds))
                 if not rank.hang_reported:
-                    self._hang_deadlines.arm(rank_id, self._hang_deadline(rank))
+                    self._hang_deadlines.arm(rank_id, hang_deadline(rank, self._thresholds))
         self._missing_deadlines.clear()
         for name, node in self._nodes.items():
             if node.missing_since_ns:
-                self._missing_deadlines.arm(name, self._missing_deadline(node))
+                self._missing_deadlines.arm(name, missing_deadline(node, self._thresholds))
 
     # ---- events --------------------------------------------------------------------------------
 
@@ -173,7 +104,7 @@ class Detector:
         if rank is not None and event.attempt < rank.attempt:
             return []  # a late report of an older generation
         if rank is None:
-            rank = self._ranks[event.rank] = _Rank(node=event.node, alive=False)
+            rank = self._ranks[event.rank] = RankRecord(node=event.node, alive=False)
         elif rank.node != event.node:
             self._node(rank.node).ranks.discard(event.rank)
         if not rank.alive:
@@ -201,8 +132,8 @@ class Detector:
         self._straggler_nodes.discard(event.node)
         self._stragglers.forget(event.rank)
         self._mark_job_progress(now)
-        self._heartbeat_deadlines.arm(event.rank, self._heartbeat_deadline(rank))
-        self._hang_deadlines.arm(event.rank, self._hang_deadline(rank))
+        self._heartbeat_deadlines.arm(event.rank, heartbeat_deadline(rank, self._thresholds))
+        self._hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
         return []
 
     def on_rank_exited(self, event: schemas.RankExited, now: int) -> list[schemas.Signal]:
@@ -210,7 +141,7 @@ class Detector:
         if rank is not None and event.attempt < rank.attempt:
             return []
         if rank is None:
-            rank = self._ranks[event.rank] = _Rank(node=event.node, alive=False)
+            rank = self._ranks[event.rank] = RankRecord(node=event.node, alive=False)
             self._node(event.node).ranks.add(event.rank)
         elif rank.alive:
             rank.alive = False
@@ -253,7 +184,7 @@ class Detector:
         rank = self._ranks.get(event.rank)
         if rank is None:
             # the sensor (re)started while the job runs: adopt the rank as it is now
-            rank = self._ranks[event.rank] = _Rank(
+            rank = self._ranks[event.rank] = RankRecord(
                 node=event.node, last_heartbeat_ns=now, last_progress_ns=now
             )
             self._node(event.node).ranks.add(event.rank)
@@ -264,7 +195,7 @@ class Detector:
         else:
             gap = now - rank.last_heartbeat_ns
             # the first beat of a new process comes after its start-up, not after a beat
-            if rank.heartbeat_step is not None and gap < self._heartbeat_timeout(rank):
+            if rank.heartbeat_step is not None and gap < heartbeat_timeout(rank, self._thresholds):
                 rank.heartbeat_gap_ns = max(
                     gap, rank.heartbeat_gap_ns * self._thresholds.interval_decay
                 )
@@ -283,20 +214,20 @@ class Detector:
         elif event.step > rank.heartbeat_step:
             rank.heartbeat_step = event.step
             self._progress(event.rank, rank, now)
-        self._heartbeat_deadlines.arm(event.rank, self._heartbeat_deadline(rank))
+        self._heartbeat_deadlines.arm(event.rank, heartbeat_deadline(rank, self._thresholds))
         if not rank.hang_reported:
-            self._hang_deadlines.arm(event.rank, self._hang_deadline(rank))
+            self._hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
         return []
 
     def on_step(self, event: schemas.StepDone, now: int) -> list[schemas.Signal]:
         rank = self._ranks.get(event.rank)
         if rank is None:
-            rank = self._ranks[event.rank] = _Rank(
+            rank = self._ranks[event.rank] = RankRecord(
                 node=event.node, last_heartbeat_ns=now, last_progress_ns=now
             )
             self._node(event.node).ranks.add(event.rank)
             self._alive_ranks += 1
-            self._heartbeat_deadlines.arm(event.rank, self._heartbeat_deadline(rank))
+            self._heartbeat_deadlines.arm(event.rank, heartbeat_deadline(rank, self._thresholds))
         if not rank.alive:
             return []
         if rank.busy:
@@ -305,7 +236,7 @@ class Detector:
             rank.done_step = event.step
             self._progress(event.rank, rank, now)
             if not rank.hang_reported:
-                self._hang_deadlines.arm(event.rank, self._hang_deadline(rank))
+                self._hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
         signals = []
         # without a world size in the report, the ranks known alive are the peers to wait for
         expected = event.world_size if event.world_size > 1 else self._alive_ranks
@@ -328,7 +259,7 @@ class Detector:
             rank.last_progress_ns = now
         self._mark_job_progress(now)
         if not rank.hang_reported:
-            self._hang_deadlines.arm(event.rank, self._hang_deadline(rank))
+            self._hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
         return []
 
     def on_host_health(self, event: schemas.HostHealth, now: int) -> list[schemas.Signal]:
@@ -349,7 +280,7 @@ class Detector:
         if missing > 0:
             if not node.missing_since_ns:
                 node.missing_since_ns = now
-                self._missing_deadlines.arm(event.node, self._missing_deadline(node))
+                self._missing_deadlines.arm(event.node, missing_deadline(node, self._thresholds))
             node.missing_detail = (
                 f"host monitor of {event.node} sees {event.ranks_alive} of "
                 f"{event.ranks_expected} ranks alive"
@@ -401,7 +332,7 @@ class Detector:
         rank = self._ranks[rank_id]
         if not rank.alive:
             return []
-        deadline = self._heartbeat_deadline(rank)
+        deadline = heartbeat_deadline(rank, self._thresholds)
         if now < deadline:
             self._heartbeat_deadlines.arm(rank_id, deadline)
             return []
@@ -441,11 +372,11 @@ class Detector:
         rank = self._ranks[rank_id]
         if not rank.alive or rank.hang_reported:
             return []
-        deadline = self._hang_deadline(rank)
+        deadline = hang_deadline(rank, self._thresholds)
         if now < deadline:
             self._hang_deadlines.arm(rank_id, deadline)
             return []
-        if now - rank.last_heartbeat_ns >= self._heartbeat_timeout(rank):
+        if now - rank.last_heartbeat_ns >= heartbeat_timeout(rank, self._thresholds):
             return []  # silent altogether: a missed heartbeat, reported by that check
         rank.hang_reported = True
         waiting = ""
@@ -457,7 +388,7 @@ class Detector:
             rank_id, rank = laggard, self._ranks[laggard]
             rank.hang_reported = True
             self._hang_deadlines.disarm(rank_id)
-            deadline = self._hang_deadline(rank)
+            deadline = hang_deadline(rank, self._thresholds)
         if rank.busy:
             stuck_s = (now - rank.busy_since_ns) / NS
             detail = f"rank {rank_id} on {rank.node} stuck in {rank.busy} for {stuck_s:.1f} s"
@@ -481,7 +412,7 @@ class Detector:
             now=now,
         )
 
-    def _laggard(self, rank: _Rank) -> int | None:
+    def _laggard(self, rank: RankRecord) -> int | None:
         """The live rank furthest behind ``rank`` in finished steps, if one is behind it."""
         behind = [
             (other.done_step, rank_id)
@@ -506,40 +437,9 @@ class Detector:
             now=now,
         )
 
-    def _heartbeat_timeout(self, rank: _Rank) -> float:
-        t = self._thresholds
-        timeout = max(t.heartbeat_timeout_s * NS, t.heartbeat_safety_factor * rank.heartbeat_gap_ns)
-        if rank.heartbeat_step is None:
-            # started, but its heartbeat thread is not up yet (interpreter start, imports)
-            timeout = max(timeout, t.first_heartbeat_timeout_s * NS)
-        if rank.busy == schemas.BUSY_EXITING:
-            timeout = max(timeout, t.exit_timeout_s * NS)
-        return timeout
-
-    def _heartbeat_deadline(self, rank: _Rank) -> int:
-        return rank.last_heartbeat_ns + int(self._heartbeat_timeout(rank))
-
     def hang_timeout_s(self, rank_id: int) -> float:
         """The hang timeout in force for a rank now (seconds), for reports and tests."""
-        rank = self._ranks[rank_id]
-        return self._hang_timeout(rank) / NS
-
-    def _hang_timeout(self, rank: _Rank) -> float:
-        t = self._thresholds
-        timeout = max(t.hang_min_timeout_s * NS, t.hang_safety_factor * rank.step_gap_ns)
-        if rank.progress_seen == 0:
-            timeout = max(timeout, t.first_step_timeout_s * NS)
-        return timeout
-
-    def _hang_deadline(self, rank: _Rank) -> int:
-        if rank.busy == schemas.BUSY_EXITING:
-            return rank.busy_since_ns + int(self._thresholds.exit_timeout_s * NS)
-        if rank.busy:
-            return rank.busy_since_ns + int(self._thresholds.checkpoint_timeout_s * NS)
-        return rank.last_progress_ns + int(self._hang_timeout(rank))
-
-    def _missing_deadline(self, node: _Node) -> int:
-        return node.missing_since_ns + int(self._thresholds.pod_termination_threshold_s * NS)
+        return hang_timeout(self._ranks[rank_id], self._thresholds) / NS
 
     def _job_down_deadline(self) -> int:
         t = self._thresholds
@@ -550,13 +450,13 @@ class Detector:
 
     # ---- bookkeeping -----------------------------------------------------------------------------
 
-    def _node(self, name: str) -> _Node:
+    def _node(self, name: str) -> NodeRecord:
         node = self._nodes.get(name)
         if node is None:
-            node = self._nodes[name] = _Node()
+            node = self._nodes[name] = NodeRecord()
         return node
 
-    def _progress(self, rank_id: int, rank: _Rank, now: int) -> None:
+    def _progress(self, rank_id: int, rank: RankRecord, now: int) -> None:
         if rank.progress_seen and not rank.hang_reported:
             gap = now - rank.last_progress_ns
             rank.step_gap_ns = max(gap, rank.step_gap_ns * self._thresholds.interval_decay)
@@ -567,7 +467,7 @@ class Detector:
         rank.hang_reported = False
         self._mark_job_progress(now)
 
-    def _end_busy(self, rank: _Rank, now: int) -> None:
+    def _end_busy(self, rank: RankRecord, now: int) -> None:
         """Leaving a checkpoint save/load: the time inside it is not a step interval."""
         rank.busy = ""
         rank.last_progress_ns = now
@@ -579,51 +479,15 @@ class Detector:
         self._job_down_reported = False
 
     def _check_host_faults(
-        self, event: schemas.HostHealth, node: _Node, now: int
+        self, event: schemas.HostHealth, node: NodeRecord, now: int
     ) -> list[schemas.Signal]:
-        faults = list(event.faults)
-        for gpu in event.gpus:
-            if not gpu.present:
-                faults.append(f"gpu{gpu.index} missing")
-            if gpu.xid_errors:
-                faults.append(f"gpu{gpu.index} xid {','.join(map(str, gpu.xid_errors))}")
-            if gpu.ecc_uncorrected:
-                faults.append(f"gpu{gpu.index} uncorrected ecc {gpu.ecc_uncorrected}")
-        if not event.healthy and not faults:
-            faults.append(event.detail or "host reports unhealthy")
-        current = tuple(sorted(set(faults)))
-        if not current:
-            if not node.faults:
-                return []
-            was = ", ".join(node.faults)
-            node.faults = ()
-            return [
-                self._signal(
-                    "node_returned",
-                    event.node,
-                    None,
-                    "info",
-                    f"{event.node} healthy again (was: {was})",
-                    observed_ns=now,
-                    now=now,
-                )
-            ]
-        new = set(current) - set(node.faults)
+        current = host_faults(event)
+        change = fault_change(event, node.faults, current)
         node.faults = current
-        if not new:
+        if change is None:
             return []
-        return [
-            self._signal(
-                "degraded_host",
-                event.node,
-                None,
-                "uncorrectable",
-                f"{event.node}: {', '.join(current)}"
-                + (f" ({event.detail})" if event.detail else ""),
-                observed_ns=now,
-                now=now,
-            )
-        ]
+        kind, severity, detail = change
+        return [self._signal(kind, event.node, None, severity, detail, observed_ns=now, now=now)]
 
     def _straggler(self, rank_id: int, ratio: float, now: int) -> list[schemas.Signal]:
         rank = self._ranks[rank_id]
@@ -675,16 +539,14 @@ class Detector:
         observed_ns: int,
         now: int,
     ) -> schemas.Signal:
-        # the same facts give the same id, so two sensors on one stream publish one signal
-        identity = f"{self.job}|{kind}|{node}|{rank}|{self._epoch}|{observed_ns}"
-        return schemas.Signal(
-            job=self.job,
-            ts=now,
-            signal_id=xxhash.xxh3_128_hexdigest(identity.encode()),
-            signal=kind,
-            node=node,
-            rank=rank,
-            severity=severity,  # type: ignore[arg-type]
-            detail=detail,
-            observed_ts=observed_ns,
+        return make_signal(
+            self.job,
+            kind,
+            node,
+            rank,
+            severity,
+            detail,
+            epoch=self._epoch,
+            observed_ns=observed_ns,
+            now=now,
         )

@@ -12,8 +12,8 @@ from typing import Literal
 
 import msgspec
 
+from goodput.control.state import FAILURE_KINDS
 from goodput.policy.state import JobState
-from goodput_services.controller.state import FAILURE_KINDS
 
 NS = 1_000_000_000
 

@@ -1,0 +1,44 @@
+"""Failure detection, the sensor's logic: events in, signals out — pure, deterministic, driven
+by explicit times.
+
+The service feeds every event with the time it received it (``now``, epoch ns) and calls
+:meth:`Detector.poll` every ``heartbeat_polling_period_s``; nothing here reads a clock, does
+I/O or touches the bus, so the same event sequence always yields the same signals.
+
+What is detected:
+
+* **crash** — a rank exited non-zero (or by a signal) without being told to (immediately);
+  or its host monitor counts fewer live ranks than the detector believes alive there (an
+  exited or not yet started rank is not missing) and no exit report came within
+  ``pod_termination_threshold_s`` (the process vanished).
+* **missed_heartbeat** — a live rank silent longer than its heartbeat timeout:
+  ``max(heartbeat_timeout_s, heartbeat_safety_factor × longest gap seen)``, and at least
+  ``first_heartbeat_timeout_s`` before a started rank's first heartbeat. When every rank of
+  the node is silent and its host monitor is silent too, the node is believed lost: one
+  node-wide, uncorrectable signal; otherwise a correctable one naming the rank. A rank whose
+  last beat said it is leaving (``schemas.BUSY_EXITING``: finished or told to stop) gets
+  ``exit_timeout_s`` for its exit report, and its vanishing process is not a crash.
+* **hang** — a rank still heartbeating but without step progress for
+  ``max(hang_min_timeout_s, hang_safety_factor × longest step interval seen)`` (the first step
+  after a start gets ``first_step_timeout_s``). A rank inside a checkpoint save or load
+  (``Heartbeat.busy``) is not hung unless that lasts ``checkpoint_timeout_s``; the interval
+  spent there is neither counted nor learnt. It is blamed on the live rank furthest behind in
+  finished steps: its peers finished the step and only wait for it in the next collective.
+* **straggler** — see :mod:`.straggler`; reported once per node.
+* **degraded_host** — a host report that is unhealthy or lists faults (GPU XID, uncorrected
+  ECC, a missing GPU, disk full ...), once per new set of faults; **node_returned** when that
+  host reports healthy again.
+* **job_down** — the job should be running but no rank made progress (a step, or a busy
+  checkpoint heartbeat) for ``jobset_downtime_threshold_s`` (``first_step_timeout_s`` while a
+  started rank has not made its first step yet).
+
+Learnt intervals shrink by ``interval_decay`` per observation, so an old peak is forgotten.
+
+One failure is one incident, not a storm: a rank is reported at most once per failure (an
+exited rank has no heartbeat or hang deadline left), a node that has been reported is not
+reported again, and while a correctable job-wide incident (crash, hang, a single rank's missed
+heartbeat) is open, further correctable failures elsewhere are taken as its collateral
+(in synchronous training every rank stalls or dies when one does). A rank (re)start closes
+the incident of its node and the job's open incident. A node-wide loss or a degraded host is
+still reported during an open incident: it needs the node replaced, not just a restart.
+"""

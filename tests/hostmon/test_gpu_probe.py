@@ -98,4 +98,3 @@ def test_a_container_without_the_driver_libraries_is_told_where_to_mount_them(mo
     assert not sample.available
     assert "libnvidia-ml.so.1 is not in LD_LIBRARY_PATH='/opt/elsewhere'" in sample.detail
     assert f"mount {GKE_DRIVER_HOST_DIR} at {GKE_DRIVER_MOUNT_DIR}" in sample.detail
-

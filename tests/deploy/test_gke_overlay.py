@@ -3,8 +3,10 @@ objects fit together: registry, node pools, Secrets, NVML access, configuration.
 
 from __future__ import annotations
 
+import base64
 import re
 import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import msgspec
 import pytest
 import yaml
 
+from goodput.bus.embedded import nats_server_binary
 from goodput.config import load_service_config
 from goodput_services.actuator.kubernetes_options import KubernetesOptions
 from goodput_services.hostmon.gpu import GKE_DRIVER_HOST_DIR, GKE_DRIVER_MOUNT_DIR
@@ -128,7 +131,7 @@ def test_the_mounted_files_are_the_ones_the_configuration_names(objects, secrets
         assert toml["bus"]["creds_file"] in files and toml["bus"]["tls_ca_file"] in files
     server = _mounted_files(pod_specs(objects)["goodput-nats"], secrets)
     nats_conf = secrets["goodput-nats-server"]["data"]["nats.conf"]
-    conf = __import__("base64").b64decode(nats_conf).decode()
+    conf = base64.b64decode(nats_conf).decode()
     assert "/etc/nats/nats.conf" in server
     for path in re.findall(r"(?:cert|key)_file: (\S+)", conf):
         assert path in server, f"nats.conf reads {path}, which no volume provides"
@@ -221,3 +224,21 @@ def test_the_configuration_carries_the_source_knobs_into_the_services_options(
         for volume in spec["volumes"]:
             if "configMap" in volume:
                 assert volume["configMap"]["name"] in config_maps
+
+
+def test_the_real_nats_server_accepts_the_server_configuration(credentials, tmp_path) -> None:
+    """nats.conf as the Secret holds it, with the credential step's certificate; the operator
+    resolver is replaced by a plain account (its JWTs would come from the real nsc)."""
+    out, made, _ = credentials
+    conf = base64.b64decode(made["goodput-nats-server"]["data"]["nats.conf"]).decode()
+    conf = conf.replace("/etc/nats-tls", str(out)).replace("/data/jetstream", str(tmp_path))
+    (tmp_path / "nats.conf").write_text(conf)
+    (tmp_path / "resolver.conf").write_text(
+        "accounts { A: { jetstream: enabled, users: [{user: u, password: p}] } }\n"
+    )
+    checked = subprocess.run(
+        [nats_server_binary(), "-c", str(tmp_path / "nats.conf"), "-t"],
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stderr

@@ -41,9 +41,10 @@ if [ ! -f "$out/tls.crt" ]; then
   for host in ${GOODPUT_NATS_HOSTS:-}; do
     if [[ $host =~ ^[0-9.]+$ ]]; then sans+=",IP:$host"; else sans+=",DNS:$host"; fi
   done
-  openssl req -x509 -newkey rsa:3072 -nodes -days 825 -subj "/CN=goodput-nats-ca" \
+  ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)  # ECDSA P-256
+  openssl req -x509 "${ec[@]}" -days 825 -subj "/CN=goodput-nats-ca" \
     -keyout "$out/ca.key" -out "$out/ca.crt" 2>/dev/null
-  openssl req -newkey rsa:3072 -nodes -subj "/CN=goodput-nats" \
+  openssl req "${ec[@]}" -subj "/CN=goodput-nats" \
     -keyout "$out/tls.key" -out "$out/tls.csr" 2>/dev/null
   printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$sans" > "$out/tls.ext"
   openssl x509 -req -in "$out/tls.csr" -CA "$out/ca.crt" -CAkey "$out/ca.key" \

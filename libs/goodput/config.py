@@ -22,6 +22,18 @@ ENV_PREFIX = "GOODPUT_"
 OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
 
 
+class ServiceTables(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Per-service option tables of a config file shared by every service (``[services.sensor]``
+    …): each service merges its own over ``[options]``, so one file (a Kubernetes ConfigMap)
+    can carry every service's options although each service rejects options it does not know."""
+
+    sensor: dict[str, Any] = msgspec.field(default_factory=dict)
+    controller: dict[str, Any] = msgspec.field(default_factory=dict)
+    actuator: dict[str, Any] = msgspec.field(default_factory=dict)
+    hostmon: dict[str, Any] = msgspec.field(default_factory=dict)
+    replicator: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
 class ServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     job: str = DEFAULT_JOB
     #: node this instance serves (per-node services: host monitor, checkpoint tier)
@@ -33,6 +45,8 @@ class ServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     bus: BusSettings = msgspec.field(default_factory=BusSettings)
     #: service-specific options (thresholds, policy path, backend…)
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: in a file: per-service tables, merged over ``options`` by the service they name
+    services: ServiceTables = msgspec.field(default_factory=ServiceTables)
 
 
 def default_state_dir() -> Path:
@@ -194,10 +208,12 @@ def load_service_config(service: str, argv: list[str] | None = None) -> ServiceC
         help="service option (repeatable); VALUE is parsed as TOML when it can be",
     )
     args = parser.parse_args(argv)
-    return config_from_args(args)
+    return config_from_args(args, service)
 
 
-def config_from_args(args: argparse.Namespace) -> ServiceConfig:
+def config_from_args(args: argparse.Namespace, service: str = "") -> ServiceConfig:
+    """The settings of ``service``: its ``[services.<service>]`` table of the file over the
+    file's ``[options]``, then ``--set`` flags."""
     data: dict[str, Any] = {}
     config_path = getattr(args, "config", None) or os.environ.get(ENV_PREFIX + "CONFIG")
     if config_path:
@@ -218,6 +234,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
         return env.get(ENV_PREFIX + name.upper(), current)
 
     options = dict(file_config.options)
+    options.update(getattr(file_config.services, service, None) or {})
     options.update(dict(getattr(args, "options", []) or []))
     config = ServiceConfig(
         job=pick("job", file_config.job),

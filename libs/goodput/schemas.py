@@ -337,6 +337,11 @@ class StartJob(Command, tag="start_job", kw_only=True):
     workdir: str = ""
     #: names this run of the job: a second StartJob of the same job name is a new run
     run_id: str = msgspec.field(default_factory=new_id)
+    #: container backends (kubernetes): the image the ranks run, and the GPUs each rank's pod
+    #: requests; "" / None: the actuator's defaults (``kubernetes.image``, ``gpus_per_rank``).
+    #: The local backend refuses both: its ranks are processes on its own machine.
+    image: str = ""
+    gpus_per_rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 class Restart(Command, tag="restart", kw_only=True):

@@ -41,7 +41,7 @@ from goodput_services.actuator.local_backend import LocalBackend
 from goodput_services.actuator.service import ActuatorService
 from goodput_services.replicator.options import ReplicatorOptions
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "base"
 JOB = "job-k8s"
 NAMESPACE = "training"
 POOL = {"goodput.dev/pool": "gpu"}
@@ -589,9 +589,10 @@ def test_the_deployed_actuator_hands_its_own_credential_paths_to_the_rank_pods()
     assert ranks == deployed
 
 
-def test_options_need_an_image_and_reject_unknown_keys() -> None:
-    with pytest.raises(SystemExit, match="needs an image"):
-        KubernetesOptions.from_mapping({"namespace": "x"})
+def test_options_reject_unknown_keys_and_negative_gpus() -> None:
+    assert KubernetesOptions.from_mapping({"namespace": "x"}).image == ""  # named per job
+    with pytest.raises(SystemExit, match="gpus_per_rank"):
+        KubernetesOptions.from_mapping({"gpus_per_rank": -1})
     with pytest.raises(SystemExit, match="namespce"):
         KubernetesOptions.from_mapping({"image": "t:1", "namespce": "x"})
     with pytest.raises(SystemExit, match="toleration"):

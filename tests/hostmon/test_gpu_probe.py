@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pynvml
 
-from goodput_services.hostmon.gpu import GpuProbe, load_nvml
+from goodput_services.hostmon.gpu import (
+    GKE_DRIVER_HOST_DIR,
+    GKE_DRIVER_MOUNT_DIR,
+    GpuProbe,
+    load_nvml,
+)
 from tests.hostmon.fake_nvml import FakeNvml, two_gpus
 
 
@@ -84,3 +89,12 @@ def test_thermal_throttling_and_overheating():
     nvml.gpus[1].throttle_mask = pynvml.nvmlClocksThrottleReasonSwPowerCap
     sample = GpuProbe(nvml, max_temperature_c=90).sample()
     assert sample.faults == ["thermal"] and sample.gpus[1].throttle_reasons == ["sw_power_cap"]
+
+
+def test_a_container_without_the_driver_libraries_is_told_where_to_mount_them(monkeypatch):
+    """NVML's "library not found" in a pod names the loader path and GKE's driver mount."""
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/elsewhere")
+    sample = GpuProbe(FakeNvml(driver_missing=True)).sample()
+    assert not sample.available
+    assert "libnvidia-ml.so.1 is not in LD_LIBRARY_PATH='/opt/elsewhere'" in sample.detail
+    assert f"mount {GKE_DRIVER_HOST_DIR} at {GKE_DRIVER_MOUNT_DIR}" in sample.detail

@@ -15,14 +15,14 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def test_every_manifest_is_valid_yaml_with_kind_and_name() -> None:
-    kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
+    kustomization = yaml.safe_load((DEPLOY / "k8s" / "base" / "kustomization.yaml").read_text())
     for resource in kustomization["resources"]:
-        for document in yaml.safe_load_all((DEPLOY / "k8s" / resource).read_text()):
+        for document in yaml.safe_load_all((DEPLOY / "k8s" / "base" / resource).read_text()):
             assert document["kind"] and document["metadata"]["name"]
 
 
 def test_service_config_uses_credentials_and_tls() -> None:
-    raw = tomllib.loads((DEPLOY / "k8s" / "goodput.toml").read_text())
+    raw = tomllib.loads((DEPLOY / "k8s" / "base" / "goodput.toml").read_text())
     config = msgspec.convert(raw, ServiceConfig)
     assert config.bus.creds_file and config.bus.tls_ca_file
     assert not config.bus.insecure

@@ -19,7 +19,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "goodput.cli.demo",
         "the main job: the whole system on embedded defaults, with a fault scenario",
     ),
-    "run": ("goodput.cli.run", "launch a training script under supervision (local backend)"),
+    "run": (
+        "goodput.cli.run",
+        "launch a training script under supervision (local, or --backend kubernetes)",
+    ),
     "up": (
         "goodput.cli.stack",
         "start the supervisor stack (embedded NATS + every service as its own process)",

@@ -1,4 +1,10 @@
-"""`goodput run`: launch a training script under supervision on the local backend."""
+"""`goodput run`: launch a training script under supervision.
+
+On the local backend it starts the stack on this machine if needed. With ``--backend
+kubernetes`` it starts nothing: it sends the StartJob through the cluster's bus (``--nats-url``
+with credentials, e.g. through ``kubectl port-forward``) to the in-cluster actuator, which
+runs every rank as a pod of ``--image``, and follows the run as the local path does.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +17,9 @@ import sys
 from rich.console import Console
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, BusSettings
+from goodput.bus import Bus, BusSettings, BusUnavailableError, InsecureBusError
 from goodput.cli.stack import add_stack_arguments
-from goodput.config import add_bus_arguments, count_at_least
+from goodput.config import add_bus_arguments, bus_settings_from_args, count_at_least
 from goodput.rank_env import knobs
 from goodput.stack.launcher import (
     add_service_set_argument,
@@ -24,7 +30,7 @@ from goodput.stack.launcher import (
     stop_stack,
     wait_healthy,
 )
-from goodput.stack.runs import find_clash
+from goodput.stack.runs import find_clash, missing_actuator
 from goodput.stack.watch import JobWatcher, summary
 
 
@@ -35,13 +41,17 @@ async def supervise(
     total_steps: int,
     timeout_s: float,
     console: Console | None,
+    remote: bool = False,
 ) -> JobWatcher:
     """Send the start command and follow the new run until it ends (or ``timeout_s`` passes);
-    refused (``watcher.state``) if a run of the job is going."""
+    refused (``watcher.state``) if a run of the job is going, or, ``remote``, if no actuator
+    of the job is there to take it."""
     bus = await Bus.connect(settings, name="goodput-run")
     watcher = await JobWatcher(bus, start.job, total_steps, console, run_start=start).start()
     try:
-        clash = await find_clash(bus, start.job)
+        clash = (await missing_actuator(bus, start.job) if remote else None) or await find_clash(
+            bus, start.job
+        )
         if clash is not None:
             watcher.state, watcher.refusal = "refused", clash
             return watcher
@@ -67,10 +77,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not argv:
         print("goodput run: give the training command after --", file=sys.stderr)
         return 2
+    console = Console(stderr=True)
+    if args.backend == "kubernetes":
+        return run_in_cluster(args, argv, console)
+    if args.image or args.gpus_per_rank is not None or args.workdir:
+        print("goodput run: --image, --gpus-per-rank and --workdir need --backend kubernetes",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if argv[0] in ("python", "python3"):
         # the interpreter goodput runs in has goodput (and torch) installed
         argv[0] = sys.executable
-    console = Console(stderr=True)
     state_dir = args.state_dir
     service_flags = service_flags_from_args(args.service_set)
     check_policy_options(service_flags)
@@ -81,19 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     try:
         asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
-        env = dict(args.env)
-        if args.ckpt_every is not None:
-            env.update(knobs(ckpt_every=args.ckpt_every))
-        start = schemas.StartJob(
-            job=stack.job,
-            argv=argv,
-            nodes=args.nodes,
-            procs_per_node=args.procs_per_node,
-            spares=args.spares,
-            num_nodes_per_dp=args.nodes_per_dp,
-            env=env,
-            workdir=os.getcwd(),
-        )
+        start = start_command(args, stack.job, argv, workdir=os.getcwd())
         watcher = asyncio.run(
             supervise(
                 settings,
@@ -106,6 +110,63 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if started_here and not args.keep_stack:
             stop_stack(state_dir)
+    return report(args, watcher, console)
+
+
+def start_command(
+    args: argparse.Namespace, job: str, argv: list[str], *, workdir: str
+) -> schemas.StartJob:
+    env = dict(args.env)
+    if args.ckpt_every is not None:
+        env.update(knobs(ckpt_every=args.ckpt_every))
+    return schemas.StartJob(
+        job=job,
+        argv=argv,
+        nodes=args.nodes,
+        procs_per_node=args.procs_per_node,
+        spares=args.spares,
+        num_nodes_per_dp=args.nodes_per_dp,
+        env=env,
+        workdir=workdir,
+        image=args.image or "",
+        gpus_per_rank=args.gpus_per_rank,
+    )
+
+
+def run_in_cluster(args: argparse.Namespace, argv: list[str], console: Console) -> int:
+    """Send the job to the actuator of a remote stack through its bus and follow it."""
+    url = args.nats_url or os.environ.get("GOODPUT_NATS_URL")
+    if not url:
+        print("goodput run: --backend kubernetes needs the cluster's bus: --nats-url with "
+              "--nats-creds and --nats-tls-ca (deploy/k8s/README.md)", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        settings = bus_settings_from_args(args)
+        settings.check_security()
+    except (InsecureBusError, FileNotFoundError) as exc:
+        print(f"goodput run: {exc}", file=sys.stderr)
+        return 2
+    start = start_command(args, args.job, argv, workdir=args.workdir or "")
+    console.print(f"sending job {start.job} to the actuator on {url}")
+    try:
+        watcher = asyncio.run(
+            supervise(
+                settings,
+                start,
+                total_steps=args.steps or 0,
+                timeout_s=args.timeout,
+                console=None if args.json else console,
+                remote=True,
+            )
+        )
+    except BusUnavailableError as exc:
+        print(f"goodput run: {exc}", file=sys.stderr)
+        return 1
+    return report(args, watcher, console)
+
+
+def report(args: argparse.Namespace, watcher: JobWatcher, console: Console) -> int:
+    """The run's outcome on stdout (one line, or JSON); exit 0 only when it finished."""
     if watcher.state == "refused":
         print(f"goodput run: {watcher.refusal}", file=sys.stderr)
         return 1
@@ -131,14 +192,37 @@ def environment_item(text: str) -> tuple[str, str]:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run",
-        help="launch a training script under supervision (local backend)",
+        help="launch a training script under supervision (local or Kubernetes)",
         description=(
             "Start the stack if needed, launch N local nodes of P rank processes each (torchrun "
             "environment: RANK, WORLD_SIZE, MASTER_ADDR/PORT), keep S spare nodes, and remediate "
             "failures by policy until the job finishes. A command starting with python or python3 "
             "runs in goodput's own interpreter. Example: goodput run --nodes 2 "
-            "--procs-per-node 1 --spares 1 -- python -m goodput.examples.gpt.supervised --steps 200"
+            "--procs-per-node 1 --spares 1 -- python -m goodput.examples.gpt.supervised --steps 200. "
+            "With --backend kubernetes nothing starts here: the job goes through the cluster's "
+            "bus to its actuator, which runs P rank pods of --image on each of N GPU nodes "
+            "(--nodes = num_dp_replicas x --nodes-per-dp). Example: goodput run --backend "
+            "kubernetes --job train --image REGISTRY/goodput-rank:0.1.0 --gpus-per-rank 1 "
+            "--procs-per-node 8 --nodes 4 --spares 1 --nats-url tls://localhost:4222 "
+            "--nats-creds goodput.creds --nats-tls-ca ca.crt -- python -m "
+            "goodput.examples.gpt.supervised"
         ),
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("local", "kubernetes"),
+        default="local",
+        help="local: ranks are processes here; kubernetes: send the job to the cluster's "
+        "actuator through --nats-url (default local)",
+    )
+    parser.add_argument("--image", help="kubernetes: the image every rank pod runs")
+    parser.add_argument(
+        "--gpus-per-rank",
+        type=count_at_least(0),
+        help="kubernetes: GPUs each rank pod requests (default: the actuator's gpus_per_rank)",
+    )
+    parser.add_argument(
+        "--workdir", help="kubernetes: the rank containers' working directory (default: image's)"
     )
     parser.add_argument(
         "--nodes", type=count_at_least(1), default=2, help="active nodes (default 2)"

@@ -43,9 +43,11 @@ def running_clash(
 
 
 async def _stored(bus: Bus, bucket: str, key: str) -> schemas.Event | None:
-    kv = await bus.kv(bucket)
     try:
+        kv = await bus.kv(bucket)
         entry = await kv.get(key)
+    except nats.js.errors.BucketNotFoundError:
+        return None  # a bus no service has provisioned yet
     except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
         return None
     try:
@@ -66,3 +68,20 @@ async def find_clash(bus: Bus, job: str) -> str | None:
         actuator if isinstance(actuator, schemas.ServiceHealth) else None,
         time.time_ns(),
     )
+
+
+async def missing_actuator(bus: Bus, job: str) -> str | None:
+    """One line saying why no actuator would run ``job``'s StartJob now, or None if one would.
+
+    A remote stack (the cluster's services) serves the job named in its own configuration: a
+    StartJob for another job name would wait in the stream for an actuator that never comes.
+    """
+    record = await _stored(bus, subjects.SERVICES_BUCKET, subjects.kv_key(job, "actuator"))
+    if not isinstance(record, schemas.ServiceHealth) or not record_is_fresh(record, time.time_ns()):
+        return (
+            f"no actuator of job {job} reports on this bus; the cluster's services serve the "
+            "job named in their goodput.toml (job = …): pass that name with --job"
+        )
+    if not record.healthy:
+        return f"the actuator of job {job} reports unhealthy: {record.detail}"
+    return None

@@ -131,6 +131,11 @@ class KubernetesBackend(MembershipBackend):
     async def start_job(self, spec: schemas.StartJob) -> str:
         async with self._lock:
             check_job_shape(spec)
+            if not (spec.image or self.options.image):
+                raise RuntimeError(
+                    "the job names no rank image and the actuator has no default: "
+                    "goodput run --backend kubernetes --image IMAGE, or kubernetes.image"
+                )
             nodes = await asyncio.to_thread(self._eligible_nodes)
             if len(nodes) < spec.nodes:
                 raise RuntimeError(
@@ -229,6 +234,12 @@ class KubernetesBackend(MembershipBackend):
             argv=self.spec.argv,
             workdir=self.spec.workdir,
             env=env,
+            image=self.spec.image or self.options.image,
+            gpus=(
+                self.options.gpus_per_rank
+                if self.spec.gpus_per_rank is None
+                else self.spec.gpus_per_rank
+            ),
             options=self.options,
             rank_bus=self.rank_bus,
         )

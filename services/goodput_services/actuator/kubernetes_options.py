@@ -21,7 +21,8 @@ from goodput.bus.settings import ENV_VARS, FILE_FIELDS, SECRET_FIELDS, settings_
 class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The actuator's ``kubernetes`` option table (``--set 'kubernetes={image="…"}'``)."""
 
-    #: the training image; the StartJob's argv is its command
+    #: the rank image of a job whose StartJob names none ("": every job must name one); the
+    #: StartJob's argv is its command
     image: str = ""
     namespace: str = "goodput"
     #: the nodes the job may use, as a label selector; sorted by name, the first N run the job
@@ -30,7 +31,7 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     service_account: str = "goodput-trainer"
     image_pull_policy: str = "IfNotPresent"
     master_port: int = 29500
-    #: GPUs each rank pod requests (0: none, e.g. CPU-only test clusters)
+    #: GPUs each rank pod requests unless its StartJob says (0: none, e.g. CPU-only clusters)
     gpus_per_rank: int = 0
     gpu_resource: str = "nvidia.com/gpu"
     tolerations: list[dict[str, str]] = msgspec.field(
@@ -69,8 +70,8 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             parsed = msgspec.convert(options, cls, strict=False)
         except msgspec.ValidationError as exc:
             raise SystemExit(f"invalid kubernetes option: {exc}") from exc
-        if not parsed.image:
-            raise SystemExit("the kubernetes backend needs an image: --set 'kubernetes={image=…}'")
+        if parsed.gpus_per_rank < 0:
+            raise SystemExit("invalid kubernetes option: gpus_per_rank must not be negative")
         for toleration in parsed.tolerations:
             try:
                 client.V1Toleration(**toleration)

@@ -48,15 +48,18 @@ def rank_pod(
     argv: Sequence[str],
     workdir: str,
     env: dict[str, str],
+    image: str,
+    gpus: int,
     options: KubernetesOptions,
     rank_bus: RankBus,
 ) -> client.V1Pod:
-    """The pod of one rank, pinned to ``node``; bus secrets come by reference, never inline."""
+    """The pod of one rank, pinned to ``node``, running ``image`` with ``gpus`` GPUs; bus
+    secrets come by reference, never inline."""
     secret_names = {e.name for e in rank_bus.secret_env}
     env_vars = [client.V1EnvVar(name=k, value=v) for k, v in env.items() if k not in secret_names]
     resources = None
-    if options.gpus_per_rank > 0:
-        limits = {options.gpu_resource: str(options.gpus_per_rank)}
+    if gpus > 0:
+        limits = {options.gpu_resource: str(gpus)}
         resources = client.V1ResourceRequirements(limits=limits)
     return client.V1Pod(
         metadata=client.V1ObjectMeta(name=name, labels=labels),
@@ -87,7 +90,7 @@ def rank_pod(
             containers=[
                 client.V1Container(
                     name=CONTAINER,
-                    image=options.image,
+                    image=image,
                     image_pull_policy=options.image_pull_policy,
                     command=list(argv),
                     working_dir=workdir or None,

@@ -85,6 +85,11 @@ class LocalBackend(MembershipBackend):
     async def start_job(self, spec: schemas.StartJob) -> str:
         async with self._lock:
             check_job_shape(spec)
+            if spec.image or spec.gpus_per_rank is not None:
+                raise RuntimeError(
+                    "the local backend runs ranks as processes on its own machine: a job "
+                    "naming an image or GPUs per rank needs --set backend=kubernetes"
+                )
             await self._begin_run(spec)
             # the previous run's ranks have all exited, but they would still count as this
             # run's: in its pids (a host monitor would miss them) and in "every rank exited 0"

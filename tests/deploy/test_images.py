@@ -80,4 +80,10 @@ def test_no_service_module_imports_torch() -> None:
         [sys.executable, "-c", IMPORT_WITHOUT_TORCH], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert int(result.stdout) > 30  # every module of the five services was imported
+    # every module of the five services was imported, not a part of them
+    on_disk = [
+        path
+        for path in (ROOT / "services" / "goodput_services").rglob("*.py")
+        if path.name not in ("__init__.py", "__main__.py")
+    ]
+    assert int(result.stdout) >= len(on_disk) > 0

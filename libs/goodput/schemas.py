@@ -421,6 +421,8 @@ class ResetGpu(Command, tag="reset_gpu", kw_only=True):
     gpus: list[int] = msgspec.field(default_factory=list)
     #: the attempt whose ranks were stopped: a newer attempt's ranks may use the GPU again
     attempt: int
+    #: the run of that attempt (attempts count from 1 again in every run)
+    run_id: str = ""
 
 
 class ReturnNode(Command, tag="return_node", kw_only=True):

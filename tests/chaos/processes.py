@@ -62,7 +62,12 @@ def stop(processes: list[subprocess.Popen]) -> None:
 
 
 async def put_job_status(
-    bus: Bus, job: str, pids: dict[str, list[int]], state: str = "running", attempt: int = 1
+    bus: Bus,
+    job: str,
+    pids: dict[str, list[int]],
+    state: str = "running",
+    attempt: int = 1,
+    run_id: str = "",
 ) -> schemas.JobStatus:
     status = schemas.JobStatus(
         job=job,
@@ -72,6 +77,7 @@ async def put_job_status(
         procs_per_node=max((len(p) for p in pids.values()), default=0),
         active_nodes=sorted(pids),
         pids=pids,
+        run_id=run_id,
     )
     kv = await bus.kv(subjects.STATE_BUCKET)
     await kv.put(subjects.kv_key(job, "job_status"), schemas.encode(status))

@@ -60,11 +60,13 @@ async def _stopped_rank_status(bus: Bus, attempt: int = 1) -> None:
     """The actuator's status after it stopped the node's ranks: pids that no longer run."""
     rank = start_rank(JOB, "node-0", 0)
     stop([rank])
-    await put_job_status(bus, JOB, {"node-0": [rank.pid]}, state="restarting", attempt=attempt)
+    await put_job_status(
+        bus, JOB, {"node-0": [rank.pid]}, state="restarting", attempt=attempt, run_id="run-2"
+    )
 
 
-async def _reset(bus: Bus, tap: EventTap, gpus: list[int], attempt: int = 1):
-    command = schemas.ResetGpu(job=JOB, node="node-0", gpus=gpus, attempt=attempt)
+async def _reset(bus: Bus, tap: EventTap, gpus: list[int], attempt: int = 1, run_id: str = "run-2"):
+    command = schemas.ResetGpu(job=JOB, node="node-0", gpus=gpus, attempt=attempt, run_id=run_id)
     await bus.send_command(subjects.node_target("hostmon", "node-0"), command)
     result = await tap.result_of(command, timeout_s=30)
     event = await tap.wait_for(
@@ -137,6 +139,10 @@ async def test_a_reset_for_an_old_attempt_is_ignored_with_a_log_line(bus: Bus, n
     assert not result.ok and event.outcome == "ignored"
     assert "attempt 1 is stale: the job is at attempt 2" in event.detail
     assert "GPU reset ignored: reset for attempt 1 is stale" in log.read_text()
+    # attempts count from 1 in every run: an attempt of an earlier run is stale too
+    result, event = await _reset(bus, tap, [1], attempt=2, run_id="run-1")
+    assert not result.ok and event.outcome == "ignored"
+    assert "reset for run run-1 is stale: run run-2 is the job's now" in event.detail
     assert not smi_log.exists()  # nvidia-smi never ran
     await tap.stop()
 

@@ -24,9 +24,9 @@ from goodput_services.actuator.options import ActuatorOptions
 EventSink = Callable[[schemas.Event], Awaitable[None]]
 #: fills a node's local volume with the newest complete checkpoint; returns what it did
 NodePreparer = Callable[[str], Awaitable[str]]
-#: resets GPUs of a node (node, GPU indexes or [] for all, the attempt whose ranks stopped);
-#: returns whether it succeeded and what happened
-GpuResetter = Callable[[str, list[int], int], Awaitable[tuple[bool, str]]]
+#: resets GPUs of a node (node, GPU indexes or [] for all, the run and attempt whose ranks
+#: stopped); returns whether it succeeded and what happened
+GpuResetter = Callable[[str, list[int], str, int], Awaitable[tuple[bool, str]]]
 
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,10 @@ class MembershipBackend(ABC):
         if self.reset_gpus is None:
             raise RuntimeError("GPU reset asked for, but this actuator reaches no host monitor")
         outcomes = await asyncio.gather(
-            *(self.reset_gpus(node, gpus, self.attempt) for node, gpus in reset.items())
+            *(
+                self.reset_gpus(node, gpus, self.run_id, self.attempt)
+                for node, gpus in reset.items()
+            )
         )
         failed = [
             f"{node}: {detail}"

@@ -60,12 +60,19 @@ class ActuatorService(Service):
             await asyncio.sleep(0.1)
         return f"no answer from {target} within {self.restore_timeout_s:.0f} s; launching anyway"
 
-    async def _reset_gpus(self, node: str, gpus: list[int], attempt: int) -> tuple[bool, str]:
+    async def _reset_gpus(
+        self, node: str, gpus: list[int], run_id: str, attempt: int
+    ) -> tuple[bool, str]:
         """Ask the node's host monitor to reset GPUs no rank uses now; wait for its answer."""
         assert self.bus is not None
         target = subjects.node_target(subjects.HOST_MONITOR, node)
         command = schemas.ResetGpu(
-            job=self.job, node=node, gpus=gpus, attempt=attempt, reason="ranks stopped"
+            job=self.job,
+            node=node,
+            gpus=gpus,
+            attempt=attempt,
+            run_id=run_id,
+            reason="ranks stopped",
         )
         await self.bus.send_command(target, command)
         done = DoneLog(self.bus, self.job, target)

@@ -156,6 +156,8 @@ class HostMonitorService(Service):
         status = await self._read_job_status()
         if status is None:
             return ""
+        if command.run_id and status.run_id and command.run_id != status.run_id:
+            return f"reset for run {command.run_id} is stale: run {status.run_id} is the job's now"
         if status.attempt > command.attempt:
             return (
                 f"reset for attempt {command.attempt} is stale: the job is at attempt "

@@ -29,6 +29,8 @@ def stack_with_fake_gpus(tmp_path: Path, monkeypatch):
 
     @contextlib.asynccontextmanager
     async def start(mode: str) -> AsyncIterator[tuple[Path, EventTap]]:
+        # a hang is cut at 3 s; a reset that answers gets time even on a loaded machine
+        timeout_s = 3 if mode == "hang" else 60
         monkeypatch.setenv("GOODPUT_FAKE_NVIDIA_SMI", mode)
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ["PYTHONPATH"]]))
         state = tmp_path / "stack"
@@ -43,7 +45,7 @@ def stack_with_fake_gpus(tmp_path: Path, monkeypatch):
             *("--service-set", "hostmon:enable_fault_injection=true"),
             *("--service-set", "hostmon:nvml_module=tests.hostmon.fake_gpu_node:nvml"),
             *("--service-set", f"hostmon:nvidia_smi='{FAKE_NVIDIA_SMI}'"),
-            *("--service-set", "hostmon:gpu_reset_timeout_s=3"),
+            *("--service-set", f"hostmon:gpu_reset_timeout_s={timeout_s}"),
         ) as (_, tap):
             await tap.wait_for(lambda e: isinstance(e, schemas.JobStatus) and e.state == "running")
             yield state, tap

@@ -43,7 +43,8 @@ REPEAT_FAILURES = 3
 
 
 def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
-    """The built-in policy: in-job restart, hot swap, scale down, scale up, evict stragglers."""
+    """The built-in policy: in-job restart, GPU reset, hot swap, scale down, scale up, evict
+    stragglers."""
     kind = signal.signal
     if kind == "node_returned":
         if state.role_of(signal.node) == "active":

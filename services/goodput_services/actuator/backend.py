@@ -43,7 +43,7 @@ class Backend(Protocol):
     run_id: str
     membership: Membership | None
     prepare_node: NodePreparer | None
-    reset_gpus: GpuResetter | None
+    gpu_resetter: GpuResetter | None
 
     async def start_job(self, spec: schemas.StartJob) -> str: ...
 
@@ -77,7 +77,7 @@ class MembershipBackend(ABC):
     emit: EventSink
     prepare_node: NodePreparer | None
     #: the host monitors' GPU reset, between stopping and launching ranks (None: unavailable)
-    reset_gpus: GpuResetter | None = None
+    gpu_resetter: GpuResetter | None = None
     spec: schemas.StartJob | None
     membership: Membership | None
     ranks: list[Any]
@@ -225,11 +225,11 @@ class MembershipBackend(ABC):
         decides the fault again (the next rung replaces the node).
         """
         await self._report(f"ranks stopped; resetting the GPUs of {', '.join(reset)}")
-        if self.reset_gpus is None:
+        if self.gpu_resetter is None:
             raise RuntimeError("GPU reset asked for, but this actuator reaches no host monitor")
         outcomes = await asyncio.gather(
             *(
-                self.reset_gpus(node, gpus, self.run_id, self.attempt)
+                self.gpu_resetter(node, gpus, self.run_id, self.attempt)
                 for node, gpus in reset.items()
             )
         )

@@ -36,7 +36,7 @@ class ActuatorService(Service):
         self.restore_timeout_s = self.options.restore_timeout_s
         if self.restore_timeout_s > 0:
             self.backend.prepare_node = self._restore_to_node
-        self.backend.reset_gpus = self._reset_gpus
+        self.backend.gpu_resetter = self._reset_gpus
 
     async def _emit(self, event: schemas.Event) -> None:
         assert self.bus is not None

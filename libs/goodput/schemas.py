@@ -16,8 +16,10 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 
 #: 2: a job runs as runs (``StartJob.run_id``, ``RunStarted``, ``JobStatus.run_id``); a build
-#: of version 1 would mistake a second run of a job for the first one still going
-SCHEMA_VERSION = 2
+#: of version 1 would mistake a second run of a job for the first one still going.
+#: 3: the GPU-reset rung (``ResetGpu``, ``GpuReset``, ``Restart.reset_gpus``, the host faults
+#: and GPU records a ``Signal`` carries)
+SCHEMA_VERSION = 3
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9
@@ -225,6 +227,10 @@ class Signal(Event, tag="signal", kw_only=True):
     detail: str = ""
     #: when the fault is believed to have happened (epoch ns), for detection-latency accounting
     observed_ts: EpochNs = 0
+    #: a host fault's evidence: the host report's fault names and its unhealthy GPUs, which
+    #: tell the policy whether a GPU reset can clear it (``goodput.gpu_faults``)
+    host_faults: list[str] = msgspec.field(default_factory=list)
+    gpus: list[GpuHealth] = msgspec.field(default_factory=list)
 
 
 class Decision(Event, tag="decision", kw_only=True):
@@ -247,6 +253,21 @@ class ActionResult(Event, tag="action_result", kw_only=True):
     duration_s: Seconds = 0.0
     #: the command was already executed before (redelivery); nothing was done again
     duplicate: bool = False
+
+
+class GpuReset(Event, tag="gpu_reset", kw_only=True):
+    """A host monitor's answer to ``ResetGpu``: what became of the reset, and how long it took."""
+
+    node: str
+    command_id: str
+    #: the GPU indexes the command named (empty: every GPU of the node)
+    gpus: list[int] = msgspec.field(default_factory=list)
+    #: the attempt whose ranks were stopped for it
+    attempt: int = 0
+    #: ``ignored``: meant for an older attempt, or the GPU was still in use; nothing was reset
+    outcome: Literal["succeeded", "failed", "timed_out", "ignored"]
+    duration_s: Seconds = 0.0
+    detail: str = ""
 
 
 class JobStatus(Event, tag="job_status", kw_only=True):
@@ -348,6 +369,9 @@ class Restart(Command, tag="restart", kw_only=True):
     """In-job restart: restart the worker group (all ranks) from the newest checkpoint."""
 
     nodes: list[str] = msgspec.field(default_factory=list)
+    #: GPUs to reset (node → GPU indexes, ``[]``: all of the node's) once the ranks are
+    #: stopped and before they are launched again; a reset that fails fails the restart
+    reset_gpus: dict[str, list[int]] = msgspec.field(default_factory=dict)
 
 
 class HotSwap(Command, tag="hot_swap", kw_only=True):
@@ -394,6 +418,18 @@ class RestoreToNode(Command, tag="restore_to_node", kw_only=True):
     step: int | None = None
 
 
+class ResetGpu(Command, tag="reset_gpu", kw_only=True):
+    """Told to a node's host monitor by the actuator, whose ranks no longer use the GPUs."""
+
+    node: str
+    #: GPU indexes (empty: every GPU of the node)
+    gpus: list[int] = msgspec.field(default_factory=list)
+    #: the attempt whose ranks were stopped: a newer attempt's ranks may use the GPU again
+    attempt: int
+    #: the run of that attempt (attempts count from 1 again in every run)
+    run_id: str = ""
+
+
 class ReturnNode(Command, tag="return_node", kw_only=True):
     """A previously failed node is healthy again and rejoins the spare pool."""
 
@@ -416,6 +452,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Signal,
     Decision,
     ActionResult,
+    GpuReset,
     JobStatus,
     RunStarted,
     ServiceHealth,
@@ -434,6 +471,7 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     SetThresholds,
     InjectFault,
     RestoreToNode,
+    ResetGpu,
     ReturnNode,
 )
 

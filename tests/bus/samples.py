@@ -102,6 +102,8 @@ def sample_events() -> list[schemas.Event]:
             severity="uncorrectable",
             detail="1.6x median",
             observed_ts=5,
+            host_faults=["gpu_xid:48"],
+            gpus=[schemas.GpuHealth(index=1, uuid="GPU-b", xid_errors=[48], ecc_uncorrected=2)],
         ),
         schemas.Decision(
             job=JOB,
@@ -121,6 +123,16 @@ def sample_events() -> list[schemas.Event]:
             detail="n3 in",
             duration_s=2.0,
             duplicate=True,
+        ),
+        schemas.GpuReset(
+            job=JOB,
+            node="n0",
+            command_id="c12",
+            gpus=[1],
+            attempt=3,
+            outcome="timed_out",
+            duration_s=60.0,
+            detail="nvidia-smi did not answer",
         ),
         schemas.JobStatus(
             job=JOB,
@@ -179,7 +191,7 @@ def sample_commands() -> list[schemas.Command]:
             workdir="/w",
             **common,
         ),
-        schemas.Restart(command_id="c3", nodes=["n0"], **common),
+        schemas.Restart(command_id="c3", nodes=["n0"], reset_gpus={"n0": [1]}, **common),
         schemas.HotSwap(command_id="c4", failed_node="n0", spare_node="n9", **common),
         schemas.ScaleTo(
             command_id="c5", num_dp_replicas=2, nodes=["n1", "n2"], drop_nodes=["n0"], **common
@@ -194,4 +206,7 @@ def sample_commands() -> list[schemas.Command]:
         ),
         schemas.ReturnNode(command_id="c10", node="n0", **common),
         schemas.RestoreToNode(command_id="c11", node="n0", step=40, **common),
+        schemas.ResetGpu(
+            command_id="c12", node="n0", gpus=[0, 1], attempt=3, run_id="r1", **common
+        ),
     ]

@@ -62,16 +62,22 @@ def stop(processes: list[subprocess.Popen]) -> None:
 
 
 async def put_job_status(
-    bus: Bus, job: str, pids: dict[str, list[int]], state: str = "running"
+    bus: Bus,
+    job: str,
+    pids: dict[str, list[int]],
+    state: str = "running",
+    attempt: int = 1,
+    run_id: str = "",
 ) -> schemas.JobStatus:
     status = schemas.JobStatus(
         job=job,
         state=state,  # type: ignore[arg-type]
-        attempt=1,
+        attempt=attempt,
         world_size=sum(len(p) for p in pids.values()),
         procs_per_node=max((len(p) for p in pids.values()), default=0),
         active_nodes=sorted(pids),
         pids=pids,
+        run_id=run_id,
     )
     kv = await bus.kv(subjects.STATE_BUCKET)
     await kv.put(subjects.kv_key(job, "job_status"), schemas.encode(status))

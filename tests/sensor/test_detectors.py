@@ -305,6 +305,16 @@ def test_degraded_host_once_per_fault_set_then_returned() -> None:
     assert detector.on_event(host("node1"), at(5)) == []
 
 
+def test_a_host_signal_carries_the_faults_and_unhealthy_gpus_as_evidence() -> None:
+    detector = Detector(JOB)
+    healthy = schemas.GpuHealth(index=0, uuid="GPU-0")
+    xid = schemas.GpuHealth(index=1, uuid="GPU-1", xid_errors=[48])
+    (signal,) = detector.on_event(
+        host("node1", healthy=False, gpus=[healthy, xid], faults=["gpu_xid:48"]), at(1)
+    )
+    assert signal.host_faults == ["gpu_xid:48"] and signal.gpus == [xid]
+
+
 def test_job_down_after_a_crash_nobody_restarts() -> None:
     thresholds = updated(Thresholds(), {"jobset_downtime_threshold_s": 30})
     detector = Detector(JOB, thresholds)

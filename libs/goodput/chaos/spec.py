@@ -49,7 +49,8 @@ class FailNode(FaultSpec, tag="fail-node", kw_only=True):
 
 
 class GpuXid(FaultSpec, tag="gpu-xid", kw_only=True):
-    """The node's host monitor reports a critical GPU XID error (79: fell off the bus)."""
+    """The node's host monitor reports a critical GPU XID error (79: fell off the bus; the
+    ones ``goodput.gpu_faults`` calls reset-correctable, e.g. 48, lead to a GPU reset)."""
 
     node: str | None = None
     xid: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] = 79

@@ -15,6 +15,7 @@ import msgspec
 from goodput.chaos import scenario as scenario_format
 from goodput.chaos import spec as faults
 from goodput.config import add_bus_arguments, add_state_dir_argument, bus_settings_from_args
+from goodput.gpu_faults import RESET_CORRECTABLE_XIDS
 
 #: per fault kind: (flag, keyword, argparse options) beyond the common ones
 _NODE = ("--node", "node", {"default": "node-0", "help": "node (default: node-0)"})
@@ -25,7 +26,17 @@ FAULT_ARGUMENTS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
     "fail-node": [_NODE, _CLEAR],
     "gpu-xid": [
         _NODE,
-        ("--xid", "xid", {"type": int, "default": 79, "help": "XID code (default: 79)"}),
+        (
+            "--xid",
+            "xid",
+            {
+                "type": int,
+                "default": 79,
+                "help": "XID code (default: 79, fell off the bus: the node is replaced); "
+                f"{', '.join(map(str, sorted(RESET_CORRECTABLE_XIDS)))} are reset-correctable: "
+                "the supervisor resets the node's GPUs first",
+            },
+        ),
         _CLEAR,
     ],
     "host-fault": [

@@ -46,7 +46,9 @@ def observe_signal(state: JobState, signal: schemas.Signal, now: int) -> JobStat
     record = state.node(signal.node) if signal.node else None
     if signal.signal == "node_returned":
         nodes = [
-            msgspec.structs.replace(n, down=False, reason="returned", since_ts=now)
+            msgspec.structs.replace(
+                n, down=False, gpu_reset_failed="", reason="returned", since_ts=now
+            )
             if n.name == signal.node
             else n
             for n in nodes
@@ -107,9 +109,11 @@ def observe_result(state: JobState, result: schemas.ActionResult, now: int) -> J
     """Settle the pending command ``result`` answers; a refusal is kept with its reason."""
     if not any(p.command.command_id == result.command_id for p in state.pending):
         return state
+    settled = next(p for p in state.pending if p.command.command_id == result.command_id)
     pending = [p for p in state.pending if p.command.command_id != result.command_id]
-    refused, restarts = state.refused, state.restarts
+    refused, restarts, nodes = state.refused, state.restarts, state.nodes
     if not result.ok:
+        nodes = _mark_failed_resets(nodes, settled.command, result.detail)
         # nothing restarted: a crash loop counts only remediations that ran
         restarts = [r for r in restarts if r.command_id != result.command_id]
         refusal = Refusal(
@@ -125,10 +129,24 @@ def observe_result(state: JobState, result: schemas.ActionResult, now: int) -> J
             pending=pending,
             refused=refused,
             restarts=restarts,
+            nodes=nodes,
             version=state.version + 1,
         ),
         now,
     )
+
+
+def _mark_failed_resets(
+    nodes: list[NodeRecord], command: schemas.Command, why: str
+) -> list[NodeRecord]:
+    """A restart with GPU resets that failed: its nodes' GPUs are still faulty."""
+    if not isinstance(command, schemas.Restart) or not command.reset_gpus:
+        return nodes
+    why = (why or "no reason given")[:200]
+    return [
+        msgspec.structs.replace(n, gpu_reset_failed=why) if n.name in command.reset_gpus else n
+        for n in nodes
+    ]
 
 
 def expire_pending(state: JobState, now: int, timeout_s: float) -> JobState:

@@ -487,7 +487,11 @@ class Detector:
         if change is None:
             return []
         kind, severity, detail = change
-        return [self._signal(kind, event.node, None, severity, detail, observed_ns=now, now=now)]
+        return [
+            self._signal(
+                kind, event.node, None, severity, detail, observed_ns=now, now=now, host=event
+            )
+        ]
 
     def _straggler(self, rank_id: int, ratio: float, now: int) -> list[schemas.Signal]:
         rank = self._ranks[rank_id]
@@ -538,6 +542,7 @@ class Detector:
         *,
         observed_ns: int,
         now: int,
+        host: schemas.HostHealth | None = None,
     ) -> schemas.Signal:
         return make_signal(
             self.job,
@@ -549,4 +554,5 @@ class Detector:
             epoch=self._epoch,
             observed_ns=observed_ns,
             now=now,
+            host=host,
         )

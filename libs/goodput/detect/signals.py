@@ -18,8 +18,12 @@ def make_signal(
     epoch: int,
     observed_ns: int,
     now: int,
+    host: schemas.HostHealth | None = None,
 ) -> schemas.Signal:
-    """One signal; the same facts give the same id, so two sensors on one stream publish one."""
+    """One signal; the same facts give the same id, so two sensors on one stream publish one.
+
+    A signal about a ``host`` report carries its fault names and unhealthy GPUs as evidence.
+    """
     identity = f"{job}|{kind}|{node}|{rank}|{epoch}|{observed_ns}"
     return schemas.Signal(
         job=job,
@@ -31,4 +35,8 @@ def make_signal(
         severity=severity,  # type: ignore[arg-type]
         detail=detail,
         observed_ts=observed_ns,
+        host_faults=list(host.faults) if host is not None else [],
+        gpus=[g for g in host.gpus if g.xid_errors or g.ecc_uncorrected or not g.present]
+        if host is not None
+        else [],
     )

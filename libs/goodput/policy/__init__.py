@@ -10,7 +10,8 @@ It returns the commands to issue, chosen from :data:`ALLOWED_COMMANDS` and built
 Returning a :class:`Plan` adds the rule name and a sentence saying why, which end up in the
 published ``Decision``; a bare list is reported as rule ``"script"``; ``[]`` means "do
 nothing". A script may call the built-in policy (:func:`default_policy`) or its building
-blocks (:func:`scale_down`, :func:`scale_up`, :func:`replace_node`, :func:`evict_straggler`)
+blocks (:func:`scale_down`, :func:`scale_up`, :func:`replace_node`, :func:`evict_straggler`,
+:func:`reset_gpus`)
 and change only what it wants. It gets copies of the signal and the state: changing them
 changes nothing. Its answer must pass :func:`validate`, or the built-in policy decides.
 
@@ -25,6 +26,7 @@ from goodput.policy.builtin import (
     default_policy,
     evict_straggler,
     replace_node,
+    reset_gpus,
     scale_down,
     scale_up,
 )
@@ -44,6 +46,7 @@ __all__ = [
     "default_policy",
     "evict_straggler",
     "replace_node",
+    "reset_gpus",
     "scale_down",
     "scale_up",
     "validate",

@@ -14,6 +14,14 @@ Rules, in order (the rule name is what a ``Decision`` shows):
   last replica: a slow job beats no job.
 * ``in-job-restart`` — a correctable fault (a crash, a hang, one missing rank): restart the
   worker group in place, from the newest checkpoint.
+* ``gpu-reset`` — a host fault that a GPU reset clears (``goodput.gpu_faults``: XIDs whose
+  catalogue resolution is a reset, uncorrected ECC errors) on a node that has not failed
+  ``REPEAT_FAILURES`` times: restart with the node's faulty GPUs reset while no rank runs
+  (the actuator stops the ranks, the node's host monitor resets, the actuator relaunches).
+  If the reset fails or times out, the actuator fails the restart and the signal is decided
+  again: the node is replaced (``hot-swap``, else ``scale-down``), since a cold restart would
+  meet the same GPU fault.
+* ``node-healthy`` — an active node's host faults cleared (after a GPU reset): nothing to do.
 * ``repeat-offender`` — a node failing for the ``REPEAT_FAILURES``-th time with a fault that
   looked correctable is treated as broken. (An uncorrectable fault replaces the node anyway and
   keeps its own rule: a lost node often shows as its ranks' crash before its host's fault, and
@@ -27,6 +35,7 @@ Rules, in order (the rule name is what a ``Decision`` shows):
 from __future__ import annotations
 
 from goodput import schemas
+from goodput.gpu_faults import reset_targets
 from goodput.policy.plan import Plan
 from goodput.policy.state import JobState
 
@@ -34,9 +43,12 @@ REPEAT_FAILURES = 3
 
 
 def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
-    """The built-in policy: in-job restart, hot swap, scale down, scale up, evict stragglers."""
+    """The built-in policy: in-job restart, GPU reset, hot swap, scale down, scale up, evict
+    stragglers."""
     kind = signal.signal
     if kind == "node_returned":
+        if state.role_of(signal.node) == "active":
+            return Plan([], "node-healthy", f"{signal.node} is healthy again and in the job")
         return scale_up(state, why=f"{signal.node} is back")
     if kind == "straggler":
         return evict_straggler(signal, state)
@@ -57,7 +69,36 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
             "in-job-restart",
             f"correctable {kind} on {signal.node}: restart in place from the newest checkpoint",
         )
-    return replace_node(state, signal.node, why=f"uncorrectable {kind} on {signal.node}")
+    reset = reset_gpus(signal, state)
+    if reset is not None:
+        return reset
+    why = f"uncorrectable {kind} on {signal.node}"
+    if record.gpu_reset_failed:
+        why += f" (GPU reset failed: {record.gpu_reset_failed})"
+    return replace_node(state, signal.node, why=why)
+
+
+def reset_gpus(signal: schemas.Signal, state: JobState) -> Plan | None:
+    """The GPU-reset rung for a host fault, or None where it does not apply.
+
+    It applies to an active node whose every fault a GPU reset clears, which has not failed
+    ``REPEAT_FAILURES`` times and whose last reset did not fail.
+    """
+    record = state.node(signal.node)
+    if record is None or record.role != "active" or record.gpu_reset_failed:
+        return None
+    if record.failures >= REPEAT_FAILURES:
+        return None
+    targets = reset_targets(signal.host_faults, signal.gpus)
+    if targets is None:
+        return None
+    which = f"GPU(s) {', '.join(map(str, targets))}" if targets else "every GPU"
+    return Plan(
+        [schemas.Restart(job=state.job, reset_gpus={signal.node: targets})],
+        "gpu-reset",
+        f"{', '.join(signal.host_faults)} on {signal.node} is reset-correctable: stop the "
+        f"ranks, reset {which} of {signal.node}, restart from the newest checkpoint",
+    )
 
 
 def replace_node(state: JobState, node: str, *, why: str) -> Plan:

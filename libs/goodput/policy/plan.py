@@ -94,6 +94,11 @@ def _check(command: object, state: JobState) -> schemas.Command:
     if command.job != state.job:
         raise PolicyError(f"job {command.job!r} is not this job ({state.job!r})")
     match command:
+        case schemas.Restart(nodes=nodes, reset_gpus=reset) if reset:
+            _known(nodes, state)
+            idle = [n for n in reset if state.role_of(n) != "active"]
+            if idle:
+                raise PolicyError(f"GPU reset on node(s) not in the job: {', '.join(idle)}")
         case schemas.Restart(nodes=nodes) | schemas.Stop(nodes=nodes):
             _known(nodes, state)
         case schemas.HotSwap() if not command.spare_node and state.spares:

@@ -50,6 +50,9 @@ class NodeRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: an uncorrectable fault was reported on it and it has not returned since (a policy
     #: that cannot replace nodes waits for this to clear; a spare that is down is not free)
     down: bool = False
+    #: why the last GPU reset of this node failed ("" : none failed since it last returned);
+    #: the built-in policy then replaces the node instead of resetting again
+    gpu_reset_failed: str = ""
 
 
 class Remediation(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -24,6 +24,9 @@ from goodput_services.actuator.options import ActuatorOptions
 EventSink = Callable[[schemas.Event], Awaitable[None]]
 #: fills a node's local volume with the newest complete checkpoint; returns what it did
 NodePreparer = Callable[[str], Awaitable[str]]
+#: resets GPUs of a node (node, GPU indexes or [] for all, the run and attempt whose ranks
+#: stopped); returns whether it succeeded and what happened
+GpuResetter = Callable[[str, list[int], str, int], Awaitable[tuple[bool, str]]]
 
 
 log = logging.getLogger(__name__)
@@ -40,10 +43,11 @@ class Backend(Protocol):
     run_id: str
     membership: Membership | None
     prepare_node: NodePreparer | None
+    gpu_resetter: GpuResetter | None
 
     async def start_job(self, spec: schemas.StartJob) -> str: ...
 
-    async def restart(self, reason: str) -> str: ...
+    async def restart(self, reason: str, reset_gpus: dict[str, list[int]] | None = None) -> str: ...
 
     async def hot_swap(self, failed: str, spare: str, reason: str) -> str: ...
 
@@ -72,6 +76,8 @@ class MembershipBackend(ABC):
     bus_settings: BusSettings
     emit: EventSink
     prepare_node: NodePreparer | None
+    #: the host monitors' GPU reset, between stopping and launching ranks (None: unavailable)
+    gpu_resetter: GpuResetter | None = None
     spec: schemas.StartJob | None
     membership: Membership | None
     ranks: list[Any]
@@ -131,11 +137,22 @@ class MembershipBackend(ABC):
             )
         )
 
-    async def restart(self, reason: str) -> str:
+    async def restart(self, reason: str, reset_gpus: dict[str, list[int]] | None = None) -> str:
+        """Relaunch every rank; with ``reset_gpus``, those GPUs are reset while none runs."""
         async with self._lock:
-            self._require_job()
-            await self._relaunch(graceful=False, why="restart", detail=reason or "in-job restart")
-            return f"worker group restarted (attempt {self.attempt})"
+            membership = self._require_job()
+            reset = reset_gpus or {}
+            idle = [node for node in reset if node not in membership.active]
+            if idle:
+                raise RuntimeError(f"GPU reset on node(s) not in the job: {', '.join(idle)}")
+            await self._relaunch(
+                graceful=False,
+                why="gpu_reset" if reset else "restart",
+                detail=reason or "in-job restart",
+                reset_gpus=reset,
+            )
+            done = f"worker group restarted (attempt {self.attempt})"
+            return f"GPUs of {', '.join(reset)} reset; {done}" if reset else done
 
     async def hot_swap(self, failed: str, spare: str, reason: str) -> str:
         async with self._lock:
@@ -201,6 +218,31 @@ class MembershipBackend(ABC):
         for node, outcome in zip(nodes, outcomes, strict=True):
             log.info("volume of %s prepared: %s", node, outcome)
 
+    async def _reset_stopped_gpus(self, reset: dict[str, list[int]]) -> None:
+        """Each node's host monitor resets its GPUs, now that no rank uses them.
+
+        A reset that fails leaves the ranks stopped and fails the command, so the controller
+        decides the fault again (the next rung replaces the node).
+        """
+        await self._report(f"ranks stopped; resetting the GPUs of {', '.join(reset)}")
+        if self.gpu_resetter is None:
+            raise RuntimeError("GPU reset asked for, but this actuator reaches no host monitor")
+        outcomes = await asyncio.gather(
+            *(
+                self.gpu_resetter(node, gpus, self.run_id, self.attempt)
+                for node, gpus in reset.items()
+            )
+        )
+        failed = [
+            f"{node}: {detail}"
+            for node, (ok, detail) in zip(reset, outcomes, strict=True)
+            if not ok
+        ]
+        if failed:
+            why = "; ".join(failed)
+            await self._report(f"GPU reset failed, ranks stay stopped: {why}")
+            raise RuntimeError(f"GPU reset failed, ranks not relaunched: {why}")
+
     def rank_bus_environment(self) -> dict[str, str]:
         """The ``GOODPUT_NATS_*`` variables with which the shim reaches the bus like the actuator.
 
@@ -249,12 +291,24 @@ class MembershipBackend(ABC):
             "PYTHONUNBUFFERED": "1",
         }
 
-    async def _relaunch(self, *, graceful: bool, why: str, detail: str) -> None:
+    async def _relaunch(
+        self,
+        *,
+        graceful: bool,
+        why: str,
+        detail: str,
+        reset_gpus: dict[str, list[int]] | None = None,
+    ) -> None:
         self.state = "restarting"
         with _tracer.start_as_current_span(
             "actuator stop ranks", attributes={"goodput.why": why, "goodput.graceful": graceful}
         ):
             await self._terminate(graceful=graceful, why=why)
+        if reset_gpus:
+            with _tracer.start_as_current_span(
+                "actuator reset gpus", attributes={"goodput.nodes": sorted(reset_gpus)}
+            ):
+                await self._reset_stopped_gpus(reset_gpus)
         # the ranks are told this span's context: their restore and first step hang under it
         with _tracer.start_as_current_span(
             "actuator launch ranks",

@@ -12,6 +12,8 @@ class ActuatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: how long a pre-launch restore (RestoreToNode) may take; 0 turns them off (no checkpoint
     #: tier runs, e.g. a shared filesystem)
     restore_timeout_s: float = 120.0
+    #: how long to wait for a host monitor's GPU reset (it bounds its own, 60 s by default)
+    gpu_reset_timeout_s: float = 90.0
     #: the kubernetes backend's table, checked by that backend (``KubernetesOptions``): its
     #: client is slow to import and only that backend needs it
     kubernetes: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -19,3 +21,5 @@ class ActuatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.restore_timeout_s < 0:
             raise ValueError("restore_timeout_s must not be negative")
+        if self.gpu_reset_timeout_s <= 0:
+            raise ValueError("gpu_reset_timeout_s must be positive")

@@ -36,6 +36,7 @@ class ActuatorService(Service):
         self.restore_timeout_s = self.options.restore_timeout_s
         if self.restore_timeout_s > 0:
             self.backend.prepare_node = self._restore_to_node
+        self.backend.gpu_resetter = self._reset_gpus
 
     async def _emit(self, event: schemas.Event) -> None:
         assert self.bus is not None
@@ -59,6 +60,31 @@ class ActuatorService(Service):
             await asyncio.sleep(0.1)
         return f"no answer from {target} within {self.restore_timeout_s:.0f} s; launching anyway"
 
+    async def _reset_gpus(
+        self, node: str, gpus: list[int], run_id: str, attempt: int
+    ) -> tuple[bool, str]:
+        """Ask the node's host monitor to reset GPUs no rank uses now; wait for its answer."""
+        assert self.bus is not None
+        target = subjects.node_target(subjects.HOST_MONITOR, node)
+        command = schemas.ResetGpu(
+            job=self.job,
+            node=node,
+            gpus=gpus,
+            attempt=attempt,
+            run_id=run_id,
+            reason="ranks stopped",
+        )
+        await self.bus.send_command(target, command)
+        done = DoneLog(self.bus, self.job, target)
+        timeout_s = self.options.gpu_reset_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            result = await done.result(command.command_id)
+            if result is not None:
+                return result.ok, result.detail
+            await asyncio.sleep(0.1)
+        return False, f"no answer from {target} within {timeout_s:.0f} s"
+
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
         """Run a membership or lifecycle command; a refusal is a result, logged like a success,
         so no command leaves the actuator without a line in its log."""
@@ -79,7 +105,7 @@ class ActuatorService(Service):
             case schemas.StartJob():
                 return await backend.start_job(command)
             case schemas.Restart():
-                return await backend.restart(command.reason)
+                return await backend.restart(command.reason, command.reset_gpus)
             case schemas.HotSwap():
                 return await backend.hot_swap(
                     command.failed_node, command.spare_node, command.reason

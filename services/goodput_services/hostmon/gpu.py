@@ -12,6 +12,7 @@ that tests can hand in a stand-in; nothing here talks to NVML except through it.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -49,13 +50,18 @@ class GpuSample:
     detail: str = ""
 
 
-def load_nvml() -> ModuleType | None:
-    """The real NVML binding, or None when nvidia-ml-py is not installed."""
+def load_nvml(spec: str = "pynvml") -> ModuleType | Any | None:
+    """The NVML binding ``spec`` names, or None when it is not installed.
+
+    ``spec`` is a module (``pynvml``, from nvidia-ml-py) or ``module:attribute`` for an object
+    with pynvml's functions and constants (tests name a fake GPU node this way).
+    """
+    module_name, _, attribute = spec.partition(":")
     try:
-        import pynvml
+        module = importlib.import_module(module_name)
     except ImportError:
         return None
-    return pynvml
+    return getattr(module, attribute) if attribute else module
 
 
 class GpuProbe:
@@ -132,6 +138,20 @@ class GpuProbe:
             nvml.nvmlShutdown()
         except nvml.NVMLError as exc:
             log.debug("NVML shutdown: %s", exc)
+
+    # ---- reset --------------------------------------------------------------------------------
+
+    def indexes(self) -> list[int]:
+        """The GPUs NVML showed at start (none where NVML is unavailable)."""
+        if not self._started:
+            self.start()
+        return [] if self._unavailable else list(range(len(self._handles)))
+
+    def forget(self, indexes: list[int]) -> None:
+        """These GPUs were reset: their XIDs and a lost state belong to before the reset."""
+        for index in indexes:
+            self._xids.pop(index, None)
+            self._lost.discard(index)
 
     # ---- sampling ----------------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ KNOWN_FAULTS = {
     "node_down": "the whole node lost",
 }
 CLEAR_ALL = "all"
+#: injected faults that stand for the GPU's state, which a GPU reset starts afresh
+RESET_CLEARS = ("gpu_xid", "ecc_uncorrected")
 DEFAULT_XID = "79"
 
 
@@ -51,6 +53,10 @@ class InjectedFaults:
     @staticmethod
     def label(fault: str, detail: str) -> str:
         return f"gpu_xid:{detail}" if fault == "gpu_xid" else fault
+
+    def clear_gpu(self) -> list[str]:
+        """A GPU reset happened: the GPU faults it clears are gone; returns what was cleared."""
+        return [f for f in RESET_CLEARS if self._active.pop(f, None) is not None]
 
     def faults(self) -> list[str]:
         return sorted(self.label(fault, detail) for fault, detail in self._active.items())

@@ -23,7 +23,15 @@ class HostMonitorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     disk_min_free_fraction: float = DEFAULT_DISK_MIN_FREE_FRACTION
     memory_min_available_fraction: float = DEFAULT_MEMORY_MIN_AVAILABLE_FRACTION
     gpu_max_temperature_c: float = 90.0
+    #: the NVML binding: a module, or ``module:attribute`` (a stand-in, for tests)
+    nvml_module: str = "pynvml"
+    #: the nvidia-smi that resets GPUs (NVML's Python binding has no reset call)
+    nvidia_smi: str = "nvidia-smi"
+    #: a GPU reset still running after this long is killed and reported ``timed_out``
+    gpu_reset_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.health_interval_s <= 0 or self.probe_interval_s <= 0:
             raise ValueError("health_interval_s and probe_interval_s must be positive")
+        if not 0 < self.gpu_reset_timeout_s <= 3600:
+            raise ValueError("gpu_reset_timeout_s must be in (0, 3600]")

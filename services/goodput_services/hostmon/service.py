@@ -4,6 +4,11 @@ It probes every ``probe_interval_s`` and publishes a :class:`~goodput.schemas.Ho
 every ``health_interval_s`` — and at once when the set of faults changes (a fault appearing
 or clearing must not wait for the next period: the sensor acts on it). The node's expected
 rank processes come from the actuator's job status in KV (``gp_state``, ``<job>.job_status``).
+
+``ResetGpu`` (sent by the actuator once it stopped the job's ranks) resets GPUs with
+nvidia-smi and answers with a ``GpuReset`` event. A command for an attempt older than the
+job status's, or one while a rank of the node still runs, is ignored with a log line: a
+newer attempt's ranks may be on the GPU.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from goodput.config import ServiceConfig
 from goodput.telemetry import tracer
 from goodput_services.base import Service
 from goodput_services.hostmon.gpu import GpuProbe, GpuSample, load_nvml
+from goodput_services.hostmon.gpu_reset import ResetResult, reset_gpus
 from goodput_services.hostmon.host import (
     DiskSample,
     HostLimits,
@@ -71,7 +77,10 @@ class HostMonitorService(Service):
             disk_min_free_fraction=self.options.disk_min_free_fraction,
             memory_min_available_fraction=self.options.memory_min_available_fraction,
         )
-        self.gpu = GpuProbe(load_nvml(), max_temperature_c=self.options.gpu_max_temperature_c)
+        self.gpu = GpuProbe(
+            load_nvml(self.options.nvml_module),
+            max_temperature_c=self.options.gpu_max_temperature_c,
+        )
         self.injected = InjectedFaults()
         self._wake = asyncio.Event()
         self._job_status: schemas.JobStatus | None = None
@@ -84,6 +93,8 @@ class HostMonitorService(Service):
     # ---- commands ----------------------------------------------------------------------------
 
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
+        if isinstance(command, schemas.ResetGpu):
+            return await self._reset(command)
         if not isinstance(command, schemas.InjectFault):
             return await super().execute(command)
         if not self.options.enable_fault_injection:
@@ -100,6 +111,85 @@ class HostMonitorService(Service):
         log.warning("fault injection: %s", change, extra={"command_id": command.command_id})
         self._wake.set()
         return True, change
+
+    async def _reset(self, command: schemas.ResetGpu) -> tuple[bool, str]:
+        """Reset the GPUs the command names, unless a rank may still use them."""
+        if command.node != self.node:
+            return False, f"reset addressed to {command.node}, this host monitor serves {self.node}"
+        refusal = await self._reset_refusal(command)
+        if refusal:
+            log.warning("GPU reset ignored: %s", refusal, extra={"command_id": command.command_id})
+            await self._emit_reset(command, command.gpus, "ignored", refusal, 0.0)
+            return False, refusal
+        known = await asyncio.to_thread(self.gpu.indexes)
+        indexes = list(command.gpus) or known
+        unknown = sorted(set(indexes) - set(known))
+        if not known or unknown:
+            what = f"GPU {', '.join(map(str, unknown))}" if unknown else "GPU"
+            result = ResetResult(
+                "failed", f"NVML sees no {what} on {self.node} to reset ({len(known)} GPUs)", 0.0
+            )
+        else:
+            log.warning("resetting GPU(s) %s", indexes, extra={"command_id": command.command_id})
+            result = await reset_gpus(
+                self.options.nvidia_smi, indexes, self.options.gpu_reset_timeout_s
+            )
+        if result.outcome == "succeeded":
+            self.gpu.forget(indexes)
+            cleared = self.injected.clear_gpu()
+            if cleared:
+                result.detail += f"; injected {', '.join(cleared)} cleared"
+            self._wake.set()  # publish the cleared faults now
+        log.log(
+            logging.INFO if result.outcome == "succeeded" else logging.ERROR,
+            "GPU reset %s in %.2f s: %s",
+            result.outcome,
+            result.duration_s,
+            result.detail,
+            extra={"command_id": command.command_id},
+        )
+        await self._emit_reset(command, indexes, result.outcome, result.detail, result.duration_s)
+        return result.outcome == "succeeded", f"GPU reset {result.outcome}: {result.detail}"
+
+    async def _reset_refusal(self, command: schemas.ResetGpu) -> str:
+        """Why the reset must not run now ("" when it may)."""
+        status = await self._read_job_status()
+        if status is None:
+            return ""
+        if command.run_id and status.run_id and command.run_id != status.run_id:
+            return f"reset for run {command.run_id} is stale: run {status.run_id} is the job's now"
+        if status.attempt > command.attempt:
+            return (
+                f"reset for attempt {command.attempt} is stale: the job is at attempt "
+                f"{status.attempt}, whose ranks may use the GPU"
+            )
+        pids = list(status.pids.get(self.node, []))
+        alive = await asyncio.to_thread(count_alive, pids, status.ts)
+        if alive:
+            return f"{alive} rank(s) of attempt {status.attempt} still run on {self.node}"
+        return ""
+
+    async def _emit_reset(
+        self,
+        command: schemas.ResetGpu,
+        gpus: list[int],
+        outcome: str,
+        detail: str,
+        duration_s: float,
+    ) -> None:
+        assert self.bus is not None
+        await self.bus.emit(
+            schemas.GpuReset(
+                job=self.job,
+                node=self.node,
+                command_id=command.command_id,
+                gpus=gpus,
+                attempt=command.attempt,
+                outcome=outcome,  # type: ignore[arg-type]
+                duration_s=duration_s,
+                detail=detail,
+            )
+        )
 
     def health(self) -> tuple[bool, str]:
         faults = self._last_faults or []

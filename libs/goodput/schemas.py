@@ -18,7 +18,8 @@ import msgspec
 #: 2: a job runs as runs (``StartJob.run_id``, ``RunStarted``, ``JobStatus.run_id``); a build
 #: of version 1 would mistake a second run of a job for the first one still going.
 #: 3: the GPU-reset rung (``ResetGpu``, ``GpuReset``, ``Restart.reset_gpus``, the host faults
-#: and GPU records a ``Signal`` carries)
+#: and GPU records a ``Signal`` carries); a job for the Kubernetes backend names its rank
+#: image and GPUs (``StartJob.image``, ``StartJob.gpus_per_rank``)
 SCHEMA_VERSION = 3
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value

@@ -32,7 +32,9 @@ def stack_with_fake_gpus(tmp_path: Path, monkeypatch):
         # a hang is cut at 3 s; a reset that answers gets time even on a loaded machine
         timeout_s = 3 if mode == "hang" else 60
         monkeypatch.setenv("GOODPUT_FAKE_NVIDIA_SMI", mode)
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ["PYTHONPATH"]]))
+        monkeypatch.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        )
         state = tmp_path / "stack"
         start = schemas.StartJob(
             job=JOB, argv=[sys.executable, "-c", SLEEPER], nodes=2, procs_per_node=1, spares=1

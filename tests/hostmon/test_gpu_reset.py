@@ -34,7 +34,10 @@ def node(bus: Bus, nats_server: EmbeddedNats, tmp_path: Path, processes, monkeyp
     xids, smi_log = tmp_path / "xids", tmp_path / "nvidia-smi.log"
     monkeypatch.setenv("GOODPUT_FAKE_XIDS", str(xids))
     monkeypatch.setenv("GOODPUT_FAKE_NVIDIA_SMI_LOG", str(smi_log))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ["PYTHONPATH"]]))
+    # the fake NVML module is imported by the host monitor process from the repository root
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    )
 
     def start(mode: str = "ok", timeout_s: float = 60.0, period_s: float = 600) -> Path:
         monkeypatch.setenv("GOODPUT_FAKE_NVIDIA_SMI", mode)

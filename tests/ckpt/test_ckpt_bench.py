@@ -7,22 +7,74 @@ from pathlib import Path
 
 import pytest
 
+from goodput.bench.ckpt import vs_best_peer
+from goodput.bench.ckpt_measure import MethodResult
 from goodput.cli.main import main
 
 FIELDS = {"stall_s", "durable_s", "write_gbps", "restore_s", "restore_gbps", "peak_extra_mem_ratio"}
 
 
+def _bench(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
+    args = ["bench", "ckpt", "--size-gb", "0.02", "--saves", "2", "--batch", "2"]
+    code = main([*args, "--dir", str(tmp_path), "--json", *extra])
+    assert code == 0
+    assert list(tmp_path.iterdir()) == [], "the benchmark cleans up after itself"
+    return json.loads(capsys.readouterr().out)
+
+
 @pytest.mark.slow
 def test_bench_ckpt_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(
-        ["bench", "ckpt", "--size-gb", "0.02", "--saves", "2", "--dir", str(tmp_path), "--json"]
-    )
-    assert code == 0
-    report = json.loads(capsys.readouterr().out)
+    report = _bench(tmp_path, capsys)
     assert set(report["methods"]) == {"torch_save", "dcp_save", "dcp_async_save", "goodput"}
     for figures in report["methods"].values():
         assert set(figures) >= FIELDS
         assert all(figures[name] >= 0 for name in FIELDS)
+        assert figures["consistent"] is True
     assert report["raw_write_gbps"] > 0 and report["raw_read_gbps"] > 0
     assert report["cache_drop"] in {"drop_caches", "fadvise_dontneed"}
-    assert list(tmp_path.iterdir()) == [], "the benchmark cleans up after itself"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # seven methods, one in DCP's checkpoint process; slow when loaded
+def test_bench_ckpt_peers_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = _bench(tmp_path, capsys, "--peers")
+    measured = set(report["methods"]) | set(report["peers_not_measured"])
+    assert measured >= {
+        "goodput",
+        "torch_save",
+        "dcp_async_thread_staged",
+        "dcp_async_process_staged",
+        "goodput_dcp_writer",
+        "torchsnapshot_async_take",
+        "nvrx_async",
+    }
+    assert all(figures["consistent"] for figures in report["methods"].values())
+    assert set(report["vs_best_peer"]) >= {"stall", "durable", "restore"}
+    assert set(report["goodput_dcp_writer_vs_dcp_writer"]) == {"stall", "durable", "restore"}
+
+
+def _result(stall: float, durable: float, restore: float, consistent: bool = True) -> MethodResult:
+    return MethodResult(
+        stall_s=stall,
+        durable_s=durable,
+        write_gbps=1.0,
+        restore_s=restore,
+        restore_gbps=1.0,
+        peak_extra_mem_ratio=1.0,
+        consistent=consistent,
+        forward_backward_s=0.1,
+    )
+
+
+def test_an_unsafe_peer_is_never_the_best_peer_for_stall_or_durable() -> None:
+    report = vs_best_peer(
+        {
+            "goodput": _result(0.1, 2.0, 1.0),
+            "fast_but_unsafe": _result(0.001, 0.5, 0.5, consistent=False),
+            "safe": _result(0.4, 4.0, 2.0),
+        }
+    )
+    assert report["stall"] == pytest.approx(0.25) and report["stall_best_peer"] == "safe"
+    assert report["durable"] == pytest.approx(0.5)
+    assert report["restore"] == pytest.approx(2.0)  # restore: against every peer
+    assert report["unsafe_peers"] == ["fast_but_unsafe"]

@@ -107,3 +107,14 @@ def test_checkpoint_from_two_ranks_loads_onto_one(tmp_path: Path) -> None:
     assert torch.equal(target["model"]["w"], _state(7)["model"]["w"])
     assert torch.equal(target["model"]["b"], _state(7)["model"]["b"])
     assert target["step"] == 7
+
+
+def test_reader_loads_a_checkpoint_written_by_dcps_own_writer(tmp_path: Path) -> None:
+    plain = tmp_path / "dcp-own"
+    dcp.save(_state(3), checkpoint_id=plain)
+    target = _zeros()
+    reader = GoodputStorageReader(plain)
+    dcp.load(target, storage_reader=reader)
+    assert reader.step is None and reader.fallbacks == ()
+    assert torch.equal(target["model"]["w"], _state(3)["model"]["w"])
+    assert target["step"] == 3

@@ -12,8 +12,9 @@ from goodput.ckpt.catalog import (
     list_checkpoints,
     verify_checkpoint,
 )
-from goodput.ckpt.engine import CheckpointEngine, SaveHandle, SaveResult
+from goodput.ckpt.engine import CheckpointEngine
 from goodput.ckpt.fileio import CorruptCheckpointError
+from goodput.ckpt.handles import SaveHandle, SaveResult
 from goodput.ckpt.restore import NoCheckpointError, StateMismatchError, restore_checkpoint
 from goodput.ckptfmt import (
     Manifest,

@@ -1,15 +1,12 @@
-"""Reusable host buffers and the snapshot copy into them.
+"""Reusable host buffers for snapshots and restores.
 
 A buffer is one page-aligned uint8 CPU tensor (aligned so O_DIRECT can write straight from
 it). Where CUDA is available it is page-locked with ``cudaHostRegister`` rather than taken
 from the caching host allocator, which rounds sizes up to a power of two and would nearly
-double the memory of a large snapshot. CUDA tensors are copied on a side stream with
-non-blocking copies and a single synchronize; CPU tensors with plain copies.
+double the memory of a large snapshot. The copy into a buffer is ``goodput.ckpt.snapshot``.
 """
 
 from __future__ import annotations
-
-import threading
 
 import torch
 
@@ -45,47 +42,6 @@ def byte_view(tensor: torch.Tensor) -> torch.Tensor:
     if flat.dtype == torch.uint8:
         return flat
     return flat.view(torch.uint8)
-
-
-class Snapshotter:
-    """Copies the planned slice of a state into a host buffer, blocking only for the copy."""
-
-    def __init__(self) -> None:
-        self._streams: dict[int, torch.cuda.Stream] = {}
-        self._lock = threading.Lock()
-
-    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
-        with self._lock:
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            if index not in self._streams:
-                self._streams[index] = torch.cuda.Stream(device=index)
-            return self._streams[index]
-
-    def copy(self, tensors: list[torch.Tensor], plan: SavePlan, buffer: HostBuffer) -> None:
-        base = plan.slice_start
-        cuda_pieces: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        for tensor, entry in zip(tensors, plan.tensors, strict=True):
-            lo = max(plan.slice_start, entry.offset)
-            hi = min(plan.slice_end, entry.offset + entry.nbytes)
-            if lo >= hi:
-                continue
-            source = byte_view(tensor)[lo - entry.offset : hi - entry.offset]
-            target = buffer.data[lo - base : hi - base]
-            if tensor.is_cuda:
-                cuda_pieces.setdefault(tensor.device.index or 0, []).append((source, target))
-            else:
-                target.copy_(source)
-        streams = []
-        for index, pieces in cuda_pieces.items():
-            device = torch.device("cuda", index)
-            stream = self._side_stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for source, target in pieces:
-                    target.copy_(source, non_blocking=True)
-            streams.append(stream)
-        for stream in streams:
-            stream.synchronize()
 
 
 def slice_nbytes(plan: SavePlan) -> int:

@@ -5,7 +5,8 @@ own DCP files into ``<root>/.tmp-step-N/``; the coordinator then adds ``manifest
 file with its xxh3_128 digest, kind "dcp") and renames the directory to ``step-N``, so a
 crash mid-save leaves nothing that looks like a checkpoint. ``GoodputStorageReader(root)``
 picks the newest checkpoint whose every file verifies (falling back past bad ones) before
-``dcp.load`` reads it; DCP's planner does the resharding, so a checkpoint written by N ranks
+``dcp.load`` reads it (or reads a checkpoint DCP's own FileSystemWriter wrote, as it is);
+DCP's planner does the resharding, so a checkpoint written by N ranks
 loads onto any other world size. The torch classes do the data IO; this adds the safety.
 """
 
@@ -142,13 +143,25 @@ class GoodputStorageReader(FileSystemReader):
     """A DCP StorageReader over the newest verified checkpoint (``.step``, ``.fallbacks``).
 
     Verification happens here, before DCP unpickles ``.metadata``; raises NoCheckpointError
-    when no candidate verifies.
+    when no candidate verifies. ``root`` may also be a checkpoint written by DCP's own
+    FileSystemWriter (a ``.metadata`` file and no manifest): it is read as it is (``.step``
+    None), so checkpoints from before switching to goodput still load; they carry no
+    digests, so only DCP's own checks apply to them.
     """
 
     def __init__(self, root: str | os.PathLike, step: int | None = None) -> None:
-        self.step, path, self.fallbacks = select_verified_dcp_checkpoint(root, step)
+        path = Path(root)
+        if is_plain_dcp_checkpoint(path):
+            self.step, self.fallbacks = None, ()
+        else:
+            self.step, path, self.fallbacks = select_verified_dcp_checkpoint(root, step)
         super().__init__(path)
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         """The directory was chosen and verified at construction; a checkpoint_id is ignored."""
         super().reset(None)
+
+
+def is_plain_dcp_checkpoint(path: Path) -> bool:
+    """A directory DCP's FileSystemWriter committed (its ``.metadata``), with no manifest."""
+    return (path / ".metadata").is_file() and not (path / MANIFEST_NAME).exists()

@@ -1,16 +1,23 @@
 """CheckpointEngine: async save into reused host buffers, background persist, atomic commit.
 
-``save`` blocks only while the state is copied into a host buffer ("slot"); a worker thread
-then writes the slot's data files from several threads, fsyncs, and commits (manifest last,
+``save`` blocks only while the state is copied into a host buffer ("slot"), or not at all
+with ``overlap=True`` (the copy then runs during the next forward/backward and ``guard``
+makes the optimizer step wait for it; see ``goodput.ckpt.snapshot``); a worker thread then
+writes the slot's data files from several threads, fsyncs, and commits (manifest last,
 then the directory rename). At most ``max_inflight`` slots exist (fewer if the memory budget
 says so). A save that finds every slot busy takes over the slot of a snapshot still waiting
 to be persisted (that older snapshot is dropped: the newest wins); if the only busy slots are
 being written, it waits for one. Any persist error becomes a failed result and event; the
 training loop goes on and earlier checkpoints are untouched.
+
+Host memory: each slot's ``HostBuffer`` holds one snapshot's bytes laid out as its
+``SavePlan`` says (tensor ``i`` at ``plan.tensors[i].offset - plan.slice_start``); a slot
+is reused only after its snapshot is persisted or dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
@@ -21,12 +28,13 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import msgspec
+import torch
 
 from goodput.ckpt import catalog
-from goodput.ckpt.buffers import HostBuffer, Snapshotter, slice_nbytes
+from goodput.ckpt.buffers import HostBuffer, slice_nbytes
+from goodput.ckpt.commit import commit, gather_parts, part_path, write_part
 from goodput.ckpt.events import (
     CheckpointDropped,
     CheckpointPersisted,
@@ -36,60 +44,14 @@ from goodput.ckpt.events import (
     emit,
 )
 from goodput.ckpt.fileio import DirectIOPolicy, DirectMode, write_data_file
+from goodput.ckpt.handles import SaveHandle, SaveResult
 from goodput.ckpt.plan import IO_ALIGN, MIN_FILE_BYTES, SavePlan, align_up, make_plan
 from goodput.ckpt.restore import restore_checkpoint
+from goodput.ckpt.snapshot import PendingCopy, Snapshotter
 from goodput.ckpt.tree import flatten
-from goodput.ckptfmt import (
-    FORMAT,
-    KIND_ENGINE,
-    FileEntry,
-    Manifest,
-    fsync_dir,
-    remove_dir_safely,
-    step_dir,
-    tmp_step_dir,
-    write_file_durably,
-    write_manifest,
-)
+from goodput.ckptfmt import FileEntry, fsync_dir, step_dir, tmp_step_dir
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SaveResult:
-    step: int
-    status: Literal["persisted", "failed", "dropped"]
-    path: str | None = None
-    bytes: int = 0
-    duration_s: float = 0.0
-    committed: bool = False
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "persisted"
-
-
-class SaveHandle:
-    """Completion of one save; ``wait()`` returns its SaveResult (it never raises)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-        self._done = threading.Event()
-        self._result: SaveResult | None = None
-
-    def _resolve(self, result: SaveResult) -> None:
-        self._result = result
-        self._done.set()
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> SaveResult:
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"checkpoint step {self.step} not finished after {timeout}s")
-        assert self._result is not None
-        return self._result
 
 
 class _SlotState(enum.Enum):
@@ -112,15 +74,8 @@ class _Job:
     tree: Any
     slot: _Slot
     handle: SaveHandle
+    copy: PendingCopy
     metadata: dict[str, Any] = field(default_factory=dict)
-
-
-class _Part(msgspec.Struct, kw_only=True):
-    """What one DP replica wrote, for replica 0 to stitch into the manifest."""
-
-    dp_rank: int
-    layout_digest: str
-    files: list[FileEntry]
 
 
 def _ensure_buffer(slot: _Slot, need: int, *, pin: bool) -> HostBuffer:
@@ -131,10 +86,6 @@ def _ensure_buffer(slot: _Slot, need: int, *, pin: bool) -> HostBuffer:
             slot.buffer = None
         slot.buffer = HostBuffer(need, pin=pin)
     return slot.buffer
-
-
-def _part_path(directory: Path, dp_rank: int) -> Path:
-    return directory / f".part-r{dp_rank:05d}.json"
 
 
 class CheckpointEngine:
@@ -157,6 +108,7 @@ class CheckpointEngine:
         listener: Listener | None = None,
         min_file_bytes: int = MIN_FILE_BYTES,
         dp_commit_timeout_s: float = 600.0,
+        copy_threads: int | None = None,
     ) -> None:
         if max_inflight < 1 or writer_threads < 1:
             raise ValueError("max_inflight and writer_threads must be at least 1")
@@ -169,7 +121,8 @@ class CheckpointEngine:
         self.min_file_bytes = min_file_bytes
         self.dp_commit_timeout_s = dp_commit_timeout_s
         self._policy = DirectIOPolicy(direct_io)
-        self._snapshotter = Snapshotter()
+        self._snapshotter = Snapshotter(copy_threads)
+        self._copying: list[PendingCopy] = []
         self._cond = threading.Condition()
         self._slots: list[_Slot] = []
         self._pending: deque[_Job] = deque()
@@ -186,11 +139,18 @@ class CheckpointEngine:
         state: Any,
         step: int,
         *,
+        overlap: bool = False,
         dp_rank: int = 0,
         dp_world: int = 1,
         metadata: dict[str, Any] | None = None,
     ) -> SaveHandle:
         """Snapshot ``state`` into host buffers and return; persisting goes on in background.
+
+        With ``overlap`` the snapshot copy itself also runs on after ``save`` returns, during
+        the next forward/backward: the state must not change until ``handle.snapshotted()``
+        or ``engine.wait_snapshot()`` returns, which is what the optimizer hook installed by
+        ``guard(optimizer)`` does before each step. Without it ``save`` returns once the copy
+        is done (still using every core for it).
 
         With ``dp_world`` > 1, every replica calls this with identical state and writes only
         its slice; replica 0 commits once all slices are durable (the plain values saved are
@@ -208,22 +168,27 @@ class CheckpointEngine:
             files_per_rank=2 * self.writer_threads,
             min_file_bytes=self.min_file_bytes,
         )
-        handle = SaveHandle(step)
         need = slice_nbytes(plan)
         slot = self._acquire_slot(need, step)
         try:
             buffer = _ensure_buffer(slot, need, pin=any(t.is_cuda for t in flat.tensors))
-            self._snapshotter.copy(flat.tensors, plan, buffer)
+            copy = self._snapshotter.start(flat.tensors, plan, buffer)
+            if not overlap:
+                copy.wait()
         except (RuntimeError, MemoryError) as exc:
             self._release_slot(slot)
             error = f"snapshot failed: {exc}"
             emit(self.listener, CheckpointSaveFailed(step=step, error=error, dp_rank=dp_rank))
+            handle = SaveHandle(step)
             handle._resolve(SaveResult(step, "failed", error=error))
             return handle
-        job = _Job(step, plan, flat.tree, slot, handle, dict(metadata or {}))
+        handle = SaveHandle(step, copy if overlap else None)
+        job = _Job(step, plan, flat.tree, slot, handle, copy, dict(metadata or {}))
         with self._cond:
             slot.state = _SlotState.PENDING
             self._pending.append(job)
+            if overlap:
+                self._copying.append(copy)
             self._cond.notify_all()
         emit(
             self.listener,
@@ -236,6 +201,28 @@ class CheckpointEngine:
             ),
         )
         return handle
+
+    def wait_snapshot(self) -> None:
+        """Block until no overlapped snapshot copy still reads the state (safe to change it).
+
+        CUDA copies are ordered before later work on the current stream instead of waited
+        for on the host. A failed copy is not raised here: it is that save's failed result.
+        """
+        with self._cond:
+            copies, self._copying = self._copying, []
+        for copy in copies:
+            try:
+                copy.guard()
+            except (RuntimeError, MemoryError):
+                continue
+
+    def guard(self, optimizer: torch.optim.Optimizer) -> Any:
+        """Make ``optimizer.step()`` first wait for overlapped snapshot copies.
+
+        Returns the hook's handle (``.remove()`` undoes it). The state an overlapped save
+        reads changes only in the optimizer step, so this is the one wait training needs.
+        """
+        return optimizer.register_step_pre_hook(lambda *_: self.wait_snapshot())
 
     def prepare(self, state: Any, *, dp_rank: int = 0, dp_world: int = 1) -> None:
         """Allocate and touch a host buffer for states like ``state`` before the first save.
@@ -285,6 +272,9 @@ class CheckpointEngine:
                     break
                 self._cond.wait()
         if dropped is not None:
+            # An overlapped copy must not go on writing into a buffer that is reused.
+            with contextlib.suppress(RuntimeError, MemoryError):
+                dropped.copy.wait()
             emit(self.listener, CheckpointDropped(step=dropped.step, superseded_by=step))
             dropped.handle._resolve(
                 SaveResult(dropped.step, "dropped", error=f"superseded by step {step}")
@@ -335,19 +325,18 @@ class CheckpointEngine:
             if plan.dp_world == 1 and tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(exist_ok=True)
-            _part_path(tmp, plan.dp_rank).unlink(missing_ok=True)
+            part_path(tmp, plan.dp_rank).unlink(missing_ok=True)
+            job.copy.wait()
             files = self._write_files(job, tmp)
             fsync_dir(tmp)
             committed = False
-            if plan.dp_world == 1:
-                self._commit(job, tmp, files)
-                committed = True
-            else:
-                part = _Part(dp_rank=plan.dp_rank, layout_digest=plan.layout_digest, files=files)
-                write_file_durably(_part_path(tmp, plan.dp_rank), msgspec.json.encode(part))
+            if plan.dp_world > 1:
+                write_part(tmp, plan, files)
                 if plan.dp_rank == 0:
-                    self._commit(job, tmp, self._gather_parts(job, tmp))
-                    committed = True
+                    files = gather_parts(plan, tmp, self.dp_commit_timeout_s)
+            if plan.dp_rank == 0:
+                commit(self.root, job.step, tmp, plan, job.tree, files, job.metadata)
+                committed = True
         except Exception as exc:
             if plan.dp_world == 1:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -413,50 +402,6 @@ class CheckpointEngine:
             for rng, digest in zip(plan.files, digests, strict=True)
         ]
 
-    def _gather_parts(self, job: _Job, directory: Path) -> list[FileEntry]:
-        """Replica 0 waits until every replica's part is durable, then stitches them."""
-        deadline = time.monotonic() + self.dp_commit_timeout_s
-        parts: dict[int, _Part] = {}
-        while len(parts) < job.plan.dp_world:
-            for rank in range(job.plan.dp_world):
-                if rank in parts:
-                    continue
-                try:
-                    part = msgspec.json.decode(_part_path(directory, rank).read_bytes(), type=_Part)
-                except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
-                    continue
-                if part.layout_digest != job.plan.layout_digest:
-                    raise RuntimeError(f"DP replica {rank} saved a different state layout")
-                parts[rank] = part
-            if len(parts) < job.plan.dp_world:
-                if time.monotonic() > deadline:
-                    missing = sorted(set(range(job.plan.dp_world)) - set(parts))
-                    raise TimeoutError(f"DP replicas {missing} did not finish their slices")
-                time.sleep(0.02)
-        for rank in parts:
-            _part_path(directory, rank).unlink(missing_ok=True)
-        return [entry for rank in sorted(parts) for entry in parts[rank].files]
-
-    def _commit(self, job: _Job, tmp: Path, files: list[FileEntry]) -> None:
-        manifest = Manifest(
-            format=FORMAT,
-            step=job.step,
-            kind=KIND_ENGINE,
-            files=files,
-            tensors=job.plan.tensors,
-            tree=job.tree,
-            stream_bytes=job.plan.stream_bytes,
-            dp_world=job.plan.dp_world,
-            created_ns=time.time_ns(),
-            metadata=job.metadata,
-        )
-        write_manifest(tmp, manifest)
-        final = step_dir(self.root, job.step)
-        if final.exists():
-            remove_dir_safely(final)
-        os.replace(tmp, final)
-        fsync_dir(self.root)
-
     # -- waiting, restoring, closing ----------------------------------------------------
 
     def wait_until_idle(self) -> None:
@@ -491,6 +436,7 @@ class CheckpointEngine:
             self._cond.notify_all()
         self._worker.join()
         self._pool.shutdown(wait=True)
+        self._snapshotter.close()
         for slot in self._slots:
             if slot.buffer is not None:
                 slot.buffer.release()

@@ -50,7 +50,7 @@ def flatten(state: Any) -> FlatState:
     def add_tensor(tensor: torch.Tensor) -> int:
         if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_meta:
             raise TypeError(f"cannot checkpoint a {tensor.layout} / quantized / meta tensor")
-        tensors.append(tensor.detach())
+        tensors.append(tensor.detach() if tensor.requires_grad else tensor)
         return len(tensors) - 1
 
     def encode(value: Any) -> Any:

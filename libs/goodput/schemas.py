@@ -379,6 +379,10 @@ class InjectFault(Command, tag="inject_fault", kw_only=True):
     fault: str
     detail: str = ""
     clear: bool = False
+    #: fault "slow": the rank's compute takes this many times as long (a straggler)
+    factor: Annotated[float, msgspec.Meta(ge=1.0, le=1000.0)] = 1.0
+    #: fault "slow": for this long, then back to normal (0: until cleared)
+    duration_s: Seconds = 0.0
 
 
 class RestoreToNode(Command, tag="restore_to_node", kw_only=True):

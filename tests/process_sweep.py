@@ -96,7 +96,7 @@ def _sweep_processes_of_this_test(request: pytest.FixtureRequest) -> Iterator[No
     """Tags what the test starts; kills what is left of it once its other fixtures are down.
 
     Autouse and function-scoped, so it is set up before the test's other function-scoped
-    fixtures and torn down after them; wider-scoped fixtures, set up earlier, are not tagged.
+    fixtures and torn down after them; wider-scoped fixtures are not tagged (see below).
     """
     test_id = uuid.uuid4().hex
     os.environ[TEST_VAR] = test_id
@@ -105,6 +105,18 @@ def _sweep_processes_of_this_test(request: pytest.FixtureRequest) -> Iterator[No
     finally:
         os.environ.pop(TEST_VAR, None)
         kill_tagged(TEST_VAR, test_id, request.node.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
+    """A wider-scoped fixture outlives the test that first asked for it, even one set up from
+    inside a test (``request.getfixturevalue``, a parametrized fixture): untagged by it."""
+    test_id = os.environ.pop(TEST_VAR, None) if fixturedef.scope != "function" else None
+    try:
+        yield
+    finally:
+        if test_id is not None:
+            os.environ[TEST_VAR] = test_id
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -3,8 +3,8 @@
 An inner pytest run (its own session) has a fixture that starts a detached process group as
 `goodput up` does (a new session whose leader starts a child) and cleans up as a careless
 fixture would: it kills the leader only, so the child lives on. One test fails, one times out.
-A module-scoped fixture's process must survive from one test to the next, and be killed at
-the end of the session.
+A module-scoped fixture's process, also one set up from inside a test, must survive from one
+test to the next, and be killed at the end of the session.
 """
 
 from __future__ import annotations
@@ -36,12 +36,21 @@ def detached_group(request):
 def shared():
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
                                start_new_session=True)
-    with open("shared.txt", "w") as out:
+    with open("shared.txt", "a") as out:
         out.write(f"{process.pid}\\n")
     return process  # no teardown at all
 
-def test_uses_shared(shared):
+@pytest.fixture(scope="module")
+def lazy():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                               start_new_session=True)
+    with open("shared.txt", "a") as out:
+        out.write(f"{process.pid}\\n")
+    return process
+
+def test_uses_shared(shared, request):
     assert shared.poll() is None
+    assert request.getfixturevalue("lazy").poll() is None  # set up from inside the test
 
 def test_fails(detached_group):
     assert False, "a failing test"
@@ -50,8 +59,8 @@ def test_fails(detached_group):
 def test_times_out(detached_group):
     time.sleep(60)
 
-def test_shared_outlives_the_test_that_started_it(shared):
-    assert shared.poll() is None
+def test_shared_outlives_the_test_that_started_it(shared, lazy):
+    assert shared.poll() is None and lazy.poll() is None
 """
 
 
@@ -83,7 +92,7 @@ def test_a_failing_or_timed_out_tests_processes_are_killed_with_their_group(
     assert "2 failed, 2 passed" in result.stdout, result.stdout[-3000:]
     groups = [int(line) for line in (tmp_path / "pids.txt").read_text().split()]
     groups += [int(line) for line in (tmp_path / "shared.txt").read_text().split()]
-    assert len(groups) == 3
+    assert len(groups) == 4
     deadline = time.monotonic() + 5
     while any(_group_alive(g) for g in groups) and time.monotonic() < deadline:
         time.sleep(0.05)

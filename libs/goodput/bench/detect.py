@@ -164,8 +164,9 @@ async def _window_full(log: JobEvents) -> None:
     )
 
 
-async def _straggler_trial(bus: Bus, log: JobEvents, job: str) -> tuple[int, str]:
-    """Slow one rank's compute; the steps until the straggler signal and the node it named.
+async def _straggler_trial(bus: Bus, log: JobEvents, job: str) -> tuple[int, str, str]:
+    """Slow one rank's compute; the steps until the straggler signal, the node it named and
+    the node slowed.
 
     The trainer stretches the rank's own compute (``InjectFault`` "slow"), so the rank is
     exactly ``STRAGGLER_FACTOR`` times slower where the sensor looks. A SIGSTOP duty cycle
@@ -194,7 +195,7 @@ async def _straggler_trial(bus: Bus, log: JobEvents, job: str) -> tuple[int, str
         )
     steps = _step_at(log, found.ts) - slowed_at_step
     await _after_resume(log, found.ts)
-    return steps, node if found.node == node else f"{found.node} (slowed: {node})"
+    return steps, found.node, node
 
 
 async def _measure(
@@ -244,10 +245,11 @@ async def _measure(
     for trial in range(straggler_trials):
         with console.status(f"a rank slowed {STRAGGLER_FACTOR}× (trial {trial + 1})…"):
             detections.append(await _straggler_trial(bus, log, job))
-    result["straggler_detect_steps_each"] = [steps for steps, _ in detections]
-    result["straggler_detect_steps"] = max(steps for steps, _ in detections)
-    result["straggler_nodes"] = [node for _, node in detections]
-    result["straggler_false_positives"] += sum("slowed:" in node for _, node in detections)
+    result["straggler_detect_steps_each"] = [steps for steps, _, _ in detections]
+    result["straggler_detect_steps"] = max(steps for steps, _, _ in detections)
+    result["straggler_nodes"] = [named for _, named, _ in detections]
+    # a signal naming the node that was not slowed is a false positive too
+    result["straggler_false_positives"] += sum(named != slowed for _, named, slowed in detections)
     result["straggler_factor"] = STRAGGLER_FACTOR
     if record:
         _record(log, record, until_ts=schemas.now_ns())

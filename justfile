@@ -11,9 +11,9 @@ default:
 setup:
     ./setup.sh --dev
 
-# lint, then every test, slow end-to-end ones included (what CI runs)
+# lint, then every test, slow end-to-end ones included (what CI runs); the 30 slowest listed
 test: lint
-    {{bin}}/pytest -q -p no:cacheprovider
+    {{bin}}/pytest -q -p no:cacheprovider --durations=30
 
 # the quick loop: skip tests marked slow
 test-quick:

@@ -13,6 +13,9 @@ import pytest
 
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 
+# processes a test leaves running are killed with their process groups when it ends
+pytest_plugins = ["tests.process_sweep"]
+
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:

@@ -19,7 +19,8 @@ import msgspec
 #: of version 1 would mistake a second run of a job for the first one still going.
 #: 3: the GPU-reset rung (``ResetGpu``, ``GpuReset``, ``Restart.reset_gpus``, the host faults
 #: and GPU records a ``Signal`` carries); a job for the Kubernetes backend names its rank
-#: image and GPUs (``StartJob.image``, ``StartJob.gpus_per_rank``)
+#: image and GPUs (``StartJob.image``, ``StartJob.gpus_per_rank``); a slow-rank fault in the
+#: rank's compute (``InjectFault.factor``, ``InjectFault.duration_s``)
 SCHEMA_VERSION = 3
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
@@ -409,6 +410,10 @@ class InjectFault(Command, tag="inject_fault", kw_only=True):
     fault: str
     detail: str = ""
     clear: bool = False
+    #: fault "slow": the rank's compute takes this many times as long (a straggler)
+    factor: Annotated[float, msgspec.Meta(ge=1.0, le=1000.0)] = 1.0
+    #: fault "slow": for this long, then back to normal (0: until cleared)
+    duration_s: Seconds = 0.0
 
 
 class RestoreToNode(Command, tag="restore_to_node", kw_only=True):

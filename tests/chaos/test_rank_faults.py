@@ -156,6 +156,8 @@ async def test_detached_slow_rank_runs_in_the_background_and_clears(victim_job: 
         "60",
         "--period",
         "0.1",
+        "--method",
+        "sigstop",
         "--detach",
     )
     assert result.returncode == 0, result.stderr
@@ -172,6 +174,30 @@ async def test_detached_slow_rank_runs_in_the_background_and_clears(victim_job: 
     assert "resumed" in stop_detached(victim_job.state_dir, victim_job.job, 1)
     assert not record.exists()
     assert process_state(pid) != psutil.STATUS_STOPPED
+
+
+async def test_slow_rank_asks_an_injectable_ranks_shim_to_stretch_its_compute(
+    victim_job: VictimJob,
+):
+    """Rank 1 allows fault injection: its own compute is slowed, then restored; rank 0 does not,
+    so slowing its compute is refused in one line (auto falls back to the duty cycle there)."""
+    ctx = victim_job.context()
+    outcome = await fire(faults.SlowRank(rank=1, factor=1.5, duration_s=0.3), ctx)
+    assert outcome.ok and "compute 1.5× as long" in outcome.detail
+    refused = await fire(faults.SlowRank(rank=0, factor=1.5, method="compute"), ctx)
+    assert not refused.ok and "GOODPUT_ENABLE_FAULT_INJECTION" in refused.detail
+    await ctx.close()
+
+    subscription = await victim_job.bus.js.pull_subscribe(
+        subjects.command(victim_job.job, subjects.TRAINER),
+        stream=subjects.COMMANDS_STREAM,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+    )
+    commands = [schemas.decode_command(m.data) for m in await subscription.fetch(2, timeout=5)]
+    assert [(c.fault, c.node, c.detail, c.factor, c.duration_s, c.clear) for c in commands] == [
+        ("slow", "node-0", "1", 1.5, 0.3, False),
+        ("slow", "node-0", "1", 1.0, 0.0, True),
+    ]
 
 
 async def test_hang_rank_sends_the_trainer_an_inject_fault(victim_job: VictimJob):

@@ -48,6 +48,9 @@ class InMemoryHooks:
         self.steps.append(step)
         self.compute_times.append(compute_time_s)
 
+    def compute_slowdown(self) -> float:
+        return 1.0
+
     def should_checkpoint(self, step: int) -> bool:
         return step == 2
 

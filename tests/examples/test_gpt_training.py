@@ -148,3 +148,30 @@ def test_loss_falls_over_a_few_hundred_steps() -> None:
     first, last = np.mean(losses[:10]), np.mean(losses[-20:])
     assert first > 3.0  # near uniform over the 32-token vocabulary at the start
     assert last < 0.65 * first, (first, last)
+
+
+def test_an_injected_slowdown_stretches_the_compute_it_is_measured_in(monkeypatch) -> None:
+    """Each delay is (factor - 1) × the previous step's own compute, counted in this step's
+    compute time, and never grows from an earlier delay (which would compound the factor)."""
+    import goodput.examples.gpt.training as training
+
+    delays: list[float] = []
+    real_sleep = training.time.sleep
+
+    def recorded_sleep(seconds: float) -> None:
+        delays.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(training.time, "sleep", recorded_sleep)
+    trainer = trained(TINY, 1)
+    computes = [trainer.last_compute_time_s]
+    for _ in range(3):
+        trainer.train_step(slowdown=1.5)
+        computes.append(trainer.last_compute_time_s)
+    undelayed = [computes[0]] + [c - d for c, d in zip(computes[1:], delays, strict=True)]
+    assert len(delays) == 3
+    for step, delay in enumerate(delays):
+        assert delay == pytest.approx(0.5 * undelayed[step])
+        assert computes[step + 1] > delay  # the wait is inside the measured compute
+    trainer.train_step()
+    assert len(delays) == 3  # factor 1: no delay

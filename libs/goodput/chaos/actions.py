@@ -80,17 +80,71 @@ async def kill_rank(spec: faults.KillRank, ctx: ChaosContext) -> FaultOutcome:
     return FaultOutcome(spec.kind, _rank_target(process), True, "SIGKILL sent", applied)
 
 
+def _slows_compute(spec: faults.SlowRank, process: RankTarget) -> bool:
+    if spec.method == "compute" and not process.injectable:
+        raise ChaosError(
+            f"rank {process.rank} was started without GOODPUT_ENABLE_FAULT_INJECTION=1: its "
+            "compute cannot be slowed (use --method sigstop)"
+        )
+    return spec.method == "compute" or (spec.method == "auto" and process.injectable)
+
+
+async def _send_slow(ctx: ChaosContext, process: RankTarget, factor: float, duration_s: float):
+    """Ask the rank's trainer shim to stretch its compute (factor 1: back to normal)."""
+    command = schemas.InjectFault(
+        job=ctx.job,
+        node=process.node,
+        fault="slow",
+        detail=str(process.rank),
+        factor=factor,
+        duration_s=duration_s,
+        clear=factor == 1.0,
+        reason="goodput chaos slow-rank",
+    )
+    bus = await ctx.bus()
+    await bus.send_command(subjects.TRAINER, command, retry_for_s=10)
+
+
 async def slow_rank(spec: faults.SlowRank, ctx: ChaosContext) -> FaultOutcome:
     """In the foreground: returns when the straggler period is over."""
     process = await ctx.rank(spec.rank)
-    detail = await duty_cycle(process.pid, spec.factor, spec.duration_s, spec.period_s)
     applied = msgspec.structs.replace(spec, rank=process.rank)
+    if not _slows_compute(spec, process):
+        detail = await duty_cycle(process.pid, spec.factor, spec.duration_s, spec.period_s)
+        return FaultOutcome(spec.kind, _rank_target(process), True, detail, applied)
+    await _send_slow(ctx, process, spec.factor, spec.duration_s)
+    try:
+        await asyncio.sleep(spec.duration_s)
+    finally:
+        await _send_slow(ctx, process, 1.0, 0.0)
+    detail = f"compute {spec.factor:g}× as long for {spec.duration_s:g} s (trainer shim)"
     return FaultOutcome(spec.kind, _rank_target(process), True, detail, applied)
 
 
+async def clear_slow_rank(ctx: ChaosContext, rank: int) -> str:
+    """End a slow-rank early, whichever way it slows the rank."""
+    stopped = stop_detached(ctx.state_dir, ctx.job, rank)
+    process = next((p for p in await ctx.ranks() if p.rank == rank), None)
+    if process is None or not process.injectable:
+        return stopped
+    await _send_slow(ctx, process, 1.0, 0.0)
+    return f"{stopped}; compute of rank {rank} back to normal"
+
+
 async def slow_rank_detached(spec: faults.SlowRank, ctx: ChaosContext) -> FaultOutcome:
-    """Start the duty cycle as a background process recorded in ``<state-dir>/chaos/``."""
+    """Slow the rank and return: its shim ends the slowdown after ``duration_s`` by itself, or
+    a background duty-cycle process recorded in ``<state-dir>/chaos/`` does."""
     process = await ctx.rank(spec.rank)
+    if _slows_compute(spec, process):
+        await _send_slow(ctx, process, spec.factor, spec.duration_s)
+        return FaultOutcome(
+            spec.kind,
+            _rank_target(process),
+            True,
+            f"compute {spec.factor:g}× as long for {spec.duration_s:g} s (trainer shim; stop "
+            f"early with `goodput chaos slow-rank --rank {process.rank} --clear`)",
+            msgspec.structs.replace(spec, rank=process.rank),
+        )
     path = record_path(ctx.state_dir, ctx.job, process.rank)
     if path.exists():
         stop_detached(ctx.state_dir, ctx.job, process.rank)

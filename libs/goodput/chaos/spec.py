@@ -8,7 +8,7 @@ A target left out (``rank``/``node`` = None) is chosen at random when the fault 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -67,12 +67,17 @@ class HostFault(FaultSpec, tag="host-fault", kw_only=True):
 
 
 class SlowRank(FaultSpec, tag="slow-rank", kw_only=True):
-    """A straggler: the rank runs 1/factor of the time (SIGSTOP/SIGCONT duty cycle)."""
+    """A straggler: the rank's compute takes factor× as long (its trainer shim stretches it), or
+    for a rank without fault injection it runs 1/factor of the time (SIGSTOP/SIGCONT cycle)."""
 
     rank: RankId | None = None
     factor: Annotated[float, msgspec.Meta(gt=1, le=1000)] = 2.0
     duration_s: Positive = 60.0
     period_s: Annotated[float, msgspec.Meta(ge=0.01, le=3600)] = 0.2
+    #: "compute": the shim slows the rank's own compute, exactly factor× (needs fault
+    #: injection); "sigstop": the duty cycle, which also stops the rank while it waits for its
+    #: peers, so its compute grows less than factor×; "auto": compute where the rank allows it
+    method: Literal["auto", "compute", "sigstop"] = "auto"
 
 
 class HangRank(FaultSpec, tag="hang-rank", kw_only=True):

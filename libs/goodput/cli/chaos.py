@@ -68,6 +68,18 @@ FAULT_ARGUMENTS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
             "period_s",
             {"type": float, "default": 0.2, "help": "duty-cycle period, s (default: 0.2)"},
         ),
+        (
+            "--method",
+            "method",
+            {
+                "choices": ["auto", "compute", "sigstop"],
+                "default": "auto",
+                "help": "compute: the trainer shim makes the rank's compute factor× as long "
+                "(needs fault injection); sigstop: a SIGSTOP/SIGCONT duty cycle on any process "
+                "(also stops it while it waits for peers: less than factor× compute); "
+                "auto (default): compute where the rank allows it",
+            },
+        ),
     ],
     "hang-rank": [_RANK, _CLEAR],
     "fill-disk": [
@@ -198,16 +210,25 @@ def _context(args: argparse.Namespace, seed: int | None = None):
 
 
 def cmd_fault(args: argparse.Namespace) -> int:
-    from goodput.chaos.actions import fire, slow_rank_detached
-    from goodput.chaos.straggler import stop_detached
+    from goodput.chaos.actions import clear_slow_rank, fire, slow_rank_detached
     from goodput.chaos.targets import ChaosError
 
     values = {dest: getattr(args, dest) for _, dest, _ in FAULT_ARGUMENTS[args.kind]}
-    if args.kind == "slow-rank":
-        ctx = _context(args)
-        if args.clear:
-            print(stop_detached(ctx.state_dir, ctx.job, args.rank))
-            return 0
+    if args.kind == "slow-rank" and args.clear:
+
+        async def clear() -> str:
+            ctx = _context(args)
+            try:
+                return await clear_slow_rank(ctx, args.rank)
+            finally:
+                await ctx.close()
+
+        try:
+            print(asyncio.run(clear()))
+        except ChaosError as exc:
+            print(f"goodput chaos {args.kind}: {exc}", file=sys.stderr)
+            return 1
+        return 0
     try:
         spec = msgspec.convert(values, faults.FAULTS_BY_KIND[args.kind])
     except msgspec.ValidationError as exc:

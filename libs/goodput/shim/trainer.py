@@ -63,7 +63,8 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     #: (rank 0 writes into a ``ckpt_dir`` every node shares), for comparisons
     ckpt_mode: Literal["async", "torch-save"] = "async"
     heartbeat_period_s: float = 0.5
-    #: obey InjectFault commands (chaos testing: "hang" blocks the training loop)
+    #: obey InjectFault commands (chaos testing: "hang" blocks the training loop, "slow"
+    #: stretches the rank's compute)
     enable_fault_injection: bool = False
 
     @classmethod
@@ -102,6 +103,8 @@ class TrainerShim:
         self.exit_code = 0
         self._stop_reason = ""
         self._hang = threading.Event()
+        #: an injected straggler: (compute factor, monotonic end or None for until cleared)
+        self._slowdown: tuple[float, float | None] = (1.0, None)
         self._last_saved_step: int | None = None
         self.engine: CheckpointEngine | TorchSaveCheckpointer
         if config.ckpt_mode == "torch-save":
@@ -188,6 +191,13 @@ class TrainerShim:
             )
         )
 
+    def compute_slowdown(self) -> float:
+        """The injected straggler's factor while it lasts (``InjectFault`` "slow"), else 1.0."""
+        factor, until = self._slowdown
+        if until is not None and time.monotonic() >= until:
+            return 1.0
+        return factor
+
     @property
     def ckpt_every(self) -> int:
         """The checkpoint interval (steps) in force, as every rank agreed on it."""
@@ -257,6 +267,11 @@ class TrainerShim:
                     self.schedule.receive_interval(command.ts, command.every_steps)
             case schemas.InjectFault(fault="hang") if self._targets_me(command):
                 self._hang.set()
+            case schemas.InjectFault(fault="slow") if self._targets_me(command):
+                factor = 1.0 if command.clear else command.factor
+                until = time.monotonic() + command.duration_s if command.duration_s else None
+                self._slowdown = (factor, until)
+                log.warning("injected fault: compute %g× as long (%s)", factor, command.reason)
             case schemas.Rescale():
                 # the world size changes by relaunch: save now so the new group loses nothing
                 self._stop_reason = f"rescale {command.old_world_size} → {command.new_world_size}"

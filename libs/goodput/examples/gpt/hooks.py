@@ -27,6 +27,11 @@ class TrainingHooks(Protocol):
         """
         ...
 
+    def compute_slowdown(self) -> float:
+        """How many times as long this rank's next step should compute: 1.0, or more while a
+        straggler is injected for chaos testing (a slow device, seen from the host)."""
+        ...
+
     def should_checkpoint(self, step: int) -> bool:
         """Whether to save after completed step ``step`` (the loop makes the ranks agree)."""
         ...

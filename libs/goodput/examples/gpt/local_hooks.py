@@ -143,6 +143,9 @@ class LocalFileHooks:
                 tokens / step_time_s,
             )
 
+    def compute_slowdown(self) -> float:
+        return 1.0
+
     def should_checkpoint(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 

@@ -47,7 +47,7 @@ def run_training(
             result.stopped = True
             break
         started = time.perf_counter()
-        loss = trainer.train_step()
+        loss = trainer.train_step(slowdown=hooks.compute_slowdown())
         step_time_s = time.perf_counter() - started
         result.step_time_s += step_time_s
         step = trainer.step

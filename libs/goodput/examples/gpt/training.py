@@ -219,6 +219,8 @@ class Trainer:
         self.clock = ComputeClock()
         #: seconds this rank computed in the last step, excluding waits for its peers
         self.last_compute_time_s = 0.0
+        #: of which an injected delay (``slowdown``): what the next delay must not grow from
+        self._last_delay_s = 0.0
         if world_size > 1:
             self.ddp = DistributedDataParallel(self.model)
             self.ddp.register_comm_hook(self.clock, rank_ordered_mean_hook)
@@ -244,12 +246,19 @@ class Trainer:
     def tokens_per_step(self) -> int:
         return self.plan.global_batch * self.config.model.seq_len
 
-    def train_step(self) -> float:
+    def train_step(self, slowdown: float = 1.0) -> float:
         """Forward/backward over this rank's micro-batches, all-reduce, optimizer step.
 
         Returns the mean loss over the whole global batch (the same number on every rank).
+        ``slowdown`` > 1 stretches this rank's compute to that many times its last undelayed
+        compute time (a wait inside the compute, as a host waits on a throttled device), so its
+        peers wait for it in the all-reduce: an injected straggler exactly that much slower.
         """
         started = time.perf_counter()
+        delay_s = (slowdown - 1) * (self.last_compute_time_s - self._last_delay_s)
+        if delay_s > 0:
+            time.sleep(delay_s)
+        self._last_delay_s = max(delay_s, 0.0)
         self.model.train()
         micro_batches = self.sampler.rank_micro_batches(
             self.step, self.plan.global_batch, self.plan.micro_batch, self.rank, self.world_size

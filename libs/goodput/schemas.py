@@ -16,8 +16,9 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 
 #: 2: a job runs as runs (``StartJob.run_id``, ``RunStarted``, ``JobStatus.run_id``); a build
-#: of version 1 would mistake a second run of a job for the first one still going
-SCHEMA_VERSION = 2
+#: of version 1 would mistake a second run of a job for the first one still going.
+#: 3: ``TrainingPlan``, the batch and LR a trainer runs with after a restore (and a rescale)
+SCHEMA_VERSION = 3
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9
@@ -177,6 +178,27 @@ class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
     duration_s: Seconds
     bytes: int = 0
     fallbacks: list[str] = msgspec.field(default_factory=list)
+
+
+class TrainingPlan(Event, tag="training_plan", kw_only=True):
+    """The batch and learning rate the ranks train with from ``step`` on, published by rank 0
+    at every restore that knows its plan; after a change of data-parallel size it says which
+    rescale callbacks made it."""
+
+    node: str
+    rank: int
+    step: int
+    world_size: int
+    dp_size: int
+    global_batch: int
+    micro_batch: int
+    #: micro-batches per rank per optimizer step
+    accumulation_steps: int
+    lr: float
+    #: the data-parallel size the checkpoint was saved under, when it differs (0: no rescale)
+    rescaled_from_dp: int = 0
+    #: the rescale callbacks that ran, in order
+    callbacks: list[str] = msgspec.field(default_factory=list)
 
 
 class GpuHealth(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -407,6 +429,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     CheckpointReplicated,
     CheckpointBackedUp,
     CheckpointRestored,
+    TrainingPlan,
     HostHealth,
     Signal,
     Decision,

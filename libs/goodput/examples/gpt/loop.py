@@ -38,9 +38,9 @@ def run_training(
 
     ``stop_at`` ends the run after that step as if a stop had been requested (save and exit).
     """
-    restored = hooks.restore(trainer.state_dict())
+    restored = hooks.restore(trainer.state_dict(), plan=trainer.plan)
     if restored is not None:
-        trainer.load_state_dict(restored[1])
+        trainer.load_state_dict(restored.state, restored.plan)
     result = LoopResult(first_step=trainer.step, step=trainer.step, stopped=False)
     while trainer.step < total_steps:
         if stop_at is not None and trainer.step >= stop_at:

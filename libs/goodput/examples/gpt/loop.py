@@ -5,11 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import torch
-import torch.distributed as dist
-
 from goodput.examples.gpt.hooks import TrainingHooks
 from goodput.examples.gpt.training import Trainer
+from goodput.integrations.loop import any_rank
 
 
 @dataclass
@@ -19,16 +17,6 @@ class LoopResult:
     stopped: bool  # ended early on a stop request, before ``total_steps``
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) run here
     step_time_s: float = 0.0  # total time spent in training steps here (no checkpoint, no startup)
-
-
-def any_rank(*flags: bool) -> list[bool]:
-    """Each flag true if it is true on any rank: the ranks must checkpoint and stop together,
-    or one would wait forever in the next all-reduce for a peer that left."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return list(flags)
-    votes = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
-    dist.all_reduce(votes, op=dist.ReduceOp.MAX)
-    return [bool(vote) for vote in votes.tolist()]
 
 
 def run_training(

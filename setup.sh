@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv with goodput installed (with --dev: and the test tools).
+# Creates .venv with goodput installed (with --dev: the test tools and the framework
+# integrations' extras, which the tests run against the real frameworks).
 #
 # torch is not pinned by the project; where the venv has no torch yet, this installs
 # $GOODPUT_TORCH_SPEC (default: torch==2.13.0, the CPU build the project is tested with).
@@ -8,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 python=${PYTHON:-python3}
 extras=""
-if [ "${1:-}" = "--dev" ]; then extras="[dev]"; fi
+if [ "${1:-}" = "--dev" ]; then extras="[dev,lightning]"; fi
 
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($python --version)" >&2

@@ -20,7 +20,8 @@ import msgspec
 #: 3: the GPU-reset rung (``ResetGpu``, ``GpuReset``, ``Restart.reset_gpus``, the host faults
 #: and GPU records a ``Signal`` carries); a job for the Kubernetes backend names its rank
 #: image and GPUs (``StartJob.image``, ``StartJob.gpus_per_rank``); a slow-rank fault in the
-#: rank's compute (``InjectFault.factor``, ``InjectFault.duration_s``)
+#: rank's compute (``InjectFault.factor``, ``InjectFault.duration_s``); ``TrainingPlan``, the batch and LR
+#: a trainer runs with after a restore (and a rescale)
 SCHEMA_VERSION = 3
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
@@ -181,6 +182,27 @@ class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
     duration_s: Seconds
     bytes: int = 0
     fallbacks: list[str] = msgspec.field(default_factory=list)
+
+
+class TrainingPlan(Event, tag="training_plan", kw_only=True):
+    """The batch and learning rate the ranks train with from ``step`` on, published by rank 0
+    at every restore that knows its plan; after a change of data-parallel size it says which
+    rescale callbacks made it."""
+
+    node: str
+    rank: int
+    step: int
+    world_size: int
+    dp_size: int
+    global_batch: int
+    micro_batch: int
+    #: micro-batches per rank per optimizer step
+    accumulation_steps: int
+    lr: float
+    #: the data-parallel size the checkpoint was saved under, when it differs (0: no rescale)
+    rescaled_from_dp: int = 0
+    #: the rescale callbacks that ran, in order
+    callbacks: list[str] = msgspec.field(default_factory=list)
 
 
 class GpuHealth(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -454,6 +476,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     CheckpointReplicated,
     CheckpointBackedUp,
     CheckpointRestored,
+    TrainingPlan,
     HostHealth,
     Signal,
     Decision,

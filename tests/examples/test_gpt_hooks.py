@@ -17,13 +17,14 @@ from goodput.examples.gpt.local_hooks import (
 )
 from goodput.examples.gpt.loop import run_training
 from goodput.examples.gpt.model import ModelConfig
-from goodput.examples.gpt.training import BatchPlan, TrainConfig, Trainer, params_sha256
+from goodput.examples.gpt.training import TrainConfig, Trainer, params_sha256
+from goodput.shim.rescale import BatchPlan
 
 TINY = TrainConfig(
     seed=2,
     total_steps=10,
     warmup_steps=2,
-    plan=BatchPlan(global_batch=2, micro_batch=1),
+    plan=BatchPlan(global_batch=2, micro_batch=1, lr=3e-3),
     model=ModelConfig(n_layer=1, d_model=32, n_head=2, seq_len=16),
     corpus_chars=20_000,
 )
@@ -40,8 +41,10 @@ def test_restore_returns_the_newest_checkpoint(tmp_path: Path) -> None:
         writer.save({"step": step, "model": {"w": torch.full((2,), float(step))}}, step)
     writer.finish({"step": 6, "model": {}}, 6)  # already saved: nothing new written
     assert [step for step, _ in list_checkpoints(tmp_path)] == [6, 3]
-    step, state = hooks(tmp_path).restore(TEMPLATE)
-    assert step == 6 and torch.equal(state["model"]["w"], torch.full((2,), 6.0))
+    restored = hooks(tmp_path).restore(TEMPLATE)
+    assert restored is not None and restored.step == 6
+    assert torch.equal(restored.state["model"]["w"], torch.full((2,), 6.0))
+    assert restored.saved_layout == restored.layout and not restored.rescaled
 
 
 def test_empty_directory_restores_nothing(tmp_path: Path) -> None:
@@ -54,8 +57,8 @@ def test_save_snapshots_before_returning(tmp_path: Path) -> None:
     writer.save({"step": 3, "model": {"w": live}}, 3)
     live.fill_(7.0)  # training goes on while the write may still run
     writer.finish({"step": 3, "model": {}}, 3)
-    _, state = hooks(tmp_path).restore(TEMPLATE)
-    assert torch.count_nonzero(state["model"]["w"]) == 0
+    restored = hooks(tmp_path).restore(TEMPLATE)
+    assert restored is not None and torch.count_nonzero(restored.state["model"]["w"]) == 0
 
 
 def test_corrupt_and_foreign_checkpoints_fall_back_to_an_older_one(tmp_path: Path) -> None:
@@ -66,8 +69,9 @@ def test_corrupt_and_foreign_checkpoints_fall_back_to_an_older_one(tmp_path: Pat
     torch.save([1, 2, 3], checkpoint_path(tmp_path, 9))  # not a training state
     torch.save({"step": 12}, checkpoint_path(tmp_path, 12))  # lacks the model
     (tmp_path / ".step-00000015.pt.tmp-123").write_bytes(b"interrupted write")
-    step, _ = hooks(tmp_path).restore(TEMPLATE)
-    assert step == 3
+    restored = hooks(tmp_path).restore(TEMPLATE)
+    assert restored is not None and restored.step == 3
+    assert restored.saved_layout is None  # written without goodput's metadata
 
 
 def test_only_the_newest_checkpoints_are_kept(tmp_path: Path) -> None:

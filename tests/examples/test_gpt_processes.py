@@ -148,6 +148,6 @@ def test_rescale_keeps_global_batch_and_stays_close(
     result = run.result
     assert result["first_step"] == STOP_AT and result["completed"]
     assert result["world_size"] == new_world and result["global_batch"] == 12
-    assert result["lr_scale"] == 1.0
+    assert result["lr"] == 3e-3 and result["accumulation_steps"] == 12 // new_world
     assert_loss_keeps_falling(run)
     assert_close_to(run, references[old_world])

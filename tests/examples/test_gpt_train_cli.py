@@ -10,6 +10,8 @@ import pytest
 
 from goodput.examples.gpt.local_hooks import snapshot
 from goodput.examples.gpt.train import DistInfo, main
+from goodput.shim.rescale import BatchPlan, RescaleCallback
+from goodput.shim.restore_result import DpLayout, RestoreResult
 from tests.examples.launch import TINY_MODEL_ARGS, read_result
 
 
@@ -36,11 +38,17 @@ class InMemoryHooks:
         self.steps: list[int] = []
         self.compute_times: list[float] = []
 
-    def restore(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    def on_rescale(self, callback: RescaleCallback) -> RescaleCallback:
+        return callback  # one world size only: never called
+
+    def restore(
+        self, template_state: dict[str, Any], plan: BatchPlan | None = None
+    ) -> RestoreResult | None:
         if not self.saved:
             return None
         step = max(self.saved)
-        return step, self.saved[step]
+        layout = DpLayout(world_size=1, dp_size=1)
+        return RestoreResult(step, self.saved[step], "local", layout, layout, plan)
 
     def step_done(
         self, step: int, step_time_s: float, tokens: int, loss: float, compute_time_s: float = 0.0

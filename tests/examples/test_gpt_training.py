@@ -12,21 +12,20 @@ import pytest
 import torch
 
 from goodput.examples.gpt.model import ModelConfig
-from goodput.examples.gpt.training import (
-    BatchPlan,
-    TrainConfig,
-    Trainer,
-    WarmupCosine,
-    keep_global_batch,
-    linear_lr_scaling,
-    params_sha256,
+from goodput.examples.gpt.training import TrainConfig, Trainer, WarmupCosine, params_sha256
+from goodput.shim.rescale import BatchPlan, RescaleCallback, scale_lr
+from goodput.shim.restore_result import (
+    CheckpointMetadata,
+    DpLayout,
+    resolve_restore,
+    with_metadata,
 )
 
 TINY = TrainConfig(
     seed=4,
     total_steps=20,
     warmup_steps=2,
-    plan=BatchPlan(global_batch=4, micro_batch=1),
+    plan=BatchPlan(global_batch=4, micro_batch=1, lr=3e-3),
     model=ModelConfig(n_layer=1, d_model=32, n_head=2, seq_len=16),
     corpus_chars=20_000,
 )
@@ -75,7 +74,7 @@ def test_gradient_accumulation_matches_one_big_micro_batch() -> None:
     # Without dropout the micro-batch layout is the only difference: same math, other rounding.
     no_dropout = replace(TINY, model=replace(TINY.model, dropout=0.0))
     accumulated = trained(no_dropout, 3)
-    single = trained(replace(no_dropout, plan=BatchPlan(global_batch=4, micro_batch=4)), 3)
+    single = trained(replace(no_dropout, plan=BatchPlan(global_batch=4, micro_batch=4, lr=3e-3)), 3)
     for name, value in accumulated.model.state_dict().items():
         torch.testing.assert_close(value, single.model.state_dict()[name], rtol=1e-4, atol=1e-5)
 
@@ -95,28 +94,30 @@ def test_foreign_states_are_rejected(field: str, value: object, message: str) ->
         Trainer(TINY).load_state_dict(state)
 
 
-def test_keep_global_batch_keeps_the_plan_or_refuses() -> None:
-    plan = BatchPlan(global_batch=12, micro_batch=1)
-    assert keep_global_batch(2, 3, plan) == plan
-    with pytest.raises(ValueError):
-        keep_global_batch(2, 5, plan)
+def rescaled(
+    state: dict, old_world: int, new_world: int, callbacks: list[RescaleCallback]
+) -> tuple[dict, BatchPlan | None]:
+    """``state`` as restored by ranks at ``new_world`` from a checkpoint saved at ``old_world``."""
+    saved = with_metadata(
+        state,
+        CheckpointMetadata(
+            layout=DpLayout(world_size=old_world, dp_size=old_world), plan=TINY.plan
+        ),
+    )
+    layout = DpLayout(world_size=new_world, dp_size=new_world)
+    result, _ = resolve_restore(
+        0, saved, tier="local", layout=layout, plan=TINY.plan, callbacks=callbacks
+    )
+    return result.state, result.plan
 
 
-def test_linear_lr_scaling_follows_the_world_size() -> None:
-    plan = BatchPlan(global_batch=12, micro_batch=2)
-    down = linear_lr_scaling(2, 1, plan)
-    assert down == BatchPlan(global_batch=6, micro_batch=2, lr_scale=0.5)
-    assert linear_lr_scaling(1, 2, down) == plan
-
-
-def test_resuming_at_another_world_size_applies_the_rescale_callback() -> None:
+def test_resuming_at_another_world_size_applies_the_rescale_callbacks() -> None:
     # A state recorded at world 2, resumed by a world-1 trainer with linear LR scaling.
     source = trained(TINY, 4)
-    state = source.state_dict()
-    state["world_size"] = 2
-    target = Trainer(TINY, rescale=linear_lr_scaling)
-    target.load_state_dict(state)
-    assert target.plan == BatchPlan(global_batch=2, micro_batch=1, lr_scale=0.5)
+    state, plan = rescaled(source.state_dict(), 2, 1, [scale_lr("linear")])
+    assert plan == BatchPlan(global_batch=2, micro_batch=1, lr=TINY.plan.lr / 2)
+    target = Trainer(TINY)
+    target.load_state_dict(state, plan)
     for group, source_group in zip(
         target.optimizer.param_groups, source.optimizer.param_groups, strict=True
     ):

@@ -235,3 +235,30 @@ def test_an_empty_job_has_a_blank_view() -> None:
     assert snap.state == "unknown" and snap.step.step is None and snap.checkpoints == []
     assert [(n.name, n.role) for n in snap.nodes] == [("node-0", "unknown")]
     assert "node-0" in _render(snap)
+
+
+def plan(t: float, number: int, dp: int, batch: int, accumulation: int, lr: float, **rescale):
+    return schemas.TrainingPlan(
+        job=JOB, ts=at(t), node="node-0", rank=0, step=number, world_size=dp, dp_size=dp,
+        global_batch=batch, micro_batch=1, accumulation_steps=accumulation, lr=lr, **rescale,
+    )  # fmt: skip
+
+
+def test_the_newest_training_plan_is_shown_with_its_rescale() -> None:
+    model = fold(
+        [
+            plan(0, 0, 2, 12, 6, 0.003),
+            plan(50, 40, 1, 6, 6, 0.0015, rescaled_from_dp=2, callbacks=["scale_lr_linear"]),
+        ]
+    )
+    snap = model.snapshot(at(60))
+    assert snap.plan is not None
+    assert (snap.plan.global_batch, snap.plan.accumulation_steps, snap.plan.lr) == (6, 6, 0.0015)
+    assert snap.plan.rescaled_from_dp == 2 and snap.plan.age_s == 10.0
+    text = _render(snap)
+    assert "6 per step = 1 × 6 accumulation × 1 data-parallel ranks" in text
+    assert "from 2 to 1 data-parallel ranks at step 40" in text and "scale_lr_linear" in text
+
+
+def test_no_plan_reported_shows_none() -> None:
+    assert fold([step(1, 1)]).snapshot(at(2)).plan is None

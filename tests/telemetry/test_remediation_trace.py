@@ -42,7 +42,7 @@ shim = TrainerShim.from_env()
 wait_for_bus(shim)
 state = {"w": torch.zeros(4)}
 restored = shim.restore(state)
-first = restored[0] + 1 if restored else 1
+first = restored.step + 1 if restored else 1
 for step in range(first, first + 2):
     state["w"] += 1
     shim.step_done(step, 0.01, tokens=8, loss=1.0)

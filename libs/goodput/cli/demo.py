@@ -26,6 +26,7 @@ from goodput.accounting.table import render as render_report
 from goodput.config import add_bus_arguments
 from goodput.demo.scenarios import SCENARIOS
 from goodput.demo.session import RunOutcome, RunPlan, Setup, run_once
+from goodput.shim.rescale import BUILTIN_RULES
 
 DEFAULT_STEPS = {"full": 800}
 
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
                 timeout_s=args.timeout,
                 # its own job name: on a shared bus (--nats-url) the two runs' events stay apart
                 job=args.job if setup == "goodput" else f"{args.job}-baseline",
+                rescale=args.rescale,
             )
             state_dir = root if len(setups) == 1 else root / setup
             outcomes[setup] = run_once(args, plan, state_dir, console)
@@ -165,6 +167,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--spares", type=int, help="spare nodes (default: what the scenario needs)")
     parser.add_argument(
         "--ckpt-every", type=int, default=20, help="initial checkpoint interval in steps"
+    )
+    parser.add_argument(
+        "--rescale",
+        choices=sorted(BUILTIN_RULES),
+        default="keep-global-batch",
+        help="what the example job changes when it resumes at another data-parallel size "
+        "(scale-down-up): keep the global batch with more gradient accumulation "
+        "(keep-global-batch, default) or keep the per-rank batch and scale the LR (linear-lr, "
+        "sqrt-lr); the resulting batch and LR are in the job's events and `goodput status`",
     )
     parser.add_argument(
         "--compare-baseline",

@@ -56,6 +56,8 @@ class RunPlan:
     ckpt_every: int
     timeout_s: float
     job: str
+    #: the example job's rescale rule (``goodput.shim.rescale.BUILTIN_RULES``)
+    rescale: str = "keep-global-batch"
 
 
 #: a dozen processes share this machine's cores: for ten steps a healthy rank is often 1.4×
@@ -96,6 +98,7 @@ def start_command(plan: RunPlan, job: str, state_dir: Path) -> schemas.StartJob:
             *("--steps", str(plan.steps)),
             *("--result", str(state_dir / "training-result.json")),
             *("--log-every", "0"),
+            *("--rescale", plan.rescale),
         ],
         nodes=plan.nodes,
         procs_per_node=1,

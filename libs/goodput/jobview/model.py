@@ -80,6 +80,21 @@ class RestoreView(msgspec.Struct, kw_only=True):
     fallbacks: list[str]
 
 
+class PlanView(msgspec.Struct, kw_only=True):
+    """The batch and LR the trainers run with (their newest ``TrainingPlan``)."""
+
+    step: int
+    age_s: float
+    dp_size: int
+    global_batch: int
+    micro_batch: int
+    accumulation_steps: int
+    lr: float
+    #: the data-parallel size before the rescale that made this plan (0: no rescale)
+    rescaled_from_dp: int
+    callbacks: list[str]
+
+
 class StepProgress(msgspec.Struct, kw_only=True):
     step: int | None = None
     #: reference-rank steps per second over the last RATE_WINDOW_S (None: fewer than 2 steps)
@@ -142,6 +157,8 @@ class JobSnapshot(msgspec.Struct, kw_only=True):
     ranks: list[RankView]
     checkpoints: list[TierView]
     last_restore: RestoreView | None
+    #: the batch plan in force (None: the trainer reported none)
+    plan: PlanView | None
     last_checkpoint_failure: str
     signals: list[SignalView]
     decisions: list[DecisionView]
@@ -185,6 +202,7 @@ class JobModel:
         self.hosts: dict[str, schemas.HostHealth] = {}
         self.copies: dict[CheckpointStage, _Copy] = {}
         self.last_restore: schemas.CheckpointRestored | None = None
+        self.plan: schemas.TrainingPlan | None = None
         self.last_failure: schemas.CheckpointFailed | None = None
         self.step_ts: deque[int] = deque()  # reference-rank step completions inside the window
         self.last_step: schemas.StepDone | None = None
@@ -244,6 +262,8 @@ class JobModel:
                 self.last_failure = event
             case schemas.CheckpointRestored() if event.rank >= 0:
                 self.last_restore = event  # rank -1 is a tier filling a volume, not training
+            case schemas.TrainingPlan():
+                self.plan = event
             case schemas.HostHealth():
                 self.hosts[event.node] = event
             case schemas.Signal():
@@ -319,6 +339,7 @@ class JobModel:
                 if self.last_restore
                 else None
             ),
+            plan=self._plan_view(now_ns),
             last_checkpoint_failure=(
                 f"step {self.last_failure.step} on {self.last_failure.node}/"
                 f"{self.last_failure.rank}: {self.last_failure.error}"
@@ -359,6 +380,22 @@ class JobModel:
             ],
             goodput=self.goodput(now_ns),
             goodput_note=self._goodput_note,
+        )
+
+    def _plan_view(self, now_ns: int) -> PlanView | None:
+        plan = self.plan
+        if plan is None:
+            return None
+        return PlanView(
+            step=plan.step,
+            age_s=_age(now_ns, plan.ts),
+            dp_size=plan.dp_size,
+            global_batch=plan.global_batch,
+            micro_batch=plan.micro_batch,
+            accumulation_steps=plan.accumulation_steps,
+            lr=plan.lr,
+            rescaled_from_dp=plan.rescaled_from_dp,
+            callbacks=list(plan.callbacks),
         )
 
     def _step_view(self, now_ns: int) -> StepProgress:

@@ -81,6 +81,22 @@ def job_panel(snap: JobSnapshot) -> Panel:
         f"{_number(step.steps_per_s)} steps/s  ·  {_number(step.step_time_s)} s/step  ·  "
         f"{_number(step.tokens_per_s, '{:,.0f}')} tokens/s",
     )
+    if snap.plan is not None:
+        plan = snap.plan
+        grid.add_row(
+            "batch",
+            f"{plan.global_batch} per step = {plan.micro_batch} × {plan.accumulation_steps} "
+            f"accumulation × {plan.dp_size} data-parallel ranks  ·  lr {plan.lr:.3g}",
+        )
+        if plan.rescaled_from_dp:
+            grid.add_row(
+                "rescaled",
+                escape(
+                    f"from {plan.rescaled_from_dp} to {plan.dp_size} data-parallel ranks at "
+                    f"step {plan.step} ({age(plan.age_s)} ago) by "
+                    + (", ".join(plan.callbacks) or "no callback")
+                ),
+            )
     if snap.detail:
         grid.add_row("detail", escape(snap.detail))
     grid.add_row("events", str(snap.events))

@@ -1,5 +1,61 @@
-"""The trainer shim: imported by the training script to be supervised by goodput."""
+"""The trainer shim: imported by the training script to be supervised by goodput.
 
-from goodput.shim.trainer import EXIT_TERMINATED, ShimConfig, TrainerShim
+Names are imported on first use, so ``goodput.shim.rescale`` (the rescale rules, no torch) can
+be read by the command line without importing torch.
+"""
 
-__all__ = ["EXIT_TERMINATED", "ShimConfig", "TrainerShim"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from goodput.shim.rescale import (
+        BatchPlan,
+        Rescale,
+        RescaleCallback,
+        RescaleError,
+        adjust_schedule,
+        keep_global_batch,
+        scale_lr,
+    )
+    from goodput.shim.restore_result import DpLayout, RestoreResult
+    from goodput.shim.trainer import EXIT_TERMINATED, ShimConfig, TrainerShim
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "BatchPlan": "goodput.shim.rescale",
+    "Rescale": "goodput.shim.rescale",
+    "RescaleCallback": "goodput.shim.rescale",
+    "RescaleError": "goodput.shim.rescale",
+    "adjust_schedule": "goodput.shim.rescale",
+    "keep_global_batch": "goodput.shim.rescale",
+    "scale_lr": "goodput.shim.rescale",
+    "DpLayout": "goodput.shim.restore_result",
+    "RestoreResult": "goodput.shim.restore_result",
+    "EXIT_TERMINATED": "goodput.shim.trainer",
+    "ShimConfig": "goodput.shim.trainer",
+    "TrainerShim": "goodput.shim.trainer",
+}
+
+__all__ = [
+    "EXIT_TERMINATED",
+    "BatchPlan",
+    "DpLayout",
+    "Rescale",
+    "RescaleCallback",
+    "RescaleError",
+    "RestoreResult",
+    "ShimConfig",
+    "TrainerShim",
+    "adjust_schedule",
+    "keep_global_batch",
+    "scale_lr",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'goodput.shim' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

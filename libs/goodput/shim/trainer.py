@@ -1,7 +1,9 @@
 """The trainer shim: what a training script imports to be supervised by goodput.
 
     shim = TrainerShim.from_env()          # reads what the actuator put in the environment
-    restored = shim.restore(state)         # newest verified checkpoint, or None
+    shim.on_rescale(keep_global_batch)     # what to change when the data-parallel size did
+    restored = shim.restore(state, plan=BatchPlan(global_batch=..., lr=...))
+    step = restored.step if restored else 0   # a RestoreResult: step, state, layout, plan, tier
     for step in ...:
         ...train...
         shim.step_done(step, step_time_s, tokens, loss)
@@ -36,6 +38,14 @@ from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
 from goodput.rank_env import EXIT_TERMINATED, RankEnv
 from goodput.shim.link import BusLink
+from goodput.shim.rescale import BatchPlan, RescaleCallback
+from goodput.shim.restore_result import (
+    CheckpointMetadata,
+    DpLayout,
+    RestoreResult,
+    resolve_restore,
+    with_metadata,
+)
 from goodput.shim.schedule import CheckpointSchedule
 from goodput.shim.tracing import ShimTelemetry
 from goodput.subjects import DEFAULT_JOB
@@ -51,6 +61,10 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     #: ranks of this node share its local volume: they split the (identical) state among them
     local_rank: int = 0
     local_world_size: int = 1
+    #: nodes one model replica spans; ranks per model replica (1: every rank is a
+    #: data-parallel replica, as with DDP): together they give the data-parallel size
+    num_nodes_per_dp: int = 1
+    model_parallel_size: int = 1
     attempt: int = 1
     #: the bus, from ``GOODPUT_NATS_*`` as the actuator set them (URL, credentials, TLS);
     #: None (no ``GOODPUT_NATS_URL``): no supervision, the script trains on its own
@@ -80,6 +94,7 @@ class ShimConfig(msgspec.Struct, kw_only=True):
             "world_size": rank_env.world_size,
             "local_rank": rank_env.local_rank,
             "local_world_size": rank_env.local_world_size,
+            "num_nodes_per_dp": rank_env.num_nodes_per_dp,
             "attempt": rank_env.attempt,
             "bus": settings_from_env(env) if env.get("GOODPUT_NATS_URL") else None,
             "ckpt_dir": rank_env.ckpt_dir,
@@ -106,6 +121,9 @@ class TrainerShim:
         #: an injected straggler: (compute factor, monotonic end or None for until cleared)
         self._slowdown: tuple[float, float | None] = (1.0, None)
         self._last_saved_step: int | None = None
+        self._rescale_callbacks: list[RescaleCallback] = []
+        #: the batch plan in force, saved with every checkpoint (``restore(plan=...)`` sets it)
+        self.plan: BatchPlan | None = None
         self.engine: CheckpointEngine | TorchSaveCheckpointer
         if config.ckpt_mode == "torch-save":
             self.engine = TorchSaveCheckpointer(
@@ -141,13 +159,84 @@ class TrainerShim:
 
     # ---- TrainingHooks ----------------------------------------------------------------------
 
-    def restore(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
-        """The newest checkpoint every rank holds intact; all ranks load the same step."""
+    @property
+    def layout(self) -> DpLayout:
+        """The layout of this job's ranks now (saved with every checkpoint)."""
+        return DpLayout(
+            world_size=self.config.world_size,
+            dp_size=self.config.world_size // self.config.model_parallel_size,
+            procs_per_node=self.config.local_world_size,
+            num_nodes_per_dp=self.config.num_nodes_per_dp,
+        )
+
+    def on_rescale(self, callback: RescaleCallback) -> RescaleCallback:
+        """Run ``callback`` at restore when the data-parallel size differs from the saved one
+        (in registration order; see :mod:`goodput.shim.rescale` for the built-in rules)."""
+        self._rescale_callbacks.append(callback)
+        return callback
+
+    def restore(
+        self, template_state: dict[str, Any], plan: BatchPlan | None = None
+    ) -> RestoreResult | None:
+        """The newest checkpoint every rank holds intact; all ranks load the same step.
+
+        ``plan`` is the batch plan of a fresh start; a checkpoint's saved plan replaces it, as
+        the rescale callbacks left it. None: nothing to restore (``self.plan`` is ``plan``).
+        """
+        self.plan = plan
         self._busy("checkpoint-load")
         try:
-            return self._restore_agreed(template_state)
+            restored = self._restore_agreed(template_state)
         finally:
             self._busy("")
+        if restored is None:
+            self._publish_plan(0, self.plan, [], rescaled_from_dp=0)
+            return None
+        result, applied = resolve_restore(
+            *restored,
+            tier="shared" if self.config.ckpt_mode == "torch-save" else "local",
+            layout=self.layout,
+            plan=plan,
+            callbacks=self._rescale_callbacks,
+        )
+        self.plan = result.plan
+        if result.rescaled:
+            assert result.saved_layout is not None
+            log.info(
+                "rescaled from %d to %d data-parallel ranks at step %d (%s): %s",
+                result.saved_layout.dp_size,
+                result.layout.dp_size,
+                result.step,
+                ", ".join(applied) or "no callback",
+                result.plan,
+            )
+        from_dp = result.saved_layout.dp_size if result.rescaled and result.saved_layout else 0
+        self._publish_plan(result.step, result.plan, applied, rescaled_from_dp=from_dp)
+        return result
+
+    def _publish_plan(
+        self, step: int, plan: BatchPlan | None, applied: list[str], rescaled_from_dp: int
+    ) -> None:
+        """Rank 0 tells the job's events the batch and LR it trains with from ``step``."""
+        if plan is None or self.config.rank != 0:
+            return
+        layout = self.layout
+        self._publish(
+            schemas.TrainingPlan(
+                job=self.config.job,
+                node=self.config.node,
+                rank=self.config.rank,
+                step=step,
+                world_size=layout.world_size,
+                dp_size=layout.dp_size,
+                global_batch=plan.global_batch,
+                micro_batch=plan.micro_batch,
+                accumulation_steps=plan.accumulation_steps(layout.dp_size),
+                lr=plan.lr,
+                rescaled_from_dp=rescaled_from_dp,
+                callbacks=applied,
+            )
+        )
 
     def _restore_agreed(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
         # a rank whose newest copy is corrupt falls back further: agree on the minimum, again
@@ -221,7 +310,7 @@ class TrainerShim:
         self._busy("checkpoint-save")
         try:
             self.engine.save(
-                state,
+                with_metadata(state, CheckpointMetadata(layout=self.layout, plan=self.plan)),
                 step,
                 dp_rank=self.config.local_rank,
                 dp_world=self.config.local_world_size,

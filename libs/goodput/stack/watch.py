@@ -37,6 +37,8 @@ class JobWatcher:
     signals: list[schemas.Signal] = field(default_factory=list)
     decisions: list[schemas.Decision] = field(default_factory=list)
     failed_actions: list[schemas.ActionResult] = field(default_factory=list)
+    #: the batch and LR the trainers ran with, one per restore (and rescale)
+    training_plans: list[schemas.TrainingPlan] = field(default_factory=list)
     last_status: schemas.JobStatus | None = None
     events: int = 0
     #: monotonic times of rank 0's newest step and of the newest attempt's start
@@ -114,6 +116,15 @@ class JobWatcher:
                     + (f" rank {event.rank}" if event.rank is not None else "")
                     + f": {event.detail}"
                 )
+            case schemas.TrainingPlan():
+                self.training_plans.append(event)
+                if event.rescaled_from_dp:
+                    self.say(
+                        f"[cyan]rescaled[/] {event.rescaled_from_dp} → {event.dp_size} "
+                        f"data-parallel ranks at step {event.step}: global batch "
+                        f"{event.global_batch}, {event.accumulation_steps} accumulation steps, "
+                        f"lr {event.lr:.3g} ({', '.join(event.callbacks) or 'no callback'})"
+                    )
             case schemas.Decision():
                 self.decisions.append(event)
                 self.say(f"[magenta]decision[/] {event.rule}: {event.reason}")
@@ -168,5 +179,6 @@ def summary(watcher: JobWatcher) -> dict:
         "world_size_history": watcher.world_size_history,
         "signals": [msgspec.to_builtins(s) for s in watcher.signals],
         "decisions": [msgspec.to_builtins(d) for d in watcher.decisions],
+        "training_plans": [msgspec.to_builtins(p) for p in watcher.training_plans],
         "failed_nodes": status.failed_nodes if status else [],
     }

@@ -8,13 +8,23 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from goodput.shim.rescale import BatchPlan, RescaleCallback
+from goodput.shim.restore_result import RestoreResult
+
 
 class TrainingHooks(Protocol):
-    def restore(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
-        """The newest usable checkpoint as ``(step, state)``, or None to start from scratch.
+    def on_rescale(self, callback: RescaleCallback) -> RescaleCallback:
+        """Run ``callback`` at restore when the data-parallel size differs from the saved one."""
+        ...
 
-        ``template_state`` has the structure (and the live tensors) of the state to restore.
-        Every rank must get the same checkpoint.
+    def restore(
+        self, template_state: dict[str, Any], plan: BatchPlan | None = None
+    ) -> RestoreResult | None:
+        """The newest usable checkpoint, or None to start from scratch.
+
+        ``template_state`` has the structure (and the live tensors) of the state to restore;
+        ``plan`` is the batch plan of a fresh start. Every rank must get the same checkpoint,
+        rescaled by the registered callbacks when the data-parallel size changed.
         """
         ...
 

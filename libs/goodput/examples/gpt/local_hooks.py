@@ -15,6 +15,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from goodput.shim.rescale import BatchPlan, RescaleCallback
+from goodput.shim.restore_result import (
+    CheckpointMetadata,
+    DpLayout,
+    RestoreResult,
+    resolve_restore,
+    with_metadata,
+)
+
 log = logging.getLogger(__name__)
 
 _CHECKPOINT_NAME = re.compile(r"^step-(\d{8})\.pt$")
@@ -85,6 +94,7 @@ class LocalFileHooks:
         directory: str | Path,
         every: int,
         rank: int = 0,
+        world_size: int = 1,
         keep: int = 3,
         log_every: int = 10,
         handle_sigterm: bool = True,
@@ -94,6 +104,9 @@ class LocalFileHooks:
         self.directory = Path(directory)
         self.every = every
         self.rank = rank
+        self.layout = DpLayout(world_size=world_size, dp_size=world_size)
+        self.plan: BatchPlan | None = None
+        self._rescale_callbacks: list[RescaleCallback] = []
         self.keep = keep
         self.log_every = log_every
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -108,7 +121,14 @@ class LocalFileHooks:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._stop.set()
 
-    def restore(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    def on_rescale(self, callback: RescaleCallback) -> RescaleCallback:
+        self._rescale_callbacks.append(callback)
+        return callback
+
+    def restore(
+        self, template_state: dict[str, Any], plan: BatchPlan | None = None
+    ) -> RestoreResult | None:
+        self.plan = plan
         chosen = self._newest_loadable(template_state) if self.rank == 0 else None
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # Rank 0 picks, so every rank resumes from the same step even if files change.
@@ -121,7 +141,17 @@ class LocalFileHooks:
             return None
         self._last_saved_step = chosen[0]
         log.info("restored step %d from %s", chosen[0], self.directory)
-        return chosen
+        result, applied = resolve_restore(
+            *chosen,
+            tier="shared",
+            layout=self.layout,
+            plan=plan,
+            callbacks=self._rescale_callbacks,
+        )
+        if result.rescaled:
+            log.info("rescaled by %s: %s", ", ".join(applied) or "no callback", result.plan)
+        self.plan = result.plan
+        return result
 
     def _newest_loadable(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
         for step, path in list_checkpoints(self.directory):
@@ -154,7 +184,9 @@ class LocalFileHooks:
         if self.rank != 0:
             return
         self._wait_pending()
-        frozen = snapshot(state)
+        frozen = snapshot(
+            with_metadata(state, CheckpointMetadata(layout=self.layout, plan=self.plan))
+        )
         self._pending = self._writer.submit(self._write, frozen, step)
 
     def _write(self, state: dict[str, Any], step: int) -> None:

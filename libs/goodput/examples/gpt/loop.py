@@ -5,11 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import torch
-import torch.distributed as dist
-
 from goodput.examples.gpt.hooks import TrainingHooks
 from goodput.examples.gpt.training import Trainer
+from goodput.integrations.loop import any_rank
 
 
 @dataclass
@@ -21,16 +19,6 @@ class LoopResult:
     step_time_s: float = 0.0  # total time spent in training steps here (no checkpoint, no startup)
 
 
-def any_rank(*flags: bool) -> list[bool]:
-    """Each flag true if it is true on any rank: the ranks must checkpoint and stop together,
-    or one would wait forever in the next all-reduce for a peer that left."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return list(flags)
-    votes = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
-    dist.all_reduce(votes, op=dist.ReduceOp.MAX)
-    return [bool(vote) for vote in votes.tolist()]
-
-
 def run_training(
     trainer: Trainer, hooks: TrainingHooks, total_steps: int, stop_at: int | None = None
 ) -> LoopResult:
@@ -38,9 +26,9 @@ def run_training(
 
     ``stop_at`` ends the run after that step as if a stop had been requested (save and exit).
     """
-    restored = hooks.restore(trainer.state_dict())
+    restored = hooks.restore(trainer.state_dict(), plan=trainer.plan)
     if restored is not None:
-        trainer.load_state_dict(restored[1])
+        trainer.load_state_dict(restored.state, restored.plan)
     result = LoopResult(first_step=trainer.step, step=trainer.step, stopped=False)
     while trainer.step < total_steps:
         if stop_at is not None and trainer.step >= stop_at:

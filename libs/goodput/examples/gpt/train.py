@@ -26,21 +26,9 @@ from goodput.examples.gpt.hooks import TrainingHooks
 from goodput.examples.gpt.local_hooks import LocalFileHooks
 from goodput.examples.gpt.loop import LoopResult, run_training
 from goodput.examples.gpt.model import ModelConfig
-from goodput.examples.gpt.training import (
-    BatchPlan,
-    RescaleCallback,
-    TrainConfig,
-    Trainer,
-    keep_global_batch,
-    linear_lr_scaling,
-    params_sha256,
-)
+from goodput.examples.gpt.training import TrainConfig, Trainer, params_sha256
 from goodput.rank_env import RankEnv
-
-RESCALE_CALLBACKS: dict[str, RescaleCallback] = {
-    "keep-global-batch": keep_global_batch,
-    "linear-lr": linear_lr_scaling,
-}
+from goodput.shim.rescale import BUILTIN_RULES, BatchPlan
 
 
 @dataclass(frozen=True)
@@ -60,7 +48,12 @@ HooksFactory = Callable[[argparse.Namespace, DistInfo], TrainingHooks]
 
 def local_file_hooks(args: argparse.Namespace, info: DistInfo) -> TrainingHooks:
     return LocalFileHooks(
-        args.ckpt_dir, args.ckpt_every, rank=info.rank, keep=args.keep, log_every=args.log_every
+        args.ckpt_dir,
+        args.ckpt_every,
+        rank=info.rank,
+        world_size=info.world_size,
+        keep=args.keep,
+        log_every=args.log_every,
     )
 
 
@@ -79,14 +72,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--global-batch", type=int, default=defaults.plan.global_batch)
     parser.add_argument("--micro-batch", type=int, default=defaults.plan.micro_batch)
-    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--lr", type=float, default=defaults.plan.lr)
     parser.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
     parser.add_argument("--n-layer", type=int, default=model.n_layer)
     parser.add_argument("--n-head", type=int, default=model.n_head)
     parser.add_argument("--d-model", type=int, default=model.d_model)
     parser.add_argument("--seq-len", type=int, default=model.seq_len)
     parser.add_argument("--dropout", type=float, default=model.dropout)
-    parser.add_argument("--rescale", choices=sorted(RESCALE_CALLBACKS), default="keep-global-batch")
+    parser.add_argument(
+        "--rescale",
+        choices=sorted(BUILTIN_RULES),
+        default="keep-global-batch",
+        help="what changes when resumed at another data-parallel size (goodput.shim.rescale): "
+        "the per-rank accumulation (keep-global-batch) or the global batch and LR",
+    )
     parser.add_argument(
         "--exit-at-step", type=int, help="save and exit after this step (as on SIGTERM)"
     )
@@ -100,7 +99,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         seed=args.seed,
         total_steps=args.steps,
-        plan=BatchPlan(global_batch=args.global_batch, micro_batch=args.micro_batch),
+        plan=BatchPlan(global_batch=args.global_batch, micro_batch=args.micro_batch, lr=args.lr),
         model=ModelConfig(
             seq_len=args.seq_len,
             n_layer=args.n_layer,
@@ -108,7 +107,6 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
             d_model=args.d_model,
             dropout=args.dropout,
         ),
-        lr=args.lr,
         warmup_steps=args.warmup_steps,
     )
 
@@ -120,7 +118,8 @@ def result_record(trainer: Trainer, outcome: LoopResult) -> dict[str, Any]:
         "completed": not outcome.stopped,
         "world_size": trainer.world_size,
         "global_batch": trainer.plan.global_batch,
-        "lr_scale": trainer.plan.lr_scale,
+        "accumulation_steps": trainer.plan.accumulation_steps(trainer.world_size),
+        "lr": trainer.plan.lr,
         "params_sha256": params_sha256(trainer.model),
         "final_loss": outcome.losses[-1][1] if outcome.losses else None,
         "mean_step_time_s": outcome.step_time_s / len(outcome.losses) if outcome.losses else None,
@@ -152,10 +151,10 @@ def main(argv: Sequence[str] | None = None, hooks_factory: HooksFactory = local_
         )
     trainer = None
     try:
-        trainer = Trainer(
-            train_config(args), info.rank, info.world_size, RESCALE_CALLBACKS[args.rescale]
-        )
+        trainer = Trainer(train_config(args), info.rank, info.world_size)
         hooks = hooks_factory(args, info)
+        for callback in BUILTIN_RULES[args.rescale]():
+            hooks.on_rescale(callback)
         outcome = run_training(trainer, hooks, args.steps, stop_at=args.exit_at_step)
         if args.result is not None and info.rank == 0:
             write_json(result_record(trainer, outcome), args.result)

@@ -8,17 +8,20 @@ Numerics, stated once:
 - Same world size: bit-identical across restarts (the same float operations in the same order).
 - Different world size: the same math, rounded differently (accumulation order, all-reduce order,
   1/m and 1/W scalings), so results are numerically close, not bit-identical.
+
+What changes at a different data-parallel size (the batch plan, the LR) is decided by the
+rescale callbacks of ``goodput.shim.rescale`` when the checkpoint is restored, before the
+trainer loads it; the trainer only adopts the plan it is given.
 """
 
 import gc
 import hashlib
-import logging
 import math
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,55 +31,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 from goodput.examples.gpt.data import BatchSampler, dropout_seed, make_corpus, split_micro_batches
 from goodput.examples.gpt.model import GPT, ModelConfig
+from goodput.shim.rescale import BatchPlan
 
-STATE_FORMAT = 1
-
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """How a step's samples are batched. Saved in the state: a resumed job keeps its plan."""
-
-    global_batch: int = 12  # samples per optimizer step, over all ranks
-    micro_batch: int = 1  # samples per forward/backward
-    lr_scale: float = 1.0  # multiplier on the base LR schedule
-
-
-class RescaleCallback(Protocol):
-    """Decides the batch plan when a job resumes at a different data-parallel world size."""
-
-    def __call__(self, old_world_size: int, new_world_size: int, plan: BatchPlan) -> BatchPlan: ...
-
-
-def keep_global_batch(old_world_size: int, new_world_size: int, plan: BatchPlan) -> BatchPlan:
-    """Default: same global batch and LR; each rank accumulates more (or fewer) micro-batches."""
-    split_micro_batches(plan.global_batch, plan.micro_batch, new_world_size)
-    return plan
-
-
-def linear_lr_scaling(old_world_size: int, new_world_size: int, plan: BatchPlan) -> BatchPlan:
-    """Alternative: keep the per-rank batch, so the global batch follows the world size, and
-    scale the LR linearly with it (Goyal et al., 2017)."""
-    if plan.global_batch % old_world_size:
-        raise ValueError(
-            f"global batch {plan.global_batch} was not shared by {old_world_size} ranks"
-        )
-    per_rank = plan.global_batch // old_world_size
-    return replace(
-        plan,
-        global_batch=per_rank * new_world_size,
-        lr_scale=plan.lr_scale * new_world_size / old_world_size,
-    )
+#: 2: the batch plan and world size moved to the checkpoint's metadata (goodput.shim)
+STATE_FORMAT = 2
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
     total_steps: int = 300  # length of the LR schedule
-    plan: BatchPlan = field(default_factory=BatchPlan)
+    #: 12 samples per step over every rank, one per forward/backward; peak LR 3e-3
+    plan: BatchPlan = field(default_factory=lambda: BatchPlan(global_batch=12, lr=3e-3))
     model: ModelConfig = field(default_factory=ModelConfig)
-    lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20
     weight_decay: float = 0.1
@@ -194,19 +161,12 @@ class Trainer:
     same on all ranks and the copy saved by any rank restores every rank.
     """
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        rank: int = 0,
-        world_size: int = 1,
-        rescale: RescaleCallback = keep_global_batch,
-    ) -> None:
+    def __init__(self, config: TrainConfig, rank: int = 0, world_size: int = 1) -> None:
         if world_size > 1 and not dist.is_initialized():
             raise RuntimeError("world_size > 1 needs torch.distributed initialised first")
         self.config = config
         self.rank = rank
         self.world_size = world_size
-        self.rescale = rescale
         self.plan = config.plan
         split_micro_batches(self.plan.global_batch, self.plan.micro_batch, world_size)
         self.step = 0
@@ -224,7 +184,9 @@ class Trainer:
         if world_size > 1:
             self.ddp = DistributedDataParallel(self.model)
             self.ddp.register_comm_hook(self.clock, rank_ordered_mean_hook)
-        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=config.lr, betas=config.betas)
+        self.optimizer = torch.optim.AdamW(
+            self._param_groups(), lr=config.plan.lr, betas=config.betas
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             WarmupCosine(config.warmup_steps, config.total_steps, config.min_lr_ratio),
@@ -301,8 +263,6 @@ class Trainer:
         return {
             "format": STATE_FORMAT,
             "step": self.step,
-            "world_size": self.world_size,
-            "plan": asdict(self.plan),
             "model_config": asdict(self.config.model),
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -311,8 +271,9 @@ class Trainer:
             "data": {"seed": self.config.seed, "step": self.step},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state saved at any world size; a different one goes through ``rescale``."""
+    def load_state_dict(self, state: dict[str, Any], plan: BatchPlan | None = None) -> None:
+        """Restore a state saved at any world size, with the batch plan in force from now on
+        (the rescale callbacks adjusted ``state``'s optimizer and scheduler to it already)."""
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"unsupported training state format {state.get('format')!r}")
         if state["model_config"] != asdict(self.config.model):
@@ -321,17 +282,7 @@ class Trainer:
             )
         if state["data"]["seed"] != self.config.seed:
             raise ValueError(f"checkpoint data seed {state['data']['seed']} != {self.config.seed}")
-        saved_plan = BatchPlan(**state["plan"])
-        plan = saved_plan
-        if state["world_size"] != self.world_size:
-            plan = self.rescale(state["world_size"], self.world_size, saved_plan)
-            log.info(
-                "rescaled from %d to %d ranks: %s -> %s",
-                state["world_size"],
-                self.world_size,
-                saved_plan,
-                plan,
-            )
+        plan = plan or self.plan
         split_micro_batches(plan.global_batch, plan.micro_batch, self.world_size)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -339,11 +290,3 @@ class Trainer:
         restore_rng_states(state["rng"])
         self.step = state["data"]["step"]
         self.plan = plan
-        if plan.lr_scale != saved_plan.lr_scale:
-            self._scale_lr(plan.lr_scale / saved_plan.lr_scale)
-
-    def _scale_lr(self, factor: float) -> None:
-        self.scheduler.base_lrs = [base * factor for base in self.scheduler.base_lrs]
-        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
-            group["initial_lr"] = base
-            group["lr"] = base * self.scheduler.lr_lambdas[0](self.step)

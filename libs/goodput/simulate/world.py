@@ -1,0 +1,593 @@
+"""One simulated job: a discrete-event loop in which the real sensor and controller decide.
+
+The decision path is goodput's own code, driven on a simulated clock (epoch ns):
+
+* the sensor's :class:`goodput.detect.Detector` gets the events the ranks and host monitors
+  would send and its deadlines are served by :meth:`Detector.next_deadline` / ``poll``;
+* the controller's :class:`goodput.control.engine.Controller` (the built-in policy or a policy
+  script, crash-loop rules, Young's checkpoint interval) turns its signals into commands, and
+  folds results, statuses, steps and checkpoints with :mod:`goodput.control.state`;
+* the simulated actuator executes the commands with the real membership rules.
+
+What is simulated is the world around them: the clock, the failures, the time each
+checkpoint and remediation takes (the cost profile) and which events reach the sensor.
+
+**Node granularity.** The sensor is per rank and a real job sends it thousands of heartbeats a
+second; the simulator sends only the events that can change a decision. One rank per node
+stands for the node (rank = position × GPUs per node). The *reference rank* (position 0)
+stands for the job's progress: its steps, heartbeats and checkpoint events are sent as the
+shim would send them. A node joins the sensor's view when something happens to it: its
+rank's exit (crash), its last step before it hangs, its silence (a lost host), its host
+monitor's reports (GPU XID, repair), its slow steps (straggler). Heartbeats of live ranks are
+sent lazily, when a heartbeat deadline comes due, so the sensor never sees a live rank as
+silent. A relaunch stops every rank it knows of and starts the reference rank again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from goodput import schemas
+from goodput.control.checkpoint_interval import IntervalSettings
+from goodput.control.engine import Controller, ControllerSettings, Outcome
+from goodput.control.state import (
+    FAILURE_KINDS,
+    observe_status,
+    record_checkpoint,
+    record_step_time,
+)
+from goodput.detect.detector import Detector
+from goodput.membership import Membership
+from goodput.policy.state import new_job_state
+from goodput.simulate.actuator import Execution, SimActuator
+from goodput.simulate.checkpoints import CheckpointSystem
+from goodput.simulate.fleet import Fault, node_names
+from goodput.simulate.ledger import Ledger, WorkMark
+from goodput.simulate.profile import CostProfile, JobSpec, SimulateError
+from goodput.simulate.strategies import Strategy
+
+NS = 1_000_000_000
+#: the simulated clock's origin (epoch ns): the sensor treats 0 as "never"
+T0 = 1_700_000_000 * NS
+JOB = "sim"
+SAVE, LOAD = "checkpoint-save", "checkpoint-load"
+
+
+@dataclass(slots=True)
+class FedRank:
+    """A rank the sensor knows of: what the simulator keeps sending for it."""
+
+    node: str
+    heartbeating: bool = True
+    stepping: bool = True
+    busy: str = ""
+    last_beat: int = 0
+    compute_factor: float = 1.0
+
+
+@dataclass
+class Result:
+    strategy: str
+    goodput_pct: float
+    seconds: dict[str, float]
+    badput: dict[str, float]
+    interruptions: int
+    rules: dict[str, int]
+    sensor_events: int
+    decisions: int
+    steps: int
+    wall_s: float
+    final_interval_steps: int
+    notes: list[str] = field(default_factory=list)
+
+
+class World:
+    def __init__(
+        self,
+        job: JobSpec,
+        profile: CostProfile,
+        strategy: Strategy,
+        trace: list[Fault],
+    ):
+        self.job, self.profile, self.strategy, self.trace = job, profile, strategy, trace
+        names = node_names(job)
+        spares = names[job.nodes :] if strategy.spares else []
+        membership = Membership(
+            active=names[: job.nodes], spares=spares, procs_per_node=job.gpus_per_node
+        )
+        self.now = T0
+        self.end = T0 + int(job.hours * 3600 * NS)
+        self.detector = Detector(JOB)
+        settings = ControllerSettings(
+            checkpoint_interval=IntervalSettings(enabled=strategy.interval_tuning)
+        )
+        self.controller = Controller(strategy.policy, settings)
+        if self.controller.script is not None and self.controller.script.load_error:
+            raise SimulateError(self.controller.script.load_error)
+        self.actuator = SimActuator(JOB, membership, profile.restart)
+        every = max(1, round(job.checkpoint_interval_s / job.step_time_s))
+        state = new_job_state(
+            JOB,
+            list(membership.active),
+            num_nodes_per_dp=job.num_nodes_per_dp,
+            spares=spares,
+            procs_per_node=job.gpus_per_node,
+            now=T0,
+        )
+        state = observe_status(state, self.actuator.status(T0), T0)
+        self.state = msgspec.structs.replace(state, checkpoint_interval_steps=every)
+        self.ckpt = CheckpointSystem(
+            profile.checkpoint,
+            job.state_gb_per_node,
+            asynchronous=strategy.asynchronous,
+            multi_tier=strategy.multi_tier,
+            every_steps=every,
+        )
+        self.ledger = Ledger(T0, job.nodes)
+        self._start_mark = WorkMark(0.0, 0.0, 0.0)
+        self._heap: list[tuple[int, int, Callable[..., None], tuple]] = []
+        self._seq = 0
+        self._fed: dict[int, FedRank] = {}
+        self._broken: dict[str, str] = {}
+        self._straggling: dict[str, float] = {}
+        self._failure_ns: int | None = None
+        self._gen = 0
+        self._next_step: int | None = None
+        self._last_active = set(membership.active)
+        self._stopped = False
+        self.step = 0
+        self.rules: Counter[str] = Counter()
+        self.sensor_events = 0
+        self.decisions = 0
+        self.interruptions = 0
+        self._beat_ns = int(self.detector.thresholds.heartbeat_timeout_s * NS)
+        self._latency = int(profile.detection.event_latency_s * NS)
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> Result:
+        started = time.perf_counter()
+        for fault in self.trace:
+            self._at(T0 + int(fault.at_s * NS), self._fault, fault)
+        self._feed(schemas.RunStarted(job=JOB, ts=T0, run_id="sim", command_id="sim"))
+        self._launch(None)
+        heap = self._heap
+        while not self._stopped:
+            t_event = heap[0][0] if heap else None
+            deadline = self.detector.next_deadline()
+            step = self._next_step
+            t = min(x for x in (t_event, deadline, step, self.end) if x is not None)
+            if t >= self.end:
+                break
+            self.now = t
+            if step is not None and t == step:
+                self._step()
+            elif deadline is not None and t == deadline:
+                self._wake_sensor()
+            else:
+                _, _, action, args = heapq.heappop(heap)
+                action(*args)
+        self.now = self.end
+        self.ledger.book(self.end)
+        return Result(
+            strategy=self.strategy.name,
+            goodput_pct=self.ledger.goodput_pct(),
+            seconds=dict(self.ledger.seconds),
+            badput=self.ledger.badput(),
+            interruptions=self.interruptions,
+            rules=dict(self.rules),
+            sensor_events=self.sensor_events,
+            decisions=self.decisions,
+            steps=self.step,
+            wall_s=time.perf_counter() - started,
+            final_interval_steps=self.ckpt.every_steps,
+        )
+
+    def _at(self, when: int, action: Callable[..., None], *args: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (max(when, self.now), self._seq, action, args))
+
+    # ---- the sensor -------------------------------------------------------------------------
+
+    def _feed(self, event: schemas.Event) -> None:
+        self.sensor_events += 1
+        for signal in self.detector.on_event(event, self.now):
+            self._signalled(signal)
+
+    def _feed_later(self, delay_ns: int, event: schemas.Event) -> None:
+        self._at(self.now + delay_ns, self._deliver, event)
+
+    def _deliver(self, event: schemas.Event) -> None:
+        self._feed(msgspec.structs.replace(event, ts=self.now))
+
+    def _wake_sensor(self) -> None:
+        """A deadline came due: live ranks' heartbeats first (lazily sent), then the poll."""
+        for rank, fed in self._fed.items():
+            if fed.heartbeating and self.now - fed.last_beat >= self._beat_ns:
+                self._beat(rank, fed)
+        self.sensor_events += 1
+        for signal in self.detector.poll(self.now):
+            self._signalled(signal)
+
+    def _beat(self, rank: int, fed: FedRank) -> None:
+        fed.last_beat = self.now
+        self._feed(
+            schemas.Heartbeat(
+                job=JOB,
+                ts=self.now,
+                node=fed.node,
+                rank=rank,
+                pid=rank + 1,
+                step=self.step,
+                busy=fed.busy,
+            )
+        )
+
+    def _signalled(self, signal: schemas.Signal) -> None:
+        if self.ledger.phase == "detect" and signal.signal in FAILURE_KINDS:
+            self.ledger.switch(self.now, "decide")
+        self._at(self.now + int(self.profile.detection.decision_s * NS), self._decide, signal)
+
+    # ---- the controller ---------------------------------------------------------------------
+
+    def _decide(self, signal: schemas.Signal) -> None:
+        self._apply(self.controller.handle(self.state, signal, self.now))
+
+    def _apply(self, outcome: Outcome) -> None:
+        self.state = outcome.state
+        decision = outcome.decision
+        if decision is None:
+            return
+        self.decisions += 1
+        self.rules[decision.rule] += 1
+        if decision.error and self.strategy.policy and self.controller.script is not None:
+            raise SimulateError(decision.error)
+        relaunching = False
+        for command in outcome.commands:
+            if isinstance(command, schemas.SetCheckpointInterval):
+                self.ckpt.every_steps = max(1, command.every_steps)
+                continue
+            execution = self.actuator.execute(command, self.now)
+            if execution is None:
+                continue
+            if execution.relaunch:
+                relaunching = True
+                self._at(execution.started_ns, self._stop_group, execution)
+            self._at(execution.done_ns, self._executed, execution)
+        if not relaunching and decision.signal_id and self.ledger.phase in ("detect", "decide"):
+            self.ledger.switch(self.now, "down")  # stalled and nobody restarts it: job down
+        if self.state.deferred:
+            self._at(min(d.until_ts for d in self.state.deferred), self._due)
+
+    def _due(self) -> None:
+        for outcome in self.controller.due(self.state, self.now):
+            self._apply(outcome)
+
+    # ---- the actuator -----------------------------------------------------------------------
+
+    def _stop_group(self, execution: Execution) -> None:
+        """The worker group stops: a running job saves first (SIGTERM), a failed one is lost."""
+        if self._failure_ns is None and self.ledger.phase in ("running", "saving"):
+            self.ckpt.capture(self.step, self.now, self.ledger.mark(self.now))
+        self._gen += 1
+        self._next_step = None
+        reason = schemas.kind_of(type(execution.command))
+        for rank, fed in self._fed.items():
+            self._feed(
+                schemas.RankExited(
+                    job=JOB,
+                    ts=self.now,
+                    node=fed.node,
+                    rank=rank,
+                    pid=rank + 1,
+                    exit_code=None,
+                    signal=9,
+                    attempt=self.actuator.attempt - 1,
+                    expected_reason=reason,
+                )
+            )
+        self._fed.clear()
+        self.ledger.switch(self.now, "restart")
+
+    def _executed(self, execution: Execution) -> None:
+        self.state = observe_status(self.state, self.actuator.status(self.now), self.now)
+        self._apply(self.controller.settle(self.state, execution.result, self.now))
+        if execution.stopped:
+            self._stopped = True
+            self.ledger.switch(self.now, "down")
+            self.ledger.book(self.end)
+        elif execution.relaunch:
+            self._launch(execution)
+
+    # ---- training -----------------------------------------------------------------------------
+
+    def _launch(self, execution: Execution | None) -> None:
+        """Ranks started on the current membership: restore, start up, then train."""
+        active = self.actuator.membership.active
+        fresh = any(n not in self._last_active for n in active)
+        self._last_active = set(active)
+        self._gen += 1
+        gen = self._gen
+        if execution is not None:
+            capture, tier, restore_s = self.ckpt.restore(
+                self._failure_ns or self.now, fresh_node=fresh
+            )
+            self.ledger.roll_back(self.now, capture.work if capture else self._start_mark)
+            self.step = capture.step if capture else 0
+        else:
+            capture, tier, restore_s = None, "none", 0.0
+        self._failure_ns = None
+        self.ledger.set_shape(self.now, len(active), self._slowdown())
+        self.ledger.switch(self.now, "restore" if restore_s else "startup")
+        ref = FedRank(active[0], busy=LOAD if restore_s else "", last_beat=self.now)
+        self._fed = {0: ref}
+        self._feed(
+            schemas.RankStarted(
+                job=JOB,
+                ts=self.now,
+                node=active[0],
+                rank=0,
+                local_rank=0,
+                world_size=len(active) * self.job.gpus_per_node,
+                pid=1,
+                attempt=self.actuator.attempt,
+            )
+        )
+        self._beat(0, ref)
+        for position, node in enumerate(active):
+            if node in self._straggling:
+                self._watch_straggler(position, node)
+        broken = [(p, n) for p, n in enumerate(active) if n in self._broken]
+        if broken:
+            self._fail()
+            for position, node in broken:
+                self._manifest(position, node, self._broken[node])
+            return
+        self._at(
+            self.now + int(restore_s * NS),
+            self._restored,
+            gen,
+            tier,
+            restore_s,
+            capture is not None,
+        )
+
+    def _restored(self, gen: int, tier: str, restore_s: float, restored: bool) -> None:
+        if gen != self._gen:
+            return
+        ref = self._fed.get(0)
+        if restored and ref is not None:
+            ref.busy = ""
+            self._feed(
+                schemas.CheckpointRestored(
+                    job=JOB,
+                    ts=self.now,
+                    node=ref.node,
+                    rank=0,
+                    step=self.step,
+                    tier=tier,  # type: ignore[arg-type]
+                    duration_s=restore_s,
+                )
+            )
+        self.ledger.switch(self.now, "startup")
+        startup = int(self.profile.restart.startup_s * NS)
+        self._at(self.now + startup, self._resume, gen)
+
+    def _resume(self, gen: int) -> None:
+        if gen != self._gen:
+            return
+        self.ledger.switch(self.now, "running")
+        self._next_step = self.now + self._step_ns()
+
+    def _slowdown(self) -> float:
+        active = self.actuator.membership.active
+        return max((f for n, f in self._straggling.items() if n in active), default=1.0)
+
+    def _step_ns(self) -> int:
+        return int(self.job.step_time_s * self._slowdown() * NS)
+
+    def _step(self) -> None:
+        self.step += 1
+        step_time = self.job.step_time_s * self._slowdown()
+        world = len(self._fed)
+        for rank, fed in self._fed.items():
+            if fed.stepping:
+                self._feed(
+                    schemas.StepDone(
+                        job=JOB,
+                        ts=self.now,
+                        node=fed.node,
+                        rank=rank,
+                        step=self.step,
+                        step_time_s=step_time,
+                        tokens=0,
+                        loss=0.0,
+                        world_size=world,
+                        compute_time_s=self.job.step_time_s * fed.compute_factor,
+                    )
+                )
+        self.state = record_step_time(self.state, step_time)
+        if self.ckpt.due(self.step) and not self.ckpt.busy(self.now):
+            self.ledger.switch(self.now, "saving")
+            self._next_step = None
+            ref = self._fed.get(0)
+            if ref is not None:
+                ref.busy = SAVE
+                self._beat(0, ref)
+            self._at(self.now + int(self.ckpt.stall_s * NS), self._saved, self._gen)
+        else:
+            self._next_step = self.now + self._step_ns()
+
+    def _saved(self, gen: int) -> None:
+        if gen != self._gen:
+            return
+        capture = self.ckpt.capture(self.step, self.now, self.ledger.mark(self.now))
+        self.ledger.switch(self.now, "running")
+        ref = self._fed.get(0)
+        if ref is not None:
+            ref.busy = ""
+            node = ref.node
+        else:
+            node = self.actuator.membership.active[0]
+        saved = schemas.CheckpointSaved(
+            job=JOB,
+            ts=self.now,
+            node=node,
+            rank=0,
+            step=self.step,
+            stall_s=self.ckpt.stall_s,
+            bytes=int(self.job.state_gb_per_node * 1e9),
+        )
+        self._feed(saved)
+        self.state = record_checkpoint(self.state, saved, self.now)
+        durable = CheckpointSystem.first_durable_ns(capture)
+        self._at(durable, self._persisted, capture.step, (durable - capture.taken_ns) / NS, node)
+        self._next_step = self.now + self._step_ns()
+
+    def _persisted(self, step: int, duration_s: float, node: str) -> None:
+        persisted = schemas.CheckpointPersisted(
+            job=JOB,
+            ts=self.now,
+            node=node,
+            rank=0,
+            step=step,
+            path="",
+            bytes=0,
+            duration_s=max(duration_s, self.ckpt.stall_s),
+        )
+        self.state = record_checkpoint(self.state, persisted, self.now)
+        self._apply(self.controller.recommend_checkpoint_interval(self.state, self.now))
+
+    # ---- the world's faults -----------------------------------------------------------------
+
+    def _fault(self, fault: Fault) -> None:
+        node = fault.node
+        if node in self._broken:
+            return  # already down: a broken node cannot fail again
+        active = self.actuator.membership.active
+        if fault.kind == "straggler":
+            self._straggling[node] = fault.factor
+            self._at(self.now + int(fault.duration_s * NS), self._straggler_ends, node)
+            if node in active and self.ledger.phase in ("running", "saving"):
+                self.ledger.set_shape(self.now, len(active), self._slowdown())
+                self._watch_straggler(active.index(node), node)
+            return
+        if fault.kind in ("gpu_xid", "lost_host"):
+            self._broken[node] = fault.kind
+            self._at(self.now + int(fault.duration_s * NS), self._repaired, node)
+        if node not in active:
+            if fault.kind == "gpu_xid":  # a spare's host monitor reports it too
+                self._manifest(-1, node, fault.kind)
+            return
+        self.interruptions += 1
+        if self.ledger.phase == "restart":
+            return  # the relaunch meets it (a broken node) or replaces the crashed process
+        if self.ledger.phase in ("running", "saving", "restore", "startup"):
+            self._fail()
+        self._manifest(active.index(node), node, fault.kind)
+
+    def _fail(self) -> None:
+        """Training stops: the ranks wait for a peer that will never answer."""
+        if self._failure_ns is None:
+            self._failure_ns = self.now
+        self._gen += 1
+        self._next_step = None
+        for fed in self._fed.values():
+            fed.stepping = False
+        self.ledger.switch(self.now, "detect")
+
+    def _manifest(self, position: int, node: str, kind: str) -> None:
+        """What the sensor gets from a fault on ``node`` (the rank at ``position``)."""
+        rank = max(position, 0) * self.job.gpus_per_node
+        attempt = self.actuator.attempt
+        if kind == "crash":
+            self._fed.pop(rank, None)
+            self._feed_later(
+                self._latency,
+                schemas.RankExited(
+                    job=JOB,
+                    ts=self.now,
+                    node=node,
+                    rank=rank,
+                    pid=rank + 1,
+                    exit_code=1,
+                    attempt=attempt,
+                ),
+            )
+        elif kind == "hang":
+            if rank not in self._fed:
+                # its last finished step is one behind the peers that wait for it
+                self._fed[rank] = FedRank(node, stepping=False, last_beat=self.now)
+                self._feed(
+                    schemas.StepDone(
+                        job=JOB,
+                        ts=self.now,
+                        node=node,
+                        rank=rank,
+                        step=max(self.step - 1, 0),
+                        step_time_s=self.job.step_time_s,
+                        tokens=0,
+                        loss=0.0,
+                        world_size=len(self._fed),
+                    )
+                )
+        elif kind == "gpu_xid":
+            self._feed_later(
+                int(self.profile.detection.host_probe_s * NS),
+                schemas.HostHealth(
+                    job=JOB,
+                    ts=self.now,
+                    node=node,
+                    healthy=False,
+                    gpu_available=True,
+                    gpus=[schemas.GpuHealth(index=0, uuid=f"{node}-gpu0", xid_errors=[79])],
+                    attempt=attempt,
+                    detail="GPU has fallen off the bus",
+                ),
+            )
+        elif kind == "lost_host":
+            fed = self._fed.get(rank)
+            if fed is None:
+                fed = self._fed[rank] = FedRank(node, last_beat=self.now)
+                self._beat(rank, fed)
+            fed.heartbeating = fed.stepping = False
+
+    def _watch_straggler(self, position: int, node: str) -> None:
+        rank = position * self.job.gpus_per_node
+        fed = self._fed.get(rank)
+        if fed is None:
+            fed = self._fed[rank] = FedRank(node, last_beat=self.now)
+            self._beat(rank, fed)
+        fed.compute_factor = self._straggling.get(node, 1.0)
+
+    def _straggler_ends(self, node: str) -> None:
+        if self._straggling.pop(node, None) is None:
+            return
+        for fed in self._fed.values():
+            if fed.node == node:
+                fed.compute_factor = 1.0
+        if self.ledger.phase in ("running", "saving"):
+            active = self.actuator.membership.active
+            self.ledger.set_shape(self.now, len(active), self._slowdown())
+            if self._next_step is not None:
+                self._next_step = self.now + self._step_ns()
+
+    def _repaired(self, node: str) -> None:
+        """The node is healthy again; its host monitor says so."""
+        self._broken.pop(node, None)
+        self._feed(
+            schemas.HostHealth(
+                job=JOB,
+                ts=self.now,
+                node=node,
+                healthy=True,
+                gpu_available=True,
+                attempt=self.actuator.attempt,
+            )
+        )

@@ -148,6 +148,8 @@ class World:
         self.interruptions = 0
         self._beat_ns = int(self.detector.thresholds.heartbeat_timeout_s * NS)
         self._latency = int(profile.detection.event_latency_s * NS)
+        self._sensor_dirty = True
+        self._deadline: int | None = None
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -158,17 +160,26 @@ class World:
         self._feed(schemas.RunStarted(job=JOB, ts=T0, run_id="sim", command_id="sim"))
         self._launch(None)
         heap = self._heap
+        end = self.end
         while not self._stopped:
-            t_event = heap[0][0] if heap else None
-            deadline = self.detector.next_deadline()
-            step = self._next_step
-            t = min(x for x in (t_event, deadline, step, self.end) if x is not None)
-            if t >= self.end:
+            # the sensor's next deadline changes only when it is fed: recomputed only then
+            if self._sensor_dirty:
+                self._deadline = self.detector.next_deadline()
+                self._sensor_dirty = False
+            t = end
+            kind = 0
+            if heap and heap[0][0] < t:
+                t, kind = heap[0][0], 1
+            if self._deadline is not None and self._deadline <= t:
+                t, kind = self._deadline, 2
+            if self._next_step is not None and self._next_step <= t:
+                t, kind = self._next_step, 3
+            if kind == 0:
                 break
             self.now = t
-            if step is not None and t == step:
+            if kind == 3:
                 self._step()
-            elif deadline is not None and t == deadline:
+            elif kind == 2:
                 self._wake_sensor()
             else:
                 _, _, action, args = heapq.heappop(heap)
@@ -197,6 +208,7 @@ class World:
 
     def _feed(self, event: schemas.Event) -> None:
         self.sensor_events += 1
+        self._sensor_dirty = True
         for signal in self.detector.on_event(event, self.now):
             self._signalled(signal)
 
@@ -212,6 +224,7 @@ class World:
             if fed.heartbeating and self.now - fed.last_beat >= self._beat_ns:
                 self._beat(rank, fed)
         self.sensor_events += 1
+        self._sensor_dirty = True
         for signal in self.detector.poll(self.now):
             self._signalled(signal)
 

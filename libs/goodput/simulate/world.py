@@ -112,6 +112,9 @@ class World:
             raise SimulateError(self.controller.script.load_error)
         self.actuator = SimActuator(JOB, membership, profile.restart)
         every = max(1, round(job.checkpoint_interval_s / job.step_time_s))
+        if strategy.multi_tier:
+            # the object store keeps the job's cadence; the cheap local tier saves k× as often
+            every = max(1, every // profile.checkpoint.object_every)
         state = new_job_state(
             JOB,
             list(membership.active),
@@ -150,6 +153,9 @@ class World:
         self._latency = int(profile.detection.event_latency_s * NS)
         self._sensor_dirty = True
         self._deadline: int | None = None
+        self._slow_key: tuple = ()
+        self._straggle_changes = 0
+        self._slow = 1.0
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -210,6 +216,13 @@ class World:
         self.sensor_events += 1
         self._sensor_dirty = True
         for signal in self.detector.on_event(event, self.now):
+            self._signalled(signal)
+
+    def _feed_step(self, event: schemas.StepDone) -> None:
+        """The hottest path: straight to the detector's step handler (what ``on_event`` calls)."""
+        self.sensor_events += 1
+        self._sensor_dirty = True
+        for signal in self.detector.on_step(event, self.now):
             self._signalled(signal)
 
     def _feed_later(self, delay_ns: int, event: schemas.Event) -> None:
@@ -399,8 +412,13 @@ class World:
         self._next_step = self.now + self._step_ns()
 
     def _slowdown(self) -> float:
-        active = self.actuator.membership.active
-        return max((f for n, f in self._straggling.items() if n in active), default=1.0)
+        """How much slower the job steps: its slowest active node (cached per change)."""
+        key = (self.actuator.attempt, self._straggle_changes)
+        if key != self._slow_key:
+            active = set(self.actuator.membership.active)
+            self._slow_key = key
+            self._slow = max((f for n, f in self._straggling.items() if n in active), default=1.0)
+        return self._slow
 
     def _step_ns(self) -> int:
         return int(self.job.step_time_s * self._slowdown() * NS)
@@ -411,7 +429,7 @@ class World:
         world = len(self._fed)
         for rank, fed in self._fed.items():
             if fed.stepping:
-                self._feed(
+                self._feed_step(
                     schemas.StepDone(
                         job=JOB,
                         ts=self.now,
@@ -425,7 +443,8 @@ class World:
                         compute_time_s=self.job.step_time_s * fed.compute_factor,
                     )
                 )
-        self.state = record_step_time(self.state, step_time)
+        if self.state.step_time_s != step_time:  # smoothing a constant changes nothing
+            self.state = record_step_time(self.state, step_time)
         if self.ckpt.due(self.step) and not self.ckpt.busy(self.now):
             self.ledger.switch(self.now, "saving")
             self._next_step = None
@@ -486,6 +505,7 @@ class World:
         active = self.actuator.membership.active
         if fault.kind == "straggler":
             self._straggling[node] = fault.factor
+            self._straggle_changes += 1
             self._at(self.now + int(fault.duration_s * NS), self._straggler_ends, node)
             if node in active and self.ledger.phase in ("running", "saving"):
                 self.ledger.set_shape(self.now, len(active), self._slowdown())
@@ -582,6 +602,7 @@ class World:
     def _straggler_ends(self, node: str) -> None:
         if self._straggling.pop(node, None) is None:
             return
+        self._straggle_changes += 1
         for fed in self._fed.values():
             if fed.node == node:
                 fed.compute_factor = 1.0

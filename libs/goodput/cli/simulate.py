@@ -17,6 +17,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "sweep":
             return _sweep(args)
+        if args.action == "replay":
+            return _replay(args)
         return _simulate(args)
     except SimulateError as exc:
         print(f"goodput simulate: {exc}", file=sys.stderr)
@@ -97,6 +99,24 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from goodput.simulate.replay import replay_file
+
+    result = replay_file(args.run)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    console = Console()
+    for setup in ("goodput", "baseline"):
+        if setup in result:
+            r = result[setup]
+            console.print(
+                f"{setup}: predicted {r['predicted']:.1f} %, measured {r['actual']:.1f} % "
+                f"(error {r['error']:.1f} points)"
+            )
+    return 0
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset",
@@ -144,4 +164,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     swept.add_argument("--out", metavar="DIR", help="write goodput-vs-<axis>.png here")
     _common(swept)
+    replayed = actions.add_parser(
+        "replay",
+        help="predict a real `goodput demo --json` run's goodput from its faults and measured "
+        "costs, and compare with what it measured",
+    )
+    replayed.add_argument("run", metavar="RUN.json", help="what `goodput demo --json` printed")
+    replayed.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run, action=None)

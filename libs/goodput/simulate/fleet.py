@@ -10,6 +10,8 @@ kind reaches the sensor by its own path (see :mod:`goodput.simulate.world`):
   is broken until repaired;
 * ``lost_host`` — the node disappears (power, kernel panic, network): silence; broken until
   repaired;
+* ``node_down`` — the demo's node loss (replays only): its ranks are killed and its host
+  monitor reports the node down; broken until repaired;
 * ``straggler`` — a node computes slower by a factor for a while.
 
 A broken node is repaired after a log-normal time and returns to the spare pool.
@@ -24,10 +26,10 @@ from typing import Literal
 
 from goodput.simulate.profile import FailureModel, JobSpec
 
-FaultKind = Literal["crash", "hang", "gpu_xid", "lost_host", "straggler"]
+FaultKind = Literal["crash", "hang", "gpu_xid", "lost_host", "node_down", "straggler"]
 INTERRUPTING: tuple[FaultKind, ...] = ("crash", "hang", "gpu_xid", "lost_host")
 #: kinds that leave the node broken until it is repaired
-BREAKING = frozenset({"gpu_xid", "lost_host"})
+BREAKING = frozenset({"gpu_xid", "lost_host", "node_down"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,20 @@ class Fault:
     #: broken kinds: repaired after this long; straggler: how long it lasts
     duration_s: float = 0.0
     factor: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepFault:
+    """A fault that fires when training reaches a step (a replayed run's faults)."""
+
+    at_step: int
+    node: str
+    kind: FaultKind
+    #: straggler: how long it lasts (s)
+    duration_s: float = 0.0
+    factor: float = 1.0
+    #: broken kinds: repaired when training reaches this step (None: by ``duration_s``)
+    repair_at_step: int | None = None
 
 
 def node_names(job: JobSpec) -> list[str]:

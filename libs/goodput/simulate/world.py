@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 import msgspec
 
 from goodput import schemas
-from goodput.control.checkpoint_interval import IntervalSettings
 from goodput.control.engine import Controller, ControllerSettings, Outcome
 from goodput.control.state import (
     FAILURE_KINDS,
@@ -43,11 +42,12 @@ from goodput.control.state import (
     record_step_time,
 )
 from goodput.detect.detector import Detector
+from goodput.detect.thresholds import Thresholds
 from goodput.membership import Membership
 from goodput.policy.state import new_job_state
 from goodput.simulate.actuator import Execution, SimActuator
 from goodput.simulate.checkpoints import CheckpointSystem
-from goodput.simulate.fleet import Fault, node_names
+from goodput.simulate.fleet import BREAKING, Fault, StepFault, node_names
 from goodput.simulate.ledger import Ledger, WorkMark
 from goodput.simulate.profile import CostProfile, JobSpec, SimulateError
 from goodput.simulate.strategies import Strategy
@@ -94,8 +94,18 @@ class World:
         profile: CostProfile,
         strategy: Strategy,
         trace: list[Fault],
+        *,
+        settings: ControllerSettings | None = None,
+        thresholds: Thresholds | None = None,
+        step_faults: list[StepFault] | None = None,
+        until_step: int | None = None,
     ):
+        """``step_faults`` fire at a training step (a replayed run's faults); ``until_step``
+        ends the job when it reaches that step instead of at ``job.hours``."""
         self.job, self.profile, self.strategy, self.trace = job, profile, strategy, trace
+        self._step_faults = sorted(step_faults or [], key=lambda f: f.at_step)
+        self._repairs_at_step: list[tuple[int, str]] = []
+        self._until_step = until_step
         names = node_names(job)
         spares = names[job.nodes :] if strategy.spares else []
         membership = Membership(
@@ -103,9 +113,13 @@ class World:
         )
         self.now = T0
         self.end = T0 + int(job.hours * 3600 * NS)
-        self.detector = Detector(JOB)
-        settings = ControllerSettings(
-            checkpoint_interval=IntervalSettings(enabled=strategy.interval_tuning)
+        self.detector = Detector(JOB, thresholds)
+        settings = msgspec.structs.replace(
+            settings or ControllerSettings(),
+            checkpoint_interval=msgspec.structs.replace(
+                (settings or ControllerSettings()).checkpoint_interval,
+                enabled=strategy.interval_tuning,
+            ),
         )
         self.controller = Controller(strategy.policy, settings)
         if self.controller.script is not None and self.controller.script.load_error:
@@ -443,6 +457,13 @@ class World:
                         compute_time_s=self.job.step_time_s * fed.compute_factor,
                     )
                 )
+        if self._step_faults or self._repairs_at_step:
+            self._step_events()
+        if self._until_step is not None and self.step >= self._until_step:
+            self.end, self._stopped = self.now, True  # the job finished its steps
+            return
+        if self._next_step is None:
+            return  # a fault fired at this step stopped training
         if self.state.step_time_s != step_time:  # smoothing a constant changes nothing
             self.state = record_step_time(self.state, step_time)
         if self.ckpt.due(self.step) and not self.ckpt.busy(self.now):
@@ -455,6 +476,19 @@ class World:
             self._at(self.now + int(self.ckpt.stall_s * NS), self._saved, self._gen)
         else:
             self._next_step = self.now + self._step_ns()
+
+    def _step_events(self) -> None:
+        """A replayed run's faults and repairs that come due at the step just done."""
+        for due, node in [r for r in self._repairs_at_step if r[0] <= self.step]:
+            self._repairs_at_step.remove((due, node))
+            self._repaired(node)
+        while self._step_faults and self._step_faults[0].at_step <= self.step:
+            fault = self._step_faults.pop(0)
+            self._fault(
+                Fault((self.now - T0) / NS, fault.node, fault.kind, fault.duration_s, fault.factor)
+            )
+            if fault.repair_at_step is not None:
+                self._repairs_at_step.append((fault.repair_at_step, fault.node))
 
     def _saved(self, gen: int) -> None:
         if gen != self._gen:
@@ -511,9 +545,10 @@ class World:
                 self.ledger.set_shape(self.now, len(active), self._slowdown())
                 self._watch_straggler(active.index(node), node)
             return
-        if fault.kind in ("gpu_xid", "lost_host"):
+        if fault.kind in BREAKING:
             self._broken[node] = fault.kind
-            self._at(self.now + int(fault.duration_s * NS), self._repaired, node)
+            if fault.duration_s:
+                self._at(self.now + int(fault.duration_s * NS), self._repaired, node)
         if node not in active:
             if fault.kind == "gpu_xid":  # a spare's host monitor reports it too
                 self._manifest(-1, node, fault.kind)
@@ -582,6 +617,35 @@ class World:
                     gpus=[schemas.GpuHealth(index=0, uuid=f"{node}-gpu0", xid_errors=[79])],
                     attempt=attempt,
                     detail="GPU has fallen off the bus",
+                ),
+            )
+        elif kind == "node_down":
+            # the demo's node loss: its ranks are killed (the exit is reported) and its host
+            # monitor reports the node down
+            self._fed.pop(rank, None)
+            self._feed_later(
+                self._latency,
+                schemas.RankExited(
+                    job=JOB,
+                    ts=self.now,
+                    node=node,
+                    rank=rank,
+                    pid=rank + 1,
+                    exit_code=None,
+                    signal=9,
+                    attempt=attempt,
+                ),
+            )
+            self._feed_later(
+                int(self.profile.detection.host_probe_s * NS),
+                schemas.HostHealth(
+                    job=JOB,
+                    ts=self.now,
+                    node=node,
+                    healthy=False,
+                    gpu_available=True,
+                    faults=["node_down"],
+                    attempt=attempt,
                 ),
             )
         elif kind == "lost_host":

@@ -256,6 +256,8 @@ class World:
             self._signalled(signal)
 
     def _beat(self, rank: int, fed: FedRank) -> None:
+        """A heartbeat; its step stays 0: a lazily sent beat would report a step as progress
+        at the beat's time, seconds after the step (its StepDone already said it, on time)."""
         fed.last_beat = self.now
         self._feed(
             schemas.Heartbeat(
@@ -264,7 +266,7 @@ class World:
                 node=fed.node,
                 rank=rank,
                 pid=rank + 1,
-                step=self.step,
+                step=0,
                 busy=fed.busy,
             )
         )
@@ -591,7 +593,7 @@ class World:
         elif kind == "hang":
             if rank not in self._fed:
                 # its last finished step is one behind the peers that wait for it
-                self._fed[rank] = FedRank(node, stepping=False, last_beat=self.now)
+                self._register(rank, FedRank(node, stepping=False))
                 self._feed(
                     schemas.StepDone(
                         job=JOB,
@@ -649,18 +651,30 @@ class World:
                 ),
             )
         elif kind == "lost_host":
-            fed = self._fed.get(rank)
-            if fed is None:
-                fed = self._fed[rank] = FedRank(node, last_beat=self.now)
-                self._beat(rank, fed)
+            fed = self._fed.get(rank) or self._register(rank, FedRank(node))
             fed.heartbeating = fed.stepping = False
+
+    def _register(self, rank: int, fed: FedRank) -> FedRank:
+        """The sensor learns of a rank of this attempt that it has not followed so far."""
+        self._fed[rank] = fed
+        self._feed(
+            schemas.RankStarted(
+                job=JOB,
+                ts=self.now,
+                node=fed.node,
+                rank=rank,
+                local_rank=0,
+                world_size=len(self.actuator.membership.active) * self.job.gpus_per_node,
+                pid=rank + 1,
+                attempt=self.actuator.attempt,
+            )
+        )
+        self._beat(rank, fed)
+        return fed
 
     def _watch_straggler(self, position: int, node: str) -> None:
         rank = position * self.job.gpus_per_node
-        fed = self._fed.get(rank)
-        if fed is None:
-            fed = self._fed[rank] = FedRank(node, last_beat=self.now)
-            self._beat(rank, fed)
+        fed = self._fed.get(rank) or self._register(rank, FedRank(node))
         fed.compute_factor = self._straggling.get(node, 1.0)
 
     def _straggler_ends(self, node: str) -> None:

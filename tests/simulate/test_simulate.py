@@ -134,3 +134,12 @@ def test_cli_bad_input_is_one_line(tmp_path):
     done = _cli("--hours", "20", "--strategies", "goodput", "--policy", str(raising))
     assert done.returncode == 2
     assert "raising" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cli_html_writes_the_page_and_plot(tmp_path):
+    done = _cli("--hours", "3", "--strategies", "baseline,goodput", "--html", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "simulation.html").read_text()
+    assert "A simulation, not a measurement" in page and "goodput" in page
+    assert (tmp_path / "goodput.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "result.json").read_text())["gpus"] == 1024

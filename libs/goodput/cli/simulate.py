@@ -19,6 +19,8 @@ def run(args: argparse.Namespace) -> int:
             return _sweep(args)
         if args.action == "replay":
             return _replay(args)
+        if args.action == "calibrate":
+            return _calibrate(args)
         return _simulate(args)
     except SimulateError as exc:
         print(f"goodput simulate: {exc}", file=sys.stderr)
@@ -53,10 +55,16 @@ def _simulate(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=lambda name: status.update(f"simulating {name}"),
         )
+    if args.html:
+        from goodput.simulate.html import write_html
+
+        result["html"] = str(write_html(result, args.html))
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print_result(result)
+        if args.html:
+            print(f"HTML: {result['html']}")
     return 0
 
 
@@ -117,6 +125,18 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from goodput.simulate.calibrate import calibrate
+
+    text = calibrate(args.from_bench, args.name)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(text, end="")
+    return 0
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset",
@@ -154,6 +174,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     _common(parser)
+    parser.add_argument(
+        "--html", metavar="DIR", help="also write simulation.html, goodput.png, result.json"
+    )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     swept = actions.add_parser(
         "sweep", help="what-if: goodput vs spares, checkpoint interval or cluster size"
@@ -171,4 +194,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     replayed.add_argument("run", metavar="RUN.json", help="what `goodput demo --json` printed")
     replayed.add_argument("--json", action="store_true", help="machine-readable output")
+    calibrated = actions.add_parser(
+        "calibrate",
+        help="write a cost profile from this machine's `goodput bench ckpt|restore|recovery "
+        "--json` results",
+    )
+    calibrated.add_argument(
+        "--from-bench",
+        required=True,
+        metavar="DIR",
+        help="directory with ckpt.json, restore.json, recovery.json",
+    )
+    calibrated.add_argument("--name", default="local-bench", help="the profile's name")
+    calibrated.add_argument("--out", metavar="FILE", help="write here (default: stdout)")
     parser.set_defaults(func=run, action=None)

@@ -117,6 +117,3 @@ class Ledger:
 
     def badput(self) -> dict[str, float]:
         return {key: self.seconds[key] for key in BADPUT_KEYS}
-
-
-__all__ = ["BADPUT_KEYS", "DECISION", "RESTART", "Ledger", "WorkMark"]

@@ -29,7 +29,7 @@ import heapq
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
@@ -45,30 +45,18 @@ from goodput.detect.detector import Detector
 from goodput.detect.thresholds import Thresholds
 from goodput.membership import Membership
 from goodput.policy.state import new_job_state
+from goodput.simulate import messages as msg
 from goodput.simulate.actuator import Execution, SimActuator
 from goodput.simulate.checkpoints import CheckpointSystem
-from goodput.simulate.fleet import BREAKING, Fault, StepFault, node_names
+from goodput.simulate.faults import FaultsMixin
+from goodput.simulate.fleet import Fault, StepFault, node_names
 from goodput.simulate.ledger import Ledger, WorkMark
 from goodput.simulate.profile import CostProfile, JobSpec, SimulateError
+from goodput.simulate.records import NS, T0, FedRank
 from goodput.simulate.strategies import Strategy
 
-NS = 1_000_000_000
-#: the simulated clock's origin (epoch ns): the sensor treats 0 as "never"
-T0 = 1_700_000_000 * NS
-JOB = "sim"
+JOB = msg.JOB
 SAVE, LOAD = "checkpoint-save", "checkpoint-load"
-
-
-@dataclass(slots=True)
-class FedRank:
-    """A rank the sensor knows of: what the simulator keeps sending for it."""
-
-    node: str
-    heartbeating: bool = True
-    stepping: bool = True
-    busy: str = ""
-    last_beat: int = 0
-    compute_factor: float = 1.0
 
 
 @dataclass
@@ -84,10 +72,9 @@ class Result:
     steps: int
     wall_s: float
     final_interval_steps: int
-    notes: list[str] = field(default_factory=list)
 
 
-class World:
+class World(FaultsMixin):
     def __init__(
         self,
         job: JobSpec,
@@ -256,20 +243,8 @@ class World:
             self._signalled(signal)
 
     def _beat(self, rank: int, fed: FedRank) -> None:
-        """A heartbeat; its step stays 0: a lazily sent beat would report a step as progress
-        at the beat's time, seconds after the step (its StepDone already said it, on time)."""
         fed.last_beat = self.now
-        self._feed(
-            schemas.Heartbeat(
-                job=JOB,
-                ts=self.now,
-                node=fed.node,
-                rank=rank,
-                pid=rank + 1,
-                step=0,
-                busy=fed.busy,
-            )
-        )
+        self._feed(msg.heartbeat(fed.node, rank, self.now, fed.busy))
 
     def _signalled(self, signal: schemas.Signal) -> None:
         if self.ledger.phase == "detect" and signal.signal in FAILURE_KINDS:
@@ -322,16 +297,8 @@ class World:
         reason = schemas.kind_of(type(execution.command))
         for rank, fed in self._fed.items():
             self._feed(
-                schemas.RankExited(
-                    job=JOB,
-                    ts=self.now,
-                    node=fed.node,
-                    rank=rank,
-                    pid=rank + 1,
-                    exit_code=None,
-                    signal=9,
-                    attempt=self.actuator.attempt - 1,
-                    expected_reason=reason,
+                msg.rank_exited(
+                    fed.node, rank, self.now, self.actuator.attempt - 1, signal=9, reason=reason
                 )
             )
         self._fed.clear()
@@ -369,18 +336,8 @@ class World:
         self.ledger.switch(self.now, "restore" if restore_s else "startup")
         ref = FedRank(active[0], busy=LOAD if restore_s else "", last_beat=self.now)
         self._fed = {0: ref}
-        self._feed(
-            schemas.RankStarted(
-                job=JOB,
-                ts=self.now,
-                node=active[0],
-                rank=0,
-                local_rank=0,
-                world_size=len(active) * self.job.gpus_per_node,
-                pid=1,
-                attempt=self.actuator.attempt,
-            )
-        )
+        world = len(active) * self.job.gpus_per_node
+        self._feed(msg.rank_started(active[0], 0, self.now, world, self.actuator.attempt))
         self._beat(0, ref)
         for position, node in enumerate(active):
             if node in self._straggling:
@@ -406,17 +363,7 @@ class World:
         ref = self._fed.get(0)
         if restored and ref is not None:
             ref.busy = ""
-            self._feed(
-                schemas.CheckpointRestored(
-                    job=JOB,
-                    ts=self.now,
-                    node=ref.node,
-                    rank=0,
-                    step=self.step,
-                    tier=tier,  # type: ignore[arg-type]
-                    duration_s=restore_s,
-                )
-            )
+            self._feed(msg.checkpoint_restored(ref.node, self.now, self.step, tier, restore_s))
         self.ledger.switch(self.now, "startup")
         startup = int(self.profile.restart.startup_s * NS)
         self._at(self.now + startup, self._resume, gen)
@@ -445,19 +392,9 @@ class World:
         world = len(self._fed)
         for rank, fed in self._fed.items():
             if fed.stepping:
+                compute = self.job.step_time_s * fed.compute_factor
                 self._feed_step(
-                    schemas.StepDone(
-                        job=JOB,
-                        ts=self.now,
-                        node=fed.node,
-                        rank=rank,
-                        step=self.step,
-                        step_time_s=step_time,
-                        tokens=0,
-                        loss=0.0,
-                        world_size=world,
-                        compute_time_s=self.job.step_time_s * fed.compute_factor,
-                    )
+                    msg.step_done(fed.node, rank, self.now, self.step, step_time, compute, world)
                 )
         if self._step_faults or self._repairs_at_step:
             self._step_events()
@@ -479,19 +416,6 @@ class World:
         else:
             self._next_step = self.now + self._step_ns()
 
-    def _step_events(self) -> None:
-        """A replayed run's faults and repairs that come due at the step just done."""
-        for due, node in [r for r in self._repairs_at_step if r[0] <= self.step]:
-            self._repairs_at_step.remove((due, node))
-            self._repaired(node)
-        while self._step_faults and self._step_faults[0].at_step <= self.step:
-            fault = self._step_faults.pop(0)
-            self._fault(
-                Fault((self.now - T0) / NS, fault.node, fault.kind, fault.duration_s, fault.factor)
-            )
-            if fault.repair_at_step is not None:
-                self._repairs_at_step.append((fault.repair_at_step, fault.node))
-
     def _saved(self, gen: int) -> None:
         if gen != self._gen:
             return
@@ -503,14 +427,8 @@ class World:
             node = ref.node
         else:
             node = self.actuator.membership.active[0]
-        saved = schemas.CheckpointSaved(
-            job=JOB,
-            ts=self.now,
-            node=node,
-            rank=0,
-            step=self.step,
-            stall_s=self.ckpt.stall_s,
-            bytes=int(self.job.state_gb_per_node * 1e9),
+        saved = msg.checkpoint_saved(
+            node, self.now, self.step, self.ckpt.stall_s, self.job.state_gb_per_node
         )
         self._feed(saved)
         self.state = record_checkpoint(self.state, saved, self.now)
@@ -519,187 +437,8 @@ class World:
         self._next_step = self.now + self._step_ns()
 
     def _persisted(self, step: int, duration_s: float, node: str) -> None:
-        persisted = schemas.CheckpointPersisted(
-            job=JOB,
-            ts=self.now,
-            node=node,
-            rank=0,
-            step=step,
-            path="",
-            bytes=0,
-            duration_s=max(duration_s, self.ckpt.stall_s),
+        persisted = msg.checkpoint_persisted(
+            node, self.now, step, max(duration_s, self.ckpt.stall_s)
         )
         self.state = record_checkpoint(self.state, persisted, self.now)
         self._apply(self.controller.recommend_checkpoint_interval(self.state, self.now))
-
-    # ---- the world's faults -----------------------------------------------------------------
-
-    def _fault(self, fault: Fault) -> None:
-        node = fault.node
-        if node in self._broken:
-            return  # already down: a broken node cannot fail again
-        active = self.actuator.membership.active
-        if fault.kind == "straggler":
-            self._straggling[node] = fault.factor
-            self._straggle_changes += 1
-            self._at(self.now + int(fault.duration_s * NS), self._straggler_ends, node)
-            if node in active and self.ledger.phase in ("running", "saving"):
-                self.ledger.set_shape(self.now, len(active), self._slowdown())
-                self._watch_straggler(active.index(node), node)
-            return
-        if fault.kind in BREAKING:
-            self._broken[node] = fault.kind
-            if fault.duration_s:
-                self._at(self.now + int(fault.duration_s * NS), self._repaired, node)
-        if node not in active:
-            if fault.kind == "gpu_xid":  # a spare's host monitor reports it too
-                self._manifest(-1, node, fault.kind)
-            return
-        self.interruptions += 1
-        if self.ledger.phase == "restart":
-            return  # the relaunch meets it (a broken node) or replaces the crashed process
-        if self.ledger.phase in ("running", "saving", "restore", "startup"):
-            self._fail()
-        self._manifest(active.index(node), node, fault.kind)
-
-    def _fail(self) -> None:
-        """Training stops: the ranks wait for a peer that will never answer."""
-        if self._failure_ns is None:
-            self._failure_ns = self.now
-        self._gen += 1
-        self._next_step = None
-        for fed in self._fed.values():
-            fed.stepping = False
-        self.ledger.switch(self.now, "detect")
-
-    def _manifest(self, position: int, node: str, kind: str) -> None:
-        """What the sensor gets from a fault on ``node`` (the rank at ``position``)."""
-        rank = max(position, 0) * self.job.gpus_per_node
-        attempt = self.actuator.attempt
-        if kind == "crash":
-            self._fed.pop(rank, None)
-            self._feed_later(
-                self._latency,
-                schemas.RankExited(
-                    job=JOB,
-                    ts=self.now,
-                    node=node,
-                    rank=rank,
-                    pid=rank + 1,
-                    exit_code=1,
-                    attempt=attempt,
-                ),
-            )
-        elif kind == "hang":
-            if rank not in self._fed:
-                # its last finished step is one behind the peers that wait for it
-                self._register(rank, FedRank(node, stepping=False))
-                self._feed(
-                    schemas.StepDone(
-                        job=JOB,
-                        ts=self.now,
-                        node=node,
-                        rank=rank,
-                        step=max(self.step - 1, 0),
-                        step_time_s=self.job.step_time_s,
-                        tokens=0,
-                        loss=0.0,
-                        world_size=len(self._fed),
-                    )
-                )
-        elif kind == "gpu_xid":
-            self._feed_later(
-                int(self.profile.detection.host_probe_s * NS),
-                schemas.HostHealth(
-                    job=JOB,
-                    ts=self.now,
-                    node=node,
-                    healthy=False,
-                    gpu_available=True,
-                    gpus=[schemas.GpuHealth(index=0, uuid=f"{node}-gpu0", xid_errors=[79])],
-                    attempt=attempt,
-                    detail="GPU has fallen off the bus",
-                ),
-            )
-        elif kind == "node_down":
-            # the demo's node loss: its ranks are killed (the exit is reported) and its host
-            # monitor reports the node down
-            self._fed.pop(rank, None)
-            self._feed_later(
-                self._latency,
-                schemas.RankExited(
-                    job=JOB,
-                    ts=self.now,
-                    node=node,
-                    rank=rank,
-                    pid=rank + 1,
-                    exit_code=None,
-                    signal=9,
-                    attempt=attempt,
-                ),
-            )
-            self._feed_later(
-                int(self.profile.detection.host_probe_s * NS),
-                schemas.HostHealth(
-                    job=JOB,
-                    ts=self.now,
-                    node=node,
-                    healthy=False,
-                    gpu_available=True,
-                    faults=["node_down"],
-                    attempt=attempt,
-                ),
-            )
-        elif kind == "lost_host":
-            fed = self._fed.get(rank) or self._register(rank, FedRank(node))
-            fed.heartbeating = fed.stepping = False
-
-    def _register(self, rank: int, fed: FedRank) -> FedRank:
-        """The sensor learns of a rank of this attempt that it has not followed so far."""
-        self._fed[rank] = fed
-        self._feed(
-            schemas.RankStarted(
-                job=JOB,
-                ts=self.now,
-                node=fed.node,
-                rank=rank,
-                local_rank=0,
-                world_size=len(self.actuator.membership.active) * self.job.gpus_per_node,
-                pid=rank + 1,
-                attempt=self.actuator.attempt,
-            )
-        )
-        self._beat(rank, fed)
-        return fed
-
-    def _watch_straggler(self, position: int, node: str) -> None:
-        rank = position * self.job.gpus_per_node
-        fed = self._fed.get(rank) or self._register(rank, FedRank(node))
-        fed.compute_factor = self._straggling.get(node, 1.0)
-
-    def _straggler_ends(self, node: str) -> None:
-        if self._straggling.pop(node, None) is None:
-            return
-        self._straggle_changes += 1
-        for fed in self._fed.values():
-            if fed.node == node:
-                fed.compute_factor = 1.0
-        if self.ledger.phase in ("running", "saving"):
-            active = self.actuator.membership.active
-            self.ledger.set_shape(self.now, len(active), self._slowdown())
-            if self._next_step is not None:
-                self._next_step = self.now + self._step_ns()
-
-    def _repaired(self, node: str) -> None:
-        """The node is healthy again; its host monitor says so."""
-        self._broken.pop(node, None)
-        self._feed(
-            schemas.HostHealth(
-                job=JOB,
-                ts=self.now,
-                node=node,
-                healthy=True,
-                gpu_available=True,
-                attempt=self.actuator.attempt,
-            )
-        )

@@ -57,6 +57,7 @@ from goodput.simulate.strategies import Strategy
 
 JOB = msg.JOB
 SAVE, LOAD = "checkpoint-save", "checkpoint-load"
+POLICY_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -103,6 +104,9 @@ class World(FaultsMixin):
         self.detector = Detector(JOB, thresholds)
         settings = msgspec.structs.replace(
             settings or ControllerSettings(),
+            # a wall-clock limit would make results depend on the machine's load; a policy that
+            # never returns still stops the simulation (one line naming the script)
+            policy_timeout_s=POLICY_TIMEOUT_S,
             checkpoint_interval=msgspec.structs.replace(
                 (settings or ControllerSettings()).checkpoint_interval,
                 enabled=strategy.interval_tuning,

@@ -143,3 +143,16 @@ def test_cli_html_writes_the_page_and_plot(tmp_path):
     assert "A simulation, not a measurement" in page and "goodput" in page
     assert (tmp_path / "goodput.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "result.json").read_text())["gpus"] == 1024
+
+
+def test_a_spares_sweep_plots_and_recommends(tmp_path):
+    from goodput.simulate.sweep import plot, recommendation, sweep
+
+    preset = short_case_study(4)
+    result = sweep(preset, load_profile(preset.profile), "spares", [0, 2], pick(["goodput"]))
+    assert [p["value"] for p in result["points"]] == [0, 2]
+    line = recommendation(result, preset.job.step_time_s, preset.job.hours)
+    assert line.startswith("with ") and "spare node(s)" in line and "simulated" in line
+    assert plot(result, tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SimulateError, match="whole replicas"):
+        sweep(preset, load_profile(preset.profile), "size", [100], pick(["goodput"]))

@@ -68,7 +68,7 @@ def _vary(preset: Preset, axis: str, value: float) -> Preset:
             raise SimulateError(f"a checkpoint interval must be > 0 minutes, not {value:g}")
         return with_job(preset, checkpoint_interval_s=value * 60)
     nodes = int(value) // job.gpus_per_node
-    if nodes < job.num_nodes_per_dp or nodes % job.num_nodes_per_dp:
+    if value % job.gpus_per_node or nodes < job.num_nodes_per_dp or nodes % job.num_nodes_per_dp:
         raise SimulateError(
             f"{value:g} GPUs are not whole replicas of {job.num_nodes_per_dp} nodes × "
             f"{job.gpus_per_node} GPUs"

@@ -33,7 +33,16 @@ class Execution:
 
 
 class SimActuator:
-    def __init__(self, job: str, membership: Membership, costs: RestartCosts):
+    def __init__(
+        self,
+        job: str,
+        membership: Membership,
+        costs: RestartCosts,
+        measured: dict[str, float] | None = None,
+    ):
+        """``measured``: seconds per restarting action as a replayed run took them (they
+        replace the profile's stop + launch + provision)."""
+        self.measured = measured or {}
         self.job = job
         self.membership = membership
         self.costs = costs
@@ -61,6 +70,7 @@ class SimActuator:
         seconds = c.stop_s + c.launch_s
         if isinstance(command, schemas.HotSwap):
             seconds += c.hot_swap_provision_s
+        seconds = self.measured.get(action, seconds)
         self.membership = after
         self.attempt += 1
         return self._answer(

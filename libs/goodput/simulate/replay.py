@@ -108,6 +108,7 @@ def _replay(run: dict, setup: str) -> dict:
         thresholds=DEMO_THRESHOLDS,
         step_faults=faults,
         until_step=total_steps,
+        relaunch_s={k: float(v) for k, v in (costs.get("relaunch_s") or {}).items()},
     )
     result = world.run()
     predicted = round(result.goodput_pct, 2)

@@ -87,9 +87,11 @@ class World(FaultsMixin):
         thresholds: Thresholds | None = None,
         step_faults: list[StepFault] | None = None,
         until_step: int | None = None,
+        relaunch_s: dict[str, float] | None = None,
     ):
         """``step_faults`` fire at a training step (a replayed run's faults); ``until_step``
-        ends the job when it reaches that step instead of at ``job.hours``."""
+        ends the job when it reaches that step instead of at ``job.hours``; ``relaunch_s``
+        the measured seconds of each restarting action (a replay)."""
         self.job, self.profile, self.strategy, self.trace = job, profile, strategy, trace
         self._step_faults = sorted(step_faults or [], key=lambda f: f.at_step)
         self._repairs_at_step: list[tuple[int, str]] = []
@@ -115,7 +117,7 @@ class World(FaultsMixin):
         self.controller = Controller(strategy.policy, settings)
         if self.controller.script is not None and self.controller.script.load_error:
             raise SimulateError(self.controller.script.load_error)
-        self.actuator = SimActuator(JOB, membership, profile.restart)
+        self.actuator = SimActuator(JOB, membership, profile.restart, relaunch_s)
         every = max(1, round(job.checkpoint_interval_s / job.step_time_s))
         if strategy.multi_tier:
             # the object store keeps the job's cadence; the cheap local tier saves k× as often

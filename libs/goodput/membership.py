@@ -84,19 +84,26 @@ class Membership(msgspec.Struct, kw_only=True):
 
     def scale_to(self, nodes: list[str], drop: list[str]) -> Membership:
         """Run on ``nodes`` (or the active ones minus ``drop``); dropped nodes count as failed."""
+        # sets: list lookups made a scale of thousands of nodes quadratic
+        known = {*self.active, *self.spares, *self.failed}
         for node in nodes + drop:
-            self._require_known(node)
+            if node not in known:
+                self._require_known(node)
+        dropping = set(drop)
         # the controller decides membership: a failed node it names has been judged healthy
-        wanted = list(dict.fromkeys(nodes)) if nodes else [n for n in self.active if n not in drop]
+        wanted = (
+            list(dict.fromkeys(nodes)) if nodes else [n for n in self.active if n not in dropping]
+        )
         if not wanted:
             raise MembershipError("scaling to zero nodes would stop the job; send stop instead")
-        left = [n for n in self.active if n not in wanted]
-        dropped_failed = [n for n in left if n in drop]
-        dropped_spare = [n for n in left if n not in drop]
+        keep = set(wanted)
+        left = [n for n in self.active if n not in keep]
+        dropped_failed = [n for n in left if n in dropping]
+        dropped_spare = [n for n in left if n not in dropping]
         return Membership(
             active=wanted,
-            spares=[n for n in self.spares if n not in wanted] + dropped_spare,
-            failed=[*(n for n in self.failed if n not in wanted), *dropped_failed],
+            spares=[n for n in self.spares if n not in keep] + dropped_spare,
+            failed=[*(n for n in self.failed if n not in keep), *dropped_failed],
             procs_per_node=self.procs_per_node,
         )
 

@@ -49,6 +49,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "goodput.cli.chaos",
         "inject faults into the running job (kill ranks, fail nodes, fill disks…)",
     ),
+    "simulate": (
+        "goodput.cli.simulate",
+        "simulate a fleet: goodput per strategy, decided by goodput's real sensor and policy",
+    ),
 }
 
 

@@ -29,6 +29,7 @@ from goodput.chaos.targets import ChaosContext
 from goodput.demo.driver import Driver
 from goodput.demo.scenarios import DemoScenario
 from goodput.policies import restart_whole_job
+from goodput.simulate.measure import measured_costs
 from goodput.stack.launcher import start_stack, stop_stack, wait_healthy
 from goodput.stack.watch import JobWatcher
 from goodput.stack.watch import summary as job_summary
@@ -129,7 +130,9 @@ def run_once(
             + (plan.scenario.description if plan.setup == "goodput" else BASELINE_DESCRIPTION)
         )
         start = start_command(plan, stack.job, state_dir)
-        watcher, driver, report = asyncio.run(_follow(settings, state_dir, start, plan, console))
+        watcher, driver, report, costs = asyncio.run(
+            _follow(settings, state_dir, start, plan, console)
+        )
         result_path = state_dir / "training-result.json"
         training = json.loads(result_path.read_text()) if result_path.exists() else {}
     finally:
@@ -146,6 +149,28 @@ def run_once(
         "badput": report.badput if report else {},
         "ettr": report.ettr if report else None,
         "elapsed_s": round(time.monotonic() - started, 2),
+        # what `goodput simulate replay` needs to price the same faults as this run met them
+        "replay": {
+            "nodes": plan.nodes,
+            "spares": plan.spares,
+            "ckpt_every": plan.ckpt_every,
+            "total_steps": plan.steps,
+            "total_s": report.total_s if report else None,
+            "faults": [
+                {
+                    "step": entry.step,
+                    "action": entry.fault.action,
+                    "node": entry.node,
+                    "ok": entry.ok,
+                    "factor": entry.fault.factor,
+                    "duration_s": entry.fault.duration_s,
+                    "repair_after_s": entry.fault.repair_after_s,
+                    "repair_at_step": entry.repaired_at_step,
+                }
+                for entry in driver.injected
+            ],
+            "costs": costs,
+        },
     }
     return RunOutcome(summary, report)
 
@@ -156,7 +181,7 @@ async def _follow(
     start: schemas.StartJob,
     plan: RunPlan,
     console: Console,
-) -> tuple[JobWatcher, Driver, GoodputReport | None]:
+) -> tuple[JobWatcher, Driver, GoodputReport | None, dict]:
     bus = await Bus.connect(settings, name="goodput-demo")
     # progress goes to stderr (``console``) also with --json: stdout carries only the result
     watcher = await JobWatcher(bus, start.job, plan.steps, console, run_start=start).start()
@@ -182,17 +207,19 @@ async def _follow(
                 subjects.ACTUATOR, schemas.Stop(job=start.job, reason="demo timed out")
             )
             await watcher.wait(90)
-        report = await _goodput(bus, start.job)
+        report, costs = await _goodput(bus, start.job)
     finally:
         await ctx.close()
         await watcher.stop()
         await bus.close()
-    return watcher, driver, report
+    return watcher, driver, report, costs
 
 
-async def _goodput(bus: Bus, job: str) -> GoodputReport | None:
-    """The goodput report of the run, from its events in GP_EVENTS."""
+async def _goodput(bus: Bus, job: str) -> tuple[GoodputReport | None, dict]:
+    """The goodput report of the run and its measured costs, from its events in GP_EVENTS."""
+    events = await replay_from_bus(bus, job, idle_timeout_s=3.0)
+    costs = measured_costs(events)
     try:
-        return compute_goodput(await replay_from_bus(bus, job, idle_timeout_s=3.0))
+        return compute_goodput(events), costs
     except ValueError:
-        return None  # no events: the job never ran
+        return None, costs  # no events: the job never ran

@@ -23,6 +23,8 @@ from goodput.rank_env import EXIT_TERMINATED
 
 #: ``RankExited.expected_reason`` values after which nothing is expected to come back
 FINISHING_REASONS = frozenset({"", "stop"})
+#: the fault a node lost to silence keeps until its host monitor reports healthy again
+LOST_NODE = "node lost (no heartbeat, no host report)"
 
 
 class Detector:
@@ -346,6 +348,8 @@ class Detector:
             and now - node.last_health_ns < self._thresholds.heartbeat_timeout_s * NS
         )
         if len(silent) == len(alive) and not host_reports:
+            # remembered as the node's fault, so its host reporting healthy again returns it
+            node.faults = (LOST_NODE,)
             return self._failure(
                 "missed_heartbeat",
                 rank.node,

@@ -1,0 +1,146 @@
+"""A cost profile from this project's own benchmarks, measured on the machine at hand.
+
+``goodput simulate calibrate --from-bench DIR`` reads ``ckpt.json``, ``restore.json`` and
+``recovery.json`` (what ``goodput bench ckpt|restore|recovery --json`` print) and writes a
+profile TOML in which every number names the benchmark field it came from. What no benchmark
+measures is said so in its comment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+
+from goodput.simulate.profile import CostProfile, SimulateError
+
+FILES = ("ckpt.json", "restore.json", "recovery.json")
+
+
+def _load(directory: Path, name: str) -> dict:
+    path = directory / name
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SimulateError(
+            f"{path}: {exc.strerror or exc} (write it with `goodput bench "
+            f"{name.removesuffix('.json')} --json > {path}`)"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise SimulateError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise SimulateError(f"{path}: not a benchmark result")
+    return data
+
+
+def _get(data: dict, name: str, *keys: str) -> float:
+    value: object = data
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            raise SimulateError(f"{name}: no field {'.'.join(keys)}")
+        value = value[key]
+    if not isinstance(value, int | float) or value < 0:
+        raise SimulateError(f"{name}: {'.'.join(keys)} is not a non-negative number")
+    return float(value)
+
+
+def calibrate(directory: str, name: str = "local-bench") -> str:
+    """The profile TOML text (checked by loading it back)."""
+    where = Path(directory)
+    ckpt, restore, recovery = (_load(where, f) for f in FILES)
+    size = _get(ckpt, "ckpt.json", "size_gb")
+    stall = max(_get(ckpt, "ckpt.json", "methods", "goodput", "stall_s"), 1e-6)
+    peer_size = _get(restore, "restore.json", "size_gb")
+
+    def per_s(gb: float, seconds: float) -> float:
+        return round(gb / max(seconds, 1e-6), 4)
+
+    object_write = (
+        per_s(peer_size, _get(restore, "restore.json", "object_store_backup_s"))
+        if "object_store_backup_s" in restore
+        else _get(ckpt, "ckpt.json", "methods", "torch_save", "write_gbps")
+    )
+    object_write_source = (
+        "restore.json size_gb / object_store_backup_s"
+        if "object_store_backup_s" in restore
+        else "ckpt.json methods.torch_save.write_gbps (no object-store backup measured)"
+    )
+    values = [
+        ("checkpoint", None, None),
+        ("snapshot_gbps", per_s(size, stall), "ckpt.json size_gb / methods.goodput.stall_s"),
+        (
+            "local_write_gbps",
+            _get(ckpt, "ckpt.json", "methods", "goodput", "persist_gbps"),
+            "ckpt.json methods.goodput.persist_gbps",
+        ),
+        (
+            "local_read_gbps",
+            _get(ckpt, "ckpt.json", "methods", "goodput", "restore_gbps"),
+            "ckpt.json methods.goodput.restore_gbps",
+        ),
+        (
+            "peer_gbps",
+            _get(restore, "restore.json", "replication_gbps"),
+            "restore.json replication_gbps",
+        ),
+        (
+            "peer_read_gbps",
+            per_s(peer_size, _get(restore, "restore.json", "peer_s")),
+            "restore.json size_gb / peer_s",
+        ),
+        ("object_write_gbps", object_write, object_write_source),
+        (
+            "object_read_gbps",
+            per_s(peer_size, _get(restore, "restore.json", "object_store_s")),
+            "restore.json size_gb / object_store_s",
+        ),
+        ("latency_s", 0.0, "not measured separately: inside the bandwidths above"),
+        ("object_every", 6, "a choice, not a measurement: every 6th checkpoint to the store"),
+        ("restart", None, None),
+        ("stop_s", 0.0, "inside recovery.json relaunch_s (SIGKILL of the group)"),
+        (
+            "launch_s",
+            _get(recovery, "recovery.json", "relaunch_s"),
+            "recovery.json relaunch_s (decision -> new group spawned)",
+        ),
+        (
+            "startup_s",
+            round(
+                _get(recovery, "recovery.json", "startup_s")
+                + _get(recovery, "recovery.json", "first_step_s"),
+                4,
+            ),
+            "recovery.json startup_s + first_step_s",
+        ),
+        ("hot_swap_provision_s", 0.0, "not measured: local spares are already running hosts"),
+        ("detection", None, None),
+        (
+            "event_latency_s",
+            _get(recovery, "recovery.json", "detect_s"),
+            "recovery.json detect_s (kill -9 -> crash signal)",
+        ),
+        ("decision_s", _get(recovery, "recovery.json", "decide_s"), "recovery.json decide_s"),
+        ("host_probe_s", 1.0, "not measured: the host monitor's probe period (assumption)"),
+    ]
+    load = recovery.get("load_1m_before")
+    lines = [
+        f"# Generated by `goodput simulate calibrate --from-bench {directory}` from this",
+        "# project's benchmarks on the machine at hand"
+        + (f" (1-minute load average {load} during recovery)." if load is not None else "."),
+        f'name = "{name}"',
+        'description = "calibrated from goodput bench ckpt, restore and recovery on this machine"',
+    ]
+    for key, value, source in values:
+        if value is None:
+            lines += ["", f"[{key}]"]
+        else:
+            lines.append(f"{key} = {value!r}  # {source}")
+    text = "\n".join(lines) + "\n"
+    try:
+        import tomllib
+
+        msgspec.convert(tomllib.loads(text), CostProfile)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise SimulateError(f"the benchmarks in {directory} make no valid profile: {exc}") from None
+    return text

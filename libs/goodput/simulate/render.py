@@ -1,0 +1,46 @@
+"""Terminal rendering of a simulation: the case study's table, goodput and the gain per technique."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from goodput.accounting.categories import BADPUT_KEYS, TITLES
+
+
+def table(result: dict) -> Table:
+    keys = [
+        k for k in BADPUT_KEYS if any(s["badput"][k] > 0 for s in result["strategies"].values())
+    ]
+    title = (
+        f"{escape(result['preset'])}: {result['gpus']:,} GPUs, {result['hours']:g} h, "
+        f"{result['interruptions']} interruptions (seed {result['seed']}, "
+        f"profile {escape(result['profile'])}) — simulated"
+    )
+    out = Table(title=title)
+    out.add_column("strategy")
+    out.add_column("goodput", justify="right")
+    out.add_column("gain", justify="right")
+    for key in keys:
+        out.add_column(TITLES[key], justify="right")
+    previous = None
+    for name, s in result["strategies"].items():
+        gain = "" if previous is None else f"{s['goodput_pct'] - previous:+.1f}"
+        previous = s["goodput_pct"]
+        out.add_row(
+            escape(name),
+            f"{s['goodput_pct']:.1f} %",
+            gain,
+            *(f"{s['badput_pct'][k]:.2f} %" for k in keys),
+        )
+    return out
+
+
+def print_result(result: dict, console: Console | None = None) -> None:
+    console = console or Console(width=max(Console().width, 180))
+    console.print(table(result))
+    console.print(
+        f"{result['sensor_events']:,} sensor events in {result['wall_s']:.1f} s "
+        f"({result['events_per_s']:,}/s); badput as % of the job's wall time"
+    )

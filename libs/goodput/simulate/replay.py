@@ -1,0 +1,180 @@
+"""Replay a real `goodput demo` run in the simulator: its faults at the steps they fired, priced
+with the costs the run measured, decided by the same policy — and compare the goodputs.
+
+This is what makes the simulator's numbers worth believing: the prediction is made without
+the run's goodput or badput, only from its setup (nodes, spares, steps, checkpoint interval),
+its faults, and unit costs (step time, checkpoint stall and persist, restore, relaunch,
+startup, decision) measured from its events (:mod:`goodput.simulate.measure`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from goodput.control.checkpoint_interval import IntervalSettings
+from goodput.control.crash_loop import CrashLoopLimits
+from goodput.control.engine import ControllerSettings
+from goodput.detect.thresholds import Thresholds
+from goodput.simulate.fleet import StepFault
+from goodput.simulate.profile import (
+    CheckpointCosts,
+    CostProfile,
+    DetectionCosts,
+    JobSpec,
+    RestartCosts,
+    SimulateError,
+)
+from goodput.simulate.strategies import strategies
+from goodput.simulate.world import World
+
+#: the demo's faults as the simulator's kinds
+KINDS = {
+    "kill-rank": "crash",
+    "hang-rank": "hang",
+    "slow-rank": "straggler",
+    "fail-node": "node_down",
+}
+#: the demo runs with these controller and sensor settings (goodput.demo.session)
+DEMO_SETTINGS = ControllerSettings(
+    checkpoint_interval=IntervalSettings(prior_mtbf_s=120.0),
+    crash_loop=CrashLoopLimits(window_s=20.0, max_restarts=3, backoff_s=5.0, max_backoffs=3),
+)
+DEMO_THRESHOLDS = Thresholds(straggler_ratio=1.8)
+#: the host monitor's probe period on the demo's nodes (seconds)
+HOST_PROBE_S = 1.0
+
+
+def replay_file(path: str) -> dict:
+    """Replay ``goodput demo --json`` output: the goodput run, and the baseline's if present."""
+    try:
+        run = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SimulateError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise SimulateError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(run, dict) or "replay" not in run:
+        raise SimulateError(
+            f"{path}: no 'replay' section: not the output of `goodput demo --json` "
+            "(of this version)"
+        )
+    result = _replay(run, "goodput")
+    out = {
+        "predicted_goodput_pct": result["predicted"],
+        "actual_goodput_pct": result["actual"],
+        "error_points": result["error"],
+        "goodput": result,
+    }
+    if isinstance(run.get("baseline"), dict):
+        baseline = _replay(run["baseline"], "baseline")
+        out |= {
+            "baseline_predicted_goodput_pct": baseline["predicted"],
+            "baseline_actual_goodput_pct": baseline["actual"],
+            "baseline_error_points": baseline["error"],
+            "baseline": baseline,
+        }
+    return out
+
+
+def _replay(run: dict, setup: str) -> dict:
+    try:
+        info, actual = run["replay"], run["goodput_pct"]
+        costs = info["costs"]
+        step_time = float(costs["step_time_s"])
+        if actual is None or step_time <= 0:
+            raise SimulateError(f"the {setup} run has no goodput or no step time to replay")
+        job = JobSpec(
+            gpus_per_node=1,
+            nodes=int(info["nodes"]),
+            num_nodes_per_dp=1,
+            spares=int(info["spares"]),
+            hours=max(1.0, 20 * float(info["total_s"] or 0) / 3600),
+            step_time_s=step_time,
+            state_gb_per_node=1.0,
+            checkpoint_interval_s=int(info["ckpt_every"]) * step_time,
+        )
+        faults = [_fault(f, setup) for f in info["faults"] if f["ok"]]
+        profile = _profile(costs)
+        total_steps = int(info["total_steps"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SimulateError(f"the {setup} run's replay section is incomplete: {exc}") from None
+    strategy = strategies()["goodput" if setup == "goodput" else "baseline"]
+    world = World(
+        job,
+        profile,
+        strategy,
+        [],
+        settings=DEMO_SETTINGS,
+        thresholds=DEMO_THRESHOLDS,
+        step_faults=faults,
+        until_step=total_steps,
+        relaunch_s={k: float(v) for k, v in (costs.get("relaunch_s") or {}).items()},
+    )
+    result = world.run()
+    predicted = round(result.goodput_pct, 2)
+    return {
+        "predicted": predicted,
+        "actual": round(actual, 2),
+        "error": round(abs(predicted - actual), 2),
+        "predicted_badput_s": {k: round(v, 2) for k, v in result.badput.items()},
+        "actual_badput_s": run.get("badput", {}),
+        "rules": result.rules,
+        "steps": result.steps,
+    }
+
+
+def _fault(entry: dict, setup: str) -> StepFault:
+    kind = KINDS.get(entry["action"])
+    if kind is None:
+        raise SimulateError(f"cannot replay a {entry['action']!r} fault")
+    repair_step = entry.get("repair_at_step")
+    by_step = setup == "goodput" and repair_step is not None
+    duration = float(entry.get("duration_s") or 0.0) if kind == "straggler" else 0.0
+    if kind == "node_down" and not by_step:
+        duration = float(entry.get("repair_after_s") or 0.0)
+    return StepFault(
+        at_step=int(entry["step"]),
+        node=entry["node"],
+        kind=kind,  # type: ignore[arg-type]
+        duration_s=duration,
+        factor=float(entry.get("factor") or 1.0),
+        repair_at_step=int(repair_step) if by_step else None,
+    )
+
+
+def _profile(costs: dict) -> CostProfile:
+    """Measured seconds as a profile of 1 GB states (GB/s = 1 / seconds)."""
+
+    def rate(seconds: float) -> float:
+        return 1.0 / max(float(seconds), 1e-3)
+
+    restores = costs.get("restore_s") or {}
+    any_restore = max(restores.values(), default=0.0)
+    relaunch = costs.get("relaunch_s") or {}
+    restart = relaunch.get("restart", max(relaunch.values(), default=0.0))
+    stall = costs["checkpoint_stall_s"]
+    persist = costs["checkpoint_persist_s"] or stall
+    return CostProfile(
+        name="measured",
+        description="costs measured from a goodput demo run",
+        checkpoint=CheckpointCosts(
+            snapshot_gbps=rate(stall),
+            local_write_gbps=rate(persist),
+            peer_gbps=rate(persist),
+            object_write_gbps=rate(stall),
+            local_read_gbps=rate(restores.get("local", any_restore)),
+            peer_read_gbps=rate(restores.get("peer", any_restore)),
+            object_read_gbps=rate(restores.get("object_store", any_restore)),
+            latency_s=0.0,
+            object_every=1,
+        ),
+        restart=RestartCosts(
+            stop_s=0.0,
+            launch_s=restart,
+            startup_s=costs["startup_s"],
+            hot_swap_provision_s=max(0.0, relaunch.get("hot_swap", restart) - restart),
+        ),
+        detection=DetectionCosts(
+            event_latency_s=0.01, decision_s=costs["decision_s"], host_probe_s=HOST_PROBE_S
+        ),
+    )

@@ -1,0 +1,450 @@
+"""One simulated job: a discrete-event loop in which the real sensor and controller decide.
+
+The decision path is goodput's own code, driven on a simulated clock (epoch ns):
+
+* the sensor's :class:`goodput.detect.Detector` gets the events the ranks and host monitors
+  would send and its deadlines are served by :meth:`Detector.next_deadline` / ``poll``;
+* the controller's :class:`goodput.control.engine.Controller` (the built-in policy or a policy
+  script, crash-loop rules, Young's checkpoint interval) turns its signals into commands, and
+  folds results, statuses, steps and checkpoints with :mod:`goodput.control.state`;
+* the simulated actuator executes the commands with the real membership rules.
+
+What is simulated is the world around them: the clock, the failures, the time each
+checkpoint and remediation takes (the cost profile) and which events reach the sensor.
+
+**Node granularity.** The sensor is per rank and a real job sends it thousands of heartbeats a
+second; the simulator sends only the events that can change a decision. One rank per node
+stands for the node (rank = position × GPUs per node). The *reference rank* (position 0)
+stands for the job's progress: its steps, heartbeats and checkpoint events are sent as the
+shim would send them. A node joins the sensor's view when something happens to it: its
+rank's exit (crash), its last step before it hangs, its silence (a lost host), its host
+monitor's reports (GPU XID, repair), its slow steps (straggler). Heartbeats of live ranks are
+sent lazily, when a heartbeat deadline comes due, so the sensor never sees a live rank as
+silent. A relaunch stops every rank it knows of and starts the reference rank again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from goodput import schemas
+from goodput.control.engine import Controller, ControllerSettings, Outcome
+from goodput.control.state import (
+    FAILURE_KINDS,
+    observe_status,
+    record_checkpoint,
+    record_step_time,
+)
+from goodput.detect.detector import Detector
+from goodput.detect.thresholds import Thresholds
+from goodput.membership import Membership
+from goodput.policy.state import new_job_state
+from goodput.simulate import messages as msg
+from goodput.simulate.actuator import Execution, SimActuator
+from goodput.simulate.checkpoints import CheckpointSystem
+from goodput.simulate.faults import FaultsMixin
+from goodput.simulate.fleet import Fault, StepFault, node_names
+from goodput.simulate.ledger import Ledger, WorkMark
+from goodput.simulate.profile import CostProfile, JobSpec, SimulateError
+from goodput.simulate.records import NS, T0, FedRank
+from goodput.simulate.strategies import Strategy
+
+JOB = msg.JOB
+SAVE, LOAD = "checkpoint-save", "checkpoint-load"
+POLICY_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Result:
+    strategy: str
+    goodput_pct: float
+    seconds: dict[str, float]
+    badput: dict[str, float]
+    interruptions: int
+    rules: dict[str, int]
+    sensor_events: int
+    decisions: int
+    steps: int
+    wall_s: float
+    final_interval_steps: int
+
+
+class World(FaultsMixin):
+    def __init__(
+        self,
+        job: JobSpec,
+        profile: CostProfile,
+        strategy: Strategy,
+        trace: list[Fault],
+        *,
+        settings: ControllerSettings | None = None,
+        thresholds: Thresholds | None = None,
+        step_faults: list[StepFault] | None = None,
+        until_step: int | None = None,
+        relaunch_s: dict[str, float] | None = None,
+    ):
+        """``step_faults`` fire at a training step (a replayed run's faults); ``until_step``
+        ends the job when it reaches that step instead of at ``job.hours``; ``relaunch_s``
+        the measured seconds of each restarting action (a replay)."""
+        self.job, self.profile, self.strategy, self.trace = job, profile, strategy, trace
+        self._step_faults = sorted(step_faults or [], key=lambda f: f.at_step)
+        self._repairs_at_step: list[tuple[int, str]] = []
+        self._until_step = until_step
+        names = node_names(job)
+        spares = names[job.nodes :] if strategy.spares else []
+        membership = Membership(
+            active=names[: job.nodes], spares=spares, procs_per_node=job.gpus_per_node
+        )
+        self.now = T0
+        self.end = T0 + int(job.hours * 3600 * NS)
+        self.detector = Detector(JOB, thresholds)
+        settings = msgspec.structs.replace(
+            settings or ControllerSettings(),
+            # a wall-clock limit would make results depend on the machine's load; a policy that
+            # never returns still stops the simulation (one line naming the script)
+            policy_timeout_s=POLICY_TIMEOUT_S,
+            checkpoint_interval=msgspec.structs.replace(
+                (settings or ControllerSettings()).checkpoint_interval,
+                enabled=strategy.interval_tuning,
+            ),
+        )
+        self.controller = Controller(strategy.policy, settings)
+        if self.controller.script is not None and self.controller.script.load_error:
+            raise SimulateError(self.controller.script.load_error)
+        self.actuator = SimActuator(JOB, membership, profile.restart, relaunch_s)
+        every = max(1, round(job.checkpoint_interval_s / job.step_time_s))
+        if strategy.multi_tier:
+            # the object store keeps the job's cadence; the cheap local tier saves k× as often
+            every = max(1, every // profile.checkpoint.object_every)
+        state = new_job_state(
+            JOB,
+            list(membership.active),
+            num_nodes_per_dp=job.num_nodes_per_dp,
+            spares=spares,
+            procs_per_node=job.gpus_per_node,
+            now=T0,
+        )
+        state = observe_status(state, self.actuator.status(T0), T0)
+        self.state = msgspec.structs.replace(state, checkpoint_interval_steps=every)
+        self.ckpt = CheckpointSystem(
+            profile.checkpoint,
+            job.state_gb_per_node,
+            asynchronous=strategy.asynchronous,
+            multi_tier=strategy.multi_tier,
+            every_steps=every,
+        )
+        self.ledger = Ledger(T0, job.nodes)
+        self._start_mark = WorkMark(0.0, 0.0, 0.0)
+        self._heap: list[tuple[int, int, Callable[..., None], tuple]] = []
+        self._seq = 0
+        self._fed: dict[int, FedRank] = {}
+        self._broken: dict[str, str] = {}
+        self._straggling: dict[str, float] = {}
+        self._failure_ns: int | None = None
+        self._gen = 0
+        self._next_step: int | None = None
+        self._last_active = set(membership.active)
+        self._stopped = False
+        self.step = 0
+        self.rules: Counter[str] = Counter()
+        self.sensor_events = 0
+        self.decisions = 0
+        self.interruptions = 0
+        self._beat_ns = int(self.detector.thresholds.heartbeat_timeout_s * NS)
+        self._latency = int(profile.detection.event_latency_s * NS)
+        self._sensor_dirty = True
+        self._deadline: int | None = None
+        self._slow_key: tuple = ()
+        self._straggle_changes = 0
+        self._slow = 1.0
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> Result:
+        started = time.perf_counter()
+        for fault in self.trace:
+            self._at(T0 + int(fault.at_s * NS), self._fault, fault)
+        self._feed(schemas.RunStarted(job=JOB, ts=T0, run_id="sim", command_id="sim"))
+        self._launch(None)
+        heap = self._heap
+        end = self.end
+        while not self._stopped:
+            # the sensor's next deadline changes only when it is fed: recomputed only then
+            if self._sensor_dirty:
+                self._deadline = self.detector.next_deadline()
+                self._sensor_dirty = False
+            t = end
+            kind = 0
+            if heap and heap[0][0] < t:
+                t, kind = heap[0][0], 1
+            if self._deadline is not None and self._deadline <= t:
+                t, kind = self._deadline, 2
+            if self._next_step is not None and self._next_step <= t:
+                t, kind = self._next_step, 3
+            if kind == 0:
+                break
+            self.now = t
+            if kind == 3:
+                self._step()
+            elif kind == 2:
+                self._wake_sensor()
+            else:
+                _, _, action, args = heapq.heappop(heap)
+                action(*args)
+        self.now = self.end
+        self.ledger.book(self.end)
+        return Result(
+            strategy=self.strategy.name,
+            goodput_pct=self.ledger.goodput_pct(),
+            seconds=dict(self.ledger.seconds),
+            badput=self.ledger.badput(),
+            interruptions=self.interruptions,
+            rules=dict(self.rules),
+            sensor_events=self.sensor_events,
+            decisions=self.decisions,
+            steps=self.step,
+            wall_s=time.perf_counter() - started,
+            final_interval_steps=self.ckpt.every_steps,
+        )
+
+    def _at(self, when: int, action: Callable[..., None], *args: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (max(when, self.now), self._seq, action, args))
+
+    # ---- the sensor -------------------------------------------------------------------------
+
+    def _feed(self, event: schemas.Event) -> None:
+        self.sensor_events += 1
+        self._sensor_dirty = True
+        for signal in self.detector.on_event(event, self.now):
+            self._signalled(signal)
+
+    def _feed_step(self, event: schemas.StepDone) -> None:
+        """The hottest path: straight to the detector's step handler (what ``on_event`` calls)."""
+        self.sensor_events += 1
+        self._sensor_dirty = True
+        for signal in self.detector.on_step(event, self.now):
+            self._signalled(signal)
+
+    def _feed_later(self, delay_ns: int, event: schemas.Event) -> None:
+        self._at(self.now + delay_ns, self._deliver, event)
+
+    def _deliver(self, event: schemas.Event) -> None:
+        self._feed(msgspec.structs.replace(event, ts=self.now))
+
+    def _wake_sensor(self) -> None:
+        """A deadline came due: live ranks' heartbeats first (lazily sent), then the poll."""
+        for rank, fed in self._fed.items():
+            if fed.heartbeating and self.now - fed.last_beat >= self._beat_ns:
+                self._beat(rank, fed)
+        self.sensor_events += 1
+        self._sensor_dirty = True
+        for signal in self.detector.poll(self.now):
+            self._signalled(signal)
+
+    def _beat(self, rank: int, fed: FedRank) -> None:
+        fed.last_beat = self.now
+        self._feed(msg.heartbeat(fed.node, rank, self.now, fed.busy))
+
+    def _signalled(self, signal: schemas.Signal) -> None:
+        if self.ledger.phase == "detect" and signal.signal in FAILURE_KINDS:
+            self.ledger.switch(self.now, "decide")
+        self._at(self.now + int(self.profile.detection.decision_s * NS), self._decide, signal)
+
+    # ---- the controller ---------------------------------------------------------------------
+
+    def _decide(self, signal: schemas.Signal) -> None:
+        self._apply(self.controller.handle(self.state, signal, self.now))
+
+    def _apply(self, outcome: Outcome) -> None:
+        self.state = outcome.state
+        decision = outcome.decision
+        if decision is None:
+            return
+        self.decisions += 1
+        self.rules[decision.rule] += 1
+        if decision.error and self.strategy.policy and self.controller.script is not None:
+            raise SimulateError(decision.error)
+        relaunching = False
+        for command in outcome.commands:
+            if isinstance(command, schemas.SetCheckpointInterval):
+                self.ckpt.every_steps = max(1, command.every_steps)
+                continue
+            execution = self.actuator.execute(command, self.now)
+            if execution is None:
+                continue
+            if execution.relaunch:
+                relaunching = True
+                self._at(execution.started_ns, self._stop_group, execution)
+            self._at(execution.done_ns, self._executed, execution)
+        if not relaunching and decision.signal_id and self.ledger.phase in ("detect", "decide"):
+            self.ledger.switch(self.now, "down")  # stalled and nobody restarts it: job down
+        if self.state.deferred:
+            self._at(min(d.until_ts for d in self.state.deferred), self._due)
+
+    def _due(self) -> None:
+        for outcome in self.controller.due(self.state, self.now):
+            self._apply(outcome)
+
+    # ---- the actuator -----------------------------------------------------------------------
+
+    def _stop_group(self, execution: Execution) -> None:
+        """The worker group stops: a running job saves first (SIGTERM), a failed one is lost."""
+        if self._failure_ns is None and self.ledger.phase in ("running", "saving"):
+            self.ckpt.capture(self.step, self.now, self.ledger.mark(self.now))
+        self._gen += 1
+        self._next_step = None
+        reason = schemas.kind_of(type(execution.command))
+        for rank, fed in self._fed.items():
+            self._feed(
+                msg.rank_exited(
+                    fed.node, rank, self.now, self.actuator.attempt - 1, signal=9, reason=reason
+                )
+            )
+        self._fed.clear()
+        self.ledger.switch(self.now, "restart")
+
+    def _executed(self, execution: Execution) -> None:
+        self.state = observe_status(self.state, self.actuator.status(self.now), self.now)
+        self._apply(self.controller.settle(self.state, execution.result, self.now))
+        if execution.stopped:
+            self._stopped = True
+            self.ledger.switch(self.now, "down")
+            self.ledger.book(self.end)
+        elif execution.relaunch:
+            self._launch(execution)
+
+    # ---- training -----------------------------------------------------------------------------
+
+    def _launch(self, execution: Execution | None) -> None:
+        """Ranks started on the current membership: restore, start up, then train."""
+        active = self.actuator.membership.active
+        fresh = any(n not in self._last_active for n in active)
+        self._last_active = set(active)
+        self._gen += 1
+        gen = self._gen
+        if execution is not None:
+            capture, tier, restore_s = self.ckpt.restore(
+                self._failure_ns or self.now, fresh_node=fresh
+            )
+            self.ledger.roll_back(self.now, capture.work if capture else self._start_mark)
+            self.step = capture.step if capture else 0
+        else:
+            capture, tier, restore_s = None, "none", 0.0
+        self._failure_ns = None
+        self.ledger.set_shape(self.now, len(active), self._slowdown())
+        self.ledger.switch(self.now, "restore" if restore_s else "startup")
+        ref = FedRank(active[0], busy=LOAD if restore_s else "", last_beat=self.now)
+        self._fed = {0: ref}
+        world = len(active) * self.job.gpus_per_node
+        self._feed(msg.rank_started(active[0], 0, self.now, world, self.actuator.attempt))
+        self._beat(0, ref)
+        for position, node in enumerate(active):
+            if node in self._straggling:
+                self._watch_straggler(position, node)
+        broken = [(p, n) for p, n in enumerate(active) if n in self._broken]
+        if broken:
+            self._fail()
+            for position, node in broken:
+                self._manifest(position, node, self._broken[node])
+            return
+        self._at(
+            self.now + int(restore_s * NS),
+            self._restored,
+            gen,
+            tier,
+            restore_s,
+            capture is not None,
+        )
+
+    def _restored(self, gen: int, tier: str, restore_s: float, restored: bool) -> None:
+        if gen != self._gen:
+            return
+        ref = self._fed.get(0)
+        if restored and ref is not None:
+            ref.busy = ""
+            self._feed(msg.checkpoint_restored(ref.node, self.now, self.step, tier, restore_s))
+        self.ledger.switch(self.now, "startup")
+        startup = int(self.profile.restart.startup_s * NS)
+        self._at(self.now + startup, self._resume, gen)
+
+    def _resume(self, gen: int) -> None:
+        if gen != self._gen:
+            return
+        self.ledger.switch(self.now, "running")
+        self._next_step = self.now + self._step_ns()
+
+    def _slowdown(self) -> float:
+        """How much slower the job steps: its slowest active node (cached per change)."""
+        key = (self.actuator.attempt, self._straggle_changes)
+        if key != self._slow_key:
+            active = set(self.actuator.membership.active)
+            self._slow_key = key
+            self._slow = max((f for n, f in self._straggling.items() if n in active), default=1.0)
+        return self._slow
+
+    def _step_ns(self) -> int:
+        return int(self.job.step_time_s * self._slowdown() * NS)
+
+    def _step(self) -> None:
+        self.step += 1
+        step_time = self.job.step_time_s * self._slowdown()
+        world = len(self._fed)
+        for rank, fed in self._fed.items():
+            if fed.stepping:
+                compute = self.job.step_time_s * fed.compute_factor
+                self._feed_step(
+                    msg.step_done(fed.node, rank, self.now, self.step, step_time, compute, world)
+                )
+        if self._step_faults or self._repairs_at_step:
+            self._step_events()
+        if self._until_step is not None and self.step >= self._until_step:
+            self.end, self._stopped = self.now, True  # the job finished its steps
+            return
+        if self._next_step is None:
+            return  # a fault fired at this step stopped training
+        if self.state.step_time_s != step_time:  # smoothing a constant changes nothing
+            self.state = record_step_time(self.state, step_time)
+        if self.ckpt.due(self.step) and not self.ckpt.busy(self.now):
+            self.ledger.switch(self.now, "saving")
+            self._next_step = None
+            ref = self._fed.get(0)
+            if ref is not None:
+                ref.busy = SAVE
+                self._beat(0, ref)
+            self._at(self.now + int(self.ckpt.stall_s * NS), self._saved, self._gen)
+        else:
+            self._next_step = self.now + self._step_ns()
+
+    def _saved(self, gen: int) -> None:
+        if gen != self._gen:
+            return
+        capture = self.ckpt.capture(self.step, self.now, self.ledger.mark(self.now))
+        self.ledger.switch(self.now, "running")
+        ref = self._fed.get(0)
+        if ref is not None:
+            ref.busy = ""
+            node = ref.node
+        else:
+            node = self.actuator.membership.active[0]
+        saved = msg.checkpoint_saved(
+            node, self.now, self.step, self.ckpt.stall_s, self.job.state_gb_per_node
+        )
+        self._feed(saved)
+        self.state = record_checkpoint(self.state, saved, self.now)
+        durable = CheckpointSystem.first_durable_ns(capture)
+        self._at(durable, self._persisted, capture.step, (durable - capture.taken_ns) / NS, node)
+        self._next_step = self.now + self._step_ns()
+
+    def _persisted(self, step: int, duration_s: float, node: str) -> None:
+        persisted = msg.checkpoint_persisted(
+            node, self.now, step, max(duration_s, self.ckpt.stall_s)
+        )
+        self.state = record_checkpoint(self.state, persisted, self.now)
+        self._apply(self.controller.recommend_checkpoint_interval(self.state, self.now))

@@ -1,0 +1,78 @@
+"""Replay input handling (the real comparison is the slow test_replay_demo)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from goodput.simulate.profile import SimulateError
+from goodput.simulate.replay import replay_file
+
+FAULTS = [
+    {"step": 40, "action": "kill-rank", "node": "node-1", "ok": True},
+    {"step": 90, "action": "hang-rank", "node": "node-0", "ok": True},
+    {
+        "step": 140,
+        "action": "slow-rank",
+        "node": "node-1",
+        "ok": True,
+        "factor": 4.0,
+        "duration_s": 60.0,
+    },
+    {
+        "step": 200,
+        "action": "fail-node",
+        "node": "node-0",
+        "ok": True,
+        "repair_after_s": 45.0,
+        "repair_at_step": 320,
+    },
+]
+COSTS = {
+    "step_time_s": 0.2,
+    "checkpoint_stall_s": 0.05,
+    "checkpoint_persist_s": 0.3,
+    "restore_s": {"local": 0.2},
+    "relaunch_s": {"restart": 3.0, "hot_swap": 3.5},
+    "startup_s": 4.0,
+    "decision_s": 0.02,
+}
+
+
+def demo_run(spares: int, goodput_pct: float) -> dict:
+    return {
+        "goodput_pct": goodput_pct,
+        "badput": {},
+        "replay": {
+            "nodes": 2,
+            "spares": spares,
+            "ckpt_every": 20,
+            "total_steps": 400,
+            "total_s": 150.0,
+            "faults": FAULTS,
+            "costs": COSTS,
+        },
+    }
+
+
+def test_both_runs_are_replayed_with_their_own_policy(tmp_path):
+    run = demo_run(2, 60.0) | {"baseline": demo_run(0, 40.0)}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    result = replay_file(str(path))
+    assert result["actual_goodput_pct"] == 60.0
+    assert result["error_points"] == pytest.approx(abs(result["predicted_goodput_pct"] - 60.0))
+    assert {"evict-straggler-hot-swap", "hot-swap", "in-job-restart"} <= set(
+        result["goodput"]["rules"]
+    )
+    assert "baseline-wait-for-repair" in result["baseline"]["rules"]
+    # the baseline waits for its node and saves synchronously: it must come out lower
+    assert result["baseline_predicted_goodput_pct"] < result["predicted_goodput_pct"]
+
+
+def test_not_a_demo_run_is_one_line(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"goodput_pct": 50}))
+    with pytest.raises(SimulateError, match="no 'replay' section"):
+        replay_file(str(path))

@@ -18,7 +18,8 @@ TIMELINE_NAME = "timeline.png"
 BREAKDOWN_NAME = "badput.png"
 JSON_NAME = "report.json"
 
-_STYLE = """
+#: the report pages' style sheet, shared by every HTML page goodput writes
+STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }
 table { border-collapse: collapse; margin: 1em 0; }
 th, td { padding: 0.3em 0.8em; border-bottom: 1px solid #ddd; text-align: left; }
@@ -67,7 +68,7 @@ def render_html(report: GoodputReport, timeline: bytes, breakdown: bytes) -> str
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>goodput report — {e(report.job)}</title>
-<style>{_STYLE}</style></head>
+<style>{STYLE}</style></head>
 <body>
 <h1>Goodput report — job {e(report.job)}</h1>
 <table>{summary}</table>

@@ -98,15 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
         start = start_command(args, stack.job, argv, workdir=os.getcwd())
-        watcher = asyncio.run(
-            supervise(
-                settings,
-                start,
-                total_steps=args.steps or 0,
-                timeout_s=args.timeout,
-                console=None if args.json else console,
-            )
-        )
+        watcher = follow(args, settings, start, console, remote=False)
     finally:
         if started_here and not args.keep_stack:
             stop_stack(state_dir)
@@ -133,6 +125,27 @@ def start_command(
     )
 
 
+def follow(
+    args: argparse.Namespace,
+    settings: BusSettings,
+    start: schemas.StartJob,
+    console: Console,
+    *,
+    remote: bool,
+) -> JobWatcher:
+    """Send the job and follow it to its end (or ``--timeout``), with progress unless --json."""
+    return asyncio.run(
+        supervise(
+            settings,
+            start,
+            total_steps=args.steps or 0,
+            timeout_s=args.timeout,
+            console=None if args.json else console,
+            remote=remote,
+        )
+    )
+
+
 def run_in_cluster(args: argparse.Namespace, argv: list[str], console: Console) -> int:
     """Send the job to the actuator of a remote stack through its bus and follow it."""
     url = args.nats_url or os.environ.get("GOODPUT_NATS_URL")
@@ -149,16 +162,7 @@ def run_in_cluster(args: argparse.Namespace, argv: list[str], console: Console) 
     start = start_command(args, args.job, argv, workdir=args.workdir or "")
     console.print(f"sending job {start.job} to the actuator on {url}")
     try:
-        watcher = asyncio.run(
-            supervise(
-                settings,
-                start,
-                total_steps=args.steps or 0,
-                timeout_s=args.timeout,
-                console=None if args.json else console,
-                remote=True,
-            )
-        )
+        watcher = follow(args, settings, start, console, remote=True)
     except BusUnavailableError as exc:
         print(f"goodput run: {exc}", file=sys.stderr)
         return 1

@@ -10,16 +10,8 @@ import json
 from pathlib import Path
 
 from goodput.accounting.categories import BADPUT_KEYS, TITLES
+from goodput.accounting.html import STYLE
 from goodput.accounting.plots import COLORS
-
-STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }
-table { border-collapse: collapse; margin: 1em 0; }
-th, td { padding: 0.3em 0.8em; border-bottom: 1px solid #ddd; text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-img { max-width: 100%; }
-.note { color: #8a6d3b; }
-"""
 
 
 def strategies_png(result: dict) -> bytes:

@@ -8,12 +8,12 @@
 After every optimizer step the callback reports the step (heartbeats go on in the shim's
 thread), saves the Trainer's training state (model, optimizer, LR scheduler, the Trainer's
 RNG states and its ``TrainerState``) through goodput's asynchronous engine when the ranks agree
-it is due, and ends the training on SIGTERM or a stop command (``control.should_training_stop``;
-the final save follows in ``on_train_end``). The Trainer resumes only from a checkpoint
-directory, so ``resume_path`` writes the newest checkpoint every rank holds as one, in a
-temporary directory removed when training ends: the Trainer then loads it itself and skips the
-batches already trained (bit-identical resume). The rescale callbacks see the state under
-``model``, ``optimizer`` and ``scheduler``: the built-in rules' defaults.
+it is due, and ends the training on SIGTERM or a stop command (a final save, then
+``control.should_training_stop``; ``on_train_end`` waits until it is durable). The Trainer
+resumes only from a checkpoint directory, so ``resume_path`` writes the newest checkpoint every
+rank holds as one, in a temporary directory removed when training ends: the Trainer loads it
+itself and skips the batches already trained (a bit-identical resume). The rescale callbacks
+see the state under ``model``, ``optimizer`` and ``scheduler``: the built-in rules' defaults.
 """
 
 from __future__ import annotations
@@ -104,8 +104,10 @@ class GoodputTrainerCallback(TrainerCallback):
         )
         checkpoint, stop = any_rank(self.shim.should_checkpoint(step), self.shim.should_stop())
         if stop:
-            control.should_training_stop = True  # on_train_end saves
-        elif checkpoint and step < state.max_steps:
+            control.should_training_stop = True
+        # the last step (stopped, or max_steps seen by the Trainer's flow callback) saves here,
+        # before train() logs the summary of its call; on_train_end then only waits for it
+        if checkpoint or control.should_training_stop:
             self.shim.save(training_state(state, **kwargs), step)
 
     def on_train_end(

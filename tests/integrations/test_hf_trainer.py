@@ -5,6 +5,7 @@ and a resume at another data-parallel size runs the rescale callbacks on the Tra
 from __future__ import annotations
 
 import math
+import sys
 import tempfile
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from goodput import schemas
-from goodput.shim import BatchPlan, ShimConfig, TrainerShim, scale_lr
+from goodput.shim import BatchPlan, ShimConfig, TrainerShim, keep_global_batch, scale_lr
 from goodput.shim.rescale import RescaleCallback
 from tests.integrations.harness import assert_identical
 
@@ -77,7 +78,7 @@ def train(
     trainer = transformers.Trainer(
         model=Regression(), args=args, train_dataset=data, callbacks=callbacks
     )
-    trainer.train(resume_from_checkpoint=goodput.resume_path())
+    trainer.train(resume_from_checkpoint=goodput.resume_path(trainer.args))
     return goodput, trainer
 
 
@@ -118,3 +119,23 @@ def test_a_resume_at_another_dp_size_runs_the_rescale_callbacks(
     assert resumer.plan is not None and math.isclose(resumer.plan.lr, LR / 2)
     # the Trainer resumed with the scaled optimizer and scheduler (linear decay from LR / 2)
     assert math.isclose(trainer.lr_scheduler.base_lrs[0], LR / 2)
+
+
+def test_keep_global_batch_accumulates_more_on_fewer_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _, first = train(tmp_path, stop_at=4, world_size=2)
+    assert first.args.gradient_accumulation_steps == 1  # 2 ranks x 16 = the global batch of 32
+    resumer, trainer = train(tmp_path, rescale=[keep_global_batch])
+    assert resumer.plan == PLAN
+    assert trainer.args.gradient_accumulation_steps == 2
+    assert trainer.current_gradient_accumulation_steps == 2  # micro-batches the last step ran
+
+
+def test_a_plan_that_does_not_match_the_trainer_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "PLAN", BatchPlan(global_batch=32, lr=LR))
+    with pytest.raises(ValueError, match="micro_batch"):
+        train(tmp_path)

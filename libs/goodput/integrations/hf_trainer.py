@@ -1,8 +1,8 @@
 """goodput for the Hugging Face ``Trainer`` (``pip install goodput[hf]``): a ``TrainerCallback``.
 
-    goodput = GoodputTrainerCallback(plan=BatchPlan(global_batch=64, lr=1e-2))
+    goodput = GoodputTrainerCallback(plan=BatchPlan(global_batch=64, micro_batch=16, lr=1e-2))
     trainer = Trainer(model, TrainingArguments(save_strategy="no", ...), callbacks=[goodput], ...)
-    trainer.train(resume_from_checkpoint=goodput.resume_path())
+    trainer.train(resume_from_checkpoint=goodput.resume_path(trainer.args))
     sys.exit(goodput.exit_code)
 
 After every optimizer step the callback reports the step (heartbeats go on in the shim's
@@ -64,15 +64,30 @@ class GoodputTrainerCallback(TrainerCallback):
     def exit_code(self) -> int:
         return self.shim.exit_code
 
-    def resume_path(self) -> str | None:
+    def resume_path(self, args: TrainingArguments | None = None) -> str | None:
         """The ``resume_from_checkpoint`` for ``trainer.train``: the newest checkpoint every
         rank holds (agreed over the default process group if one is up) written as a Trainer
-        checkpoint directory, or None for a fresh start."""
+        checkpoint directory, or None for a fresh start.
+
+        Given the Trainer's ``args``, the batch plan in force sets their gradient accumulation
+        (what ``keep_global_batch`` changes when the data-parallel size does); its
+        ``micro_batch`` must then be ``per_device_train_batch_size``.
+        """
         self.restored = self.shim.restore({}, plan=self.plan)
         self._resumed = True
+        if self.restored is not None:
+            self.plan = self.restored.plan
+        if args is not None and self.plan is not None:
+            if self.plan.micro_batch != args.per_device_train_batch_size:
+                raise ValueError(
+                    f"the batch plan's micro_batch ({self.plan.micro_batch}) is not "
+                    f"per_device_train_batch_size ({args.per_device_train_batch_size})"
+                )
+            args.gradient_accumulation_steps = self.plan.accumulation_steps(
+                self.shim.layout.dp_size
+            )
         if self.restored is None:
             return None
-        self.plan = self.restored.plan
         self._resume_dir = Path(tempfile.mkdtemp(prefix="goodput-resume-"))
         write_trainer_checkpoint(
             self.restored.state,
@@ -88,7 +103,9 @@ class GoodputTrainerCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if not self._resumed:
-            raise RuntimeError("pass resume_from_checkpoint=callback.resume_path() to train()")
+            raise RuntimeError(
+                "pass resume_from_checkpoint=callback.resume_path(trainer.args) to train()"
+            )
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

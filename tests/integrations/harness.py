@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from tests.conftest import goodput_cli
@@ -94,6 +95,9 @@ def assert_identical(actual: Any, expected: Any, where: str = "state") -> None:
         assert isinstance(actual, torch.Tensor), where
         assert actual.dtype == expected.dtype and actual.shape == expected.shape, where
         assert torch.equal(actual, expected), f"{where} differs"
+    elif isinstance(expected, np.ndarray):  # numpy's RNG state (the HF Trainer saves it)
+        assert isinstance(actual, np.ndarray) and actual.dtype == expected.dtype, where
+        assert np.array_equal(actual, expected), f"{where} differs"
     elif isinstance(expected, dict):
         assert isinstance(actual, dict) and set(actual) == set(expected), where
         for key in expected:

@@ -1,5 +1,6 @@
 """goodput in the training frameworks people use, each a small module with its own extra:
 
 - :mod:`goodput.integrations.loop`: a plain loop (torchtitan-style scripts), torch only;
-- :mod:`goodput.integrations.lightning`: a PyTorch Lightning ``Callback`` (``goodput[lightning]``).
+- :mod:`goodput.integrations.lightning`: a PyTorch Lightning ``Callback`` (``goodput[lightning]``);
+- :mod:`goodput.integrations.hf_trainer`: a Hugging Face ``TrainerCallback`` (``goodput[hf]``).
 """

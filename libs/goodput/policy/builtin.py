@@ -12,8 +12,12 @@ Rules, in order (the rule name is what a ``Decision`` shows):
 * ``evict-straggler-hot-swap`` / ``evict-straggler-scale-down`` — a straggler slows every
   replica: replace it by a spare, else drop its replica. ``straggler-tolerated`` — it is the
   last replica: a slow job beats no job.
-* ``in-job-restart`` — a correctable fault (a crash, a hang, one missing rank): restart the
-  worker group in place, from the newest checkpoint.
+* ``in-process-restart`` — a correctable crash or hang: the surviving ranks restart in their
+  processes (model and optimizer kept, the checkpoint from host memory) and only the lost
+  rank is started again. ``in-job-restart`` — a correctable fault that cannot be healed in
+  process (a rank whose heartbeats stopped is frozen), or one whose in-process restart
+  failed (a rank stuck past the deadline): restart the worker group cold, from the newest
+  checkpoint.
 * ``repeat-offender`` — a node failing for the ``REPEAT_FAILURES``-th time with a fault that
   looked correctable is treated as broken. (An uncorrectable fault replaces the node anyway and
   keeps its own rule: a lost node often shows as its ranks' crash before its host's fault, and
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 from goodput import schemas
 from goodput.policy.plan import Plan
-from goodput.policy.state import JobState
+from goodput.policy.state import JobState, Refusal
 
 REPEAT_FAILURES = 3
 
@@ -52,12 +56,50 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
             why = f"{signal.node} failed {record.failures} times"
             plan = replace_node(state, signal.node, why=why)
             return Plan(plan.commands, "repeat-offender", plan.reason)
-        return Plan(
-            [schemas.Restart(job=state.job)],
-            "in-job-restart",
-            f"correctable {kind} on {signal.node}: restart in place from the newest checkpoint",
-        )
+        return restart_in_place(signal, state)
     return replace_node(state, signal.node, why=f"uncorrectable {kind} on {signal.node}")
+
+
+#: faults whose surviving ranks can unwind their step: a dead peer fails their collectives, a
+#: hung Python loop is woken by the Rejoin; a rank that stopped heartbeating is frozen
+IN_PROCESS_KINDS = ("crash", "hang")
+
+
+def restart_in_place(signal: schemas.Signal, state: JobState) -> Plan:
+    """Warm when it can work: in process, unless the fault's kind rules it out or an
+    in-process restart for this very signal already failed; otherwise cold."""
+    where = f"correctable {signal.signal} on {signal.node}"
+    failed = warm_restart_failure(signal, state)
+    if signal.signal in IN_PROCESS_KINDS and failed is None:
+        return Plan(
+            [schemas.RestartInProcess(job=state.job)],
+            "in-process-restart",
+            f"{where}: the surviving ranks restart in process, the lost ones cold, from the "
+            "step every rank holds",
+        )
+    why = (
+        f"the in-process restart failed: {failed.reason}"
+        if failed is not None
+        else f"a {signal.signal} cannot be healed in process"
+    )
+    return Plan(
+        [schemas.Restart(job=state.job)],
+        "in-job-restart",
+        f"{where}: restart every rank cold from the newest checkpoint ({why})",
+    )
+
+
+def warm_restart_failure(signal: schemas.Signal, state: JobState) -> Refusal | None:
+    """The refusal of an in-process restart issued for ``signal`` (after it was observed)."""
+    observed = signal.observed_ts or signal.ts
+    return next(
+        (
+            r
+            for r in reversed(state.refused)
+            if r.action == schemas.kind_of(schemas.RestartInProcess) and r.ts >= observed
+        ),
+        None,
+    )
 
 
 def replace_node(state: JobState, node: str, *, why: str) -> Plan:

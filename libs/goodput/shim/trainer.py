@@ -35,6 +35,7 @@ from goodput.ckpt import events as ckpt_events
 from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
 from goodput.rank_env import EXIT_TERMINATED, RankEnv
+from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
 from goodput.shim.schedule import CheckpointSchedule
 from goodput.shim.tracing import ShimTelemetry
@@ -102,6 +103,8 @@ class TrainerShim:
         self.exit_code = 0
         self._stop_reason = ""
         self._hang = threading.Event()
+        #: set while the loop is the shim's own (``run``): Rejoin commands restart in process
+        self._rejoins: RejoinMailbox | None = None
         self._last_saved_step: int | None = None
         self.engine: CheckpointEngine | TorchSaveCheckpointer
         if config.ckpt_mode == "torch-save":
@@ -173,7 +176,7 @@ class TrainerShim:
             self.link.step = step
         if self._hang.is_set():
             log.error("injected fault: the training loop hangs here (heartbeats go on)")
-            threading.Event().wait()  # until the process is killed
+            self._hang_until_rejoin()
         self._publish(
             schemas.StepDone(
                 job=self.config.job,
@@ -235,6 +238,63 @@ class TrainerShim:
         if self.link is not None:
             self.link.close()
 
+    # ---- in-process restart (goodput.shim.inprocess) ------------------------------------------
+
+    def run(self, job: Any, total_steps: int, **options: Any) -> RunOutcome:
+        """Drive ``job`` (a :class:`~goodput.shim.inprocess.ResumableJob`) to ``total_steps``
+        with in-process restart; see :func:`goodput.shim.inprocess.run_in_process`."""
+        return run_in_process(self, job, total_steps, **options)
+
+    def enable_in_process_restart(self) -> RejoinMailbox:
+        if self._rejoins is None:
+            self._rejoins = RejoinMailbox(self.config.attempt)
+        return self._rejoins
+
+    def rejoin_pending(self) -> bool:
+        return self._rejoins is not None and self._rejoins.pending
+
+    def set_busy(self, what: str) -> None:
+        self._busy(what)
+
+    def answer_rejoin(
+        self, command: schemas.Rejoin, *, ok: bool, detail: str = "", regroup_s: float = 0.0
+    ) -> None:
+        """Tell the actuator whether this rank joined ``command``'s group; once it has, it is
+        in that attempt and its checkpoint schedule starts over as a cold start's would."""
+        if ok:
+            self.config.attempt = command.attempt
+            with self._schedule_lock:
+                self.schedule = CheckpointSchedule(self.config.ckpt_every)
+            self._hang.clear()
+        self._publish(
+            schemas.RankRejoined(
+                job=self.config.job,
+                node=self.config.node,
+                rank=self.config.rank,
+                pid=os.getpid(),
+                attempt=command.attempt,
+                regroup_s=regroup_s,
+                ok=ok,
+                detail=detail,
+            )
+        )
+
+    def _on_rejoin(self, command: schemas.Rejoin) -> None:
+        if self._rejoins is None:
+            detail = "its training loop is not the shim's (shim.run): no in-process restart"
+            self.answer_rejoin(command, ok=False, detail=detail)
+            return
+        self._rejoins.offer(command)
+
+    def _hang_until_rejoin(self) -> None:
+        """The injected hang: blocks the loop (heartbeats go on) until the process is killed
+        or, under ``run``, a Rejoin unwinds the step."""
+        if self._rejoins is None:
+            threading.Event().wait()
+        while not self._rejoins.pending:
+            time.sleep(0.05)
+        raise RestartRequested("woken from the injected hang by a Rejoin")
+
     # ---- inputs -------------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -255,6 +315,8 @@ class TrainerShim:
                 )
                 with self._schedule_lock:
                     self.schedule.receive_interval(command.ts, command.every_steps)
+            case schemas.Rejoin():
+                self._on_rejoin(command)
             case schemas.InjectFault(fault="hang") if self._targets_me(command):
                 self._hang.set()
             case schemas.Rescale():

@@ -24,6 +24,11 @@ from goodput_services.actuator.options import ActuatorOptions
 EventSink = Callable[[schemas.Event], Awaitable[None]]
 #: fills a node's local volume with the newest complete checkpoint; returns what it did
 NodePreparer = Callable[[str], Awaitable[str]]
+#: sends a Rejoin to the trainers and collects the answers of the given ranks until every one
+#: answered or the deadline (seconds) passed; returns the answers by rank
+RejoinRound = Callable[
+    [schemas.Rejoin, set[int], float], Awaitable[dict[int, schemas.RankRejoined]]
+]
 
 
 log = logging.getLogger(__name__)
@@ -44,6 +49,8 @@ class Backend(Protocol):
     async def start_job(self, spec: schemas.StartJob) -> str: ...
 
     async def restart(self, reason: str) -> str: ...
+
+    async def restart_in_process(self, reason: str, deadline_s: float) -> str: ...
 
     async def hot_swap(self, failed: str, spare: str, reason: str) -> str: ...
 
@@ -72,6 +79,8 @@ class MembershipBackend(ABC):
     bus_settings: BusSettings
     emit: EventSink
     prepare_node: NodePreparer | None
+    #: how Rejoin commands reach the ranks (set by the service; None: no warm restart)
+    rejoin: RejoinRound | None = None
     spec: schemas.StartJob | None
     membership: Membership | None
     ranks: list[Any]
@@ -136,6 +145,11 @@ class MembershipBackend(ABC):
             self._require_job()
             await self._relaunch(graceful=False, why="restart", detail=reason or "in-job restart")
             return f"worker group restarted (attempt {self.attempt})"
+
+    async def restart_in_process(self, reason: str, deadline_s: float) -> str:
+        """Survivors rejoin a fresh rendezvous in process; only a backend that can start
+        single ranks next to running ones supports it (the refusal makes it a cold restart)."""
+        raise RuntimeError(f"in-process restart is not supported by the {type(self).__name__}")
 
     async def hot_swap(self, failed: str, spare: str, reason: str) -> str:
         async with self._lock:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+import torch
 
 from goodput.ckpt import catalog
 from goodput.ckpt.buffers import HostBuffer, Snapshotter, slice_nbytes
@@ -103,6 +104,10 @@ class _SlotState(enum.Enum):
 class _Slot:
     state: _SlotState = _SlotState.FILLING
     buffer: HostBuffer | None = None
+    #: the snapshot the buffer holds (None while being filled): kept after persisting, so a
+    #: rank that restarts in process can restore from memory (``host_snapshot``)
+    step: int | None = None
+    plan: SavePlan | None = None
 
 
 @dataclass(eq=False)
@@ -222,6 +227,7 @@ class CheckpointEngine:
             return handle
         job = _Job(step, plan, flat.tree, slot, handle, dict(metadata or {}))
         with self._cond:
+            slot.step, slot.plan = step, plan
             slot.state = _SlotState.PENDING
             self._pending.append(job)
             self._cond.notify_all()
@@ -271,7 +277,7 @@ class CheckpointEngine:
                     raise RuntimeError("checkpoint engine is closed")
                 free = next((s for s in self._slots if s.state is _SlotState.FREE), None)
                 if free is not None:
-                    free.state = _SlotState.FILLING
+                    free.state, free.step = _SlotState.FILLING, None
                     slot = free
                     break
                 if len(self._slots) < self._slot_limit(need):
@@ -281,7 +287,7 @@ class CheckpointEngine:
                 if self._pending:
                     dropped = self._pending.popleft()
                     slot = dropped.slot
-                    slot.state = _SlotState.FILLING
+                    slot.state, slot.step = _SlotState.FILLING, None
                     break
                 self._cond.wait()
         if dropped is not None:
@@ -467,6 +473,16 @@ class CheckpointEngine:
 
     def latest_complete_step(self) -> int | None:
         return catalog.latest_complete_step(self.root)
+
+    def host_snapshot(self, step: int) -> tuple[SavePlan, torch.Tensor] | None:
+        """This replica's bytes of ``step`` as still held in a host buffer, or None. Valid
+        until the next ``save`` (call both from the training thread)."""
+        with self._cond:
+            for slot in self._slots:
+                held = slot.step == step and slot.state is not _SlotState.FILLING
+                if held and slot.buffer is not None and slot.plan is not None:
+                    return slot.plan, slot.buffer.data
+        return None
 
     def restore(self, step: int | None = None, into: Any = None) -> tuple[int, Any]:
         """Load the newest intact checkpoint (at or before ``step``), falling back past bad ones.

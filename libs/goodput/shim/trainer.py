@@ -33,6 +33,7 @@ from goodput.bus.settings import settings_from_env
 from goodput.ckpt import CheckpointEngine, NoCheckpointError
 from goodput.ckpt import events as ckpt_events
 from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
+from goodput.ckpt.host_restore import HostRestore, restore_from_host
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
 from goodput.rank_env import EXIT_TERMINATED, RankEnv
 from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
@@ -105,6 +106,8 @@ class TrainerShim:
         self._hang = threading.Event()
         #: set while the loop is the shim's own (``run``): Rejoin commands restart in process
         self._rejoins: RejoinMailbox | None = None
+        #: the next restore may come from the engine's host buffers (this process kept them)
+        self._memory_intact = False
         self._last_saved_step: int | None = None
         self.engine: CheckpointEngine | TorchSaveCheckpointer
         if config.ckpt_mode == "torch-save":
@@ -157,7 +160,7 @@ class TrainerShim:
                 log.info("no common checkpoint in %s; starting from scratch", self.config.ckpt_dir)
                 return None
             try:
-                step, state = self.engine.restore(step=candidate, into=template_state)
+                step, state = self._load(candidate, template_state)
             except NoCheckpointError:
                 step, state = None, None
             agreed = _agree_min(step)
@@ -168,6 +171,18 @@ class TrainerShim:
                 return step, state  # type: ignore[return-value]
             candidate = agreed
         raise RuntimeError("ranks could not agree on a checkpoint to restore")
+
+    def _load(self, step: int, template_state: dict[str, Any]) -> tuple[int, Any]:
+        """``step`` from host memory after an in-process restart when the buffer still holds
+        it intact, otherwise from the volume (newest intact at or before ``step``)."""
+        if self._memory_intact and isinstance(self.engine, CheckpointEngine):
+            self._memory_intact = False
+            outcome = restore_from_host(self.engine, step, template_state)
+            if isinstance(outcome, HostRestore):
+                self._publish_restored(outcome.step, "host", outcome.duration_s, outcome.bytes)
+                return outcome.step, outcome.state
+            log.info("restoring from the volume: %s", outcome)
+        return self.engine.restore(step=step, into=template_state)
 
     def step_done(
         self, step: int, step_time_s: float, tokens: int, loss: float, compute_time_s: float = 0.0
@@ -262,6 +277,7 @@ class TrainerShim:
         """Tell the actuator whether this rank joined ``command``'s group; once it has, it is
         in that attempt and its checkpoint schedule starts over as a cold start's would."""
         if ok:
+            self._memory_intact = True
             self.config.attempt = command.attempt
             with self._schedule_lock:
                 self.schedule = CheckpointSchedule(self.config.ckpt_every)
@@ -372,16 +388,31 @@ class TrainerShim:
                     )
                 )
             case ckpt_events.CheckpointRestored():
-                self._publish(
-                    schemas.CheckpointRestored(
-                        **common,
-                        step=event.step,
-                        tier="local",
-                        duration_s=event.duration_s,
-                        bytes=event.bytes,
-                        fallbacks=[f"step {f.step}: {f.reason}" for f in event.fallbacks],
-                    )
+                fallbacks = [f"step {f.step}: {f.reason}" for f in event.fallbacks]
+                self._publish_restored(
+                    event.step, "local", event.duration_s, event.bytes, fallbacks
                 )
+
+    def _publish_restored(
+        self,
+        step: int,
+        tier: Literal["local", "host"],
+        duration_s: float,
+        nbytes: int,
+        fallbacks: list[str] | None = None,
+    ) -> None:
+        self._publish(
+            schemas.CheckpointRestored(
+                job=self.config.job,
+                node=self.config.node,
+                rank=self.config.rank,
+                step=step,
+                tier=tier,
+                duration_s=duration_s,
+                bytes=nbytes,
+                fallbacks=fallbacks or [],
+            )
+        )
 
 
 def _grouped() -> bool:

@@ -268,14 +268,14 @@ class JobStatus(Event, tag="job_status", kw_only=True):
 
 
 class RankRejoined(Event, tag="rank_rejoined", kw_only=True):
-    """A surviving rank restarted in process: it left the broken process group and joined the
-    fresh rendezvous of ``attempt`` (same process, model and optimizer kept)."""
+    """A surviving rank restarts in process: it left the broken process group and is joining
+    the fresh rendezvous of ``attempt`` (same process, model and optimizer kept)."""
 
     node: str
     rank: int
     pid: int
     attempt: int
-    #: from the Rejoin command's arrival to the new group formed (abort + rendezvous)
+    #: from taking the Rejoin command to this answer
     regroup_s: Seconds = 0.0
     #: False: this rank cannot restart in process (``detail`` says why); the actuator then
     #: fails the command at once instead of waiting out its deadline

@@ -9,9 +9,10 @@ training loop is the shim's (:func:`run_in_process`), so the shim can unwind a s
 2. the process group is *aborted* (``_abort_process_group``: closing its connections makes
    every peer blocked on this rank fail at once; a graceful destroy could wait on a dead peer);
 3. the rank waits for the actuator's ``Rejoin`` (bounded: without one it re-raises and exits,
-   the cold path), joins the fresh rendezvous it names (a new TCPStore port per attempt),
-   answers ``RankRejoined``, lets the job rebuild what holds the group (DDP), restores the
-   step every rank agrees on and trains on — same process, same model and optimizer objects.
+   the cold path), answers ``RankRejoined`` (it is out of the old group and joining), joins
+   the fresh rendezvous the command names (a new TCPStore port per attempt), lets the job
+   rebuild what holds the group (DDP), restores the step every rank agrees on and trains on
+   — same process, same model and optimizer objects.
 
 A rank stuck in a native call never gets here; the actuator's deadline then fails the warm
 restart and the controller's policy decides a cold one. The killed rank itself is started
@@ -225,10 +226,13 @@ def _rejoin(
         GOODPUT_ATTEMPT=str(command.attempt),
         TORCHELASTIC_RESTART_COUNT=str(command.attempt - 1),
     )
+    # answered before the rendezvous: the ranks started again may take long to import torch
+    # on a busy host, which is no reason to give up on this one; a rendezvous that never
+    # completes ends in the group timeout, and this process's exit is a crash like any other
+    shim.answer_rejoin(command, ok=True, regroup_s=time.perf_counter() - started)
     dist.init_process_group(
         backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=group_timeout_s)
     )
-    shim.answer_rejoin(command, ok=True, regroup_s=time.perf_counter() - started)
     job.regroup()
     _restore(shim, job)
     shim.set_busy("")

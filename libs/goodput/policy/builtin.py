@@ -70,7 +70,9 @@ def restart_in_place(signal: schemas.Signal, state: JobState) -> Plan:
     in-process restart for this very signal already failed; otherwise cold."""
     where = f"correctable {signal.signal} on {signal.node}"
     failed = warm_restart_failure(signal, state)
-    if signal.signal in IN_PROCESS_KINDS and failed is None:
+    # a crash of the only rank leaves no process to restart in
+    survivors = signal.signal != "crash" or state.world_size > 1
+    if signal.signal in IN_PROCESS_KINDS and survivors and failed is None:
         return Plan(
             [schemas.RestartInProcess(job=state.job)],
             "in-process-restart",
@@ -81,6 +83,8 @@ def restart_in_place(signal: schemas.Signal, state: JobState) -> Plan:
         f"the in-process restart failed: {failed.reason}"
         if failed is not None
         else f"a {signal.signal} cannot be healed in process"
+        if survivors
+        else "no rank survived"
     )
     return Plan(
         [schemas.Restart(job=state.job)],

@@ -133,7 +133,10 @@ def run_in_process(
     step is unwound and resumed in this process after a Rejoin (see the module docstring)."""
     mailbox = shim.enable_in_process_restart()
     backend = dist.get_backend() if dist.is_initialized() else None
-    _restore(shim, job)
+    if not _restore(shim, job):
+        # a fresh start is checkpointed: a rank restarted in process must be able to go back
+        # to where a cold start of every rank would begin, and it cannot rebuild that state
+        shim.save(job.state_dict(), job.step)
     outcome = RunOutcome(first_step=job.step, step=job.step, stopped=False)
     while True:
         try:
@@ -192,10 +195,11 @@ def _any_rank(*flags: bool) -> list[bool]:
     return [bool(vote) for vote in votes.tolist()]
 
 
-def _restore(shim: TrainerShim, job: ResumableJob) -> None:
+def _restore(shim: TrainerShim, job: ResumableJob) -> bool:
     restored = shim.restore(job.state_dict())
     if restored is not None:
         job.load_state_dict(restored[1])
+    return restored is not None
 
 
 def _leave_group(job: ResumableJob) -> None:
@@ -234,6 +238,8 @@ def _rejoin(
         backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=group_timeout_s)
     )
     job.regroup()
-    _restore(shim, job)
+    if not _restore(shim, job):
+        # the ranks started again begin from scratch; this process cannot go back there
+        raise RuntimeError("no checkpoint every rank holds: this rank cannot resume in step")
     shim.set_busy("")
     log.info("rejoined attempt %d in process; resuming at step %d", command.attempt, job.step)

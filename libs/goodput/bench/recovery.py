@@ -13,6 +13,13 @@ at, the newest step every rank had persisted by then and the step restored (they
 equal: a lower restore is lost work). Starting a rank (Python, torch, rendezvous) dominates
 and grows with the machine's load, so the run also reports the load average around it and a
 same-run reference: the time two bare processes take to import torch and the job.
+
+``--mode warm`` (the default) runs this twice, each on a stack of its own: with the built-in
+policy, whose crash remedy is an in-process restart (the survivor stays in its process and
+restores from host memory; only the killed rank is started again), then with in-process
+restart off (``policies/cold_restart.py``: every rank started again), and reports both
+(``warm``, ``cold``) and their ratio. The warm job also gets one hang (its training loop
+blocked, heartbeats on) recovered in process. ``--mode cold`` measures the cold path alone.
 """
 
 from __future__ import annotations

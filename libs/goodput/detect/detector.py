@@ -146,6 +146,9 @@ class Detector:
             return
         rank.attempt, rank.progress_seen, rank.hang_reported = event.attempt, 0, False
         rank.last_progress_ns = rank.last_heartbeat_ns = now
+        # it goes back to the restored step: its steps before say nothing about who lags now
+        rank.done_step, rank.heartbeat_step = -1, None
+        self._starting.add(event.rank)
         self._epoch = max(self._epoch, event.attempt)
         self._incident_open = False
         self._reported_nodes.discard(rank.node)

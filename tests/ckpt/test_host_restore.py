@@ -26,6 +26,21 @@ def test_a_persisted_snapshot_restores_bit_exact_from_memory_into_live_tensors(
         assert outcome.state["model"]["layer1.weight"] is weight  # loaded in place
 
 
+def test_what_the_live_state_has_and_the_checkpoint_has_not_does_not_survive(
+    tmp_path: Path,
+) -> None:
+    """A survivor's optimizer holds moments of steps after the checkpoint (here: of a state
+    saved before the first step, with none): the restored state must not keep them."""
+    saved = {"w": torch.ones(4), "optimizer": {"state": {}}}
+    with CheckpointEngine(tmp_path) as engine:
+        assert engine.save(saved, 0).wait().ok
+        live = {"w": torch.zeros(4), "optimizer": {"state": {0: {"exp_avg": torch.ones(4)}}}}
+        outcome = restore_from_host(engine, 0, live)
+        assert isinstance(outcome, HostRestore)
+        assert outcome.state["optimizer"] == {"state": {}}
+        assert outcome.state["w"] is live["w"] and torch.equal(live["w"], torch.ones(4))
+
+
 def test_a_buffer_that_differs_from_the_committed_checksums_is_refused(tmp_path: Path) -> None:
     with CheckpointEngine(tmp_path) as engine:
         assert engine.save(make_state(1), 5).wait().ok

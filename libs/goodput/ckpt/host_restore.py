@@ -19,7 +19,7 @@ import xxhash
 
 from goodput.ckpt.buffers import byte_view
 from goodput.ckpt.engine import CheckpointEngine
-from goodput.ckpt.restore import _bind_targets, _check_coverage, _merge
+from goodput.ckpt.restore import _bind_targets, _check_coverage
 from goodput.ckpt.tree import dtype_from_name, unflatten
 from goodput.ckptfmt import KIND_ENGINE, ManifestError, read_manifest, step_dir
 
@@ -35,7 +35,9 @@ class HostRestore:
 
 
 def restore_from_host(engine: CheckpointEngine, step: int, into: Any) -> HostRestore | str:
-    """Load ``step`` from the engine's host buffer into ``into``; a string says why not."""
+    """Load ``step`` from the engine's host buffer; a string says why not. Tensors of
+    ``into`` with the checkpoint's shape and dtype are filled in place; the state returned
+    has exactly the checkpoint's structure."""
     started = time.perf_counter()
     snapshot = engine.host_snapshot(step)
     if snapshot is None:
@@ -74,6 +76,7 @@ def restore_from_host(engine: CheckpointEngine, step: int, into: Any) -> HostRes
                 staged = torch.empty(entry.shape, dtype=dtype_from_name(entry.dtype))
                 byte_view(staged).copy_(source)
                 target.copy_(staged)
-    restored = unflatten(manifest.tree, lambda i: targets[i])
-    state = _merge(into, restored)
+    # the checkpoint's structure, not ``into``'s: a live state may hold what the checkpoint
+    # has not (an optimizer's moments from steps after it), which must not survive a restore
+    state = unflatten(manifest.tree, lambda i: targets[i])
     return HostRestore(step, state, manifest.stream_bytes, time.perf_counter() - started)

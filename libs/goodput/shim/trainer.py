@@ -175,14 +175,18 @@ class TrainerShim:
     def _load(self, step: int, template_state: dict[str, Any]) -> tuple[int, Any]:
         """``step`` from host memory after an in-process restart when the buffer still holds
         it intact, otherwise from the volume (newest intact at or before ``step``)."""
-        if self._memory_intact and isinstance(self.engine, CheckpointEngine):
-            self._memory_intact = False
+        if not self._memory_intact:
+            return self.engine.restore(step=step, into=template_state)
+        self._memory_intact = False
+        if isinstance(self.engine, CheckpointEngine):
             outcome = restore_from_host(self.engine, step, template_state)
             if isinstance(outcome, HostRestore):
                 self._publish_restored(outcome.step, "host", outcome.duration_s, outcome.bytes)
                 return outcome.step, outcome.state
             log.info("restoring from the volume: %s", outcome)
-        return self.engine.restore(step=step, into=template_state)
+        # not into the live state: merged into it, what the checkpoint lacks (the optimizer's
+        # moments of later steps) would survive the restore
+        return self.engine.restore(step=step)
 
     def step_done(
         self, step: int, step_time_s: float, tokens: int, loss: float, compute_time_s: float = 0.0

@@ -109,7 +109,8 @@ async def _trial(
         if isinstance(e, schemas.JobStatus) and e.state == "running"
     )
     assert isinstance(latest, schemas.JobStatus)
-    victim_node = latest.active_nodes[-1]
+    # the hang goes to the other node: a third failure of the killed one is a repeat offender
+    victim_node = latest.active_nodes[0 if fault == "hang" else -1]
     killed_ts = schemas.now_ns()
     if fault == "hang":
         hang = schemas.InjectFault(

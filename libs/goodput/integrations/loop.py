@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
-from goodput.shim.inprocess import any_rank
+from goodput.shim.agree import any_rank
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.trainer import TrainerShim

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
 import torch.distributed as dist
 
 from goodput import schemas
+from goodput.shim.agree import any_rank
 from goodput.shim.rescale import BatchPlan
 
 if TYPE_CHECKING:
@@ -188,16 +188,6 @@ def _train(
             return
         if checkpoint and step < total_steps:
             shim.save(job.state_dict(), step)
-
-
-def any_rank(*flags: bool) -> list[bool]:
-    """Each flag true if it is true on any rank: the ranks must checkpoint and stop together,
-    or one would wait forever in the next collective for a peer that left."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return list(flags)
-    votes = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
-    dist.all_reduce(votes, op=dist.ReduceOp.MAX)
-    return [bool(vote) for vote in votes.tolist()]
 
 
 def _restore(shim: TrainerShim, job: ResumableJob) -> bool:

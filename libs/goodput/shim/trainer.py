@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-import torch
-import torch.distributed as dist
 
 from goodput import schemas
 from goodput.bus import BusSettings
@@ -38,6 +36,8 @@ from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
 from goodput.ckpt.host_restore import HostRestore, restore_from_host
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
 from goodput.rank_env import EXIT_TERMINATED, RankEnv
+from goodput.shim.agree import agree_min, all_reduce_min, grouped
+from goodput.shim.ckpt_reports import checkpoint_report, restored_report
 from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
 from goodput.shim.rescale import BatchPlan, RescaleCallback
@@ -251,7 +251,7 @@ class TrainerShim:
         self, template_state: dict[str, Any]
     ) -> tuple[int, dict[str, Any], RestoreTier] | None:
         # a rank whose newest copy is corrupt falls back further: agree on the minimum, again
-        candidate = _agree_min(self.engine.latest_complete_step())
+        candidate = agree_min(self.engine.latest_complete_step())
         for _ in range(4):
             if candidate is None:
                 log.info("no common checkpoint in %s; starting from scratch", self.config.ckpt_dir)
@@ -260,7 +260,7 @@ class TrainerShim:
                 step, state, tier = self._load(candidate, template_state)
             except NoCheckpointError:
                 step, state, tier = None, None, self._volume_tier
-            agreed = _agree_min(step)
+            agreed = agree_min(step)
             if agreed == step:
                 self._last_saved_step = step
                 if self.link is not None:
@@ -282,7 +282,18 @@ class TrainerShim:
         if isinstance(self.engine, CheckpointEngine):
             outcome = restore_from_host(self.engine, step, template_state)
             if isinstance(outcome, HostRestore):
-                self._publish_restored(outcome.step, "host", outcome.duration_s, outcome.bytes)
+                c = self.config
+                self._publish(
+                    restored_report(
+                        c.job,
+                        c.node,
+                        c.rank,
+                        outcome.step,
+                        "host",
+                        outcome.duration_s,
+                        outcome.bytes,
+                    )
+                )
                 return outcome.step, outcome.state, "host"
             log.info("restoring from the volume: %s", outcome)
         # not into the live state: merged into it, what the checkpoint lacks (the optimizer's
@@ -326,13 +337,13 @@ class TrainerShim:
     def should_checkpoint(self, step: int) -> bool:
         """Whether to save ``step``: the same answer on every rank, so every rank must call it
         at every step (at agreement steps the ranks vote through the process group)."""
-        solo = not _grouped()
+        solo = not grouped()
         if not self.schedule.is_agreement_step(step, solo):
             return self.schedule.decide(step)
         with self._schedule_lock:
             ballot = self.schedule.vote()
         every_before = self.schedule.every_steps
-        due = self.schedule.decide(step, ballot if solo else _all_reduce_min(ballot))
+        due = self.schedule.decide(step, ballot if solo else all_reduce_min(ballot))
         if self.schedule.every_steps != every_before:
             log.info("checkpoint interval now %d steps from step %d", self.ckpt_every, step + 1)
         return due
@@ -476,83 +487,9 @@ class TrainerShim:
         self.telemetry.observe(event)
 
     def _on_ckpt_event(self, event: ckpt_events.CheckpointEvent) -> None:
-        common = {"job": self.config.job, "node": self.config.node, "rank": self.config.rank}
-        match event:
-            case ckpt_events.CheckpointSnapshotted():
-                self._publish(
-                    schemas.CheckpointSaved(
-                        **common, step=event.step, stall_s=event.stall_s, bytes=event.bytes
-                    )
-                )
-            case ckpt_events.CheckpointPersisted():
-                self._publish(
-                    schemas.CheckpointPersisted(
-                        **common,
-                        step=event.step,
-                        path=event.path,
-                        bytes=event.bytes,
-                        duration_s=event.duration_s,
-                    )
-                )
-            case ckpt_events.CheckpointSaveFailed():
-                self._publish(
-                    schemas.CheckpointFailed(**common, step=event.step, error=event.error)
-                )
-            case ckpt_events.CheckpointDropped():
-                self._publish(
-                    schemas.CheckpointDropped(
-                        **common, step=event.step, superseded_by=event.superseded_by
-                    )
-                )
-            case ckpt_events.CheckpointRestored():
-                fallbacks = [f"step {f.step}: {f.reason}" for f in event.fallbacks]
-                self._publish_restored(
-                    event.step, "local", event.duration_s, event.bytes, fallbacks
-                )
-
-    def _publish_restored(
-        self,
-        step: int,
-        tier: Literal["local", "host"],
-        duration_s: float,
-        nbytes: int,
-        fallbacks: list[str] | None = None,
-    ) -> None:
-        self._publish(
-            schemas.CheckpointRestored(
-                job=self.config.job,
-                node=self.config.node,
-                rank=self.config.rank,
-                step=step,
-                tier=tier,
-                duration_s=duration_s,
-                bytes=nbytes,
-                fallbacks=fallbacks or [],
-            )
-        )
-
-
-def _grouped() -> bool:
-    """Whether this rank has peers in a process group to agree with."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _all_reduce_min(values: list[int]) -> list[int]:
-    """Element-wise minimum of ``values`` over every rank of the default group."""
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    )
-    tensor = torch.tensor(values, dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    return [int(v) for v in tensor.tolist()]
-
-
-def _agree_min(step: int | None) -> int | None:
-    """The smallest of every rank's ``step`` (None on any rank: None); no-op without a group."""
-    if not _grouped():
-        return step
-    agreed = _all_reduce_min([-1 if step is None else step])[0]
-    return None if agreed < 0 else agreed
+        report = checkpoint_report(event, self.config.job, self.config.node, self.config.rank)
+        if report is not None:
+            self._publish(report)
 
 
 def wait_for_bus(shim: TrainerShim, timeout_s: float = 10.0) -> bool:

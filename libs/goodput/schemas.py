@@ -21,7 +21,8 @@ import msgspec
 #: and GPU records a ``Signal`` carries); a job for the Kubernetes backend names its rank
 #: image and GPUs (``StartJob.image``, ``StartJob.gpus_per_rank``); a slow-rank fault in the
 #: rank's compute (``InjectFault.factor``, ``InjectFault.duration_s``); ``TrainingPlan``, the batch and LR
-#: a trainer runs with after a restore (and a rescale)
+#: a trainer runs with after a restore (and a rescale); the in-process restart
+#: (``RestartInProcess``, ``Rejoin``, ``RankRejoined``, ``CheckpointRestored.tier`` "host")
 SCHEMA_VERSION = 3
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
@@ -178,7 +179,8 @@ class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
     node: str
     rank: int
     step: int
-    tier: Literal["local", "peer", "object_store", "none"]
+    #: "host": a survivor of an in-process restart, from the engine's host buffers
+    tier: Literal["local", "peer", "object_store", "host", "none"]
     duration_s: Seconds
     bytes: int = 0
     fallbacks: list[str] = msgspec.field(default_factory=list)
@@ -311,6 +313,22 @@ class JobStatus(Event, tag="job_status", kw_only=True):
     run_id: str = ""
 
 
+class RankRejoined(Event, tag="rank_rejoined", kw_only=True):
+    """A surviving rank restarts in process: it left the broken process group and is joining
+    the fresh rendezvous of ``attempt`` (same process, model and optimizer kept)."""
+
+    node: str
+    rank: int
+    pid: int
+    attempt: int
+    #: from taking the Rejoin command to this answer
+    regroup_s: Seconds = 0.0
+    #: False: this rank cannot restart in process (``detail`` says why); the actuator then
+    #: fails the command at once instead of waiting out its deadline
+    ok: bool = True
+    detail: str = ""
+
+
 class RunStarted(Event, tag="run_started", kw_only=True):
     """A new run of the job begins: its attempts, steps and accounting start here.
 
@@ -398,6 +416,25 @@ class Restart(Command, tag="restart", kw_only=True):
     reset_gpus: dict[str, list[int]] = msgspec.field(default_factory=dict)
 
 
+class RestartInProcess(Command, tag="restart_in_process", kw_only=True):
+    """Warm in-job restart (to the actuator): surviving ranks leave their broken process group
+    and join a fresh rendezvous in process; only dead ranks are started again. A survivor
+    that has not rejoined within ``deadline_s`` fails the command (then a cold restart)."""
+
+    deadline_s: Seconds = 30.0
+
+
+class Rejoin(Command, tag="rejoin", kw_only=True):
+    """To the trainers: abort the process group and join the rendezvous of ``attempt``
+    (``master_addr:master_port``, ``world_size`` ranks), restore the agreed step, go on.
+    A rank at ``attempt`` or later ignores it (an old attempt's command)."""
+
+    attempt: int
+    master_addr: str
+    master_port: int
+    world_size: int
+
+
 class HotSwap(Command, tag="hot_swap", kw_only=True):
     failed_node: str
     spare_node: str = ""
@@ -483,6 +520,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ActionResult,
     GpuReset,
     JobStatus,
+    RankRejoined,
     RunStarted,
     ServiceHealth,
     DeadLetter,
@@ -493,6 +531,8 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     Stop,
     StartJob,
     Restart,
+    RestartInProcess,
+    Rejoin,
     HotSwap,
     ScaleTo,
     Rescale,

@@ -161,6 +161,7 @@ def sample_events() -> list[schemas.Event]:
             detail="hot swap",
             run_id="r1",
         ),
+        schemas.RankRejoined(job=JOB, node="n0", rank=1, pid=7, attempt=3, regroup_s=0.4),
         schemas.RunStarted(
             job=JOB,
             run_id="r1",
@@ -222,5 +223,14 @@ def sample_commands() -> list[schemas.Command]:
         schemas.RestoreToNode(command_id="c11", node="n0", step=40, **common),
         schemas.ResetGpu(
             command_id="c12", node="n0", gpus=[0, 1], attempt=3, run_id="r1", **common
+        ),
+        schemas.RestartInProcess(command_id="c13", deadline_s=20.0, **common),
+        schemas.Rejoin(
+            command_id="c14",
+            attempt=3,
+            master_addr="127.0.0.1",
+            master_port=29500,
+            world_size=2,
+            **common,
         ),
     ]

@@ -16,12 +16,40 @@ def handle(state, sig, seconds: float = 1.0):
 
 def test_correctable_crash_restarts_in_place() -> None:
     outcome = handle(job(spares=1), signal("crash", "n2"))
-    assert outcome.decision.rule == "in-job-restart"
-    assert [type(c) for c in outcome.commands] == [schemas.Restart]
+    assert outcome.decision.rule == "in-process-restart"
+    assert [type(c) for c in outcome.commands] == [schemas.RestartInProcess]
     assert outcome.decision.command_ids == [c.command_id for c in outcome.commands]
     assert outcome.commands[0].decision_id == outcome.decision.decision_id
     assert "crash on n2" in outcome.decision.reason and outcome.decision.error == ""
     assert outcome.state.active == job(spares=1).active
+
+
+def test_a_hang_restarts_in_process_a_frozen_rank_cold() -> None:
+    assert handle(job(), signal("hang", "n1")).decision.rule == "in-process-restart"
+    frozen = handle(job(), signal("missed_heartbeat", "n1"))
+    assert frozen.decision.rule == "in-job-restart"
+    assert [type(c) for c in frozen.commands] == [schemas.Restart]
+    assert "cannot be healed in process" in frozen.decision.reason
+
+
+def test_a_failed_in_process_restart_is_decided_again_cold_saying_why() -> None:
+    controller = Controller()
+    warm = controller.handle(job(), signal("crash", "n1", observed_ts=at(0.5)), at(1.0))
+    (command,) = warm.commands
+    failed = schemas.ActionResult(
+        job=JOB,
+        command_id=command.command_id,
+        action="restart_in_process",
+        ok=False,
+        detail="rank 0 did not rejoin within 30 s",
+    )
+    cold = controller.settle(warm.state, failed, at(40.0))
+    assert cold.decision is not None and cold.decision.rule == "in-job-restart"
+    assert [type(c) for c in cold.commands] == [schemas.Restart]
+    assert "in-process restart failed: rank 0 did not rejoin" in cold.decision.reason
+    # the next, unrelated crash is warm again: the failure belonged to the earlier signal
+    later = controller.handle(cold.state, signal("crash", "n2", observed_ts=at(90.0)), at(100.0))
+    assert later.decision is not None and later.decision.rule == "in-process-restart"
 
 
 def test_uncorrectable_with_spare_hot_swaps() -> None:

@@ -20,7 +20,7 @@ def test_restarts_back_off_then_give_up() -> None:
         outcome = controller.handle(state, signal("crash", f"n{int(t) % 6}"), at(t))
         state = outcome.state
         rules.append(outcome.decision.rule)
-    assert rules == ["in-job-restart"] * 3
+    assert rules == ["in-process-restart"] * 3
 
     # the 4th failure inside the window waits 10 s, then is remediated
     deferred = controller.handle(state, signal("hang", "n1"), at(80))
@@ -29,7 +29,7 @@ def test_restarts_back_off_then_give_up() -> None:
     state = deferred.state
     assert controller.due(state, at(85)) == []
     (retry,) = controller.due(state, at(90))
-    assert retry.decision.rule == "in-job-restart" and len(retry.commands) == 1
+    assert retry.decision.rule == "in-process-restart" and len(retry.commands) == 1
     state = retry.state
     assert state.deferred == []
 
@@ -54,7 +54,7 @@ def test_a_quiet_window_resets_the_back_off() -> None:
     (retry,) = controller.due(state, at(20))
     assert retry.state.backoff_level == 1
     later = controller.handle(retry.state, signal("crash", "n2"), at(500))
-    assert later.decision.rule == "in-job-restart" and later.state.backoff_level == 0
+    assert later.decision.rule == "in-process-restart" and later.state.backoff_level == 0
 
 
 def test_stragglers_and_scale_up_do_not_count_as_crash_loops() -> None:
@@ -64,4 +64,4 @@ def test_stragglers_and_scale_up_do_not_count_as_crash_loops() -> None:
     state = controller.handle(state, signal("straggler", "n5", "info"), at(1)).state
     state = controller.handle(state, signal("node_returned", "n5", "info"), at(2)).state
     outcome = controller.handle(state, signal("crash", "n0"), at(3))
-    assert outcome.decision.rule == "in-job-restart"
+    assert outcome.decision.rule == "in-process-restart"

@@ -12,12 +12,15 @@ import pytest
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.policies import cold_restart
 from tests.controller.helpers import spawn_service
 from tests.stack.helpers import EventTap
 
 pytestmark = pytest.mark.slow
 JOB = "job-ha"
 SLEEPER = "import time; time.sleep(600)"
+#: the sleepers cannot restart in process: the cold restart is what this test is about
+COLD = f"policy={cold_restart.__file__}"
 
 
 async def _leader(bus: Bus) -> str:
@@ -41,6 +44,7 @@ async def test_standby_finishes_the_remediation_and_nothing_runs_twice(
         tmp_path,
         "inject_pause_before_send_s=5.0",
         "lease_ttl_s=2.0",
+        COLD,
     )
     processes.append(doomed)
     bus = await Bus.connect(BusSettings(url=nats_server.url), name="test")
@@ -54,7 +58,9 @@ async def test_standby_finishes_the_remediation_and_nothing_runs_twice(
             except Exception:
                 pass
             await asyncio.sleep(0.2)
-        processes.append(spawn_service("controller", JOB, nats_server, tmp_path, "lease_ttl_s=2.0"))
+        processes.append(
+            spawn_service("controller", JOB, nats_server, tmp_path, "lease_ttl_s=2.0", COLD)
+        )
         start = schemas.StartJob(
             job=JOB, argv=[sys.executable, "-c", SLEEPER], nodes=2, procs_per_node=1, spares=1
         )

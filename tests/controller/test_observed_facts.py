@@ -102,7 +102,7 @@ def test_a_refused_hot_swap_leaves_the_node_active_and_is_decided_again() -> Non
     assert last.decision is None and last.state.pending == []
     assert len(last.state.refused) == 2 and last.state.role_of("n3") == "active"
     later = controller.handle(last.state, signal("crash", "n3"), at(4))
-    assert later.decision.rule == "repeat-offender" or later.decision.rule == "in-job-restart"
+    assert later.decision.rule == "repeat-offender" or later.decision.rule == "in-process-restart"
 
 
 def test_job_status_is_the_membership_and_pending_commands_are_predictions() -> None:
@@ -141,14 +141,14 @@ def test_a_failure_observed_before_the_restart_is_the_same_incident() -> None:
     and was restarted; the job-down watchdog (no progress since 8 s) is the same incident."""
     controller = Controller()
     crash = controller.handle(job(), signal("crash", "n2", observed_ts=at(10)), at(10))
-    assert crash.decision.rule == "in-job-restart"
+    assert crash.decision.rule == "in-process-restart"
     stalled = signal("job_down", "", "uncorrectable", observed_ts=at(8))
     same = controller.handle(crash.state, stalled, at(13))
     assert same.decision.rule == "same-incident" and same.commands == []
     # observed after the restart was issued: the new attempt's own failure, even while the
     # restart's result is still on its way
     new = controller.handle(same.state, signal("crash", "n4", observed_ts=at(10.5)), at(14))
-    assert new.decision.rule == "in-job-restart"
+    assert new.decision.rule == "in-process-restart"
     # an uncorrectable fault during the restart still needs the node replaced
     lost = signal("degraded_host", "n2", "uncorrectable", observed_ts=at(9))
     assert controller.handle(crash.state, lost, at(12)).decision.rule == "scale-down"

@@ -168,12 +168,14 @@ def test_a_bad_script_is_reported_and_the_builtin_decides(tmp_path: Path, case: 
     outcome = controller.handle(job(spares=1), signal("crash", "n1"), at(1))
     assert expected in outcome.decision.error
     assert outcome.decision.policy == "builtin (fallback from policy)"
-    assert outcome.decision.rule == "in-job-restart" and len(outcome.commands) == 1
+    assert outcome.decision.rule == "in-process-restart" and len(outcome.commands) == 1
 
 
 def test_a_missing_script_file(tmp_path: Path) -> None:
     outcome = Controller(str(tmp_path / "gone.py")).handle(job(), signal("crash", "n1"), at(1))
-    assert "no such file" in outcome.decision.error and outcome.decision.rule == "in-job-restart"
+    assert (
+        "no such file" in outcome.decision.error and outcome.decision.rule == "in-process-restart"
+    )
 
 
 def test_a_script_that_overruns_its_time_limit(tmp_path: Path) -> None:
@@ -194,7 +196,7 @@ def test_a_script_that_overruns_its_time_limit(tmp_path: Path) -> None:
     controller = Controller(path, ControllerSettings(policy_timeout_s=0.2))
     first = controller.handle(job(), signal("crash", "n1"), at(1))
     assert "did not return within 0.2 s" in first.decision.error
-    assert first.decision.rule == "in-job-restart"
+    assert first.decision.rule == "in-process-restart"
     # the runaway call still holds its thread: the next call does not pile up another
     second = controller.handle(first.state, signal("hang", "n2"), at(2))
     assert "still running" in second.decision.error

@@ -171,7 +171,7 @@ def test_the_full_scenario_remediates_the_same_at_any_speed(
         "scale-down",  # the second lost: the first is not back yet, no spare free
         "scale-up",  # the second is back
     ], rules
-    assert rules[:2] == ["in-job-restart", "in-job-restart"]  # the crash, the hang
+    assert rules[:2] == ["in-process-restart", "in-process-restart"]  # the crash, the hang
 
 
 @pytest.mark.parametrize("loss", sorted(NODE_LOSS))

@@ -24,7 +24,13 @@ from tests.conftest import goodput_cli
 pytestmark = pytest.mark.slow
 
 #: every remediation, in the order the full scenario first calls for each
-REMEDIATIONS = ["in-job-restart", "evict-straggler-hot-swap", "hot-swap", "scale-down", "scale-up"]
+REMEDIATIONS = [
+    "in-process-restart",
+    "evict-straggler-hot-swap",
+    "hot-swap",
+    "scale-down",
+    "scale-up",
+]
 BASELINE_RULES = {"baseline-restart-job", "baseline-ignore-straggler", "baseline-wait-for-repair"}
 
 

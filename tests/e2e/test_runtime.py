@@ -45,7 +45,7 @@ def test_killed_twice_ends_bit_identical_to_an_uninterrupted_run(tmp_path: Path)
     assert reference["restarts"] == 0 and interrupted["restarts"] == 2
     assert interrupted["world_size_history"] == [2, 2, 2]
     assert [d["rule"] for d in interrupted["decisions"] if d["rule"] != "checkpoint-interval"] == [
-        "in-job-restart",
+        "in-process-restart",
         "hot-swap",
     ]
     assert interrupted["final_params_sha256"] == reference["final_params_sha256"]

@@ -110,7 +110,7 @@ async def test_a_hung_training_loop_is_restarted(tmp_path: Path) -> None:
         decision = await tap.wait_for(
             lambda e: isinstance(e, schemas.Decision) and e.signal_id == signal.signal_id
         )
-        assert decision.rule == "in-job-restart"
+        assert decision.rule == "in-process-restart"  # the hung loop is woken and unwound
         await tap.wait_for(
             lambda e: isinstance(e, schemas.JobStatus) and e.attempt == 2 and e.state == "running"
         )

@@ -63,7 +63,7 @@ def test_both_runs_are_replayed_with_their_own_policy(tmp_path):
     result = replay_file(str(path))
     assert result["actual_goodput_pct"] == 60.0
     assert result["error_points"] == pytest.approx(abs(result["predicted_goodput_pct"] - 60.0))
-    assert {"evict-straggler-hot-swap", "hot-swap", "in-job-restart"} <= set(
+    assert {"evict-straggler-hot-swap", "hot-swap", "in-process-restart"} <= set(
         result["goodput"]["rules"]
     )
     assert "baseline-wait-for-repair" in result["baseline"]["rules"]

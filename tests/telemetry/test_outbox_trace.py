@@ -90,6 +90,6 @@ async def test_the_standby_resends_a_stored_command_in_the_signals_trace(
     assert header.split("-")[1] == f"{trace_id:032x}"
     finished = [s for s in spans.get_finished_spans() if s.context.trace_id == trace_id]
     decided = one(finished, "controller decide crash")
-    sent = one(finished, "controller send restart")  # by the standby: the doomed never sent
+    sent = one(finished, "controller send restart_in_process")  # by the standby, not the doomed
     assert child_of(sent, decided)
     assert header.split("-")[2] == f"{sent.context.span_id:016x}"

@@ -13,6 +13,13 @@ at, the newest step every rank had persisted by then and the step restored (they
 equal: a lower restore is lost work). Starting a rank (Python, torch, rendezvous) dominates
 and grows with the machine's load, so the run also reports the load average around it and a
 same-run reference: the time two bare processes take to import torch and the job.
+
+``--mode warm`` (the default) runs this twice, each on a stack of its own: with the built-in
+policy, whose crash remedy is an in-process restart (the survivor stays in its process and
+restores from host memory; only the killed rank is started again), then with in-process
+restart off (``policies/cold_restart.py``: every rank started again), and reports both
+(``warm``, ``cold``) and their ratio. The warm job also gets one hang (its training loop
+blocked, heartbeats on) recovered in process. ``--mode cold`` measures the cold path alone.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
 from goodput.config import add_bus_arguments
+from goodput.policies import cold_restart
 from goodput.rank_env import knobs
 from goodput.stack.launcher import start_stack, stop_stack, wait_healthy
 
@@ -80,10 +88,13 @@ async def _held_after(log: JobEvents, world_size: int, after_ts: int) -> int:
     )
 
 
-async def _trial(log: JobEvents, restarted_ts: int, resumed_ts: int) -> dict:
-    """Kill a rank once the job is steady again: running after ``restarted_ts`` (the previous
-    trial's decision) and a checkpoint persisted by every rank after ``resumed_ts`` (its first
-    step). Only events stamped after those count: a trial never acts on an earlier one's."""
+async def _trial(
+    bus: Bus, log: JobEvents, restarted_ts: int, resumed_ts: int, fault: str = "kill"
+) -> dict:
+    """Kill a rank (``fault="kill"``) or hang its loop (``"hang"``: heartbeats go on) once the
+    job is steady again: running after ``restarted_ts`` (the previous trial's decision) and a
+    checkpoint persisted by every rank after ``resumed_ts`` (its first step). Only events
+    stamped after those count: a trial never acts on an earlier one's."""
     status = await log.wait_for(
         lambda e: isinstance(e, schemas.JobStatus) and e.state == "running",
         WAIT_S,
@@ -98,13 +109,20 @@ async def _trial(log: JobEvents, restarted_ts: int, resumed_ts: int) -> dict:
         if isinstance(e, schemas.JobStatus) and e.state == "running"
     )
     assert isinstance(latest, schemas.JobStatus)
-    victim_node = latest.active_nodes[-1]
+    # the hang goes to the other node: a third failure of the killed one is a repeat offender
+    victim_node = latest.active_nodes[0 if fault == "hang" else -1]
     killed_ts = schemas.now_ns()
-    os.kill(latest.pids[victim_node][0], signal.SIGKILL)
+    if fault == "hang":
+        hang = schemas.InjectFault(
+            job=log.job, node=victim_node, fault="hang", reason="goodput bench recovery"
+        )
+        await bus.send_command(subjects.TRAINER, hang)
+    else:
+        os.kill(latest.pids[victim_node][0], signal.SIGKILL)
     sig = await log.wait_for(
         lambda e: isinstance(e, schemas.Signal) and e.node == victim_node,
         WAIT_S,
-        "the crash signal",
+        f"the {fault} signal",
         after_ts=killed_ts,
     )
     assert isinstance(sig, schemas.Signal)
@@ -158,12 +176,15 @@ async def _trial(log: JobEvents, restarted_ts: int, resumed_ts: int) -> dict:
         "first_step_s": (first.ts - restored.ts) / NS,
         "total_s": (first.ts - killed_ts) / NS,
         "rule": decision.rule,
+        "fault": fault,
         "decision_ts": decision.ts,
         "resumed_ts": first.ts,
     }
 
 
-async def _measure(settings, job: str, trials: int, steps: int, console: Console) -> list[dict]:
+async def _measure(
+    settings, job: str, trials: int, steps: int, console: Console, hang: bool
+) -> list[dict]:
     bus = await Bus.connect(settings, name="goodput-bench-recovery")
     log = await JobEvents(bus, job).start()
     results = []
@@ -182,18 +203,20 @@ async def _measure(settings, job: str, trials: int, steps: int, console: Console
             nodes=2,
             procs_per_node=1,
             spares=1,
-            env=knobs(ckpt_every=10),
+            env=knobs(ckpt_every=10, enable_fault_injection=hang),
         )
         restarted_ts = resumed_ts = schemas.now_ns()
         await bus.send_command(subjects.ACTUATOR, start)
-        for trial in range(trials):
+        faults = ["kill"] * trials + (["hang"] if hang else [])
+        for trial, fault in enumerate(faults):
             with console.status(
-                f"trial {trial + 1}/{trials}: waiting for a checkpoint on every rank, then kill -9…"
+                f"trial {trial + 1}/{len(faults)}: waiting for a checkpoint on every rank, "
+                f"then {fault}…"
             ):
-                result = await _trial(log, restarted_ts, resumed_ts)
+                result = await _trial(bus, log, restarted_ts, resumed_ts, fault)
             restarted_ts, resumed_ts = result.pop("decision_ts"), result.pop("resumed_ts")
             console.print(
-                f"trial {trial + 1}: {result['total_s']:.2f} s ({result['rule']}), step "
+                f"trial {trial + 1} ({fault}): {result['total_s']:.2f} s ({result['rule']}), step "
                 f"{result['killed_at_step']} killed, {result['restored_step']} restored "
                 f"(newest on every rank: {result['newest_persisted_step']})"
             )
@@ -216,47 +239,79 @@ def bare_start_s() -> float:
     return time.perf_counter() - started
 
 
+def _summary(trials: list[dict]) -> dict:
+    """Medians of the kill trials by part; the hang trial, if any, as it was."""
+    kills = [t for t in trials if t["fault"] == "kill"]
+    summary = {
+        "trials": kills,
+        "total_s": round(statistics.median(t["total_s"] for t in kills), 3),
+        **{
+            part: round(statistics.median(t[part] for t in kills), 3)
+            for part in (*PARTS, *RESTART_PARTS)
+        },
+    }
+    hangs = [t for t in trials if t["fault"] == "hang"]
+    if hangs:
+        summary["hang"] = hangs[0]
+    return summary
+
+
+def _run_mode(args: argparse.Namespace, mode: str, console: Console) -> dict:
+    """One stack and one job; ``cold``: the built-in policy with in-process restart off."""
+    flags = {"controller": ["--set", f"policy={cold_restart.__file__}"]} if mode == "cold" else {}
+    with tempfile.TemporaryDirectory(prefix=f"goodput-bench-recovery-{mode}-") as tmp:
+        state_dir = Path(tmp)
+        try:
+            stack, settings = start_stack(args, state_dir, "bench", 3, console, flags)
+            asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
+            trials = asyncio.run(
+                _measure(settings, stack.job, args.trials, args.steps, console, mode == "warm")
+            )
+        finally:
+            stop_stack(state_dir)
+    return _summary(trials)
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     load_before = round(os.getloadavg()[0], 2)
     bare_before = bare_start_s()
-    with tempfile.TemporaryDirectory(prefix="goodput-bench-recovery-") as tmp:
-        state_dir = Path(tmp)
-        try:
-            stack, settings = start_stack(args, state_dir, "bench", 3, console)
-            asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
-            trials = asyncio.run(_measure(settings, stack.job, args.trials, args.steps, console))
-        except TimeoutError as exc:
-            console.print(f"[red]bench recovery: the job did not recover: {exc}[/]")
-            return 1
-        finally:
-            stop_stack(state_dir)
+    modes = ("warm", "cold") if args.mode == "warm" else ("cold",)
+    result: dict = {"load_1m_before": load_before}
+    try:
+        for mode in modes:
+            console.print(f"[bold]{mode} recovery[/]")
+            result[mode] = _run_mode(args, mode, console)
+    except TimeoutError as exc:
+        console.print(f"[red]bench recovery: the job did not recover: {exc}[/]")
+        return 1
     bare = (bare_before + bare_start_s()) / 2
-    result = {
-        "load_1m_before": load_before,
-        "load_1m_after": round(os.getloadavg()[0], 2),
-        "bare_start_s": round(bare, 3),
-        "trials": trials,
-        "total_s": round(statistics.median(t["total_s"] for t in trials), 3),
-        **{
-            part: round(statistics.median(t[part] for t in trials), 3)
-            for part in (*PARTS, *RESTART_PARTS)
-        },
-        "target_total_s": 10.0,
-    }
-    result["startup_over_bare"] = round(result["startup_s"] / bare, 2)
+    result.update(load_1m_after=round(os.getloadavg()[0], 2), bare_start_s=round(bare, 3))
+    for mode in modes:
+        result[mode]["startup_over_bare"] = round(result[mode]["startup_s"] / bare, 2)
+    if "warm" in result:
+        result["warm_over_cold"] = round(result["warm"]["total_s"] / result["cold"]["total_s"], 3)
+        result["target_warm_over_cold"] = 1 / 3
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    table = Table(title=f"recovery from kill -9 of a rank (median of {len(trials)})")
+    table = Table(title=f"recovery from kill -9 of a rank (median of {args.trials})")
     table.add_column("part")
-    table.add_column("seconds", justify="right")
+    for mode in modes:
+        table.add_column(f"{mode} (s)", justify="right")
     for part in (*PARTS, "total_s"):
-        table.add_row(part.removesuffix("_s"), f"{result[part]:.2f}")
+        table.add_row(part.removesuffix("_s"), *(f"{result[m][part]:.2f}" for m in modes))
         if part == "restart_s":
             for sub in RESTART_PARTS:
-                table.add_row(f"  {sub.removesuffix('_s')}", f"{result[sub]:.2f}")
+                table.add_row(
+                    f"  {sub.removesuffix('_s')}", *(f"{result[m][sub]:.2f}" for m in modes)
+                )
     Console().print(table)
+    if "hang" in result.get("warm", {}):
+        hang = result["warm"]["hang"]
+        console.print(f"hang recovered ({hang['rule']}): {hang['total_s']:.2f} s to the next step")
+    if "warm_over_cold" in result:
+        console.print(f"warm / cold: {result['warm_over_cold']:.2f} (target ≤ 0.33)")
     console.print(
         f"bare start (2 processes importing torch + the job, same machine): {bare:.2f} s; "
         f"load average {result['load_1m_before']} → {result['load_1m_after']}"
@@ -272,6 +327,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--trials", type=int, default=3, help="kills in one job (default 3)")
+    parser.add_argument(
+        "--mode",
+        choices=("warm", "cold"),
+        default="warm",
+        help="warm (default): in-process restart, measured against the cold path in the same "
+        "run (and a hang recovered in process); cold: only the cold path (every rank restarted)",
+    )
     parser.add_argument(
         "--steps", type=int, default=2000, help="job length; it is stopped after the trials"
     )

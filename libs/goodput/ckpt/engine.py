@@ -65,6 +65,12 @@ class _SlotState(enum.Enum):
 class _Slot:
     state: _SlotState = _SlotState.FILLING
     buffer: HostBuffer | None = None
+    #: the snapshot the buffer holds (None while being filled): kept after persisting, so a
+    #: rank that restarts in process can restore from memory (``host_snapshot``)
+    step: int | None = None
+    plan: SavePlan | None = None
+    #: the copy that fills the buffer (an overlapped one may still run after ``save``)
+    copy: PendingCopy | None = None
 
 
 @dataclass(eq=False)
@@ -185,6 +191,7 @@ class CheckpointEngine:
         handle = SaveHandle(step, copy if overlap else None)
         job = _Job(step, plan, flat.tree, slot, handle, copy, dict(metadata or {}))
         with self._cond:
+            slot.step, slot.plan, slot.copy = step, plan, copy
             slot.state = _SlotState.PENDING
             self._pending.append(job)
             if overlap:
@@ -258,7 +265,7 @@ class CheckpointEngine:
                     raise RuntimeError("checkpoint engine is closed")
                 free = next((s for s in self._slots if s.state is _SlotState.FREE), None)
                 if free is not None:
-                    free.state = _SlotState.FILLING
+                    free.state, free.step = _SlotState.FILLING, None
                     slot = free
                     break
                 if len(self._slots) < self._slot_limit(need):
@@ -268,7 +275,7 @@ class CheckpointEngine:
                 if self._pending:
                     dropped = self._pending.popleft()
                     slot = dropped.slot
-                    slot.state = _SlotState.FILLING
+                    slot.state, slot.step = _SlotState.FILLING, None
                     break
                 self._cond.wait()
         if dropped is not None:
@@ -412,6 +419,31 @@ class CheckpointEngine:
 
     def latest_complete_step(self) -> int | None:
         return catalog.latest_complete_step(self.root)
+
+    def host_snapshot(self, step: int) -> tuple[SavePlan, torch.Tensor] | None:
+        """This replica's bytes of ``step`` as still held in a host buffer, or None. Valid
+        until the next ``save`` (call both from the training thread). An overlapped copy still
+        filling the buffer is waited for; a failed one leaves nothing to serve."""
+        with self._cond:
+            slot = next(
+                (
+                    s
+                    for s in self._slots
+                    if s.step == step
+                    and s.state is not _SlotState.FILLING
+                    and s.buffer is not None
+                    and s.plan is not None
+                ),
+                None,
+            )
+        if slot is None or slot.buffer is None or slot.plan is None:
+            return None
+        if slot.copy is not None:
+            try:
+                slot.copy.wait()
+            except (RuntimeError, MemoryError):
+                return None
+        return slot.plan, slot.buffer.data
 
     def restore(self, step: int | None = None, into: Any = None) -> tuple[int, Any]:
         """Load the newest intact checkpoint (at or before ``step``), falling back past bad ones.

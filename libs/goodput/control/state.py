@@ -29,7 +29,7 @@ from goodput.policy.state import (
 #: signal kinds that mean training was interrupted (they count for MTBF and crash loops)
 FAILURE_KINDS = frozenset({"crash", "hang", "missed_heartbeat", "degraded_host", "job_down"})
 #: commands that restart the worker group
-RESTARTING = (schemas.Restart, schemas.HotSwap, schemas.ScaleTo)
+RESTARTING = (schemas.Restart, schemas.RestartInProcess, schemas.HotSwap, schemas.ScaleTo)
 #: how many ids / records are remembered (older ones cannot be redelivered any more)
 MEMORY = 512
 CHECKPOINT_MEMORY = 32

@@ -89,6 +89,8 @@ class Detector:
                 return self.on_step(event, now)
             case schemas.RankStarted():
                 return self.on_rank_started(event, now)
+            case schemas.RankRejoined(ok=True):
+                self.on_rank_rejoined(event, now)
             case schemas.RankExited():
                 return self.on_rank_exited(event, now)
             case schemas.HostHealth():
@@ -137,6 +139,24 @@ class Detector:
         self._heartbeat_deadlines.arm(event.rank, heartbeat_deadline(rank, self._thresholds))
         self._hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
         return []
+
+    def on_rank_rejoined(self, event: schemas.RankRejoined, now: int) -> None:
+        """A live rank restarted in process: it begins ``event.attempt`` as a started rank
+        would (its step allowance, hang watch and the incident start over), same process."""
+        rank = self._ranks.get(event.rank)
+        if rank is None or not rank.alive or event.attempt < rank.attempt:
+            return
+        rank.attempt, rank.progress_seen, rank.hang_reported = event.attempt, 0, False
+        rank.last_progress_ns = rank.last_heartbeat_ns = now
+        # it goes back to the restored step: its steps before say nothing about who lags now
+        rank.done_step, rank.heartbeat_step = -1, None
+        self._starting.add(event.rank)
+        self._epoch = max(self._epoch, event.attempt)
+        self._incident_open = False
+        self._reported_nodes.discard(rank.node)
+        self._mark_job_progress(now)
+        self._heartbeat_deadlines.arm(event.rank, heartbeat_deadline(rank, self._thresholds))
+        self._hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
 
     def on_rank_exited(self, event: schemas.RankExited, now: int) -> list[schemas.Signal]:
         rank = self._ranks.get(event.rank)

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 
+from goodput.shim.agree import any_rank
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.trainer import TrainerShim
@@ -33,16 +33,6 @@ class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: dict[str, Any], /) -> Any: ...
-
-
-def any_rank(*flags: bool) -> list[bool]:
-    """Each flag true if it is true on any rank: the ranks must checkpoint and stop together,
-    or one would wait forever in the next collective for a peer that left."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return list(flags)
-    votes = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
-    dist.all_reduce(votes, op=dist.ReduceOp.MAX)
-    return [bool(vote) for vote in votes.tolist()]
 
 
 def rng_states() -> dict[str, torch.Tensor]:

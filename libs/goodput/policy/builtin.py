@@ -12,8 +12,12 @@ Rules, in order (the rule name is what a ``Decision`` shows):
 * ``evict-straggler-hot-swap`` / ``evict-straggler-scale-down`` — a straggler slows every
   replica: replace it by a spare, else drop its replica. ``straggler-tolerated`` — it is the
   last replica: a slow job beats no job.
-* ``in-job-restart`` — a correctable fault (a crash, a hang, one missing rank): restart the
-  worker group in place, from the newest checkpoint.
+* ``in-process-restart`` — a correctable crash or hang: the surviving ranks restart in their
+  processes (model and optimizer kept, the checkpoint from host memory) and only the lost
+  rank is started again. ``in-job-restart`` — a correctable fault that cannot be healed in
+  process (a rank whose heartbeats stopped is frozen), or one whose in-process restart
+  failed (a rank stuck past the deadline): restart the worker group cold, from the newest
+  checkpoint.
 * ``gpu-reset`` — a host fault that a GPU reset clears (``goodput.gpu_faults``: XIDs whose
   catalogue resolution is a reset, uncorrected ECC errors) on a node that has not failed
   ``REPEAT_FAILURES`` times: restart with the node's faulty GPUs reset while no rank runs
@@ -37,13 +41,13 @@ from __future__ import annotations
 from goodput import schemas
 from goodput.gpu_faults import reset_targets
 from goodput.policy.plan import Plan
-from goodput.policy.state import JobState
+from goodput.policy.state import JobState, Refusal
 
 REPEAT_FAILURES = 3
 
 
 def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
-    """The built-in policy: in-job restart, GPU reset, hot swap, scale down, scale up, evict
+    """The built-in policy: in-process and in-job restart, GPU reset, hot swap, scale down, scale up, evict
     stragglers."""
     kind = signal.signal
     if kind == "node_returned":
@@ -64,11 +68,7 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
             why = f"{signal.node} failed {record.failures} times"
             plan = replace_node(state, signal.node, why=why)
             return Plan(plan.commands, "repeat-offender", plan.reason)
-        return Plan(
-            [schemas.Restart(job=state.job)],
-            "in-job-restart",
-            f"correctable {kind} on {signal.node}: restart in place from the newest checkpoint",
-        )
+        return restart_in_place(signal, state)
     reset = reset_gpus(signal, state)
     if reset is not None:
         return reset
@@ -98,6 +98,52 @@ def reset_gpus(signal: schemas.Signal, state: JobState) -> Plan | None:
         "gpu-reset",
         f"{', '.join(signal.host_faults)} on {signal.node} is reset-correctable: stop the "
         f"ranks, reset {which} of {signal.node}, restart from the newest checkpoint",
+    )
+
+
+#: faults whose surviving ranks can unwind their step: a dead peer fails their collectives, a
+#: hung Python loop is woken by the Rejoin; a rank that stopped heartbeating is frozen
+IN_PROCESS_KINDS = ("crash", "hang")
+
+
+def restart_in_place(signal: schemas.Signal, state: JobState) -> Plan:
+    """Warm when it can work: in process, unless the fault's kind rules it out or an
+    in-process restart for this very signal already failed; otherwise cold."""
+    where = f"correctable {signal.signal} on {signal.node}"
+    failed = warm_restart_failure(signal, state)
+    # a crash of the only rank leaves no process to restart in
+    survivors = signal.signal != "crash" or state.world_size > 1
+    if signal.signal in IN_PROCESS_KINDS and survivors and failed is None:
+        return Plan(
+            [schemas.RestartInProcess(job=state.job)],
+            "in-process-restart",
+            f"{where}: the surviving ranks restart in process, the lost ones cold, from the "
+            "step every rank holds",
+        )
+    why = (
+        f"the in-process restart failed: {failed.reason}"
+        if failed is not None
+        else f"a {signal.signal} cannot be healed in process"
+        if survivors
+        else "no rank survived"
+    )
+    return Plan(
+        [schemas.Restart(job=state.job)],
+        "in-job-restart",
+        f"{where}: restart every rank cold from the newest checkpoint ({why})",
+    )
+
+
+def warm_restart_failure(signal: schemas.Signal, state: JobState) -> Refusal | None:
+    """The refusal of an in-process restart issued for ``signal`` (after it was observed)."""
+    observed = signal.observed_ts or signal.ts
+    return next(
+        (
+            r
+            for r in reversed(state.refused)
+            if r.action == schemas.kind_of(schemas.RestartInProcess) and r.ts >= observed
+        ),
+        None,
     )
 
 

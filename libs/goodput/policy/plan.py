@@ -19,6 +19,7 @@ from goodput.policy.state import JobState, with_pending
 
 ALLOWED_COMMANDS = (
     schemas.Restart,
+    schemas.RestartInProcess,
     schemas.HotSwap,
     schemas.ScaleTo,
     schemas.Stop,

@@ -30,6 +30,7 @@ AnyCommand = Union[schemas.COMMAND_TYPES]  # type: ignore[valid-type]  # noqa: U
 #: commands the actuator executes and answers with an ActionResult; the rest go to the trainers
 ACTUATOR_COMMANDS = (
     schemas.Restart,
+    schemas.RestartInProcess,
     schemas.HotSwap,
     schemas.ScaleTo,
     schemas.Stop,

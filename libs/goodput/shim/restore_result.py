@@ -19,8 +19,9 @@ from goodput.shim.rescale import BatchPlan, Rescale, RescaleCallback, run_callba
 METADATA_KEY = "__goodput__"
 
 #: where the restored bytes were read: the node's own volume (peers and the object store
-#: fill that volume before the ranks start) or the directory every node shares (torch-save)
-RestoreTier = Literal["local", "shared"]
+#: fill that volume before the ranks start), the directory every node shares (torch-save), or
+#: the checkpoint engine's host buffer after an in-process restart (``goodput.ckpt.host_restore``)
+RestoreTier = Literal["local", "shared", "host"]
 
 
 class DpLayout(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

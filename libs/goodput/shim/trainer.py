@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-import torch
-import torch.distributed as dist
 
 from goodput import schemas
 from goodput.bus import BusSettings
@@ -35,14 +33,19 @@ from goodput.bus.settings import settings_from_env
 from goodput.ckpt import CheckpointEngine, NoCheckpointError
 from goodput.ckpt import events as ckpt_events
 from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
+from goodput.ckpt.host_restore import HostRestore, restore_from_host
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
 from goodput.rank_env import EXIT_TERMINATED, RankEnv
+from goodput.shim.agree import agree_min, all_reduce_min, grouped
+from goodput.shim.ckpt_reports import checkpoint_report, restored_report
+from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import (
     CheckpointMetadata,
     DpLayout,
     RestoreResult,
+    RestoreTier,
     resolve_restore,
     with_metadata,
 )
@@ -120,6 +123,10 @@ class TrainerShim:
         self._hang = threading.Event()
         #: an injected straggler: (compute factor, monotonic end or None for until cleared)
         self._slowdown: tuple[float, float | None] = (1.0, None)
+        #: set while the loop is the shim's own (``run``): Rejoin commands restart in process
+        self._rejoins: RejoinMailbox | None = None
+        #: the next restore may come from the engine's host buffers (this process kept them)
+        self._memory_intact = False
         self._last_saved_step: int | None = None
         self._rescale_callbacks: list[RescaleCallback] = []
         #: the batch plan in force, saved with every checkpoint (``restore(plan=...)`` sets it)
@@ -192,9 +199,11 @@ class TrainerShim:
         if restored is None:
             self._publish_plan(0, self.plan, [], rescaled_from_dp=0)
             return None
+        step, state, tier = restored
         result, applied = resolve_restore(
-            *restored,
-            tier="shared" if self.config.ckpt_mode == "torch-save" else "local",
+            step,
+            state,
+            tier=tier,
             layout=self.layout,
             plan=plan,
             callbacks=self._rescale_callbacks,
@@ -238,25 +247,58 @@ class TrainerShim:
             )
         )
 
-    def _restore_agreed(self, template_state: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    def _restore_agreed(
+        self, template_state: dict[str, Any]
+    ) -> tuple[int, dict[str, Any], RestoreTier] | None:
         # a rank whose newest copy is corrupt falls back further: agree on the minimum, again
-        candidate = _agree_min(self.engine.latest_complete_step())
+        candidate = agree_min(self.engine.latest_complete_step())
         for _ in range(4):
             if candidate is None:
                 log.info("no common checkpoint in %s; starting from scratch", self.config.ckpt_dir)
                 return None
             try:
-                step, state = self.engine.restore(step=candidate, into=template_state)
+                step, state, tier = self._load(candidate, template_state)
             except NoCheckpointError:
-                step, state = None, None
-            agreed = _agree_min(step)
+                step, state, tier = None, None, self._volume_tier
+            agreed = agree_min(step)
             if agreed == step:
                 self._last_saved_step = step
                 if self.link is not None:
                     self.link.step = step
-                return step, state  # type: ignore[return-value]
+                return step, state, tier  # type: ignore[return-value]
             candidate = agreed
         raise RuntimeError("ranks could not agree on a checkpoint to restore")
+
+    @property
+    def _volume_tier(self) -> RestoreTier:
+        return "shared" if self.config.ckpt_mode == "torch-save" else "local"
+
+    def _load(self, step: int, template_state: dict[str, Any]) -> tuple[int, Any, RestoreTier]:
+        """``step`` from host memory after an in-process restart when the buffer still holds
+        it intact, otherwise from the volume (newest intact at or before ``step``)."""
+        if not self._memory_intact:
+            return (*self.engine.restore(step=step, into=template_state), self._volume_tier)
+        self._memory_intact = False
+        if isinstance(self.engine, CheckpointEngine):
+            outcome = restore_from_host(self.engine, step, template_state)
+            if isinstance(outcome, HostRestore):
+                c = self.config
+                self._publish(
+                    restored_report(
+                        c.job,
+                        c.node,
+                        c.rank,
+                        outcome.step,
+                        "host",
+                        outcome.duration_s,
+                        outcome.bytes,
+                    )
+                )
+                return outcome.step, outcome.state, "host"
+            log.info("restoring from the volume: %s", outcome)
+        # not into the live state: merged into it, what the checkpoint lacks (the optimizer's
+        # moments of later steps) would survive the restore
+        return (*self.engine.restore(step=step), self._volume_tier)
 
     def step_done(
         self, step: int, step_time_s: float, tokens: int, loss: float, compute_time_s: float = 0.0
@@ -265,7 +307,7 @@ class TrainerShim:
             self.link.step = step
         if self._hang.is_set():
             log.error("injected fault: the training loop hangs here (heartbeats go on)")
-            threading.Event().wait()  # until the process is killed
+            self._hang_until_rejoin()
         self._publish(
             schemas.StepDone(
                 job=self.config.job,
@@ -295,13 +337,13 @@ class TrainerShim:
     def should_checkpoint(self, step: int) -> bool:
         """Whether to save ``step``: the same answer on every rank, so every rank must call it
         at every step (at agreement steps the ranks vote through the process group)."""
-        solo = not _grouped()
+        solo = not grouped()
         if not self.schedule.is_agreement_step(step, solo):
             return self.schedule.decide(step)
         with self._schedule_lock:
             ballot = self.schedule.vote()
         every_before = self.schedule.every_steps
-        due = self.schedule.decide(step, ballot if solo else _all_reduce_min(ballot))
+        due = self.schedule.decide(step, ballot if solo else all_reduce_min(ballot))
         if self.schedule.every_steps != every_before:
             log.info("checkpoint interval now %d steps from step %d", self.ckpt_every, step + 1)
         return due
@@ -334,6 +376,64 @@ class TrainerShim:
         if self.link is not None:
             self.link.close()
 
+    # ---- in-process restart (goodput.shim.inprocess) ------------------------------------------
+
+    def run(self, job: Any, total_steps: int, **options: Any) -> RunOutcome:
+        """Drive ``job`` (a :class:`~goodput.shim.inprocess.ResumableJob`) to ``total_steps``
+        with in-process restart; see :func:`goodput.shim.inprocess.run_in_process`."""
+        return run_in_process(self, job, total_steps, **options)
+
+    def enable_in_process_restart(self) -> RejoinMailbox:
+        if self._rejoins is None:
+            self._rejoins = RejoinMailbox(self.config.attempt)
+        return self._rejoins
+
+    def rejoin_pending(self) -> bool:
+        return self._rejoins is not None and self._rejoins.pending
+
+    def set_busy(self, what: str) -> None:
+        self._busy(what)
+
+    def answer_rejoin(
+        self, command: schemas.Rejoin, *, ok: bool, detail: str = "", regroup_s: float = 0.0
+    ) -> None:
+        """Tell the actuator whether this rank joined ``command``'s group; once it has, it is
+        in that attempt and its checkpoint schedule starts over as a cold start's would."""
+        if ok:
+            self._memory_intact = True
+            self.config.attempt = command.attempt
+            with self._schedule_lock:
+                self.schedule = CheckpointSchedule(self.config.ckpt_every)
+            self._hang.clear()
+        self._publish(
+            schemas.RankRejoined(
+                job=self.config.job,
+                node=self.config.node,
+                rank=self.config.rank,
+                pid=os.getpid(),
+                attempt=command.attempt,
+                regroup_s=regroup_s,
+                ok=ok,
+                detail=detail,
+            )
+        )
+
+    def _on_rejoin(self, command: schemas.Rejoin) -> None:
+        if self._rejoins is None:
+            detail = "its training loop is not the shim's (shim.run): no in-process restart"
+            self.answer_rejoin(command, ok=False, detail=detail)
+            return
+        self._rejoins.offer(command)
+
+    def _hang_until_rejoin(self) -> None:
+        """The injected hang: blocks the loop (heartbeats go on) until the process is killed
+        or, under ``run``, a Rejoin unwinds the step."""
+        if self._rejoins is None:
+            threading.Event().wait()
+        while not self._rejoins.pending:
+            time.sleep(0.05)
+        raise RestartRequested("woken from the injected hang by a Rejoin")
+
     # ---- inputs -------------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -354,6 +454,8 @@ class TrainerShim:
                 )
                 with self._schedule_lock:
                     self.schedule.receive_interval(command.ts, command.every_steps)
+            case schemas.Rejoin():
+                self._on_rejoin(command)
             case schemas.InjectFault(fault="hang") if self._targets_me(command):
                 self._hang.set()
             case schemas.InjectFault(fault="slow") if self._targets_me(command):
@@ -385,68 +487,9 @@ class TrainerShim:
         self.telemetry.observe(event)
 
     def _on_ckpt_event(self, event: ckpt_events.CheckpointEvent) -> None:
-        common = {"job": self.config.job, "node": self.config.node, "rank": self.config.rank}
-        match event:
-            case ckpt_events.CheckpointSnapshotted():
-                self._publish(
-                    schemas.CheckpointSaved(
-                        **common, step=event.step, stall_s=event.stall_s, bytes=event.bytes
-                    )
-                )
-            case ckpt_events.CheckpointPersisted():
-                self._publish(
-                    schemas.CheckpointPersisted(
-                        **common,
-                        step=event.step,
-                        path=event.path,
-                        bytes=event.bytes,
-                        duration_s=event.duration_s,
-                    )
-                )
-            case ckpt_events.CheckpointSaveFailed():
-                self._publish(
-                    schemas.CheckpointFailed(**common, step=event.step, error=event.error)
-                )
-            case ckpt_events.CheckpointDropped():
-                self._publish(
-                    schemas.CheckpointDropped(
-                        **common, step=event.step, superseded_by=event.superseded_by
-                    )
-                )
-            case ckpt_events.CheckpointRestored():
-                self._publish(
-                    schemas.CheckpointRestored(
-                        **common,
-                        step=event.step,
-                        tier="local",
-                        duration_s=event.duration_s,
-                        bytes=event.bytes,
-                        fallbacks=[f"step {f.step}: {f.reason}" for f in event.fallbacks],
-                    )
-                )
-
-
-def _grouped() -> bool:
-    """Whether this rank has peers in a process group to agree with."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _all_reduce_min(values: list[int]) -> list[int]:
-    """Element-wise minimum of ``values`` over every rank of the default group."""
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    )
-    tensor = torch.tensor(values, dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    return [int(v) for v in tensor.tolist()]
-
-
-def _agree_min(step: int | None) -> int | None:
-    """The smallest of every rank's ``step`` (None on any rank: None); no-op without a group."""
-    if not _grouped():
-        return step
-    agreed = _all_reduce_min([-1 if step is None else step])[0]
-    return None if agreed < 0 else agreed
+        report = checkpoint_report(event, self.config.job, self.config.node, self.config.rank)
+        if report is not None:
+            self._publish(report)
 
 
 def wait_for_bus(shim: TrainerShim, timeout_s: float = 10.0) -> bool:

@@ -3,7 +3,10 @@ actuator's membership rules (:mod:`goodput.membership`), taking the profile's ti
 
 Commands run one after the other, as the real actuator's consumer runs them. A restarting
 command (restart, hot swap, scale) stops the worker group and relaunches it; the relaunch is
-reported back to the world, which restores and resumes training. A command the membership
+reported back to the world, which restores and resumes training. An in-process restart
+(``RestartInProcess``) is run as a restart: without a measured time for it (a replay of a run
+that restarted in process has one), it costs what a cold restart costs, since a profile has no
+warm-restart figures; the simulated figure is then pessimistic for it. A command the membership
 rules refuse is answered with a failed ``ActionResult``, as the real actuator answers it.
 """
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from goodput import schemas
 
-RELAUNCHING = ("restart", "hot_swap", "scale_to")
+RELAUNCHING = ("restart", "restart_in_process", "hot_swap", "scale_to")
 
 
 def _mean(values: list[float]) -> float:

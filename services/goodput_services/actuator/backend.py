@@ -27,6 +27,11 @@ NodePreparer = Callable[[str], Awaitable[str]]
 #: resets GPUs of a node (node, GPU indexes or [] for all, the run and attempt whose ranks
 #: stopped); returns whether it succeeded and what happened
 GpuResetter = Callable[[str, list[int], str, int], Awaitable[tuple[bool, str]]]
+#: sends a Rejoin to the trainers and collects the answers of the given ranks until every one
+#: answered or the deadline (seconds) passed; returns the answers by rank
+RejoinRound = Callable[
+    [schemas.Rejoin, set[int], float], Awaitable[dict[int, schemas.RankRejoined]]
+]
 
 
 log = logging.getLogger(__name__)
@@ -48,6 +53,8 @@ class Backend(Protocol):
     async def start_job(self, spec: schemas.StartJob) -> str: ...
 
     async def restart(self, reason: str, reset_gpus: dict[str, list[int]] | None = None) -> str: ...
+
+    async def restart_in_process(self, reason: str, deadline_s: float) -> str: ...
 
     async def hot_swap(self, failed: str, spare: str, reason: str) -> str: ...
 
@@ -78,6 +85,8 @@ class MembershipBackend(ABC):
     prepare_node: NodePreparer | None
     #: the host monitors' GPU reset, between stopping and launching ranks (None: unavailable)
     gpu_resetter: GpuResetter | None = None
+    #: how Rejoin commands reach the ranks (set by the service; None: no warm restart)
+    rejoin: RejoinRound | None = None
     spec: schemas.StartJob | None
     membership: Membership | None
     ranks: list[Any]
@@ -153,6 +162,11 @@ class MembershipBackend(ABC):
             )
             done = f"worker group restarted (attempt {self.attempt})"
             return f"GPUs of {', '.join(reset)} reset; {done}" if reset else done
+
+    async def restart_in_process(self, reason: str, deadline_s: float) -> str:
+        """Survivors rejoin a fresh rendezvous in process; only a backend that can start
+        single ranks next to running ones supports it (the refusal makes it a cold restart)."""
+        raise RuntimeError(f"in-process restart is not supported by the {type(self).__name__}")
 
     async def hot_swap(self, failed: str, spare: str, reason: str) -> str:
         async with self._lock:

@@ -100,6 +100,53 @@ class LocalBackend(MembershipBackend):
                 f"started {self.membership.world_size} ranks on {', '.join(self.membership.active)}"
             )
 
+    async def restart_in_process(self, reason: str, deadline_s: float) -> str:
+        """Warm restart: the live ranks rejoin a fresh rendezvous in their processes, the dead
+        ones are started again (cold) into it. A live rank that does not rejoin by the
+        deadline (stuck in a native call) fails the command, and every rank is stopped so the
+        cold restart the controller decides next starts from a clean slate."""
+        async with self._lock:
+            membership = self._require_job()
+            if self.rejoin is None:
+                raise RuntimeError("the actuator has no bus to reach the trainers")
+            live = [r for r in self.ranks if r.process.returncode is None]
+            dead = [r for r in self.ranks if r.process.returncode is not None]
+            if not live:
+                raise RuntimeError("no rank is alive to restart in process")
+            self.state = "restarting"
+            self.attempt += 1
+            port = free_port()
+            command = schemas.Rejoin(
+                job=self.job,
+                attempt=self.attempt,
+                master_addr="127.0.0.1",
+                master_port=port,
+                world_size=membership.world_size,
+                reason=reason,
+            )
+            answers = asyncio.ensure_future(
+                self.rejoin(command, {r.rank for r in live}, deadline_s)
+            )
+            logs = self._logs()
+            for entry in dead:
+                self.ranks.remove(entry)
+                node_index = membership.active.index(entry.node)
+                await self._spawn(entry.node, node_index, entry.rank, entry.local_rank, port, logs)
+            for entry in live:
+                entry.attempt = self.attempt
+            failed = _not_rejoined(live, await answers, deadline_s)
+            if failed:
+                await self._terminate(graceful=False, why="in-process restart failed")
+                # "restarting": between attempts, until the controller's cold restart
+                await self._report(f"in-process restart failed: {failed}")
+                raise RuntimeError(f"in-process restart failed: {failed}")
+            self.state = "running"
+            await self._report(f"in-process restart: {reason or 'in-job restart'}")
+            return (
+                f"{len(live)} rank(s) restarted in process, {len(dead)} started again "
+                f"(attempt {self.attempt})"
+            )
+
     # ---- machinery ---------------------------------------------------------------------------
 
     def _pids(self) -> dict[str, list[int]]:
@@ -147,46 +194,54 @@ class LocalBackend(MembershipBackend):
         self.attempt += 1
         await self._prepare_volumes()
         port = free_port()
-        logs = self.state_dir / "logs" / "ranks" / f"attempt-{self.attempt:03d}"
-        logs.mkdir(parents=True, exist_ok=True)
+        logs = self._logs()
         membership = self.membership
         for node_index, node in enumerate(membership.active):
             for local_rank in range(membership.procs_per_node):
                 rank = node_index * membership.procs_per_node + local_rank
-                env = self._rank_env(node, node_index, rank, local_rank, port)
-                with open(logs / f"{node}-rank{rank}.log", "ab") as out:
-                    process = await asyncio.create_subprocess_exec(
-                        *self.spec.argv,
-                        cwd=self.spec.workdir or None,
-                        env=env,
-                        stdin=asyncio.subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=asyncio.subprocess.STDOUT,
-                        start_new_session=True,  # a node's ranks can be signalled as a group
-                    )
-                entry = RankProcess(
-                    node=node,
-                    rank=rank,
-                    local_rank=local_rank,
-                    attempt=self.attempt,
-                    process=process,
-                )
-                # the rank's exit is a fact of its own, not part of the launch's trace
-                entry.watcher = untraced_task(self._watch(entry))
-                self.ranks.append(entry)
-                await self.emit(
-                    schemas.RankStarted(
-                        job=self.job,
-                        node=node,
-                        rank=rank,
-                        local_rank=local_rank,
-                        world_size=membership.world_size,
-                        pid=process.pid,
-                        attempt=self.attempt,
-                    )
-                )
+                await self._spawn(node, node_index, rank, local_rank, port, logs)
         self.state = state if state != "starting" else "running"
         await self._report(detail)
+
+    async def _spawn(
+        self, node: str, node_index: int, rank: int, local_rank: int, port: int, logs: Path
+    ) -> RankProcess:
+        """Start one rank of the current attempt, watch it, and say so."""
+        assert self.spec is not None and self.membership is not None
+        env = self._rank_env(node, node_index, rank, local_rank, port)
+        with open(logs / f"{node}-rank{rank}.log", "ab") as out:
+            process = await asyncio.create_subprocess_exec(
+                *self.spec.argv,
+                cwd=self.spec.workdir or None,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,  # a node's ranks can be signalled as a group
+            )
+        entry = RankProcess(
+            node=node, rank=rank, local_rank=local_rank, attempt=self.attempt, process=process
+        )
+        # the rank's exit is a fact of its own, not part of the launch's trace
+        entry.watcher = untraced_task(self._watch(entry))
+        self.ranks.append(entry)
+        await self.emit(
+            schemas.RankStarted(
+                job=self.job,
+                node=node,
+                rank=rank,
+                local_rank=local_rank,
+                world_size=self.membership.world_size,
+                pid=process.pid,
+                attempt=self.attempt,
+            )
+        )
+        return entry
+
+    def _logs(self) -> Path:
+        logs = self.state_dir / "logs" / "ranks" / f"attempt-{self.attempt:03d}"
+        logs.mkdir(parents=True, exist_ok=True)
+        return logs
 
     def _rank_env(self, node: str, node_index: int, rank: int, local_rank: int, port: int) -> dict:
         env = self.rank_environment(
@@ -218,6 +273,20 @@ class LocalBackend(MembershipBackend):
         if entry in self.ranks and finished and self.state != "finished":
             self.state = "finished"
             await self._report("every rank exited 0")
+
+
+def _not_rejoined(
+    live: list[RankProcess], answers: dict[int, schemas.RankRejoined], deadline_s: float
+) -> str:
+    """Why the live ranks did not all rejoin ("" when they did)."""
+    problems = []
+    for entry in live:
+        answer = answers.get(entry.rank)
+        if answer is None:
+            problems.append(f"rank {entry.rank} did not rejoin within {deadline_s:g} s")
+        elif not answer.ok:
+            problems.append(f"rank {entry.rank} cannot: {answer.detail}")
+    return "; ".join(problems)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ class ActuatorService(Service):
         if self.restore_timeout_s > 0:
             self.backend.prepare_node = self._restore_to_node
         self.backend.gpu_resetter = self._reset_gpus
+        self.backend.rejoin = self._rejoin_round
 
     async def _emit(self, event: schemas.Event) -> None:
         assert self.bus is not None
@@ -85,6 +87,35 @@ class ActuatorService(Service):
             await asyncio.sleep(0.1)
         return False, f"no answer from {target} within {timeout_s:.0f} s"
 
+    async def _rejoin_round(
+        self, command: schemas.Rejoin, ranks: set[int], deadline_s: float
+    ) -> dict[int, schemas.RankRejoined]:
+        """Send ``command`` to the trainers and collect the answers of ``ranks`` for its
+        attempt, until each answered or ``deadline_s`` passed (listening before sending)."""
+        assert self.bus is not None
+        answers: dict[int, schemas.RankRejoined] = {}
+        complete = asyncio.Event()
+
+        async def on_answer(msg) -> None:
+            try:
+                event = schemas.decode_event(msg.data)
+            except schemas.SchemaError:
+                return  # the sensor's consumer dead-letters it
+            if isinstance(event, schemas.RankRejoined) and event.attempt == command.attempt:
+                answers[event.rank] = event
+                if not event.ok or ranks <= answers.keys():
+                    complete.set()
+
+        subject = subjects.event(self.job, schemas.kind_of(schemas.RankRejoined))
+        subscription = await self.bus.nc.subscribe(subject, cb=on_answer)
+        try:
+            await self.bus.send_command(subjects.TRAINER, command)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(complete.wait(), deadline_s)
+        finally:
+            await subscription.unsubscribe()
+        return answers
+
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
         """Run a membership or lifecycle command; a refusal is a result, logged like a success,
         so no command leaves the actuator without a line in its log."""
@@ -106,6 +137,8 @@ class ActuatorService(Service):
                 return await backend.start_job(command)
             case schemas.Restart():
                 return await backend.restart(command.reason, command.reset_gpus)
+            case schemas.RestartInProcess():
+                return await backend.restart_in_process(command.reason, command.deadline_s)
             case schemas.HotSwap():
                 return await backend.hot_swap(
                     command.failed_node, command.spare_node, command.reason

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 #: the event kinds the detector learns from (signals, decisions… are the sensor's own output)
 OBSERVED = (
     schemas.RankStarted,
+    schemas.RankRejoined,
     schemas.RankExited,
     schemas.StepDone,
     schemas.CheckpointSaved,

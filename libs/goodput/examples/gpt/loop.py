@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from goodput.examples.gpt.hooks import TrainingHooks
 from goodput.examples.gpt.training import Trainer
-from goodput.integrations.loop import any_rank
+from goodput.shim.agree import any_rank
 
 
 @dataclass

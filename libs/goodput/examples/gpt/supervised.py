@@ -15,8 +15,31 @@ import sys
 from collections.abc import Sequence
 
 from goodput.examples.gpt import train
+from goodput.examples.gpt.hooks import TrainingHooks
+from goodput.examples.gpt.loop import LoopResult
+from goodput.examples.gpt.training import Trainer
 from goodput.rank_env import RankEnv
 from goodput.shim import TrainerShim
+
+
+def shim_loop(
+    trainer: Trainer,
+    hooks: TrainingHooks,
+    steps: int,
+    stop_at: int | None,
+    args: argparse.Namespace,
+) -> LoopResult:
+    """The shim's own loop: a failed step is unwound and resumed in this process when the
+    supervisor restarts the group in process (the killed rank alone is started again)."""
+    assert isinstance(hooks, TrainerShim)
+    outcome = hooks.run(trainer, steps, stop_at=stop_at, group_timeout_s=args.dist_timeout_s)
+    return LoopResult(
+        first_step=outcome.first_step,
+        step=outcome.step,
+        stopped=outcome.stopped,
+        losses=outcome.losses,
+        step_time_s=outcome.step_time_s,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shims.append(shim)
         return shim
 
-    status = train.main(argv, hooks_factory=shim_hooks)
+    status = train.main(argv, hooks_factory=shim_hooks, loop=shim_loop)
     return status or (shims[0].exit_code if shims else 0)
 
 

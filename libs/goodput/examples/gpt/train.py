@@ -44,6 +44,18 @@ class DistInfo:
 
 
 HooksFactory = Callable[[argparse.Namespace, DistInfo], TrainingHooks]
+#: runs the training: the hooks' loop (``run_training``), or a supervisor's own (shim.run)
+TrainingLoop = Callable[[Trainer, TrainingHooks, int, "int | None", argparse.Namespace], LoopResult]
+
+
+def hooks_loop(
+    trainer: Trainer,
+    hooks: TrainingHooks,
+    steps: int,
+    stop_at: int | None,
+    args: argparse.Namespace,
+) -> LoopResult:
+    return run_training(trainer, hooks, steps, stop_at=stop_at)
 
 
 def local_file_hooks(args: argparse.Namespace, info: DistInfo) -> TrainingHooks:
@@ -133,7 +145,11 @@ def write_json(record: dict[str, Any], path: Path) -> None:
     temp.replace(path)
 
 
-def main(argv: Sequence[str] | None = None, hooks_factory: HooksFactory = local_file_hooks) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    hooks_factory: HooksFactory = local_file_hooks,
+    loop: TrainingLoop = hooks_loop,
+) -> int:
     args = parse_args(argv)
     info = DistInfo.from_env()
     logging.basicConfig(
@@ -155,7 +171,7 @@ def main(argv: Sequence[str] | None = None, hooks_factory: HooksFactory = local_
         hooks = hooks_factory(args, info)
         for callback in BUILTIN_RULES[args.rescale]():
             hooks.on_rescale(callback)
-        outcome = run_training(trainer, hooks, args.steps, stop_at=args.exit_at_step)
+        outcome = loop(trainer, hooks, args.steps, args.exit_at_step, args)
         if args.result is not None and info.rank == 0:
             write_json(result_record(trainer, outcome), args.result)
     finally:

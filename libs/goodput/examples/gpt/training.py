@@ -181,9 +181,7 @@ class Trainer:
         self.last_compute_time_s = 0.0
         #: of which an injected delay (``slowdown``): what the next delay must not grow from
         self._last_delay_s = 0.0
-        if world_size > 1:
-            self.ddp = DistributedDataParallel(self.model)
-            self.ddp.register_comm_hook(self.clock, rank_ordered_mean_hook)
+        self.regroup()
         self.optimizer = torch.optim.AdamW(
             self._param_groups(), lr=config.plan.lr, betas=config.betas
         )
@@ -248,6 +246,19 @@ class Trainer:
         if self.world_size > 1:
             dist.all_reduce(loss_sum)
         return loss_sum.item() / (self.plan.global_batch // self.plan.micro_batch)
+
+    def regroup(self) -> None:
+        """Wrap the model for the current default process group (at start, and after an
+        in-process restart joined a fresh one)."""
+        if self.world_size > 1:
+            self.ddp = DistributedDataParallel(self.model)
+            self.ddp.register_comm_hook(self.clock, rank_ordered_mean_hook)
+
+    def release_group(self) -> None:
+        """Before the process group is aborted mid-step: drop the DDP wrapper that holds it
+        and the gradients the abandoned step half accumulated (the restore sets the rest)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.close()
 
     def close(self) -> None:
         """Drop the DDP wrapper before the process group is destroyed (no training after this).

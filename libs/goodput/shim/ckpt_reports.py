@@ -1,0 +1,65 @@
+"""The checkpoint engine's events as the rank's bus events (``goodput.schemas``): what the
+shim publishes about its saves and restores."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from goodput import schemas
+from goodput.ckpt import events as ckpt_events
+
+
+def checkpoint_report(
+    event: ckpt_events.CheckpointEvent, job: str, node: str, rank: int
+) -> schemas.Event | None:
+    """The bus event for one engine event of this rank (None: not reported)."""
+    common = {"job": job, "node": node, "rank": rank}
+    match event:
+        case ckpt_events.CheckpointSnapshotted():
+            return schemas.CheckpointSaved(
+                **common, step=event.step, stall_s=event.stall_s, bytes=event.bytes
+            )
+        case ckpt_events.CheckpointPersisted():
+            return schemas.CheckpointPersisted(
+                **common,
+                step=event.step,
+                path=event.path,
+                bytes=event.bytes,
+                duration_s=event.duration_s,
+            )
+        case ckpt_events.CheckpointSaveFailed():
+            return schemas.CheckpointFailed(**common, step=event.step, error=event.error)
+        case ckpt_events.CheckpointDropped():
+            return schemas.CheckpointDropped(
+                **common, step=event.step, superseded_by=event.superseded_by
+            )
+        case ckpt_events.CheckpointRestored():
+            fallbacks = [f"step {f.step}: {f.reason}" for f in event.fallbacks]
+            return restored_report(
+                job, node, rank, event.step, "local", event.duration_s, event.bytes, fallbacks
+            )
+    return None
+
+
+def restored_report(
+    job: str,
+    node: str,
+    rank: int,
+    step: int,
+    tier: Literal["local", "host"],
+    duration_s: float,
+    nbytes: int,
+    fallbacks: list[str] | None = None,
+) -> schemas.CheckpointRestored:
+    """``step`` was restored from ``tier`` ("host": the engine's buffer, after an in-process
+    restart)."""
+    return schemas.CheckpointRestored(
+        job=job,
+        node=node,
+        rank=rank,
+        step=step,
+        tier=tier,
+        duration_s=duration_s,
+        bytes=nbytes,
+        fallbacks=fallbacks or [],
+    )

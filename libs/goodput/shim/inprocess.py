@@ -1,0 +1,242 @@
+"""In-process restart: a surviving rank re-enters its training step instead of being replaced.
+
+A cold restart kills every rank and starts new processes, which import torch, rebuild the
+model and optimizer and form a process group again; most of a recovery goes there. Here the
+training loop is the shim's (:func:`run_in_process`), so the shim can unwind a step:
+
+1. a collective fails because a peer died, or a ``Rejoin`` command arrives (or an injected
+   hang is woken by one): the step is abandoned with whatever it half did;
+2. the process group is *aborted* (``_abort_process_group``: closing its connections makes
+   every peer blocked on this rank fail at once; a graceful destroy could wait on a dead peer);
+3. the rank waits for the actuator's ``Rejoin`` (bounded: without one it re-raises and exits,
+   the cold path), answers ``RankRejoined`` (it is out of the old group and joining), joins
+   the fresh rendezvous the command names (a new TCPStore port per attempt), lets the job
+   rebuild what holds the group (DDP), restores the step every rank agrees on and trains on
+   — same process, same model and optimizer objects.
+
+A rank stuck in a native call never gets here; the actuator's deadline then fails the warm
+restart and the controller's policy decides a cold one. The killed rank itself is started
+cold by the actuator and joins the same rendezvous.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch.distributed as dist
+
+from goodput import schemas
+from goodput.shim.agree import any_rank
+from goodput.shim.rescale import BatchPlan
+
+if TYPE_CHECKING:
+    from goodput.shim.trainer import TrainerShim
+
+log = logging.getLogger(__name__)
+
+#: how long a rank whose step failed waits for the actuator's Rejoin before it gives up
+#: (re-raises: the process exits and the supervisor restarts it cold)
+REJOIN_WAIT_S = 60.0
+
+
+class ResumableJob(Protocol):
+    """What :func:`run_in_process` drives: one rank's training state and its step.
+
+    ``release_group`` drops whatever holds the process group (a DDP wrapper) and any
+    half-accumulated gradients; ``regroup`` rebuilds it on the new default group. Both keep the
+    model and optimizer objects: the state is restored into them after ``regroup``. ``plan`` is
+    the batch plan in force; a restore hands ``load_state_dict`` the checkpoint's, as the
+    rescale callbacks left it (the same typed restore as a cold start's).
+    """
+
+    step: int
+    tokens_per_step: int
+    last_compute_time_s: float
+    plan: BatchPlan | None
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any], plan: BatchPlan | None = None) -> None: ...
+
+    def train_step(self, slowdown: float = 1.0) -> float: ...
+
+    def release_group(self) -> None: ...
+
+    def regroup(self) -> None: ...
+
+
+class RestartRequested(Exception):
+    """Raised inside a step to unwind it: a Rejoin command arrived."""
+
+
+class RejoinMailbox:
+    """The newest ``Rejoin`` for this rank. Commands arrive on the bus link's thread; one for
+    an attempt this rank has already reached is an old attempt's and is ignored (logged)."""
+
+    def __init__(self, attempt: int) -> None:
+        self.attempt = attempt
+        self._cond = threading.Condition()
+        self._pending: schemas.Rejoin | None = None
+
+    def offer(self, command: schemas.Rejoin) -> bool:
+        with self._cond:
+            newest = max(self.attempt, self._pending.attempt if self._pending else 0)
+            if command.attempt <= newest:
+                log.warning(
+                    "ignoring Rejoin for attempt %d: this rank is at attempt %d",
+                    command.attempt,
+                    newest,
+                )
+                return False
+            self._pending = command
+            self._cond.notify_all()
+            return True
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def wait(self, timeout_s: float | None) -> schemas.Rejoin | None:
+        """The pending command (taken), waiting up to ``timeout_s`` for one (None: forever)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending is not None, timeout_s)
+            command, self._pending = self._pending, None
+            if command is not None:
+                self.attempt = command.attempt
+            return command
+
+
+@dataclass
+class RunOutcome:
+    first_step: int  # the step this process started from (after its first restore)
+    step: int  # completed steps when the loop ended
+    stopped: bool  # ended early on a stop request
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    step_time_s: float = 0.0
+    #: in-process restarts this process went through
+    restarts: int = 0
+
+
+def run_in_process(
+    shim: TrainerShim,
+    job: ResumableJob,
+    total_steps: int,
+    *,
+    stop_at: int | None = None,
+    group_timeout_s: float = 300.0,
+    rejoin_wait_s: float = REJOIN_WAIT_S,
+) -> RunOutcome:
+    """Restore, train to ``total_steps`` (or a stop), checkpoint as agreed, finish; a failed
+    step is unwound and resumed in this process after a Rejoin (see the module docstring)."""
+    mailbox = shim.enable_in_process_restart()
+    backend = dist.get_backend() if dist.is_initialized() else None
+    if not _restore(shim, job):
+        # a fresh start is checkpointed: a rank restarted in process must be able to go back
+        # to where a cold start of every rank would begin, and it cannot rebuild that state
+        shim.save(job.state_dict(), job.step)
+    outcome = RunOutcome(first_step=job.step, step=job.step, stopped=False)
+    while True:
+        try:
+            _train(shim, job, total_steps, stop_at, outcome)
+            break
+        except Exception as exc:
+            if backend is None or shim.link is None:
+                raise  # no group to rejoin, or no supervisor to send a Rejoin
+            log.warning("training step abandoned (%s); leaving the process group", exc)
+            _leave_group(job)
+            shim.set_busy("restarting")
+            command = mailbox.wait(rejoin_wait_s)
+            if command is None:
+                log.error("no Rejoin within %.0f s; exiting for a cold restart", rejoin_wait_s)
+                raise
+            _rejoin(shim, job, command, backend, group_timeout_s)
+            outcome.restarts += 1
+    shim.finish(job.state_dict(), job.step)
+    return outcome
+
+
+def _train(
+    shim: TrainerShim,
+    job: ResumableJob,
+    total_steps: int,
+    stop_at: int | None,
+    outcome: RunOutcome,
+) -> None:
+    while job.step < total_steps:
+        if shim.rejoin_pending():
+            raise RestartRequested("a Rejoin command arrived")
+        if stop_at is not None and job.step >= stop_at:
+            outcome.stopped = True
+            return
+        started = time.perf_counter()
+        loss = job.train_step(slowdown=shim.compute_slowdown())
+        step_time_s = time.perf_counter() - started
+        outcome.step_time_s += step_time_s
+        outcome.step = step = job.step
+        outcome.losses.append((step, loss))
+        shim.step_done(step, step_time_s, job.tokens_per_step, loss, job.last_compute_time_s)
+        checkpoint, stop = any_rank(shim.should_checkpoint(step), shim.should_stop())
+        if stop and step < total_steps:
+            outcome.stopped = True
+            return
+        if checkpoint and step < total_steps:
+            shim.save(job.state_dict(), step)
+
+
+def _restore(shim: TrainerShim, job: ResumableJob) -> bool:
+    """The cold path's restore (``RestoreResult``, rescale callbacks, ``TrainingPlan``); after
+    a Rejoin its bytes come from host memory when the engine's buffer still holds them."""
+    restored = shim.restore(job.state_dict(), plan=job.plan)
+    if restored is not None:
+        job.load_state_dict(restored.state, restored.plan)
+    return restored is not None
+
+
+def _leave_group(job: ResumableJob) -> None:
+    """Abort, never destroy: closing this rank's connections makes peers blocked on it fail
+    now, and nothing here waits on a peer that may be dead."""
+    job.release_group()
+    if dist.is_initialized():
+        dist.distributed_c10d._abort_process_group()
+    gc.collect()
+
+
+def _rejoin(
+    shim: TrainerShim,
+    job: ResumableJob,
+    command: schemas.Rejoin,
+    backend: str,
+    group_timeout_s: float,
+) -> None:
+    started = time.perf_counter()
+    rank, world_size = shim.config.rank, shim.config.world_size
+    if command.world_size != world_size:
+        shim.answer_rejoin(command, ok=False, detail="the world size changed: restart cold")
+        raise RuntimeError(f"Rejoin for {command.world_size} ranks; this group had {world_size}")
+    # the same variables a cold start reads, so env:// rendezvous meets the respawned ranks
+    os.environ.update(
+        MASTER_ADDR=command.master_addr,
+        MASTER_PORT=str(command.master_port),
+        GOODPUT_ATTEMPT=str(command.attempt),
+        TORCHELASTIC_RESTART_COUNT=str(command.attempt - 1),
+    )
+    # answered before the rendezvous: the ranks started again may take long to import torch
+    # on a busy host, which is no reason to give up on this one; a rendezvous that never
+    # completes ends in the group timeout, and this process's exit is a crash like any other
+    shim.answer_rejoin(command, ok=True, regroup_s=time.perf_counter() - started)
+    dist.init_process_group(
+        backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=group_timeout_s)
+    )
+    job.regroup()
+    if not _restore(shim, job):
+        # the ranks started again begin from scratch; this process cannot go back there
+        raise RuntimeError("no checkpoint every rank holds: this rank cannot resume in step")
+    shim.set_busy("")
+    log.info("rejoined attempt %d in process; resuming at step %d", command.attempt, job.step)

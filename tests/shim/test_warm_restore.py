@@ -1,0 +1,39 @@
+"""A warm restore (after an in-process restart) hands back the cold restore's typed result,
+read from the engine's host buffer: the real shim and checkpoint engine, no bus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from goodput import schemas
+from goodput.shim import BatchPlan, ShimConfig, TrainerShim
+from goodput.shim.restore_result import METADATA_KEY
+
+PLAN = BatchPlan(global_batch=8, micro_batch=2, lr=0.02)
+
+
+def test_a_rejoined_rank_restores_from_host_memory_with_the_saved_plan(tmp_path: Path) -> None:
+    shim = TrainerShim(
+        ShimConfig(ckpt_dir=str(tmp_path), world_size=1), install_signal_handlers=False
+    )
+    try:
+        assert shim.restore({"w": torch.zeros(3)}, plan=PLAN) is None
+        saved = {"w": torch.arange(3.0)}
+        shim.save(saved, 4)
+        shim.engine.wait_until_idle()
+        rejoin = schemas.Rejoin(
+            job="j", attempt=2, master_addr="127.0.0.1", master_port=1, world_size=1
+        )
+        shim.answer_rejoin(rejoin, ok=True)
+        live = {"w": torch.full((3,), 9.0)}  # the survivor trained on past the checkpoint
+        warm = shim.restore(live, plan=BatchPlan(global_batch=4, lr=1.0))
+        assert warm is not None and warm.tier == "host" and warm.step == 4
+        assert warm.plan == PLAN == shim.plan and not warm.rescaled  # the checkpoint's plan
+        assert warm.saved_layout == warm.layout and METADATA_KEY not in warm.state
+        assert torch.equal(warm.state["w"], saved["w"]) and warm.state["w"] is live["w"]
+        cold = shim.restore({"w": torch.zeros(3)}, plan=None)  # memory is used once
+        assert cold is not None and cold.tier == "local" and cold.plan == PLAN
+    finally:
+        shim.finish({"w": torch.zeros(3)}, 4)  # step 4 is saved: flushes and closes

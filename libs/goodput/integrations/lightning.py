@@ -22,7 +22,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from goodput.integrations.loop import any_rank, rng_states, set_rng_states
+from goodput.integrations.loop import rng_states, set_rng_states
+from goodput.shim.agree import any_rank
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.trainer import TrainerShim

@@ -40,6 +40,10 @@ def job_events() -> list[schemas.Event]:
         schemas.Signal(job=JOB, signal="straggler", node="node-1", rank=1, detail="1.8x median"),
         schemas.Decision(job=JOB, signal_id="s1", policy="builtin", rule="watch_straggler",
                          reason="first offence"),
+        # rank 0's plan after a rescale from 2 data-parallel ranks (the keep-global-batch rule)
+        schemas.TrainingPlan(job=JOB, node="node-0", rank=0, step=5, world_size=2, dp_size=2,
+                             global_batch=12, micro_batch=1, accumulation_steps=6, lr=3e-3,
+                             rescaled_from_dp=1, callbacks=["keep_global_batch"]),
     ]  # fmt: skip
     return events
 
@@ -94,6 +98,9 @@ async def test_status_once_json_shows_the_job_from_its_events_and_heartbeats(
     assert [s["signal"] for s in view["signals"]] == ["straggler"]
     assert [d["rule"] for d in view["decisions"]] == ["watch_straggler"]
     assert view["goodput"] is not None and 0 < view["goodput"]["goodput_pct"] <= 100
+    plan = view["plan"]
+    assert (plan["global_batch"], plan["accumulation_steps"], plan["lr"]) == (12, 6, 3e-3)
+    assert (plan["rescaled_from_dp"], plan["callbacks"]) == (1, ["keep_global_batch"])
 
 
 async def test_status_once_renders_the_jobs_nodes_as_text(
@@ -105,7 +112,9 @@ async def test_status_once_renders_the_jobs_nodes_as_text(
         "status", "--once", "--job", JOB, "--nats-url", nats_server.url,
         "--state-dir", str(tmp_path / "none"),
     )  # fmt: skip
-    for text in ("job job-view", "running", *NODES, "spare", "straggler", "watch_straggler"):
+    expected = ("job job-view", "running", *NODES, "spare", "straggler", "watch_straggler",
+                "12 per step", "lr 0.003", "from 1 to 2", "keep_global_batch")  # fmt: skip
+    for text in expected:
         assert text in result.stdout, result.stdout
 
 

@@ -5,16 +5,22 @@ provisions streams idempotently, runs its loops, refreshes its health record in 
 ``gp_services`` KV bucket every ``health_period_s``, and on SIGTERM stops its consumers,
 finishes the message in hand and exits 0. A loop that dies stops the service too, with exit
 status 1 and the cause in the log: a supervisor (Kubernetes, systemd) must not read it as done.
+A stop that has not finished within ``stop_deadline_s`` (a client library stuck closing a dead
+connection, a hook that never returns) ends the process with exit status 1 and every thread's
+stack in the log: on a bare host nothing else would ever kill it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
 import socket
+import sys
+import threading
 import time
 from collections.abc import Coroutine
 from typing import Any, ClassVar
@@ -53,6 +59,8 @@ class Service:
         self.bus: Bus | None = None
         self.commands: CommandRunner | None = None
         self._stopping = asyncio.Event()
+        self._stop_watchdog: threading.Timer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- to override -----------------------------------------------------------------------
 
@@ -70,6 +78,11 @@ class Service:
     async def on_stop(self) -> None:
         """Release what the service holds (called once, on SIGTERM or shutdown)."""
 
+    @property
+    def stop_deadline_s(self) -> float:
+        """How long a stop may take, from the first request, before the process exits anyway."""
+        return 20.0
+
     # ---- machinery ---------------------------------------------------------------------------
 
     @property
@@ -80,6 +93,27 @@ class Service:
         self._stopping.set()
         if self.commands is not None:
             self.commands.stop()
+        if self._stop_watchdog is None:
+            with contextlib.suppress(RuntimeError):
+                self._loop = asyncio.get_running_loop()
+            # a thread, not the event loop: the loop may be the thing that is stuck
+            self._stop_watchdog = threading.Timer(self.stop_deadline_s, self._stop_overran)
+            self._stop_watchdog.daemon = True
+            self._stop_watchdog.start()
+
+    def _stop_overran(self) -> None:
+        log.error(
+            "service did not stop within %.0f s of the stop request: exiting; the threads' and "
+            "the pending tasks' stacks follow",
+            self.stop_deadline_s,
+        )
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        # read from this thread while the loop may run: good enough for a process about to die
+        with contextlib.suppress(Exception):
+            for task in asyncio.all_tasks(self._loop) if self._loop else ():
+                task.print_stack(file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
 
     async def start_bus(self) -> Bus:
         self.bus = await Bus.connect(self.config.bus, name=f"goodput-{self.name}")

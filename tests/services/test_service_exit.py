@@ -1,11 +1,15 @@
-"""A service process whose loop dies exits non-zero with the cause in its log."""
+"""A service process whose loop dies, or whose stop never finishes, exits non-zero with the
+cause in its log."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from goodput.bus import EmbeddedNats
 
@@ -33,3 +37,29 @@ def test_a_service_whose_loop_returns_unasked_exits_non_zero(nats_server: Embedd
     result = run_dying_service(nats_server.url, "--returns")
     assert result.returncode == 1, result.stderr
     assert "returned before any stop request" in result.stderr
+
+
+@pytest.mark.parametrize("how", ["awaiting", "--blocking"])
+def test_a_service_whose_stop_hangs_exits_at_its_deadline_with_the_stacks(
+    nats_server: EmbeddedNats, how: str
+) -> None:
+    args = [sys.executable, str(HERE / "stuck_service.py"), "--nats-url", nats_server.url]
+    process = subprocess.Popen(
+        [*args, *([how] if how.startswith("--") else [])],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stderr is not None
+    for line in process.stderr:  # the stop request must find the service running
+        if "service started" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    try:
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 1, err
+    assert "did not stop within 1 s" in err
+    # where it was stuck: the blocked thread's frames, or the pending tasks
+    assert ("in on_stop" if how == "--blocking" else "Stack for <Task") in err

@@ -49,6 +49,8 @@ class Backend(Protocol):
     membership: Membership | None
     prepare_node: NodePreparer | None
     gpu_resetter: GpuResetter | None
+    #: how long stopping the ranks gracefully may take (SIGTERM, then SIGKILL)
+    stop_grace_s: float
 
     async def start_job(self, spec: schemas.StartJob) -> str: ...
 

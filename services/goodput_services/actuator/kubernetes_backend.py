@@ -94,6 +94,7 @@ class KubernetesBackend(MembershipBackend):
         self.bus_settings = bus_settings
         self.emit = emit
         self.options = options
+        self.stop_grace_s = options.stop_grace_s + DELETE_MARGIN_S
         self.api = api
         self.prepare_node = prepare_node
         self.spec: schemas.StartJob | None = None

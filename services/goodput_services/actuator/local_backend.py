@@ -50,6 +50,8 @@ class RankProcess:
 class LocalBackend(MembershipBackend):
     """Launches, watches and replaces rank processes; reports every change as an event."""
 
+    stop_grace_s = STOP_GRACE_S
+
     def __init__(
         self,
         *,

@@ -40,6 +40,11 @@ class ActuatorService(Service):
         self.backend.gpu_resetter = self._reset_gpus
         self.backend.rejoin = self._rejoin_round
 
+    @property
+    def stop_deadline_s(self) -> float:
+        # a stop lets the ranks checkpoint and exit first
+        return self.backend.stop_grace_s + 10.0
+
     async def _emit(self, event: schemas.Event) -> None:
         assert self.bus is not None
         await self.bus.emit(event)

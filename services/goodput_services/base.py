@@ -59,6 +59,9 @@ class Service:
         self.bus: Bus | None = None
         self.commands: CommandRunner | None = None
         self._stopping = asyncio.Event()
+        #: set by :func:`run_service`: the process ends if a stop overruns its deadline (a
+        #: service run inside another program, e.g. a test, leaves that to its host)
+        self.exit_when_stop_hangs = False
         self._stop_watchdog: threading.Timer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -93,7 +96,7 @@ class Service:
         self._stopping.set()
         if self.commands is not None:
             self.commands.stop()
-        if self._stop_watchdog is None:
+        if self.exit_when_stop_hangs and self._stop_watchdog is None:
             with contextlib.suppress(RuntimeError):
                 self._loop = asyncio.get_running_loop()
             # a thread, not the event loop: the loop may be the thing that is stuck
@@ -153,6 +156,8 @@ class Service:
         self.request_stop()
         stop_wait.cancel()
         await self._shutdown(tasks)
+        if self._stop_watchdog is not None:
+            self._stop_watchdog.cancel()
         if died:
             first, cause = died[0], died[0].exception()
             why = repr(cause) if cause is not None else "it returned before any stop request"
@@ -212,6 +217,7 @@ def run_service(service_class: type[Service], argv: list[str] | None = None) -> 
     setup_tracing(f"goodput-{service_class.name}")
     started = time.monotonic()
     service = service_class(config)  # options refused here exit with one line (SystemExit)
+    service.exit_when_stop_hangs = True
     try:
         asyncio.run(service.run())
     except ServiceLoopDied as exc:

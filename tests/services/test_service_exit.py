@@ -3,6 +3,7 @@ cause in its log."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from goodput.bus import EmbeddedNats
+from goodput.bus import BusSettings, EmbeddedNats
+from goodput.config import ServiceConfig
+from goodput_services.base import Service
 
 HERE = Path(__file__).parent
 
@@ -63,3 +66,19 @@ def test_a_service_whose_stop_hangs_exits_at_its_deadline_with_the_stacks(
     assert "did not stop within 1 s" in err
     # where it was stuck: the blocked thread's frames, or the pending tasks
     assert ("in on_stop" if how == "--blocking" else "Stack for <Task") in err
+
+
+async def test_a_stop_that_finishes_disarms_its_deadline(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    # armed by the process entry point; a clean stop must not leave it to fire later (it would
+    # end a program that runs services inside it, such as this test run)
+    config = ServiceConfig(state_dir=str(tmp_path), bus=BusSettings(url=nats_server.url))
+    service = Service(config)
+    service.exit_when_stop_hangs = True
+    running = asyncio.create_task(service.run())
+    while service.bus is None:
+        await asyncio.sleep(0.05)
+    service.request_stop()
+    await asyncio.wait_for(running, timeout=30)
+    assert service._stop_watchdog is not None and service._stop_watchdog.finished.is_set()

@@ -49,7 +49,7 @@ def train_step(model: torch.nn.Module, optim: torch.optim.Optimizer, step: int) 
     loss.backward()
     optim.step()
     optim.zero_grad()
-    return float(loss)
+    return float(loss.detach())
 
 
 def full(state: Any) -> Any:
@@ -85,7 +85,7 @@ def mismatches(expected: Any, actual: Any, path: str = "") -> list[str]:
             return [f"{path}: length"]
         return [
             m
-            for i, pair in enumerate(zip(expected, actual))
+            for i, pair in enumerate(zip(expected, actual, strict=True))
             for m in mismatches(*pair, f"{path}/{i}")
         ]
     return [] if expected == actual else [f"{path}: {expected!r} != {actual!r}"]

@@ -2,7 +2,8 @@
 
 Run as a script by ``test_ckpt_sharded.py`` with RANK/WORLD_SIZE/MASTER_* set, one process per
 rank: ``fsdp_job.py save|restore ROOT OUT engine|shim``. ``save`` trains 3 steps, saves step 3
-and (rank 0) writes the full tensors it saved to ``OUT/expected.pt``; ``restore`` builds the
+and (rank 0) writes the full tensors it saved to ``OUT/expected.pt``; ``save-apart`` saves each rank into a root of its own (a mesh spanning nodes'
+volumes), which must fail; ``restore`` builds the
 model from another seed, restores, compares every parameter and optimizer tensor (gathered
 whole) with the expected ones bit for bit, trains 2 more steps and writes
 ``OUT/result-<rank>.json``.
@@ -103,7 +104,15 @@ def main(phase: str, root: Path, out: Path, via: str) -> None:
         shim = TrainerShim(config, install_signal_handlers=False)
     else:
         engine = CheckpointEngine(root)
-    if phase == "save":
+    if phase == "save-apart":  # each rank alone in its own root: no root holds every shard
+        for step in range(SAVED_STEP):
+            train_step(model, optim, step)
+        model_sd, optim_sd = get_state_dict(model, optim)
+        alone = CheckpointEngine(root / f"rank{rank}")
+        result = alone.save({"model": model_sd}, SAVED_STEP).wait(timeout=120)
+        alone.close()
+        (out / f"result-{rank}.json").write_text(json.dumps({"error": result.error}))
+    elif phase == "save":
         for step in range(SAVED_STEP):
             train_step(model, optim, step)
         model_sd, optim_sd = get_state_dict(model, optim)

@@ -133,3 +133,12 @@ def test_a_bad_block_or_a_missing_record_is_refused(
     (path / shard_record_name(1)).unlink()
     with pytest.raises(NoCheckpointError, match=r"shards-r00001\.json: missing"):
         restore_checkpoint(root)
+
+
+def test_a_root_that_does_not_hold_every_shard_fails_the_save(tmp_path: Path) -> None:
+    # each rank alone in a root of its own, as ranks of a mesh spanning nodes' volumes would be
+    run_ranks(2, "save-apart", tmp_path, tmp_path, "engine")
+    for result in results(tmp_path, 2):
+        assert "saved shards cover" in result["error"]
+        assert "do not hold the whole state" in result["error"]
+    assert not list(tmp_path.glob("rank*/step-*"))

@@ -79,6 +79,13 @@ def test_missing_or_doubled_shards_are_refused() -> None:
         plan_reads(rows(0, 1, 1), [rows(0, 1, 1)], itemsize=8, block_bytes=12)
 
 
+def test_replicas_of_one_shard_are_read_once() -> None:
+    # HSDP: two replicas each saved rows 0..4 and 4..7; the first copy of each is read
+    saved = [rows(0, 4, 10), rows(4, 3, 10), rows(0, 4, 10), rows(4, 3, 10)]
+    reads = plan_reads(rows(2, 4, 10), saved, itemsize=4, block_bytes=40)
+    assert [(r.piece, r.overlap) for r in reads] == [(0, rows(2, 2, 10)), (1, rows(4, 2, 10))]
+
+
 def test_an_empty_target_needs_nothing() -> None:
     assert plan_reads(rows(7, 0, 10), [rows(0, 7, 10)], itemsize=4, block_bytes=40) == []
 

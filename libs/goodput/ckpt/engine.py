@@ -45,13 +45,12 @@ from goodput.ckpt.events import (
 )
 from goodput.ckpt.fileio import DirectIOPolicy, DirectMode, write_data_file
 from goodput.ckpt.handles import SaveHandle, SaveResult
-from goodput.ckpt.plan import IO_ALIGN, MIN_FILE_BYTES, SavePlan, align_up, make_plan
+from goodput.ckpt.plan import IO_ALIGN, MIN_FILE_BYTES, SavePlan, align_up
 from goodput.ckpt.restore import restore_checkpoint
 from goodput.ckpt.sharded_save import (
     ShardedSave,
     commit_sharded,
-    is_dtensor,
-    plan_sharded_save,
+    plan_save,
     write_shard_record,
 )
 from goodput.ckpt.snapshot import PendingCopy, Snapshotter
@@ -171,6 +170,9 @@ class CheckpointEngine:
         its slice; replica 0 commits once all slices are durable (the plain values saved are
         replica 0's, so per-replica RNG states belong in per-rank checkpoints). Invalid states raise
         (TypeError/ValueError); IO problems never do, they end in a failed result and event.
+
+        With DTensors (FSDP2) ``dp_rank``/``dp_world`` index the ranks sharing ``root``; each
+        writes its own shards, which ``restore`` reshards (``goodput.ckpt.sharded_save``).
         """
         started = time.perf_counter()
         if not 0 <= step < 10**10:
@@ -255,24 +257,13 @@ class CheckpointEngine:
     def _plan(
         self, flat: FlatState, dp_rank: int, dp_world: int
     ) -> tuple[SavePlan, list[torch.Tensor], ShardedSave | None]:
-        """The plan and the tensors to copy: the state's own, or with DTensors each rank's
-        local shards (``dp_rank``/``dp_world`` then index the ranks sharing the root)."""
-        if any(is_dtensor(tensor) for tensor in flat.tensors):
-            return plan_sharded_save(
-                flat,
-                rank=dp_rank,
-                world=dp_world,
-                files_per_rank=2 * self.writer_threads,
-                min_file_bytes=self.min_file_bytes,
-            )
-        plan = make_plan(
-            flat.tensors,
+        return plan_save(
+            flat,
             dp_rank=dp_rank,
             dp_world=dp_world,
             files_per_rank=2 * self.writer_threads,
             min_file_bytes=self.min_file_bytes,
         )
-        return plan, flat.tensors, None
 
     def _slot_limit(self, need: int) -> int:
         if self.memory_budget_bytes is None:

@@ -89,14 +89,19 @@ def plan_reads(
 ) -> list[PieceRead]:
     """The reads that fill ``target`` from the ``saved`` shards of one tensor.
 
-    Raises ReshardError unless the overlapping shards cover ``target`` exactly once (a
-    missing rank's shards, or two shards claiming the same elements).
+    Identical boxes are copies of one shard (saved by each rank holding a replica): the
+    first is read. Raises ReshardError unless the overlapping shards cover ``target`` exactly
+    once (a missing rank's shards, or two different shards claiming the same elements).
     """
     if block_bytes % itemsize:
         raise ReshardError(f"block size {block_bytes} is not a multiple of {itemsize}")
     reads: list[PieceRead] = []
     overlaps: list[Box] = []
+    seen: set[Box] = set()
     for index, box in enumerate(saved):
+        if box in seen:
+            continue
+        seen.add(box)
         overlap = intersect(target, box)
         if overlap is None or overlap.volume == 0:
             continue

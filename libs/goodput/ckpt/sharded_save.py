@@ -2,15 +2,16 @@
 
 The engine's plain path assumes every replica holds the same state and splits one byte stream
 among them. Under FSDP2 each rank holds different shards, so here each rank's stream is its
-own local tensors: a DTensor contributes its local shard (once per shard: among ranks holding
-the same shard through a ``Replicate`` mesh dimension, only coordinate 0 writes it); a plain
-tensor is written by rank 0 only (like the plain values, it is rank 0's, so per-rank RNG
+own local tensors: a DTensor contributes its local shard (a shard replicated over a
+``Replicate`` mesh dimension is written by each of its holders, since which of them share
+this root is not known here; a restore reads one copy); a plain tensor is written by rank 0
+only (like the plain values, it is rank 0's, so per-rank RNG
 states belong in per-rank checkpoints). The manifest then names the global tensors and each
 rank's record (``goodput.ckptfmt.sharded``) where its shards are.
 
 The ranks sharing one root (``dp_rank``/``dp_world`` of ``CheckpointEngine.save``) must hold
 every shard between them for the checkpoint to restore: one node's ranks under FSDP2 on that
-node, or under HSDP (one replica per node).
+node, or under HSDP with one replica per node.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import xxhash
 
 from goodput.ckpt.commit import publish_step
 from goodput.ckpt.plan import FileRange, SavePlan, make_plan, tensor_nbytes
-from goodput.ckpt.reshard import Box
+from goodput.ckpt.reshard import Box, ReshardError, plan_reads
 from goodput.ckpt.tree import FlatState, dtype_name
 from goodput.ckptfmt import (
     FORMAT,
@@ -43,6 +44,8 @@ from goodput.ckptfmt.sharded import (
     ShardPiece,
     ShardRecord,
     encode_record,
+    parse_record,
+    record_entries,
     shard_record_name,
 )
 
@@ -94,11 +97,8 @@ def _piece(index: int, tensor: torch.Tensor, rank: int) -> tuple[_Piece, torch.T
     placements = tensor.placements  # type: ignore[attr-defined]
     if any(p.is_partial() for p in placements):
         raise TypeError(f"tensor {index}: cannot checkpoint a Partial DTensor (reduce it first)")
-    coordinate = tensor.device_mesh.get_coordinate()  # type: ignore[attr-defined]
-    if coordinate is None or any(
-        c != 0 for c, p in zip(coordinate, placements, strict=True) if p.is_replicate()
-    ):
-        return None  # not in the mesh, or a replica of a shard another rank writes
+    if tensor.device_mesh.get_coordinate() is None:  # type: ignore[attr-defined]
+        return None  # this rank holds none of it
     local = tensor.to_local()  # type: ignore[attr-defined]
     box = local_box(tensor)
     if tuple(local.shape) != box.shape:
@@ -108,6 +108,29 @@ def _piece(index: int, tensor: torch.Tensor, rank: int) -> tuple[_Piece, torch.T
     return _Piece(index, box, placement, mesh), local.detach()
 
 
+def plan_save(
+    flat: FlatState, *, dp_rank: int, dp_world: int, files_per_rank: int, min_file_bytes: int
+) -> tuple[SavePlan, list[torch.Tensor], ShardedSave | None]:
+    """The engine's plan and the tensors to copy: a plain state's own tensors (replicas split
+    one stream), or with DTensors this rank's local shards and their bookkeeping."""
+    if any(is_dtensor(tensor) for tensor in flat.tensors):
+        return plan_sharded_save(
+            flat,
+            rank=dp_rank,
+            world=dp_world,
+            files_per_rank=files_per_rank,
+            min_file_bytes=min_file_bytes,
+        )
+    plan = make_plan(
+        flat.tensors,
+        dp_rank=dp_rank,
+        dp_world=dp_world,
+        files_per_rank=files_per_rank,
+        min_file_bytes=min_file_bytes,
+    )
+    return plan, flat.tensors, None
+
+
 def plan_sharded_save(
     flat: FlatState, *, rank: int, world: int, files_per_rank: int, min_file_bytes: int
 ) -> tuple[SavePlan, list[torch.Tensor], ShardedSave]:
@@ -115,11 +138,6 @@ def plan_sharded_save(
     and the shard bookkeeping. Every rank derives the same global layout digest."""
     if not 0 <= rank < world:
         raise ValueError(f"dp_rank {rank} outside dp_world {world}")
-    if world == 1 and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        raise ValueError(
-            "sharded (DTensor) state: pass dp_rank and dp_world, the index and number of the "
-            "ranks sharing this checkpoint root (each saves its own shards)"
-        )
     globals_: list[TensorEntry] = []
     pieces: list[_Piece] = []
     local: list[torch.Tensor] = []
@@ -203,7 +221,10 @@ def commit_sharded(
     files: list[FileEntry],
     metadata: dict[str, Any],
 ) -> None:
-    """Rank 0, once every rank's files and record are durable: the manifest, then the rename."""
+    """Rank 0, once every rank's files and record are durable: the manifest, then the rename.
+
+    Refused (RuntimeError) unless the ranks' shards tile every tensor exactly: a checkpoint
+    some restore could not complete must fail when saved, not when it is needed."""
     manifest = Manifest(
         format=FORMAT,
         step=step,
@@ -216,4 +237,22 @@ def commit_sharded(
         created_ns=time.time_ns(),
         metadata=metadata,
     )
+    _check_complete(tmp, manifest)
     publish_step(root, step, tmp, manifest)
+
+
+def _check_complete(directory: Path, manifest: Manifest) -> None:
+    saved: list[list[Box]] = [[] for _ in manifest.tensors]
+    for entry in record_entries(manifest):
+        record = parse_record((directory / entry.name).read_bytes(), entry, manifest.dp_world)
+        for piece in record.pieces:
+            saved[piece.tensor].append(Box(tuple(piece.offsets), tuple(piece.shape)))
+    for index, (entry, boxes) in enumerate(zip(manifest.tensors, saved, strict=True)):
+        whole = Box((0,) * len(entry.shape), tuple(entry.shape))
+        try:
+            plan_reads(whole, boxes, itemsize=1, block_bytes=1)
+        except ReshardError as exc:
+            raise RuntimeError(
+                f"tensor {index}: {exc}: the {manifest.dp_world} ranks sharing this root do not "
+                "hold the whole state (a mesh spanning nodes needs a root they all share)"
+            ) from exc

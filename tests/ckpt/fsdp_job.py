@@ -2,8 +2,7 @@
 
 Run as a script by ``test_ckpt_sharded.py`` with RANK/WORLD_SIZE/MASTER_* set, one process per
 rank: ``fsdp_job.py save|restore ROOT OUT engine|shim``. ``save`` trains 3 steps, saves step 3
-and (rank 0) writes the full tensors it saved to ``OUT/expected.pt``; ``save-apart`` saves each rank into a root of its own (a mesh spanning nodes'
-volumes), which must fail; ``restore`` builds the
+and (rank 0) writes the full tensors it saved to ``OUT/expected.pt``; ``save-own-roots`` saves each rank into a root of its own (``save_in_own_roots``); ``restore`` builds the
 model from another seed, restores, compares every parameter and optimizer tensor (gathered
 whole) with the expected ones bit for bit, trains 2 more steps and writes
 ``OUT/result-<rank>.json``.
@@ -30,13 +29,19 @@ from goodput.shim import ShimConfig, TrainerShim
 SAVED_STEP = 3
 
 
-def build(seed: int, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Odd sizes, so 2 and 3 ranks shard rows unevenly (one rank may hold none of a bias)."""
+def build(
+    seed: int, world: int, *, hsdp: bool = False
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Odd sizes, so 2 and 3 ranks shard rows unevenly. ``hsdp``: every rank a replica (mesh
+    ``replicate`` x ``shard`` = world x 1), as HSDP with one node per replica."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
         torch.nn.Linear(12, 33), torch.nn.LayerNorm(33), torch.nn.ReLU(), torch.nn.Linear(33, 5)
     )
-    mesh = init_device_mesh("cpu", (world,))
+    if hsdp:
+        mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh("cpu", (world,))
     for layer in (model[0], model[3]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -92,9 +97,32 @@ def mismatches(expected: Any, actual: Any, path: str = "") -> list[str]:
     return [] if expected == actual else [f"{path}: {expected!r} != {actual!r}"]
 
 
+def save_in_own_roots(root: Path, out: Path, rank: int, world: int) -> None:
+    """Each rank saves into a root of its own, as with a volume per node: an FSDP2 rank holds
+    part of the state (its save must fail), an HSDP replica all of it (its save succeeds)."""
+    errors = {}
+    for layout in ("fsdp", "hsdp"):
+        model, optim = build(0, world, hsdp=layout == "hsdp")
+        for step in range(SAVED_STEP):
+            train_step(model, optim, step)
+        model_sd, optim_sd = get_state_dict(model, optim)
+        state = {"model": model_sd, "optim": optim_sd, "step": SAVED_STEP}
+        with CheckpointEngine(root / f"{layout}-rank{rank}") as alone:
+            errors[layout] = alone.save(state, SAVED_STEP).wait(120).error
+    expected = full({"model": model_sd, "optim": optim_sd})  # the HSDP state
+    if rank == 0:
+        torch.save(expected, out / "expected.pt")
+    (out / f"result-{rank}.json").write_text(json.dumps(errors))
+
+
 def main(phase: str, root: Path, out: Path, via: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if phase == "save-own-roots":
+        save_in_own_roots(root, out, rank, world)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     model, optim = build(0 if phase == "save" else 1, world)
     shim = engine = None
     if via == "shim":
@@ -104,15 +132,7 @@ def main(phase: str, root: Path, out: Path, via: str) -> None:
         shim = TrainerShim(config, install_signal_handlers=False)
     else:
         engine = CheckpointEngine(root)
-    if phase == "save-apart":  # each rank alone in its own root: no root holds every shard
-        for step in range(SAVED_STEP):
-            train_step(model, optim, step)
-        model_sd, optim_sd = get_state_dict(model, optim)
-        alone = CheckpointEngine(root / f"rank{rank}")
-        result = alone.save({"model": model_sd}, SAVED_STEP).wait(timeout=120)
-        alone.close()
-        (out / f"result-{rank}.json").write_text(json.dumps({"error": result.error}))
-    elif phase == "save":
+    if phase == "save":
         for step in range(SAVED_STEP):
             train_step(model, optim, step)
         model_sd, optim_sd = get_state_dict(model, optim)

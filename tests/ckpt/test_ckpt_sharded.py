@@ -101,8 +101,8 @@ def test_restored_on_another_world_size_bit_exact_and_trains(
     assert sum(r["local_rows"] for r in got) == 33
 
 
-def test_restore_without_a_template_consolidates_full_tensors(saved: tuple[Path, Path]) -> None:
-    root, out = saved
+def assert_full_tensors(root: Path, out: Path) -> None:
+    """A restore with no template (one process, no process group) gives the full tensors."""
     expected = torch.load(out / "expected.pt", weights_only=True)
     step, state = restore_checkpoint(root)
     assert step == STEP and state["step"] == STEP
@@ -111,6 +111,10 @@ def test_restore_without_a_template_consolidates_full_tensors(saved: tuple[Path,
     for key, moments in expected["optim"]["state"].items():
         for name, tensor in moments.items():
             assert torch.equal(state["optim"]["state"][key][name], tensor), (key, name)
+
+
+def test_restore_without_a_template_consolidates_full_tensors(saved: tuple[Path, Path]) -> None:
+    assert_full_tensors(*saved)
 
 
 def test_a_bad_block_or_a_missing_record_is_refused(
@@ -135,10 +139,12 @@ def test_a_bad_block_or_a_missing_record_is_refused(
         restore_checkpoint(root)
 
 
-def test_a_root_that_does_not_hold_every_shard_fails_the_save(tmp_path: Path) -> None:
-    # each rank alone in a root of its own, as ranks of a mesh spanning nodes' volumes would be
-    run_ranks(2, "save-apart", tmp_path, tmp_path, "engine")
-    for result in results(tmp_path, 2):
-        assert "saved shards cover" in result["error"]
-        assert "do not hold the whole state" in result["error"]
-    assert not list(tmp_path.glob("rank*/step-*"))
+def test_a_root_per_rank_holds_an_hsdp_replica_but_not_an_fsdp2_shard(tmp_path: Path) -> None:
+    # each rank alone in a root of its own, as ranks with a volume per node would be
+    run_ranks(2, "save-own-roots", tmp_path, tmp_path, "engine")
+    for rank, errors in enumerate(results(tmp_path, 2)):
+        assert "saved shards cover" in errors["fsdp"]
+        assert "do not hold the whole state" in errors["fsdp"]
+        assert not list((tmp_path / f"fsdp-rank{rank}").glob("step-*"))
+        assert errors["hsdp"] is None
+        assert_full_tensors(tmp_path / f"hsdp-rank{rank}", tmp_path)

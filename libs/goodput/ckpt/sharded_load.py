@@ -160,8 +160,10 @@ def load_sharded(
     targets: list[Any] = [None] * count
     if into is not None:
         _bind_targets(into, unflatten(manifest.tree), manifest, targets)
+    block_bytes = records[0].block_bytes
+    if any(record.block_bytes != block_bytes for record in records):
+        raise CorruptCheckpointError("ranks' shard records use different block sizes")
     tasks: list[_Task] = []
-    block_bytes = records[0].block_bytes if records else 1
     for index, entry in enumerate(manifest.tensors):
         dtype = dtype_from_name(entry.dtype)
         if targets[index] is None:
@@ -176,8 +178,6 @@ def load_sharded(
         for read in reads:
             rank, piece = pieces[index][read.piece]
             tasks.append(_Task(rank, piece, read, local, box, dtype))
-    if any(record.block_bytes != block_bytes for record in records):
-        raise CorruptCheckpointError("ranks' shard records use different block sizes")
     # largest reads first, so the pool ends together
     tasks.sort(key=lambda task: task.read.byte_hi - task.read.byte_lo, reverse=True)
     with ThreadPoolExecutor(max(1, min(io_threads, len(tasks) or 1))) as pool:

@@ -97,7 +97,7 @@ def record_entries(manifest: Manifest) -> list[FileEntry]:
         (entry for entry in manifest.files if is_shard_record(entry.name)),
         key=lambda entry: entry.dp_rank,
     )
-    if [entry.dp_rank for entry in records] != list(range(manifest.dp_world)):
+    if manifest.dp_world < 1 or [e.dp_rank for e in records] != list(range(manifest.dp_world)):
         raise ManifestError(f"expected a shard record for each of {manifest.dp_world} ranks")
     for entry in records:
         if entry.name != shard_record_name(entry.dp_rank):

@@ -127,10 +127,11 @@ def _run(path: Path, manifest: Manifest, task: _Task, block_bytes: int) -> None:
 
 
 def _target(tensor: torch.Tensor) -> tuple[torch.Tensor, Box]:
-    """The tensor to fill in place and the box of the global tensor it holds."""
-    if is_dtensor(tensor):
-        return tensor.to_local(), local_box(tensor)  # type: ignore[attr-defined]
-    return tensor, Box((0,) * tensor.dim(), tuple(tensor.shape))
+    """The tensor to fill in place (outside autograd) and the box of the global tensor."""
+    with torch.no_grad():
+        if is_dtensor(tensor):
+            return tensor.to_local(), local_box(tensor)  # type: ignore[attr-defined]
+        return tensor, Box((0,) * tensor.dim(), tuple(tensor.shape))
 
 
 def load_sharded(

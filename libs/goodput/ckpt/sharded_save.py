@@ -35,7 +35,6 @@ from goodput.ckptfmt import (
     FileEntry,
     Manifest,
     TensorEntry,
-    file_xxh3_128,
     write_file_durably,
 )
 from goodput.ckptfmt.sharded import (
@@ -207,9 +206,8 @@ def write_shard_record(
     body = encode_record(record)
     path = directory / shard_record_name(sharded.rank)
     write_file_durably(path, body)
-    return FileEntry(
-        name=path.name, size=len(body), xxh3_128=file_xxh3_128(path), dp_rank=sharded.rank
-    )
+    digest = xxhash.xxh3_128_hexdigest(body)
+    return FileEntry(name=path.name, size=len(body), xxh3_128=digest, dp_rank=sharded.rank)
 
 
 def commit_sharded(

@@ -86,6 +86,30 @@ def test_replicas_of_one_shard_are_read_once() -> None:
     assert [(r.piece, r.overlap) for r in reads] == [(0, rows(2, 2, 10)), (1, rows(4, 2, 10))]
 
 
+def test_a_large_overlap_is_read_in_bounded_pieces() -> None:
+    # 7 rows of 10 float32 (40 bytes a row), at most 100 bytes a read: 2 rows each
+    reads = plan_reads(
+        rows(0, 7, 10), [rows(0, 7, 10)], itemsize=4, block_bytes=40, max_read_bytes=100
+    )
+    assert [(r.overlap, r.byte_lo, r.byte_hi) for r in reads] == [
+        (rows(0, 2, 10), 0, 80),
+        (rows(2, 2, 10), 80, 160),
+        (rows(4, 2, 10), 160, 240),
+        (rows(6, 1, 10), 240, 280),
+    ]
+    # a 1-d shard is cut by elements; a read may share an edge block with its neighbour
+    [a, b] = plan_reads(
+        Box((0,), (50,)), [Box((0,), (50,))], itemsize=4, block_bytes=64, max_read_bytes=100
+    )
+    assert (a.overlap, a.byte_lo, a.byte_hi) == (Box((0,), (25,)), 0, 128)
+    assert (b.overlap, b.byte_lo, b.byte_hi, b.element_offset(Box((0,), (50,)), 4)) == (
+        Box((25,), (25,)),
+        64,
+        200,
+        9,
+    )
+
+
 def test_an_empty_target_needs_nothing() -> None:
     assert plan_reads(rows(7, 0, 10), [rows(0, 7, 10)], itemsize=4, block_bytes=40) == []
 

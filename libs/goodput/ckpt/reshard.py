@@ -84,10 +84,31 @@ def _byte_span(overlap: Box, saved: Box, itemsize: int) -> tuple[int, int]:
     return first * itemsize, (last + 1) * itemsize
 
 
+def _chunks(overlap: Box, saved: Box, itemsize: int, max_read_bytes: int | None) -> list[Box]:
+    """The overlap cut along its first dimension so that each piece spans about
+    ``max_read_bytes`` of the saved shard (a single slice along it is never cut further)."""
+    if max_read_bytes is None or not overlap.shape or overlap.volume == 0:
+        return [overlap]
+    slice_bytes = math.prod(saved.shape[1:]) * itemsize
+    step = max(1, max_read_bytes // max(slice_bytes, 1))
+    first, rest = overlap.shape[0], overlap.shape[1:]
+    return [
+        Box((overlap.offsets[0] + lo, *overlap.offsets[1:]), (min(step, first - lo), *rest))
+        for lo in range(0, first, step)
+    ]
+
+
 def plan_reads(
-    target: Box, saved: Sequence[Box], *, itemsize: int, block_bytes: int
+    target: Box,
+    saved: Sequence[Box],
+    *,
+    itemsize: int,
+    block_bytes: int,
+    max_read_bytes: int | None = None,
 ) -> list[PieceRead]:
-    """The reads that fill ``target`` from the ``saved`` shards of one tensor.
+    """The reads that fill ``target`` from the ``saved`` shards of one tensor; with
+    ``max_read_bytes`` a large overlap is read in several pieces (bounded staging memory,
+    and more reads to run in parallel), each widened to whole blocks on its own.
 
     Identical boxes are copies of one shard (saved by each rank holding a replica): the
     first is read. Raises ReshardError unless the overlapping shards cover ``target`` exactly
@@ -105,10 +126,11 @@ def plan_reads(
         overlap = intersect(target, box)
         if overlap is None or overlap.volume == 0:
             continue
-        lo, hi = _byte_span(overlap, box, itemsize)
-        first_block = lo // block_bytes
-        end = min(-(-hi // block_bytes) * block_bytes, box.volume * itemsize)
-        reads.append(PieceRead(index, overlap, first_block * block_bytes, end, first_block))
+        for chunk in _chunks(overlap, box, itemsize, max_read_bytes):
+            lo, hi = _byte_span(chunk, box, itemsize)
+            first_block = lo // block_bytes
+            end = min(-(-hi // block_bytes) * block_bytes, box.volume * itemsize)
+            reads.append(PieceRead(index, chunk, first_block * block_bytes, end, first_block))
         overlaps.append(overlap)
     for i, a in enumerate(overlaps):
         for b in overlaps[i + 1 :]:

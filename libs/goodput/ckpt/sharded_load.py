@@ -41,6 +41,9 @@ from goodput.ckptfmt.sharded import (
     record_entries,
 )
 
+#: one read's range at most (its staging buffer); larger overlaps are read in several
+MAX_READ_BYTES = 64 << 20
+
 
 def _read_exact(path: Path, offset: int, length: int, out: memoryview) -> None:
     try:
@@ -141,6 +144,7 @@ def load_sharded(
     into: Any = None,
     io_threads: int = 4,
     policy: DirectIOPolicy | None = None,
+    max_read_bytes: int = MAX_READ_BYTES,
 ) -> Any:
     """Load a sharded checkpoint into ``into``'s tensors (DTensors: their local shards) or,
     for tensors it lacks, into new full tensors. Raises CorruptCheckpointError on any bad
@@ -173,7 +177,13 @@ def load_sharded(
         saved = [Box(tuple(p.offsets), tuple(p.shape)) for _, p in pieces[index]]
         itemsize = torch.empty((), dtype=dtype).element_size()
         try:
-            reads = plan_reads(box, saved, itemsize=itemsize, block_bytes=block_bytes)
+            reads = plan_reads(
+                box,
+                saved,
+                itemsize=itemsize,
+                block_bytes=block_bytes,
+                max_read_bytes=max_read_bytes,
+            )
         except ReshardError as exc:
             raise CorruptCheckpointError(f"tensor {index}: {exc}") from exc
         for read in reads:

@@ -25,7 +25,7 @@ from goodput.ckptfmt.manifest import FileEntry, Manifest, ManifestError
 
 SHARD_FORMAT = "goodput-shards/1"
 #: digest granularity of a shard's bytes: a resharded read over-reads at most one block per end
-DEFAULT_BLOCK_BYTES = 4 << 20
+DEFAULT_BLOCK_BYTES = 1 << 20
 #: a record lists a rank's shards; anything bigger is garbage (and must not be read into memory)
 MAX_RECORD_BYTES = 256 << 20
 _RECORD_NAME = re.compile(r"^shards-r(\d{5})\.json$")

@@ -93,6 +93,11 @@ def commit(
         created_ns=time.time_ns(),
         metadata=metadata,
     )
+    publish_step(root, step, tmp, manifest)
+
+
+def publish_step(root: Path, step: int, tmp: Path, manifest: Manifest) -> None:
+    """Write the sealed manifest last into ``tmp``, then rename it to ``step-N``."""
     write_manifest(tmp, manifest)
     final = step_dir(root, step)
     if final.exists():

@@ -45,10 +45,16 @@ from goodput.ckpt.events import (
 )
 from goodput.ckpt.fileio import DirectIOPolicy, DirectMode, write_data_file
 from goodput.ckpt.handles import SaveHandle, SaveResult
-from goodput.ckpt.plan import IO_ALIGN, MIN_FILE_BYTES, SavePlan, align_up, make_plan
+from goodput.ckpt.plan import IO_ALIGN, MIN_FILE_BYTES, SavePlan, align_up
 from goodput.ckpt.restore import restore_checkpoint
+from goodput.ckpt.sharded_save import (
+    ShardedSave,
+    commit_sharded,
+    plan_save,
+    write_shard_record,
+)
 from goodput.ckpt.snapshot import PendingCopy, Snapshotter
-from goodput.ckpt.tree import flatten
+from goodput.ckpt.tree import FlatState, flatten
 from goodput.ckptfmt import FileEntry, fsync_dir, step_dir, tmp_step_dir
 
 log = logging.getLogger(__name__)
@@ -82,6 +88,8 @@ class _Job:
     handle: SaveHandle
     copy: PendingCopy
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: a DTensor state's shards (``goodput.ckpt.sharded_save``); None for a plain state
+    sharded: ShardedSave | None = None
 
 
 def _ensure_buffer(slot: _Slot, need: int, *, pin: bool) -> HostBuffer:
@@ -162,23 +170,20 @@ class CheckpointEngine:
         its slice; replica 0 commits once all slices are durable (the plain values saved are
         replica 0's, so per-replica RNG states belong in per-rank checkpoints). Invalid states raise
         (TypeError/ValueError); IO problems never do, they end in a failed result and event.
+
+        With DTensors (FSDP2) ``dp_rank``/``dp_world`` index the ranks sharing ``root``; each
+        writes its own shards, which ``restore`` reshards (``goodput.ckpt.sharded_save``).
         """
         started = time.perf_counter()
         if not 0 <= step < 10**10:
             raise ValueError(f"step must be in [0, 1e10), got {step}")
         flat = flatten(state)
-        plan = make_plan(
-            flat.tensors,
-            dp_rank=dp_rank,
-            dp_world=dp_world,
-            files_per_rank=2 * self.writer_threads,
-            min_file_bytes=self.min_file_bytes,
-        )
+        plan, tensors, sharded = self._plan(flat, dp_rank, dp_world)
         need = slice_nbytes(plan)
         slot = self._acquire_slot(need, step)
         try:
-            buffer = _ensure_buffer(slot, need, pin=any(t.is_cuda for t in flat.tensors))
-            copy = self._snapshotter.start(flat.tensors, plan, buffer)
+            buffer = _ensure_buffer(slot, need, pin=any(t.is_cuda for t in tensors))
+            copy = self._snapshotter.start(tensors, plan, buffer)
             if not overlap:
                 copy.wait()
         except (RuntimeError, MemoryError) as exc:
@@ -189,7 +194,7 @@ class CheckpointEngine:
             handle._resolve(SaveResult(step, "failed", error=error))
             return handle
         handle = SaveHandle(step, copy if overlap else None)
-        job = _Job(step, plan, flat.tree, slot, handle, copy, dict(metadata or {}))
+        job = _Job(step, plan, flat.tree, slot, handle, copy, dict(metadata or {}), sharded)
         with self._cond:
             slot.step, slot.plan, slot.copy = step, plan, copy
             slot.state = _SlotState.PENDING
@@ -237,20 +242,28 @@ class CheckpointEngine:
         Fresh memory is slow to touch the first time (page faults; on some VMs the host backs
         it only then), so doing it here keeps that cost out of the first save's stall.
         """
-        flat = flatten(state)
-        plan = make_plan(flat.tensors, dp_rank=dp_rank, dp_world=dp_world)
+        plan, tensors, _ = self._plan(flatten(state), dp_rank, dp_world)
         with self._cond:
             if self._slots:
                 return
             slot = _Slot()
             self._slots.append(slot)
         try:
-            buffer = _ensure_buffer(
-                slot, slice_nbytes(plan), pin=any(t.is_cuda for t in flat.tensors)
-            )
+            buffer = _ensure_buffer(slot, slice_nbytes(plan), pin=any(t.is_cuda for t in tensors))
             buffer.data.fill_(0)
         finally:
             self._release_slot(slot)
+
+    def _plan(
+        self, flat: FlatState, dp_rank: int, dp_world: int
+    ) -> tuple[SavePlan, list[torch.Tensor], ShardedSave | None]:
+        return plan_save(
+            flat,
+            dp_rank=dp_rank,
+            dp_world=dp_world,
+            files_per_rank=2 * self.writer_threads,
+            min_file_bytes=self.min_file_bytes,
+        )
 
     def _slot_limit(self, need: int) -> int:
         if self.memory_budget_bytes is None:
@@ -335,13 +348,19 @@ class CheckpointEngine:
             part_path(tmp, plan.dp_rank).unlink(missing_ok=True)
             job.copy.wait()
             files = self._write_files(job, tmp)
+            if job.sharded is not None:
+                assert job.slot.buffer is not None
+                files.append(write_shard_record(tmp, job.sharded, plan, job.slot.buffer.data))
             fsync_dir(tmp)
             committed = False
             if plan.dp_world > 1:
                 write_part(tmp, plan, files)
                 if plan.dp_rank == 0:
                     files = gather_parts(plan, tmp, self.dp_commit_timeout_s)
-            if plan.dp_rank == 0:
+            if plan.dp_rank == 0 and job.sharded is not None:
+                commit_sharded(self.root, job.step, tmp, job.sharded, job.tree, files, job.metadata)
+                committed = True
+            elif plan.dp_rank == 0:
                 commit(self.root, job.step, tmp, plan, job.tree, files, job.metadata)
                 committed = True
         except Exception as exc:

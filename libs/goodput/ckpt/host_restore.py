@@ -47,11 +47,12 @@ def restore_from_host(engine: CheckpointEngine, step: int, into: Any) -> HostRes
         return f"host memory holds 1/{plan.dp_world} of step {step}"
     try:
         manifest = read_manifest(step_dir(engine.root, step))
+        # a sharded checkpoint's buffer holds one rank's shards: the volume serves it
+        if manifest.kind != KIND_ENGINE or manifest.step != step:
+            return f"step {step}'s manifest is not the engine's checkpoint of that step"
         _check_coverage(manifest)
     except (ManifestError, OSError, ValueError) as exc:
         return f"step {step}'s manifest: {exc}"
-    if manifest.kind != KIND_ENGINE or manifest.step != step:
-        return f"step {step}'s manifest is not the engine's checkpoint of that step"
     if [(t.offset, t.nbytes) for t in manifest.tensors] != [
         (t.offset, t.nbytes) for t in plan.tensors
     ]:

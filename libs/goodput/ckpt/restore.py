@@ -36,6 +36,7 @@ from goodput.ckpt.tree import TensorRef, dtype_from_name, dtype_name, unflatten
 from goodput.ckptfmt import (
     KIND_DCP,
     KIND_ENGINE,
+    KIND_SHARDED,
     FileEntry,
     Manifest,
     ManifestError,
@@ -200,11 +201,16 @@ def restore_checkpoint(
                 raise CorruptCheckpointError(
                     "written by 'dcp'; load it with dcp.load and GoodputStorageReader"
                 )
-            if manifest.kind != KIND_ENGINE:
+            if manifest.kind not in (KIND_ENGINE, KIND_SHARDED):
                 raise CorruptCheckpointError(f"written by {manifest.kind!r}, not the engine")
             if manifest.step != candidate:
                 raise CorruptCheckpointError(f"manifest says step {manifest.step}")
-            state = load_checkpoint(path, manifest, into=into, io_threads=io_threads, policy=policy)
+            load = load_checkpoint
+            if manifest.kind == KIND_SHARDED:  # DTensor state, resharded to the target's
+                from goodput.ckpt.sharded_load import load_sharded  # it builds on this module
+
+                load = load_sharded
+            state = load(path, manifest, into=into, io_threads=io_threads, policy=policy)
         except (ManifestError, CorruptCheckpointError) as exc:
             fallbacks.append(RestoreFallback(step=candidate, reason=str(exc)))
             continue

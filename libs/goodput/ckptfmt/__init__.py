@@ -6,6 +6,7 @@
   checksum, read, write, committed steps).
 - :mod:`~goodput.ckptfmt.files`: regular-file-only opens, xxh3_128 hashing, durable writes
   (fsync file and directory, atomic rename), safe deletion.
+- :mod:`~goodput.ckptfmt.sharded`: the shard records of a sharded (DTensor) checkpoint.
 - :mod:`~goodput.ckptfmt.verify`: is a checkpoint directory complete and intact.
 
 The engine (``goodput.ckpt``), the tiers (``goodput.tiers``), the replicator and the CLI all
@@ -50,6 +51,7 @@ from goodput.ckptfmt.manifest import (
     KIND_DCP,
     KIND_ENGINE,
     KIND_FILES,
+    KIND_SHARDED,
     FileEntry,
     Manifest,
     ManifestError,
@@ -74,6 +76,7 @@ __all__ = [
     "KIND_DCP",
     "KIND_ENGINE",
     "KIND_FILES",
+    "KIND_SHARDED",
     "MANIFEST_NAME",
     "STEP_PREFIX",
     "TMP_PREFIX",

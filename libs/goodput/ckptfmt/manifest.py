@@ -23,6 +23,9 @@ from goodput.ckptfmt.layout import MANIFEST_NAME, is_temp_name, step_dirs
 FORMAT = "goodput-ckpt/1"
 KIND_ENGINE = "engine"
 KIND_DCP = "dcp"
+#: the engine's checkpoint of DTensor state: each rank's shards, located by shard records
+#: (``goodput.ckptfmt.sharded``); ``tensors`` are the global tensors
+KIND_SHARDED = "engine-sharded"
 #: files without a tensor layout (benchmarks, tools): the tiers move them, nothing loads them
 KIND_FILES = "files"
 #: a manifest is small; anything bigger is garbage (and must not be read into memory)

@@ -39,7 +39,10 @@ class Fault:
     kind: FaultKind
     #: broken kinds: repaired after this long; straggler: how long it lasts
     duration_s: float = 0.0
+    #: straggler: how much slower its compute is (what the sensor sees), and the job's steps
+    #: (0: as much; a replay measures it)
     factor: float = 1.0
+    slowdown: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +52,14 @@ class StepFault:
     at_step: int
     node: str
     kind: FaultKind
-    #: straggler: how long it lasts (s)
+    #: straggler: how long it lasts (s), its compute factor and the job's measured slowdown
     duration_s: float = 0.0
     factor: float = 1.0
+    slowdown: float = 0.0
     #: broken kinds: repaired when training reaches this step (None: by ``duration_s``)
     repair_at_step: int | None = None
+    #: it strikes this long after the step is done (and saved, if it is a checkpoint step)
+    delay_s: float = 0.0
 
 
 def node_names(job: JobSpec) -> list[str]:

@@ -77,6 +77,8 @@ class SimActuator:
         seconds = c.stop_s + c.launch_s
         if isinstance(command, schemas.HotSwap):
             seconds += c.hot_swap_provision_s
+        if isinstance(command, schemas.Restart) and command.reset_gpus:
+            seconds += c.gpu_reset_s
         cost = self.measured.next(action) if self.measured is not None else None
         if cost is not None:
             seconds = cost.relaunch_s

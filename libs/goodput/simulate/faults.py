@@ -9,7 +9,7 @@ straggler sends to the real sensor — the events a real rank, host monitor or a
 from __future__ import annotations
 
 from goodput.simulate import messages as msg
-from goodput.simulate.fleet import BREAKING, Fault
+from goodput.simulate.fleet import BREAKING, XIDS, Fault
 from goodput.simulate.records import NS, T0, FedRank
 
 
@@ -55,7 +55,7 @@ class FaultsMixin:
             if fault.duration_s:
                 self._at(self.now + int(fault.duration_s * NS), self._repaired, node)
         if node not in active:
-            if fault.kind == "gpu_xid":  # a spare's host monitor reports it too
+            if fault.kind in XIDS:  # a spare's host monitor reports it too
                 self._manifest(-1, node, fault.kind)
             return
         self.interruptions += 1
@@ -91,8 +91,8 @@ class FaultsMixin:
                 self._register(rank, FedRank(node, stepping=False))
                 step, time_s = max(self.step - 1, 0), self.job.step_time_s
                 self._feed(msg.step_done(node, rank, self.now, step, time_s, 0.0, len(self._fed)))
-        elif kind == "gpu_xid":
-            self._feed_later(probe, msg.host_report(node, self.now, attempt, xid=True))
+        elif kind in XIDS:
+            self._feed_later(probe, msg.host_report(node, self.now, attempt, xid=XIDS[kind]))
         elif kind == "node_down":
             # the demo's node loss: its host monitor reports the node down at once (a change
             # is reported when it happens), then the exit of its killed ranks arrives
@@ -132,6 +132,12 @@ class FaultsMixin:
             self._reshape()
             if self._next_step is not None:
                 self._next_step = self.now + self._step_ns()
+
+    def _gpus_reset(self, nodes: list[str]) -> None:
+        """A restart reset these nodes' GPUs: a fault a reset clears is gone."""
+        for node in nodes:
+            if self._broken.get(node) == "correctable":
+                self._repaired(node)
 
     def _repaired(self, node: str) -> None:
         """The node is healthy again; its host monitor says so."""

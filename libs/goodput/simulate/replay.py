@@ -202,6 +202,7 @@ def _profile(costs: dict, measured: dict[str, list[RemediationCost]]) -> CostPro
             launch_s=restart,
             startup_s=costs["first_startup_s"],
             hot_swap_provision_s=0.0,
+            gpu_reset_s=0.0,  # the demo's nodes have no GPU
         ),
         detection=DetectionCosts(
             event_latency_s=0.01, decision_s=costs["decision_s"], host_probe_s=HOST_PROBE_S

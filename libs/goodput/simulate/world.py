@@ -338,6 +338,8 @@ class World(FaultsMixin):
             self.ledger.switch(self.now, "down")
             self.ledger.book(self.end)
         elif execution.relaunch:
+            if isinstance(execution.command, schemas.Restart):
+                self._gpus_reset(list(execution.command.reset_gpus))
             self._launch(execution)
 
     # ---- training -----------------------------------------------------------------------------

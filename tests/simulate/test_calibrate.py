@@ -13,7 +13,7 @@ from goodput.simulate.profile import SimulateError, load_profile
 CKPT = {
     "size_gb": 2.0,
     "methods": {
-        "goodput": {"stall_s": 0.25, "persist_gbps": 2.0, "restore_gbps": 1.25},
+        "goodput": {"stall_s": 0.25, "write_gbps": 2.0, "restore_gbps": 1.25},
         "torch_save": {"write_gbps": 0.4},
     },
 }

@@ -29,6 +29,8 @@ def test_shipped_inputs_load():
     preset = load_preset("llama3-16k")
     assert preset.job.nodes * preset.job.gpus_per_node == 16_384
     assert load_profile(preset.profile).checkpoint.object_every >= 1
+    # the profile calibrated from this machine's benchmarks ships too
+    assert load_profile("local-bench").restart.startup_s > 0
 
 
 @pytest.mark.parametrize(

@@ -95,8 +95,8 @@ def calibrate(directory: str, name: str = "local-bench") -> str:
         ("snapshot_gbps", per_s(size, stall), "ckpt.json size_gb / methods.goodput.stall_s"),
         (
             "local_write_gbps",
-            _get(ckpt, "ckpt.json", "methods", "goodput", "persist_gbps"),
-            "ckpt.json methods.goodput.persist_gbps",
+            _get(ckpt, "ckpt.json", "methods", "goodput", "write_gbps"),
+            "ckpt.json methods.goodput.write_gbps (size / durable_s)",
         ),
         (
             "local_read_gbps",

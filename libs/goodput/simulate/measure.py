@@ -30,7 +30,14 @@ class _Open:
 
     action: str
     decided_ns: int
+    #: the last rank started, else (an in-process restart of every rank) the last rejoined:
+    #: `goodput report` ends the relaunch at a rank started
     started_ns: int = 0
+    rejoined_ns: int = 0
+
+    @property
+    def up_ns(self) -> int:
+        return self.started_ns or self.rejoined_ns
     restore_s: float = 0.0
     restored_step: int | None = None
 
@@ -66,14 +73,16 @@ def measured_costs(
                 began = event.ts - int(event.step_time_s * 1e9)
                 if first_startup_s is None and first_start_ns is not None:
                     first_startup_s = max(0.0, (began - first_start_ns) / 1e9)
-                if current is not None and current.started_ns:
+                if current is not None and current.up_ns:
                     remediations.append(_closed(current, began))
                     current = None
-            case schemas.RankStarted() | schemas.RankRejoined():
+            case schemas.RankStarted():
                 if first_start_ns is None:
                     first_start_ns = event.ts
                 if current is not None:
                     current.started_ns = max(current.started_ns, event.ts)
+            case schemas.RankRejoined() if current is not None:
+                current.rejoined_ns = max(current.rejoined_ns, event.ts)
             case schemas.CheckpointRestored(rank=0) if current is not None:
                 current.restore_s, current.restored_step = event.duration_s, event.step
             case schemas.CheckpointSaved(rank=0):
@@ -109,8 +118,8 @@ def measured_costs(
 
 
 def _closed(remediation: _Open, first_step_began_ns: int) -> dict:
-    relaunch = (remediation.started_ns - remediation.decided_ns) / 1e9
-    startup = (first_step_began_ns - remediation.started_ns) / 1e9 - remediation.restore_s
+    relaunch = (remediation.up_ns - remediation.decided_ns) / 1e9
+    startup = (first_step_began_ns - remediation.up_ns) / 1e9 - remediation.restore_s
     return {
         "action": remediation.action,
         "relaunch_s": round(max(0.0, relaunch), 4),

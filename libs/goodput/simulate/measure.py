@@ -38,6 +38,7 @@ class _Open:
     @property
     def up_ns(self) -> int:
         return self.started_ns or self.rejoined_ns
+
     restore_s: float = 0.0
     restored_step: int | None = None
 

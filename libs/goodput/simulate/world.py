@@ -331,6 +331,8 @@ class World(FaultsMixin):
         self.ledger.switch(self.now, "restart")
 
     def _executed(self, execution: Execution) -> None:
+        if execution.relaunch:
+            self.ckpt.relaunched()  # the ranks start before the actuator answers
         self.state = observe_status(self.state, self.actuator.status(self.now), self.now)
         self._apply(self.controller.settle(self.state, execution.result, self.now))
         if execution.stopped:
@@ -353,7 +355,6 @@ class World(FaultsMixin):
         gen = self._gen
         cost = execution.cost if execution is not None else None
         if execution is not None:
-            self.ckpt.relaunched()
             capture, tier, restore_s = self.ckpt.restore(
                 self._failure_ns or self.now,
                 fresh_node=fresh,

@@ -29,7 +29,7 @@ def test_replay_predicts_the_demo_within_three_points(tmp_path: Path) -> None:
         *("--scenario", "scale-down-up"),
         "--compare-baseline",
         "--json",
-        *("--steps", "60"),
+        *("--steps", "40"),
         *("--ckpt-every", "10"),
         *("--timeout", str(RUN_TIMEOUT_S)),
         *("--state-dir", str(tmp_path / "demo")),

@@ -119,6 +119,28 @@ class FaultsMixin:
         fed = self._fed.get(rank) or self._register(rank, FedRank(node))
         fed.compute_factor = self._compute_factor.get(node, 1.0)
 
+    def _ledger_slowdown(self) -> float:
+        """The slowdown `goodput report` books as straggler time: flagged stragglers only."""
+        active = self.actuator.membership.active
+        return max(
+            (f for n, f in self._straggling.items() if n in self._flagged and n in active),
+            default=1.0,
+        )
+
+    def _reshape(self) -> None:
+        if self.ledger.phase in ("running", "saving"):
+            active = self.actuator.membership.active
+            self.ledger.set_shape(self.now, len(active), self._ledger_slowdown())
+
+    def _slowdown(self) -> float:
+        """How much slower the job steps: its slowest active node (cached per change)."""
+        key = (self.actuator.attempt, self._straggle_changes)
+        if key != self._slow_key:
+            active = set(self.actuator.membership.active)
+            self._slow_key = key
+            self._slow = max((f for n, f in self._straggling.items() if n in active), default=1.0)
+        return self._slow
+
     def _straggler_ends(self, node: str) -> None:
         if self._straggling.pop(node, None) is None:
             return

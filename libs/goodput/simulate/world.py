@@ -425,28 +425,6 @@ class World(FaultsMixin):
         self.ledger.switch(self.now, "running")
         self._next_step = self.now + self._step_ns()
 
-    def _ledger_slowdown(self) -> float:
-        """The slowdown `goodput report` books as straggler time: flagged stragglers only."""
-        active = self.actuator.membership.active
-        return max(
-            (f for n, f in self._straggling.items() if n in self._flagged and n in active),
-            default=1.0,
-        )
-
-    def _reshape(self) -> None:
-        if self.ledger.phase in ("running", "saving"):
-            active = self.actuator.membership.active
-            self.ledger.set_shape(self.now, len(active), self._ledger_slowdown())
-
-    def _slowdown(self) -> float:
-        """How much slower the job steps: its slowest active node (cached per change)."""
-        key = (self.actuator.attempt, self._straggle_changes)
-        if key != self._slow_key:
-            active = set(self.actuator.membership.active)
-            self._slow_key = key
-            self._slow = max((f for n, f in self._straggling.items() if n in active), default=1.0)
-        return self._slow
-
     def _step_ns(self) -> int:
         return int(self.job.step_time_s * self._slowdown() * NS)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 
 from goodput import schemas
@@ -71,3 +72,27 @@ def test_interval_never_below_the_time_to_persist() -> None:
 def test_nothing_to_recommend_without_measurements() -> None:
     assert Controller().recommend_checkpoint_interval(job(), at(1)).decision is None
     assert IntervalSettings().prior_mtbf_s == 86_400
+
+
+def test_a_relaunch_gets_the_tuned_interval_again() -> None:
+    """Ranks started again checkpoint at the launch interval until they are told the tuned one."""
+    from goodput.control.state import apply_command
+
+    controller = Controller()
+    restart = schemas.Restart(job=JOB, reason="crash")
+    untuned = apply_command(job(), restart, at(10), "crash")
+    done = schemas.ActionResult(
+        job=JOB, command_id=restart.command_id, action="restart", ok=True, duration_s=1.0
+    )
+    assert controller.settle(untuned, done, at(11)).commands == []  # nothing tuned yet
+    tuned = msgspec.structs.replace(untuned, checkpoint_interval_steps=40)
+    outcome = controller.settle(tuned, done, at(11))
+    (command,) = outcome.commands
+    assert isinstance(command, schemas.SetCheckpointInterval) and command.every_steps == 40
+    assert outcome.decision.rule == "checkpoint-interval"
+    assert "launch interval" in outcome.decision.reason
+    refused = msgspec.structs.replace(done, ok=False, detail="no node")
+    assert not any(
+        isinstance(c, schemas.SetCheckpointInterval)
+        for c in controller.settle(tuned, refused, at(11)).commands
+    )

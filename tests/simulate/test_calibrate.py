@@ -13,17 +13,19 @@ from goodput.simulate.profile import SimulateError, load_profile
 CKPT = {
     "size_gb": 2.0,
     "methods": {
-        "goodput": {"stall_s": 0.25, "persist_gbps": 2.0, "restore_gbps": 1.25},
+        "goodput": {"stall_s": 0.25, "write_gbps": 2.0, "restore_gbps": 1.25},
         "torch_save": {"write_gbps": 0.4},
     },
 }
 RESTORE = {"size_gb": 1.0, "replication_gbps": 0.8, "peer_s": 1.6, "object_store_s": 4.0}
 RECOVERY = {
-    "relaunch_s": 0.7,
-    "startup_s": 20.0,
-    "first_step_s": 1.0,
-    "detect_s": 0.3,
-    "decide_s": 0.01,
+    "cold": {
+        "relaunch_s": 0.7,
+        "startup_s": 20.0,
+        "first_step_s": 1.0,
+        "detect_s": 0.3,
+        "decide_s": 0.01,
+    },
     "load_1m_before": 9.5,
 }
 
@@ -43,7 +45,8 @@ def test_calibrated_profile_loads_and_cites_its_sources(tmp_path):
     assert profile.checkpoint.snapshot_gbps == pytest.approx(8.0)  # 2 GB / 0.25 s
     assert profile.checkpoint.object_write_gbps == pytest.approx(0.4)
     assert profile.restart.startup_s == pytest.approx(21.0)
-    assert "# recovery.json relaunch_s" in text
+    assert "# recovery.json cold.relaunch_s" in text
+    assert "load average 9.5" in text
 
 
 def test_a_missing_benchmark_is_named(tmp_path):

@@ -33,10 +33,27 @@ COSTS = {
     "step_time_s": 0.2,
     "checkpoint_stall_s": 0.05,
     "checkpoint_persist_s": 0.3,
-    "restore_s": {"local": 0.2},
-    "relaunch_s": {"restart": 3.0, "hot_swap": 3.5},
-    "startup_s": 4.0,
+    "first_startup_s": 4.0,
+    "shutdown_s": 2.0,
     "decision_s": 0.02,
+    "remediations": [
+        {
+            "action": "restart",
+            "relaunch_s": 3.0,
+            "restore_s": 0.2,
+            "restored_step": 40,
+            "startup_s": 4.0,
+        },
+        {
+            "action": "hot_swap",
+            "relaunch_s": 3.5,
+            "restore_s": 0.2,
+            "restored_step": 180,
+            "startup_s": 4.0,
+        },
+    ],
+    "slowdowns": [2.5],
+    "fault_delays_s": [0.1, 0.1, 0.1, 0.05],
 }
 
 

@@ -29,6 +29,8 @@ def test_shipped_inputs_load():
     preset = load_preset("llama3-16k")
     assert preset.job.nodes * preset.job.gpus_per_node == 16_384
     assert load_profile(preset.profile).checkpoint.object_every >= 1
+    # the profile calibrated from this machine's benchmarks ships too
+    assert load_profile("local-bench").restart.startup_s > 0
 
 
 @pytest.mark.parametrize(
@@ -156,3 +158,29 @@ def test_a_spares_sweep_plots_and_recommends(tmp_path):
     assert plot(result, tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SimulateError, match="whole replicas"):
         sweep(preset, load_profile(preset.profile), "size", [100], pick(["goodput"]))
+
+
+def _one_fault_world(strategy: str, kind: str):
+    from goodput.simulate.fleet import Fault
+    from goodput.simulate.strategies import strategies
+    from goodput.simulate.world import World
+
+    preset = short_case_study(2)
+    trace = [Fault(at_s=1800.0, node="node-5", kind=kind, duration_s=7200.0)]  # type: ignore[arg-type]
+    return World(preset.job, load_profile(preset.profile), strategies()[strategy], trace)
+
+
+def test_a_correctable_gpu_fault_is_reset_in_place_and_the_node_kept():
+    goodput = _one_fault_world("goodput", "correctable")
+    result = goodput.run()
+    assert result.rules.get("gpu-reset") == 1
+    assert "hot-swap" not in result.rules and "scale-down" not in result.rules
+    assert "node-5" in goodput.actuator.membership.active
+    # the same fault read as uncorrectable (XID 79) costs the node: swapped for a spare
+    swapped = _one_fault_world("goodput", "gpu_xid")
+    assert swapped.run().rules.get("hot-swap") == 1
+    assert "node-5" not in swapped.actuator.membership.active
+    # without the rung the job waits for the node's repair: far more lost
+    baseline = _one_fault_world("baseline", "correctable").run()
+    assert baseline.badput["job_down"] + baseline.badput["restart_reprovision"] > 3600
+    assert result.goodput_pct > baseline.goodput_pct

@@ -145,7 +145,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--profile",
-        help="cost profile: a shipped name (large-gpu) or a TOML file (default: the preset's)",
+        help="cost profile: a shipped name (large-gpu, local-bench) or a TOML file (default: the preset's)",
     )
     parser.add_argument(
         "--strategies",

@@ -81,11 +81,16 @@ class Controller:
         return self._decide(observe_signal(state, signal, now), signal, now, tag="first")
 
     def settle(self, state: JobState, result: schemas.ActionResult, now: int) -> Outcome:
-        """Fold the actuator's answer; a refused remediation's signal is decided once more."""
+        """Fold the actuator's answer; a refused remediation's signal is decided once more.
+
+        Ranks started again (or restarted in process) checkpoint at the job's launch interval:
+        a relaunch that succeeded gets the tuned interval sent once more."""
         pending = next(
             (p for p in state.pending if p.command.command_id == result.command_id), None
         )
         state = observe_result(state, result, now)
+        if result.ok and pending is not None and isinstance(pending.command, RESTARTING):
+            return self._resend_interval(state, result, now)
         if (
             pending is None
             or result.ok
@@ -147,6 +152,36 @@ class Controller:
         return Outcome(apply_command(state, command, now), decision, [command])
 
     # ---- internals ---------------------------------------------------------------------------
+
+    def _resend_interval(self, state: JobState, result: schemas.ActionResult, now: int) -> Outcome:
+        every = state.checkpoint_interval_steps
+        if not self.settings.checkpoint_interval.enabled or every <= 0:
+            return Outcome(state)
+        decision_id = _id(result.command_id, "interval")
+        reason = (
+            f"{result.action} started ranks again at the launch interval: every {every} steps "
+            "once more"
+        )
+        command = schemas.SetCheckpointInterval(
+            job=state.job,
+            ts=now,
+            every_steps=every,
+            rationale=reason,
+            command_id=_id(decision_id, "0"),
+            decision_id=decision_id,
+            reason=reason,
+        )
+        decision = schemas.Decision(
+            job=state.job,
+            ts=now,
+            decision_id=decision_id,
+            signal_id="",
+            policy=BUILTIN,
+            rule="checkpoint-interval",
+            reason=reason,
+            command_ids=[command.command_id],
+        )
+        return Outcome(apply_command(state, command, now), decision, [command])
 
     def _decide(
         self, state: JobState, signal: schemas.Signal, now: int, *, tag: str, note: str = ""

@@ -34,6 +34,8 @@ class Injected:
     ok: bool
     detail: str
     repaired_at_step: int | None = None
+    #: when it was fired (epoch ns, the clock of the events' ``ts``)
+    at_ns: int = 0
 
     def as_dict(self) -> dict:
         return {
@@ -160,7 +162,7 @@ class Driver:
                 entry.repaired_at_step = self.watcher.step
 
     def _record(self, fault: DemoFault, node: str, ok: bool, detail: str) -> bool:
-        entry = Injected(self.watcher.step, fault, node, ok, detail)
+        entry = Injected(self.watcher.step, fault, node, ok, detail, at_ns=time.time_ns())
         self.injected.append(entry)
         where = f" on {node}" if node else ""
         self.say(

@@ -166,6 +166,7 @@ def run_once(
                     "duration_s": entry.fault.duration_s,
                     "repair_after_s": entry.fault.repair_after_s,
                     "repair_at_step": entry.repaired_at_step,
+                    "at_ns": entry.at_ns,
                 }
                 for entry in driver.injected
             ],
@@ -207,7 +208,8 @@ async def _follow(
                 subjects.ACTUATOR, schemas.Stop(job=start.job, reason="demo timed out")
             )
             await watcher.wait(90)
-        report, costs = await _goodput(bus, start.job)
+        struck = [(e.at_ns, e.step) for e in driver.injected]
+        report, costs = await _goodput(bus, start.job, struck, _slow_windows(driver))
     finally:
         await ctx.close()
         await watcher.stop()
@@ -215,10 +217,21 @@ async def _follow(
     return watcher, driver, report, costs
 
 
-async def _goodput(bus: Bus, job: str) -> tuple[GoodputReport | None, dict]:
+def _slow_windows(driver: Driver) -> list[tuple[int, int]]:
+    """When each straggler the driver injected was slow (epoch ns), in injection order."""
+    return [
+        (e.at_ns, e.at_ns + int(e.fault.duration_s * 1e9))
+        for e in driver.injected
+        if e.ok and e.fault.action == "slow-rank"
+    ]
+
+
+async def _goodput(
+    bus: Bus, job: str, struck: list[tuple[int, int]], slow_windows: list[tuple[int, int]]
+) -> tuple[GoodputReport | None, dict]:
     """The goodput report of the run and its measured costs, from its events in GP_EVENTS."""
     events = await replay_from_bus(bus, job, idle_timeout_s=3.0)
-    costs = measured_costs(events)
+    costs = measured_costs(events, struck, slow_windows)
     try:
         return compute_goodput(events), costs
     except ValueError:

@@ -3,21 +3,24 @@ actuator's membership rules (:mod:`goodput.membership`), taking the profile's ti
 
 Commands run one after the other, as the real actuator's consumer runs them. A restarting
 command (restart, hot swap, scale) stops the worker group and relaunches it; the relaunch is
-reported back to the world, which restores and resumes training. An in-process restart
-(``RestartInProcess``) is run as a restart: without a measured time for it (a replay of a run
-that restarted in process has one), it costs what a cold restart costs, since a profile has no
-warm-restart figures; the simulated figure is then pessimistic for it. A command the membership
+reported back to the world, which restores and resumes training. A replayed run's
+remediations cost what the run measured for each (:class:`MeasuredCosts`). An in-process
+restart (``RestartInProcess``) is run as a restart: without a measured time for it, it costs
+what a cold restart costs, since a profile has no warm-restart figures; the simulated figure
+is then pessimistic for it. A command the membership
 rules refuse is answered with a failed ``ActionResult``, as the real actuator answers it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from goodput import schemas
 from goodput.membership import Membership, MembershipError
 from goodput.policy.state import ACTUATOR_COMMANDS
 from goodput.simulate.profile import RestartCosts
+from goodput.simulate.records import MeasuredCosts, RemediationCost
 
 NS = 1_000_000_000
 
@@ -33,6 +36,8 @@ class Execution:
     membership: Membership
     relaunch: bool
     stopped: bool = False
+    #: a replay: what the run measured for this remediation
+    cost: RemediationCost | None = None
 
 
 class SimActuator:
@@ -41,11 +46,10 @@ class SimActuator:
         job: str,
         membership: Membership,
         costs: RestartCosts,
-        measured: dict[str, float] | None = None,
+        measured: MeasuredCosts | None = None,
     ):
-        """``measured``: seconds per restarting action as a replayed run took them (they
-        replace the profile's stop + launch + provision)."""
-        self.measured = measured or {}
+        """``measured``: a replayed run's remediation costs (they replace the profile's)."""
+        self.measured = measured
         self.job = job
         self.membership = membership
         self.costs = costs
@@ -73,12 +77,16 @@ class SimActuator:
         seconds = c.stop_s + c.launch_s
         if isinstance(command, schemas.HotSwap):
             seconds += c.hot_swap_provision_s
-        seconds = self.measured.get(action, seconds)
+        if isinstance(command, schemas.Restart) and command.reset_gpus:
+            seconds += c.gpu_reset_s
+        cost = self.measured.next(action) if self.measured is not None else None
+        if cost is not None:
+            seconds = cost.relaunch_s
         self.membership = after
         self.attempt += 1
-        return self._answer(
-            command, start, start + int(seconds * NS), True, f"{action} done", relaunch=True
-        )
+        done = start + int(seconds * NS)
+        execution = self._answer(command, start, done, True, f"{action} done", relaunch=True)
+        return dataclasses.replace(execution, cost=cost)
 
     def _answer(
         self,

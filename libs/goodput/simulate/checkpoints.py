@@ -5,12 +5,17 @@ Three ways to save, as the strategies combine them: synchronous to the object st
 waits for the whole write, the baseline's ``torch.save``), asynchronous to the object store
 (training waits for the snapshot only), and multi-tier (snapshot, local volume, a peer's
 volume, and every k-th checkpoint the object store), priced by the cost profile.
+
+Which steps save is the shim's own schedule (:class:`goodput.shim.schedule.CheckpointSchedule`),
+as every rank runs it: an interval command takes effect after the vote at the next agreement
+step, and ranks started again (or restarted in process) begin from the job's launch interval.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from goodput.shim.schedule import CheckpointSchedule
 from goodput.simulate.ledger import WorkMark
 from goodput.simulate.profile import CheckpointCosts
 
@@ -42,9 +47,25 @@ class CheckpointSystem:
         self.gb = state_gb
         self.asynchronous = asynchronous
         self.multi_tier = multi_tier
-        self.every_steps = max(1, every_steps)
+        self.launch_every_steps = max(1, every_steps)
+        self.schedule = CheckpointSchedule(self.launch_every_steps)
+        self._command_ts = 0
         self.captures: list[Capture] = []
         self._count = 0
+
+    @property
+    def every_steps(self) -> int:
+        """The interval in force on the ranks."""
+        return self.schedule.every_steps
+
+    def relaunched(self) -> None:
+        """New ranks (or ranks restarted in process): the schedule starts over."""
+        self.schedule = CheckpointSchedule(self.launch_every_steps)
+
+    def set_interval(self, every_steps: int) -> None:
+        """A ``SetCheckpointInterval`` reached the ranks; it is put to the vote."""
+        self._command_ts += 1
+        self.schedule.receive_interval(self._command_ts, max(1, every_steps))
 
     def _seconds(self, gbps: float) -> float:
         return self.costs.latency_s + self.gb / gbps
@@ -57,8 +78,13 @@ class CheckpointSystem:
             return self.gb / self.costs.snapshot_gbps
         return self._seconds(self.costs.object_write_gbps)
 
-    def due(self, step: int) -> bool:
-        return step > 0 and step % self.every_steps == 0
+    def due(self, step: int, *, solo: bool) -> bool:
+        """Whether the ranks checkpoint ``step`` (called once per step, as the shim does).
+
+        Every simulated rank holds the same commands, so the ballot of one is the reduced one."""
+        sched = self.schedule
+        ballot = sched.vote() if sched.is_agreement_step(step, solo) else None
+        return sched.decide(step, ballot) and step > 0
 
     def busy(self, now: int) -> bool:
         """An asynchronous save still persisting: the next one is dropped, not queued."""
@@ -87,10 +113,13 @@ class CheckpointSystem:
     def first_durable_ns(capture: Capture) -> int:
         return min(capture.durable_ns.values())
 
-    def restore(self, fault_ns: int, *, fresh_node: bool) -> tuple[Capture | None, str, float]:
+    def restore(
+        self, fault_ns: int, *, fresh_node: bool, at_most_step: int | None = None
+    ) -> tuple[Capture | None, str, float]:
         """The copy a relaunch restores: newest first, from the fastest tier that held it at
         ``fault_ns``; a node new to the job has no local copy. (None, "none", 0) restarts from
-        scratch."""
+        scratch. ``at_most_step``: a replayed run restored this step (every rank must hold a
+        copy, which one reference rank does not tell), so nothing newer is restored."""
         usable = ["object_store"]
         if self.multi_tier:
             usable = ["peer", "object_store"] if fresh_node else list(TIERS)
@@ -100,6 +129,8 @@ class CheckpointSystem:
             "object_store": self.costs.object_read_gbps,
         }
         for capture in reversed(self.captures):
+            if at_most_step is not None and capture.step > at_most_step:
+                continue
             held = [t for t in usable if capture.durable_ns.get(t, fault_ns + 1) <= fault_ns]
             if held:
                 tier = max(held, key=lambda t: speed[t])

@@ -9,7 +9,7 @@ straggler sends to the real sensor — the events a real rank, host monitor or a
 from __future__ import annotations
 
 from goodput.simulate import messages as msg
-from goodput.simulate.fleet import BREAKING, Fault
+from goodput.simulate.fleet import BREAKING, XIDS, Fault
 from goodput.simulate.records import NS, T0, FedRank
 
 
@@ -21,9 +21,19 @@ class FaultsMixin:
             self._repaired(node)
         while self._step_faults and self._step_faults[0].at_step <= self.step:
             fault = self._step_faults.pop(0)
-            self._fault(
-                Fault((self.now - T0) / NS, fault.node, fault.kind, fault.duration_s, fault.factor)
+            at_ns = self.now + int(fault.delay_s * NS)
+            strikes = Fault(
+                (at_ns - T0) / NS,
+                fault.node,
+                fault.kind,
+                fault.duration_s,
+                fault.factor,
+                fault.slowdown,
             )
+            if at_ns > self.now:
+                self._at(at_ns, self._fault, strikes)
+            else:
+                self._fault(strikes)
             if fault.repair_at_step is not None:
                 self._repairs_at_step.append((fault.repair_at_step, fault.node))
 
@@ -33,11 +43,11 @@ class FaultsMixin:
             return  # already down: a broken node cannot fail again
         active = self.actuator.membership.active
         if fault.kind == "straggler":
-            self._straggling[node] = fault.factor
+            self._straggling[node] = fault.slowdown or fault.factor
+            self._compute_factor[node] = fault.factor
             self._straggle_changes += 1
             self._at(self.now + int(fault.duration_s * NS), self._straggler_ends, node)
             if node in active and self.ledger.phase in ("running", "saving"):
-                self.ledger.set_shape(self.now, len(active), self._slowdown())
                 self._watch_straggler(active.index(node), node)
             return
         if fault.kind in BREAKING:
@@ -45,7 +55,7 @@ class FaultsMixin:
             if fault.duration_s:
                 self._at(self.now + int(fault.duration_s * NS), self._repaired, node)
         if node not in active:
-            if fault.kind == "gpu_xid":  # a spare's host monitor reports it too
+            if fault.kind in XIDS:  # a spare's host monitor reports it too
                 self._manifest(-1, node, fault.kind)
             return
         self.interruptions += 1
@@ -81,16 +91,17 @@ class FaultsMixin:
                 self._register(rank, FedRank(node, stepping=False))
                 step, time_s = max(self.step - 1, 0), self.job.step_time_s
                 self._feed(msg.step_done(node, rank, self.now, step, time_s, 0.0, len(self._fed)))
-        elif kind == "gpu_xid":
-            self._feed_later(probe, msg.host_report(node, self.now, attempt, xid=True))
+        elif kind in XIDS:
+            self._feed_later(probe, msg.host_report(node, self.now, attempt, xid=XIDS[kind]))
         elif kind == "node_down":
-            # the demo's node loss: its ranks are killed (the exit is reported) and its host
-            # monitor reports the node down
+            # the demo's node loss: its host monitor reports the node down at once (a change
+            # is reported when it happens), then the exit of its killed ranks arrives
             self._fed.pop(rank, None)
+            down = msg.host_report(node, self.now, attempt, faults=("node_down",))
+            self._feed_later(self._latency, down)
             self._feed_later(
-                self._latency, msg.rank_exited(node, rank, self.now, attempt, signal=9)
+                2 * self._latency, msg.rank_exited(node, rank, self.now, attempt, signal=9)
             )
-            self._feed_later(probe, msg.host_report(node, self.now, attempt, faults=("node_down",)))
         elif kind == "lost_host":
             fed = self._fed.get(rank) or self._register(rank, FedRank(node))
             fed.heartbeating = fed.stepping = False
@@ -106,20 +117,49 @@ class FaultsMixin:
     def _watch_straggler(self, position: int, node: str) -> None:
         rank = position * self.job.gpus_per_node
         fed = self._fed.get(rank) or self._register(rank, FedRank(node))
-        fed.compute_factor = self._straggling.get(node, 1.0)
+        fed.compute_factor = self._compute_factor.get(node, 1.0)
+
+    def _ledger_slowdown(self) -> float:
+        """The slowdown `goodput report` books as straggler time: flagged stragglers only."""
+        active = self.actuator.membership.active
+        return max(
+            (f for n, f in self._straggling.items() if n in self._flagged and n in active),
+            default=1.0,
+        )
+
+    def _reshape(self) -> None:
+        if self.ledger.phase in ("running", "saving"):
+            active = self.actuator.membership.active
+            self.ledger.set_shape(self.now, len(active), self._ledger_slowdown())
+
+    def _slowdown(self) -> float:
+        """How much slower the job steps: its slowest active node (cached per change)."""
+        key = (self.actuator.attempt, self._straggle_changes)
+        if key != self._slow_key:
+            active = set(self.actuator.membership.active)
+            self._slow_key = key
+            self._slow = max((f for n, f in self._straggling.items() if n in active), default=1.0)
+        return self._slow
 
     def _straggler_ends(self, node: str) -> None:
         if self._straggling.pop(node, None) is None:
             return
+        self._compute_factor.pop(node, None)
+        self._flagged.discard(node)
         self._straggle_changes += 1
         for fed in self._fed.values():
             if fed.node == node:
                 fed.compute_factor = 1.0
         if self.ledger.phase in ("running", "saving"):
-            active = self.actuator.membership.active
-            self.ledger.set_shape(self.now, len(active), self._slowdown())
+            self._reshape()
             if self._next_step is not None:
                 self._next_step = self.now + self._step_ns()
+
+    def _gpus_reset(self, nodes: list[str]) -> None:
+        """A restart reset these nodes' GPUs: a fault a reset clears is gone."""
+        for node in nodes:
+            if self._broken.get(node) == "correctable":
+                self._repaired(node)
 
     def _repaired(self, node: str) -> None:
         """The node is healthy again; its host monitor says so."""

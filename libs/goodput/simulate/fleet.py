@@ -6,8 +6,11 @@ kind reaches the sensor by its own path (see :mod:`goodput.simulate.world`):
 
 * ``crash`` — a rank's process dies (software bug, NCCL error): its exit is reported;
 * ``hang`` — a rank stops stepping but keeps heartbeating (a stuck collective);
-* ``gpu_xid`` — a GPU fails (XID, uncorrectable ECC): the host monitor reports it; the node
-  is broken until repaired;
+* ``gpu_xid`` — a GPU fails (XID 79, fallen off the bus): the host monitor reports it; the
+  node is broken until repaired;
+* ``correctable`` — a GPU fault that a GPU reset clears (XID 48, a double-bit ECC error:
+  :mod:`goodput.gpu_faults`): the host monitor reports it; the node is broken until its GPUs
+  are reset (the built-in policy's ``gpu-reset`` rung) or it is repaired;
 * ``lost_host`` — the node disappears (power, kernel panic, network): silence; broken until
   repaired;
 * ``node_down`` — the demo's node loss (replays only): its ranks are killed and its host
@@ -26,10 +29,14 @@ from typing import Literal
 
 from goodput.simulate.profile import FailureModel, JobSpec
 
-FaultKind = Literal["crash", "hang", "gpu_xid", "lost_host", "node_down", "straggler"]
-INTERRUPTING: tuple[FaultKind, ...] = ("crash", "hang", "gpu_xid", "lost_host")
-#: kinds that leave the node broken until it is repaired
-BREAKING = frozenset({"gpu_xid", "lost_host", "node_down"})
+FaultKind = Literal[
+    "crash", "hang", "gpu_xid", "correctable", "lost_host", "node_down", "straggler"
+]
+INTERRUPTING: tuple[FaultKind, ...] = ("crash", "hang", "gpu_xid", "correctable", "lost_host")
+#: kinds that leave the node broken until it is repaired (a correctable one: or reset)
+BREAKING = frozenset({"gpu_xid", "correctable", "lost_host", "node_down"})
+#: what the host monitor reports for each GPU fault kind (``goodput.gpu_faults``' catalogue)
+XIDS: dict[str, int] = {"gpu_xid": 79, "correctable": 48}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +46,10 @@ class Fault:
     kind: FaultKind
     #: broken kinds: repaired after this long; straggler: how long it lasts
     duration_s: float = 0.0
+    #: straggler: how much slower its compute is (what the sensor sees), and the job's steps
+    #: (0: as much; a replay measures it)
     factor: float = 1.0
+    slowdown: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +59,14 @@ class StepFault:
     at_step: int
     node: str
     kind: FaultKind
-    #: straggler: how long it lasts (s)
+    #: straggler: how long it lasts (s), its compute factor and the job's measured slowdown
     duration_s: float = 0.0
     factor: float = 1.0
+    slowdown: float = 0.0
     #: broken kinds: repaired when training reaches this step (None: by ``duration_s``)
     repair_at_step: int | None = None
+    #: it strikes this long after the step is done (and saved, if it is a checkpoint step)
+    delay_s: float = 0.0
 
 
 def node_names(job: JobSpec) -> list[str]:

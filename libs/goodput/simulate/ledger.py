@@ -4,7 +4,9 @@ The categories are :mod:`goodput.accounting.categories`' (one owner). Training t
 as the calculator splits kept step time (straggler excess, then the scaled-down share, then
 productive); work done since the checkpoint a restart goes back to is moved to
 ``wasted_progress`` when that restart restores it, as the calculator throws away executions
-that are run again.
+that are run again. A stall nobody remediates (waiting for a repair) is ``job_down`` — unless
+a relaunch ends it: then, as the calculator claims the time from a decision to the ranks
+started again, it is ``restart_reprovision``.
 """
 
 from __future__ import annotations
@@ -58,10 +60,15 @@ class Ledger:
         self._nominal = nominal_nodes
         self._nodes = nominal_nodes
         self._slowdown = 1.0
+        self._down_s = 0.0
 
     def switch(self, now: int, phase: str) -> None:
         """The job enters ``phase`` at ``now``; the time since the last switch is booked."""
         self.book(now)
+        if self.phase == "down" and phase == "restart":
+            self.add(RESTART, self._down_s, taken_from=JOB_DOWN)
+        if phase != self.phase:
+            self._down_s = 0.0
         self.phase = phase
 
     def set_shape(self, now: int, nodes: int, slowdown: float) -> None:
@@ -76,6 +83,8 @@ class Ledger:
             return
         if self.phase != "running":
             self.seconds[PHASE_CATEGORY[self.phase]] += elapsed
+            if self.phase == "down":
+                self._down_s += elapsed
             return
         excess = elapsed * (1 - 1 / self._slowdown)
         rest = elapsed - excess

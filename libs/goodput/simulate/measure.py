@@ -1,15 +1,19 @@
 """What a real run's events say its checkpoints and remediations cost: the input of a replay.
 
 ``goodput demo --json`` carries this (``replay.costs``) so that ``goodput simulate replay`` can
-price the same faults with what this machine measured, instead of a profile's guesses.
-Means over the reference rank's (rank 0) reports; seconds.
+price the same faults with what this machine measured, instead of a profile's guesses. Unit
+costs are means over the reference rank's (rank 0) reports; each remediation's own cost is
+measured as ``goodput report`` splits it: from the decision to the new attempt's ranks started
+(a restart's relaunch, which an ``ActionResult``'s duration does not show: it is answered once
+the processes are spawned), the checkpoint load, then start-up until the first step began.
+Seconds throughout.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from goodput import schemas
 
@@ -20,45 +24,139 @@ def _mean(values: list[float]) -> float:
     return round(statistics.fmean(values), 4) if values else 0.0
 
 
-def measured_costs(events: Iterable[schemas.Event]) -> dict:
+@dataclass
+class _Open:
+    """A remediation from its decision until training's first step after it."""
+
+    action: str
+    decided_ns: int
+    #: the last rank started, else (an in-process restart of every rank) the last rejoined:
+    #: `goodput report` ends the relaunch at a rank started
+    started_ns: int = 0
+    rejoined_ns: int = 0
+
+    @property
+    def up_ns(self) -> int:
+        return self.started_ns or self.rejoined_ns
+
+    restore_s: float = 0.0
+    restored_step: int | None = None
+
+
+def measured_costs(
+    events: Iterable[schemas.Event],
+    faults: Sequence[tuple[int, int]] = (),
+    slow_windows: Sequence[tuple[int, int]] = (),
+) -> dict:
+    """The run's costs. ``faults``: when each injected fault struck (epoch ns) and the step it
+    was fired at, whose ``fault_delays_s`` say how long after that step was done;
+    ``slow_windows``: (start, end) epoch ns of each injected straggler, whose measured
+    ``slowdown`` is the job's mean step time inside it over the healthy one."""
+    ordered = sorted(events, key=lambda e: e.ts)
+    actions = {
+        e.command_id: e.action
+        for e in ordered
+        if isinstance(e, schemas.ActionResult) and e.ok and e.action in RELAUNCHING
+    }
     steps: list[schemas.StepDone] = []
     stalls, persists = [], []
-    restores: dict[str, list[float]] = defaultdict(list)
-    relaunch: dict[str, list[float]] = defaultdict(list)
     signals: dict[str, int] = {}
     decisions: list[float] = []
-    startups: list[float] = []
-    started_ns: int | None = None
-    restored_s = 0.0
-    for event in sorted(events, key=lambda e: e.ts):
+    remediations: list[dict] = []
+    first_start_ns: int | None = None
+    first_startup_s: float | None = None
+    current: _Open | None = None
+    relaunched: list[int] = []
+    for event in ordered:
         match event:
             case schemas.StepDone(rank=0):
                 steps.append(event)
-                if started_ns is not None:
-                    startups.append((event.ts - started_ns) / 1e9 - restored_s - event.step_time_s)
-                    started_ns = None
-            case schemas.RankStarted(rank=0):
-                started_ns, restored_s = event.ts, 0.0
-            case schemas.CheckpointRestored(rank=0):
-                restores[event.tier].append(event.duration_s)
-                restored_s = event.duration_s
+                began = event.ts - int(event.step_time_s * 1e9)
+                if first_startup_s is None and first_start_ns is not None:
+                    first_startup_s = max(0.0, (began - first_start_ns) / 1e9)
+                if current is not None and current.up_ns:
+                    remediations.append(_closed(current, began))
+                    current = None
+            case schemas.RankStarted():
+                if first_start_ns is None:
+                    first_start_ns = event.ts
+                if current is not None:
+                    current.started_ns = max(current.started_ns, event.ts)
+            case schemas.RankRejoined() if current is not None:
+                current.rejoined_ns = max(current.rejoined_ns, event.ts)
+            case schemas.CheckpointRestored(rank=0) if current is not None:
+                current.restore_s, current.restored_step = event.duration_s, event.step
             case schemas.CheckpointSaved(rank=0):
                 stalls.append(event.stall_s)
             case schemas.CheckpointPersisted(rank=0):
                 persists.append(event.duration_s)
-            case schemas.ActionResult(ok=True) if event.action in RELAUNCHING:
-                relaunch[event.action].append(event.duration_s)
             case schemas.Signal():
                 signals.setdefault(event.signal_id, event.ts)
-            case schemas.Decision() if event.signal_id in signals:
-                decisions.append((event.ts - signals[event.signal_id]) / 1e9)
-    times = sorted(s.step_time_s for s in steps)
+            case schemas.Decision():
+                if event.signal_id in signals:
+                    decisions.append((event.ts - signals[event.signal_id]) / 1e9)
+                relaunch = next((actions[c] for c in event.command_ids if c in actions), None)
+                if relaunch is not None:
+                    current = _Open(relaunch, event.ts)
+                    relaunched.append(event.ts)
+    # a straggler's effect ends with the first relaunch after it began (an eviction)
+    windows = [
+        (start, min([end, *(t for t in relaunched if t > start)])) for start, end in slow_windows
+    ]
+    healthy = _healthy_step_s(steps, windows)
+    lifecycle_end = max((e.ts for e in ordered if _ends_run(e)), default=0)
     return {
-        "step_time_s": round(statistics.median(times), 4) if times else 0.0,
+        "step_time_s": round(healthy, 4),
         "checkpoint_stall_s": _mean(stalls),
         "checkpoint_persist_s": _mean(persists),
-        "restore_s": {tier: _mean(v) for tier, v in sorted(restores.items())},
-        "relaunch_s": {action: _mean(v) for action, v in sorted(relaunch.items())},
-        "startup_s": _mean([max(0.0, s) for s in startups]),
+        "first_startup_s": round(first_startup_s or 0.0, 4),
+        "shutdown_s": round(max(0, lifecycle_end - steps[-1].ts) / 1e9, 4) if steps else 0.0,
         "decision_s": _mean(decisions),
+        "remediations": remediations,
+        "slowdowns": [_slowdown(steps, w, healthy) for w in windows],
+        "fault_delays_s": [_delay(steps, at_ns, step) for at_ns, step in faults],
     }
+
+
+def _closed(remediation: _Open, first_step_began_ns: int) -> dict:
+    relaunch = (remediation.up_ns - remediation.decided_ns) / 1e9
+    startup = (first_step_began_ns - remediation.up_ns) / 1e9 - remediation.restore_s
+    return {
+        "action": remediation.action,
+        "relaunch_s": round(max(0.0, relaunch), 4),
+        "restore_s": round(remediation.restore_s, 4),
+        "restored_step": remediation.restored_step,
+        "startup_s": round(max(0.0, startup), 4),
+    }
+
+
+def _delay(steps: list[schemas.StepDone], at_ns: int, step: int) -> float:
+    """Seconds from the (latest) completion of ``step`` to the fault, which fired after it."""
+    done = [s.ts for s in steps if s.step == step and s.ts <= at_ns]
+    return round((at_ns - max(done)) / 1e9, 4) if done else 0.0
+
+
+def _ends_run(event: schemas.Event) -> bool:
+    """The events the goodput calculator bounds a run's accounting window with."""
+    return isinstance(
+        event,
+        schemas.RankExited | schemas.StepDone | schemas.CheckpointSaved
+        | schemas.CheckpointPersisted | schemas.CheckpointRestored,
+    )  # fmt: skip
+
+
+def _inside(ts: int, windows: Sequence[tuple[int, int]]) -> bool:
+    return any(start <= ts <= end for start, end in windows)
+
+
+def _healthy_step_s(steps: list[schemas.StepDone], slow: Sequence[tuple[int, int]]) -> float:
+    """The mean step time outside stragglers' windows (the job's time per step, load included)."""
+    times = [s.step_time_s for s in steps if not _inside(s.ts, slow)]
+    return statistics.fmean(times) if times else 0.0
+
+
+def _slowdown(steps: list[schemas.StepDone], window: tuple[int, int], healthy: float) -> float:
+    inside = [s.step_time_s for s in steps if window[0] <= s.ts <= window[1]]
+    if not inside or healthy <= 0:
+        return 1.0
+    return round(max(1.0, statistics.fmean(inside) / healthy), 4)

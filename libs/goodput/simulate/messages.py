@@ -8,6 +8,7 @@ pid is its rank + 1 (any unique number serves the sensor).
 from __future__ import annotations
 
 from goodput import schemas
+from goodput.gpu_faults import XID_FAULT_PREFIX
 
 JOB = "sim"
 
@@ -51,12 +52,16 @@ def rank_exited(
 
 
 def host_report(
-    node: str, now: int, attempt: int, *, xid: bool = False, faults: tuple[str, ...] = ()
+    node: str, now: int, attempt: int, *, xid: int | None = None, faults: tuple[str, ...] = ()
 ) -> schemas.HostHealth:
-    """A host monitor's report: healthy, a GPU XID, or named faults."""
-    gpus = [schemas.GpuHealth(index=0, uuid=f"{node}-gpu0", xid_errors=[79])] if xid else []
+    """A host monitor's report: healthy, a GPU XID on GPU 0 (named as the host monitor names
+    it), or named faults."""
+    gpus = []
+    if xid is not None:
+        gpus = [schemas.GpuHealth(index=0, uuid=f"{node}-gpu0", xid_errors=[xid])]
+        faults = (*faults, f"{XID_FAULT_PREFIX}{xid}")
     return schemas.HostHealth(
-        job=JOB, ts=now, node=node, healthy=not (xid or faults), gpu_available=True, gpus=gpus,
+        job=JOB, ts=now, node=node, healthy=not faults, gpu_available=True, gpus=gpus,
         faults=list(faults), attempt=attempt,
     )  # fmt: skip
 

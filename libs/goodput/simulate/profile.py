@@ -58,6 +58,8 @@ class RestartCosts(Strict):
     startup_s: NonNegative
     #: a spare takes the failed node's place (scheduling, image, volume attach)
     hot_swap_provision_s: NonNegative
+    #: reset a node's GPUs while its ranks are stopped (the ``gpu-reset`` rung)
+    gpu_reset_s: NonNegative
 
 
 class DetectionCosts(Strict):
@@ -97,6 +99,8 @@ class FailureModel(Strict):
     crash: NonNegative
     hang: NonNegative
     gpu_xid: NonNegative
+    #: GPU faults a GPU reset clears (XID 48, uncorrected ECC)
+    correctable: NonNegative
     lost_host: NonNegative
     #: stragglers per day (not interruptions: the job goes on, slower)
     stragglers_per_day: NonNegative

@@ -19,3 +19,46 @@ class FedRank:
     busy: str = ""
     last_beat: int = 0
     compute_factor: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationCost:
+    """What one remediation of a replayed run cost, measured from its events (seconds)."""
+
+    #: decision -> the new attempt's ranks started
+    relaunch_s: float
+    restore_s: float
+    #: ranks started (and restored) -> the first step began
+    startup_s: float
+    #: the step the ranks restored (None: none, or not measured)
+    restored_step: int | None = None
+
+
+class MeasuredCosts:
+    """A replayed run's remediations, handed out per action in the order the run met them.
+
+    When the simulation relaunches more often than the run did, a further one of an action
+    costs the mean of that action's (or, none measured, of every) remediation.
+    """
+
+    def __init__(self, by_action: dict[str, list[RemediationCost]], first_startup_s: float):
+        self.first_startup_s = first_startup_s
+        self._left = {action: list(costs) for action, costs in by_action.items()}
+        everything = [c for costs in by_action.values() for c in costs]
+        self._means = {a: _mean_cost(c) for a, c in by_action.items() if c}
+        self._overall = _mean_cost(everything) if everything else None
+
+    def next(self, action: str) -> RemediationCost | None:
+        left = self._left.get(action)
+        if left:
+            return left.pop(0)
+        return self._means.get(action, self._overall)
+
+
+def _mean_cost(costs: list[RemediationCost]) -> RemediationCost:
+    n = len(costs)
+    return RemediationCost(
+        relaunch_s=sum(c.relaunch_s for c in costs) / n,
+        restore_s=sum(c.restore_s for c in costs) / n,
+        startup_s=sum(c.startup_s for c in costs) / n,
+    )

@@ -3,8 +3,10 @@ with the costs the run measured, decided by the same policy — and compare the 
 
 This is what makes the simulator's numbers worth believing: the prediction is made without
 the run's goodput or badput, only from its setup (nodes, spares, steps, checkpoint interval),
-its faults, and unit costs (step time, checkpoint stall and persist, restore, relaunch,
-startup, decision) measured from its events (:mod:`goodput.simulate.measure`).
+its faults, unit costs (step time, checkpoint stall and persist, decision, the first
+start-up and the final shutdown) and what each remediation cost (relaunch, restore, start-up,
+the step restored) measured from its events (:mod:`goodput.simulate.measure`); a straggler
+slows the job's steps by the factor measured while it ran.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from goodput.simulate.profile import (
     RestartCosts,
     SimulateError,
 )
+from goodput.simulate.records import MeasuredCosts, RemediationCost
 from goodput.simulate.strategies import strategies
 from goodput.simulate.world import World
 
@@ -93,8 +96,15 @@ def _replay(run: dict, setup: str) -> dict:
             state_gb_per_node=1.0,
             checkpoint_interval_s=int(info["ckpt_every"]) * step_time,
         )
-        faults = [_fault(f, setup) for f in info["faults"] if f["ok"]]
-        profile = _profile(costs)
+        slowdowns = iter(costs.get("slowdowns") or [])
+        delays = costs.get("fault_delays_s") or [0.0] * len(info["faults"])
+        faults = [
+            _fault(f, setup, next(slowdowns, 0.0) if f["action"] == "slow-rank" else 0.0, delay)
+            for f, delay in zip(info["faults"], delays, strict=True)
+            if f["ok"]
+        ]
+        measured = _measured(costs)
+        profile = _profile(costs, measured)
         total_steps = int(info["total_steps"])
     except (KeyError, TypeError, ValueError) as exc:
         raise SimulateError(f"the {setup} run's replay section is incomplete: {exc}") from None
@@ -108,7 +118,9 @@ def _replay(run: dict, setup: str) -> dict:
         thresholds=DEMO_THRESHOLDS,
         step_faults=faults,
         until_step=total_steps,
-        relaunch_s={k: float(v) for k, v in (costs.get("relaunch_s") or {}).items()},
+        measured=MeasuredCosts(measured, float(costs["first_startup_s"])),
+        shutdown_s=float(costs.get("shutdown_s") or 0.0),
+        follow_every_rank=True,
     )
     result = world.run()
     predicted = round(result.goodput_pct, 2)
@@ -123,7 +135,7 @@ def _replay(run: dict, setup: str) -> dict:
     }
 
 
-def _fault(entry: dict, setup: str) -> StepFault:
+def _fault(entry: dict, setup: str, slowdown: float, delay_s: float) -> StepFault:
     kind = KINDS.get(entry["action"])
     if kind is None:
         raise SimulateError(f"cannot replay a {entry['action']!r} fault")
@@ -138,20 +150,37 @@ def _fault(entry: dict, setup: str) -> StepFault:
         kind=kind,  # type: ignore[arg-type]
         duration_s=duration,
         factor=float(entry.get("factor") or 1.0),
+        slowdown=float(slowdown),
         repair_at_step=int(repair_step) if by_step else None,
+        delay_s=float(delay_s),
     )
 
 
-def _profile(costs: dict) -> CostProfile:
-    """Measured seconds as a profile of 1 GB states (GB/s = 1 / seconds)."""
+def _measured(costs: dict) -> dict[str, list[RemediationCost]]:
+    by_action: dict[str, list[RemediationCost]] = {}
+    for entry in costs["remediations"]:
+        step = entry.get("restored_step")
+        by_action.setdefault(entry["action"], []).append(
+            RemediationCost(
+                relaunch_s=float(entry["relaunch_s"]),
+                restore_s=float(entry["restore_s"]),
+                startup_s=float(entry["startup_s"]),
+                restored_step=None if step is None else int(step),
+            )
+        )
+    return by_action
+
+
+def _profile(costs: dict, measured: dict[str, list[RemediationCost]]) -> CostProfile:
+    """Measured seconds as a profile of 1 GB states (GB/s = 1 / seconds); what a remediation
+    costs comes from its own measurement (``measured``), these are the fallbacks."""
 
     def rate(seconds: float) -> float:
         return 1.0 / max(float(seconds), 1e-3)
 
-    restores = costs.get("restore_s") or {}
-    any_restore = max(restores.values(), default=0.0)
-    relaunch = costs.get("relaunch_s") or {}
-    restart = relaunch.get("restart", max(relaunch.values(), default=0.0))
+    every = [c for cs in measured.values() for c in cs]
+    restore = max((c.restore_s for c in every), default=0.0)
+    restart = max((c.relaunch_s for c in every), default=0.0)
     stall = costs["checkpoint_stall_s"]
     persist = costs["checkpoint_persist_s"] or stall
     return CostProfile(
@@ -162,17 +191,18 @@ def _profile(costs: dict) -> CostProfile:
             local_write_gbps=rate(persist),
             peer_gbps=rate(persist),
             object_write_gbps=rate(stall),
-            local_read_gbps=rate(restores.get("local", any_restore)),
-            peer_read_gbps=rate(restores.get("peer", any_restore)),
-            object_read_gbps=rate(restores.get("object_store", any_restore)),
+            local_read_gbps=rate(restore),
+            peer_read_gbps=rate(restore),
+            object_read_gbps=rate(restore),
             latency_s=0.0,
             object_every=1,
         ),
         restart=RestartCosts(
             stop_s=0.0,
             launch_s=restart,
-            startup_s=costs["startup_s"],
-            hot_swap_provision_s=max(0.0, relaunch.get("hot_swap", restart) - restart),
+            startup_s=costs["first_startup_s"],
+            hot_swap_provision_s=0.0,
+            gpu_reset_s=0.0,  # the demo's nodes have no GPU
         ),
         detection=DetectionCosts(
             event_latency_s=0.01, decision_s=costs["decision_s"], host_probe_s=HOST_PROBE_S

@@ -52,7 +52,7 @@ from goodput.simulate.faults import FaultsMixin
 from goodput.simulate.fleet import Fault, StepFault, node_names
 from goodput.simulate.ledger import Ledger, WorkMark
 from goodput.simulate.profile import CostProfile, JobSpec, SimulateError
-from goodput.simulate.records import NS, T0, FedRank
+from goodput.simulate.records import NS, T0, FedRank, MeasuredCosts
 from goodput.simulate.strategies import Strategy
 
 JOB = msg.JOB
@@ -87,15 +87,27 @@ class World(FaultsMixin):
         thresholds: Thresholds | None = None,
         step_faults: list[StepFault] | None = None,
         until_step: int | None = None,
-        relaunch_s: dict[str, float] | None = None,
+        measured: MeasuredCosts | None = None,
+        shutdown_s: float = 0.0,
+        follow_every_rank: bool = False,
     ):
         """``step_faults`` fire at a training step (a replayed run's faults); ``until_step``
-        ends the job when it reaches that step instead of at ``job.hours``; ``relaunch_s``
-        the measured seconds of each restarting action (a replay)."""
+        ends the job when it reaches that step instead of at ``job.hours``, ``shutdown_s``
+        after it (the ranks' exit); ``measured`` a replayed run's remediation costs;
+        ``follow_every_rank``: the sensor gets every node's steps and heartbeats, as a real one
+        does (a small job: a straggler is then judged on its whole history, not only from
+        the moment it began)."""
         self.job, self.profile, self.strategy, self.trace = job, profile, strategy, trace
         self._step_faults = sorted(step_faults or [], key=lambda f: f.at_step)
         self._repairs_at_step: list[tuple[int, str]] = []
         self._until_step = until_step
+        self._shutdown_ns = int(shutdown_s * NS)
+        self.measured = measured
+        self._startup_s = profile.restart.startup_s
+        #: a replay: the work done when each step was (last) done, to roll back to the step
+        #: the run restored
+        self._step_marks: dict[int, WorkMark] = {0: WorkMark(0.0, 0.0, 0.0)}
+        self._follow_every_rank = follow_every_rank
         names = node_names(job)
         spares = names[job.nodes :] if strategy.spares else []
         membership = Membership(
@@ -117,7 +129,7 @@ class World(FaultsMixin):
         self.controller = Controller(strategy.policy, settings)
         if self.controller.script is not None and self.controller.script.load_error:
             raise SimulateError(self.controller.script.load_error)
-        self.actuator = SimActuator(JOB, membership, profile.restart, relaunch_s)
+        self.actuator = SimActuator(JOB, membership, profile.restart, measured)
         every = max(1, round(job.checkpoint_interval_s / job.step_time_s))
         if strategy.multi_tier:
             # the object store keeps the job's cadence; the cheap local tier saves k× as often
@@ -145,7 +157,11 @@ class World(FaultsMixin):
         self._seq = 0
         self._fed: dict[int, FedRank] = {}
         self._broken: dict[str, str] = {}
+        #: straggling nodes: how much slower the job steps with each, and its compute factor
         self._straggling: dict[str, float] = {}
+        self._compute_factor: dict[str, float] = {}
+        #: stragglers the sensor flagged in this attempt: from then on, slow time is badput
+        self._flagged: set[str] = set()
         self._failure_ns: int | None = None
         self._gen = 0
         self._next_step: int | None = None
@@ -255,6 +271,10 @@ class World(FaultsMixin):
     def _signalled(self, signal: schemas.Signal) -> None:
         if self.ledger.phase == "detect" and signal.signal in FAILURE_KINDS:
             self.ledger.switch(self.now, "decide")
+        if signal.signal == "straggler" and signal.node in self._straggling:
+            # `goodput report` counts a straggler's excess from its flag on
+            self._flagged.add(signal.node)
+            self._reshape()
         self._at(self.now + int(self.profile.detection.decision_s * NS), self._decide, signal)
 
     # ---- the controller ---------------------------------------------------------------------
@@ -274,7 +294,7 @@ class World(FaultsMixin):
         relaunching = False
         for command in outcome.commands:
             if isinstance(command, schemas.SetCheckpointInterval):
-                self.ckpt.every_steps = max(1, command.every_steps)
+                self.ckpt.set_interval(command.every_steps)
                 continue
             execution = self.actuator.execute(command, self.now)
             if execution is None:
@@ -311,6 +331,8 @@ class World(FaultsMixin):
         self.ledger.switch(self.now, "restart")
 
     def _executed(self, execution: Execution) -> None:
+        if execution.relaunch:
+            self.ckpt.relaunched()  # the ranks start before the actuator answers
         self.state = observe_status(self.state, self.actuator.status(self.now), self.now)
         self._apply(self.controller.settle(self.state, execution.result, self.now))
         if execution.stopped:
@@ -318,6 +340,8 @@ class World(FaultsMixin):
             self.ledger.switch(self.now, "down")
             self.ledger.book(self.end)
         elif execution.relaunch:
+            if isinstance(execution.command, schemas.Restart):
+                self._gpus_reset(list(execution.command.reset_gpus))
             self._launch(execution)
 
     # ---- training -----------------------------------------------------------------------------
@@ -329,22 +353,43 @@ class World(FaultsMixin):
         self._last_active = set(active)
         self._gen += 1
         gen = self._gen
+        cost = execution.cost if execution is not None else None
         if execution is not None:
             capture, tier, restore_s = self.ckpt.restore(
-                self._failure_ns or self.now, fresh_node=fresh
+                self._failure_ns or self.now,
+                fresh_node=fresh,
+                at_most_step=cost.restored_step if cost is not None else None,
             )
-            self.ledger.roll_back(self.now, capture.work if capture else self._start_mark)
+            mark = capture.work if capture else self._start_mark
             self.step = capture.step if capture else 0
+            restored = capture is not None
+            if cost is not None and cost.restored_step in self._step_marks:
+                # what the run lost is measured: the step every rank restored
+                self.step = cost.restored_step
+                mark = self._step_marks[cost.restored_step]
+                restore_s, restored = cost.restore_s, True
+                tier = tier if capture is not None else "local"
+            self.ledger.roll_back(self.now, mark)
         else:
-            capture, tier, restore_s = None, "none", 0.0
+            capture, tier, restore_s, restored = None, "none", 0.0, False
+        if cost is not None:
+            self._startup_s = cost.startup_s
+        elif execution is None and self.measured is not None:
+            self._startup_s = self.measured.first_startup_s
+        else:
+            self._startup_s = self.profile.restart.startup_s
         self._failure_ns = None
-        self.ledger.set_shape(self.now, len(active), self._slowdown())
+        self._flagged.clear()
+        self.ledger.set_shape(self.now, len(active), self._ledger_slowdown())
         self.ledger.switch(self.now, "restore" if restore_s else "startup")
         ref = FedRank(active[0], busy=LOAD if restore_s else "", last_beat=self.now)
         self._fed = {0: ref}
         world = len(active) * self.job.gpus_per_node
         self._feed(msg.rank_started(active[0], 0, self.now, world, self.actuator.attempt))
         self._beat(0, ref)
+        if self._follow_every_rank:
+            for position, node in enumerate(active[1:], 1):
+                self._register(position * self.job.gpus_per_node, FedRank(node))
         for position, node in enumerate(active):
             if node in self._straggling:
                 self._watch_straggler(position, node)
@@ -360,7 +405,7 @@ class World(FaultsMixin):
             gen,
             tier,
             restore_s,
-            capture is not None,
+            restored,
         )
 
     def _restored(self, gen: int, tier: str, restore_s: float, restored: bool) -> None:
@@ -371,7 +416,7 @@ class World(FaultsMixin):
             ref.busy = ""
             self._feed(msg.checkpoint_restored(ref.node, self.now, self.step, tier, restore_s))
         self.ledger.switch(self.now, "startup")
-        startup = int(self.profile.restart.startup_s * NS)
+        startup = int(self._startup_s * NS)
         self._at(self.now + startup, self._resume, gen)
 
     def _resume(self, gen: int) -> None:
@@ -379,15 +424,6 @@ class World(FaultsMixin):
             return
         self.ledger.switch(self.now, "running")
         self._next_step = self.now + self._step_ns()
-
-    def _slowdown(self) -> float:
-        """How much slower the job steps: its slowest active node (cached per change)."""
-        key = (self.actuator.attempt, self._straggle_changes)
-        if key != self._slow_key:
-            active = set(self.actuator.membership.active)
-            self._slow_key = key
-            self._slow = max((f for n, f in self._straggling.items() if n in active), default=1.0)
-        return self._slow
 
     def _step_ns(self) -> int:
         return int(self.job.step_time_s * self._slowdown() * NS)
@@ -402,16 +438,16 @@ class World(FaultsMixin):
                 self._feed_step(
                     msg.step_done(fed.node, rank, self.now, self.step, step_time, compute, world)
                 )
-        if self._step_faults or self._repairs_at_step:
-            self._step_events()
+        if self.measured is not None:
+            self._step_marks[self.step] = self.ledger.mark(self.now)
         if self._until_step is not None and self.step >= self._until_step:
-            self.end, self._stopped = self.now, True  # the job finished its steps
+            self._finish()
             return
-        if self._next_step is None:
-            return  # a fault fired at this step stopped training
         if self.state.step_time_s != step_time:  # smoothing a constant changes nothing
             self.state = record_step_time(self.state, step_time)
-        if self.ckpt.due(self.step) and not self.ckpt.busy(self.now):
+        solo = len(self.actuator.membership.active) * self.job.gpus_per_node == 1
+        due = self.ckpt.due(self.step, solo=solo)
+        if due and not self.ckpt.busy(self.now):
             self.ledger.switch(self.now, "saving")
             self._next_step = None
             ref = self._fed.get(0)
@@ -421,6 +457,14 @@ class World(FaultsMixin):
             self._at(self.now + int(self.ckpt.stall_s * NS), self._saved, self._gen)
         else:
             self._next_step = self.now + self._step_ns()
+        if self._step_faults or self._repairs_at_step:
+            self._step_events()
+
+    def _finish(self) -> None:
+        """The job did its steps; its ranks exit (a replayed run's measured shutdown)."""
+        self._next_step = None
+        self.ledger.switch(self.now, "down")
+        self.end, self._stopped = self.now + self._shutdown_ns, True
 
     def _saved(self, gen: int) -> None:
         if gen != self._gen:

@@ -60,6 +60,15 @@ async def _standbys_on(tap, nodes: set[str], after_ts: int = 0) -> schemas.JobSt
     )
 
 
+async def _logged(path: Path, line: str) -> str:
+    for _ in range(600):
+        text = path.read_text() if path.is_file() else ""
+        if line in text:
+            return text
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{line!r} not in {path}: {text!r}")
+
+
 def _newest_status(tap) -> schemas.JobStatus:
     return tap.of(schemas.JobStatus)[-1]
 
@@ -89,8 +98,10 @@ async def test_a_restart_takes_ready_standbys_and_they_are_replenished(rig, tmp_
     second = await _status(tap, 2)
     assert _rank_pids(tap, 2) == {"node-0": standbys["node-0"], "node-1": standbys["node-1"]}
     assert not {"node-0", "node-1"} & set(second.standbys)  # taken
-    log = (tmp_path / "logs" / "standbys" / "standby-node-1-002.log").read_text()
-    assert "rank 1 of 2 on node-1 attempt 2" in log  # the assignment is the rank's environment
+    # the assignment is the rank's environment
+    await _logged(
+        tmp_path / "logs" / "standbys" / "standby-node-1-002.log", "rank 1 of 2 on node-1 attempt 2"
+    )
 
     await _stepped(bus)
     await _standbys_on(tap, {"node-0", "node-1", "node-2"}, after_ts=second.ts)
@@ -126,7 +137,7 @@ async def test_a_dead_standby_is_never_waited_on_and_is_replaced(rig, tmp_path) 
     await _status(tap, 2)
     pids = _rank_pids(tap, 2)
     assert pids["node-1"] != dead  # started cold
-    log = (tmp_path / "actuator.log").read_text()
+    log = await _logged(tmp_path / "actuator.log", "node-1")
     assert "no standby to take on node-1" in log or "died before its assignment" in log, log
     # and the dead standby is replaced once the job steps
     await _stepped(bus)

@@ -61,7 +61,8 @@ async def test_a_killed_rank_is_replaced_by_its_nodes_standby(tmp_path: Path) ->
             lambda e: isinstance(e, schemas.RankStarted) and e.ts > killed_ts, WAIT_S
         )
         assert (started.node, started.pid) == ("node-1", standby)
-        # the standby restores from the volume, the survivor from host memory, and both train
+        # the standby reads the volume (the survivor host memory, unless it saved a newer step
+        # since the agreed one), and both train on
         restored = {
             e.rank: e.tier
             for e in [
@@ -77,7 +78,7 @@ async def test_a_killed_rank_is_replaced_by_its_nodes_standby(tmp_path: Path) ->
                 for r in (0, 1)
             ]
         }
-        assert restored == {0: "host", 1: "local"}
+        assert restored[1] == "local" and restored[0] in ("host", "local")
         resumed = await tap.wait_for(
             lambda e: isinstance(e, schemas.StepDone) and e.rank == 1 and e.ts > killed_ts,
             WAIT_S,

@@ -425,6 +425,15 @@ class TrainerShim:
         )
 
     def _on_rejoin(self, command: schemas.Rejoin) -> None:
+        if command.attempt <= self.config.attempt:
+            # a rank started into that attempt (a standby assigned while the survivors are
+            # told to rejoin) sees its Rejoin too: it is already where the command leads
+            log.info(
+                "ignoring Rejoin for attempt %d: this rank is at attempt %d",
+                command.attempt,
+                self.config.attempt,
+            )
+            return
         if self._rejoins is None:
             detail = "its training loop is not the shim's (shim.run): no in-process restart"
             self.answer_rejoin(command, ok=False, detail=detail)

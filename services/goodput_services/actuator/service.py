@@ -102,7 +102,12 @@ class ActuatorService(Service):
                 event = schemas.decode_event(msg.data)
             except schemas.SchemaError:
                 return  # the sensor's consumer dead-letters it
-            if isinstance(event, schemas.RankRejoined) and event.attempt == command.attempt:
+            # only the ranks asked: one started into this attempt is not rejoining
+            if (
+                isinstance(event, schemas.RankRejoined)
+                and event.attempt == command.attempt
+                and event.rank in ranks
+            ):
                 answers[event.rank] = event
                 if not event.ok or ranks <= answers.keys():
                     complete.set()

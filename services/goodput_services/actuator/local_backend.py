@@ -119,7 +119,8 @@ class LocalBackend(MembershipBackend):
         self, reason: str, deadline_s: float, standbys: bool = False
     ) -> str:
         """Warm restart: the live ranks rejoin a fresh rendezvous in their processes, the dead
-        ones are started again (cold) into it. A live rank that does not rejoin by the
+        ones are started again into it (by a ready standby of their node with ``standbys``,
+        else cold). A live rank that does not rejoin by the
         deadline (stuck in a native call) fails the command, and every rank is stopped so the
         cold restart the controller decides next starts from a clean slate."""
         async with self._lock:

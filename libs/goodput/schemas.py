@@ -308,7 +308,7 @@ class JobStatus(Event, tag="job_status", kw_only=True):
     active_nodes: list[str] = msgspec.field(default_factory=list)
     spare_nodes: list[str] = msgspec.field(default_factory=list)
     failed_nodes: list[str] = msgspec.field(default_factory=list)
-    #: rank process ids per node, for operators and the chaos tool
+    #: rank process ids per node (in rank order), for operators and the chaos tool
     pids: dict[str, list[int]] = msgspec.field(default_factory=dict)
     detail: str = ""
     #: the run this status belongs to (``StartJob.run_id``; empty before any run)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from goodput import schemas, subjects
+from goodput.chaos.targets import ChaosContext
 
 from .test_local_backend import JOB, RANK_SCRIPT, _status, rig  # noqa: F401
 
@@ -98,6 +99,13 @@ async def test_a_restart_takes_ready_standbys_and_they_are_replenished(rig, tmp_
     second = await _status(tap, 2)
     assert _rank_pids(tap, 2) == {"node-0": standbys["node-0"], "node-1": standbys["node-1"]}
     assert not {"node-0", "node-1"} & set(second.standbys)  # taken
+    # the chaos tool finds the standby as the rank it now is (its environment predates that)
+    chaos = ChaosContext.open(tmp_path, job=JOB, url=bus.settings.url)
+    try:
+        targets = {t.rank: (t.node, t.pid) for t in await chaos.ranks()}
+    finally:
+        await chaos.close()
+    assert targets == {0: ("node-0", standbys["node-0"]), 1: ("node-1", standbys["node-1"])}
     # the assignment is the rank's environment
     await _logged(
         tmp_path / "logs" / "standbys" / "standby-node-1-002.log", "rank 1 of 2 on node-1 attempt 2"

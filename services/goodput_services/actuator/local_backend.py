@@ -202,7 +202,9 @@ class LocalBackend(MembershipBackend):
 
     def _pids(self) -> dict[str, list[int]]:
         pids: dict[str, list[int]] = {}
-        for rank in self.ranks:
+        # in rank order: a standby handed a rank has no RANK in its environment, and chaos
+        # tells its rank by its place here
+        for rank in sorted(self.ranks, key=lambda r: r.rank):
             pids.setdefault(rank.node, []).append(rank.process.pid)
         return pids
 

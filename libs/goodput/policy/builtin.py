@@ -134,7 +134,8 @@ def restart_in_place(signal: schemas.Signal, state: JobState) -> Plan:
     # a crash of the only rank leaves no process to restart in
     survivors = signal.signal != "crash" or state.world_size > 1
     if signal.signal in IN_PROCESS_KINDS and survivors and failed is None:
-        warm = state.standbys.get(signal.node, 0) > 0
+        # a hang loses no rank: every one restarts in process
+        warm = signal.signal == "crash" and state.standbys.get(signal.node, 0) > 0
         lost = f"the lost ones from {signal.node}'s standby" if warm else "the lost ones cold"
         return Plan(
             [schemas.RestartInProcess(job=state.job, standbys=warm)],

@@ -44,9 +44,11 @@ VARIABLES: dict[str, str] = {
     "ckpt_mode": "GOODPUT_CKPT_MODE",
     "heartbeat_period_s": "GOODPUT_HEARTBEAT_PERIOD_S",
     "enable_fault_injection": "GOODPUT_ENABLE_FAULT_INJECTION",
+    "standby": "GOODPUT_STANDBY",
 }
 
 _TRUE = ("1", "true", "yes")
+_FLAGS = ("enable_fault_injection", "standby")
 
 
 class RankEnvError(ValueError):
@@ -79,6 +81,9 @@ class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ckpt_mode: Literal["async", "torch-save"] | None = None
     heartbeat_period_s: float | None = None
     enable_fault_injection: bool | None = None
+    #: this process is a standby: it builds the job's state, then waits for an assignment (a
+    #: RankEnv, :mod:`goodput.standby_channel`) before it is a rank; None/False: a rank
+    standby: bool | None = None
 
     def to_env(self) -> dict[str, str]:
         """The variables to put in a rank's environment (unset knobs left out)."""
@@ -100,9 +105,7 @@ class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raw = env.get(variable)
             if raw is None or (raw == "" and field not in ("master_addr", "traceparent")):
                 continue
-            values[field] = (
-                raw.strip().lower() in _TRUE if field == "enable_fault_injection" else raw
-            )
+            values[field] = raw.strip().lower() in _TRUE if field in _FLAGS else raw
             try:
                 msgspec.convert({field: values[field]}, cls, strict=False)
             except msgspec.ValidationError as exc:

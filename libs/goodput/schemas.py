@@ -22,7 +22,9 @@ import msgspec
 #: image and GPUs (``StartJob.image``, ``StartJob.gpus_per_rank``); a slow-rank fault in the
 #: rank's compute (``InjectFault.factor``, ``InjectFault.duration_s``); ``TrainingPlan``, the batch and LR
 #: a trainer runs with after a restore (and a rescale); the in-process restart
-#: (``RestartInProcess``, ``Rejoin``, ``RankRejoined``, ``CheckpointRestored.tier`` "host")
+#: (``RestartInProcess``, ``Rejoin``, ``RankRejoined``, ``CheckpointRestored.tier`` "host");
+#: pre-warmed standby ranks (``StartJob.standbys``, ``JobStatus.standbys``, and ``standbys`` on
+#: the commands that launch ranks: ``Restart``, ``RestartInProcess``, ``HotSwap``, ``ScaleTo``)
 SCHEMA_VERSION = 3
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
@@ -306,11 +308,14 @@ class JobStatus(Event, tag="job_status", kw_only=True):
     active_nodes: list[str] = msgspec.field(default_factory=list)
     spare_nodes: list[str] = msgspec.field(default_factory=list)
     failed_nodes: list[str] = msgspec.field(default_factory=list)
-    #: rank process ids per node, for operators and the chaos tool
+    #: rank process ids per node (in rank order), for operators and the chaos tool
     pids: dict[str, list[int]] = msgspec.field(default_factory=dict)
     detail: str = ""
     #: the run this status belongs to (``StartJob.run_id``; empty before any run)
     run_id: str = ""
+    #: process ids of the ready standby ranks per node (torch imported, the job's state built,
+    #: waiting for an assignment); not ranks: absent from ``pids``
+    standbys: dict[str, list[int]] = msgspec.field(default_factory=dict)
 
 
 class RankRejoined(Event, tag="rank_rejoined", kw_only=True):
@@ -405,6 +410,10 @@ class StartJob(Command, tag="start_job", kw_only=True):
     #: The local backend refuses both: its ranks are processes on its own machine.
     image: str = ""
     gpus_per_rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    #: standby rank processes the actuator keeps per node, spares included (0: none). Each runs
+    #: ``argv`` and must be served by ``goodput.shim.run_job``, which builds the job's state
+    #: and waits for an assignment; a script that does not would train on its own.
+    standbys: Annotated[int, msgspec.Meta(ge=0, le=8)] = 0
 
 
 class Restart(Command, tag="restart", kw_only=True):
@@ -414,6 +423,8 @@ class Restart(Command, tag="restart", kw_only=True):
     #: GPUs to reset (node → GPU indexes, ``[]``: all of the node's) once the ranks are
     #: stopped and before they are launched again; a reset that fails fails the restart
     reset_gpus: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    #: take the ranks from the nodes' ready standbys (those of a node with none start cold)
+    standbys: bool = False
 
 
 class RestartInProcess(Command, tag="restart_in_process", kw_only=True):
@@ -422,6 +433,8 @@ class RestartInProcess(Command, tag="restart_in_process", kw_only=True):
     that has not rejoined within ``deadline_s`` fails the command (then a cold restart)."""
 
     deadline_s: Seconds = 30.0
+    #: the dead ranks are taken from their nodes' ready standbys (cold where none is ready)
+    standbys: bool = False
 
 
 class Rejoin(Command, tag="rejoin", kw_only=True):
@@ -438,6 +451,8 @@ class Rejoin(Command, tag="rejoin", kw_only=True):
 class HotSwap(Command, tag="hot_swap", kw_only=True):
     failed_node: str
     spare_node: str = ""
+    #: take the ranks from the nodes' ready standbys, the spare's included
+    standbys: bool = False
 
 
 class ScaleTo(Command, tag="scale_to", kw_only=True):
@@ -446,6 +461,8 @@ class ScaleTo(Command, tag="scale_to", kw_only=True):
     num_dp_replicas: int
     nodes: list[str] = msgspec.field(default_factory=list)
     drop_nodes: list[str] = msgspec.field(default_factory=list)
+    #: take the ranks from the nodes' ready standbys
+    standbys: bool = False
 
 
 class Rescale(Command, tag="rescale", kw_only=True):

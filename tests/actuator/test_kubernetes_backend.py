@@ -458,6 +458,14 @@ async def test_too_few_matching_nodes_is_an_error_and_creates_nothing(rig) -> No
     assert api.created == [] and backend.state == "stopped"
 
 
+async def test_a_job_with_standby_ranks_is_refused(rig) -> None:
+    backend, api, _ = rig
+    start = msgspec.structs.replace(_start(), standbys=1)
+    with pytest.raises(RuntimeError, match="standby ranks need the local backend"):
+        await backend.start_job(start)
+    assert api.created == [] and backend.state == "stopped"
+
+
 async def test_a_refused_pod_creation_fails_the_attempt_and_cleans_up(rig) -> None:
     backend, api, recorder = rig
     api.refuse_create_after = 2

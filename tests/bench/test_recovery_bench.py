@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from goodput import schemas
-from goodput.bench.recovery import newest_held_by_all
+from goodput.bench.recovery import newest_held_by_all, rss_mib
 
 
 def persisted(rank: int, step: int, ts: int) -> schemas.CheckpointPersisted:
@@ -17,3 +21,10 @@ def test_the_newest_step_counts_only_when_every_rank_persisted_it_in_time():
     assert newest_held_by_all(events, world_size=2, before_ts=5) == 10  # rank 1's 20 is later
     assert newest_held_by_all(events, world_size=2, before_ts=9) == 20
     assert newest_held_by_all(events[:1], world_size=2, before_ts=9) == -1
+
+
+def test_resident_memory_of_a_process_and_of_one_that_is_gone():
+    assert rss_mib(os.getpid()) > 1  # this interpreter, with pytest loaded
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert rss_mib(child.pid) is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from goodput import schemas
 from goodput.control.engine import Controller
+from goodput.control.state import observe_status
+from goodput.policies import cold_restart, restart_whole_job
 
 from .helpers import JOB, at, job, signal
 
@@ -142,3 +144,51 @@ def test_a_signal_is_handled_once_and_ids_are_stable() -> None:
     twin = Controller().handle(job(), sig, at(1))
     assert [c.command_id for c in twin.commands] == [c.command_id for c in first.commands]
     assert all(c.job == JOB for c in first.commands)
+
+
+def _with_standbys(state, nodes):
+    """``state`` once a JobStatus reported a ready standby on each of ``nodes``."""
+    status = schemas.JobStatus(
+        job=JOB,
+        state="running",
+        attempt=1,
+        world_size=state.world_size,
+        procs_per_node=state.procs_per_node,
+        active_nodes=state.active,
+        spare_nodes=state.spares,
+        standbys={node: [1000 + i] for i, node in enumerate(nodes)},
+    )
+    return observe_status(state, status, at(0.5))
+
+
+def test_standbys_replace_lost_ranks_and_restart_the_group_when_in_process_cannot() -> None:
+    state = _with_standbys(job(active=2, per_dp=1, spares=1), ["n0", "n1", "s0"])
+    assert state.standbys == {"n0": 1, "n1": 1, "s0": 1}
+    warm = handle(state, signal("crash", "n1"))
+    assert warm.decision.rule == "in-process-restart"
+    assert warm.commands[0].standbys and "from n1's standby" in warm.decision.reason
+    frozen = handle(state, signal("missed_heartbeat", "n1"))
+    assert frozen.decision.rule == "standby-restart"
+    (restart,) = frozen.commands
+    assert isinstance(restart, schemas.Restart) and restart.standbys
+    # one standby per node, 8 ranks per node: the reason says how many start warm
+    assert "2 of 16 rank(s) from ready standbys" in frozen.decision.reason
+    swap = handle(state, signal("degraded_host", "n1", "uncorrectable"))
+    assert swap.decision.rule == "hot-swap" and swap.commands[0].standbys
+
+
+def test_without_a_ready_standby_the_ladder_stays_cold() -> None:
+    state = _with_standbys(job(active=2, per_dp=1), ["n0"])
+    warm = handle(state, signal("crash", "n1"))
+    assert not warm.commands[0].standbys and "the lost ones cold" in warm.decision.reason
+    frozen = handle(job(active=2, per_dp=1), signal("missed_heartbeat", "n1"))
+    assert frozen.decision.rule == "in-job-restart" and not frozen.commands[0].standbys
+
+
+def test_the_cold_policy_and_the_baseline_never_take_standbys() -> None:
+    state = _with_standbys(job(active=2, per_dp=1, spares=1), ["n0", "n1", "s0"])
+    for kind, severity in (("crash", "correctable"), ("degraded_host", "uncorrectable")):
+        for policy in (cold_restart.decide, restart_whole_job.decide):
+            plan = policy(signal(kind, "n1", severity), state)
+            assert not any(getattr(c, "standbys", False) for c in plan.commands)
+            assert "standby" not in plan.reason

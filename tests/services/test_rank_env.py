@@ -7,6 +7,7 @@ import pytest
 
 from goodput.rank_env import VARIABLES, RankEnv, RankEnvError, knobs
 from goodput.shim.trainer import ShimConfig
+from goodput.standby_channel import decode_assignment, encode_assignment
 
 
 def test_what_is_written_reads_back() -> None:
@@ -63,3 +64,17 @@ def test_a_malformed_variable_is_named() -> None:
         RankEnv.from_env({"GOODPUT_CKPT_EVERY": "often"})
     with pytest.raises(RankEnvError, match="GOODPUT_CKPT_MODE"):
         RankEnv.from_env({"GOODPUT_CKPT_MODE": "pickle"})
+
+
+def test_a_standby_assignment_is_a_rank_env_and_a_standby_cannot_train_as_a_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assignment = RankEnv(rank=1, world_size=2, master_addr="127.0.0.1", master_port=1, node="n1")
+    line = encode_assignment(assignment)
+    assert line.endswith(b"\n") and decode_assignment(line) == assignment
+    with pytest.raises(RankEnvError, match="not a standby assignment"):
+        decode_assignment(b'{"rank": "one"}\n')
+    assert RankEnv.from_env({VARIABLES["standby"]: "1"}).standby is True
+    monkeypatch.setenv(VARIABLES["standby"], "1")
+    with pytest.raises(RankEnvError, match=r"goodput\.shim\.run_job"):
+        ShimConfig.from_env()

@@ -10,6 +10,7 @@ import pytest
 
 from goodput import schemas
 from goodput.shim.inprocess import RejoinMailbox
+from goodput.shim.trainer import ShimConfig, TrainerShim
 
 
 def _rejoin(attempt: int) -> schemas.Rejoin:
@@ -41,3 +42,21 @@ def test_a_waiting_loop_wakes_when_the_rejoin_arrives() -> None:
     threading.Timer(0.05, mailbox.offer, args=(_rejoin(2),)).start()
     command = mailbox.wait(30)
     assert command is not None and command.attempt == 2
+
+
+def test_a_rank_started_into_an_attempt_ignores_its_rejoin(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a standby assigned while the survivors are told to rejoin sees that Rejoin too: it must
+    # not answer "cannot" (its loop is not running yet), which would fail the warm restart
+    shim = TrainerShim(ShimConfig(attempt=3, ckpt_dir=str(tmp_path)), install_signal_handlers=False)
+    answers: list[bool] = []
+    shim.answer_rejoin = lambda command, ok, **_: answers.append(ok)  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO):
+        shim._on_command(_rejoin(3))
+    assert (
+        answers == [] and "ignoring Rejoin for attempt 3: this rank is at attempt 3" in caplog.text
+    )
+    shim._on_command(_rejoin(4))  # a newer attempt: this loop cannot restart in process
+    assert answers == [False]
+    shim.engine.close()

@@ -15,11 +15,14 @@ and grows with the machine's load, so the run also reports the load average arou
 same-run reference: the time two bare processes take to import torch and the job.
 
 ``--mode warm`` (the default) runs this twice, each on a stack of its own: with the built-in
-policy, whose crash remedy is an in-process restart (the survivor stays in its process and
-restores from host memory; only the killed rank is started again), then with in-process
-restart off (``policies/cold_restart.py``: every rank started again), and reports both
-(``warm``, ``cold``) and their ratio. The warm job also gets one hang (its training loop
-blocked, heartbeats on) recovered in process. ``--mode cold`` measures the cold path alone.
+policy and a pre-warmed standby rank per node, whose crash remedy is an in-process restart
+(the survivor stays in its process and restores from host memory; the killed rank is
+replaced by its node's standby, which imported torch and built the job ahead of time), then
+cold: in-process restart and standbys off (``policies/cold_restart.py``, no standby: every
+rank started again), and reports both (``warm``, ``cold``) and their ratio. Each warm kill
+waits until the victim's node has a ready standby, and reports what a standby and a rank
+hold in memory (RSS). The warm job also gets one hang (its training loop blocked,
+heartbeats on) recovered in process. ``--mode cold`` measures the cold path alone.
 """
 
 from __future__ import annotations
@@ -88,8 +91,33 @@ async def _held_after(log: JobEvents, world_size: int, after_ts: int) -> int:
     )
 
 
+def _newest_status(log: JobEvents) -> schemas.JobStatus:
+    return next(
+        e
+        for e in reversed(log.events[:])
+        if isinstance(e, schemas.JobStatus) and e.state == "running"
+    )
+
+
+def rss_mib(pid: int) -> float | None:
+    """Resident memory of a process (MiB; None once it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    kib = next(
+        (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")), 0
+    )
+    return round(kib / 1024, 1)
+
+
 async def _trial(
-    bus: Bus, log: JobEvents, restarted_ts: int, resumed_ts: int, fault: str = "kill"
+    bus: Bus,
+    log: JobEvents,
+    restarted_ts: int,
+    resumed_ts: int,
+    fault: str = "kill",
+    standbys: bool = False,
 ) -> dict:
     """Kill a rank (``fault="kill"``) or hang its loop (``"hang"``: heartbeats go on) once the
     job is steady again: running after ``restarted_ts`` (the previous trial's decision) and a
@@ -103,14 +131,21 @@ async def _trial(
     )
     assert isinstance(status, schemas.JobStatus)
     await _held_after(log, status.world_size, max(resumed_ts, status.ts))
-    latest = next(
-        e
-        for e in reversed(log.events[:])
-        if isinstance(e, schemas.JobStatus) and e.state == "running"
-    )
-    assert isinstance(latest, schemas.JobStatus)
+    latest = _newest_status(log)
     # the hang goes to the other node: a third failure of the killed one is a repeat offender
     victim_node = latest.active_nodes[0 if fault == "hang" else -1]
+    if standbys:
+        await log.wait_for(
+            lambda e: isinstance(e, schemas.JobStatus) and bool(e.standbys.get(victim_node)),
+            WAIT_S,
+            f"a ready standby on {victim_node}",
+            after_ts=latest.ts,
+        )
+        latest = _newest_status(log)
+    memory = {
+        "rank_rss_mib": rss_mib(latest.pids[victim_node][0]),
+        "standby_rss_mib": rss_mib(latest.standbys[victim_node][0]) if standbys else None,
+    }
     killed_ts = schemas.now_ns()
     if fault == "hang":
         hang = schemas.InjectFault(
@@ -154,8 +189,16 @@ async def _trial(
     )
     held = newest_held_by_all(log.events[:], status.world_size, killed_ts)
     load_started = restored.ts - int(restored.duration_s * NS)
+    replaced_by = [
+        e.pid
+        for e in log.events[:]
+        if isinstance(e, schemas.RankStarted) and e.ts > decision.ts and e.node == victim_node
+    ]
     return {
         "victim": victim_node,
+        "replaced_by_standby": bool(standbys and replaced_by)
+        and replaced_by[0] in latest.standbys.get(victim_node, []),
+        **memory,
         "signal": sig.signal,
         "killed_at_step": max(
             (
@@ -183,7 +226,7 @@ async def _trial(
 
 
 async def _measure(
-    settings, job: str, trials: int, steps: int, console: Console, hang: bool
+    settings, job: str, trials: int, steps: int, console: Console, warm: bool
 ) -> list[dict]:
     bus = await Bus.connect(settings, name="goodput-bench-recovery")
     log = await JobEvents(bus, job).start()
@@ -203,17 +246,20 @@ async def _measure(
             nodes=2,
             procs_per_node=1,
             spares=1,
-            env=knobs(ckpt_every=10, enable_fault_injection=hang),
+            env=knobs(ckpt_every=10, enable_fault_injection=warm),
+            standbys=1 if warm else 0,
         )
         restarted_ts = resumed_ts = schemas.now_ns()
         await bus.send_command(subjects.ACTUATOR, start)
-        faults = ["kill"] * trials + (["hang"] if hang else [])
+        faults = ["kill"] * trials + (["hang"] if warm else [])
         for trial, fault in enumerate(faults):
             with console.status(
                 f"trial {trial + 1}/{len(faults)}: waiting for a checkpoint on every rank, "
                 f"then {fault}…"
             ):
-                result = await _trial(bus, log, restarted_ts, resumed_ts, fault)
+                result = await _trial(
+                    bus, log, restarted_ts, resumed_ts, fault, standbys=warm and fault == "kill"
+                )
             restarted_ts, resumed_ts = result.pop("decision_ts"), result.pop("resumed_ts")
             console.print(
                 f"trial {trial + 1} ({fault}): {result['total_s']:.2f} s ({result['rule']}), step "
@@ -244,6 +290,8 @@ def _summary(trials: list[dict]) -> dict:
     kills = [t for t in trials if t["fault"] == "kill"]
     summary = {
         "trials": kills,
+        "standby_rss_mib": max((t["standby_rss_mib"] or 0 for t in kills), default=0) or None,
+        "rank_rss_mib": max((t["rank_rss_mib"] or 0 for t in kills), default=0) or None,
         "total_s": round(statistics.median(t["total_s"] for t in kills), 3),
         **{
             part: round(statistics.median(t[part] for t in kills), 3)
@@ -256,9 +304,15 @@ def _summary(trials: list[dict]) -> dict:
     return summary
 
 
+#: the bench's own faults are no crash loop: warm trials come seconds apart, and a fourth
+#: remediation within the default 10-minute window would be backed off
+CONTROLLER = ["--set", "settings={crash_loop={max_restarts=50}}"]
+
+
 def _run_mode(args: argparse.Namespace, mode: str, console: Console) -> dict:
     """One stack and one job; ``cold``: the built-in policy with in-process restart off."""
-    flags = {"controller": ["--set", f"policy={cold_restart.__file__}"]} if mode == "cold" else {}
+    policy = ["--set", f"policy={cold_restart.__file__}"] if mode == "cold" else []
+    flags = {"controller": [*CONTROLLER, *policy]}
     with tempfile.TemporaryDirectory(prefix=f"goodput-bench-recovery-{mode}-") as tmp:
         state_dir = Path(tmp)
         try:

@@ -24,6 +24,7 @@ from goodput.bus import Bus, BusSettings, InsecureBusError
 from goodput.bus.client import TRANSIENT_ERRORS, BusUnavailableError
 from goodput.bus.embedded import read_record
 from goodput.ckptfmt import node_volume
+from goodput.rank_env import VARIABLES
 from goodput.stack.launcher import StackRecord, read_stack
 from goodput.subjects import DEFAULT_JOB
 
@@ -132,16 +133,21 @@ class ChaosContext:
     async def ranks(self, node: str | None = None) -> list[RankTarget]:
         """Live rank processes of the job (of one node), verified through their environment."""
         found = []
+        status = await self.job_status()
         for listed_node, pids in (await self.rank_pids()).items():
             if node is not None and listed_node != node:
                 continue
-            for pid in pids:
-                process = self._verified_rank(pid, listed_node)
+            for position, pid in enumerate(pids):
+                process = self._verified_rank(
+                    pid, listed_node, _rank_at(status, listed_node, position)
+                )
                 if process is not None:
                     found.append(process)
         return sorted(found, key=lambda p: p.rank)
 
-    def _verified_rank(self, pid: int, node: str) -> RankTarget | None:
+    def _verified_rank(self, pid: int, node: str, listed_rank: int | None) -> RankTarget | None:
+        """``listed_rank``: the rank the job status lists ``pid`` as, for a standby handed a
+        rank, whose environment (read here) predates its assignment."""
         try:
             process = psutil.Process(pid)
             if process.status() == psutil.STATUS_ZOMBIE:
@@ -156,7 +162,9 @@ class ChaosContext:
         try:
             rank = int(env["RANK"])
         except (KeyError, ValueError):
-            return None
+            if env.get(VARIABLES["standby"]) != "1" or listed_rank is None:
+                return None
+            rank = listed_rank
         return RankTarget(
             rank=rank,
             node=node,
@@ -192,3 +200,10 @@ class ChaosContext:
 
     def volume(self, node: str) -> Path:
         return node_volume(self.state_dir, node, self.job)
+
+
+def _rank_at(status: schemas.JobStatus | None, node: str, position: int) -> int | None:
+    """The rank at ``position`` of ``node``'s pids in ``status`` (listed in rank order)."""
+    if status is None or node not in status.active_nodes:
+        return None
+    return status.active_nodes.index(node) * status.procs_per_node + position

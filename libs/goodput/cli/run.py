@@ -122,6 +122,7 @@ def start_command(
         workdir=workdir,
         image=args.image or "",
         gpus_per_rank=args.gpus_per_rank,
+        standbys=args.standbys,
     )
 
 
@@ -236,6 +237,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--spares", type=count_at_least(0), default=1, help="spare nodes (default 1)"
+    )
+    parser.add_argument(
+        "--standbys",
+        type=count_at_least(0),
+        default=0,
+        help="pre-warmed standby ranks per node, spares included (default 0; local backend): "
+        "each builds the job's state ahead of time and takes a lost rank's place. The script "
+        "must run its job through goodput.shim.run_job",
     )
     parser.add_argument(
         "--nodes-per-dp",

@@ -98,6 +98,7 @@ def observe_status(state: JobState, status: schemas.JobStatus, now: int) -> JobS
             state,
             observed=observed,
             attempt=status.attempt,
+            standbys={node: len(pids) for node, pids in status.standbys.items() if pids},
             nodes=[*state.nodes, *added],
             version=state.version + 1,
         ),

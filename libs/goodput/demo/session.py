@@ -105,6 +105,8 @@ def start_command(plan: RunPlan, job: str, state_dir: Path) -> schemas.StartJob:
         procs_per_node=1,
         spares=plan.spares,
         env=env,
+        # a pre-warmed standby rank per node: the baseline starts every rank cold
+        standbys=1 if plan.setup == "goodput" else 0,
     )
 
 

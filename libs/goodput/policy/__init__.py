@@ -11,8 +11,8 @@ Returning a :class:`Plan` adds the rule name and a sentence saying why, which en
 published ``Decision``; a bare list is reported as rule ``"script"``; ``[]`` means "do
 nothing". A script may call the built-in policy (:func:`default_policy`) or its building
 blocks (:func:`scale_down`, :func:`scale_up`, :func:`replace_node`, :func:`evict_straggler`,
-:func:`reset_gpus`)
-and change only what it wants. It gets copies of the signal and the state: changing them
+:func:`reset_gpus`, :func:`standby_note`: whether a launch on some nodes should take their
+ready standbys, ``JobState.standbys``) and change only what it wants. It gets copies of the signal and the state: changing them
 changes nothing. Its answer must pass :func:`validate`, or the built-in policy decides.
 
 ``JobState`` is what the actuator reported (membership, attempt), the commands it has not
@@ -29,6 +29,7 @@ from goodput.policy.builtin import (
     reset_gpus,
     scale_down,
     scale_up,
+    standby_note,
 )
 from goodput.policy.plan import ALLOWED_COMMANDS, MAX_COMMANDS, Plan, PolicyError, validate
 from goodput.policy.state import JobState, NodeRecord, PendingCommand, Refusal
@@ -49,5 +50,6 @@ __all__ = [
     "reset_gpus",
     "scale_down",
     "scale_up",
+    "standby_note",
     "validate",
 ]

@@ -14,10 +14,14 @@ Rules, in order (the rule name is what a ``Decision`` shows):
   last replica: a slow job beats no job.
 * ``in-process-restart`` — a correctable crash or hang: the surviving ranks restart in their
   processes (model and optimizer kept, the checkpoint from host memory) and only the lost
-  rank is started again. ``in-job-restart`` — a correctable fault that cannot be healed in
-  process (a rank whose heartbeats stopped is frozen), or one whose in-process restart
-  failed (a rank stuck past the deadline): restart the worker group cold, from the newest
-  checkpoint.
+  rank is started again — by its node's ready standby when it has one (the job's state
+  built ahead of time), else cold. ``standby-restart`` — a correctable fault that cannot be
+  healed in process (a rank whose heartbeats stopped is frozen), or one whose in-process
+  restart failed (a rank stuck past the deadline), while the nodes keep ready standbys:
+  every rank restarts from the newest checkpoint, as many as there are standbys in them.
+  ``in-job-restart`` — the same with no standby ready: the worker group restarts cold.
+  Every other command that launches ranks (GPU reset, hot swap — the spare's standbys —,
+  scale down or up) takes them from ready standbys too, and its reason says how many.
 * ``gpu-reset`` — a host fault that a GPU reset clears (``goodput.gpu_faults``: XIDs whose
   catalogue resolution is a reset, uncorrected ECC errors) on a node that has not failed
   ``REPEAT_FAILURES`` times: restart with the node's faulty GPUs reset while no rank runs
@@ -46,6 +50,19 @@ from goodput.policy.state import JobState, Refusal
 REPEAT_FAILURES = 3
 
 
+def standby_ranks(state: JobState, nodes: list[str]) -> int:
+    """How many of the ranks launched on ``nodes`` ready standbys can be (one rank each)."""
+    return sum(min(state.standbys.get(node, 0), state.procs_per_node) for node in nodes)
+
+
+def standby_note(state: JobState, nodes: list[str]) -> tuple[bool, str]:
+    """Whether a launch on ``nodes`` should take standbys, and the words for its reason."""
+    warm = standby_ranks(state, nodes)
+    if not warm:
+        return False, ""
+    return True, f"; {warm} of {len(nodes) * state.procs_per_node} rank(s) from ready standbys"
+
+
 def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
     """The built-in policy: in-process and in-job restart, GPU reset, hot swap, scale down, scale up, evict
     stragglers."""
@@ -58,10 +75,11 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
         return evict_straggler(signal, state)
     record = state.node(signal.node) if signal.node else None
     if record is None:
+        warm, note = standby_note(state, state.active)
         return Plan(
-            [schemas.Restart(job=state.job)],
+            [schemas.Restart(job=state.job, standbys=warm)],
             "restart-job",
-            f"{kind} with no node to blame ({signal.detail}): restart the whole job",
+            f"{kind} with no node to blame ({signal.detail}): restart the whole job{note}",
         )
     if signal.severity == "correctable":
         if record.failures >= REPEAT_FAILURES:
@@ -93,11 +111,13 @@ def reset_gpus(signal: schemas.Signal, state: JobState) -> Plan | None:
     if targets is None:
         return None
     which = f"GPU(s) {', '.join(map(str, targets))}" if targets else "every GPU"
+    # the reset node's standbys are stopped for the reset (they may hold the GPU)
+    warm, note = standby_note(state, [n for n in state.active if n != signal.node])
     return Plan(
-        [schemas.Restart(job=state.job, reset_gpus={signal.node: targets})],
+        [schemas.Restart(job=state.job, reset_gpus={signal.node: targets}, standbys=warm)],
         "gpu-reset",
         f"{', '.join(signal.host_faults)} on {signal.node} is reset-correctable: stop the "
-        f"ranks, reset {which} of {signal.node}, restart from the newest checkpoint",
+        f"ranks, reset {which} of {signal.node}, restart from the newest checkpoint{note}",
     )
 
 
@@ -114,11 +134,14 @@ def restart_in_place(signal: schemas.Signal, state: JobState) -> Plan:
     # a crash of the only rank leaves no process to restart in
     survivors = signal.signal != "crash" or state.world_size > 1
     if signal.signal in IN_PROCESS_KINDS and survivors and failed is None:
+        # a hang loses no rank: every one restarts in process
+        warm = signal.signal == "crash" and state.standbys.get(signal.node, 0) > 0
+        lost = f"the lost ones from {signal.node}'s standby" if warm else "the lost ones cold"
         return Plan(
-            [schemas.RestartInProcess(job=state.job)],
+            [schemas.RestartInProcess(job=state.job, standbys=warm)],
             "in-process-restart",
-            f"{where}: the surviving ranks restart in process, the lost ones cold, from the "
-            "step every rank holds",
+            f"{where}: the surviving ranks restart in process, {lost}, from the step every "
+            "rank holds",
         )
     why = (
         f"the in-process restart failed: {failed.reason}"
@@ -127,6 +150,13 @@ def restart_in_place(signal: schemas.Signal, state: JobState) -> Plan:
         if survivors
         else "no rank survived"
     )
+    warm, note = standby_note(state, state.active)
+    if warm:
+        return Plan(
+            [schemas.Restart(job=state.job, standbys=True)],
+            "standby-restart",
+            f"{where}: restart every rank from the newest checkpoint ({why}){note}",
+        )
     return Plan(
         [schemas.Restart(job=state.job)],
         "in-job-restart",
@@ -151,10 +181,11 @@ def replace_node(state: JobState, node: str, *, why: str) -> Plan:
     """Hot swap ``node`` for a spare if one is free, else scale down without it."""
     if state.spares:
         spare = state.spares[0]
+        warm, note = standby_note(state, [spare if n == node else n for n in state.active])
         return Plan(
-            [schemas.HotSwap(job=state.job, failed_node=node, spare_node=spare)],
+            [schemas.HotSwap(job=state.job, failed_node=node, spare_node=spare, standbys=warm)],
             "hot-swap",
-            f"{why}: swap in spare {spare}",
+            f"{why}: swap in spare {spare}{note}",
         )
     return scale_down(state, node, why=f"{why}, no spare free")
 
@@ -170,10 +201,19 @@ def scale_down(state: JobState, node: str, *, why: str) -> Plan:
             f"{why}: fewer than {state.num_nodes_per_dp} healthy node(s) left, stopping",
         )
     keep = remaining[: replicas * state.num_nodes_per_dp]
+    warm, note = standby_note(state, keep)
     return Plan(
-        [schemas.ScaleTo(job=state.job, num_dp_replicas=replicas, nodes=keep, drop_nodes=[node])],
+        [
+            schemas.ScaleTo(
+                job=state.job,
+                num_dp_replicas=replicas,
+                nodes=keep,
+                drop_nodes=[node],
+                standbys=warm,
+            )
+        ],
         "scale-down",
-        f"{why}: scale down from {state.num_dp_replicas} to {replicas} DP replica(s)",
+        f"{why}: scale down from {state.num_dp_replicas} to {replicas} DP replica(s){note}",
     )
 
 
@@ -191,10 +231,11 @@ def scale_up(state: JobState, *, why: str) -> Plan:
         )
     replicas = state.num_dp_replicas + grow
     nodes = state.active + state.spares[: grow * state.num_nodes_per_dp]
+    warm, note = standby_note(state, nodes)
     return Plan(
-        [schemas.ScaleTo(job=state.job, num_dp_replicas=replicas, nodes=nodes)],
+        [schemas.ScaleTo(job=state.job, num_dp_replicas=replicas, nodes=nodes, standbys=warm)],
         "scale-up",
-        f"{why}: scale up from {state.num_dp_replicas} to {replicas} DP replica(s)",
+        f"{why}: scale up from {state.num_dp_replicas} to {replicas} DP replica(s){note}",
     )
 
 

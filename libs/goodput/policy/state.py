@@ -114,6 +114,8 @@ class JobState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     observed: Membership = msgspec.field(default_factory=lambda: Membership(active=[], spares=[]))
     #: the actuator's attempt number as last reported
     attempt: int = 0
+    #: ready standby ranks per node as last reported (``JobStatus.standbys``)
+    standbys: dict[str, int] = msgspec.field(default_factory=dict)
     pending: list[PendingCommand] = msgspec.field(default_factory=list)
     refused: list[Refusal] = msgspec.field(default_factory=list)
     started_ts: int = 0

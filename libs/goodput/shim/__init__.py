@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         scale_lr,
     )
     from goodput.shim.restore_result import DpLayout, RestoreResult
+    from goodput.shim.standby import JobRun, run_job
     from goodput.shim.trainer import EXIT_TERMINATED, ShimConfig, TrainerShim
 
 #: public name -> the module that defines it
@@ -33,6 +34,8 @@ _EXPORTS = {
     "scale_lr": "goodput.shim.rescale",
     "DpLayout": "goodput.shim.restore_result",
     "RestoreResult": "goodput.shim.restore_result",
+    "JobRun": "goodput.shim.standby",
+    "run_job": "goodput.shim.standby",
     "EXIT_TERMINATED": "goodput.shim.trainer",
     "ShimConfig": "goodput.shim.trainer",
     "TrainerShim": "goodput.shim.trainer",
@@ -42,6 +45,7 @@ __all__ = [
     "EXIT_TERMINATED",
     "BatchPlan",
     "DpLayout",
+    "JobRun",
     "Rescale",
     "RescaleCallback",
     "RescaleError",
@@ -50,6 +54,7 @@ __all__ = [
     "TrainerShim",
     "adjust_schedule",
     "keep_global_batch",
+    "run_job",
     "scale_lr",
 ]
 

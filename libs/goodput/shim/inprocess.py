@@ -50,7 +50,8 @@ class ResumableJob(Protocol):
     """What :func:`run_in_process` drives: one rank's training state and its step.
 
     ``release_group`` drops whatever holds the process group (a DDP wrapper) and any
-    half-accumulated gradients; ``regroup`` rebuilds it on the new default group. Both keep the
+    half-accumulated gradients; ``regroup`` rebuilds it on the new default group (and, under
+    :func:`goodput.shim.run_job`, first wraps a job built before any group existed). Both keep the
     model and optimizer objects: the state is restored into them after ``regroup``. ``plan`` is
     the batch plan in force; a restore hands ``load_state_dict`` the checkpoint's, as the
     rescale callbacks left it (the same typed restore as a cold start's).

@@ -35,7 +35,7 @@ from goodput.ckpt import events as ckpt_events
 from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
 from goodput.ckpt.host_restore import HostRestore, restore_from_host
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
-from goodput.rank_env import EXIT_TERMINATED, RankEnv
+from goodput.rank_env import EXIT_TERMINATED, VARIABLES, RankEnv, RankEnvError
 from goodput.shim.agree import agree_min, all_reduce_min, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
 from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
@@ -90,6 +90,12 @@ class ShimConfig(msgspec.Struct, kw_only=True):
         bus from ``GOODPUT_NATS_*``); a malformed variable raises ``RankEnvError``."""
         env = os.environ
         rank_env = RankEnv.from_env(env)
+        if rank_env.standby:
+            # a standby has no rank yet: trained on, it would be a second "rank 0" of its own
+            raise RankEnvError(
+                f"{VARIABLES['standby']}=1: this process is a standby rank; serve it with "
+                "goodput.shim.run_job(build_state, steps), which waits for its assignment"
+            )
         values: dict[str, Any] = {
             "job": rank_env.job,
             "node": rank_env.node,
@@ -419,6 +425,15 @@ class TrainerShim:
         )
 
     def _on_rejoin(self, command: schemas.Rejoin) -> None:
+        if command.attempt <= self.config.attempt:
+            # a rank started into that attempt (a standby assigned while the survivors are
+            # told to rejoin) sees its Rejoin too: it is already where the command leads
+            log.info(
+                "ignoring Rejoin for attempt %d: this rank is at attempt %d",
+                command.attempt,
+                self.config.attempt,
+            )
+            return
         if self._rejoins is None:
             detail = "its training loop is not the shim's (shim.run): no in-process restart"
             self.answer_rejoin(command, ok=False, detail=detail)

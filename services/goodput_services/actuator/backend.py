@@ -32,6 +32,9 @@ GpuResetter = Callable[[str, list[int], str, int], Awaitable[tuple[bool, str]]]
 RejoinRound = Callable[
     [schemas.Rejoin, set[int], float], Awaitable[dict[int, schemas.RankRejoined]]
 ]
+#: returns once the job publishes a step after the call (the job trains again): standbys are
+#: started then, never while the ranks start up, whom they would slow down
+NextStep = Callable[[], Awaitable[None]]
 
 
 log = logging.getLogger(__name__)
@@ -54,13 +57,24 @@ class Backend(Protocol):
 
     async def start_job(self, spec: schemas.StartJob) -> str: ...
 
-    async def restart(self, reason: str, reset_gpus: dict[str, list[int]] | None = None) -> str: ...
+    async def restart(
+        self,
+        reason: str,
+        reset_gpus: dict[str, list[int]] | None = None,
+        standbys: bool = False,
+    ) -> str: ...
 
-    async def restart_in_process(self, reason: str, deadline_s: float) -> str: ...
+    async def restart_in_process(
+        self, reason: str, deadline_s: float, standbys: bool = False
+    ) -> str: ...
 
-    async def hot_swap(self, failed: str, spare: str, reason: str) -> str: ...
+    async def hot_swap(
+        self, failed: str, spare: str, reason: str, standbys: bool = False
+    ) -> str: ...
 
-    async def scale_to(self, nodes: list[str], drop: list[str], reason: str) -> str: ...
+    async def scale_to(
+        self, nodes: list[str], drop: list[str], reason: str, standbys: bool = False
+    ) -> str: ...
 
     async def return_node(self, node: str) -> str: ...
 
@@ -89,6 +103,8 @@ class MembershipBackend(ABC):
     gpu_resetter: GpuResetter | None = None
     #: how Rejoin commands reach the ranks (set by the service; None: no warm restart)
     rejoin: RejoinRound | None = None
+    #: when the job trains again (set by the service; None: standbys start right away)
+    next_step: NextStep | None = None
     spec: schemas.StartJob | None
     membership: Membership | None
     ranks: list[Any]
@@ -99,8 +115,9 @@ class MembershipBackend(ABC):
     _lock: asyncio.Lock
 
     @abstractmethod
-    async def _launch(self, state: str, detail: str) -> None:
-        """Start the worker group of a new attempt on ``self.membership``."""
+    async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
+        """Start the worker group of a new attempt on ``self.membership`` (``standbys``: take
+        ranks from the nodes' ready standbys where the backend keeps any)."""
 
     @abstractmethod
     async def _terminate(self, *, graceful: bool, why: str) -> None:
@@ -109,6 +126,14 @@ class MembershipBackend(ABC):
     @abstractmethod
     def _pids(self) -> dict[str, list[int]]:
         """Rank process ids per node, where this machine can see them."""
+
+    def _standby_pids(self) -> dict[str, list[int]]:
+        """Ready standby processes per node (a backend that keeps none: none)."""
+        return {}
+
+    async def _release_standbys(self, nodes: list[str] | None) -> None:
+        """Stop the standbys of ``nodes`` (None: every one) — a backend that keeps none: no-op."""
+        return None
 
     def status(self, detail: str = "") -> schemas.JobStatus:
         """The job as it is now, for a JobStatus event."""
@@ -125,6 +150,7 @@ class MembershipBackend(ABC):
             pids=self._pids(),
             detail=detail,
             run_id=self.run_id,
+            standbys=self._standby_pids(),
         )
 
     async def _begin_run(self, spec: schemas.StartJob) -> None:
@@ -148,7 +174,12 @@ class MembershipBackend(ABC):
             )
         )
 
-    async def restart(self, reason: str, reset_gpus: dict[str, list[int]] | None = None) -> str:
+    async def restart(
+        self,
+        reason: str,
+        reset_gpus: dict[str, list[int]] | None = None,
+        standbys: bool = False,
+    ) -> str:
         """Relaunch every rank; with ``reset_gpus``, those GPUs are reset while none runs."""
         async with self._lock:
             membership = self._require_job()
@@ -161,25 +192,33 @@ class MembershipBackend(ABC):
                 why="gpu_reset" if reset else "restart",
                 detail=reason or "in-job restart",
                 reset_gpus=reset,
+                standbys=standbys,
             )
             done = f"worker group restarted (attempt {self.attempt})"
             return f"GPUs of {', '.join(reset)} reset; {done}" if reset else done
 
-    async def restart_in_process(self, reason: str, deadline_s: float) -> str:
+    async def restart_in_process(
+        self, reason: str, deadline_s: float, standbys: bool = False
+    ) -> str:
         """Survivors rejoin a fresh rendezvous in process; only a backend that can start
         single ranks next to running ones supports it (the refusal makes it a cold restart)."""
         raise RuntimeError(f"in-process restart is not supported by the {type(self).__name__}")
 
-    async def hot_swap(self, failed: str, spare: str, reason: str) -> str:
+    async def hot_swap(self, failed: str, spare: str, reason: str, standbys: bool = False) -> str:
         async with self._lock:
             membership = self._require_job()
             self.membership, chosen = membership.hot_swap(failed, spare)
             await self._relaunch(
-                graceful=False, why="hot_swap", detail=f"{failed} replaced by {chosen}: {reason}"
+                graceful=False,
+                why="hot_swap",
+                detail=f"{failed} replaced by {chosen}: {reason}",
+                standbys=standbys,
             )
             return f"{failed} replaced by spare {chosen}; world size {self.membership.world_size}"
 
-    async def scale_to(self, nodes: list[str], drop: list[str], reason: str) -> str:
+    async def scale_to(
+        self, nodes: list[str], drop: list[str], reason: str, standbys: bool = False
+    ) -> str:
         async with self._lock:
             membership = self._require_job()
             target = membership.scale_to(nodes, drop)
@@ -190,6 +229,7 @@ class MembershipBackend(ABC):
                 graceful=growing,
                 why="scale_up" if growing else "scale_down",
                 detail=f"{membership.world_size} → {target.world_size} ranks: {reason}",
+                standbys=standbys,
             )
             return f"running on {', '.join(target.active)} ({target.world_size} ranks)"
 
@@ -201,6 +241,7 @@ class MembershipBackend(ABC):
 
     async def stop(self, reason: str) -> str:
         async with self._lock:
+            await self._release_standbys(None)
             if not self.ranks:
                 return "no rank running"
             await self._terminate(graceful=True, why="stop")
@@ -211,6 +252,7 @@ class MembershipBackend(ABC):
     async def shutdown(self) -> None:
         """The actuator is going away: stop the ranks it owns (they save and exit)."""
         async with self._lock:
+            await self._release_standbys(None)
             if self.ranks:
                 await self._terminate(graceful=True, why="actuator shutdown")
                 self.state = "stopped"
@@ -266,7 +308,18 @@ class MembershipBackend(ABC):
         """
         return settings_to_env(self.bus_settings)
 
-    def rank_environment(
+    def rank_environment(self, **where: Any) -> dict[str, str]:
+        """What a rank is told, as torchrun would tell it, plus what the trainer shim reads
+        (``where``: the arguments of :meth:`rank_env`)."""
+        assert self.spec is not None
+        return {
+            **self.spec.env,
+            **self.rank_env(**where).to_env(),
+            **self.rank_bus_environment(),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def rank_env(
         self,
         *,
         node: str,
@@ -276,12 +329,12 @@ class MembershipBackend(ABC):
         master_addr: str,
         master_port: int,
         volume: Path,
-    ) -> dict[str, str]:
-        """What a rank is told, as torchrun would tell it, plus what the trainer shim reads."""
+    ) -> RankEnv:
+        """A rank's own variables: what a standby's assignment carries."""
         assert self.spec is not None and self.membership is not None
         membership = self.membership
         nodes_per_dp = max(self.spec.num_nodes_per_dp, 1)
-        rank_env = RankEnv(
+        return RankEnv(
             rank=rank,
             local_rank=local_rank,
             group_rank=node_index,
@@ -300,12 +353,6 @@ class MembershipBackend(ABC):
             # the job's own checkpoint directory (a shared one) wins over the node's volume
             ckpt_dir=self.spec.env.get(VARIABLES["ckpt_dir"]) or str(volume),
         )
-        return {
-            **self.spec.env,
-            **rank_env.to_env(),
-            **self.rank_bus_environment(),
-            "PYTHONUNBUFFERED": "1",
-        }
 
     async def _relaunch(
         self,
@@ -314,6 +361,7 @@ class MembershipBackend(ABC):
         why: str,
         detail: str,
         reset_gpus: dict[str, list[int]] | None = None,
+        standbys: bool = False,
     ) -> None:
         self.state = "restarting"
         with _tracer.start_as_current_span(
@@ -321,6 +369,8 @@ class MembershipBackend(ABC):
         ):
             await self._terminate(graceful=graceful, why=why)
         if reset_gpus:
+            # a standby may hold the GPU (its model built there): a reset needs it idle
+            await self._release_standbys(list(reset_gpus))
             with _tracer.start_as_current_span(
                 "actuator reset gpus", attributes={"goodput.nodes": sorted(reset_gpus)}
             ):
@@ -330,7 +380,7 @@ class MembershipBackend(ABC):
             "actuator launch ranks",
             attributes={"goodput.attempt": self.attempt + 1, "goodput.why": why},
         ):
-            await self._launch("running", detail)
+            await self._launch("running", detail, standbys=standbys)
 
 
 def create_backend(

@@ -132,6 +132,10 @@ class KubernetesBackend(MembershipBackend):
     async def start_job(self, spec: schemas.StartJob) -> str:
         async with self._lock:
             check_job_shape(spec)
+            if spec.standbys:
+                raise RuntimeError(
+                    "standby ranks need the local backend: a rank pod cannot be handed a rank"
+                )
             if not (spec.image or self.options.image):
                 raise RuntimeError(
                     "the job names no rank image and the actuator has no default: "
@@ -247,7 +251,8 @@ class KubernetesBackend(MembershipBackend):
 
     # ---- attempts ----------------------------------------------------------------------------
 
-    async def _launch(self, state: str, detail: str) -> None:
+    async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
+        """Every rank a new pod (this backend keeps no standbys: ``standbys`` changes nothing)."""
         assert self.spec is not None and self.membership is not None
         self.attempt += 1
         membership = self.membership

@@ -4,7 +4,8 @@ Ranks are launched the way torchrun launches them (RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR/MASTER_PORT for the rendezvous), plus GOODPUT_* variables for the trainer shim.
 Every remediation relaunches the worker group with a fresh rendezvous port: a collective
 group cannot take back a rank that died, so "in-job restart" means new rank processes under
-the same, still-running supervisor.
+the same, still-running supervisor — or, for a job started with standbys and a command that
+asks for them, ready standby processes (``standbys.py``) handed the rank instead.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from goodput.bus.embedded import free_port
 from goodput.bus.settings import FILE_FIELDS
 from goodput.ckptfmt import node_volume
 from goodput.membership import Membership, check_job_shape
+from goodput.rank_env import VARIABLES
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
+from goodput_services.actuator.standbys import StandbyPool
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,8 @@ class LocalBackend(MembershipBackend):
         self.state: str = "stopped"
         self.ranks: list[RankProcess] = []
         self._lock = asyncio.Lock()
+        self.standbys = StandbyPool(self.state_dir / "logs" / "standbys", self._report)
+        self._keeper: asyncio.Task[None] | None = None
 
     # ---- commands ----------------------------------------------------------------------------
 
@@ -96,15 +101,28 @@ class LocalBackend(MembershipBackend):
             # the previous run's ranks have all exited, but they would still count as this
             # run's: in its pids (a host monitor would miss them) and in "every rank exited 0"
             await self._terminate(graceful=False, why="new run")
+            await self.standbys.stop()
             self.membership = Membership.initial(spec.nodes, spec.spares, spec.procs_per_node)
+            standby_env = {
+                **spec.env,
+                **self.rank_bus_environment(),
+                VARIABLES["job"]: self.job,
+                "PYTHONUNBUFFERED": "1",
+            }
+            self.standbys.configure(spec.standbys, spec.argv, spec.workdir or None, standby_env)
+            if spec.standbys and self._keeper is None:
+                self._keeper = untraced_task(self._keep_standbys())
             await self._launch("starting", "job started")
             return (
                 f"started {self.membership.world_size} ranks on {', '.join(self.membership.active)}"
             )
 
-    async def restart_in_process(self, reason: str, deadline_s: float) -> str:
+    async def restart_in_process(
+        self, reason: str, deadline_s: float, standbys: bool = False
+    ) -> str:
         """Warm restart: the live ranks rejoin a fresh rendezvous in their processes, the dead
-        ones are started again (cold) into it. A live rank that does not rejoin by the
+        ones are started again into it (by a ready standby of their node with ``standbys``,
+        else cold). A live rank that does not rejoin by the
         deadline (stuck in a native call) fails the command, and every rank is stopped so the
         cold restart the controller decides next starts from a clean slate."""
         async with self._lock:
@@ -133,7 +151,9 @@ class LocalBackend(MembershipBackend):
             for entry in dead:
                 self.ranks.remove(entry)
                 node_index = membership.active.index(entry.node)
-                await self._spawn(entry.node, node_index, entry.rank, entry.local_rank, port, logs)
+                await self._start_rank(
+                    entry.node, node_index, entry.rank, entry.local_rank, port, logs, standbys
+                )
             for entry in live:
                 entry.attempt = self.attempt
             failed = _not_rejoined(live, await answers, deadline_s)
@@ -149,11 +169,44 @@ class LocalBackend(MembershipBackend):
                 f"(attempt {self.attempt})"
             )
 
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        if self._keeper is not None:
+            self._keeper.cancel()
+            self._keeper = None
+
+    # ---- standbys ----------------------------------------------------------------------------
+
+    async def _keep_standbys(self) -> None:
+        """Start the standbys the nodes lack, once the job trains again after a launch or a
+        death: started together with the ranks they would slow their start-up down."""
+        while True:
+            await self.standbys.wanted.wait()
+            if self.next_step is not None:
+                await self.next_step()
+            else:
+                await asyncio.sleep(1.0)
+            async with self._lock:
+                if self.state != "running" or self.membership is None:
+                    continue
+                self.standbys.wanted.clear()
+                nodes = [*self.membership.active, *self.membership.spares]
+                if await self.standbys.replenish(nodes):
+                    await self._report("standbys replenished")
+
+    def _standby_pids(self) -> dict[str, list[int]]:
+        return self.standbys.ready_pids()
+
+    async def _release_standbys(self, nodes: list[str] | None) -> None:
+        await self.standbys.stop(nodes)
+
     # ---- machinery ---------------------------------------------------------------------------
 
     def _pids(self) -> dict[str, list[int]]:
         pids: dict[str, list[int]] = {}
-        for rank in self.ranks:
+        # in rank order: a standby handed a rank has no RANK in its environment, and chaos
+        # tells its rank by its place here
+        for rank in sorted(self.ranks, key=lambda r: r.rank):
             pids.setdefault(rank.node, []).append(rank.process.pid)
         return pids
 
@@ -168,8 +221,10 @@ class LocalBackend(MembershipBackend):
 
     async def _report(self, detail: str) -> None:
         status = self.status(detail)
+        # standbys too: `goodput down` stops whatever the actuator started if it is gone
+        processes = {n: [*status.pids.get(n, []), *p] for n, p in self.standbys.pids().items()}
         tmp = self.ranks_file.with_suffix(".tmp")
-        tmp.write_bytes(msgspec.json.encode(status.pids))
+        tmp.write_bytes(msgspec.json.encode({**status.pids, **processes}))
         os.replace(tmp, self.ranks_file)
         await self.emit(status)
 
@@ -191,7 +246,7 @@ class LocalBackend(MembershipBackend):
         watchers = [r.watcher for r in ranks if r.watcher is not None]
         await asyncio.gather(*watchers, return_exceptions=True)
 
-    async def _launch(self, state: str, detail: str) -> None:
+    async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
         assert self.spec is not None and self.membership is not None
         self.attempt += 1
         await self._prepare_volumes()
@@ -201,14 +256,38 @@ class LocalBackend(MembershipBackend):
         for node_index, node in enumerate(membership.active):
             for local_rank in range(membership.procs_per_node):
                 rank = node_index * membership.procs_per_node + local_rank
-                await self._spawn(node, node_index, rank, local_rank, port, logs)
+                await self._start_rank(node, node_index, rank, local_rank, port, logs, standbys)
         self.state = state if state != "starting" else "running"
         await self._report(detail)
 
+    async def _start_rank(
+        self,
+        node: str,
+        node_index: int,
+        rank: int,
+        local_rank: int,
+        port: int,
+        logs: Path,
+        standbys: bool,
+    ) -> None:
+        """One rank of the current attempt: a ready standby of its node told to be it (when
+        ``standbys``), else a new process."""
+        standby = self.standbys.take(node) if standbys else None
+        if standby is not None:
+            where = {"node_index": node_index, "master_port": port, "master_addr": "127.0.0.1"}
+            env = self.rank_env(
+                node=node, rank=rank, local_rank=local_rank, volume=self.volume(node), **where
+            )
+            if await self.standbys.assign(standby, env):
+                log.info("rank %d on %s: standby %d", rank, node, standby.process.pid)
+                await self._watch_rank(node, rank, local_rank, standby.process)
+                return
+        await self._spawn(node, node_index, rank, local_rank, port, logs)
+
     async def _spawn(
         self, node: str, node_index: int, rank: int, local_rank: int, port: int, logs: Path
-    ) -> RankProcess:
-        """Start one rank of the current attempt, watch it, and say so."""
+    ) -> None:
+        """Start one rank of the current attempt as a new process."""
         assert self.spec is not None and self.membership is not None
         env = self._rank_env(node, node_index, rank, local_rank, port)
         with open(logs / f"{node}-rank{rank}.log", "ab") as out:
@@ -221,6 +300,13 @@ class LocalBackend(MembershipBackend):
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,  # a node's ranks can be signalled as a group
             )
+        await self._watch_rank(node, rank, local_rank, process)
+
+    async def _watch_rank(
+        self, node: str, rank: int, local_rank: int, process: asyncio.subprocess.Process
+    ) -> None:
+        """``process`` is a rank of the current attempt from now on: watch it, and say so."""
+        assert self.membership is not None
         entry = RankProcess(
             node=node, rank=rank, local_rank=local_rank, attempt=self.attempt, process=process
         )
@@ -238,7 +324,6 @@ class LocalBackend(MembershipBackend):
                 attempt=self.attempt,
             )
         )
-        return entry
 
     def _logs(self) -> Path:
         logs = self.state_dir / "logs" / "ranks" / f"attempt-{self.attempt:03d}"

@@ -39,6 +39,7 @@ class ActuatorService(Service):
             self.backend.prepare_node = self._restore_to_node
         self.backend.gpu_resetter = self._reset_gpus
         self.backend.rejoin = self._rejoin_round
+        self.backend.next_step = self._next_step
 
     @property
     def stop_deadline_s(self) -> float:
@@ -106,7 +107,12 @@ class ActuatorService(Service):
                 event = schemas.decode_event(msg.data)
             except schemas.SchemaError:
                 return  # the sensor's consumer dead-letters it
-            if isinstance(event, schemas.RankRejoined) and event.attempt == command.attempt:
+            # only the ranks asked: one started into this attempt is not rejoining
+            if (
+                isinstance(event, schemas.RankRejoined)
+                and event.attempt == command.attempt
+                and event.rank in ranks
+            ):
                 answers[event.rank] = event
                 if not event.ok or ranks <= answers.keys():
                     complete.set()
@@ -120,6 +126,21 @@ class ActuatorService(Service):
         finally:
             await subscription.unsubscribe()
         return answers
+
+    async def _next_step(self) -> None:
+        """Return once the job publishes a step after this call (it trains again)."""
+        assert self.bus is not None
+        stepped = asyncio.Event()
+
+        async def on_step(msg) -> None:
+            stepped.set()
+
+        subject = subjects.event(self.job, schemas.kind_of(schemas.StepDone))
+        subscription = await self.bus.nc.subscribe(subject, cb=on_step)
+        try:
+            await stepped.wait()
+        finally:
+            await subscription.unsubscribe()
 
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
         """Run a membership or lifecycle command; a refusal is a result, logged like a success,
@@ -141,15 +162,19 @@ class ActuatorService(Service):
             case schemas.StartJob():
                 return await backend.start_job(command)
             case schemas.Restart():
-                return await backend.restart(command.reason, command.reset_gpus)
+                return await backend.restart(command.reason, command.reset_gpus, command.standbys)
             case schemas.RestartInProcess():
-                return await backend.restart_in_process(command.reason, command.deadline_s)
+                return await backend.restart_in_process(
+                    command.reason, command.deadline_s, command.standbys
+                )
             case schemas.HotSwap():
                 return await backend.hot_swap(
-                    command.failed_node, command.spare_node, command.reason
+                    command.failed_node, command.spare_node, command.reason, command.standbys
                 )
             case schemas.ScaleTo():
-                return await backend.scale_to(command.nodes, command.drop_nodes, command.reason)
+                return await backend.scale_to(
+                    command.nodes, command.drop_nodes, command.reason, command.standbys
+                )
             case schemas.ReturnNode():
                 return await backend.return_node(command.node)
             case schemas.Stop():

@@ -248,8 +248,12 @@ class Trainer:
         return loss_sum.item() / (self.plan.global_batch // self.plan.micro_batch)
 
     def regroup(self) -> None:
-        """Wrap the model for the current default process group (at start, and after an
-        in-process restart joined a fresh one)."""
+        """Wrap the model for the current default process group (at start, after an
+        in-process restart joined a fresh one, and once a trainer built before any group — a
+        standby's — joins one: it takes the group's rank and size)."""
+        if dist.is_initialized():
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+            split_micro_batches(self.plan.global_batch, self.plan.micro_batch, self.world_size)
         if self.world_size > 1:
             self.ddp = DistributedDataParallel(self.model)
             self.ddp.register_comm_hook(self.clock, rank_ordered_mean_hook)

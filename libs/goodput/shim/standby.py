@@ -1,0 +1,92 @@
+"""A rank from a builder: what lets the actuator keep pre-warmed standby ranks.
+
+Starting a rank costs a Python interpreter, ``import torch`` and building the model and the
+optimizer before it can join its peers — most of a recovery when one rank dies. With
+:func:`run_job` the user hands the shim a function that builds the job (model, optimizer,
+data: a :class:`~goodput.shim.inprocess.ResumableJob`, no process group yet), so the shim can
+call it ahead of time. Under the actuator a job started with ``StartJob.standbys`` then has
+standby processes on every node: each builds its job and waits for an assignment
+(:mod:`goodput.standby_channel`: the RankEnv a rank started cold would find in its
+environment). Assigned, it is a rank like any other: it joins the rendezvous, restores the
+agreed checkpoint and trains, in the shim's own loop (in-process restart included).
+
+    def build_state() -> MyJob: ...          # imports done; model and optimizer built
+    run = run_job(build_state, total_steps)  # a rank, or a standby until it is assigned one
+    sys.exit(run.shim.exit_code)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from goodput.rank_env import VARIABLES, RankEnv
+from goodput.shim.inprocess import ResumableJob, RunOutcome
+from goodput.shim.rescale import RescaleCallback
+from goodput.shim.trainer import TrainerShim
+from goodput.standby_channel import StandbyReleased, await_assignment
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobRun:
+    shim: TrainerShim
+    job: ResumableJob
+    outcome: RunOutcome
+
+
+def run_job(
+    build_state: Callable[[], ResumableJob],
+    total_steps: int,
+    *,
+    rescale: Iterable[RescaleCallback] = (),
+    backend: str | None = None,
+    group_timeout_s: float = 300.0,
+    stop_at: int | None = None,
+    **shim_options: Any,
+) -> JobRun:
+    """Build the job, become a rank (a standby first waits for its assignment), join the
+    process group (``backend``: nccl where CUDA is, else gloo), then :meth:`TrainerShim.run`.
+
+    ``shim_options`` override :class:`~goodput.shim.trainer.ShimConfig` fields read from the
+    environment. A standby the actuator releases without an assignment exits 0.
+    """
+    standby = bool(RankEnv.from_env().standby)
+    started = time.perf_counter()
+    job = build_state()
+    if standby:
+        log.info("standby: state built in %.2f s; waiting for an assignment", _since(started))
+        try:
+            assignment = await_assignment()
+        except StandbyReleased:
+            log.info("standby released without an assignment")
+            raise SystemExit(0) from None
+        os.environ.pop(VARIABLES["standby"], None)
+        os.environ.update(assignment.to_env())
+        log.info("standby assigned rank %d of %d", assignment.rank, assignment.world_size)
+    shim = TrainerShim.from_env(**shim_options)
+    for callback in rescale:
+        shim.on_rescale(callback)
+    if shim.config.world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+            rank=shim.config.rank,
+            world_size=shim.config.world_size,
+            timeout=timedelta(seconds=group_timeout_s),
+        )
+    job.regroup()
+    outcome = shim.run(job, total_steps, stop_at=stop_at, group_timeout_s=group_timeout_s)
+    return JobRun(shim=shim, job=job, outcome=outcome)
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started

@@ -118,11 +118,14 @@ async def _trial(
     resumed_ts: int,
     fault: str = "kill",
     standbys: bool = False,
+    turn: int = 0,
 ) -> dict:
     """Kill a rank (``fault="kill"``) or hang its loop (``"hang"``: heartbeats go on) once the
     job is steady again: running after ``restarted_ts`` (the previous trial's decision) and a
     checkpoint persisted by every rank after ``resumed_ts`` (its first step). Only events
-    stamped after those count: a trial never acts on an earlier one's."""
+    stamped after those count: a trial never acts on an earlier one's. The ``turn``-th trial
+    strikes the ``turn``-th active node, round robin: a third failure of one node would be
+    judged a repeat offender and replaced, which is not the recovery measured here."""
     status = await log.wait_for(
         lambda e: isinstance(e, schemas.JobStatus) and e.state == "running",
         WAIT_S,
@@ -132,8 +135,7 @@ async def _trial(
     assert isinstance(status, schemas.JobStatus)
     await _held_after(log, status.world_size, max(resumed_ts, status.ts))
     latest = _newest_status(log)
-    # the hang goes to the other node: a third failure of the killed one is a repeat offender
-    victim_node = latest.active_nodes[0 if fault == "hang" else -1]
+    victim_node = latest.active_nodes[turn % len(latest.active_nodes)]
     if standbys:
         await log.wait_for(
             lambda e: isinstance(e, schemas.JobStatus) and bool(e.standbys.get(victim_node)),
@@ -258,7 +260,13 @@ async def _measure(
                 f"then {fault}…"
             ):
                 result = await _trial(
-                    bus, log, restarted_ts, resumed_ts, fault, standbys=warm and fault == "kill"
+                    bus,
+                    log,
+                    restarted_ts,
+                    resumed_ts,
+                    fault,
+                    standbys=warm and fault == "kill",
+                    turn=trial,
                 )
             restarted_ts, resumed_ts = result.pop("decision_ts"), result.pop("resumed_ts")
             console.print(

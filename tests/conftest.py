@@ -16,6 +16,17 @@ from goodput.bus import Bus, BusSettings, EmbeddedNats
 # processes a test leaves running are killed with their process groups when it ends
 pytest_plugins = ["tests.process_sweep"]
 
+#: a slow test's time limit unless it sets its own: it starts stacks and torch processes,
+#: which take ten times longer on two cores loaded ~20 deep than on a quiet machine (the
+#: suite-wide 300 s in pyproject.toml is the limit of the fast ones)
+SLOW_TEST_TIMEOUT_S = 900
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
+
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:

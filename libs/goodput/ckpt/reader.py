@@ -22,7 +22,12 @@ from pathlib import Path
 import torch
 import xxhash
 
-from goodput.ckpt.fileio import CorruptCheckpointError, DirectIOPolicy, open_for_read
+from goodput.ckpt.fileio import (
+    CorruptCheckpointError,
+    DirectIOPolicy,
+    hash_in_slices,
+    open_for_read,
+)
 from goodput.ckpt.plan import IO_ALIGN, StreamIndex, align_up
 from goodput.ckptfmt import FileEntry, NotRegularFile
 
@@ -114,7 +119,7 @@ def _read(
                 pending = prefetch.submit(_pread_full, fd, views[k + 1], segments[k + 1].start)
             if got < segment.size:
                 raise CorruptCheckpointError(f"{path.name}: short file ({segment.start + got} B)")
-            hasher.update(views[k][: segment.size])
+            hash_in_slices(hasher, views[k][: segment.size])
             if segment.target is None:
                 _scatter(
                     index, targets, stagings[k % 2], entry.offset + segment.start, segment.size

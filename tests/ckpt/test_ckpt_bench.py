@@ -78,3 +78,14 @@ def test_an_unsafe_peer_is_never_the_best_peer_for_stall_or_durable() -> None:
     assert report["durable"] == pytest.approx(0.5)
     assert report["restore"] == pytest.approx(2.0)  # restore: against every peer
     assert report["unsafe_peers"] == ["fast_but_unsafe"]
+
+
+def test_goodputs_own_dcp_writer_is_not_a_peer() -> None:
+    report = vs_best_peer(
+        {
+            "goodput": _result(0.1, 2.0, 1.0),
+            "goodput_dcp_writer": _result(0.01, 0.5, 0.5),
+            "safe": _result(0.4, 4.0, 2.0),
+        }
+    )
+    assert report["stall_best_peer"] == report["restore_best_peer"] == "safe"

@@ -86,8 +86,12 @@ def _ratio(ours: float, theirs: float | None) -> float | None:
 
 
 def vs_best_peer(results: dict[str, MethodResult]) -> dict[str, Any]:
-    """goodput / the best peer: stall and durable against safe peers, restore against all."""
-    peers = {name: r for name, r in results.items() if name != "goodput"}
+    """goodput / the best peer: stall and durable against safe peers, restore against all.
+
+    goodput's own DCP storage (``goodput_dcp_writer``) is not a peer: it is compared with
+    DCP's own writer instead (``goodput_dcp_writer_vs_dcp_writer``).
+    """
+    peers = {name: r for name, r in results.items() if not name.startswith("goodput")}
     safe = {name: r for name, r in peers.items() if r.consistent}
     ours = results["goodput"]
 

@@ -4,10 +4,10 @@
 own DCP files into ``<root>/.tmp-step-N/``; the coordinator then adds ``manifest.json`` (every
 file with its xxh3_128 digest, kind "dcp") and renames the directory to ``step-N``, so a
 crash mid-save leaves nothing that looks like a checkpoint. ``GoodputStorageReader(root)``
-picks the newest checkpoint whose every file verifies (falling back past bad ones) before
-``dcp.load`` reads it (or reads a checkpoint DCP's own FileSystemWriter wrote, as it is);
-DCP's planner does the resharding, so a checkpoint written by N ranks
-loads onto any other world size. The torch classes do the data IO; this adds the safety.
+picks the newest checkpoint whose every file verifies (several files read at once, falling
+back past bad ones) before ``dcp.load`` reads it (or reads a checkpoint DCP's own
+FileSystemWriter wrote, as it is); DCP's planner does the resharding, so a checkpoint
+written by N ranks loads onto any other world size. The torch classes do the data IO; this adds the safety.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,9 @@ from goodput.ckptfmt import (
     verify_files,
     write_manifest,
 )
+
+#: data files verified at once before a load (DCP writes one file per writer thread and rank)
+VERIFY_THREADS = 8
 
 
 class GoodputStorageWriter(FileSystemWriter):
@@ -77,12 +81,18 @@ class GoodputStorageWriter(FileSystemWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         super().finish(metadata, results)
         tmp = Path(self.path)
-        files = []
-        for name in sorted(os.listdir(tmp)):
-            if name == MANIFEST_NAME or name.endswith(".tmp") or not (tmp / name).is_file():
-                continue
-            size = (tmp / name).stat().st_size
-            files.append(FileEntry(name=name, size=size, xxh3_128=file_xxh3_128(tmp / name)))
+        names = [
+            name
+            for name in sorted(os.listdir(tmp))
+            if name != MANIFEST_NAME and not name.endswith(".tmp") and (tmp / name).is_file()
+        ]
+        # The files were just written (still in the page cache): hash them all at once.
+        with ThreadPoolExecutor(max(1, min(self.thread_count, len(names) or 1))) as pool:
+            digests = list(pool.map(lambda name: file_xxh3_128(tmp / name), names))
+        files = [
+            FileEntry(name=name, size=(tmp / name).stat().st_size, xxh3_128=digest)
+            for name, digest in zip(names, digests, strict=True)
+        ]
         manifest = Manifest(
             format=FORMAT,
             step=self.step,
@@ -115,9 +125,10 @@ class GoodputStorageWriter(FileSystemWriter):
 
 
 def select_verified_dcp_checkpoint(
-    root: str | os.PathLike, step: int | None = None
+    root: str | os.PathLike, step: int | None = None, *, threads: int = VERIFY_THREADS
 ) -> tuple[int, Path, tuple[RestoreFallback, ...]]:
-    """The newest DCP checkpoint (at or before ``step``) whose every file verifies."""
+    """The newest DCP checkpoint (at or before ``step``) whose every file verifies (``threads``
+    files read at once)."""
     fallbacks = []
     for candidate, path in step_dirs(root):
         if step is not None and candidate > step:
@@ -130,7 +141,7 @@ def select_verified_dcp_checkpoint(
         if kind != KIND_DCP:
             fallbacks.append(RestoreFallback(step=candidate, reason=f"kind {kind!r}, not dcp"))
             continue
-        problems = verify_files(path)
+        problems = verify_files(path, threads=threads)
         if problems:
             reason = "; ".join(map(str, problems))
             fallbacks.append(RestoreFallback(step=candidate, reason=reason))
@@ -149,12 +160,20 @@ class GoodputStorageReader(FileSystemReader):
     digests, so only DCP's own checks apply to them.
     """
 
-    def __init__(self, root: str | os.PathLike, step: int | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        step: int | None = None,
+        *,
+        verify_threads: int = VERIFY_THREADS,
+    ) -> None:
         path = Path(root)
         if is_plain_dcp_checkpoint(path):
             self.step, self.fallbacks = None, ()
         else:
-            self.step, path, self.fallbacks = select_verified_dcp_checkpoint(root, step)
+            self.step, path, self.fallbacks = select_verified_dcp_checkpoint(
+                root, step, threads=verify_threads
+            )
         super().__init__(path)
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:

@@ -1,10 +1,11 @@
 """CheckpointEngine: async save into reused host buffers, background persist, atomic commit.
 
-``save`` blocks only while the state is copied into a host buffer ("slot"), or not at all
-with ``overlap=True`` (the copy then runs during the next forward/backward and ``guard``
-makes the optimizer step wait for it; see ``goodput.ckpt.snapshot``); a worker thread then
-writes the slot's data files from several threads, fsyncs, and commits (manifest last,
-then the directory rename). At most ``max_inflight`` slots exist (fewer if the memory budget
+``save`` blocks only while the state is copied into a host buffer ("slot"), or hardly at all
+with ``overlap=True`` (planning and the copy then run on a planner thread and the copy
+threads during the next forward/backward, and ``guard`` makes the optimizer step wait for
+them; see ``goodput.ckpt.snapshot``); a worker thread then writes the slot's data files from
+several threads, fsyncs, and commits (``goodput.ckpt.persist``: manifest last, then the
+directory rename). At most ``max_inflight`` slots exist (fewer if the memory budget
 says so). A save that finds every slot busy takes over the slot of a snapshot still waiting
 to be persisted (that older snapshot is dropped: the newest wins); if the only busy slots are
 being written, it waits for one. Any persist error becomes a failed result and event; the
@@ -21,11 +22,10 @@ import contextlib
 import enum
 import logging
 import os
-import shutil
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,28 +34,21 @@ import torch
 
 from goodput.ckpt import catalog
 from goodput.ckpt.buffers import HostBuffer, slice_nbytes
-from goodput.ckpt.commit import commit, gather_parts, part_path, write_part
 from goodput.ckpt.events import (
     CheckpointDropped,
-    CheckpointPersisted,
     CheckpointSaveFailed,
     CheckpointSnapshotted,
     Listener,
     emit,
 )
-from goodput.ckpt.fileio import DirectIOPolicy, DirectMode, write_data_file
+from goodput.ckpt.fileio import DirectIOPolicy, DirectMode
 from goodput.ckpt.handles import SaveHandle, SaveResult
-from goodput.ckpt.plan import IO_ALIGN, MIN_FILE_BYTES, SavePlan, align_up
+from goodput.ckpt.persist import Persister
+from goodput.ckpt.plan import MIN_FILE_BYTES, SavePlan
 from goodput.ckpt.restore import restore_checkpoint
-from goodput.ckpt.sharded_save import (
-    ShardedSave,
-    commit_sharded,
-    plan_save,
-    write_shard_record,
-)
+from goodput.ckpt.sharded_save import ShardedSave, plan_save
 from goodput.ckpt.snapshot import PendingCopy, Snapshotter
 from goodput.ckpt.tree import FlatState, flatten
-from goodput.ckptfmt import FileEntry, fsync_dir, step_dir, tmp_step_dir
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +136,11 @@ class CheckpointEngine:
         self._persisting = False
         self._closed = False
         self._pool = ThreadPoolExecutor(writer_threads, thread_name_prefix="goodput-ckpt-write")
+        self._persister = Persister(
+            self.root, self._pool, self._policy, listener, dp_commit_timeout_s
+        )
+        self._planner = ThreadPoolExecutor(1, thread_name_prefix="goodput-ckpt-plan")
+        self._planning = 0
         self._worker = threading.Thread(target=self._run, name="goodput-ckpt-persist", daemon=True)
         self._worker.start()
 
@@ -160,8 +158,10 @@ class CheckpointEngine:
     ) -> SaveHandle:
         """Snapshot ``state`` into host buffers and return; persisting goes on in background.
 
-        With ``overlap`` the snapshot copy itself also runs on after ``save`` returns, during
-        the next forward/backward: the state must not change until ``handle.snapshotted()``
+        With ``overlap`` the snapshot itself also runs on after ``save`` returns, during the
+        next forward/backward: ``save`` only walks the state (to check it) and hands it to a
+        planner thread, which plans the files, takes a slot (allocating or waiting for it) and
+        launches the chunked copy. The state must not change until ``handle.snapshotted()``
         or ``engine.wait_snapshot()`` returns, which is what the optimizer hook installed by
         ``guard(optimizer)`` does before each step. Without it ``save`` returns once the copy
         is done (still using every core for it).
@@ -177,42 +177,114 @@ class CheckpointEngine:
         started = time.perf_counter()
         if not 0 <= step < 10**10:
             raise ValueError(f"step must be in [0, 1e10), got {step}")
+        if not 0 <= dp_rank < dp_world:
+            raise ValueError(f"dp_rank {dp_rank} outside dp_world {dp_world}")
         flat = flatten(state)
+        if not overlap:
+            self._wait_planned()
+            return self._snapshot(flat, step, dp_rank, dp_world, metadata, started)
+        # Planning, taking a slot (maybe allocating its buffer) and launching the chunked copy
+        # all run on the planner thread: the training thread only hands the save over.
+        copy = PendingCopy.deferred()
+        handle = SaveHandle(step, copy)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("checkpoint engine is closed")
+            self._planning += 1
+            self._copying.append(copy)
+        self._planner.submit(
+            self._snapshot_planned,
+            flat,
+            step,
+            dp_rank,
+            dp_world,
+            metadata,
+            handle,
+            time.perf_counter() - started,
+        )
+        return handle
+
+    def _snapshot(
+        self,
+        flat: FlatState,
+        step: int,
+        dp_rank: int,
+        dp_world: int,
+        metadata: dict[str, Any] | None,
+        started: float,
+        overlapped: SaveHandle | None = None,
+        stall_s: float | None = None,
+    ) -> SaveHandle:
+        """Plan, take a slot, launch the copy and queue the persist; ``overlapped`` is the
+        handle of an overlapped save (its copy is launched, not waited for)."""
         plan, tensors, sharded = self._plan(flat, dp_rank, dp_world)
         need = slice_nbytes(plan)
         slot = self._acquire_slot(need, step)
         try:
             buffer = _ensure_buffer(slot, need, pin=any(t.is_cuda for t in tensors))
-            copy = self._snapshotter.start(tensors, plan, buffer)
-            if not overlap:
+            copy = self._snapshotter.start(
+                tensors, plan, buffer, overlapped.copy if overlapped else None
+            )
+            if overlapped is None:
                 copy.wait()
         except (RuntimeError, MemoryError) as exc:
             self._release_slot(slot)
+            if overlapped is not None:
+                raise
             error = f"snapshot failed: {exc}"
             emit(self.listener, CheckpointSaveFailed(step=step, error=error, dp_rank=dp_rank))
             handle = SaveHandle(step)
             handle._resolve(SaveResult(step, "failed", error=error))
             return handle
-        handle = SaveHandle(step, copy if overlap else None)
+        handle = overlapped or SaveHandle(step)
         job = _Job(step, plan, flat.tree, slot, handle, copy, dict(metadata or {}), sharded)
         with self._cond:
             slot.step, slot.plan, slot.copy = step, plan, copy
             slot.state = _SlotState.PENDING
             self._pending.append(job)
-            if overlap:
-                self._copying.append(copy)
             self._cond.notify_all()
         emit(
             self.listener,
             CheckpointSnapshotted(
                 step=step,
-                stall_s=time.perf_counter() - started,
+                stall_s=time.perf_counter() - started if stall_s is None else stall_s,
                 bytes=plan.slice_bytes,
                 dp_rank=dp_rank,
                 dp_world=dp_world,
             ),
         )
         return handle
+
+    def _snapshot_planned(
+        self,
+        flat: FlatState,
+        step: int,
+        dp_rank: int,
+        dp_world: int,
+        metadata: dict[str, Any] | None,
+        handle: SaveHandle,
+        stall_s: float,
+    ) -> None:
+        """An overlapped save on the planner thread: any problem is that save's failed result
+        (and fails its copy, so the optimizer-step guard does not wait for it forever)."""
+        try:
+            self._snapshot(flat, step, dp_rank, dp_world, metadata, 0.0, handle, stall_s)
+        except Exception as exc:
+            assert handle.copy is not None
+            handle.copy.fail(exc)
+            error = f"snapshot failed: {exc}"
+            emit(self.listener, CheckpointSaveFailed(step=step, error=error, dp_rank=dp_rank))
+            handle._resolve(SaveResult(step, "failed", error=error))
+        finally:
+            with self._cond:
+                self._planning -= 1
+                self._cond.notify_all()
+
+    def _wait_planned(self) -> None:
+        """Block until every overlapped save handed to the planner thread has its slot."""
+        with self._cond:
+            while self._planning:
+                self._cond.wait()
 
     def wait_snapshot(self) -> None:
         """Block until no overlapped snapshot copy still reads the state (safe to change it).
@@ -318,7 +390,16 @@ class CheckpointEngine:
                 job = self._pending.popleft()
                 job.slot.state = _SlotState.PERSISTING
                 self._persisting = True
-            result = self._persist(job)
+            assert job.slot.buffer is not None
+            result = self._persister.persist(
+                job.step,
+                job.plan,
+                job.tree,
+                job.slot.buffer.data,
+                job.copy,
+                job.metadata,
+                job.sharded,
+            )
             with self._cond:
                 job.slot.state = _SlotState.FREE
                 self._cond.notify_all()
@@ -336,104 +417,12 @@ class CheckpointEngine:
         except OSError as exc:
             log.warning("checkpoint retention failed: %s", exc)
 
-    def _persist(self, job: _Job) -> SaveResult:
-        started = time.perf_counter()
-        plan = job.plan
-        tmp = tmp_step_dir(self.root, job.step)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if plan.dp_world == 1 and tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(exist_ok=True)
-            part_path(tmp, plan.dp_rank).unlink(missing_ok=True)
-            job.copy.wait()
-            files = self._write_files(job, tmp)
-            if job.sharded is not None:
-                assert job.slot.buffer is not None
-                files.append(write_shard_record(tmp, job.sharded, plan, job.slot.buffer.data))
-            fsync_dir(tmp)
-            committed = False
-            if plan.dp_world > 1:
-                write_part(tmp, plan, files)
-                if plan.dp_rank == 0:
-                    files = gather_parts(plan, tmp, self.dp_commit_timeout_s)
-            if plan.dp_rank == 0 and job.sharded is not None:
-                commit_sharded(self.root, job.step, tmp, job.sharded, job.tree, files, job.metadata)
-                committed = True
-            elif plan.dp_rank == 0:
-                commit(self.root, job.step, tmp, plan, job.tree, files, job.metadata)
-                committed = True
-        except Exception as exc:
-            if plan.dp_world == 1:
-                shutil.rmtree(tmp, ignore_errors=True)
-            error = f"{type(exc).__name__}: {exc}"
-            log.warning("checkpoint step %d failed: %s", job.step, error)
-            emit(
-                self.listener,
-                CheckpointSaveFailed(step=job.step, error=error, dp_rank=plan.dp_rank),
-            )
-            return SaveResult(job.step, "failed", error=error)
-        duration = time.perf_counter() - started
-        final = step_dir(self.root, job.step)
-        emit(
-            self.listener,
-            CheckpointPersisted(
-                step=job.step,
-                path=str(final),
-                bytes=plan.slice_bytes,
-                duration_s=duration,
-                gbps=plan.slice_bytes / duration / 1e9 if duration > 0 else 0.0,
-                committed=committed,
-                dp_rank=plan.dp_rank,
-                dp_world=plan.dp_world,
-            ),
-        )
-        return SaveResult(
-            job.step,
-            "persisted",
-            path=str(final),
-            bytes=plan.slice_bytes,
-            duration_s=duration,
-            committed=committed,
-        )
-
-    def _write_files(self, job: _Job, directory: Path) -> list[FileEntry]:
-        plan = job.plan
-        assert job.slot.buffer is not None
-        data = job.slot.buffer.data
-        futures = [
-            self._pool.submit(
-                write_data_file,
-                directory / rng.name,
-                data[
-                    rng.start - plan.slice_start : rng.start
-                    - plan.slice_start
-                    + align_up(rng.size, IO_ALIGN)
-                ],
-                rng.size,
-                self._policy,
-            )
-            for rng in plan.files
-        ]
-        wait(futures)
-        digests = [future.result() for future in futures]
-        return [
-            FileEntry(
-                name=rng.name,
-                size=rng.size,
-                xxh3_128=digest,
-                offset=rng.start,
-                dp_rank=plan.dp_rank,
-            )
-            for rng, digest in zip(plan.files, digests, strict=True)
-        ]
-
     # -- waiting, restoring, closing ----------------------------------------------------
 
     def wait_until_idle(self) -> None:
         """Block until every accepted save is persisted, failed or dropped."""
         with self._cond:
-            while self._pending or self._persisting:
+            while self._planning or self._pending or self._persisting:
                 self._cond.wait()
 
     def latest_complete_step(self) -> int | None:
@@ -443,6 +432,7 @@ class CheckpointEngine:
         """This replica's bytes of ``step`` as still held in a host buffer, or None. Valid
         until the next ``save`` (call both from the training thread). An overlapped copy still
         filling the buffer is waited for; a failed one leaves nothing to serve."""
+        self._wait_planned()
         with self._cond:
             slot = next(
                 (
@@ -486,6 +476,7 @@ class CheckpointEngine:
             self._closed = True
             self._cond.notify_all()
         self._worker.join()
+        self._planner.shutdown(wait=True)
         self._pool.shutdown(wait=True)
         self._snapshotter.close()
         for slot in self._slots:

@@ -1,14 +1,17 @@
 """Restore: newest complete checkpoint first, every byte verified, fall back on any problem.
 
-Data files are read in parallel, sequentially each, through an aligned staging buffer (so
-O_DIRECT can be used) and scattered straight into the destination tensors while their digest
-is computed, so verification costs no second read. When loading into an existing state,
-CPU tensors are filled in place and CUDA tensors through pinned host staging with
-non-blocking copies and one synchronize at the end.
+Data files are read in parallel (one reader thread per file, each with a read ahead in
+flight), sequentially each, with O_DIRECT straight into the destination tensors where their
+memory is aligned like the file, else through two reused aligned staging buffers
+(``goodput.ckpt.reader``); the digest is computed on the way, so verification costs no
+second read. Tensors the restore allocates are placed so that they are aligned like the
+file. When loading into an existing state, CPU tensors are filled in place and CUDA tensors
+through pinned host staging with non-blocking copies and one synchronize at the end.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,13 +28,9 @@ from goodput.ckpt.events import (
     RestoreFallback,
     emit,
 )
-from goodput.ckpt.fileio import (
-    READ_CHUNK_BYTES,
-    CorruptCheckpointError,
-    DirectIOPolicy,
-    read_data_file,
-)
-from goodput.ckpt.plan import StreamIndex
+from goodput.ckpt.fileio import CorruptCheckpointError, DirectIOPolicy
+from goodput.ckpt.plan import IO_ALIGN, StreamIndex
+from goodput.ckpt.reader import MIN_DIRECT_BYTES, READ_CHUNK_BYTES, read_data_file
 from goodput.ckpt.tree import TensorRef, dtype_from_name, dtype_name, unflatten
 from goodput.ckptfmt import (
     KIND_DCP,
@@ -127,7 +126,7 @@ def load_checkpoint(
         dtype = dtype_from_name(entry.dtype)
         target = targets[index]
         if target is None:
-            target = targets[index] = torch.empty(entry.shape, dtype=dtype)
+            target = targets[index] = _aligned_like_file(entry.shape, dtype, entry.offset)
         if target.is_cuda or not target.is_contiguous():
             staging = torch.empty(entry.shape, dtype=dtype, pin_memory=target.is_cuda)
             late_copies.append((target, staging))
@@ -140,12 +139,25 @@ def load_checkpoint(
     index = StreamIndex(manifest.tensors)
     files = manifest.files
     workers = max(1, min(io_threads, len(files)))
-    stagings = [HostBuffer(READ_CHUNK_BYTES) for _ in range(workers)]
+    stagings = [HostBuffer(2 * READ_CHUNK_BYTES) for _ in range(workers)]
     try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="goodput-ckpt-read") as pool:
+        with (
+            ThreadPoolExecutor(workers, thread_name_prefix="goodput-ckpt-read") as pool,
+            ThreadPoolExecutor(workers, thread_name_prefix="goodput-ckpt-readahead") as ahead,
+        ):
             futures = [
                 pool.submit(
-                    _read_files, path, files[w::workers], index, views, stagings[w].data, policy
+                    _read_files,
+                    path,
+                    files[w::workers],
+                    index,
+                    views,
+                    (
+                        stagings[w].data[:READ_CHUNK_BYTES],
+                        stagings[w].data[READ_CHUNK_BYTES:],
+                    ),
+                    ahead,
+                    policy,
                 )
                 for w in range(workers)
             ]
@@ -168,11 +180,23 @@ def _read_files(
     entries: list[FileEntry],
     index: StreamIndex,
     views: list[torch.Tensor | None],
-    staging: torch.Tensor,
+    stagings: tuple[torch.Tensor, torch.Tensor],
+    ahead: ThreadPoolExecutor,
     policy: DirectIOPolicy,
 ) -> None:
     for entry in entries:
-        read_data_file(path / entry.name, entry, index, views, staging, policy)
+        read_data_file(path / entry.name, entry, index, views, stagings, ahead, policy)
+
+
+def _aligned_like_file(shape: list[int], dtype: torch.dtype, offset: int) -> torch.Tensor:
+    """A new tensor whose address is ``offset`` modulo the page size, so that O_DIRECT reads
+    its bytes straight into it (large tensors only: this costs up to a page per tensor)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes < MIN_DIRECT_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.empty(nbytes + IO_ALIGN, dtype=torch.uint8)
+    skip = (offset - raw.data_ptr()) % IO_ALIGN
+    return raw[skip : skip + nbytes].view(dtype).view(shape)
 
 
 def restore_checkpoint(

@@ -37,16 +37,44 @@ def default_copy_threads() -> int:
     return max(1, min(cores, 8))
 
 
+def _set_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
 @dataclass(eq=False)
 class PendingCopy:
-    """A snapshot copy in flight: CPU chunk futures and one CUDA event per device."""
+    """A snapshot copy in flight: CPU chunk futures and one CUDA event per device.
+
+    A ``deferred()`` copy is handed out before it is launched (the engine plans an overlapped
+    save off the training thread): every wait first waits for the launch, and a launch that
+    failed is raised as the RuntimeError the waits already stand for a failed copy.
+    """
 
     futures: list[Future[None]] = field(default_factory=list)
     events: list[torch.cuda.Event] = field(default_factory=list)
     _done: bool = False
+    _launched: threading.Event = field(default_factory=_set_event)
+    _error: RuntimeError | None = None
+
+    @classmethod
+    def deferred(cls) -> PendingCopy:
+        return cls(_launched=threading.Event())
+
+    def fail(self, exc: BaseException) -> None:
+        """The copy will never be launched: its waits raise instead of blocking forever."""
+        self._error = RuntimeError(f"snapshot failed: {exc}")
+        self._launched.set()
+
+    def _await_launch(self) -> None:
+        self._launched.wait()
+        if self._error is not None:
+            raise self._error
 
     def guard(self) -> None:
         """Block until the state may change: CPU copies finish, CUDA streams are ordered."""
+        self._await_launch()
         for future in self.futures:
             future.result()
         for event in self.events:
@@ -56,6 +84,7 @@ class PendingCopy:
         """Block until every byte is in the host buffer; re-raises a failed copy's error."""
         if self._done:
             return
+        self._await_launch()
         for future in self.futures:
             future.result()
         for event in self.events:
@@ -63,8 +92,11 @@ class PendingCopy:
         self._done = True
 
     def done(self) -> bool:
-        return self._done or (
-            all(future.done() for future in self.futures)
+        if self._done or self._error is not None:
+            return True
+        return (
+            self._launched.is_set()
+            and all(future.done() for future in self.futures)
             and all(event.query() for event in self.events)
         )
 
@@ -89,8 +121,17 @@ class Snapshotter:
                 self._streams[index] = torch.cuda.Stream(device=index)
             return self._streams[index]
 
-    def start(self, tensors: list[torch.Tensor], plan: SavePlan, buffer: HostBuffer) -> PendingCopy:
-        """Launch the copy of ``plan``'s slice of ``tensors`` into ``buffer``; returns at once."""
+    def start(
+        self,
+        tensors: list[torch.Tensor],
+        plan: SavePlan,
+        buffer: HostBuffer,
+        pending: PendingCopy | None = None,
+    ) -> PendingCopy:
+        """Launch the copy of ``plan``'s slice of ``tensors`` into ``buffer``; returns at once.
+
+        ``pending`` is a ``PendingCopy.deferred()`` already handed out, launched by this call.
+        """
         base = plan.slice_start
         cpu_pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
         cuda_pieces: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -108,7 +149,7 @@ class Snapshotter:
             for start in range(0, hi - lo, COPY_CHUNK_BYTES):
                 end = min(start + COPY_CHUNK_BYTES, hi - lo)
                 cpu_pieces.append((source[start:end], target[start:end]))
-        pending = PendingCopy()
+        pending = pending if pending is not None else PendingCopy()
         for index, pieces in cuda_pieces.items():
             pending.events.append(self._start_cuda(index, pieces))
         if cpu_pieces:
@@ -117,6 +158,7 @@ class Snapshotter:
             for first in range(0, len(cpu_pieces), per_thread):
                 run = cpu_pieces[first : first + per_thread]
                 pending.futures.append(self._pool.submit(_copy_pieces, run))
+        pending._launched.set()
         return pending
 
     def _start_cuda(

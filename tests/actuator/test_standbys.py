@@ -180,3 +180,38 @@ async def test_a_script_that_does_not_serve_standbys_gets_none(rig, tmp_path: Pa
     # not started again: a crash loop of standbys would cost the job CPU for nothing
     assert log.read_text().count("standby ") - text.count("standby ") == 0
     assert not _newest_status(tap).standbys
+
+
+async def test_a_scale_up_waits_for_the_returned_nodes_standby(rig) -> None:  # noqa: F811
+    bus, tap, _ = rig
+    await bus.send_command(subjects.ACTUATOR, _start(spares=0))
+    await _status(tap, 1)
+    await _stepped(bus)
+    await _standbys_on(tap, {"node-0", "node-1"})
+    down = schemas.ScaleTo(job=JOB, num_dp_replicas=1, drop_nodes=["node-1"], standbys=True)
+    await bus.send_command(subjects.ACTUATOR, down)
+    assert (await tap.result_of(down)).ok
+    smaller = await _status(tap, 2)
+    # the job trains on node-0 alone: the dropped node's standby is stopped, node-0's replaced
+    await _stepped(bus)
+    await tap.wait_for(
+        lambda e: isinstance(e, schemas.JobStatus) and set(e.standbys) == {"node-0"},
+        timeout_s=90,
+        what="a ready standby on node-0 only",
+        after_ts=smaller.ts,
+    )
+    back = schemas.ReturnNode(job=JOB, node="node-1")
+    await bus.send_command(subjects.ACTUATOR, back)
+    assert (await tap.result_of(back)).ok
+    # at once, as the policy does: the repaired node has no standby yet; the scale-up warms one
+    # while the job trains on, and that standby becomes the node's rank (no cold start)
+    up = schemas.ScaleTo(job=JOB, num_dp_replicas=2, nodes=["node-0", "node-1"], standbys=True)
+    await bus.send_command(subjects.ACTUATOR, up)
+    assert (await tap.result_of(up)).ok
+    grown = await _status(tap, 3)
+    assert grown.world_size == 2
+    started = [e for e in tap.of(schemas.RankStarted) if e.attempt == 3 and e.node == "node-1"]
+    standby_pids = {
+        pid for status in tap.of(schemas.JobStatus) for pid in status.standbys.get("node-1", [])
+    }
+    assert [e.pid for e in started] and started[0].pid in standby_pids

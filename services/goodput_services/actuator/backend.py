@@ -135,6 +135,11 @@ class MembershipBackend(ABC):
         """Stop the standbys of ``nodes`` (None: every one) — a backend that keeps none: no-op."""
         return None
 
+    async def _warm_standbys(self, nodes: list[str]) -> None:
+        """Have a ready standby on each of ``nodes`` before a launch there, waiting a bounded
+        time — a backend that keeps none: no-op."""
+        return None
+
     def status(self, detail: str = "") -> schemas.JobStatus:
         """The job as it is now, for a JobStatus event."""
         membership = self.membership or Membership(active=[], spares=[])
@@ -219,6 +224,10 @@ class MembershipBackend(ABC):
     async def scale_to(
         self, nodes: list[str], drop: list[str], reason: str, standbys: bool = False
     ) -> str:
+        if standbys and self.membership is not None:
+            # the nodes joining (a repaired one) have no standby yet: warm theirs while the
+            # job still trains at its smaller size, rather than stop it for a cold start
+            await self._warm_standbys([n for n in nodes if n not in self.membership.active])
         async with self._lock:
             membership = self._require_job()
             target = membership.scale_to(nodes, drop)

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: how long ranks asked to stop (SIGTERM: save and exit) may take before SIGKILL
 STOP_GRACE_S = 60.0
+#: how long a scale-up waits for a standby on each joining node (the job trains meanwhile)
+STANDBY_WARM_S = 60.0
 
 
 @dataclass
@@ -199,6 +201,24 @@ class LocalBackend(MembershipBackend):
 
     async def _release_standbys(self, nodes: list[str] | None) -> None:
         await self.standbys.stop(nodes)
+
+    async def _warm_standbys(self, nodes: list[str]) -> None:
+        if not nodes:
+            return
+        async with self._lock:  # the keeper fills under it too: no node gets two
+            await self.standbys.fill(nodes)
+        cold = await self.standbys.wait_ready(nodes, STANDBY_WARM_S)
+        if cold:
+            log.warning(
+                "no ready standby on %s within %.0f s: their ranks start cold",
+                ", ".join(cold),
+                STANDBY_WARM_S,
+            )
+
+    async def return_node(self, node: str) -> str:
+        done = await super().return_node(node)
+        self.standbys.wanted.set()  # a spare again: it keeps standbys for the next hot swap
+        return done
 
     # ---- machinery ---------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +116,24 @@ class StandbyPool:
     async def replenish(self, nodes: list[str]) -> int:
         """Stop the standbys of nodes no longer in the job; start what ``nodes`` lack."""
         await self.stop([s.node for s in self.standbys if s.node not in nodes])
+        return await self.fill(nodes)
+
+    async def wait_ready(self, nodes: list[str], timeout_s: float) -> list[str]:
+        """Wait until each of ``nodes`` has a ready standby, at most ``timeout_s``; returns
+        the nodes still without one (their ranks will start cold)."""
+        deadline = time.monotonic() + timeout_s
+        while (cold := self._without_ready(nodes)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return cold
+
+    def _without_ready(self, nodes: list[str]) -> list[str]:
+        if not self.per_node:
+            return []
+        ready = {s.node for s in self.standbys if s.ready and _alive(s)}
+        return [n for n in nodes if n not in ready and n not in self.disabled]
+
+    async def fill(self, nodes: list[str]) -> int:
+        """Start the standbys ``nodes`` lack; returns how many were started."""
         started = 0
         for node in nodes:
             if node in self.disabled:

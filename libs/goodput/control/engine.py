@@ -132,7 +132,33 @@ class Controller:
         command = checkpoint_interval.recommend(state, now, self.settings.checkpoint_interval)
         if command is None:
             return Outcome(state)
-        decision_id = _id(state.job, "interval", str(now))
+        return self._interval_decided(state, command, _id(state.job, "interval", str(now)), now)
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _resend_interval(self, state: JobState, result: schemas.ActionResult, now: int) -> Outcome:
+        every = state.checkpoint_interval_steps
+        if not self.settings.checkpoint_interval.enabled or every <= 0:
+            return Outcome(state)
+        decision_id = _id(result.command_id, "interval")
+        reason = (
+            f"{result.action} started ranks again at the launch interval: every {every} steps "
+            "once more"
+        )
+        command = schemas.SetCheckpointInterval(
+            job=state.job, ts=now, every_steps=every, rationale=reason
+        )
+        return self._interval_decided(state, command, decision_id, now)
+
+    def _interval_decided(
+        self,
+        state: JobState,
+        command: schemas.SetCheckpointInterval,
+        decision_id: str,
+        now: int,
+    ) -> Outcome:
+        """``command`` as the one command of a ``checkpoint-interval`` decision, its rationale
+        the decision's reason."""
         command = msgspec.structs.replace(
             command,
             command_id=_id(decision_id, "0"),
@@ -147,38 +173,6 @@ class Controller:
             policy=BUILTIN,
             rule="checkpoint-interval",
             reason=command.rationale,
-            command_ids=[command.command_id],
-        )
-        return Outcome(apply_command(state, command, now), decision, [command])
-
-    # ---- internals ---------------------------------------------------------------------------
-
-    def _resend_interval(self, state: JobState, result: schemas.ActionResult, now: int) -> Outcome:
-        every = state.checkpoint_interval_steps
-        if not self.settings.checkpoint_interval.enabled or every <= 0:
-            return Outcome(state)
-        decision_id = _id(result.command_id, "interval")
-        reason = (
-            f"{result.action} started ranks again at the launch interval: every {every} steps "
-            "once more"
-        )
-        command = schemas.SetCheckpointInterval(
-            job=state.job,
-            ts=now,
-            every_steps=every,
-            rationale=reason,
-            command_id=_id(decision_id, "0"),
-            decision_id=decision_id,
-            reason=reason,
-        )
-        decision = schemas.Decision(
-            job=state.job,
-            ts=now,
-            decision_id=decision_id,
-            signal_id="",
-            policy=BUILTIN,
-            rule="checkpoint-interval",
-            reason=reason,
             command_ids=[command.command_id],
         )
         return Outcome(apply_command(state, command, now), decision, [command])

@@ -123,7 +123,8 @@ async def test_a_slowed_rank_is_found_and_evicted(tmp_path: Path) -> None:
     """The real example job with a spare: rank 1 runs at half speed (SIGSTOP/SIGCONT)."""
     state = tmp_path / "stack"
     slow = ["chaos", "slow-rank", "--state-dir", str(state), "--job", JOB, "--rank", "1"]
-    async with job_on_stack(state, JOB, 3, _example_job(1, GOODPUT_CKPT_EVERY="20")) as (_, tap):
+    start = _example_job(1, GOODPUT_CKPT_EVERY="20")
+    async with job_on_stack(state, JOB, 3, start, judge_stragglers=True) as (_, tap):
         try:
             await tap.wait_for(
                 lambda e: isinstance(e, schemas.StepDone) and e.step >= 20, timeout_s=120

@@ -66,11 +66,16 @@ NO_STRAGGLER_JUDGEMENT = ("--service-set", "sensor:thresholds={straggler_ratio=1
 
 @contextlib.asynccontextmanager
 async def job_on_stack(
-    state_dir, job: str, nodes: int, start: schemas.StartJob, *up_flags: str
+    state_dir,
+    job: str,
+    nodes: int,
+    start: schemas.StartJob,
+    *up_flags: str,
+    judge_stragglers: bool = False,
 ) -> AsyncIterator[tuple[Bus, EventTap]]:
-    """`goodput up` with ``nodes`` nodes and no straggler judgement (see
-    :data:`NO_STRAGGLER_JUDGEMENT`), ``start`` sent to the actuator, events tapped; torn down
-    (job stopped, stack down) afterwards."""
+    """`goodput up` with ``nodes`` nodes, ``start`` sent to the actuator, events tapped; torn
+    down (job stopped, stack down) afterwards. Only a test of straggler detection has
+    stragglers judged (see :data:`NO_STRAGGLER_JUDGEMENT`)."""
     goodput_cli(
         "up",
         "--state-dir",
@@ -81,7 +86,7 @@ async def job_on_stack(
         str(nodes),
         "--wait",
         "30",
-        *NO_STRAGGLER_JUDGEMENT,
+        *(() if judge_stragglers else NO_STRAGGLER_JUDGEMENT),
         *up_flags,
     )
     stack = read_stack(state_dir)

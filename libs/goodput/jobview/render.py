@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from goodput.jobview.model import TIER_TITLES, JobSnapshot
+from goodput.jobview.snapshot import TIER_TITLES, JobSnapshot
 
 _STATE_STYLE = {
     "running": "green",

@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from goodput.shim.config import ShimConfig
     from goodput.shim.rescale import (
         BatchPlan,
         Rescale,
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     )
     from goodput.shim.restore_result import DpLayout, RestoreResult
     from goodput.shim.standby import JobRun, run_job
-    from goodput.shim.trainer import EXIT_TERMINATED, ShimConfig, TrainerShim
+    from goodput.shim.trainer import EXIT_TERMINATED, TrainerShim
 
 #: public name -> the module that defines it
 _EXPORTS = {
@@ -37,7 +38,7 @@ _EXPORTS = {
     "JobRun": "goodput.shim.standby",
     "run_job": "goodput.shim.standby",
     "EXIT_TERMINATED": "goodput.shim.trainer",
-    "ShimConfig": "goodput.shim.trainer",
+    "ShimConfig": "goodput.shim.config",
     "TrainerShim": "goodput.shim.trainer",
 }
 

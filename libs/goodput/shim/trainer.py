@@ -23,21 +23,18 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal
-
-import msgspec
+from typing import Any
 
 from goodput import schemas
-from goodput.bus import BusSettings
-from goodput.bus.settings import settings_from_env
 from goodput.ckpt import CheckpointEngine, NoCheckpointError
 from goodput.ckpt import events as ckpt_events
-from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
 from goodput.ckpt.host_restore import HostRestore, restore_from_host
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
-from goodput.rank_env import EXIT_TERMINATED, VARIABLES, RankEnv, RankEnvError
+from goodput.rank_env import EXIT_TERMINATED
 from goodput.shim.agree import agree_min, all_reduce_min, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
+from goodput.shim.config import ShimConfig
+from goodput.shim.injected_faults import InjectedFaults
 from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
 from goodput.shim.rescale import BatchPlan, RescaleCallback
@@ -51,70 +48,8 @@ from goodput.shim.restore_result import (
 )
 from goodput.shim.schedule import CheckpointSchedule
 from goodput.shim.tracing import ShimTelemetry
-from goodput.subjects import DEFAULT_JOB
 
 log = logging.getLogger(__name__)
-
-
-class ShimConfig(msgspec.Struct, kw_only=True):
-    job: str = DEFAULT_JOB
-    node: str = "local"
-    rank: int = 0
-    world_size: int = 1
-    #: ranks of this node share its local volume: they split the (identical) state among them
-    local_rank: int = 0
-    local_world_size: int = 1
-    #: nodes one model replica spans; ranks per model replica (1: every rank is a
-    #: data-parallel replica, as with DDP): together they give the data-parallel size
-    num_nodes_per_dp: int = 1
-    model_parallel_size: int = 1
-    attempt: int = 1
-    #: the bus, from ``GOODPUT_NATS_*`` as the actuator set them (URL, credentials, TLS);
-    #: None (no ``GOODPUT_NATS_URL``): no supervision, the script trains on its own
-    bus: BusSettings | None = None
-    ckpt_dir: str = "checkpoints"
-    #: steps between checkpoints; the controller may change it (SetCheckpointInterval)
-    ckpt_every: int = 50
-    keep_last: int = DEFAULT_KEEP_LAST
-    #: "async": goodput's checkpoint engine; "torch-save": the synchronous baseline
-    #: (rank 0 writes into a ``ckpt_dir`` every node shares), for comparisons
-    ckpt_mode: Literal["async", "torch-save"] = "async"
-    heartbeat_period_s: float = 0.5
-    #: obey InjectFault commands (chaos testing: "hang" blocks the training loop, "slow"
-    #: stretches the rank's compute)
-    enable_fault_injection: bool = False
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> ShimConfig:
-        """What the actuator put in the environment (:class:`~goodput.rank_env.RankEnv`, the
-        bus from ``GOODPUT_NATS_*``); a malformed variable raises ``RankEnvError``."""
-        env = os.environ
-        rank_env = RankEnv.from_env(env)
-        if rank_env.standby:
-            # a standby has no rank yet: trained on, it would be a second "rank 0" of its own
-            raise RankEnvError(
-                f"{VARIABLES['standby']}=1: this process is a standby rank; serve it with "
-                "goodput.shim.run_job(build_state, steps), which waits for its assignment"
-            )
-        values: dict[str, Any] = {
-            "job": rank_env.job,
-            "node": rank_env.node,
-            "rank": rank_env.rank,
-            "world_size": rank_env.world_size,
-            "local_rank": rank_env.local_rank,
-            "local_world_size": rank_env.local_world_size,
-            "num_nodes_per_dp": rank_env.num_nodes_per_dp,
-            "attempt": rank_env.attempt,
-            "bus": settings_from_env(env) if env.get("GOODPUT_NATS_URL") else None,
-            "ckpt_dir": rank_env.ckpt_dir,
-            "ckpt_every": rank_env.ckpt_every,
-            "ckpt_mode": rank_env.ckpt_mode,
-            "heartbeat_period_s": rank_env.heartbeat_period_s,
-            "enable_fault_injection": rank_env.enable_fault_injection,
-        }
-        values.update(overrides)
-        # unset knobs take this struct's defaults
-        return msgspec.convert({k: v for k, v in values.items() if v is not None}, cls)
 
 
 class TrainerShim:
@@ -126,9 +61,7 @@ class TrainerShim:
         self._schedule_lock = threading.Lock()  # commands arrive on the bus link's thread
         self.exit_code = 0
         self._stop_reason = ""
-        self._hang = threading.Event()
-        #: an injected straggler: (compute factor, monotonic end or None for until cleared)
-        self._slowdown: tuple[float, float | None] = (1.0, None)
+        self._faults = InjectedFaults(config)
         #: set while the loop is the shim's own (``run``): Rejoin commands restart in process
         self._rejoins: RejoinMailbox | None = None
         #: the next restore may come from the engine's host buffers (this process kept them)
@@ -311,7 +244,7 @@ class TrainerShim:
     ) -> None:
         if self.link is not None:
             self.link.step = step
-        if self._hang.is_set():
+        if self._faults.hang.is_set():
             log.error("injected fault: the training loop hangs here (heartbeats go on)")
             self._hang_until_rejoin()
         self._publish(
@@ -330,10 +263,7 @@ class TrainerShim:
 
     def compute_slowdown(self) -> float:
         """The injected straggler's factor while it lasts (``InjectFault`` "slow"), else 1.0."""
-        factor, until = self._slowdown
-        if until is not None and time.monotonic() >= until:
-            return 1.0
-        return factor
+        return self._faults.compute_slowdown()
 
     @property
     def ckpt_every(self) -> int:
@@ -410,7 +340,7 @@ class TrainerShim:
             self.config.attempt = command.attempt
             with self._schedule_lock:
                 self.schedule = CheckpointSchedule(self.config.ckpt_every)
-            self._hang.clear()
+            self._faults.hang.clear()
         self._publish(
             schemas.RankRejoined(
                 job=self.config.job,
@@ -471,24 +401,11 @@ class TrainerShim:
                     self.schedule.receive_interval(command.ts, command.every_steps)
             case schemas.Rejoin():
                 self._on_rejoin(command)
-            case schemas.InjectFault(fault="hang") if self._targets_me(command):
-                self._hang.set()
-            case schemas.InjectFault(fault="slow") if self._targets_me(command):
-                factor = 1.0 if command.clear else command.factor
-                until = time.monotonic() + command.duration_s if command.duration_s else None
-                self._slowdown = (factor, until)
-                log.warning("injected fault: compute %g× as long (%s)", factor, command.reason)
+            case schemas.InjectFault(fault="hang" | "slow"):
+                self._faults.apply(command)
             case schemas.Rescale():
                 # the world size changes by relaunch: save now so the new group loses nothing
                 self._stop_reason = f"rescale {command.old_world_size} → {command.new_world_size}"
-
-    def _targets_me(self, command: schemas.InjectFault) -> bool:
-        if not self.config.enable_fault_injection:
-            log.warning("ignoring InjectFault %s: fault injection is not enabled", command.fault)
-            return False
-        if command.node and command.node != self.config.node:
-            return False
-        return not command.detail or command.detail == str(self.config.rank)
 
     def _busy(self, what: str) -> None:
         if self.link is not None:

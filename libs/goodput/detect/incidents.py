@@ -1,0 +1,95 @@
+"""One failure is one incident, not a storm: which of the detector's conclusions become signals.
+
+A node that has been reported is not reported again; while a correctable incident is open,
+further correctable failures are its collateral; a straggler is reported once per node. A rank
+(re)start closes its node's incident and the job's open one, and moves the epoch (the attempt)
+that signal ids are derived from.
+"""
+
+from __future__ import annotations
+
+from goodput import schemas
+from goodput.detect.signals import make_signal
+from goodput.detect.thresholds import Thresholds
+
+
+class Incidents:
+    """The open incident, the nodes reported in it, and the signals it lets through."""
+
+    def __init__(self, job: str):
+        self.job = job
+        self.open = False
+        self.reported_nodes: set[str] = set()
+        self.straggler_nodes: set[str] = set()
+        #: the newest attempt seen: part of every signal's identity
+        self.epoch = 0
+
+    def rank_restarted(self, node: str, attempt: int) -> None:
+        """A rank of ``node`` (re)started for ``attempt``: the node's and the job's incident end."""
+        self.epoch = max(self.epoch, attempt)
+        self.open = False
+        self.reported_nodes.discard(node)
+
+    def failure(
+        self,
+        kind: schemas.SignalKind,
+        node: str,
+        rank: int | None,
+        severity: str,
+        detail: str,
+        *,
+        observed_ns: int,
+        now: int,
+    ) -> list[schemas.Signal]:
+        if node in self.reported_nodes:
+            return []
+        if severity == "correctable":
+            if self.open:
+                return []  # collateral of the open incident
+            self.open = True
+        self.reported_nodes.add(node)
+        return [self.signal(kind, node, rank, severity, detail, observed_ns=observed_ns, now=now)]
+
+    def straggler(
+        self, rank_id: int, node: str, ratio: float, t: Thresholds, now: int
+    ) -> list[schemas.Signal]:
+        if node in self.straggler_nodes:
+            return []
+        self.straggler_nodes.add(node)
+        return [
+            self.signal(
+                "straggler",
+                node,
+                rank_id,
+                "info",
+                f"rank {rank_id} on {node}: compute time {ratio:.2f}× its peers' in most of "
+                f"the last {t.straggler_window} steps (threshold {t.straggler_ratio}×)",
+                observed_ns=now,
+                now=now,
+            )
+        ]
+
+    def signal(
+        self,
+        kind: schemas.SignalKind,
+        node: str,
+        rank: int | None,
+        severity: str,
+        detail: str,
+        *,
+        observed_ns: int,
+        now: int,
+        host: schemas.HostHealth | None = None,
+    ) -> schemas.Signal:
+        return make_signal(
+            self.job,
+            kind,
+            node,
+            rank,
+            severity,
+            detail,
+            epoch=self.epoch,
+            observed_ns=observed_ns,
+            now=now,
+            host=host,
+        )

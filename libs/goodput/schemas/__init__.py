@@ -1,0 +1,141 @@
+"""Every message on the bus, as a versioned msgspec Struct (msgpack on the wire).
+
+Messages are tagged unions: the ``kind`` tag says which struct a payload is, so one decoder
+handles every event (or every command) and rejects anything else. Decoding is strict:
+unknown fields, missing fields, wrong types, an unknown kind or a newer schema version all
+raise :class:`SchemaError`; a half-filled object is never returned.
+
+This package is the one owner of the bus contracts; import it as ``from goodput import
+schemas`` and use ``schemas.X``. Each name is defined in exactly one submodule and only
+re-exported here: ``envelope`` (the version, bounds, ids, clock, ``Message`` and
+``SchemaError``), ``events`` (the event family), ``commands`` (the command family) and
+``codec`` (encoding and the strict decoders).
+"""
+
+from __future__ import annotations
+
+from goodput.schemas.codec import (
+    decode_any,
+    decode_command,
+    decode_event,
+    encode,
+    kind_of,
+)
+from goodput.schemas.commands import (
+    COMMAND_TYPES,
+    CheckpointNow,
+    Command,
+    HotSwap,
+    InjectFault,
+    Rejoin,
+    Rescale,
+    ResetGpu,
+    Restart,
+    RestartInProcess,
+    RestoreToNode,
+    ReturnNode,
+    ScaleTo,
+    SetCheckpointInterval,
+    SetThresholds,
+    StartJob,
+    Stop,
+)
+from goodput.schemas.envelope import (
+    MAX_DURATION_S,
+    SCHEMA_VERSION,
+    EpochNs,
+    Message,
+    SchemaError,
+    Seconds,
+    new_id,
+    now_ns,
+)
+from goodput.schemas.events import (
+    BUSY_EXITING,
+    EVENT_TYPES,
+    ActionResult,
+    CheckpointBackedUp,
+    CheckpointDropped,
+    CheckpointFailed,
+    CheckpointPersisted,
+    CheckpointReplicated,
+    CheckpointRestored,
+    CheckpointSaved,
+    DeadLetter,
+    Decision,
+    Event,
+    GpuHealth,
+    GpuReset,
+    Heartbeat,
+    HostHealth,
+    JobStatus,
+    RankExited,
+    RankRejoined,
+    RankStarted,
+    RunStarted,
+    ServiceHealth,
+    Signal,
+    SignalKind,
+    StepDone,
+    TrainingPlan,
+)
+
+__all__ = [
+    "BUSY_EXITING",
+    "COMMAND_TYPES",
+    "EVENT_TYPES",
+    "MAX_DURATION_S",
+    "SCHEMA_VERSION",
+    "ActionResult",
+    "CheckpointBackedUp",
+    "CheckpointDropped",
+    "CheckpointFailed",
+    "CheckpointNow",
+    "CheckpointPersisted",
+    "CheckpointReplicated",
+    "CheckpointRestored",
+    "CheckpointSaved",
+    "Command",
+    "DeadLetter",
+    "Decision",
+    "EpochNs",
+    "Event",
+    "GpuHealth",
+    "GpuReset",
+    "Heartbeat",
+    "HostHealth",
+    "HotSwap",
+    "InjectFault",
+    "JobStatus",
+    "Message",
+    "RankExited",
+    "RankRejoined",
+    "RankStarted",
+    "Rejoin",
+    "Rescale",
+    "ResetGpu",
+    "Restart",
+    "RestartInProcess",
+    "RestoreToNode",
+    "ReturnNode",
+    "RunStarted",
+    "ScaleTo",
+    "SchemaError",
+    "Seconds",
+    "ServiceHealth",
+    "SetCheckpointInterval",
+    "SetThresholds",
+    "Signal",
+    "SignalKind",
+    "StartJob",
+    "StepDone",
+    "Stop",
+    "TrainingPlan",
+    "decode_any",
+    "decode_command",
+    "decode_event",
+    "encode",
+    "kind_of",
+    "new_id",
+    "now_ns",
+]

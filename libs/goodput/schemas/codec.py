@@ -1,0 +1,53 @@
+"""Bytes to messages and back (msgpack): one strict decoder per family, built from the
+families' type tuples, so adding a struct to a tuple is the only step to make it decodable."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from goodput.schemas.commands import COMMAND_TYPES, Command
+from goodput.schemas.envelope import SCHEMA_VERSION, Message, SchemaError
+from goodput.schemas.events import EVENT_TYPES, Event
+
+_encoder = msgspec.msgpack.Encoder()
+# a Union built from the tuples, so adding a schema to a tuple is the only step
+_event_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES])  # type: ignore[valid-type]  # noqa: UP007
+_command_decoder = msgspec.msgpack.Decoder(type=Union[COMMAND_TYPES])  # type: ignore[valid-type]  # noqa: UP007
+_any_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES + COMMAND_TYPES])  # type: ignore[valid-type]  # noqa: UP007
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def _decode(decoder: msgspec.msgpack.Decoder[Any], payload: bytes) -> Any:
+    try:
+        message = decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise SchemaError(str(exc)) from exc
+    except RecursionError as exc:  # msgspec skipping a deeply nested value it will reject anyway
+        raise SchemaError("nested too deeply") from exc
+    if message.schema > SCHEMA_VERSION:
+        raise SchemaError(
+            f"schema version {message.schema} is newer than this build understands "
+            f"({SCHEMA_VERSION}); upgrade goodput"
+        )
+    return message
+
+
+def decode_event(payload: bytes) -> Event:
+    return _decode(_event_decoder, payload)
+
+
+def decode_command(payload: bytes) -> Command:
+    return _decode(_command_decoder, payload)
+
+
+def decode_any(payload: bytes) -> Message:
+    return _decode(_any_decoder, payload)
+
+
+def kind_of(message_type: type[Message]) -> str:
+    return message_type.__struct_config__.tag  # type: ignore[return-value]

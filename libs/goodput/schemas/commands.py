@@ -1,0 +1,172 @@
+"""The command family: kept in GP_CMDS, executed once by id, acked after execution.
+
+Each command is a tagged ``Command`` struct (the ``kind`` tag names it); ``COMMAND_TYPES``
+lists every one, and the codec decodes exactly that union.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from goodput.schemas.envelope import Message, Seconds, new_id
+
+
+class Command(Message, kw_only=True):
+    command_id: str = msgspec.field(default_factory=new_id)
+    #: the decision that caused it, for tracing a remediation end to end
+    decision_id: str = ""
+    reason: str = ""
+
+
+class CheckpointNow(Command, tag="checkpoint_now", kw_only=True):
+    pass
+
+
+class Stop(Command, tag="stop", kw_only=True):
+    """Save a checkpoint and exit cleanly."""
+
+    nodes: list[str] = msgspec.field(default_factory=list)
+
+
+class StartJob(Command, tag="start_job", kw_only=True):
+    argv: list[str]
+    nodes: int
+    procs_per_node: int
+    spares: int = 0
+    num_nodes_per_dp: int = 1
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    workdir: str = ""
+    #: names this run of the job: a second StartJob of the same job name is a new run
+    run_id: str = msgspec.field(default_factory=new_id)
+    #: container backends (kubernetes): the image the ranks run, and the GPUs each rank's pod
+    #: requests; "" / None: the actuator's defaults (``kubernetes.image``, ``gpus_per_rank``).
+    #: The local backend refuses both: its ranks are processes on its own machine.
+    image: str = ""
+    gpus_per_rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    #: standby rank processes the actuator keeps per node, spares included (0: none). Each runs
+    #: ``argv`` and must be served by ``goodput.shim.run_job``, which builds the job's state
+    #: and waits for an assignment; a script that does not would train on its own.
+    standbys: Annotated[int, msgspec.Meta(ge=0, le=8)] = 0
+
+
+class Restart(Command, tag="restart", kw_only=True):
+    """In-job restart: restart the worker group (all ranks) from the newest checkpoint."""
+
+    nodes: list[str] = msgspec.field(default_factory=list)
+    #: GPUs to reset (node → GPU indexes, ``[]``: all of the node's) once the ranks are
+    #: stopped and before they are launched again; a reset that fails fails the restart
+    reset_gpus: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    #: take the ranks from the nodes' ready standbys (those of a node with none start cold)
+    standbys: bool = False
+
+
+class RestartInProcess(Command, tag="restart_in_process", kw_only=True):
+    """Warm in-job restart (to the actuator): surviving ranks leave their broken process group
+    and join a fresh rendezvous in process; only dead ranks are started again. A survivor
+    that has not rejoined within ``deadline_s`` fails the command (then a cold restart)."""
+
+    deadline_s: Seconds = 30.0
+    #: the dead ranks are taken from their nodes' ready standbys (cold where none is ready)
+    standbys: bool = False
+
+
+class Rejoin(Command, tag="rejoin", kw_only=True):
+    """To the trainers: abort the process group and join the rendezvous of ``attempt``
+    (``master_addr:master_port``, ``world_size`` ranks), restore the agreed step, go on.
+    A rank at ``attempt`` or later ignores it (an old attempt's command)."""
+
+    attempt: int
+    master_addr: str
+    master_port: int
+    world_size: int
+
+
+class HotSwap(Command, tag="hot_swap", kw_only=True):
+    failed_node: str
+    spare_node: str = ""
+    #: take the ranks from the nodes' ready standbys, the spare's included
+    standbys: bool = False
+
+
+class ScaleTo(Command, tag="scale_to", kw_only=True):
+    """Change the data-parallel dimension: run on exactly these nodes (scale down or up)."""
+
+    num_dp_replicas: int
+    nodes: list[str] = msgspec.field(default_factory=list)
+    drop_nodes: list[str] = msgspec.field(default_factory=list)
+    #: take the ranks from the nodes' ready standbys
+    standbys: bool = False
+
+
+class Rescale(Command, tag="rescale", kw_only=True):
+    """Told to the trainer: the world size changes; apply the rescale callbacks."""
+
+    old_world_size: int
+    new_world_size: int
+
+
+class SetCheckpointInterval(Command, tag="set_ckpt_interval", kw_only=True):
+    every_steps: int
+    rationale: str = ""
+
+
+class SetThresholds(Command, tag="set_thresholds", kw_only=True):
+    values: dict[str, float]
+
+
+class InjectFault(Command, tag="inject_fault", kw_only=True):
+    node: str
+    fault: str
+    detail: str = ""
+    clear: bool = False
+    #: fault "slow": the rank's compute takes this many times as long (a straggler)
+    factor: Annotated[float, msgspec.Meta(ge=1.0, le=1000.0)] = 1.0
+    #: fault "slow": for this long, then back to normal (0: until cleared)
+    duration_s: Seconds = 0.0
+
+
+class RestoreToNode(Command, tag="restore_to_node", kw_only=True):
+    """Fill a node's local checkpoint volume from the nearest tier before its ranks start."""
+
+    node: str
+    #: the checkpoint step to restore; None: the newest complete one
+    step: int | None = None
+
+
+class ResetGpu(Command, tag="reset_gpu", kw_only=True):
+    """Told to a node's host monitor by the actuator, whose ranks no longer use the GPUs."""
+
+    node: str
+    #: GPU indexes (empty: every GPU of the node)
+    gpus: list[int] = msgspec.field(default_factory=list)
+    #: the attempt whose ranks were stopped: a newer attempt's ranks may use the GPU again
+    attempt: int
+    #: the run of that attempt (attempts count from 1 again in every run)
+    run_id: str = ""
+
+
+class ReturnNode(Command, tag="return_node", kw_only=True):
+    """A previously failed node is healthy again and rejoins the spare pool."""
+
+    node: str
+
+
+COMMAND_TYPES: tuple[type[Command], ...] = (
+    CheckpointNow,
+    Stop,
+    StartJob,
+    Restart,
+    RestartInProcess,
+    Rejoin,
+    HotSwap,
+    ScaleTo,
+    Rescale,
+    SetCheckpointInterval,
+    SetThresholds,
+    InjectFault,
+    RestoreToNode,
+    ResetGpu,
+    ReturnNode,
+)

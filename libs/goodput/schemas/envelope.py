@@ -1,0 +1,63 @@
+"""The envelope every bus message shares: the schema version, the bounds of times and
+durations, ids and the process clock, the ``Message`` base and the ``SchemaError`` a bad
+payload raises. The event and command families (``events``, ``commands``) build on it."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Annotated
+
+import msgspec
+
+#: 2: a job runs as runs (``StartJob.run_id``, ``RunStarted``, ``JobStatus.run_id``); a build
+#: of version 1 would mistake a second run of a job for the first one still going.
+#: 3: the GPU-reset rung (``ResetGpu``, ``GpuReset``, ``Restart.reset_gpus``, the host faults
+#: and GPU records a ``Signal`` carries); a job for the Kubernetes backend names its rank
+#: image and GPUs (``StartJob.image``, ``StartJob.gpus_per_rank``); a slow-rank fault in the
+#: rank's compute (``InjectFault.factor``, ``InjectFault.duration_s``); ``TrainingPlan``, the batch and LR
+#: a trainer runs with after a restore (and a rescale); the in-process restart
+#: (``RestartInProcess``, ``Rejoin``, ``RankRejoined``, ``CheckpointRestored.tier`` "host");
+#: pre-warmed standby ranks (``StartJob.standbys``, ``JobStatus.standbys``, and ``standbys`` on
+#: the commands that launch ranks: ``Restart``, ``RestartInProcess``, ``HotSwap``, ``ScaleTo``)
+SCHEMA_VERSION = 3
+
+#: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
+MAX_DURATION_S = 1e9
+
+#: epoch nanoseconds: not before 1970, and within a signed 64-bit integer (msgpack, other
+#: languages' clients), so arithmetic on it never overflows a fixed-width type
+EpochNs = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+#: a duration in seconds: never negative, always finite
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_DURATION_S)]
+
+
+class SchemaError(ValueError):
+    """A payload that is not a valid message of the expected family."""
+
+
+_clock_lock = threading.Lock()
+_last_ts = 0
+
+
+def now_ns() -> int:
+    """Epoch nanoseconds, strictly increasing within this process (ordering survives clock steps)."""
+    global _last_ts
+    with _clock_lock:
+        _last_ts = max(_last_ts + 1, time.time_ns())
+        return _last_ts
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Message(
+    msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="kind", omit_defaults=False
+):
+    """Base of every message: the job it belongs to, when it happened, and its schema version."""
+
+    job: str
+    ts: EpochNs = msgspec.field(default_factory=now_ns)
+    schema: int = SCHEMA_VERSION

@@ -1,0 +1,340 @@
+"""The event family: facts, kept in GP_EVENTS and published to ``gp.<job>.evt.<kind>``.
+
+Each event is a tagged ``Event`` struct (the ``kind`` tag names it); ``EVENT_TYPES`` lists
+every one, and the codec decodes exactly that union.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from goodput.schemas.envelope import EpochNs, Message, Seconds, new_id
+
+
+class Event(Message, kw_only=True):
+    """A fact, published to ``gp.<job>.evt.<kind>``."""
+
+
+class RankStarted(Event, tag="rank_started", kw_only=True):
+    node: str
+    rank: int
+    local_rank: int
+    world_size: int
+    pid: int
+    attempt: int = 0
+
+
+class RankExited(Event, tag="rank_exited", kw_only=True):
+    node: str
+    rank: int
+    pid: int
+    exit_code: int | None
+    signal: int | None = None
+    attempt: int = 0
+    #: why the runner expected it (stop command, restart) or not (``""`` = unexpected)
+    expected_reason: str = ""
+
+
+#: ``Heartbeat.busy`` of a rank's last beat: it finished (or was told to stop) and is leaving;
+#: its silence until the exit report is expected, not a missed heartbeat
+BUSY_EXITING = "exiting"
+
+
+class Heartbeat(Event, tag="heartbeat", kw_only=True):
+    node: str
+    rank: int
+    pid: int
+    step: int
+    #: the rank is inside a checkpoint save/load (silence is expected, not a hang), or
+    #: ``BUSY_EXITING``
+    busy: str = ""
+
+
+class StepDone(Event, tag="step", kw_only=True):
+    node: str
+    rank: int
+    step: int
+    step_time_s: Seconds
+    tokens: int
+    loss: float
+    world_size: int = 1
+    #: time this rank computed, excluding waiting for peers in collectives (0: not measured).
+    #: In synchronous training every rank's step_time_s is the same; this one tells who is slow.
+    compute_time_s: Seconds = 0.0
+
+
+class CheckpointSaved(Event, tag="ckpt_saved", kw_only=True):
+    """The state was snapshotted into host memory; training resumed after ``stall_s``."""
+
+    node: str
+    rank: int
+    step: int
+    stall_s: Seconds
+    bytes: int
+
+
+class CheckpointPersisted(Event, tag="ckpt_persisted", kw_only=True):
+    node: str
+    rank: int
+    step: int
+    path: str
+    bytes: int
+    duration_s: Seconds
+
+
+class CheckpointFailed(Event, tag="ckpt_failed", kw_only=True):
+    node: str
+    rank: int
+    step: int
+    error: str
+
+
+class CheckpointDropped(Event, tag="ckpt_dropped", kw_only=True):
+    """A pending snapshot was superseded by a newer one before it was persisted."""
+
+    node: str
+    rank: int
+    step: int
+    superseded_by: int
+
+
+class CheckpointReplicated(Event, tag="ckpt_replicated", kw_only=True):
+    node: str
+    peer: str
+    step: int
+    bytes_sent: int
+    bytes_deduplicated: int
+    duration_s: Seconds
+
+
+class CheckpointBackedUp(Event, tag="ckpt_backed_up", kw_only=True):
+    node: str
+    step: int
+    uri: str
+    bytes_uploaded: int
+    bytes_deduplicated: int
+    duration_s: Seconds
+
+
+class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
+    node: str
+    rank: int
+    step: int
+    #: "host": a survivor of an in-process restart, from the engine's host buffers
+    tier: Literal["local", "peer", "object_store", "host", "none"]
+    duration_s: Seconds
+    bytes: int = 0
+    fallbacks: list[str] = msgspec.field(default_factory=list)
+
+
+class TrainingPlan(Event, tag="training_plan", kw_only=True):
+    """The batch and learning rate the ranks train with from ``step`` on, published by rank 0
+    at every restore that knows its plan; after a change of data-parallel size it says which
+    rescale callbacks made it."""
+
+    node: str
+    rank: int
+    step: int
+    world_size: int
+    dp_size: int
+    global_batch: int
+    micro_batch: int
+    #: micro-batches per rank per optimizer step
+    accumulation_steps: int
+    lr: float
+    #: the data-parallel size the checkpoint was saved under, when it differs (0: no rescale)
+    rescaled_from_dp: int = 0
+    #: the rescale callbacks that ran, in order
+    callbacks: list[str] = msgspec.field(default_factory=list)
+
+
+class GpuHealth(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    index: int
+    uuid: str
+    temperature_c: float | None = None
+    xid_errors: list[int] = msgspec.field(default_factory=list)
+    ecc_uncorrected: int = 0
+    throttle_reasons: list[str] = msgspec.field(default_factory=list)
+    present: bool = True
+
+
+class HostHealth(Event, tag="host_health", kw_only=True):
+    node: str
+    healthy: bool
+    gpu_available: bool
+    gpus: list[GpuHealth] = msgspec.field(default_factory=list)
+    disk_free_bytes: int = 0
+    disk_total_bytes: int = 0
+    mem_available_bytes: int = 0
+    mem_total_bytes: int = 0
+    ranks_alive: int = 0
+    ranks_expected: int = 0
+    #: the attempt of the job status the ranks were counted against (0: none): a count from
+    #: an older attempt says nothing about ranks a newer one started
+    attempt: int = 0
+    faults: list[str] = msgspec.field(default_factory=list)
+    detail: str = ""
+
+
+SignalKind = Literal[
+    "crash", "hang", "missed_heartbeat", "straggler", "degraded_host", "job_down", "node_returned"
+]
+
+
+class Signal(Event, tag="signal", kw_only=True):
+    """Something is wrong (or a spare came back): the sensor's conclusion, with its evidence."""
+
+    signal_id: str = msgspec.field(default_factory=new_id)
+    signal: SignalKind
+    node: str = ""
+    rank: int | None = None
+    #: ``correctable`` faults (a rank crash) allow an in-job restart; ``uncorrectable`` (a lost
+    #: host, a GPU XID) need the node replaced or dropped.
+    severity: Literal["correctable", "uncorrectable", "info"] = "correctable"
+    detail: str = ""
+    #: when the fault is believed to have happened (epoch ns), for detection-latency accounting
+    observed_ts: EpochNs = 0
+    #: a host fault's evidence: the host report's fault names and its unhealthy GPUs, which
+    #: tell the policy whether a GPU reset can clear it (``goodput.gpu_faults``)
+    host_faults: list[str] = msgspec.field(default_factory=list)
+    gpus: list[GpuHealth] = msgspec.field(default_factory=list)
+
+
+class Decision(Event, tag="decision", kw_only=True):
+    """What the controller chose and why: a person can read the reason."""
+
+    decision_id: str = msgspec.field(default_factory=new_id)
+    signal_id: str
+    policy: str
+    rule: str
+    reason: str
+    command_ids: list[str] = msgspec.field(default_factory=list)
+    error: str = ""
+
+
+class ActionResult(Event, tag="action_result", kw_only=True):
+    command_id: str
+    action: str
+    ok: bool
+    detail: str = ""
+    duration_s: Seconds = 0.0
+    #: the command was already executed before (redelivery); nothing was done again
+    duplicate: bool = False
+
+
+class GpuReset(Event, tag="gpu_reset", kw_only=True):
+    """A host monitor's answer to ``ResetGpu``: what became of the reset, and how long it took."""
+
+    node: str
+    command_id: str
+    #: the GPU indexes the command named (empty: every GPU of the node)
+    gpus: list[int] = msgspec.field(default_factory=list)
+    #: the attempt whose ranks were stopped for it
+    attempt: int = 0
+    #: ``ignored``: meant for an older attempt, or the GPU was still in use; nothing was reset
+    outcome: Literal["succeeded", "failed", "timed_out", "ignored"]
+    duration_s: Seconds = 0.0
+    detail: str = ""
+
+
+class JobStatus(Event, tag="job_status", kw_only=True):
+    """The actuator's view of the job after every membership or lifecycle change."""
+
+    state: Literal["starting", "running", "restarting", "finished", "failed", "stopped"]
+    attempt: int
+    world_size: int
+    procs_per_node: int
+    active_nodes: list[str] = msgspec.field(default_factory=list)
+    spare_nodes: list[str] = msgspec.field(default_factory=list)
+    failed_nodes: list[str] = msgspec.field(default_factory=list)
+    #: rank process ids per node (in rank order), for operators and the chaos tool
+    pids: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    detail: str = ""
+    #: the run this status belongs to (``StartJob.run_id``; empty before any run)
+    run_id: str = ""
+    #: process ids of the ready standby ranks per node (torch imported, the job's state built,
+    #: waiting for an assignment); not ranks: absent from ``pids``
+    standbys: dict[str, list[int]] = msgspec.field(default_factory=dict)
+
+
+class RankRejoined(Event, tag="rank_rejoined", kw_only=True):
+    """A surviving rank restarts in process: it left the broken process group and is joining
+    the fresh rendezvous of ``attempt`` (same process, model and optimizer kept)."""
+
+    node: str
+    rank: int
+    pid: int
+    attempt: int
+    #: from taking the Rejoin command to this answer
+    regroup_s: Seconds = 0.0
+    #: False: this rank cannot restart in process (``detail`` says why); the actuator then
+    #: fails the command at once instead of waiting out its deadline
+    ok: bool = True
+    detail: str = ""
+
+
+class RunStarted(Event, tag="run_started", kw_only=True):
+    """A new run of the job begins: its attempts, steps and accounting start here.
+
+    The actuator emits it before the run's first rank starts, so a follower that starts at the
+    newest one of these (a stream sequence, see ``goodput.bus.job_events``) sees the whole run
+    and nothing of earlier runs of the same job name.
+    """
+
+    run_id: str
+    #: the StartJob that began it
+    command_id: str
+    argv: list[str] = msgspec.field(default_factory=list)
+    nodes: int = 0
+    procs_per_node: int = 0
+
+
+class ServiceHealth(Event, tag="service_health", kw_only=True):
+    service: str
+    instance: str
+    pid: int
+    healthy: bool
+    started_ts: EpochNs
+    #: how often the record is refreshed; a record older than a few periods means "not running"
+    period_s: Seconds = 1.0
+    detail: str = ""
+
+
+class DeadLetter(Event, tag="dead_letter", kw_only=True):
+    """Input a service could not use. ``payload`` is cut to fit the server's max payload; ``size``
+    is the original's length and ``stream_seq`` its sequence in its stream (0: core NATS)."""
+
+    service: str
+    subject: str
+    reason: str
+    payload: bytes
+    size: int = 0
+    stream_seq: int = 0
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    RankStarted,
+    RankExited,
+    Heartbeat,
+    StepDone,
+    CheckpointSaved,
+    CheckpointPersisted,
+    CheckpointFailed,
+    CheckpointDropped,
+    CheckpointReplicated,
+    CheckpointBackedUp,
+    CheckpointRestored,
+    TrainingPlan,
+    HostHealth,
+    Signal,
+    Decision,
+    ActionResult,
+    GpuReset,
+    JobStatus,
+    RankRejoined,
+    RunStarted,
+    ServiceHealth,
+    DeadLetter,
+)

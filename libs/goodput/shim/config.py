@@ -1,0 +1,76 @@
+"""What a rank's shim is configured with: the job, its place in it, the bus, the checkpoint
+knobs — read from the environment the actuator wrote (:class:`~goodput.rank_env.RankEnv`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import msgspec
+
+from goodput.bus import BusSettings
+from goodput.bus.settings import settings_from_env
+from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
+from goodput.rank_env import VARIABLES, RankEnv, RankEnvError
+from goodput.subjects import DEFAULT_JOB
+
+
+class ShimConfig(msgspec.Struct, kw_only=True):
+    job: str = DEFAULT_JOB
+    node: str = "local"
+    rank: int = 0
+    world_size: int = 1
+    #: ranks of this node share its local volume: they split the (identical) state among them
+    local_rank: int = 0
+    local_world_size: int = 1
+    #: nodes one model replica spans; ranks per model replica (1: every rank is a
+    #: data-parallel replica, as with DDP): together they give the data-parallel size
+    num_nodes_per_dp: int = 1
+    model_parallel_size: int = 1
+    attempt: int = 1
+    #: the bus, from ``GOODPUT_NATS_*`` as the actuator set them (URL, credentials, TLS);
+    #: None (no ``GOODPUT_NATS_URL``): no supervision, the script trains on its own
+    bus: BusSettings | None = None
+    ckpt_dir: str = "checkpoints"
+    #: steps between checkpoints; the controller may change it (SetCheckpointInterval)
+    ckpt_every: int = 50
+    keep_last: int = DEFAULT_KEEP_LAST
+    #: "async": goodput's checkpoint engine; "torch-save": the synchronous baseline
+    #: (rank 0 writes into a ``ckpt_dir`` every node shares), for comparisons
+    ckpt_mode: Literal["async", "torch-save"] = "async"
+    heartbeat_period_s: float = 0.5
+    #: obey InjectFault commands (chaos testing: "hang" blocks the training loop, "slow"
+    #: stretches the rank's compute)
+    enable_fault_injection: bool = False
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> ShimConfig:
+        """What the actuator put in the environment (:class:`~goodput.rank_env.RankEnv`, the
+        bus from ``GOODPUT_NATS_*``); a malformed variable raises ``RankEnvError``."""
+        env = os.environ
+        rank_env = RankEnv.from_env(env)
+        if rank_env.standby:
+            # a standby has no rank yet: trained on, it would be a second "rank 0" of its own
+            raise RankEnvError(
+                f"{VARIABLES['standby']}=1: this process is a standby rank; serve it with "
+                "goodput.shim.run_job(build_state, steps), which waits for its assignment"
+            )
+        values: dict[str, Any] = {
+            "job": rank_env.job,
+            "node": rank_env.node,
+            "rank": rank_env.rank,
+            "world_size": rank_env.world_size,
+            "local_rank": rank_env.local_rank,
+            "local_world_size": rank_env.local_world_size,
+            "num_nodes_per_dp": rank_env.num_nodes_per_dp,
+            "attempt": rank_env.attempt,
+            "bus": settings_from_env(env) if env.get("GOODPUT_NATS_URL") else None,
+            "ckpt_dir": rank_env.ckpt_dir,
+            "ckpt_every": rank_env.ckpt_every,
+            "ckpt_mode": rank_env.ckpt_mode,
+            "heartbeat_period_s": rank_env.heartbeat_period_s,
+            "enable_fault_injection": rank_env.enable_fault_injection,
+        }
+        values.update(overrides)
+        # unset knobs take this struct's defaults
+        return msgspec.convert({k: v for k, v in values.items() if v is not None}, cls)

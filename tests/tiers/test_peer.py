@@ -3,7 +3,10 @@ resumption after the peer is killed mid-transfer."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -207,19 +210,47 @@ async def test_parallel_push_resumes_after_the_receiving_peer_is_killed(
     total = sum(len(d) for d in files.values())
     ckpt.make(tmp_path / "node0", 7, files)
     source = tmp_path / "node0" / "step-0000000007"
+    replica = peer.root / "node0" / "step-0000000007"
     sent = 0
+    killed = threading.Event()
 
-    def kill_halfway(n: int) -> None:
+    def on_disk() -> int:
+        """Bytes the receiver has written (files come and go under it: publish renames)."""
+        count = 0
+        for path in replica.rglob("*") if replica.exists() else ():
+            with contextlib.suppress(FileNotFoundError):
+                count += path.stat().st_size if path.is_file() else 0
+        return count
+
+    def kill_once_something_is_on_disk() -> None:
+        # Not at a count of bytes sent: what the sender counts may still sit in socket buffers
+        # and in the receiver's unwritten 8 MiB buffers, all lost with the process (a loaded
+        # machine made a kill "halfway" find nothing on disk).
+        while not killed.is_set():
+            if on_disk() > 0:
+                peer.kill()
+                killed.set()
+            time.sleep(0.005)
+
+    def hold_at_three_quarters(n: int) -> None:
+        # the sender waits for the kill, so the receiver cannot have the whole checkpoint
         nonlocal sent
         sent += n
-        if sent >= total // 2 and peer.process is not None:
-            peer.kill()
+        if sent >= total * 3 // 4:
+            killed.wait(timeout=120)
 
+    killer = threading.Thread(target=kill_once_something_is_on_disk, daemon=True)
+    killer.start()
     client = await connect(peer)
-    with pytest.raises((ConnectionError, OSError)):
-        await client.push_checkpoint(source, "node0/step-0000000007", kill_halfway, streams=3)
+    try:
+        with pytest.raises((ConnectionError, OSError)):
+            await client.push_checkpoint(
+                source, "node0/step-0000000007", hold_at_three_quarters, streams=3
+            )
+    finally:
+        killed.set()
+        killer.join()
     await client.close()
-    replica = peer.root / "node0" / "step-0000000007"
     assert not (replica / "manifest.json").exists()
     for name in ckpt.visible(replica):  # a file another stream completed is verified
         assert (replica / name).read_bytes() == files[name]

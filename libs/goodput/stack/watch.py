@@ -51,6 +51,7 @@ class JobWatcher:
         self._progress: Progress | None = None
         self._task = None
         self._in_run = self.run_start is None
+        self._running_attempt = 0
 
     @property
     def restarts(self) -> int:
@@ -97,7 +98,10 @@ class JobWatcher:
                 self.last_step_at = time.monotonic()
             case schemas.JobStatus():
                 self.last_status = event
-                if event.state == "running" and event.attempt != self.attempt:
+                # an attempt counts once it runs: a status from mid-relaunch (a standby that
+                # became ready) already carries the new attempt, still "restarting"
+                if event.state == "running" and event.attempt != self._running_attempt:
+                    self._running_attempt = event.attempt
                     self.world_size_history.append(event.world_size)
                     self.attempt_started_at = time.monotonic()
                 self.attempt = event.attempt

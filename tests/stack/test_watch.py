@@ -1,0 +1,38 @@
+"""What `goodput run`/`demo` report about a followed job, from the events alone (no bus)."""
+
+from __future__ import annotations
+
+from goodput import schemas
+from goodput.stack.watch import JobWatcher, summary
+
+
+def status(attempt: int, state: str, world_size: int, detail: str = "") -> schemas.JobStatus:
+    nodes = [f"node-{i}" for i in range(world_size)]
+    return schemas.JobStatus(
+        job="j",
+        state=state,
+        attempt=attempt,
+        world_size=world_size,
+        procs_per_node=1,
+        active_nodes=nodes,
+        detail=detail,
+    )
+
+
+def test_an_attempt_reported_mid_relaunch_still_counts_when_it_runs() -> None:
+    # the order a CI run produced: a standby became ready while the scale-up's ranks were
+    # being launched, so attempt 3 was first reported "restarting", then "running"
+    watcher = JobWatcher(bus=None, job="j", total_steps=10)  # type: ignore[arg-type]
+    for event in [
+        status(1, "running", 2, "job started"),
+        status(1, "running", 2, "standbys replenished"),
+        status(2, "running", 1, "2 → 1 ranks"),
+        status(3, "restarting", 2, "standby of node-0 ready"),
+        status(3, "running", 2, "1 → 2 ranks"),
+        status(3, "running", 2, "standbys replenished"),
+        status(3, "finished", 2, "every rank exited 0"),
+    ]:
+        watcher._apply(event)
+    report = summary(watcher)
+    assert report["world_size_history"] == [2, 1, 2]
+    assert report["restarts"] == 2 and report["state"] == "finished"

@@ -93,3 +93,38 @@ def test_not_a_demo_run_is_one_line(tmp_path):
     path.write_text(json.dumps({"goodput_pct": 50}))
     with pytest.raises(SimulateError, match="no 'replay' section"):
         replay_file(str(path))
+
+
+def _scale_down_up(scaled_down_step_s: float | None) -> dict:
+    """A node lost at step 20 and back at step 60, two nodes and no spare: scaled down, then up."""
+    remediation = {"action": "scale_to", "relaunch_s": 0.5, "restore_s": 0.2, "startup_s": 2.0}
+    down = remediation | {"restored_step": 20, "step_time_s": scaled_down_step_s}
+    up = remediation | {"restored_step": 60, "step_time_s": 0.2}
+    fault = {"step": 20, "action": "fail-node", "node": "node-1", "ok": True}
+    return demo_run(0, 50.0)["replay"] | {
+        "total_steps": 100,
+        "faults": [fault | {"repair_after_s": 20.0, "repair_at_step": 60}],
+        "costs": COSTS
+        | {
+            "first_step_time_s": 0.2,
+            "remediations": [down, up],
+            "slowdowns": [],
+            "fault_delays_s": [0.0],
+        },
+    }
+
+
+def test_each_phase_is_replayed_at_the_step_time_it_ran_at(tmp_path):
+    """The scaled-down phase ran 3x slower than the others: its idle half costs 3x as long."""
+    idle = {}
+    for step_s in (None, 0.6):
+        path = tmp_path / f"run-{step_s}.json"
+        path.write_text(
+            json.dumps({"goodput_pct": 50.0, "badput": {}, "replay": _scale_down_up(step_s)})
+        )
+        result = replay_file(str(path))
+        assert {"scale-down", "scale-up"} <= set(result["goodput"]["rules"])
+        idle[step_s] = result["goodput"]["predicted_badput_s"]["scaled_down_idle"]
+    # 40 steps at one of two nodes: half the job idle for their duration
+    assert idle[None] == pytest.approx(40 * 0.2 / 2, rel=0.1)
+    assert idle[0.6] == pytest.approx(40 * 0.6 / 2, rel=0.1)

@@ -89,7 +89,7 @@ class FaultsMixin:
             if rank not in self._fed:
                 # its last finished step is one behind the peers that wait for it
                 self._register(rank, FedRank(node, stepping=False))
-                step, time_s = max(self.step - 1, 0), self.job.step_time_s
+                step, time_s = max(self.step - 1, 0), self._step_s
                 self._feed(msg.step_done(node, rank, self.now, step, time_s, 0.0, len(self._fed)))
         elif kind in XIDS:
             self._feed_later(probe, msg.host_report(node, self.now, attempt, xid=XIDS[kind]))

@@ -5,8 +5,10 @@ price the same faults with what this machine measured, instead of a profile's gu
 costs are means over the reference rank's (rank 0) reports; each remediation's own cost is
 measured as ``goodput report`` splits it: from the decision to the new attempt's ranks started
 (a restart's relaunch, which an ``ActionResult``'s duration does not show: it is answered once
-the processes are spawned), the checkpoint load, then start-up until the first step began.
-Seconds throughout.
+the processes are spawned), the checkpoint load, then start-up until the first step began. Steps are priced per phase
+(the first attempt, then after each remediation): a job scaled down runs at a different step
+time, and load on a shared machine changes it from one attempt to the next, so one mean for
+the whole run misprices every phase but the average one. Seconds throughout.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def measured_costs(
         if isinstance(e, schemas.ActionResult) and e.ok and e.action in RELAUNCHING
     }
     steps: list[schemas.StepDone] = []
+    #: rank 0's steps per phase: the first attempt's, then those after each remediation
+    phases: list[list[schemas.StepDone]] = [[]]
     stalls, persists = [], []
     signals: dict[str, int] = {}
     decisions: list[float] = []
@@ -76,7 +80,9 @@ def measured_costs(
                     first_startup_s = max(0.0, (began - first_start_ns) / 1e9)
                 if current is not None and current.up_ns:
                     remediations.append(_closed(current, began))
+                    phases.append([])
                     current = None
+                phases[-1].append(event)
             case schemas.RankStarted():
                 if first_start_ns is None:
                     first_start_ns = event.ts
@@ -103,17 +109,23 @@ def measured_costs(
     windows = [
         (start, min([end, *(t for t in relaunched if t > start)])) for start, end in slow_windows
     ]
-    healthy = _healthy_step_s(steps, windows)
+    healthy = _healthy_step_s(steps, windows) or 0.0
+    phase_step_s = [_healthy_step_s(phase, windows) for phase in phases]
+    for remediation, step_s in zip(remediations, phase_step_s[1:], strict=True):
+        remediation["step_time_s"] = step_s
     lifecycle_end = max((e.ts for e in ordered if _ends_run(e)), default=0)
     return {
         "step_time_s": round(healthy, 4),
+        "first_step_time_s": phase_step_s[0],
         "checkpoint_stall_s": _mean(stalls),
         "checkpoint_persist_s": _mean(persists),
         "first_startup_s": round(first_startup_s or 0.0, 4),
         "shutdown_s": round(max(0, lifecycle_end - steps[-1].ts) / 1e9, 4) if steps else 0.0,
         "decision_s": _mean(decisions),
         "remediations": remediations,
-        "slowdowns": [_slowdown(steps, w, healthy) for w in windows],
+        "slowdowns": [
+            _slowdown(steps, w, _phase_of(w[0], phases, phase_step_s) or healthy) for w in windows
+        ],
         "fault_delays_s": [_delay(steps, at_ns, step) for at_ns, step in faults],
     }
 
@@ -149,10 +161,22 @@ def _inside(ts: int, windows: Sequence[tuple[int, int]]) -> bool:
     return any(start <= ts <= end for start, end in windows)
 
 
-def _healthy_step_s(steps: list[schemas.StepDone], slow: Sequence[tuple[int, int]]) -> float:
-    """The mean step time outside stragglers' windows (the job's time per step, load included)."""
+def _healthy_step_s(steps: list[schemas.StepDone], slow: Sequence[tuple[int, int]]) -> float | None:
+    """The mean step time outside stragglers' windows (the job's time per step, load included);
+    None without such a step."""
     times = [s.step_time_s for s in steps if not _inside(s.ts, slow)]
-    return statistics.fmean(times) if times else 0.0
+    return round(statistics.fmean(times), 4) if times else None
+
+
+def _phase_of(
+    ts: int, phases: list[list[schemas.StepDone]], step_s: list[float | None]
+) -> float | None:
+    """The healthy step time of the phase that was running at ``ts``."""
+    running = None
+    for phase, seconds in zip(phases, step_s, strict=True):
+        if phase and phase[0].ts - int(phase[0].step_time_s * 1e9) <= ts:
+            running = seconds
+    return running
 
 
 def _slowdown(steps: list[schemas.StepDone], window: tuple[int, int], healthy: float) -> float:

@@ -32,6 +32,8 @@ class RemediationCost:
     startup_s: float
     #: the step the ranks restored (None: none, or not measured)
     restored_step: int | None = None
+    #: the mean step time of the phase it started (None: not measured; the run's mean holds)
+    step_time_s: float | None = None
 
 
 class MeasuredCosts:
@@ -41,8 +43,15 @@ class MeasuredCosts:
     costs the mean of that action's (or, none measured, of every) remediation.
     """
 
-    def __init__(self, by_action: dict[str, list[RemediationCost]], first_startup_s: float):
+    def __init__(
+        self,
+        by_action: dict[str, list[RemediationCost]],
+        first_startup_s: float,
+        first_step_time_s: float | None = None,
+    ):
+        """``first_step_time_s``: the first attempt's mean step time (None: the run's mean)."""
         self.first_startup_s = first_startup_s
+        self.first_step_time_s = first_step_time_s
         self._left = {action: list(costs) for action, costs in by_action.items()}
         everything = [c for costs in by_action.values() for c in costs]
         self._means = {a: _mean_cost(c) for a, c in by_action.items() if c}

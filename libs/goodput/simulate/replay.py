@@ -5,8 +5,9 @@ This is what makes the simulator's numbers worth believing: the prediction is ma
 the run's goodput or badput, only from its setup (nodes, spares, steps, checkpoint interval),
 its faults, unit costs (step time, checkpoint stall and persist, decision, the first
 start-up and the final shutdown) and what each remediation cost (relaunch, restore, start-up,
-the step restored) measured from its events (:mod:`goodput.simulate.measure`); a straggler
-slows the job's steps by the factor measured while it ran.
+the step restored, the step time of the phase it started) measured from its events
+(:mod:`goodput.simulate.measure`); a straggler slows the job's steps by the factor measured
+while it ran.
 """
 
 from __future__ import annotations
@@ -118,7 +119,9 @@ def _replay(run: dict, setup: str) -> dict:
         thresholds=DEMO_THRESHOLDS,
         step_faults=faults,
         until_step=total_steps,
-        measured=MeasuredCosts(measured, float(costs["first_startup_s"])),
+        measured=MeasuredCosts(
+            measured, float(costs["first_startup_s"]), _seconds(costs.get("first_step_time_s"))
+        ),
         shutdown_s=float(costs.get("shutdown_s") or 0.0),
         follow_every_rank=True,
     )
@@ -166,9 +169,15 @@ def _measured(costs: dict) -> dict[str, list[RemediationCost]]:
                 restore_s=float(entry["restore_s"]),
                 startup_s=float(entry["startup_s"]),
                 restored_step=None if step is None else int(step),
+                step_time_s=_seconds(entry.get("step_time_s")),
             )
         )
     return by_action
+
+
+def _seconds(value: object) -> float | None:
+    """A measured step time, None where the run has none (a phase without steps)."""
+    return None if value is None else float(value)  # type: ignore[arg-type]
 
 
 def _profile(costs: dict, measured: dict[str, list[RemediationCost]]) -> CostProfile:

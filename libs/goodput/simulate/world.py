@@ -104,6 +104,8 @@ class World(FaultsMixin):
         self._shutdown_ns = int(shutdown_s * NS)
         self.measured = measured
         self._startup_s = profile.restart.startup_s
+        #: this attempt's healthy step time: a replayed run's phases each ran at their own
+        self._step_s = job.step_time_s
         #: a replay: the work done when each step was (last) done, to roll back to the step
         #: the run restored
         self._step_marks: dict[int, WorkMark] = {0: WorkMark(0.0, 0.0, 0.0)}
@@ -374,8 +376,10 @@ class World(FaultsMixin):
             capture, tier, restore_s, restored = None, "none", 0.0, False
         if cost is not None:
             self._startup_s = cost.startup_s
+            self._step_s = cost.step_time_s or self.job.step_time_s
         elif execution is None and self.measured is not None:
             self._startup_s = self.measured.first_startup_s
+            self._step_s = self.measured.first_step_time_s or self.job.step_time_s
         else:
             self._startup_s = self.profile.restart.startup_s
         self._failure_ns = None
@@ -426,15 +430,15 @@ class World(FaultsMixin):
         self._next_step = self.now + self._step_ns()
 
     def _step_ns(self) -> int:
-        return int(self.job.step_time_s * self._slowdown() * NS)
+        return int(self._step_s * self._slowdown() * NS)
 
     def _step(self) -> None:
         self.step += 1
-        step_time = self.job.step_time_s * self._slowdown()
+        step_time = self._step_s * self._slowdown()
         world = len(self._fed)
         for rank, fed in self._fed.items():
             if fed.stepping:
-                compute = self.job.step_time_s * fed.compute_factor
+                compute = self._step_s * fed.compute_factor
                 self._feed_step(
                     msg.step_done(fed.node, rank, self.now, self.step, step_time, compute, world)
                 )

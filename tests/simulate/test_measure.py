@@ -1,0 +1,71 @@
+"""What a run's events say it cost: each phase of steps is priced at the step time it ran at."""
+
+from __future__ import annotations
+
+from goodput import schemas
+from goodput.simulate import messages as msg
+from goodput.simulate.measure import measured_costs
+
+NS = 1_000_000_000
+T0 = 1_700_000_000 * NS
+
+
+def _steps(node: str, start_ns: int, first: int, count: int, step_s: float, world: int) -> list:
+    """``count`` steps of rank 0, back to back from ``start_ns``."""
+    return [
+        msg.step_done(
+            node, 0, start_ns + int(i * step_s * NS), first + i - 1, step_s, step_s, world
+        )
+        for i in range(1, count + 1)
+    ]
+
+
+def _scale_down_run() -> list[schemas.Event]:
+    """Two ranks step at 0.5 s; a node is lost; one rank steps at 1.5 s (a job scaled down, or
+    a machine loaded since); the node returns and two ranks step at 0.25 s."""
+    events: list[schemas.Event] = [msg.rank_started("node-0", 0, T0, 2, 1)]
+    events += _steps("node-0", T0 + 5 * NS, 1, 10, 0.5, 2)
+    t = T0 + 11 * NS
+    for n, (world, step_s, first) in enumerate(((1, 1.5, 6), (2, 0.25, 14))):
+        signal = schemas.Signal(job=msg.JOB, ts=t, signal="node_down", node="node-1")
+        command = f"cmd-{n}"
+        events += [
+            signal,
+            schemas.Decision(
+                job=msg.JOB,
+                ts=t + NS // 100,
+                signal_id=signal.signal_id,
+                policy="builtin",
+                rule="scale",
+                reason="",
+                command_ids=[command],
+            ),
+            schemas.ActionResult(
+                job=msg.JOB, ts=t + NS, command_id=command, action="scale_to", ok=True
+            ),
+            msg.rank_started("node-0", 0, t + NS, world, n + 2),
+        ]
+        events += _steps("node-0", t + 3 * NS, first, 8, step_s, world)
+        t += 20 * NS
+    return events
+
+
+def test_each_phase_keeps_the_step_time_it_ran_at() -> None:
+    costs = measured_costs(_scale_down_run())
+    assert costs["first_step_time_s"] == 0.5
+    assert [r["step_time_s"] for r in costs["remediations"]] == [1.5, 0.25]
+    assert [r["restored_step"] for r in costs["remediations"]] == [None, None]
+    # the run's mean stays what it was: every step of rank 0, weighted alike
+    assert costs["step_time_s"] == round((10 * 0.5 + 8 * 1.5 + 8 * 0.25) / 26, 4)
+
+
+def test_a_straggler_slows_the_phase_it_ran_in_not_the_run_mean() -> None:
+    events = _scale_down_run()
+    # the last phase's last 4 steps ran 4x slower: a straggler, measured against 0.25 s
+    last = [e for e in events if isinstance(e, schemas.StepDone)][-4:]
+    for event in last:
+        event.step_time_s = 1.0
+    window = (last[0].ts - 1, last[-1].ts)
+    costs = measured_costs(events, slow_windows=[window])
+    assert costs["slowdowns"] == [4.0]
+    assert costs["remediations"][-1]["step_time_s"] == 0.25

@@ -6,7 +6,7 @@ import random
 from datetime import datetime, timedelta
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from goodput import schemas
@@ -106,8 +106,26 @@ event = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(event, min_size=1, max_size=40), st.one_of(st.none(), st.integers(1, 8)))
+@example(  # up for 119 ns out of 9 s: ETTR was 1.0000000068 (found by a clean-clone run)
+    [
+        schemas.RankStarted(
+            job=JOB, ts=at(9.0), node="n", rank=0, local_rank=0, world_size=0, pid=1
+        ),
+        schemas.StepDone(
+            job=JOB,
+            ts=at(0.0),
+            node="n",
+            rank=0,
+            step=0,
+            step_time_s=1.192092896e-07,
+            tokens=1,
+            loss=1.0,
+            world_size=1,
+        ),
+    ],
+    None,
+)
 def test_categories_partition_the_window(events: list[schemas.Event], nominal: int | None) -> None:
     report = compute_goodput(events, nominal_world_size=nominal)
     assert report.productive_s >= 0
@@ -143,7 +161,6 @@ resiliency_event = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
 @given(
     st.lists(resiliency_event, min_size=1, max_size=30),
     st.one_of(st.none(), st.floats(min_value=0.1, max_value=100)),

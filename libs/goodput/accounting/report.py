@@ -118,7 +118,9 @@ def summarize(
     productive = totals.get(c.PRODUCTIVE, 0.0)
     badput = {key: totals.get(key, 0.0) for key in c.BADPUT_KEYS}
     total = productive + sum(badput.values())
-    scheduled = total - badput[c.JOB_DOWN]
+    # summed, not ``total - job_down``: that difference cancels to rounding noise when the job
+    # was down nearly all the time, and ETTR came out above 1 (1.0000000068 for 119 ns up)
+    scheduled = productive + sum(v for k, v in badput.items() if k != c.JOB_DOWN)
     repairs = [f.repair_s for f in failures if f.repair_s is not None]
     return GoodputReport(
         job=job,

@@ -71,12 +71,14 @@ def _factories(training: Training, writer_threads: int) -> dict[str, Callable[[P
         "dcp_save": lambda d: dcp_saver(state, d, asynchronous=False),
         "dcp_async_save": lambda d: dcp_saver(state, d, asynchronous=True),
         "dcp_async_thread_staged": lambda d: dcp_staged_saver(
-            state, d, process=False, goodput_io=False
+            state, d, writer_threads, process=False, goodput_io=False
         ),
         "dcp_async_process_staged": lambda d: dcp_staged_saver(
-            state, d, process=True, goodput_io=False
+            state, d, writer_threads, process=True, goodput_io=False
         ),
-        "goodput_dcp_writer": lambda d: dcp_staged_saver(state, d, process=False, goodput_io=True),
+        "goodput_dcp_writer": lambda d: dcp_staged_saver(
+            state, d, writer_threads, process=False, goodput_io=True
+        ),
         "torchsnapshot_async_take": lambda d: torchsnapshot_saver(state, d),
     }
 
@@ -212,6 +214,7 @@ def run_benchmark(
         "state_bytes": state_bytes,
         "dir": str(directory),
         "saves_per_method": saves,
+        "writer_threads": writer_threads,
         "batch": batch,
         "forward_backward_alone_s": fb_alone,
         "raw_write_gbps": raw_write,
@@ -230,6 +233,8 @@ def run_benchmark(
             "consistent": "the restored tensors equal the state right before the last save,"
             " which optimizer.step() changed right after the method allowed it",
             "restore": "cold page cache; torch.load into new tensors, the others in place",
+            "writer_threads": "goodput, the staged DCP saves and goodput's DCP writer write"
+            " with this many threads; dcp_save and dcp_async_save keep DCP's defaults",
             "peak_extra_mem_ratio": "peak RSS of this process above the start / state size"
             " (a checkpoint process's memory is not in it)",
             "raw": "fractions use the best raw sample (the disk is shared and noisy)",

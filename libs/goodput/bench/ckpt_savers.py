@@ -99,15 +99,20 @@ def dcp_saver(state: dict, directory: Path, *, asynchronous: bool) -> Saver:
     return Saver(save, restore, prune=keep_only)
 
 
-def dcp_staged_saver(state: dict, directory: Path, *, process: bool, goodput_io: bool) -> Saver:
+def dcp_staged_saver(
+    state: dict, directory: Path, writer_threads: int, *, process: bool, goodput_io: bool
+) -> Saver:
     """``dcp.async_save`` with ``DefaultStager`` async staging (torch 2.13 staging options).
 
     The staging copy runs in a background thread; training must wait for its
     ``staging_completion`` before the optimizer changes the state. ``process`` moves the
     writing into DCP's checkpoint process (staging into shared memory). ``goodput_io`` writes
     and reads through goodput's DCP StorageWriter/Reader instead of DCP's file system ones.
+    Either writer writes with ``writer_threads`` threads, as goodput's engine does (DCP's
+    file system writer defaults to one).
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
@@ -127,16 +132,14 @@ def dcp_staged_saver(state: dict, directory: Path, *, process: bool, goodput_io:
 
     def save(step: int) -> Callable[[], Path]:
         if goodput_io:
-            writer = GoodputStorageWriter(directory, step, keep_last=1)
-            response = dcp.async_save(
-                state, storage_writer=writer, async_checkpointer_type=kind, async_stager=stager
-            )
+            writer = GoodputStorageWriter(directory, step, keep_last=1, thread_count=writer_threads)
             path = directory / f"step-{step:010d}"
         else:
             path = directory / f"dcp-{step}"
-            response = dcp.async_save(
-                state, checkpoint_id=path, async_checkpointer_type=kind, async_stager=stager
-            )
+            writer = FileSystemWriter(path, thread_count=writer_threads)
+        response = dcp.async_save(
+            state, storage_writer=writer, async_checkpointer_type=kind, async_stager=stager
+        )
         staging.append(response.staging_completion)
 
         def durable() -> Path:

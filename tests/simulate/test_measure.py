@@ -22,7 +22,8 @@ def _steps(node: str, start_ns: int, first: int, count: int, step_s: float, worl
 
 def _scale_down_run() -> list[schemas.Event]:
     """Two ranks step at 0.5 s; a node is lost; one rank steps at 1.5 s (a job scaled down, or
-    a machine loaded since); the node returns and two ranks step at 0.25 s."""
+    a machine loaded since), and goes on for 3 steps after the node returns, until two new
+    ranks start and step at 0.25 s."""
     events: list[schemas.Event] = [msg.rank_started("node-0", 0, T0, 2, 1)]
     events += _steps("node-0", T0 + 5 * NS, 1, 10, 0.5, 2)
     t = T0 + 11 * NS
@@ -43,9 +44,13 @@ def _scale_down_run() -> list[schemas.Event]:
             schemas.ActionResult(
                 job=msg.JOB, ts=t + NS, command_id=command, action="scale_to", ok=True
             ),
-            msg.rank_started("node-0", 0, t + NS, world, n + 2),
         ]
-        events += _steps("node-0", t + 3 * NS, first, 8, step_s, world)
+        if n == 1:  # the scaled-down rank trains on while the scale-up prepares
+            events += [
+                msg.step_done("node-0", 0, t + k * NS // 5, 13 + k, 1.5, 1.5, 1) for k in (1, 2, 3)
+            ]
+        events.append(msg.rank_started("node-0", 0, t + NS, world, n + 2))
+        events += _steps("node-0", t + 3 * NS, first + 3 * n, 8, step_s, world)
         t += 20 * NS
     return events
 
@@ -56,7 +61,16 @@ def test_each_phase_keeps_the_step_time_it_ran_at() -> None:
     assert [r["step_time_s"] for r in costs["remediations"]] == [1.5, 0.25]
     assert [r["restored_step"] for r in costs["remediations"]] == [None, None]
     # the run's mean stays what it was: every step of rank 0, weighted alike
-    assert costs["step_time_s"] == round((10 * 0.5 + 8 * 1.5 + 8 * 0.25) / 26, 4)
+    assert costs["step_time_s"] == round((10 * 0.5 + 11 * 1.5 + 8 * 0.25) / 29, 4)
+
+
+def test_an_old_attempt_that_trains_on_after_the_decision_is_measured() -> None:
+    costs = measured_costs(_scale_down_run())
+    down, up = costs["remediations"]
+    assert (down["trained_on_s"], down["trained_on_steps"]) == (0.0, 0)
+    # three steps, the last 0.6 s after the event that led to the decision (10 ms before it)
+    assert (up["trained_on_s"], up["trained_on_steps"]) == (0.59, 3)
+    assert up["relaunch_s"] == 0.99  # decision -> new ranks started, the training on included
 
 
 def test_a_straggler_slows_the_phase_it_ran_in_not_the_run_mean() -> None:

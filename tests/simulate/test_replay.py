@@ -128,3 +128,25 @@ def test_each_phase_is_replayed_at_the_step_time_it_ran_at(tmp_path):
     # 40 steps at one of two nodes: half the job idle for their duration
     assert idle[None] == pytest.approx(40 * 0.2 / 2, rel=0.1)
     assert idle[0.6] == pytest.approx(40 * 0.6 / 2, rel=0.1)
+
+
+def test_an_old_attempt_that_trained_on_is_replayed_training(tmp_path):
+    """A scale-up whose old ranks trained 8 of its 10 s relaunch: 8 s less of reprovisioning."""
+    booked = {}
+    for trained_s in (0.0, 8.0):
+        replay = _scale_down_up(0.2)
+        replay["costs"]["remediations"][1] |= {
+            "relaunch_s": 10.0,
+            "trained_on_s": trained_s,
+            "trained_on_steps": int(trained_s / 0.4),  # 0.4 s a step while the new ranks start
+            "restored_step": 60 + int(trained_s / 0.4),  # what they saved when stopped
+        }
+        path = tmp_path / f"run-{trained_s}.json"
+        path.write_text(json.dumps({"goodput_pct": 50.0, "badput": {}, "replay": replay}))
+        booked[trained_s] = replay_file(str(path))["goodput"]["predicted_badput_s"]
+    reprovision = {k: v["restart_reprovision"] for k, v in booked.items()}
+    assert reprovision[0.0] - reprovision[8.0] == pytest.approx(8.0, abs=0.5)
+    # those 8 s ran on one of two nodes: half of them idle, and nothing of them lost
+    idle = {k: v["scaled_down_idle"] for k, v in booked.items()}
+    assert idle[8.0] - idle[0.0] == pytest.approx(4.0, abs=0.5)
+    assert booked[8.0]["wasted_progress"] == pytest.approx(booked[0.0]["wasted_progress"], abs=0.5)

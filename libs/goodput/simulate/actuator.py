@@ -39,6 +39,13 @@ class Execution:
     #: a replay: what the run measured for this remediation
     cost: RemediationCost | None = None
 
+    @property
+    def stops_ns(self) -> int:
+        """When the old worker group stops: at once, or as late as the replayed run's did
+        (a scale-up trains on until its new ranks are ready)."""
+        trained_on = self.cost.trained_on_s if self.cost is not None else 0.0
+        return self.started_ns + int(trained_on * NS)
+
 
 class SimActuator:
     def __init__(

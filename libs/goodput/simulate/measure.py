@@ -5,7 +5,9 @@ price the same faults with what this machine measured, instead of a profile's gu
 costs are means over the reference rank's (rank 0) reports; each remediation's own cost is
 measured as ``goodput report`` splits it: from the decision to the new attempt's ranks started
 (a restart's relaunch, which an ``ActionResult``'s duration does not show: it is answered once
-the processes are spawned), the checkpoint load, then start-up until the first step began. Steps are priced per phase
+the processes are spawned), the checkpoint load, then start-up until the first step began;
+and how long the old attempt went on training after the decision (a scale-up stops it only
+once the new ranks are ready: 0.7–23 s of a 5–23 s relaunch in the demos). Steps are priced per phase
 (the first attempt, then after each remediation): a job scaled down runs at a different step
 time, and load on a shared machine changes it from one attempt to the next, so one mean for
 the whole run misprices every phase but the average one. Seconds throughout.
@@ -32,6 +34,10 @@ class _Open:
 
     action: str
     decided_ns: int
+    #: the old attempt's last step after the decision: a scale-up, for one, keeps the job
+    #: training while it prepares the new ranks (0: none)
+    trained_to_ns: int = 0
+    trained_steps: int = 0
     #: the last rank started, else (an in-process restart of every rank) the last rejoined:
     #: `goodput report` ends the relaunch at a rank started
     started_ns: int = 0
@@ -82,6 +88,9 @@ def measured_costs(
                     remediations.append(_closed(current, began))
                     phases.append([])
                     current = None
+                elif current is not None:
+                    current.trained_to_ns = event.ts
+                    current.trained_steps += 1
                 phases[-1].append(event)
             case schemas.RankStarted():
                 if first_start_ns is None:
@@ -133,9 +142,12 @@ def measured_costs(
 def _closed(remediation: _Open, first_step_began_ns: int) -> dict:
     relaunch = (remediation.up_ns - remediation.decided_ns) / 1e9
     startup = (first_step_began_ns - remediation.up_ns) / 1e9 - remediation.restore_s
+    trained_on = (remediation.trained_to_ns - remediation.decided_ns) / 1e9
     return {
         "action": remediation.action,
         "relaunch_s": round(max(0.0, relaunch), 4),
+        "trained_on_s": round(max(0.0, trained_on), 4),
+        "trained_on_steps": remediation.trained_steps,
         "restore_s": round(remediation.restore_s, 4),
         "restored_step": remediation.restored_step,
         "startup_s": round(max(0.0, startup), 4),

@@ -34,6 +34,15 @@ class RemediationCost:
     restored_step: int | None = None
     #: the mean step time of the phase it started (None: not measured; the run's mean holds)
     step_time_s: float | None = None
+    #: the old attempt went on training this long after the decision (part of ``relaunch_s``),
+    #: doing this many steps (slower than its phase's while the new ranks start beside it)
+    trained_on_s: float = 0.0
+    trained_on_steps: int = 0
+
+    @property
+    def trained_on_pace_s(self) -> float:
+        """The old attempt's step time while it trained on (call when it did steps)."""
+        return self.trained_on_s / self.trained_on_steps
 
 
 class MeasuredCosts:

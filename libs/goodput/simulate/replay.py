@@ -170,6 +170,8 @@ def _measured(costs: dict) -> dict[str, list[RemediationCost]]:
                 startup_s=float(entry["startup_s"]),
                 restored_step=None if step is None else int(step),
                 step_time_s=_seconds(entry.get("step_time_s")),
+                trained_on_s=float(entry.get("trained_on_s") or 0.0),
+                trained_on_steps=int(entry.get("trained_on_steps") or 0),
             )
         )
     return by_action

@@ -303,7 +303,9 @@ class World(FaultsMixin):
                 continue
             if execution.relaunch:
                 relaunching = True
-                self._at(execution.started_ns, self._stop_group, execution)
+                self._at(execution.stops_ns, self._stop_group, execution)
+                if execution.cost is not None and execution.cost.trained_on_steps:
+                    self._step_s = execution.cost.trained_on_pace_s  # it trains on, slower
             self._at(execution.done_ns, self._executed, execution)
         if not relaunching and decision.signal_id and self.ledger.phase in ("detect", "decide"):
             self.ledger.switch(self.now, "down")  # stalled and nobody restarts it: job down

@@ -7,10 +7,10 @@ measured as ``goodput report`` splits it: from the decision to the new attempt's
 (a restart's relaunch, which an ``ActionResult``'s duration does not show: it is answered once
 the processes are spawned), the checkpoint load, then start-up until the first step began;
 and how long the old attempt went on training after the decision (a scale-up stops it only
-once the new ranks are ready: 0.7–23 s of a 5–23 s relaunch in the demos). Steps are priced per phase
-(the first attempt, then after each remediation): a job scaled down runs at a different step
-time, and load on a shared machine changes it from one attempt to the next, so one mean for
-the whole run misprices every phase but the average one. Seconds throughout.
+once the new ranks are ready: 0.7–19 s of a 5–23 s relaunch in the demos). Steps are priced
+per phase (the first attempt, then after each remediation): a job scaled down runs at a
+different step time, and load on a shared machine changes it from one attempt to the next,
+so one mean for the whole run misprices every phase but the average one. Seconds throughout.
 """
 
 from __future__ import annotations

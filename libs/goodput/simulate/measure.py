@@ -66,7 +66,6 @@ def measured_costs(
         for e in ordered
         if isinstance(e, schemas.ActionResult) and e.ok and e.action in RELAUNCHING
     }
-    steps: list[schemas.StepDone] = []
     #: rank 0's steps per phase: the first attempt's, then those after each remediation
     phases: list[list[schemas.StepDone]] = [[]]
     stalls, persists = [], []
@@ -80,7 +79,6 @@ def measured_costs(
     for event in ordered:
         match event:
             case schemas.StepDone(rank=0):
-                steps.append(event)
                 began = event.ts - int(event.step_time_s * 1e9)
                 if first_startup_s is None and first_start_ns is not None:
                     first_startup_s = max(0.0, (began - first_start_ns) / 1e9)
@@ -118,13 +116,14 @@ def measured_costs(
     windows = [
         (start, min([end, *(t for t in relaunched if t > start)])) for start, end in slow_windows
     ]
+    steps = [step for phase in phases for step in phase]
     healthy = _healthy_step_s(steps, windows) or 0.0
     phase_step_s = [_healthy_step_s(phase, windows) for phase in phases]
     for remediation, step_s in zip(remediations, phase_step_s[1:], strict=True):
         remediation["step_time_s"] = step_s
     lifecycle_end = max((e.ts for e in ordered if _ends_run(e)), default=0)
     return {
-        "step_time_s": round(healthy, 4),
+        "step_time_s": healthy,
         "first_step_time_s": phase_step_s[0],
         "checkpoint_stall_s": _mean(stalls),
         "checkpoint_persist_s": _mean(persists),

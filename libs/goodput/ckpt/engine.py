@@ -98,9 +98,12 @@ def _ensure_buffer(slot: _Slot, need: int, *, pin: bool) -> HostBuffer:
 class CheckpointEngine:
     """Asynchronous, verified checkpoints of a nested state under ``root``.
 
-    Each replica's data is split into ``2 * writer_threads`` files: writing them with
-    ``writer_threads`` threads saturates the disk, and restore reads them with one thread per
-    file, because reads need more requests in flight than writes to reach full bandwidth.
+    Each replica's data is split into ``2 * writer_threads`` files, written ``writer_threads``
+    at a time, and restored ``read_threads`` at a time: every file read through the page cache
+    has its own readahead in flight, and on this machine's disk two such streams restored
+    2 GB faster than four or eight (docs/BENCHMARKS.md); faster storage may want more.
+    ``direct_io``: writes take O_DIRECT ("auto": where the filesystem allows it), reads only
+    when it is ``True`` (page-cache reads restore faster, see ``goodput.ckpt.fileio``).
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class CheckpointEngine:
         *,
         keep_last: int = catalog.DEFAULT_KEEP_LAST,
         writer_threads: int = 4,
+        read_threads: int = 2,
         direct_io: DirectMode = "auto",
         max_inflight: int = 1,
         memory_budget_bytes: int | None = None,
@@ -117,11 +121,12 @@ class CheckpointEngine:
         dp_commit_timeout_s: float = 600.0,
         copy_threads: int | None = None,
     ) -> None:
-        if max_inflight < 1 or writer_threads < 1:
-            raise ValueError("max_inflight and writer_threads must be at least 1")
+        if min(max_inflight, writer_threads, read_threads) < 1:
+            raise ValueError("max_inflight, writer_threads and read_threads must be at least 1")
         self.root = Path(root)
         self.keep_last = keep_last
         self.writer_threads = writer_threads
+        self.read_threads = read_threads
         self.max_inflight = max_inflight
         self.memory_budget_bytes = memory_budget_bytes
         self.listener = listener
@@ -464,7 +469,7 @@ class CheckpointEngine:
             self.root,
             step=step,
             into=into,
-            io_threads=2 * self.writer_threads,
+            io_threads=self.read_threads,
             policy=self._policy,
             listener=self.listener,
         )

@@ -1,12 +1,11 @@
 """Restore: newest complete checkpoint first, every byte verified, fall back on any problem.
 
-Data files are read in parallel (one reader thread per file, each with a read ahead in
-flight), sequentially each, with O_DIRECT straight into the destination tensors where their
-memory is aligned like the file, else through two reused aligned staging buffers
-(``goodput.ckpt.reader``); the digest is computed on the way, so verification costs no
-second read. Tensors the restore allocates are placed so that they are aligned like the
-file. When loading into an existing state, CPU tensors are filled in place and CUDA tensors
-through pinned host staging with non-blocking copies and one synchronize at the end.
+Data files are read ``io_threads`` at a time (each with a read ahead in flight), front to
+back each, straight into the destination tensors (``goodput.ckpt.reader``);
+the digest is computed on the way, so verification costs no second read. For O_DIRECT reads,
+tensors the restore allocates are placed so that they are aligned like the file. When loading
+into an existing state, CPU tensors are filled in place and CUDA tensors through pinned host
+staging with non-blocking copies and one synchronize at the end.
 """
 
 from __future__ import annotations
@@ -110,7 +109,7 @@ def load_checkpoint(
     manifest: Manifest,
     *,
     into: Any = None,
-    io_threads: int = 4,
+    io_threads: int = 2,
     policy: DirectIOPolicy | None = None,
 ) -> Any:
     """Load one verified checkpoint; raises CorruptCheckpointError on any bad byte."""
@@ -126,7 +125,11 @@ def load_checkpoint(
         dtype = dtype_from_name(entry.dtype)
         target = targets[index]
         if target is None:
-            target = targets[index] = _aligned_like_file(entry.shape, dtype, entry.offset)
+            target = targets[index] = (
+                _aligned_like_file(entry.shape, dtype, entry.offset)
+                if policy.wanted_for_reads
+                else torch.empty(entry.shape, dtype=dtype)
+            )
         if target.is_cuda or not target.is_contiguous():
             staging = torch.empty(entry.shape, dtype=dtype, pin_memory=target.is_cuda)
             late_copies.append((target, staging))
@@ -204,7 +207,7 @@ def restore_checkpoint(
     *,
     step: int | None = None,
     into: Any = None,
-    io_threads: int = 4,
+    io_threads: int = 2,
     policy: DirectIOPolicy | None = None,
     listener: Listener | None = None,
 ) -> tuple[int, Any]:

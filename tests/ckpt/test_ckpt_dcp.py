@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import pickle
+import threading
 import warnings
 from pathlib import Path
 
@@ -10,9 +12,18 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
+from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.planner import ReadItem
 
-from goodput.ckpt import NoCheckpointError, list_checkpoints, read_manifest, verify_files
-from goodput.ckpt.dcp_storage import GoodputStorageReader, GoodputStorageWriter
+from goodput.ckpt import (
+    NoCheckpointError,
+    dcp_storage,
+    list_checkpoints,
+    read_manifest,
+    verify_files,
+)
+from goodput.ckpt.dcp_storage import GoodputStorageReader, GoodputStorageWriter, load_verified
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -47,21 +58,60 @@ def test_save_async_save_and_load(tmp_path: Path) -> None:
     assert target["step"] == 2
 
 
-def test_reader_falls_back_past_a_corrupt_checkpoint(tmp_path: Path) -> None:
+def _flip_bytes(checkpoint: Path) -> str:
+    """Corrupt a data file in place (same size: only its digest can tell)."""
+    data = next(e.name for e in read_manifest(checkpoint).files if e.name.endswith(".distcp"))
+    _flip_bytes_of(checkpoint / data)
+    return data
+
+
+def test_a_load_fails_on_a_bad_byte_and_load_verified_falls_back(tmp_path: Path) -> None:
     for step in (1, 2):
         dcp.save(_state(step), storage_writer=GoodputStorageWriter(tmp_path, step))
-    data = next(e.name for e in read_manifest(tmp_path / "step-0000000002").files if e.size > 100)
-    with open(tmp_path / "step-0000000002" / data, "r+b") as handle:
-        handle.seek(50)
-        handle.write(b"\xff\xfe")
+    data = _flip_bytes(tmp_path / "step-0000000002")
+    reader = GoodputStorageReader(tmp_path)
+    assert reader.step == 2  # complete: its bytes are checked while dcp.load reads them
+    with pytest.raises(CheckpointException, match=rf"step 2: {data}: xxh3_128 mismatch"):
+        dcp.load(_zeros(), storage_reader=reader)
+    target = _zeros()
+    loaded = load_verified(target, tmp_path)
+    assert loaded.step == 1 and [f.step for f in loaded.fallbacks] == [2]
+    assert "xxh3_128 mismatch" in loaded.fallbacks[0].reason
+    assert torch.equal(target["model"]["w"], _state(1)["model"]["w"])
+    assert target["step"] == 1
+    _flip_bytes(tmp_path / "step-0000000001")
+    with pytest.raises(NoCheckpointError, match=r"step 1: .*xxh3_128 mismatch"):
+        load_verified(_zeros(), tmp_path)
+
+
+def test_the_reader_skips_an_incomplete_checkpoint(tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        dcp.save(_state(step), storage_writer=GoodputStorageWriter(tmp_path, step))
+    data = next(
+        e.name
+        for e in read_manifest(tmp_path / "step-0000000003").files
+        if e.name.endswith(".distcp")
+    )
+    os.truncate(tmp_path / "step-0000000003" / data, 10)
+    _flip_bytes_in_metadata(tmp_path / "step-0000000002")
     target = _zeros()
     reader = GoodputStorageReader(tmp_path)
     dcp.load(target, storage_reader=reader)
-    assert reader.step == 1 and [f.step for f in reader.fallbacks] == [2]
+    assert reader.step == 1 and [f.step for f in reader.fallbacks] == [3, 2]
+    assert "size 10 !=" in reader.fallbacks[0].reason
+    assert reader.fallbacks[1].reason == ".metadata: xxh3_128 mismatch"
     assert torch.equal(target["model"]["w"], _state(1)["model"]["w"])
     (tmp_path / "step-0000000001" / ".metadata").unlink()
     with pytest.raises(NoCheckpointError, match=r"step 1: \.metadata: missing"):
         GoodputStorageReader(tmp_path)
+
+
+def _flip_bytes_in_metadata(checkpoint: Path) -> None:
+    """DCP unpickles .metadata before reading anything: the reader checks it first."""
+    metadata = checkpoint / ".metadata"
+    raw = bytearray(metadata.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    metadata.write_bytes(bytes(raw))
 
 
 def test_retention_keeps_last_k(tmp_path: Path) -> None:
@@ -118,3 +168,93 @@ def test_reader_loads_a_checkpoint_written_by_dcps_own_writer(tmp_path: Path) ->
     assert reader.step is None and reader.fallbacks == ()
     assert torch.equal(target["model"]["w"], _state(3)["model"]["w"])
     assert target["step"] == 3
+
+
+def test_each_file_is_hashed_by_the_process_that_wrote_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit takes the digests the writers left; it reads back only DCP's .metadata."""
+    read_back: list[str] = []
+    rehash = dcp_storage.file_xxh3_128
+    monkeypatch.setattr(
+        dcp_storage, "file_xxh3_128", lambda path: read_back.append(Path(path).name) or rehash(path)
+    )
+    dcp.save(_state(4), storage_writer=GoodputStorageWriter(tmp_path, 4, thread_count=2))
+    checkpoint = tmp_path / "step-0000000004"
+    assert read_back == [".metadata"]
+    assert len(read_manifest(checkpoint).files) == 3  # two data files and .metadata
+    assert verify_files(checkpoint) == []
+    assert not list(checkpoint.glob(f"*{dcp_storage.DIGEST_SUFFIX}"))
+
+
+def test_the_writer_pickles_for_async_saves_checkpoint_process(tmp_path: Path) -> None:
+    writer = pickle.loads(pickle.dumps(GoodputStorageWriter(tmp_path, 5)))
+    dcp.save(_state(5), storage_writer=writer)
+    assert verify_files(tmp_path / "step-0000000005") == []
+
+
+class _MeetingPlanner(DefaultLoadPlanner):
+    """Each reading thread's first tensor waits for a second thread: a serial read times out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._meeting = threading.Barrier(2, timeout=30)
+        self._met: set[int] = set()
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        if threading.get_ident() not in self._met:
+            self._met.add(threading.get_ident())
+            self._meeting.wait()
+        return super().resolve_tensor(read_item)
+
+
+def test_the_reader_reads_files_at_once(tmp_path: Path) -> None:
+    dcp.save(_state(6), storage_writer=GoodputStorageWriter(tmp_path, 6, thread_count=2))
+    target = _zeros()
+    dcp.load(target, storage_reader=GoodputStorageReader(tmp_path), planner=_MeetingPlanner())
+    assert torch.equal(target["model"]["w"], _state(6)["model"]["w"])
+    assert torch.equal(target["model"]["b"], _state(6)["model"]["b"])
+
+
+def _load_after_rank_1s_file_rots(rank: int, world: int, root: str, rendezvous: str) -> None:
+    """Two ranks save a Shard(0) tensor at steps 1 and 2; rank 1's file of step 2 rots; both
+    load it back sharded, so only rank 1 reads (and hashes) the bad file."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    warnings.filterwarnings("ignore")
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world
+    )
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        for step in (1, 2):
+            full = _state(step)["model"]["w"]
+            state = {"w": distribute_tensor(full, mesh, [Shard(0)])}
+            dcp.save(state, storage_writer=GoodputStorageWriter(root, step))
+        if rank == 0:
+            _flip_bytes_of(Path(root) / "step-0000000002" / "__1_0.distcp")
+        torch.distributed.barrier()
+        target = {"w": distribute_tensor(torch.zeros(64, 16), mesh, [Shard(0)])}
+        loaded = load_verified(target, root)
+        expected = _state(1)["model"]["w"].chunk(world)[rank]
+        assert loaded.step == 1 and [f.step for f in loaded.fallbacks] == [2]
+        assert torch.equal(target["w"].to_local(), expected)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _flip_bytes_of(path: Path) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(50)
+        handle.write(b"\xff\xfe")
+
+
+def test_every_rank_falls_back_when_one_ranks_file_is_bad(tmp_path: Path) -> None:
+    mp.start_processes(
+        _load_after_rank_1s_file_rots,
+        args=(2, str(tmp_path / "ckpt"), str(tmp_path / "rendezvous")),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )

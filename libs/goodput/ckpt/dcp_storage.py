@@ -1,29 +1,43 @@
 """torch.distributed.checkpoint storage with this package's layout, commit and verification.
 
 ``dcp.save`` / ``dcp.async_save`` with ``GoodputStorageWriter(root, step)`` write torch's
-own DCP files into ``<root>/.tmp-step-N/``; the coordinator then adds ``manifest.json`` (every
-file with its xxh3_128 digest, kind "dcp") and renames the directory to ``step-N``, so a
-crash mid-save leaves nothing that looks like a checkpoint. ``GoodputStorageReader(root)``
-picks the newest checkpoint whose every file verifies (several files read at once, falling
-back past bad ones) before ``dcp.load`` reads it (or reads a checkpoint DCP's own
-FileSystemWriter wrote, as it is); DCP's planner does the resharding, so a checkpoint
-written by N ranks loads onto any other world size. The torch classes do the data IO; this adds the safety.
+own DCP files into ``<root>/.tmp-step-N/``, hashing each file (xxh3_128) as it is written, in
+the process that writes it, and leaving the digest beside it; the coordinator then adds
+``manifest.json`` (every file with its digest, kind "dcp") and renames the directory to
+``step-N``, so a crash mid-save leaves nothing that looks like a checkpoint.
+``GoodputStorageReader(root)`` picks the newest complete checkpoint (falling back past
+incomplete ones); ``dcp.load`` then reads its files several at once (DCP's own reader takes
+one after another), each hashed while DCP reads it; a file that fails its digest fails the
+load, and ``load_verified`` then loads the next older checkpoint. The reader also reads a
+checkpoint DCP's own FileSystemWriter wrote, as it is. DCP's planner does the resharding, so
+a checkpoint written by N ranks loads onto any other world size. The torch classes do the
+data IO; this adds the safety.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed.checkpoint as dcp
+import xxhash
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, Metadata
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import WriteResult
 
 from goodput.ckpt.catalog import DEFAULT_KEEP_LAST, apply_retention
 from goodput.ckpt.events import CheckpointPersisted, Listener, RestoreFallback, emit
+from goodput.ckpt.fileio import CorruptCheckpointError, hash_in_slices
 from goodput.ckpt.restore import NoCheckpointError
 from goodput.ckptfmt import (
     FORMAT,
@@ -32,6 +46,8 @@ from goodput.ckptfmt import (
     FileEntry,
     Manifest,
     ManifestError,
+    VerifyProblem,
+    check_file_sizes,
     file_xxh3_128,
     fsync_dir,
     read_manifest,
@@ -39,12 +55,67 @@ from goodput.ckptfmt import (
     step_dir,
     step_dirs,
     tmp_step_dir,
-    verify_files,
     write_manifest,
 )
 
-#: data files verified at once before a load (DCP writes one file per writer thread and rank)
-VERIFY_THREADS = 8
+#: data files dcp.load reads at once through GoodputStorageReader (DCP's takes one at a time)
+LOAD_THREADS = 4
+#: the file DCP writes its Metadata to
+METADATA_NAME = ".metadata"
+#: a file's digest, left beside it by the process that wrote it, until the manifest takes it
+DIGEST_SUFFIX = ".xxh3_128"
+
+
+class _HashingWriter:
+    """A file open for writing that hashes what is written: DCP writes each file front to
+    back (``write`` and ``tell``, never ``seek``: a seek would fail here, not hash wrong)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.hasher = xxhash.xxh3_128()
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        hash_in_slices(self.hasher, view)
+        return self._stream.write(view)
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's FileSystem, leaving each written file's digest beside it (no state: it pickles
+    into ``async_save``'s checkpoint process)."""
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        with super().create_stream(path, mode) as stream:
+            if mode != "wb":
+                yield stream
+                return
+            writer = _HashingWriter(stream)
+            yield writer
+        Path(f"{os.fspath(path)}{DIGEST_SUFFIX}").write_text(writer.hasher.hexdigest())
+
+
+def _take_digest(tmp: Path, name: str) -> str:
+    """The digest the writer left for ``name`` (removed once read), else one computed now."""
+    sidecar = tmp / f"{name}{DIGEST_SUFFIX}"
+    try:
+        digest = sidecar.read_text()
+    except FileNotFoundError:
+        return file_xxh3_128(tmp / name)
+    sidecar.unlink()
+    return digest
 
 
 class GoodputStorageWriter(FileSystemWriter):
@@ -67,6 +138,7 @@ class GoodputStorageWriter(FileSystemWriter):
         self.user_metadata = dict(metadata or {})
         self._started = time.perf_counter()
         super().__init__(tmp_step_dir(root, step), thread_count=thread_count, sync_files=True)
+        self.fs = _HashingFileSystem()
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         """The directory is chosen by (root, step); a checkpoint_id passed to dcp is ignored."""
@@ -84,11 +156,13 @@ class GoodputStorageWriter(FileSystemWriter):
         names = [
             name
             for name in sorted(os.listdir(tmp))
-            if name != MANIFEST_NAME and not name.endswith(".tmp") and (tmp / name).is_file()
+            if name != MANIFEST_NAME
+            and not name.endswith((".tmp", DIGEST_SUFFIX))
+            and (tmp / name).is_file()
         ]
-        # The files were just written (still in the page cache): hash them all at once.
-        with ThreadPoolExecutor(max(1, min(self.thread_count, len(names) or 1))) as pool:
-            digests = list(pool.map(lambda name: file_xxh3_128(tmp / name), names))
+        digests = [_take_digest(tmp, name) for name in names]
+        for stale in tmp.glob(f"*{DIGEST_SUFFIX}"):  # .metadata's (written as .metadata.tmp)
+            stale.unlink()
         files = [
             FileEntry(name=name, size=(tmp / name).stat().st_size, xxh3_128=digest)
             for name, digest in zip(names, digests, strict=True)
@@ -124,40 +198,55 @@ class GoodputStorageWriter(FileSystemWriter):
             apply_retention(self.root, self.keep_last, self.listener)
 
 
-def select_verified_dcp_checkpoint(
-    root: str | os.PathLike, step: int | None = None, *, threads: int = VERIFY_THREADS
-) -> tuple[int, Path, tuple[RestoreFallback, ...]]:
-    """The newest DCP checkpoint (at or before ``step``) whose every file verifies (``threads``
-    files read at once)."""
+def select_complete_dcp_checkpoint(
+    root: str | os.PathLike, step: int | None = None
+) -> tuple[int, Path, Manifest, tuple[RestoreFallback, ...]]:
+    """The newest DCP checkpoint (at or before ``step``) with an intact manifest, every file
+    there at its size and a ``.metadata`` that verifies (DCP unpickles it before any read);
+    the data files' bytes are verified as DCP reads them (``GoodputStorageReader``)."""
     fallbacks = []
     for candidate, path in step_dirs(root):
         if step is not None and candidate > step:
             continue
         try:
-            kind = read_manifest(path).kind
+            manifest = read_manifest(path)
         except ManifestError as exc:
             fallbacks.append(RestoreFallback(step=candidate, reason=str(exc)))
             continue
-        if kind != KIND_DCP:
-            fallbacks.append(RestoreFallback(step=candidate, reason=f"kind {kind!r}, not dcp"))
+        if manifest.kind != KIND_DCP:
+            fallbacks.append(
+                RestoreFallback(step=candidate, reason=f"kind {manifest.kind!r}, not dcp")
+            )
             continue
-        problems = verify_files(path, threads=threads)
+        problems = check_file_sizes(path, manifest) or _check_metadata(path, manifest)
         if problems:
-            reason = "; ".join(map(str, problems))
-            fallbacks.append(RestoreFallback(step=candidate, reason=reason))
+            fallbacks.append(RestoreFallback(step=candidate, reason="; ".join(map(str, problems))))
             continue
-        return candidate, path, tuple(fallbacks)
+        return candidate, path, manifest, tuple(fallbacks)
     raise NoCheckpointError(f"no intact DCP checkpoint under {root}", tuple(fallbacks))
 
 
-class GoodputStorageReader(FileSystemReader):
-    """A DCP StorageReader over the newest verified checkpoint (``.step``, ``.fallbacks``).
+def _check_metadata(path: Path, manifest: Manifest) -> list[VerifyProblem]:
+    digests = {entry.name: entry.xxh3_128 for entry in manifest.files}
+    if METADATA_NAME not in digests:
+        return [VerifyProblem(METADATA_NAME, "missing")]
+    if file_xxh3_128(path / METADATA_NAME) != digests[METADATA_NAME]:
+        return [VerifyProblem(METADATA_NAME, "xxh3_128 mismatch")]
+    return []
 
-    Verification happens here, before DCP unpickles ``.metadata``; raises NoCheckpointError
-    when no candidate verifies. ``root`` may also be a checkpoint written by DCP's own
-    FileSystemWriter (a ``.metadata`` file and no manifest): it is read as it is (``.step``
-    None), so checkpoints from before switching to goodput still load; they carry no
-    digests, so only DCP's own checks apply to them.
+
+class GoodputStorageReader(FileSystemReader):
+    """A DCP StorageReader over the newest complete checkpoint, every byte verified.
+
+    Construction picks the checkpoint (``select_complete_dcp_checkpoint``: ``.step``, and
+    ``.fallbacks`` for those skipped). ``dcp.load`` then reads ``load_threads`` files at once
+    (DCP's own reader takes one after another), each hashed on another thread while DCP reads
+    it, so verifying costs no time of its own. A file whose bytes fail their digest makes
+    ``dcp.load`` raise CorruptCheckpointError once the reads are done; the state may then hold
+    some of those bytes: ``load_verified`` loads again from the next older checkpoint.
+    ``root`` may also be a checkpoint written by DCP's own FileSystemWriter (a ``.metadata``
+    file and no manifest): it is read as it is (``.step`` None), so checkpoints from before
+    switching to goodput still load; they carry no digests, so only DCP's own checks apply.
     """
 
     def __init__(
@@ -165,22 +254,97 @@ class GoodputStorageReader(FileSystemReader):
         root: str | os.PathLike,
         step: int | None = None,
         *,
-        verify_threads: int = VERIFY_THREADS,
+        load_threads: int = LOAD_THREADS,
     ) -> None:
+        self.load_threads = load_threads
         path = Path(root)
-        if is_plain_dcp_checkpoint(path):
-            self.step, self.fallbacks = None, ()
-        else:
-            self.step, path, self.fallbacks = select_verified_dcp_checkpoint(
-                root, step, threads=verify_threads
-            )
+        self.step: int | None = None
+        self.fallbacks: tuple[RestoreFallback, ...] = ()
+        self._digests: dict[str, str] | None = None
+        if not is_plain_dcp_checkpoint(path):
+            self.step, path, manifest, self.fallbacks = select_complete_dcp_checkpoint(root, step)
+            self._digests = {entry.name: entry.xxh3_128 for entry in manifest.files}
         super().__init__(path)
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
-        """The directory was chosen and verified at construction; a checkpoint_id is ignored."""
+        """The directory was chosen at construction; a checkpoint_id passed to dcp is ignored."""
         super().reset(None)
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
+        """DCP's own read of each file, ``load_threads`` files at once, each hashed meanwhile
+        (DCP's default planners take calls from several threads; a custom one must, too)."""
+        by_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            by_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        read_file = super().read_data
+        workers = max(1, min(self.load_threads, len(by_file)))
+        with (
+            ThreadPoolExecutor(workers, thread_name_prefix="goodput-dcp-read") as reading,
+            ThreadPoolExecutor(workers, thread_name_prefix="goodput-dcp-hash") as hashing,
+        ):
+            checks = [hashing.submit(self._check, name) for name in by_file]
+            reads = [
+                reading.submit(read_file, dataclasses.replace(plan, items=items), planner)
+                for items in by_file.values()
+            ]
+            for read in reads:
+                read.result()
+            problems = [problem for check in checks if (problem := check.result()) is not None]
+        if problems:
+            raise CorruptCheckpointError(f"step {self.step}: " + "; ".join(map(str, problems)))
+        done: torch.futures.Future[None] = torch.futures.Future()
+        done.set_result(None)
+        return done
+
+    def _check(self, name: str) -> VerifyProblem | None:
+        if self._digests is None:  # DCP's own checkpoint: nothing to check against
+            return None
+        if name not in self._digests:
+            return VerifyProblem(name, "not in the manifest")
+        try:
+            digest = file_xxh3_128(Path(self.path) / name)
+        except OSError as exc:
+            return VerifyProblem(name, f"unreadable ({exc.strerror or exc})")
+        return None if digest == self._digests[name] else VerifyProblem(name, "xxh3_128 mismatch")
+
+
+def load_verified(
+    state: dict[str, Any],
+    root: str | os.PathLike,
+    step: int | None = None,
+    *,
+    planner: LoadPlanner | None = None,
+    process_group: Any = None,
+    load_threads: int = LOAD_THREADS,
+) -> GoodputStorageReader:
+    """``dcp.load`` of ``state`` from the newest checkpoint whose every byte verifies.
+
+    A checkpoint whose bytes fail their digests during the load is skipped and the load runs
+    again from the next older one; every rank sees every rank's failure (DCP gathers them),
+    so all ranks skip it together. Returns the reader that loaded (``.step``, ``.fallbacks``);
+    raises NoCheckpointError when none loads (``state`` may then hold partial data).
+    """
+    skipped: list[RestoreFallback] = []
+    while True:
+        try:
+            reader = GoodputStorageReader(root, step, load_threads=load_threads)
+        except NoCheckpointError as exc:
+            raise NoCheckpointError(
+                f"no intact DCP checkpoint under {root}", (*skipped, *exc.fallbacks)
+            ) from None
+        try:
+            dcp.load(state, storage_reader=reader, planner=planner, process_group=process_group)
+        except CheckpointException as exc:
+            corrupt = [e for e, _ in exc.failures.values() if isinstance(e, CorruptCheckpointError)]
+            if not corrupt or reader.step is None:
+                raise
+            skipped.append(RestoreFallback(step=reader.step, reason=str(corrupt[0])))
+            step = reader.step - 1
+            continue
+        reader.fallbacks = (*skipped, *reader.fallbacks)
+        return reader
 
 
 def is_plain_dcp_checkpoint(path: Path) -> bool:
     """A directory DCP's FileSystemWriter committed (its ``.metadata``), with no manifest."""
-    return (path / ".metadata").is_file() and not (path / MANIFEST_NAME).exists()
+    return (path / METADATA_NAME).is_file() and not (path / MANIFEST_NAME).exists()

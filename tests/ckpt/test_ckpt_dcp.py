@@ -23,6 +23,7 @@ from goodput.ckpt import (
     read_manifest,
     verify_files,
 )
+from goodput.ckpt.dcp_files import DIGEST_SUFFIX
 from goodput.ckpt.dcp_storage import GoodputStorageReader, GoodputStorageWriter, load_verified
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -184,7 +185,7 @@ def test_each_file_is_hashed_by_the_process_that_wrote_it(
     assert read_back == [".metadata"]
     assert len(read_manifest(checkpoint).files) == 3  # two data files and .metadata
     assert verify_files(checkpoint) == []
-    assert not list(checkpoint.glob(f"*{dcp_storage.DIGEST_SUFFIX}"))
+    assert not list(checkpoint.glob(f"*{DIGEST_SUFFIX}"))
 
 
 def test_the_writer_pickles_for_async_saves_checkpoint_process(tmp_path: Path) -> None:

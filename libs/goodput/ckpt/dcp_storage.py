@@ -1,8 +1,8 @@
 """torch.distributed.checkpoint storage with this package's layout, commit and verification.
 
 ``dcp.save`` / ``dcp.async_save`` with ``GoodputStorageWriter(root, step)`` write torch's
-own DCP files into ``<root>/.tmp-step-N/``, hashing each file (xxh3_128) as it is written, in
-the process that writes it, and leaving the digest beside it; the coordinator then adds
+own DCP files into ``<root>/.tmp-step-N/``, with O_DIRECT, each hashed (xxh3_128) as it is
+written in the process that writes it (``goodput.ckpt.dcp_files``); the coordinator then adds
 ``manifest.json`` (every file with its digest, kind "dcp") and renames the directory to
 ``step-N``, so a crash mid-save leaves nothing that looks like a checkpoint.
 ``GoodputStorageReader(root)`` picks the newest complete checkpoint (falling back past
@@ -20,24 +20,21 @@ import dataclasses
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-import xxhash
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, Metadata
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import WriteResult
 
 from goodput.ckpt.catalog import DEFAULT_KEEP_LAST, apply_retention
+from goodput.ckpt.dcp_files import DIGEST_SUFFIX, HashingFileSystem
 from goodput.ckpt.events import CheckpointPersisted, Listener, RestoreFallback, emit
-from goodput.ckpt.fileio import CorruptCheckpointError, hash_in_slices
+from goodput.ckpt.fileio import CorruptCheckpointError
 from goodput.ckpt.restore import NoCheckpointError
 from goodput.ckptfmt import (
     FORMAT,
@@ -62,49 +59,6 @@ from goodput.ckptfmt import (
 LOAD_THREADS = 4
 #: the file DCP writes its Metadata to
 METADATA_NAME = ".metadata"
-#: a file's digest, left beside it by the process that wrote it, until the manifest takes it
-DIGEST_SUFFIX = ".xxh3_128"
-
-
-class _HashingWriter:
-    """A file open for writing that hashes what is written: DCP writes each file front to
-    back (``write`` and ``tell``, never ``seek``: a seek would fail here, not hash wrong)."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-        self.hasher = xxhash.xxh3_128()
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        hash_in_slices(self.hasher, view)
-        return self._stream.write(view)
-
-    def tell(self) -> int:
-        return self._stream.tell()
-
-    def fileno(self) -> int:
-        return self._stream.fileno()
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def close(self) -> None:
-        self._stream.close()
-
-
-class _HashingFileSystem(FileSystem):
-    """DCP's FileSystem, leaving each written file's digest beside it (no state: it pickles
-    into ``async_save``'s checkpoint process)."""
-
-    @contextmanager
-    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
-        with super().create_stream(path, mode) as stream:
-            if mode != "wb":
-                yield stream
-                return
-            writer = _HashingWriter(stream)
-            yield writer
-        Path(f"{os.fspath(path)}{DIGEST_SUFFIX}").write_text(writer.hasher.hexdigest())
 
 
 def _take_digest(tmp: Path, name: str) -> str:
@@ -138,7 +92,7 @@ class GoodputStorageWriter(FileSystemWriter):
         self.user_metadata = dict(metadata or {})
         self._started = time.perf_counter()
         super().__init__(tmp_step_dir(root, step), thread_count=thread_count, sync_files=True)
-        self.fs = _HashingFileSystem()
+        self.fs = HashingFileSystem()
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         """The directory is chosen by (root, step); a checkpoint_id passed to dcp is ignored."""

@@ -73,8 +73,10 @@ def hash_in_slices(hasher: xxhash.xxh3_128, view: memoryview) -> None:
         hasher.update(view[start : start + HASH_SLICE_BYTES])
 
 
-def _open(path: Path, flags: int, direct: bool) -> int:
-    return os.open(path, flags | os.O_CLOEXEC | (_O_DIRECT if direct else 0), 0o644)
+def open_for_write(path: Path, direct: bool) -> int:
+    """A new (or truncated) file; with ``direct``, O_DIRECT (EINVAL where it is refused)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | (_O_DIRECT if direct else 0)
+    return os.open(path, flags, 0o644)
 
 
 def open_for_read(path: Path, direct: bool) -> int:
@@ -82,7 +84,7 @@ def open_for_read(path: Path, direct: bool) -> int:
     return open_regular(path, os.O_RDONLY | (_O_DIRECT if direct else 0))
 
 
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+def pwrite_all(fd: int, view: memoryview, offset: int) -> None:
     while view:
         written = os.pwrite(fd, view, offset)
         view = view[written:]
@@ -90,7 +92,7 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 
 def _write(path: Path, data: memoryview, size: int, direct: bool) -> str:
-    fd = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct)
+    fd = open_for_write(path, direct)
     try:
         hasher = xxhash.xxh3_128()
         position = 0
@@ -98,7 +100,7 @@ def _write(path: Path, data: memoryview, size: int, direct: bool) -> str:
             count = min(WRITE_CHUNK_BYTES, size - position)
             hash_in_slices(hasher, data[position : position + count])
             length = align_up(count, IO_ALIGN) if direct else count
-            _pwrite_all(fd, data[position : position + length], position)
+            pwrite_all(fd, data[position : position + length], position)
             position += count
         if direct and size % IO_ALIGN:
             os.ftruncate(fd, size)

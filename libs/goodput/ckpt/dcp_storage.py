@@ -7,7 +7,7 @@ written in the process that writes it (``goodput.ckpt.dcp_files``); the coordina
 ``step-N``, so a crash mid-save leaves nothing that looks like a checkpoint.
 ``GoodputStorageReader(root)`` picks the newest complete checkpoint (falling back past
 incomplete ones); ``dcp.load`` then reads its files several at once (DCP's own reader takes
-one after another), each hashed while DCP reads it; a file that fails its digest fails the
+one after another), each hashed right after DCP read it; a file that fails its digest fails the
 load, and ``load_verified`` then loads the next older checkpoint. The reader also reads a
 checkpoint DCP's own FileSystemWriter wrote, as it is. DCP's planner does the resharding, so
 a checkpoint written by N ranks loads onto any other world size. The torch classes do the
@@ -194,8 +194,8 @@ class GoodputStorageReader(FileSystemReader):
 
     Construction picks the checkpoint (``select_complete_dcp_checkpoint``: ``.step``, and
     ``.fallbacks`` for those skipped). ``dcp.load`` then reads ``load_threads`` files at once
-    (DCP's own reader takes one after another), each hashed on another thread while DCP reads
-    it, so verifying costs no time of its own. A file whose bytes fail their digest makes
+    (DCP's own reader takes one after another), each hashed right after DCP read it, from the
+    page cache: the disk sees one reader per file, and verifying costs a pass over memory. A file whose bytes fail their digest makes
     ``dcp.load`` raise CorruptCheckpointError once the reads are done; the state may then hold
     some of those bytes: ``load_verified`` loads again from the next older checkpoint.
     ``root`` may also be a checkpoint written by DCP's own FileSystemWriter (a ``.metadata``
@@ -225,24 +225,21 @@ class GoodputStorageReader(FileSystemReader):
         super().reset(None)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
-        """DCP's own read of each file, ``load_threads`` files at once, each hashed meanwhile
-        (DCP's default planners take calls from several threads; a custom one must, too)."""
+        """DCP's own read of each file, ``load_threads`` files at once, each file hashed right
+        after DCP read it, from the page cache (DCP's default planners take calls from several
+        threads; a custom one must, too)."""
         by_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             by_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         read_file = super().read_data
+
+        def read_and_check(name: str, items: list[ReadItem]) -> VerifyProblem | None:
+            read_file(dataclasses.replace(plan, items=items), planner)
+            return self._check(name)
+
         workers = max(1, min(self.load_threads, len(by_file)))
-        with (
-            ThreadPoolExecutor(workers, thread_name_prefix="goodput-dcp-read") as reading,
-            ThreadPoolExecutor(workers, thread_name_prefix="goodput-dcp-hash") as hashing,
-        ):
-            checks = [hashing.submit(self._check, name) for name in by_file]
-            reads = [
-                reading.submit(read_file, dataclasses.replace(plan, items=items), planner)
-                for items in by_file.values()
-            ]
-            for read in reads:
-                read.result()
+        with ThreadPoolExecutor(workers, thread_name_prefix="goodput-dcp-read") as pool:
+            checks = [pool.submit(read_and_check, name, items) for name, items in by_file.items()]
             problems = [problem for check in checks if (problem := check.result()) is not None]
         if problems:
             raise CorruptCheckpointError(f"step {self.step}: " + "; ".join(map(str, problems)))

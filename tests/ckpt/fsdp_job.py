@@ -24,6 +24,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from goodput.ckpt import CheckpointEngine
+from goodput.ckpt.events import CheckpointRestored
 from goodput.shim import ShimConfig, TrainerShim
 
 SAVED_STEP = 3
@@ -125,13 +126,14 @@ def main(phase: str, root: Path, out: Path, via: str) -> None:
         return
     model, optim = build(0 if phase == "save" else 1, world)
     shim = engine = None
+    events: list[object] = []  # the engine's events (its restore's bytes read)
     if via == "shim":
         config = ShimConfig(
             rank=rank, world_size=world, local_rank=rank, local_world_size=world, ckpt_dir=str(root)
         )
         shim = TrainerShim(config, install_signal_handlers=False)
     else:
-        engine = CheckpointEngine(root)
+        engine = CheckpointEngine(root, listener=events.append)
     if phase == "save":
         for step in range(SAVED_STEP):
             train_step(model, optim, step)
@@ -173,6 +175,7 @@ def main(phase: str, root: Path, out: Path, via: str) -> None:
             "losses": losses,
             "moved": moved,
             "local_rows": local,
+            "restored_bytes": [e.bytes for e in events if isinstance(e, CheckpointRestored)],
         }
         (out / f"result-{rank}.json").write_text(json.dumps(result))
         if shim is not None:

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from goodput.ckpt import NoCheckpointError, restore_checkpoint
+from goodput.ckpt.events import CheckpointRestored
 from goodput.ckpt.fileio import CorruptCheckpointError
 from goodput.ckpt.sharded_load import load_sharded
 from goodput.ckptfmt import KIND_SHARDED, read_manifest, step_dir, verify_files
@@ -99,6 +100,11 @@ def test_restored_on_another_world_size_bit_exact_and_trains(
     assert all(all(loss == loss and abs(loss) < 1e3 for loss in r["losses"]) for r in got)
     # 33 rows over the new world: torch.chunk's split (11 each on 3 ranks, all on 1)
     assert sum(r["local_rows"] for r in got) == 33
+    if via == "engine":  # each rank reads its regions: together about the checkpoint, once
+        read = [r["restored_bytes"][0] for r in got]
+        manifest = read_manifest(step_dir(root, STEP))
+        assert all(0 < b < manifest.total_bytes / 2 for b in read)
+        assert sum(entry.nbytes for entry in manifest.tensors) <= sum(read)
 
 
 def assert_full_tensors(root: Path, out: Path) -> None:
@@ -115,11 +121,18 @@ def assert_full_tensors(root: Path, out: Path) -> None:
 
 def test_restore_without_a_template_consolidates_full_tensors(saved: tuple[Path, Path]) -> None:
     assert_full_tensors(*saved)
+    # the restored event counts the bytes read (whole checksum blocks), not the files' total
+    root, _ = saved
+    events: list[object] = []
+    restore_checkpoint(root, listener=events.append)
+    (restored,) = [e for e in events if isinstance(e, CheckpointRestored)]
+    manifest = read_manifest(step_dir(root, STEP))
+    assert sum(entry.nbytes for entry in manifest.tensors) <= restored.bytes < manifest.total_bytes
     # again in reads of at most 100 bytes: many reads per shard, most not at its start
     root, out = saved
     expected = torch.load(out / "expected.pt", weights_only=True)
     path = step_dir(root, STEP)
-    state = load_sharded(path, read_manifest(path), max_read_bytes=100)
+    state, _ = load_sharded(path, read_manifest(path), max_read_bytes=100)
     for key, tensor in expected["model"].items():
         assert torch.equal(state["model"][key], tensor), key
 

@@ -79,7 +79,7 @@ class CheckpointRestored:
 
     step: int
     path: str
-    bytes: int
+    bytes: int  # data bytes this process read (a sharded restore reads only its regions)
     duration_s: float
     fallbacks: tuple[RestoreFallback, ...] = ()
     ts_ns: int = field(default_factory=_now_ns)

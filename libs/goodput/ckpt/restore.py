@@ -232,12 +232,17 @@ def restore_checkpoint(
                 raise CorruptCheckpointError(f"written by {manifest.kind!r}, not the engine")
             if manifest.step != candidate:
                 raise CorruptCheckpointError(f"manifest says step {manifest.step}")
-            load = load_checkpoint
             if manifest.kind == KIND_SHARDED:  # DTensor state, resharded to the target's
                 from goodput.ckpt.sharded_load import load_sharded  # it builds on this module
 
-                load = load_sharded
-            state = load(path, manifest, into=into, io_threads=io_threads, policy=policy)
+                state, read = load_sharded(
+                    path, manifest, into=into, io_threads=io_threads, policy=policy
+                )
+            else:
+                state = load_checkpoint(
+                    path, manifest, into=into, io_threads=io_threads, policy=policy
+                )
+                read = manifest.total_bytes
         except (ManifestError, CorruptCheckpointError) as exc:
             fallbacks.append(RestoreFallback(step=candidate, reason=str(exc)))
             continue
@@ -246,7 +251,7 @@ def restore_checkpoint(
             CheckpointRestored(
                 step=candidate,
                 path=str(path),
-                bytes=manifest.total_bytes,
+                bytes=read,
                 duration_s=time.perf_counter() - started,
                 fallbacks=tuple(fallbacks),
             ),

@@ -145,9 +145,10 @@ def load_sharded(
     io_threads: int = 4,
     policy: DirectIOPolicy | None = None,
     max_read_bytes: int = MAX_READ_BYTES,
-) -> Any:
+) -> tuple[Any, int]:
     """Load a sharded checkpoint into ``into``'s tensors (DTensors: their local shards) or,
-    for tensors it lacks, into new full tensors. Raises CorruptCheckpointError on any bad
+    for tensors it lacks, into new full tensors; returns the state and the data bytes read
+    (this rank's regions, not the whole checkpoint). Raises CorruptCheckpointError on any bad
     byte, a missing rank's shards, or an incomplete cover of a needed region. ``policy`` is
     accepted for the engine's signature; these range reads go through the page cache."""
     del policy
@@ -199,4 +200,5 @@ def load_sharded(
     if any(target.is_cuda for target in targets):
         torch.cuda.synchronize()
     restored = unflatten(manifest.tree, lambda i: targets[i])
-    return restored if into is None else _merge(into, restored)
+    read = sum(task.read.byte_hi - task.read.byte_lo for task in tasks)
+    return (restored if into is None else _merge(into, restored)), read

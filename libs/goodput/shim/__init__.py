@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from goodput.rank_env import EXIT_TERMINATED
     from goodput.shim.config import ShimConfig
     from goodput.shim.rescale import (
         BatchPlan,
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     )
     from goodput.shim.restore_result import DpLayout, RestoreResult
     from goodput.shim.standby import JobRun, run_job
-    from goodput.shim.trainer import EXIT_TERMINATED, TrainerShim
+    from goodput.shim.trainer import TrainerShim
 
 #: public name -> the module that defines it
 _EXPORTS = {
@@ -37,7 +38,7 @@ _EXPORTS = {
     "RestoreResult": "goodput.shim.restore_result",
     "JobRun": "goodput.shim.standby",
     "run_job": "goodput.shim.standby",
-    "EXIT_TERMINATED": "goodput.shim.trainer",
+    "EXIT_TERMINATED": "goodput.rank_env",
     "ShimConfig": "goodput.shim.config",
     "TrainerShim": "goodput.shim.trainer",
 }

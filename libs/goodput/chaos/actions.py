@@ -257,10 +257,13 @@ async def fail_node(spec: faults.FailNode, ctx: ChaosContext) -> FaultOutcome:
     if spec.clear:
         ok, answer = await inject_host_fault(ctx, node, "node_down", "", clear=True)
         return FaultOutcome(spec.kind, node, ok, answer, applied)
+    # the host's fault first (its report is on the bus once the host monitor answers), then
+    # its ranks die: the other order races, and a rank's exit seen alone starts a restart on
+    # the failing node that the node's loss then overrides
+    ok, answer = await inject_host_fault(ctx, node, "node_down", "goodput chaos", clear=False)
     ranks = await ctx.ranks(node)
     for process in ranks:
         _kill_process_group(process.pid)
-    ok, answer = await inject_host_fault(ctx, node, "node_down", "goodput chaos", clear=False)
     killed = ", ".join(f"rank {p.rank} (pid {p.pid})" for p in ranks) or "no live rank"
     return FaultOutcome(spec.kind, node, ok, f"SIGKILL: {killed}; {answer}", applied)
 

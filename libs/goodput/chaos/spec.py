@@ -42,7 +42,7 @@ class KillRank(FaultSpec, tag="kill-rank", kw_only=True):
 
 
 class FailNode(FaultSpec, tag="fail-node", kw_only=True):
-    """SIGKILL every rank of a node and make its host monitor report node_down: a lost host."""
+    """Make a node's host monitor report node_down, then SIGKILL every rank there: a lost host."""
 
     node: str | None = None
     clear: bool = False

@@ -109,7 +109,11 @@ class HostMonitorService(Service):
         except InjectionError as exc:
             return False, str(exc)
         log.warning("fault injection: %s", change, extra={"command_id": command.command_id})
-        self._wake.set()
+        # the fault is on the bus before the answer: a caller that then kills the node's ranks
+        # (chaos ``fail-node``) has the sensor see the cause before its effect
+        report = await self.report()
+        if await self._publish(report, traced=True):
+            self._last_faults = report.faults
         return True, change
 
     async def _reset(self, command: schemas.ResetGpu) -> tuple[bool, str]:

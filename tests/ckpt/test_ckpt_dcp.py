@@ -85,6 +85,23 @@ def test_a_load_fails_on_a_bad_byte_and_load_verified_falls_back(tmp_path: Path)
         load_verified(_zeros(), tmp_path)
 
 
+def test_a_file_dcp_cannot_parse_is_reported_corrupt_and_load_verified_falls_back(
+    tmp_path: Path,
+) -> None:
+    """Its first bytes (a zip signature) garbled: DCP's read raises before any digest."""
+    for step in (1, 2):
+        dcp.save(_state(step), storage_writer=GoodputStorageWriter(tmp_path, step))
+    checkpoint = tmp_path / "step-0000000002"
+    data = next(e for e in read_manifest(checkpoint).files if e.name.endswith(".distcp"))
+    with open(checkpoint / data.name, "r+b") as handle:
+        handle.write(b"\xff" * 4)
+    with pytest.raises(CheckpointException, match=rf"{data.name}: xxh3_128 mismatch"):
+        dcp.load(_zeros(), storage_reader=GoodputStorageReader(tmp_path))
+    target = _zeros()
+    assert load_verified(target, tmp_path).step == 1
+    assert torch.equal(target["model"]["w"], _state(1)["model"]["w"])
+
+
 def test_the_reader_skips_an_incomplete_checkpoint(tmp_path: Path) -> None:
     for step in (1, 2, 3):
         dcp.save(_state(step), storage_writer=GoodputStorageWriter(tmp_path, step))
@@ -241,6 +258,7 @@ def _load_after_rank_1s_file_rots(rank: int, world: int, root: str, rendezvous: 
         expected = _state(1)["model"]["w"].chunk(world)[rank]
         assert loaded.step == 1 and [f.step for f in loaded.fallbacks] == [2]
         assert torch.equal(target["w"].to_local(), expected)
+        torch.distributed.barrier()  # neither rank tears gloo down under the other's last read
     finally:
         torch.distributed.destroy_process_group()
 

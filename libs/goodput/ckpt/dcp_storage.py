@@ -234,7 +234,13 @@ class GoodputStorageReader(FileSystemReader):
         read_file = super().read_data
 
         def read_and_check(name: str, items: list[ReadItem]) -> VerifyProblem | None:
-            read_file(dataclasses.replace(plan, items=items), planner)
+            try:
+                read_file(dataclasses.replace(plan, items=items), planner)
+            except Exception:  # DCP could not parse it: corrupt bytes say why, and fall back
+                problem = self._check(name)
+                if problem is None:
+                    raise
+                return problem
             return self._check(name)
 
         workers = max(1, min(self.load_threads, len(by_file)))

@@ -12,6 +12,7 @@ from goodput.ckpt.buffers import byte_view
 from goodput.ckpt.plan import IO_ALIGN, StreamIndex
 from goodput.ckpt.reader import MIN_DIRECT_BYTES, READ_CHUNK_BYTES, _landing, plan_segments
 from goodput.ckpt.restore import _aligned_like_file
+from goodput.ckptfmt import Manifest
 
 from .helpers import assert_bit_exact
 
@@ -29,6 +30,15 @@ def _large_state(seed: int) -> dict[str, torch.Tensor]:
 
 def _single_file(tmp_path: Path, direct_io: bool | str = "auto") -> CheckpointEngine:
     return CheckpointEngine(tmp_path, writer_threads=1, direct_io=direct_io, keep_last=0)
+
+
+def _saved_once(tmp_path: Path, seed: int) -> tuple[dict[str, torch.Tensor], Manifest, StreamIndex]:
+    """One save of a large state into one data file: the state, its manifest and index."""
+    state = _large_state(seed)
+    with _single_file(tmp_path) as engine:
+        assert engine.save(state, 1).wait().ok
+    manifest = read_manifest(next(tmp_path.glob("step-*")))
+    return state, manifest, StreamIndex(manifest.tensors)
 
 
 def test_restored_tensors_are_allocated_aligned_like_the_file_for_direct_reads(
@@ -59,11 +69,7 @@ def test_in_place_restore_of_unaligned_tensors_is_bit_exact(
 
 
 def test_segments_tile_the_file_and_direct_ones_are_aligned(tmp_path: Path) -> None:
-    state = _large_state(4)
-    with _single_file(tmp_path) as engine:
-        assert engine.save(state, 1).wait().ok
-    manifest = read_manifest(next(tmp_path.glob("step-*")))
-    index = StreamIndex(manifest.tensors)
+    _, manifest, index = _saved_once(tmp_path, seed=4)
     targets: list[torch.Tensor | None] = [
         _aligned_like_file(e.shape, getattr(torch, e.dtype), e.offset).view(-1).view(torch.uint8)
         for e in manifest.tensors
@@ -103,11 +109,7 @@ def test_a_bad_byte_falls_back(tmp_path: Path, direct_io: bool | str) -> None:
 
 
 def test_buffered_reads_land_in_the_tensors_and_only_the_rest_in_staging(tmp_path: Path) -> None:
-    state = _large_state(7)
-    with _single_file(tmp_path) as engine:
-        assert engine.save(state, 1).wait().ok
-    manifest = read_manifest(next(tmp_path.glob("step-*")))
-    index = StreamIndex(manifest.tensors)
+    state, manifest, index = _saved_once(tmp_path, seed=7)
     targets: list[torch.Tensor | None] = [byte_view(t) for t in state.values()]
     targets[2] = None  # "half" is skipped: its bytes are read, hashed and dropped
     (entry,) = manifest.files

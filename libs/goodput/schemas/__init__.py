@@ -42,11 +42,13 @@ from goodput.schemas.commands import (
 )
 from goodput.schemas.envelope import (
     MAX_DURATION_S,
+    MAX_STEP_TIME_S,
     SCHEMA_VERSION,
     EpochNs,
     Message,
     SchemaError,
     Seconds,
+    StepSeconds,
     new_id,
     now_ns,
 )
@@ -85,6 +87,7 @@ __all__ = [
     "COMMAND_TYPES",
     "EVENT_TYPES",
     "MAX_DURATION_S",
+    "MAX_STEP_TIME_S",
     "SCHEMA_VERSION",
     "ActionResult",
     "CheckpointBackedUp",
@@ -129,6 +132,7 @@ __all__ = [
     "SignalKind",
     "StartJob",
     "StepDone",
+    "StepSeconds",
     "Stop",
     "TrainingPlan",
     "decode_any",

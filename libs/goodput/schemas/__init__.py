@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from goodput.schemas.codec import (
     decode_any,
+    decode_claim,
     decode_command,
     decode_event,
     encode,
@@ -25,6 +26,7 @@ from goodput.schemas.commands import (
     COMMAND_TYPES,
     CheckpointNow,
     Command,
+    CommandClaim,
     HotSwap,
     InjectFault,
     Rejoin,
@@ -99,6 +101,7 @@ __all__ = [
     "CheckpointRestored",
     "CheckpointSaved",
     "Command",
+    "CommandClaim",
     "DeadLetter",
     "Decision",
     "EpochNs",
@@ -136,6 +139,7 @@ __all__ = [
     "Stop",
     "TrainingPlan",
     "decode_any",
+    "decode_claim",
     "decode_command",
     "decode_event",
     "encode",

@@ -19,8 +19,9 @@ import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, CommandRunner, DoneLog, EmbeddedNats
+from goodput.bus import Bus, BusSettings, CommandRunner, DoneLog, EmbeddedNats
 from tests.bus.executor_process import ACK_WAIT_S, TARGET, FileJob, runner
+from tests.bus.partition import PartitionRelay
 from tests.bus.samples import JOB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +112,37 @@ async def test_an_outage_at_the_completion_record_executes_the_command_once(
     # in-progress acks reach it again: that delivery is recognised, never executed
     assert command_runner.duplicates <= 1 and command_runner.not_repeated == 0
     assert await _published_results(bus) == [restart.command_id, after.command_id]
+
+
+@pytest.mark.parametrize("partition_s", [1.0, 6.0, 10.0])
+async def test_a_partition_at_the_completion_record_executes_the_command_once(
+    nats_server: EmbeddedNats, bus: Bus, tmp_path: Path, partition_s: float
+) -> None:
+    """The probe's case: the record's request is lost (not delayed) and times out; once
+    that was the end of it, and the command ran again on its redelivery."""
+    relay = PartitionRelay(nats_server.port)
+    await relay.start()
+    executor_bus = await Bus.connect(BusSettings(url=relay.url), name="executor")
+    job = FileJob(tmp_path / "job.json", hold=tmp_path / "hold")
+    command_runner = runner(executor_bus, job)
+    task = asyncio.create_task(command_runner.run())
+    try:
+        restart = schemas.Restart(job=JOB, reason="test")
+        await bus.send_command(TARGET, restart)
+        await _until(lambda: job.attempt == 1, "the restart took effect")
+        relay.partition()
+        job.hold.touch()
+        await asyncio.sleep(partition_s)
+        relay.heal()
+        result = await _recorded(bus, restart.command_id)
+        assert result.ok and result.detail == "restarted (attempt 1)"
+        await asyncio.sleep(4 * ACK_WAIT_S)  # any redelivery has come by now
+        await _stop(task, command_runner)
+    finally:
+        await executor_bus.close()
+        await relay.close()
+    assert job.executed == [restart.command_id] and job.attempt == 1
+    assert await _published_results(bus) == [restart.command_id]
 
 
 async def test_a_restart_begun_by_an_executor_killed_unrecorded_is_not_run_again(

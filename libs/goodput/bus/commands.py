@@ -48,13 +48,10 @@ Fence = Callable[[schemas.Command], str]
 
 T = TypeVar("T")
 
-#: errors that mean the bus is away for now: a claim or a record is tried again
-_OUTAGE = (
-    *TRANSIENT_ERRORS,
-    BusUnavailableError,
-    nats.errors.Error,
-    nats.js.errors.ServiceUnavailableError,
-)
+#: errors that mean the bus is away for now: a claim or a record is tried again. Any other
+#: (a bucket lost with the server's store) fails the handling: the message is redelivered
+#: and its claim decides, rather than a service stuck retrying what cannot succeed
+_OUTAGE = (*TRANSIENT_ERRORS, BusUnavailableError)
 
 
 def _no_fence(command: schemas.Command) -> str:
@@ -197,7 +194,7 @@ class CommandRunner:
             await asyncio.sleep(self._progress_every_s)
             try:
                 await msg.in_progress()
-            except _OUTAGE as exc:  # the next one may get through; the server keeps it pending
+            except (*_OUTAGE, nats.errors.Error) as exc:  # the next may get through
                 log.debug("in-progress ack lost: %r", exc)
 
     async def _run_once(self, command: schemas.Command) -> None:

@@ -54,7 +54,6 @@ class ScriptPolicy:
         thread.start()
         thread.join(load_timeout_s)
         if thread.is_alive():
-            self._running = thread  # never called while its import still runs
             problem = f"its import did not finish within {load_timeout_s:g} s (a loop at import?)"
         elif "error" in outcome:
             problem = _describe(outcome["error"], self.path)  # type: ignore[arg-type]

@@ -71,6 +71,12 @@ class Service:
         """The service's own long-running work, besides health and commands."""
         return []
 
+    def command_fence(self, command: schemas.Command) -> str:
+        """What this executor's state is now, as far as ``command`` acts on it: a command
+        begun by a predecessor that died is run again only if it is unchanged (see
+        :mod:`goodput.bus.commands`). "": no fence, the service's commands are idempotent."""
+        return ""
+
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
         return False, f"{self.name} does not execute {schemas.kind_of(type(command))}"
 
@@ -136,6 +142,7 @@ class Service:
                 target=self.command_target,
                 service=self.name,
                 execute=self.execute,
+                fence=self.command_fence,
             )
             tasks.append(asyncio.create_task(self.commands.run(), name="commands"))
         tasks += [asyncio.create_task(coro, name=coro.__qualname__) for coro in self.loops()]

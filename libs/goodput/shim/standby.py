@@ -28,7 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from goodput.rank_env import VARIABLES, RankEnv
+from goodput.rank_env import VARIABLES, RankEnv, nccl_error_handling
+from goodput.shim.group_abort import ABORT_TIMEOUT_S
 from goodput.shim.inprocess import ResumableJob, RunOutcome
 from goodput.shim.rescale import RescaleCallback
 from goodput.shim.trainer import TrainerShim
@@ -51,11 +52,17 @@ def run_job(
     rescale: Iterable[RescaleCallback] = (),
     backend: str | None = None,
     group_timeout_s: float = 300.0,
+    abort_timeout_s: float = ABORT_TIMEOUT_S,
     stop_at: int | None = None,
     **shim_options: Any,
 ) -> JobRun:
     """Build the job, become a rank (a standby first waits for its assignment), join the
     process group (``backend``: nccl where CUDA is, else gloo), then :meth:`TrainerShim.run`.
+
+    An NCCL group is created with :data:`goodput.rank_env.NCCL_ERROR_HANDLING` (a value already
+    in the environment wins): a peer's death must fail this rank's collectives, not kill it.
+    ``group_timeout_s`` bounds a collective that neither completes nor fails;
+    ``abort_timeout_s`` bounds leaving a broken group (see :mod:`goodput.shim.group_abort`).
 
     ``shim_options`` override :class:`~goodput.shim.trainer.ShimConfig` fields read from the
     environment. A standby the actuator releases without an assignment exits 0.
@@ -77,14 +84,24 @@ def run_job(
     for callback in rescale:
         shim.on_rescale(callback)
     if shim.config.world_size > 1 and not dist.is_initialized():
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            # read when the group is created; the in-process restart's new groups inherit them
+            os.environ.update(nccl_error_handling(os.environ))
         dist.init_process_group(
-            backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+            backend,
             rank=shim.config.rank,
             world_size=shim.config.world_size,
             timeout=timedelta(seconds=group_timeout_s),
         )
     job.regroup()
-    outcome = shim.run(job, total_steps, stop_at=stop_at, group_timeout_s=group_timeout_s)
+    outcome = shim.run(
+        job,
+        total_steps,
+        stop_at=stop_at,
+        group_timeout_s=group_timeout_s,
+        abort_timeout_s=abort_timeout_s,
+    )
     return JobRun(shim=shim, job=job, outcome=outcome)
 
 

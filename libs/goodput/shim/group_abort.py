@@ -53,10 +53,10 @@ class GroupAbort:
     """One abort of this process's groups, on a daemon thread, waited on with a deadline.
 
     :meth:`start` is idempotent and may be called from any thread (the training loop's, the bus
-    link's); ``abort`` defaults to :func:`abort_groups`, looked up when the abort starts.
+    link's); ``abort`` defaults to :func:`abort_groups`.
     """
 
-    def __init__(self, abort: Callable[[], None] | None = None) -> None:
+    def __init__(self, abort: Callable[[], None] = abort_groups) -> None:
         self._abort = abort
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -90,7 +90,7 @@ class GroupAbort:
 
     def _run(self) -> None:
         try:
-            (self._abort or abort_groups)()
+            self._abort()
         except Exception as exc:  # the rank reports it (a failed abort is a failed restart)
             log.exception("the process group abort failed")
             self._error = f"its process group abort failed: {exc}"

@@ -19,8 +19,8 @@ training loop is the shim's (:func:`run_in_process`), so the shim can unwind a s
    rebuild what holds the group (DDP), restores the step every rank agrees on and trains on
    — same process, same model and optimizer objects.
 
-A rank stuck in a native call the abort does not end never gets here; the actuator's deadline then fails the warm
-restart and the controller's policy decides a cold one. The killed rank itself is started
+A rank stuck in a native call that the abort does not end never gets here; the actuator's
+deadline then fails the warm restart and the controller's policy decides a cold one. The killed rank itself is started
 cold by the actuator and joins the same rendezvous.
 """
 
@@ -154,13 +154,13 @@ def run_in_process(
     """Restore, train to ``total_steps`` (or a stop), checkpoint as agreed, finish; a failed
     step is unwound and resumed in this process after a Rejoin (see the module docstring)."""
     mailbox = shim.enable_in_process_restart()
-    abort = mailbox.arm(GroupAbort())
     backend = dist.get_backend() if dist.is_initialized() else None
     if not _restore(shim, job):
         # a fresh start is checkpointed: a rank restarted in process must be able to go back
         # to where a cold start of every rank would begin, and it cannot rebuild that state
         shim.save(job.state_dict(), job.step)
     outcome = RunOutcome(first_step=job.step, step=job.step, stopped=False)
+    abort = mailbox.arm(GroupAbort())
     while True:
         try:
             _train(shim, job, total_steps, stop_at, outcome)

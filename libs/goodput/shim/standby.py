@@ -84,12 +84,8 @@ def run_job(
     for callback in rescale:
         shim.on_rescale(callback)
     if shim.config.world_size > 1 and not dist.is_initialized():
-        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        if backend == "nccl":
-            # read when the group is created; the in-process restart's new groups inherit them
-            os.environ.update(nccl_error_handling(os.environ))
         dist.init_process_group(
-            backend,
+            group_backend(backend),
             rank=shim.config.rank,
             world_size=shim.config.world_size,
             timeout=timedelta(seconds=group_timeout_s),
@@ -103,6 +99,17 @@ def run_job(
         abort_timeout_s=abort_timeout_s,
     )
     return JobRun(shim=shim, job=job, outcome=outcome)
+
+
+def group_backend(backend: str | None) -> str:
+    """The backend of the group :func:`run_job` creates: ``backend``, else nccl where CUDA is,
+    else gloo. For nccl the NCCL error handling goes into this process's environment first (a
+    value already there wins): torch reads it when the group is created, and the groups of
+    in-process restarts inherit it."""
+    chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if chosen == "nccl":
+        os.environ.update(nccl_error_handling(os.environ))
+    return chosen
 
 
 def _since(started: float) -> float:

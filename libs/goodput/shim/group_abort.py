@@ -27,12 +27,12 @@ log = logging.getLogger(__name__)
 #: under ``RestartInProcess.deadline_s`` (30 s), so the actuator hears the reason, not a silence
 ABORT_TIMEOUT_S = 10.0
 
-#: torch >= 2.5. No public call aborts every group of the process *and* forgets them (through
-#: 2.13): ``ProcessGroup.abort()`` (public for every backend since 2.7) aborts one group but
+#: torch >= 2.5. No public call aborts every group of the process *and* forgets them (checked
+#: in torch 2.13): ``ProcessGroup.abort()`` (public, on every backend) aborts one group but
 #: leaves it registered, so ``init_process_group`` refuses the next one, and aborting the NCCL
-#: groups one by one can deadlock (pytorch#119797); ``destroy_process_group`` is graceful and
-#: waits on the dead peer. ``_abort_process_group`` aborts them together inside one NCCL group
-#: call and clears torch's registry; torch's own ``shrink_group`` relies on it.
+#: groups one by one can deadlock (pytorch#119797); ``destroy_process_group`` shuts down
+#: gracefully and may wait on the dead peer. ``_abort_process_group`` aborts them together
+#: inside one NCCL group call and clears torch's registry; torch's own ``shrink_group`` uses it.
 _ABORT_ALL: Callable[[], None] | None = getattr(distributed_c10d, "_abort_process_group", None)
 
 

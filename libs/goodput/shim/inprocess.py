@@ -20,8 +20,8 @@ training loop is the shim's (:func:`run_in_process`), so the shim can unwind a s
    — same process, same model and optimizer objects.
 
 A rank stuck in a native call that the abort does not end never gets here; the actuator's
-deadline then fails the warm restart and the controller's policy decides a cold one. The killed rank itself is started
-cold by the actuator and joins the same rendezvous.
+deadline then fails the warm restart and the controller's policy decides a cold one. The
+killed rank itself is started cold by the actuator and joins the same rendezvous.
 """
 
 from __future__ import annotations

@@ -10,23 +10,31 @@ Every object given by name is saved with its ``state_dict()`` and restored with
 ``load_state_dict()`` (model, optimizer, LR scheduler, a stateful data loader...), together
 with the torch RNG states, so a killed job resumes bit-identically. Rescale callbacks see the
 state under the same names: the built-in ``scale_lr`` finds ``optimizer`` and ``scheduler``.
+
+Given its data loader (``data=``), the loop also saves where the data stream stands
+(:mod:`goodput.shim.data_position`) and hands out each step's micro-batches
+(:meth:`SupervisedLoop.micro_batches`: as many as the batch plan asks at this data-parallel
+size), so a resume goes on with the next unseen batch, mid-epoch, at any data-parallel size.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
 
 from goodput.shim.agree import any_rank
+from goodput.shim.data_position import LoaderPosition
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.trainer import TrainerShim
 
 #: the key of the RNG states in the saved state (a component may not use it)
 RNG_KEY = "rng"
+#: the key of the data loader's position in the saved state (a component may not use it)
+DATA_KEY = "data"
 
 
 class Stateful(Protocol):
@@ -59,13 +67,17 @@ class SupervisedLoop:
         shim: TrainerShim | None = None,
         plan: BatchPlan | None = None,
         rescale: tuple[RescaleCallback, ...] | list[RescaleCallback] = (),
+        data: Iterable[Any] | None = None,
         **components: Stateful,
     ) -> None:
-        if RNG_KEY in components:
-            raise ValueError(f"{RNG_KEY!r} is where the RNG states are saved: name it otherwise")
+        for reserved in (RNG_KEY, DATA_KEY):
+            if reserved in components:
+                raise ValueError(f"{reserved!r} is reserved by the loop: name it otherwise")
         self.shim = shim if shim is not None else TrainerShim.from_env()
         self.components = components
         self.plan = plan
+        self.data = LoaderPosition(data) if data is not None else None
+        self._batches: Iterator[Any] | None = None
         for callback in rescale:
             self.shim.on_rescale(callback)
         #: what ``steps`` restored (None: a fresh start)
@@ -83,20 +95,57 @@ class SupervisedLoop:
         """What a checkpoint holds: each component's state dict and the RNG states."""
         state = {name: component.state_dict() for name, component in self.components.items()}
         state[RNG_KEY] = rng_states()
+        if self.data is not None:
+            state[DATA_KEY] = self.data.state()
         return state
 
     def restore(self) -> RestoreResult | None:
         """Load the newest checkpoint into the components (rescaled if the DP size changed)."""
         result = self.shim.restore(self.state(), plan=self.plan)
         self.restored = result
+        self._batches = None
+        if result is not None:
+            self.plan = result.plan
+        if self.data is not None:
+            self.data.bind(self.shim, self.plan)
         if result is None:
             return None
         for name, component in self.components.items():
             component.load_state_dict(result.state[name])
         set_rng_states(result.state[RNG_KEY])
-        self.plan = result.plan
+        if self.data is not None:
+            self.data.load(result.state[DATA_KEY])
         self.step = result.step
         return result
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step on this rank: the batch plan's at this
+        data-parallel size (1 without a plan)."""
+        return 1 if self.plan is None else self.plan.accumulation_steps(self.shim.layout.dp_size)
+
+    def micro_batches(self) -> Iterator[Any]:
+        """This step's micro-batches from the loader given as ``data=``: as many as
+        :attr:`accumulation_steps`, the next epoch begun where one ends."""
+        if self.data is None:
+            raise RuntimeError("micro_batches() needs the loader: SupervisedLoop(data=loader)")
+        for _ in range(self.accumulation_steps):
+            if self._batches is None:
+                self._batches = self._iterate()
+            try:
+                yield next(self._batches)
+            except StopIteration:
+                self._batches = self._iterate()
+                yield next(self._batches)
+
+    def _iterate(self) -> Iterator[Any]:
+        """A new pass over the loader. A ``DataLoader`` draws its workers' seed from the
+        global RNG when a pass starts, and a resumed job starts one where the uninterrupted
+        run did not: the draw is kept out of the training's RNG stream (the workers' own
+        randomness is the loader's; only a stateful loader resumes it)."""
+        assert self.data is not None
+        with torch.random.fork_rng(devices=[]):
+            return iter(self.data.loader)
 
     def steps(self, total_steps: int) -> Iterator[int]:
         """Restore, then yield each step number to run (from 1); call :meth:`step_done` in
@@ -128,6 +177,8 @@ class SupervisedLoop:
     def _complete_step(self) -> None:
         assert self._loss is not None
         self.step += 1
+        if self.data is not None and self.plan is not None:
+            self.data.advance(self.plan.global_batch)
         self.shim.step_done(
             self.step, time.perf_counter() - self._started, self._tokens, self._loss
         )

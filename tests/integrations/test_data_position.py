@@ -83,6 +83,7 @@ def test_a_loop_stopped_mid_epoch_resumes_on_the_next_unseen_batch(
     first, first_seen = train(
         tmp_path / "resumed", 12, ckpt_every=ckpt_every, stop_after=ckpt_every
     )
+    assert first.step == ckpt_every and first.data is not None
     resumed, resumed_seen = train(tmp_path / "resumed", 12, ckpt_every=ckpt_every)
     assert resumed.restored is not None and resumed.restored.step == ckpt_every
     assert first_seen + resumed_seen == reference_seen

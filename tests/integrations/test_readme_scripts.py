@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integrations.extras import require
 from tests.integrations.harness import assert_identical, run_killed_and_resumed, run_plain
 from tests.integrations.readme import readme_scripts, write_script
 
@@ -28,7 +29,7 @@ def test_readme_script_resumes_bit_identically_after_a_kill(
 ) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hf script downloads nothing; CI has no hub
     if SCRIPTS[name] is not None:
-        pytest.importorskip(SCRIPTS[name], reason=f"install goodput[{name}]")
+        require(SCRIPTS[name])
     script = write_script(name, tmp_path / "script")
     reference = run_plain(script, tmp_path / "plain")
     resumed = run_killed_and_resumed(script, tmp_path / "supervised", kill_at_step=12, ckpt_every=5)

@@ -204,10 +204,13 @@ def report(args: argparse.Namespace, watcher: JobWatcher, console: Console) -> i
 
 def rank_output(args: argparse.Namespace, watcher: JobWatcher) -> str:
     """The last line rank 0 of the failed first attempt wrote (local backend: its log)."""
-    first = next((e for e in watcher.launch_exits if e.rank == 0), None)
-    if args.backend != "local" or first is None:
+    exit_ = next((e for e in watcher.launch_exits if e.rank == 0), None)
+    if args.backend != "local" or exit_ is None:
         return ""
-    return last_line(rank_log(args.state_dir, first.attempt, first.node, first.rank))
+    # a rank restarted in process exits under the new attempt, still writing its first log
+    attempts = dict.fromkeys((exit_.attempt, *range(exit_.attempt - 1, 0, -1)))
+    logs = (rank_log(args.state_dir, attempt, exit_.node, 0) for attempt in attempts)
+    return next((line for line in map(last_line, logs) if line), "")
 
 
 def environment_item(text: str) -> tuple[str, str]:

@@ -65,16 +65,28 @@ class Driver:
 
     async def run(self) -> None:
         settled = self._job_stepping_since(0.0, attempt_after=0)
+        fired = 0
         try:
             for fault in self.scenario.faults:
                 if not await self._wait(lambda f=fault, s=settled: s() and self._reached(f)):
                     return
                 settled = await self._inject(fault)
+                fired += 1
             await self._wait(lambda: not self._background)  # repairs still to come
         finally:
+            # a fault whose moment never came is a failed fault of the scenario, said so
+            for fault in self.scenario.faults[fired:]:
+                self._record(fault, "", False, self._why_not_fired(fault))
             for task in self._background:
                 task.cancel()
             await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _why_not_fired(self, fault: DemoFault) -> str:
+        w = self.watcher
+        return (
+            f"not fired: due at step {int(fault.at * self.steps)}, the job "
+            f"{'ended' if w.ended.is_set() else 'was still'} {w.state} at step {w.step}"
+        )
 
     def _reached(self, fault: DemoFault) -> bool:
         return self.watcher.step >= fault.at * self.steps

@@ -59,6 +59,7 @@ class JobWatcher:
         self._first_attempt = (0, 0)
         #: the ranks' exits seen before any step (what a launch failure is judged on)
         self.launch_exits: list[schemas.RankExited] = []
+        self._held: list[str] = []  # progress lines held while a launch failure is judged
         self._stepped = False
 
     @property
@@ -88,12 +89,26 @@ class JobWatcher:
     async def stop(self) -> None:
         if self._events is not None:
             await self._events.stop()
+        if self.console is not None and self.state != "launch failed":
+            for line in self._held:
+                self.console.print(line, soft_wrap=True)
+        self._held.clear()
         if self._progress is not None:
             self._progress.stop()
 
     def say(self, text: str) -> None:
-        if self.console is not None and not self.ended.is_set():
-            self.console.print(text, soft_wrap=True)
+        if self.console is None or self.ended.is_set():
+            return
+        if self._judging_launch():
+            self._held.append(text)  # a launch failure replaces them with one line
+            return
+        for line in [*self._held, text]:
+            self.console.print(line, soft_wrap=True)
+        self._held.clear()
+
+    def _judging_launch(self) -> bool:
+        """A rank exited before any step: whether the run failed to launch is not known yet."""
+        return bool(self.launch_exits) and not self._stepped
 
     def _apply(self, event: schemas.Event) -> None:
         if not self._in_run:
@@ -203,11 +218,12 @@ def launch_failure(exits: list[schemas.RankExited], attempt: int, world_size: in
     ``exits``: the rank exits seen before any rank finished a step. Every rank of the first
     ``attempt`` (of ``world_size`` ranks) having exited with the same non-zero code before any
     step is a command that cannot start (a missing script, an import error, a bad flag): the
-    same on each try, not a crash a restart cures.
+    same on each try, not a crash a restart cures. A rank's exit counts from that attempt on:
+    the controller may already have restarted the survivors in process when they fail too.
     """
     if not attempt or not world_size:
         return ""
-    codes = {e.rank: e.exit_code for e in exits if e.attempt == attempt and not e.expected_reason}
+    codes = {e.rank: e.exit_code for e in exits if e.attempt >= attempt and not e.expected_reason}
     if len(codes) < world_size:
         return ""
     distinct = set(codes.values())
@@ -216,7 +232,7 @@ def launch_failure(exits: list[schemas.RankExited], attempt: int, world_size: in
     code = distinct.pop()
     if code is None or code == 0:
         return ""
-    return f"every rank of attempt {attempt} exited with exit code {code} before its first step"
+    return f"every rank exited with exit code {code} before the first step (attempt {attempt} on)"
 
 
 def summary(watcher: JobWatcher) -> dict:

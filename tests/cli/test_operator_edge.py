@@ -61,9 +61,14 @@ def test_up_shows_a_wrong_type_in_the_config_file(tmp_path: Path) -> None:
     clear_failure(result, "sensor", "hang_min_timeout_s")
 
 
-def test_up_shows_the_controllers_refusal_of_a_policy_script(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "source",
+    ["def decide(signal, state)\n    return None\n", "def choose(signal, state):\n    pass\n"],
+    ids=["syntax-error", "no-decide"],
+)
+def test_up_shows_the_controllers_refusal_of_a_policy_script(tmp_path: Path, source: str) -> None:
     policy = tmp_path / "broken_policy.py"
-    policy.write_text("def decide(signal, state)\n    return None\n")
+    policy.write_text(source)
     result = goodput(
         "up",
         "--state-dir",

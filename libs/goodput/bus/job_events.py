@@ -144,11 +144,16 @@ class JobEvents:
             except Exception as exc:  # the bus is away: look again later
                 log.debug("follower of %s cannot check its consumer: %r", self.job, exc)
                 continue
-            log.info("follower of %s lost its consumer; following from %d", self.job, self._seq)
             try:
                 await subscription.unsubscribe()
             except Exception as exc:
                 log.debug("old subscription of %s not removed: %r", self.job, exc)
+            try:  # a server killed hard may come back without its last few messages
+                info = await self.bus.js.stream_info(subjects.EVENTS_STREAM)
+                self._seq = min(self._seq, info.state.last_seq)
+            except Exception as exc:
+                log.debug("stream of %s not readable yet: %r", self.job, exc)
+            log.info("follower of %s lost its consumer; following after %d", self.job, self._seq)
             config = ConsumerConfig(
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._seq + 1
             )

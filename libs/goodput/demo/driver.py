@@ -22,6 +22,8 @@ from goodput.chaos.targets import ChaosContext, ChaosError
 from goodput.demo.scenarios import DemoFault, DemoScenario
 from goodput.stack.watch import JobWatcher
 
+#: how long a node fault looks for the node's ranks before it is recorded as not applied
+RANKS_WAIT_S = 15.0
 #: how often the driver looks at the job while it waits for a fault's moment
 POLL_S = 0.1
 
@@ -130,12 +132,17 @@ class Driver:
                 # it runs alongside what follows: the next fault comes at its own step
                 return self._job_stepping_since(time.monotonic(), attempt_after=0)
             case "terminate-node":
-                pids = [p.pid for p in await self.ctx.ranks(node)]
+                pids = await self._rank_pids(node)
                 for pid in pids:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGTERM)
                 ok = self._record(
-                    fault, node, True, f"SIGTERM to every rank of {node} (pids {pids})"
+                    fault,
+                    node,
+                    bool(pids),
+                    f"SIGTERM to every rank of {node} (pids {pids})"
+                    if pids
+                    else f"no live rank of {node} found to terminate",
                 )
             case "fail-node" | "kill-rank" | "hang-rank":
                 outcome = await fire(_chaos_spec(fault, node), self.ctx)
@@ -144,6 +151,17 @@ class Driver:
                     self._in_background(self._repair(node, fault))
         # a fault that took effect ends in a new attempt; one that did not leaves the job as is
         return self._job_stepping_since(time.monotonic(), attempt_after=attempt if ok else 0)
+
+    async def _rank_pids(self, node: str) -> list[int]:
+        """The live ranks of ``node``: looked for again for a while, since the job status the
+        chaos context reads may be out of reach for a moment (a NATS restart), and an empty
+        answer would fire the fault at nothing."""
+        deadline = time.monotonic() + RANKS_WAIT_S
+        while True:
+            pids = [p.pid for p in await self.ctx.ranks(node)]
+            if pids or time.monotonic() > deadline or self.watcher.ended.is_set():
+                return pids
+            await asyncio.sleep(0.5)
 
     def _in_background(self, work: Coroutine[Any, Any, object]) -> None:
         """Run ``work`` alongside the scenario; cancelled if the job ends first."""

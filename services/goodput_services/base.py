@@ -227,24 +227,23 @@ def run_service(service_class: type[Service], argv: list[str] | None = None) -> 
     except SystemExit as exc:
         if not isinstance(exc.code, str):
             raise  # argparse's usage error (code 2) has printed its own line
-        report_exit(f"{service_class.name}: {exc.code}")
+        report_exit(exc.code)
         return 1
     service.exit_when_stop_hangs = True
-    uptime = {"uptime_s": 0.0}
     try:
         asyncio.run(service.run())
     except SystemExit as exc:  # a refusal raised once running (e.g. by a loop)
         if not isinstance(exc.code, str):
             raise
-        report_exit(f"{service_class.name}: {exc.code}")
+        report_exit(exc.code)
         return 1
     except ServiceLoopDied as exc:
-        uptime["uptime_s"] = round(time.monotonic() - started, 3)
+        uptime = {"uptime_s": round(time.monotonic() - started, 3)}
         log.error("service failed: %s", exc, extra=uptime)
         report_exit(f"{service_class.name} failed: {exc}")
         return 1
     except Exception as exc:
-        uptime["uptime_s"] = round(time.monotonic() - started, 3)
+        uptime = {"uptime_s": round(time.monotonic() - started, 3)}
         log.exception("service failed", extra=uptime)
         report_exit(f"{service_class.name} failed: {exc!r}")
         return 1

@@ -1,7 +1,7 @@
 """One rank of a job calling each of goodput's collectives on the group it is told to form.
 
 ``python -m tests.shim.collectives_rank BACKEND RANK WORLD`` (rendezvous from MASTER_ADDR and
-MASTER_PORT) prints one JSON object: the device types the group serves and, for each call,
+MASTER_PORT; ``run_ranks`` starts a whole group) prints one JSON object: the device types the group serves and, for each call,
 its value or the error it raised with the file that raised it, so a test can tell torch's
 dispatch refusing a tensor from torch.cuda refusing to make one. Used by tests/shim (CPU) and
 tests/gpu (a real GPU).
@@ -10,10 +10,13 @@ tests/gpu (a real GPU).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +24,36 @@ import torch.distributed as dist
 
 from goodput.shim import collectives
 from goodput.shim.agree import agree_min, any_rank
+from tests.examples.launch import free_port
 from tests.shim import fake_nccl
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: what each call returns on two ranks where rank 0 votes yes and rank r offers step 10 + r
+AGREED = {
+    "any_rank": [True, False],
+    "agree_min": 10,
+    "max": [1, 7],
+    "barrier": None,
+    "broadcast": "from 0",
+}
+
+
+def run_ranks(backend: str, world: int) -> list[dict[str, Any]]:
+    """Start ``world`` real rank processes forming a ``backend`` group; their outcomes."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.shim.collectives_rank", backend, str(rank), str(world)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+        )
+        for rank in range(world)
+    ]
+    outputs = [p.communicate(timeout=240)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0] * world
+    return [json.loads(out.decode().strip().splitlines()[-1]) for out in outputs]
 
 
 def attempt(call: Callable[[], Any]) -> dict[str, Any]:

@@ -16,48 +16,18 @@ them, and real NCCL).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from goodput.shim.collectives import collective_device, served_device_types
-from tests.examples.launch import free_port
 from tests.shim import fake_nccl
+from tests.shim.collectives_rank import AGREED, run_ranks
 
-REPO = Path(__file__).resolve().parents[2]
 DISPATCH_REFUSAL = "No backend type associated with device type cpu"
-#: what each call returns on two ranks where rank 0 votes yes and rank r offers step 10 + r
-AGREED = {
-    "any_rank": [True, False],
-    "agree_min": 10,
-    "max": [1, 7],
-    "barrier": None,
-    "broadcast": "from 0",
-}
-
-
-def run_ranks(backend: str, world: int) -> list[dict]:
-    """Start ``world`` real rank processes forming a ``backend`` group; their outcomes."""
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.shim.collectives_rank", backend, str(rank), str(world)],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-        )
-        for rank in range(world)
-    ]
-    outputs = [p.communicate(timeout=240)[0] for p in processes]
-    assert [p.returncode for p in processes] == [0] * world
-    return [json.loads(out.decode().strip().splitlines()[-1]) for out in outputs]
 
 
 @pytest.fixture

@@ -32,12 +32,14 @@ def served_device_types(group: ProcessGroup | None = None) -> frozenset[str]:
 
 def collective_device(group: ProcessGroup | None = None) -> torch.device:
     """The device for a small control collective on ``group``: the host where the group
-    serves it, else this rank's current CUDA device (an NCCL-only group)."""
+    serves it, else (an NCCL-only group) the CUDA device the group was bound to with
+    ``init_process_group(device_id=...)``, or this rank's current one."""
     served = served_device_types(group)
     if "cpu" in served:
         return torch.device("cpu")
     if "cuda" in served:
-        return torch.device("cuda", torch.cuda.current_device())
+        bound = getattr(group or dist.group.WORLD, "bound_device_id", None)
+        return bound if bound is not None else torch.device("cuda", torch.cuda.current_device())
     raise RuntimeError(
         f"goodput's collectives need a group serving cpu or cuda; this one serves "
         f"{', '.join(sorted(served)) or 'nothing'} ({dist.get_backend_config(group)})"

@@ -1,9 +1,9 @@
 """`goodput bench ckpt`: checkpoint stall, durability and restore, against the peers.
 
-For one state (a model plus its Adam optimizer, about --size-gb, on the CPU or with --device
-cuda on a GPU) each method saves
-inside a real training loop (see goodput.bench.ckpt_measure for what is timed and how every
-method's restored state is checked against the state at save time). By default it compares
+For one state (a model plus its Adam optimizer, about --size-gb, on the CPU or, with
+--device cuda, on a GPU) each method saves inside a real training loop (see
+goodput.bench.ckpt_measure for what is timed and how every method's restored state is
+checked against the state at save time). By default it compares
 goodput's CheckpointEngine with torch.save, dcp.save and dcp.async_save; --peers adds each
 peer at its best options (goodput.bench.ckpt_savers) and reports goodput / best safe peer.
 The raw sequential write/read bandwidth of the same directory (dd, direct IO) is measured

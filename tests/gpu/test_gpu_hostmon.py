@@ -1,5 +1,5 @@
 """The host monitor's GPU probe on the real NVML (nvidia-ml-py) and driver of this machine:
-every GPU read, and the XID event set polled without blocking."""
+every GPU read, the XID event set polled without blocking, and the GPU's holders named."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+import torch
 
 from goodput_services.hostmon.gpu import THROTTLE_REASONS, GpuProbe, load_nvml
 from tests.gpu.kit import GPU
@@ -62,3 +63,17 @@ def test_xid_event_set_is_polled_without_blocking(nvml: Any) -> None:
             nvml.nvmlEventSetFree(events)
     finally:
         nvml.nvmlShutdown()
+
+
+def test_holders_name_a_process_while_one_holds_the_gpu(nvml: Any) -> None:
+    """The check before a GPU reset: with this process holding a CUDA context, the driver
+    names a holder (its own pid, or the host's for it where the PID namespace differs)."""
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    probe = GpuProbe(nvml)
+    try:
+        holders = probe.holders(probe.indexes())
+    finally:
+        probe.close()
+    assert None not in holders.values(), holders
+    assert any(holders.values()), holders

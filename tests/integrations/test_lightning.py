@@ -145,7 +145,9 @@ def test_keep_global_batch_from_two_ranks_to_one_accumulates_two_batches(tmp_pat
     # rank 0 of 2 (each rank a node of its own) trains on its half of each global batch
     _, two, half = train(tmp_path / "two", crash_after=4, world_size=2)
     assert two.accumulate_grad_batches == 1
-    assert all(set(mine) < set(whole) for mine, whole in zip(half.seen, reference.seen[:4]))
+    assert all(
+        set(mine) < set(whole) for mine, whole in zip(half.seen, reference.seen[:4], strict=True)
+    )
     goodput, one, module = train(tmp_path / "two", world_size=1)
     assert goodput.restored is not None and goodput.restored.rescaled
     assert one.accumulate_grad_batches == 2 and goodput.plan == PLAN

@@ -34,10 +34,10 @@ import lightning.pytorch as pl
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from goodput.integrations.loop import rng_states, set_rng_states
-from goodput.shim.agree import any_rank
 from goodput.shim.data_position import DataPositionError, LoaderPosition, resumable_sampler
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
+from goodput.shim.step_protocol import end_step
 from goodput.shim.trainer import TrainerShim
 
 #: where a Lightning checkpoint keeps the (first) optimizer's and LR scheduler's state dicts,
@@ -178,17 +178,15 @@ class GoodputCallback(pl.Callback):
             return  # a micro-batch of an accumulation: no optimizer step, no step to report
         self._reported_step = step
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.shim.step_done(
+        if end_step(
+            self.shim,
             step,
-            time.perf_counter() - self._started,
+            step_time_s=time.perf_counter() - self._started,
             tokens=0,
             loss=float(loss) if loss is not None else 0.0,
-        )
-        checkpoint, stop = any_rank(self.shim.should_checkpoint(step), self.shim.should_stop())
-        if stop:
-            trainer.should_stop = True  # on_train_end saves
-        elif checkpoint:
-            self.shim.save(self._checkpoint(trainer), step)
+            state=lambda: self._checkpoint(trainer),
+        ):
+            trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.shim.finish(self._checkpoint(trainer), trainer.global_step)

@@ -25,10 +25,10 @@ from typing import Any, Protocol
 
 import torch
 
-from goodput.shim.agree import any_rank
 from goodput.shim.data_position import LoaderPosition
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
+from goodput.shim.step_protocol import end_step
 from goodput.shim.trainer import TrainerShim
 
 #: the key of the RNG states in the saved state (a component may not use it)
@@ -158,31 +158,39 @@ class SupervisedLoop:
                 yield self.step + 1
                 if self._loss is None:
                     raise RuntimeError("call loop.step_done(loss, tokens) in every step")
-                self._complete_step()
-                # every rank saves and stops at the same step, or one waits for the others
-                checkpoint, stop = any_rank(
-                    self.shim.should_checkpoint(self.step), self.shim.should_stop()
-                )
-                if stop:
+                if self._complete_step(final=self.step + 1 >= total_steps):
                     break
-                if checkpoint and self.step < total_steps:
-                    self.shim.save(self.state(), self.step)
         except GeneratorExit:  # the script left the loop: save where it is
             if self._loss is not None:  # inside a step it reported: that step is done
-                self._complete_step()
+                # reported without the vote: a rank leaving alone (an exception) would wait
+                # in it forever for peers that go on
+                self._count_step()
+                self.shim.step_done(
+                    self.step, time.perf_counter() - self._started, self._tokens, self._loss
+                )
             self.shim.finish(self.state(), self.step)
             raise
         self.shim.finish(self.state(), self.step)
 
-    def _complete_step(self) -> None:
-        assert self._loss is not None
+    def _count_step(self) -> None:
         self.step += 1
         if self.data is not None and self.plan is not None:
             self.data.advance(self.plan.global_batch)
-        self.shim.step_done(
-            self.step, time.perf_counter() - self._started, self._tokens, self._loss
+
+    def _complete_step(self, *, final: bool) -> bool:
+        """The step protocol's end of the step (report, vote, save); True: stop after it."""
+        assert self._loss is not None
+        self._count_step()
+        loss, self._loss = self._loss, None
+        return end_step(
+            self.shim,
+            self.step,
+            step_time_s=time.perf_counter() - self._started,
+            tokens=self._tokens,
+            loss=loss,
+            state=self.state,
+            final=final,
         )
-        self._loss = None
 
     def step_done(self, loss: float | torch.Tensor, tokens: int = 0) -> None:
         """The step's loss (a float or a 0-d tensor) and tokens, for the job's step events."""

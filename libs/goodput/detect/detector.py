@@ -94,6 +94,7 @@ class Detector:
             self._run.node(rank.node).ranks.discard(event.rank)
         if not rank.alive:
             self._run.alive_ranks += 1
+        self._attempt_begins(event.attempt, now)
         rank.node = event.node
         rank.attempt = event.attempt
         rank.alive = True
@@ -125,15 +126,37 @@ class Detector:
         rank = self._run.ranks.get(event.rank)
         if rank is None or not rank.alive or event.attempt < rank.attempt:
             return
-        rank.attempt, rank.progress_seen, rank.hang_reported = event.attempt, 0, False
-        rank.last_progress_ns = rank.last_heartbeat_ns = now
-        # it goes back to the restored step: its steps before say nothing about who lags now
-        rank.done_step, rank.heartbeat_step = -1, None
-        self._run.starting.add(event.rank)
+        self._attempt_begins(event.attempt, now)
+        rank.attempt = event.attempt
+        rank.last_heartbeat_ns = now
+        self._start_over(event.rank, rank, now)
         self._incidents.rank_restarted(rank.node, event.attempt)
-        self._run.mark_job_progress(now)
         self._run.heartbeat_deadlines.arm(event.rank, heartbeat_deadline(rank, self._thresholds))
-        self._run.hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
+
+    def _attempt_begins(self, attempt: int, now: int) -> None:
+        """The first start or in-process rejoin of ``attempt``: every live rank of an older
+        attempt is restarting in process (its own ``RankRejoined`` may come much later: it
+        waits in a collective until its peers leave the old group) or is being stopped (its
+        exit report follows). Either way its progress says nothing about the new attempt: a
+        waiting rank's hang deadline must not run on through the restart, nor may its finished
+        steps make a rank that restarted look like the laggard of a second hang."""
+        if attempt <= self._run.attempt:
+            return
+        self._run.attempt = attempt
+        for rank_id, rank in self._run.ranks.items():
+            if rank.alive and rank.attempt < attempt:
+                self._start_over(rank_id, rank, now)
+
+    def _start_over(self, rank_id: int, rank: RankRecord, now: int) -> None:
+        """A live rank's progress starts over (an in-process restart): the first-step allowance
+        again, its earlier steps and any hang report forgotten — it goes back to the restored
+        step. Its learnt step intervals stay: same process, same model."""
+        rank.progress_seen, rank.hang_reported = 0, False
+        rank.last_progress_ns = now
+        rank.done_step, rank.heartbeat_step = -1, None
+        self._run.starting.add(rank_id)
+        self._run.mark_job_progress(now)
+        self._run.hang_deadlines.arm(rank_id, hang_deadline(rank, self._thresholds))
 
     def on_rank_exited(self, event: schemas.RankExited, now: int) -> list[schemas.Signal]:
         rank = self._run.ranks.get(event.rank)

@@ -25,6 +25,8 @@ class RunState:
         self.missing_deadlines: DeadlineQueue[str] = DeadlineQueue()
         self.stragglers = StragglerTracker(thresholds.straggler_ratio, thresholds.straggler_window)
         self.alive_ranks = 0
+        #: the newest attempt a rank started or rejoined for
+        self.attempt = 0
         #: ranks started but without progress yet: the job is starting, not down
         self.starting: set[int] = set()
         self.running = False

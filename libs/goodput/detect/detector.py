@@ -63,6 +63,7 @@ class Detector:
 
     def on_event(self, event: schemas.Event, now: int) -> list[schemas.Signal]:
         """Dispatch any event the sensor cares about; others are ignored."""
+        self._run.last_heard_ns = max(self._run.last_heard_ns, now)
         match event:
             case schemas.Heartbeat():
                 return self.on_heartbeat(event, now)
@@ -203,6 +204,7 @@ class Detector:
         )
 
     def on_heartbeat(self, event: schemas.Heartbeat, now: int) -> list[schemas.Signal]:
+        self._run.last_heard_ns = max(self._run.last_heard_ns, now)
         rank = self._run.ranks.get(event.rank)
         if rank is None:
             # the sensor (re)started while the job runs: adopt the rank as it is now
@@ -230,12 +232,14 @@ class Detector:
         elif rank.busy:
             self._run.end_busy(rank, now)
         # the first heartbeat only sets the baseline: whether it names the step in progress or
-        # the last one done, a change of it is progress
+        # the last one done, a change of it is progress — unless the step report came first
+        # (one step is one progress interval, however many messages tell of it)
         if rank.heartbeat_step is None:
             rank.heartbeat_step = event.step
         elif event.step > rank.heartbeat_step:
             rank.heartbeat_step = event.step
-            self._run.progress(event.rank, rank, now, self._thresholds.interval_decay)
+            if event.step > rank.done_step:
+                self._run.progress(event.rank, rank, now, self._thresholds)
         self._run.heartbeat_deadlines.arm(event.rank, heartbeat_deadline(rank, self._thresholds))
         if not rank.hang_reported:
             self._run.hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
@@ -257,8 +261,11 @@ class Detector:
         if rank.busy:
             self._run.end_busy(rank, now)
         if event.step > rank.done_step:
+            # a heartbeat may have told of this step already (heartbeats overtake reports)
+            told = rank.heartbeat_step is not None and event.step <= rank.heartbeat_step
             rank.done_step = event.step
-            self._run.progress(event.rank, rank, now, self._thresholds.interval_decay)
+            if not told:
+                self._run.progress(event.rank, rank, now, self._thresholds)
             if not rank.hang_reported:
                 self._run.hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
         signals = []

@@ -29,10 +29,17 @@ class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froze
     pod_termination_threshold_s: float = 2.0
     #: no step progress from any rank for this long means the job is down
     jobset_downtime_threshold_s: float = 60.0
-    #: a hang is declared after this factor × the rank's ``hang_quantile`` progress interval
-    hang_safety_factor: float = 4.0
+    #: a hang is declared after this factor × the ``hang_quantile`` of the rank's last
+    #: ``hang_window`` progress intervals (its own step-time distribution, as the sensor sees it)
+    hang_safety_factor: float = 3.0
+    hang_quantile: float = 0.95
+    hang_window: int = 50
     #: floor for the adaptive hang timeout
-    hang_min_timeout_s: float = 10.0
+    hang_min_timeout_s: float = 1.5
+    #: the hang timeout's floor until the window holds ``hang_min_samples`` intervals (a
+    #: rank's first steps: warm-up, compilation, cold caches)
+    hang_warmup_timeout_s: float = 10.0
+    hang_min_samples: int = 10
     #: allowance for a rank's first step after a (re)start: compilation, warm-up, data loading
     first_step_timeout_s: float = 300.0
     #: longest a rank may stay inside a checkpoint save/load without progress before it hangs
@@ -40,7 +47,8 @@ class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froze
     #: a rank whose last heartbeat said it is leaving may be silent this long before its exit
     #: report (interpreter and process-group teardown on a loaded host)
     exit_timeout_s: float = 60.0
-    #: per observation, the remembered longest interval shrinks by this factor (forgets old peaks)
+    #: per observation, the remembered longest heartbeat gap shrinks by this factor (forgets
+    #: old peaks)
     interval_decay: float = 0.98
     #: a rank whose compute time is this × its peers' median, step by step, is a straggler
     straggler_ratio: float = 1.25
@@ -63,6 +71,13 @@ class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froze
             )
         if self.interval_decay > 1:
             raise ValueError(f"interval_decay must be at most 1, not {self.interval_decay!r}")
+        if self.hang_quantile > 1:
+            raise ValueError(f"hang_quantile must be at most 1, not {self.hang_quantile!r}")
+        if self.hang_min_samples > self.hang_window:
+            raise ValueError(
+                f"hang_min_samples ({self.hang_min_samples}) must be at most hang_window "
+                f"({self.hang_window})"
+            )
 
 
 def updated(current: Thresholds, values: dict[str, float]) -> Thresholds:

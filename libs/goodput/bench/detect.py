@@ -271,6 +271,7 @@ async def _measure(
 
     status = await _stepping_on(log, 2)
     node = status.active_nodes[1]
+    result["hang_step_time_s"] = _step_times(log, last=50)
     hang_ts = schemas.now_ns()
     await bus.send_command(
         subjects.TRAINER, schemas.InjectFault(job=job, node=node, fault="hang", detail="1")
@@ -305,11 +306,11 @@ def _signals_by_kind(log: JobEvents) -> dict[str, int]:
     return counts
 
 
-def _step_times(log: JobEvents) -> dict[str, float]:
-    """Rank 0's step time over the unperturbed stretch: median and 95th percentile (s)."""
-    times = sorted(
-        e.step_time_s for e in log.events if isinstance(e, schemas.StepDone) and e.rank == 0
-    )
+def _step_times(log: JobEvents, last: int | None = None) -> dict[str, float]:
+    """Rank 0's step time (s), median and 95th percentile: over every step so far, or its
+    ``last`` steps (the hang timeout is a few of them)."""
+    times = [e.step_time_s for e in log.events if isinstance(e, schemas.StepDone) and e.rank == 0]
+    times = sorted(times[-last:] if last else times)
     if not times:
         return {}
     return {

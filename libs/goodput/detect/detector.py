@@ -63,7 +63,8 @@ class Detector:
 
     def on_event(self, event: schemas.Event, now: int) -> list[schemas.Signal]:
         """Dispatch any event the sensor cares about; others are ignored."""
-        self._run.last_heard_ns = max(self._run.last_heard_ns, now)
+        if now > self._run.last_heard_ns:
+            self._run.last_heard_ns = now
         match event:
             case schemas.Heartbeat():
                 return self.on_heartbeat(event, now)
@@ -204,7 +205,8 @@ class Detector:
         )
 
     def on_heartbeat(self, event: schemas.Heartbeat, now: int) -> list[schemas.Signal]:
-        self._run.last_heard_ns = max(self._run.last_heard_ns, now)
+        if now > self._run.last_heard_ns:
+            self._run.last_heard_ns = now
         rank = self._run.ranks.get(event.rank)
         if rank is None:
             # the sensor (re)started while the job runs: adopt the rank as it is now

@@ -15,14 +15,13 @@ from collections import deque
 class RecentIntervals:
     """The last ``size`` intervals (ns) of one rank, with their quantiles."""
 
-    __slots__ = ("_order", "_sorted")
+    __slots__ = ("_order", "_sorted", "count")
 
     def __init__(self) -> None:
         self._order: deque[int] = deque()
         self._sorted: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self._order)
+        #: intervals held (a plain attribute: read on every heartbeat)
+        self.count = 0
 
     def add(self, interval_ns: int, size: int) -> None:
         """Remember ``interval_ns``, keeping the newest ``size`` intervals."""
@@ -33,6 +32,7 @@ class RecentIntervals:
     def trim(self, size: int) -> None:
         while len(self._order) > size:
             del self._sorted[bisect_left(self._sorted, self._order.popleft())]
+        self.count = len(self._order)
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (0 < q <= 1, linear between neighbours); 0.0 when empty."""

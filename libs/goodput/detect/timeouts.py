@@ -30,7 +30,7 @@ def hang_timeout(rank: RankRecord, t: Thresholds) -> float:
     timeout = max(t.hang_min_timeout_s * NS, t.hang_safety_factor * rank.step_gap_ns)
     if rank.progress_seen == 0:
         timeout = max(timeout, t.first_step_timeout_s * NS)
-    elif len(rank.step_intervals) < t.hang_min_samples:
+    elif rank.step_intervals.count < t.hang_min_samples:
         # the first steps of a rank (warm-up, compilation, cold caches) say little yet
         timeout = max(timeout, t.hang_warmup_timeout_s * NS)
     return timeout
@@ -39,7 +39,7 @@ def hang_timeout(rank: RankRecord, t: Thresholds) -> float:
 def hang_timeout_basis(rank: RankRecord, t: Thresholds) -> str:
     """What the hang timeout in force for ``rank`` was made of, for the signal's reasons."""
     learnt = t.hang_safety_factor * rank.step_gap_ns / NS
-    seen = len(rank.step_intervals)
+    seen = rank.step_intervals.count
     quantile = (
         f"{t.hang_safety_factor:g} × p{t.hang_quantile * 100:g} {rank.step_gap_ns / NS:.2f} s"
     )

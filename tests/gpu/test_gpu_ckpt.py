@@ -98,3 +98,23 @@ def test_overlapped_d2h_copy_holds_the_state_of_the_save_through_the_next_step(
         assert result.ok, result.error
         _, restored = engine.restore()
     assert_bit_exact(at_save, _cpu(restored))
+
+
+def test_an_overlapped_save_waits_for_a_training_loop_on_its_own_stream(tmp_path: Path) -> None:
+    """A loop that trains on a non-default stream queues its last writes there, then saves:
+    the copy, launched later on the engine's planner thread (whose current stream is another),
+    must still wait for them. Long matmuls ahead of the final fill leave a copy that waits only
+    on the default stream reading the old values."""
+    stream = torch.cuda.Stream()
+    weights = torch.zeros(4096, 4096, device="cuda")
+    work = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    with CheckpointEngine(tmp_path) as engine, torch.cuda.stream(stream):
+        for _ in range(20):
+            work = work @ work / 4096  # keeps the stream busy well past the save's return
+        weights.fill_(7.0)
+        handle = engine.save({"w": weights}, 1, overlap=True)
+        result = handle.wait()
+        assert result.ok, result.error
+        _, restored = engine.restore()
+    assert torch.equal(restored["w"], torch.full((4096, 4096), 7.0))

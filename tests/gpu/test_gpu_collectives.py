@@ -6,6 +6,9 @@ the fake NCCL-like group (tests/shim/test_collectives.py, which also runs in the
 
 from __future__ import annotations
 
+import torch
+
+from goodput.shim.standby import bind_rank_device
 from tests.gpu.kit import GPU
 from tests.shim.collectives_rank import AGREED, run_ranks
 
@@ -32,3 +35,15 @@ def test_gloo_serving_cuda_only_agrees_across_two_ranks_on_one_gpu() -> None:
         assert outcome["device"] == {"value": "cuda:0"}
         for call, agreed in AGREED.items():
             assert outcome[call] == {"value": agreed}, (rank, call)
+
+
+def test_a_rank_is_bound_to_its_own_gpu() -> None:
+    """Eight ranks on a node each take their GPU (local rank modulo the GPUs this process
+    sees: a pod holding one GPU takes its only one), so the model, the NCCL communicator and
+    the shim's collectives of a rank do not all land on device 0."""
+    count = torch.cuda.device_count()
+    for local_rank in (0, 1, 7):
+        device = bind_rank_device(local_rank)
+        assert device == torch.device("cuda", local_rank % count)
+        assert torch.cuda.current_device() == local_rank % count
+    torch.cuda.set_device(0)

@@ -173,7 +173,8 @@ def test_hang_timeout_adapts_to_slow_steps() -> None:
     events = run.events(60)
     assert feed(detector, events) == []
     timeout = detector.hang_timeout_s(0)
-    assert 4 * 6.0 <= timeout <= 4 * 6.0 * 2.2 * 1.1
+    margin = detector.thresholds.hang_safety_factor
+    assert margin * 6.0 <= timeout <= margin * 6.0 * 2.2 * 1.1
     # then every rank stalls while its heartbeat thread goes on: one hang, not four
     end = events[-1][0]
     last_step = 59

@@ -19,11 +19,15 @@ What is detected:
   last beat said it is leaving (``schemas.BUSY_EXITING``: finished or told to stop) gets
   ``exit_timeout_s`` for its exit report, and its vanishing process is not a crash.
 * **hang** — a rank still heartbeating but without step progress for
-  ``max(hang_min_timeout_s, hang_safety_factor × longest step interval seen)`` (the first step
-  after a start gets ``first_step_timeout_s``). A rank inside a checkpoint save or load
-  (``Heartbeat.busy``) is not hung unless that lasts ``checkpoint_timeout_s``; the interval
-  spent there is neither counted nor learnt. It is blamed on the live rank furthest behind in
-  finished steps: its peers finished the step and only wait for it in the next collective.
+  ``max(hang_min_timeout_s, hang_safety_factor × the hang_quantile of its last hang_window
+  progress intervals)`` (:mod:`.intervals`; ``hang_warmup_timeout_s`` until it has
+  ``hang_min_samples`` of them, ``first_step_timeout_s`` for the first step after a start): a
+  few of its own step times, so a hang on a sub-second step is found in about two seconds.
+  A rank inside a checkpoint save or load (``Heartbeat.busy``) is not hung unless that lasts
+  ``checkpoint_timeout_s``; the interval spent there is neither counted nor learnt. It is
+  blamed on the live rank furthest behind in finished steps: its peers finished the step and
+  only wait for it in the next collective. When nothing at all was heard for two polling
+  periods the sensor itself stalled (progress may be queued unread): hang checks wait.
 * **straggler** — see :mod:`.straggler`; reported once per node.
 * **degraded_host** — a host report that is unhealthy or lists faults (GPU XID, uncorrected
   ECC, a missing GPU, disk full ...), once per new set of faults; **node_returned** when that
@@ -39,6 +43,8 @@ exited rank has no heartbeat or hang deadline left), a node that has been report
 reported again, and while a correctable job-wide incident (crash, hang, a single rank's missed
 heartbeat) is open, further correctable failures elsewhere are taken as its collateral
 (in synchronous training every rank stalls or dies when one does). A rank (re)start closes
-the incident of its node and the job's open incident. A node-wide loss or a degraded host is
+the incident of its node and the job's open incident. The first start or rejoin of a new
+attempt starts over the progress of every live rank of an older attempt (restarting in
+process, or being stopped): one fault, one remediation across an in-process restart. A node-wide loss or a degraded host is
 still reported during an open incident: it needs the node replaced, not just a restart.
 """

@@ -11,7 +11,13 @@ from goodput.detect.incidents import Incidents
 from goodput.detect.records import RankRecord
 from goodput.detect.run_state import RunState
 from goodput.detect.thresholds import Thresholds
-from goodput.detect.timeouts import NS, hang_deadline, heartbeat_deadline, heartbeat_timeout
+from goodput.detect.timeouts import (
+    NS,
+    hang_deadline,
+    hang_timeout_basis,
+    heartbeat_deadline,
+    heartbeat_timeout,
+)
 
 #: the fault a node lost to silence keeps until its host monitor reports healthy again
 LOST_NODE = "node lost (no heartbeat, no host report)"
@@ -73,6 +79,14 @@ def check_hang(
         return []
     if now - rank.last_heartbeat_ns >= heartbeat_timeout(rank, t):
         return []  # silent altogether: a missed heartbeat, reported by that check
+    poll_ns = int(t.heartbeat_polling_period_s * NS)
+    if now - run.last_heard_ns > max(2 * poll_ns, 1.5 * rank.heartbeat_gap_ns):
+        # nothing at all arrived for a while, though ranks heartbeat: the sensor itself may
+        # have stalled (a loaded host, a bus hiccup) with their progress queued unread; a hang
+        # timeout of a second or two must not read that as the rank's. Look again once the
+        # queue is read (a hang keeps its peers' heartbeats coming)
+        run.hang_deadlines.arm(rank_id, now + poll_ns)
+        return []
     rank.hang_reported = True
     waiting = ""
     behind = laggard(run, rank)
@@ -86,7 +100,11 @@ def check_hang(
         deadline = hang_deadline(rank, t)
     if rank.busy:
         stuck_s = (now - rank.busy_since_ns) / NS
-        detail = f"rank {rank_id} on {rank.node} stuck in {rank.busy} for {stuck_s:.1f} s"
+        allowed = t.exit_timeout_s if rank.busy == schemas.BUSY_EXITING else t.checkpoint_timeout_s
+        detail = (
+            f"rank {rank_id} on {rank.node} stuck in {rank.busy} for {stuck_s:.1f} s "
+            f"(allowed {allowed:g} s)"
+        )
         observed = rank.busy_since_ns
     else:
         stuck_s = (now - rank.last_progress_ns) / NS
@@ -94,7 +112,7 @@ def check_hang(
         detail = (
             f"rank {rank_id} on {rank.node} heartbeats but made no progress past step "
             f"{max(rank.done_step, rank.heartbeat_step or 0)} for {stuck_s:.1f} s "
-            f"(timeout {timeout_s:.1f} s)"
+            f"(timeout {timeout_s:.1f} s: {hang_timeout_basis(rank, t)})"
         )
         observed = rank.last_progress_ns
     return incidents.failure(

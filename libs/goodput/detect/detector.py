@@ -63,6 +63,8 @@ class Detector:
 
     def on_event(self, event: schemas.Event, now: int) -> list[schemas.Signal]:
         """Dispatch any event the sensor cares about; others are ignored."""
+        if now > self._run.last_heard_ns:
+            self._run.last_heard_ns = now
         match event:
             case schemas.Heartbeat():
                 return self.on_heartbeat(event, now)
@@ -94,6 +96,7 @@ class Detector:
             self._run.node(rank.node).ranks.discard(event.rank)
         if not rank.alive:
             self._run.alive_ranks += 1
+        self._attempt_begins(event.attempt, now)
         rank.node = event.node
         rank.attempt = event.attempt
         rank.alive = True
@@ -125,15 +128,37 @@ class Detector:
         rank = self._run.ranks.get(event.rank)
         if rank is None or not rank.alive or event.attempt < rank.attempt:
             return
-        rank.attempt, rank.progress_seen, rank.hang_reported = event.attempt, 0, False
-        rank.last_progress_ns = rank.last_heartbeat_ns = now
-        # it goes back to the restored step: its steps before say nothing about who lags now
-        rank.done_step, rank.heartbeat_step = -1, None
-        self._run.starting.add(event.rank)
+        self._attempt_begins(event.attempt, now)
+        rank.attempt = event.attempt
+        rank.last_heartbeat_ns = now
+        self._start_over(event.rank, rank, now)
         self._incidents.rank_restarted(rank.node, event.attempt)
-        self._run.mark_job_progress(now)
         self._run.heartbeat_deadlines.arm(event.rank, heartbeat_deadline(rank, self._thresholds))
-        self._run.hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
+
+    def _attempt_begins(self, attempt: int, now: int) -> None:
+        """The first start or in-process rejoin of ``attempt``: every live rank of an older
+        attempt is restarting in process (its own ``RankRejoined`` may come much later: it
+        waits in a collective until its peers leave the old group) or is being stopped (its
+        exit report follows). Either way its progress says nothing about the new attempt: a
+        waiting rank's hang deadline must not run on through the restart, nor may its finished
+        steps make a rank that restarted look like the laggard of a second hang."""
+        if attempt <= self._run.attempt:
+            return
+        self._run.attempt = attempt
+        for rank_id, rank in self._run.ranks.items():
+            if rank.alive and rank.attempt < attempt:
+                self._start_over(rank_id, rank, now)
+
+    def _start_over(self, rank_id: int, rank: RankRecord, now: int) -> None:
+        """A live rank's progress starts over (an in-process restart): the first-step allowance
+        again, its earlier steps and any hang report forgotten — it goes back to the restored
+        step. Its learnt step intervals stay: same process, same model."""
+        rank.progress_seen, rank.hang_reported = 0, False
+        rank.last_progress_ns = now
+        rank.done_step, rank.heartbeat_step = -1, None
+        self._run.starting.add(rank_id)
+        self._run.mark_job_progress(now)
+        self._run.hang_deadlines.arm(rank_id, hang_deadline(rank, self._thresholds))
 
     def on_rank_exited(self, event: schemas.RankExited, now: int) -> list[schemas.Signal]:
         rank = self._run.ranks.get(event.rank)
@@ -180,6 +205,8 @@ class Detector:
         )
 
     def on_heartbeat(self, event: schemas.Heartbeat, now: int) -> list[schemas.Signal]:
+        if now > self._run.last_heard_ns:
+            self._run.last_heard_ns = now
         rank = self._run.ranks.get(event.rank)
         if rank is None:
             # the sensor (re)started while the job runs: adopt the rank as it is now
@@ -207,12 +234,14 @@ class Detector:
         elif rank.busy:
             self._run.end_busy(rank, now)
         # the first heartbeat only sets the baseline: whether it names the step in progress or
-        # the last one done, a change of it is progress
+        # the last one done, a change of it is progress — unless the step report came first
+        # (one step is one progress interval, however many messages tell of it)
         if rank.heartbeat_step is None:
             rank.heartbeat_step = event.step
         elif event.step > rank.heartbeat_step:
             rank.heartbeat_step = event.step
-            self._run.progress(event.rank, rank, now, self._thresholds.interval_decay)
+            if event.step > rank.done_step:
+                self._run.progress(event.rank, rank, now, self._thresholds)
         self._run.heartbeat_deadlines.arm(event.rank, heartbeat_deadline(rank, self._thresholds))
         if not rank.hang_reported:
             self._run.hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
@@ -234,8 +263,11 @@ class Detector:
         if rank.busy:
             self._run.end_busy(rank, now)
         if event.step > rank.done_step:
+            # a heartbeat may have told of this step already (heartbeats overtake reports)
+            told = rank.heartbeat_step is not None and event.step <= rank.heartbeat_step
             rank.done_step = event.step
-            self._run.progress(event.rank, rank, now, self._thresholds.interval_decay)
+            if not told:
+                self._run.progress(event.rank, rank, now, self._thresholds)
             if not rank.hang_reported:
                 self._run.hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
         signals = []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from goodput.detect.intervals import RecentIntervals
+
 
 @dataclass(slots=True)
 class RankRecord:
@@ -22,7 +24,10 @@ class RankRecord:
     last_progress_ns: int = 0
     #: progress observations since the rank (re)started; 0 means "first step allowance"
     progress_seen: int = 0
-    #: smoothed longest interval between progress observations (ns)
+    #: the rank's recent intervals between progress observations (a checkpoint save or load
+    #: and the first interval after a (re)start excluded)
+    step_intervals: RecentIntervals = field(default_factory=RecentIntervals)
+    #: their ``hang_quantile`` (ns), kept up to date as intervals arrive
     step_gap_ns: float = 0.0
     busy: str = ""
     busy_since_ns: int = 0

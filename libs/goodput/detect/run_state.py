@@ -25,9 +25,13 @@ class RunState:
         self.missing_deadlines: DeadlineQueue[str] = DeadlineQueue()
         self.stragglers = StragglerTracker(thresholds.straggler_ratio, thresholds.straggler_window)
         self.alive_ranks = 0
+        #: the newest attempt a rank started or rejoined for
+        self.attempt = 0
         #: ranks started but without progress yet: the job is starting, not down
         self.starting: set[int] = set()
         self.running = False
+        #: when the detector last received anything (event or heartbeat) of this job
+        self.last_heard_ns = 0
         self.last_job_progress_ns = 0
         self.job_down_reported = False
 
@@ -37,6 +41,8 @@ class RunState:
         self.heartbeat_deadlines.clear()
         self.hang_deadlines.clear()
         for rank_id, rank in self.ranks.items():
+            rank.step_intervals.trim(thresholds.hang_window)
+            rank.step_gap_ns = rank.step_intervals.quantile(thresholds.hang_quantile)
             if rank.alive:
                 self.heartbeat_deadlines.arm(rank_id, heartbeat_deadline(rank, thresholds))
                 if not rank.hang_reported:
@@ -52,10 +58,10 @@ class RunState:
             node = self.nodes[name] = NodeRecord()
         return node
 
-    def progress(self, rank_id: int, rank: RankRecord, now: int, interval_decay: float) -> None:
+    def progress(self, rank_id: int, rank: RankRecord, now: int, t: Thresholds) -> None:
         if rank.progress_seen and not rank.hang_reported:
-            gap = now - rank.last_progress_ns
-            rank.step_gap_ns = max(gap, rank.step_gap_ns * interval_decay)
+            rank.step_intervals.add(now - rank.last_progress_ns, t.hang_window)
+            rank.step_gap_ns = rank.step_intervals.quantile(t.hang_quantile)
         rank.last_progress_ns = now
         if not rank.progress_seen:
             self.starting.discard(rank_id)

@@ -1,11 +1,21 @@
-"""The sensor's detection thresholds, changeable while the job runs (a SetThresholds command)."""
+"""The sensor's detection thresholds, changeable while the job runs (a SetThresholds command).
+
+A ``Thresholds`` is valid by construction: ``__post_init__`` runs on every construction,
+decode, ``msgspec.convert`` and ``structs.replace``, so a NaN, an infinity or a non-positive
+value is refused wherever thresholds come from (options, a command, a test), and a refused
+update never replaces the thresholds in force.
+"""
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
+from goodput.schemas.envelope import MAX_DURATION_S
 
-class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+
+class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     #: how often heartbeats are checked
     heartbeat_polling_period_s: float = 0.5
     #: silence after which a rank's heartbeat counts as missed (a floor: see the safety factor)
@@ -19,10 +29,17 @@ class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pod_termination_threshold_s: float = 2.0
     #: no step progress from any rank for this long means the job is down
     jobset_downtime_threshold_s: float = 60.0
-    #: a hang is declared after this factor × the longest recent step interval
-    hang_safety_factor: float = 4.0
-    #: floor for the adaptive hang timeout (the first steps have no history)
-    hang_min_timeout_s: float = 10.0
+    #: a hang is declared after this factor × the ``hang_quantile`` of the rank's last
+    #: ``hang_window`` progress intervals (its own step-time distribution, as the sensor sees it)
+    hang_safety_factor: float = 3.0
+    hang_quantile: float = 0.95
+    hang_window: int = 50
+    #: floor for the adaptive hang timeout
+    hang_min_timeout_s: float = 1.5
+    #: the hang timeout's floor until the window holds ``hang_min_samples`` intervals (a
+    #: rank's first steps: warm-up, compilation, cold caches)
+    hang_warmup_timeout_s: float = 10.0
+    hang_min_samples: int = 10
     #: allowance for a rank's first step after a (re)start: compilation, warm-up, data loading
     first_step_timeout_s: float = 300.0
     #: longest a rank may stay inside a checkpoint save/load without progress before it hangs
@@ -30,7 +47,8 @@ class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: a rank whose last heartbeat said it is leaving may be silent this long before its exit
     #: report (interpreter and process-group teardown on a loaded host)
     exit_timeout_s: float = 60.0
-    #: per observation, the remembered longest interval shrinks by this factor (forgets old peaks)
+    #: per observation, the remembered longest heartbeat gap shrinks by this factor (forgets
+    #: old peaks)
     interval_decay: float = 0.98
     #: a rank whose compute time is this × its peers' median, step by step, is a straggler
     straggler_ratio: float = 1.25
@@ -38,9 +56,33 @@ class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: shorter than half the window never does; a persistent straggler after window // 2 + 1)
     straggler_window: int = 20
 
+    def __post_init__(self) -> None:
+        # NaN compares false with everything: without this check a NaN timeout is installed
+        # and turns its detection off
+        bad = [
+            name
+            for name in self.__struct_fields__
+            if not (math.isfinite(value := getattr(self, name)) and 0 < value <= MAX_DURATION_S)
+        ]
+        if bad:
+            raise ValueError(
+                f"threshold(s) must be positive and finite (at most {MAX_DURATION_S:g}): "
+                + ", ".join(f"{name}={getattr(self, name)!r}" for name in bad)
+            )
+        if self.interval_decay > 1:
+            raise ValueError(f"interval_decay must be at most 1, not {self.interval_decay!r}")
+        if self.hang_quantile > 1:
+            raise ValueError(f"hang_quantile must be at most 1, not {self.hang_quantile!r}")
+        if self.hang_min_samples > self.hang_window:
+            raise ValueError(
+                f"hang_min_samples ({self.hang_min_samples}) must be at most hang_window "
+                f"({self.hang_window})"
+            )
+
 
 def updated(current: Thresholds, values: dict[str, float]) -> Thresholds:
-    """A copy of ``current`` with ``values`` applied; unknown names or bad values raise ValueError.
+    """A copy of ``current`` with ``values`` applied; unknown names or bad values raise ValueError
+    (``current`` is left as it was).
 
     Values arrive as floats (``SetThresholds.values``); integral floats are accepted for integer
     thresholds such as ``straggler_window``.
@@ -52,12 +94,6 @@ def updated(current: Thresholds, values: dict[str, float]) -> Thresholds:
         )
     merged = {**msgspec.structs.asdict(current), **values}
     try:
-        result = msgspec.convert(merged, Thresholds, strict=False)
+        return msgspec.convert(merged, Thresholds, strict=False)
     except msgspec.ValidationError as exc:
         raise ValueError(str(exc)) from exc
-    negative = [name for name, value in msgspec.structs.asdict(result).items() if value <= 0]
-    if negative:
-        raise ValueError(f"threshold(s) must be positive: {', '.join(negative)}")
-    if result.interval_decay > 1:
-        raise ValueError("interval_decay must be at most 1")
-    return result

@@ -25,11 +25,31 @@ def heartbeat_deadline(rank: RankRecord, t: Thresholds) -> int:
 
 
 def hang_timeout(rank: RankRecord, t: Thresholds) -> float:
-    """Time (ns) without step progress after which a heartbeating rank is hung."""
+    """Time (ns) without step progress after which a heartbeating rank is hung: a margin over
+    a high quantile of its own recent intervals, once it has enough of them to trust."""
     timeout = max(t.hang_min_timeout_s * NS, t.hang_safety_factor * rank.step_gap_ns)
     if rank.progress_seen == 0:
         timeout = max(timeout, t.first_step_timeout_s * NS)
+    elif rank.step_intervals.count < t.hang_min_samples:
+        # the first steps of a rank (warm-up, compilation, cold caches) say little yet
+        timeout = max(timeout, t.hang_warmup_timeout_s * NS)
     return timeout
+
+
+def hang_timeout_basis(rank: RankRecord, t: Thresholds) -> str:
+    """What the hang timeout in force for ``rank`` was made of, for the signal's reasons."""
+    learnt = t.hang_safety_factor * rank.step_gap_ns / NS
+    seen = rank.step_intervals.count
+    quantile = (
+        f"{t.hang_safety_factor:g} × p{t.hang_quantile * 100:g} {rank.step_gap_ns / NS:.2f} s"
+    )
+    if rank.progress_seen == 0:
+        return f"first-step allowance {t.first_step_timeout_s:g} s"
+    if seen < t.hang_min_samples and learnt < t.hang_warmup_timeout_s:
+        return f"warm-up floor {t.hang_warmup_timeout_s:g} s, {seen} of {t.hang_min_samples} intervals seen"
+    if learnt < t.hang_min_timeout_s:
+        return f"floor {t.hang_min_timeout_s:g} s; {quantile} of its last {seen} intervals is less"
+    return f"{quantile} of its last {seen} intervals"
 
 
 def hang_deadline(rank: RankRecord, t: Thresholds) -> int:

@@ -69,6 +69,8 @@ def run_job(
     """
     standby = bool(RankEnv.from_env().standby)
     started = time.perf_counter()
+    if not standby:
+        bind_rank_device(RankEnv.from_env().local_rank)
     job = build_state()
     if standby:
         log.info("standby: state built in %.2f s; waiting for an assignment", _since(started))
@@ -79,6 +81,7 @@ def run_job(
             raise SystemExit(0) from None
         os.environ.pop(VARIABLES["standby"], None)
         os.environ.update(assignment.to_env())
+        bind_rank_device(assignment.local_rank)
         log.info("standby assigned rank %d of %d", assignment.rank, assignment.world_size)
     shim = TrainerShim.from_env(**shim_options)
     for callback in rescale:
@@ -99,6 +102,21 @@ def run_job(
         abort_timeout_s=abort_timeout_s,
     )
     return JobRun(shim=shim, job=job, outcome=outcome)
+
+
+def bind_rank_device(local_rank: int) -> torch.device | None:
+    """Make this rank's GPU the current CUDA device (none without CUDA): with eight ranks on a
+    node, every rank left on device 0 would put its model, its NCCL communicator and the
+    shim's collectives (:mod:`goodput.shim.collectives`) on one GPU. A pod that sees only its
+    own GPUs has fewer devices than local ranks, hence the modulo.
+
+    A standby builds its job before it knows its rank, so its builder must leave the state
+    on the CPU and move it in ``regroup`` (called once the rank's device is bound)."""
+    if not torch.cuda.is_available():
+        return None
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 def group_backend(backend: str | None) -> str:

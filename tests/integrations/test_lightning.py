@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from goodput import schemas
 from goodput.shim import BatchPlan, ShimConfig, TrainerShim, keep_global_batch, scale_lr
 from goodput.shim.data_position import DataPositionError, ResumableSampler
 from goodput.shim.rescale import RescaleCallback
@@ -68,6 +69,17 @@ class CrashAfter(L.Callback):
             raise Crash
 
 
+class StopAt(L.Callback):
+    """Sends the shim a stop command during step ``step`` (as the supervisor would)."""
+
+    def __init__(self, goodput: GoodputCallback, step: int) -> None:
+        self.goodput, self.step = goodput, step
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step - 1:
+            self.goodput.shim._on_command(schemas.Stop(job="j", reason="test"))
+
+
 class Indexed(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __init__(self) -> None:
         self.features = torch.randn(SAMPLES, 4, generator=torch.Generator().manual_seed(1))
@@ -84,6 +96,7 @@ def train(
     *,
     ckpt_every: int = 4,
     crash_after: int | None = None,
+    stop_at: int | None = None,
     world_size: int = 1,
     rescale: list[RescaleCallback] | None = None,
     scheduler: bool = True,
@@ -103,6 +116,8 @@ def train(
     callbacks: list[Any] = [goodput]
     if crash_after is not None:
         callbacks.append(CrashAfter(goodput, crash_after))
+    if stop_at is not None:
+        callbacks.append(StopAt(goodput, stop_at))
     trainer = L.Trainer(
         max_steps=12,
         accelerator="cpu",
@@ -137,6 +152,16 @@ def test_a_crash_after_a_mid_epoch_checkpoint_resumes_bit_identically(
     assert goodput.restored is not None and goodput.restored.step == ckpt_every
     assert resumed.global_step == reference.global_step == 12
     assert module.seen == reference_module.seen[ckpt_every:]  # the next unseen batches
+    assert_identical(weights(resumed), weights(reference))
+
+
+def test_a_stop_command_mid_epoch_saves_and_resumes_bit_identically(tmp_path: Path) -> None:
+    _, reference, reference_module = train(tmp_path / "reference", ckpt_every=50)
+    stopped, first, _ = train(tmp_path / "resumed", ckpt_every=50, stop_at=3)
+    assert first.global_step == 3 and stopped.shim.should_stop()
+    goodput, resumed, module = train(tmp_path / "resumed", ckpt_every=50)
+    assert goodput.restored is not None and goodput.restored.step == 3
+    assert module.seen == reference_module.seen[3:]
     assert_identical(weights(resumed), weights(reference))
 
 

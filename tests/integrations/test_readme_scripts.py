@@ -56,3 +56,20 @@ def test_readme_script_resumes_bit_identically_after_a_kill(
             assert "train_runtime" in history[-1], history
             history.pop()
     assert_identical(resumed.final["state"], reference["state"])
+
+
+@pytest.mark.timeout(900)
+def test_a_crash_in_a_two_rank_integration_job_goes_to_the_first_rung_it_supports(
+    tmp_path: Path,
+) -> None:
+    """The plain loop's ranks declare that their loop is not the shim's (``StepDone``): the
+    built-in policy restarts them cold at once, with no in-process restart sent and refused.
+    (Each rank trains alone here, without a process group: only the decisions are checked.)"""
+    script = write_script("loop", tmp_path / "script")
+    resumed = run_killed_and_resumed(
+        script, tmp_path / "supervised", kill_at_step=12, ckpt_every=4, nodes=2
+    )
+    rules = [d["rule"] for d in resumed.summary["decisions"] if d["rule"] != "checkpoint-interval"]
+    assert rules and rules[0] == "in-job-restart", resumed.summary["decisions"]
+    assert "in-process-restart" not in rules
+    assert not [d for d in resumed.summary["decisions"] if d.get("error")]

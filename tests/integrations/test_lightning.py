@@ -110,6 +110,9 @@ def train(
     loader = torch.utils.data.DataLoader(
         Indexed(), batch_size=batch_size, sampler=ResumableSampler(SAMPLES, seed=3)
     )
+    reported = shim.reported = []  # type: ignore[attr-defined]
+    step_done = shim.step_done
+    shim.step_done = lambda step, *a, **k: (reported.append(step), step_done(step, *a, **k))  # type: ignore[method-assign]
     goodput = GoodputCallback(
         shim=shim, plan=PLAN, rescale=rescale or [keep_global_batch], data=loader
     )
@@ -177,6 +180,8 @@ def test_keep_global_batch_from_two_ranks_to_one_accumulates_two_batches(tmp_pat
     assert goodput.restored is not None and goodput.restored.rescaled
     assert one.accumulate_grad_batches == 2 and goodput.plan == PLAN
     assert module.seen == reference.seen[4:]  # the same global batches, in order
+    # one report (vote, save) per optimizer step, none for the first micro-batch of one
+    assert goodput.shim.reported == list(range(5, 13))  # type: ignore[attr-defined]
 
 
 def test_scale_lr_without_a_scheduler_scales_the_optimizer(tmp_path: Path) -> None:

@@ -148,9 +148,10 @@ class GoodputCallback(pl.Callback):
                     f"plan runs {accumulation} accumulation steps: leave it to the plan"
                 )
             trainer.accumulate_grad_batches = accumulation
-        self._reported_step = trainer.global_step
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # the loops are restored by now (on_fit_start comes before them): the resumed step
+        self._reported_step = trainer.global_step
         if self._restored_rng is not None:
             set_rng_states(self._restored_rng)
             self._restored_rng = None

@@ -60,6 +60,9 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     nats_auth_secret: str = ""
     #: how long ranks asked to stop (SIGTERM: save and exit) may take
     stop_grace_s: int = 60
+    #: how long past its grace period a deleted pod may take to go; a pod still there then
+    #: (its node never confirms: no kubelet) is reported lost and its node suspect
+    delete_margin_s: float = 15.0
     #: credentials: in a pod the service account's (in-cluster), else this kubeconfig
     kubeconfig: str = ""
     context: str = ""
@@ -72,6 +75,8 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             raise SystemExit(f"invalid kubernetes option: {exc}") from exc
         if parsed.gpus_per_rank < 0:
             raise SystemExit("invalid kubernetes option: gpus_per_rank must not be negative")
+        if not 0 <= parsed.delete_margin_s < float("inf"):
+            raise SystemExit("invalid kubernetes option: delete_margin_s must be finite, >= 0")
         for toleration in parsed.tolerations:
             try:
                 client.V1Toleration(**toleration)

@@ -7,6 +7,7 @@ checkpoint volume is a hostPath, the same directory the node's checkpoint tier s
 
 from __future__ import annotations
 
+import hashlib
 import re
 import signal
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ LABEL_JOB = "goodput.dev/job"
 LABEL_ATTEMPT = "goodput.dev/attempt"
 LABEL_RANK = "goodput.dev/rank"
 LABEL_NODE = "goodput.dev/node"
+#: the run a pod belongs to, as :func:`run_tag` (a run id need not be a valid label value)
+LABEL_RUN = "goodput.dev/run"
 CONTAINER = "trainer"
 
 
@@ -165,6 +168,18 @@ def exit_of(terminated: client.V1ContainerStateTerminated | None) -> tuple[int |
     if 128 < code < 128 + signal.NSIG:
         return None, code - 128
     return code, None
+
+
+def run_tag(run_id: str) -> str:
+    """A run's short name in its pod names and labels: eight hex digits of its id's digest,
+    so that no run's pod can clash with an earlier run's (a run id may be any string)."""
+    return hashlib.sha256(run_id.encode()).hexdigest()[:8]
+
+
+def pod_name(job: str, run_id: str, attempt: int, rank: int) -> str:
+    """``<job>-<run tag>-a<attempt>-r<rank>``: also the pod's hostname, so at most 63 chars
+    (40 of the job name leave room for 10 digits of attempt and rank)."""
+    return f"{dns_label(job, 40)}-{run_tag(run_id)}-a{attempt}-r{rank}"
 
 
 def dns_label(text: str, limit: int) -> str:

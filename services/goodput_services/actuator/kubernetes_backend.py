@@ -20,11 +20,8 @@ fresh rendezvous at rank 0's stable DNS name through the job's headless Service
 port of its own per attempt; each dead rank's pod is deleted (its GPU is freed with it: a
 container's GPU request is fixed at its creation) and a new pod joins the same rendezvous.
 
-Standbys: not kept by this backend (a job asking for them is refused). What they would need
-is in docs/ARCHITECTURE.md ("Standbys on Kubernetes"): on a spare node a standby pod can hold
-its GPUs and build the job; on an active node a GPU is freed only with the dead rank's pod,
-and a pod cannot take a GPU after its creation, so a standby there could pre-warm only what
-needs no GPU.
+Standbys: none kept (a job asking for them is refused); why, and what they would take, is
+in docs/ARCHITECTURE.md ("Standbys on Kubernetes").
 
 This backend has been tested against fakes of the Kubernetes API only (one of them over HTTP
 through the real client); it has not been run against a real cluster from this repository.
@@ -404,18 +401,7 @@ class KubernetesBackend(MembershipBackend):
         )
         tag = run_tag(self.run_id)
         stranded, leftovers = [], []
-        for pod in listing.items:
-            labels = pod.metadata.labels or {}
-            entry = self.pods.by_name.get(pod.metadata.name) or RankPod(
-                name=pod.metadata.name,
-                node=labels.get(LABEL_NODE, ""),
-                rank=int(labels.get(LABEL_RANK, "0")),
-                local_rank=0,
-                attempt=int(labels.get(LABEL_ATTEMPT, "0")),
-                run=labels.get(LABEL_RUN, ""),
-            )
-            entry.seen = True
-            self.pods.add(entry)
+        for entry in self.pods.adopt(listing.items):
             if entry.run == tag:  # the same run, started again: its attempts go on
                 self.attempt = max(self.attempt, entry.attempt)
             # an unscheduled pod (no node) goes at once, without a kubelet

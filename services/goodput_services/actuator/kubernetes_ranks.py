@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from goodput_services.actuator.kubernetes_pods import PodApi, exit_of, terminated_state
+from goodput_services.actuator.kubernetes_pods import (
+    LABEL_ATTEMPT,
+    LABEL_NODE,
+    LABEL_RANK,
+    LABEL_RUN,
+    PodApi,
+    exit_of,
+    terminated_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +74,25 @@ class RankPods:
 
     def add(self, pod: RankPod) -> None:
         self.by_name[pod.name] = pod
+
+    def adopt(self, pods: list[client.V1Pod]) -> list[RankPod]:
+        """The entries of listed pods of the job (those not known yet rebuilt from their
+        labels and binding: pods of an earlier actuator); each now counts as seen."""
+        entries = []
+        for pod in pods:
+            labels = pod.metadata.labels or {}
+            entry = self.by_name.get(pod.metadata.name) or RankPod(
+                name=pod.metadata.name,
+                node=labels.get(LABEL_NODE) or (pod.spec.node_name if pod.spec else "") or "",
+                rank=int(labels.get(LABEL_RANK, "0")),
+                local_rank=0,
+                attempt=int(labels.get(LABEL_ATTEMPT, "0")),
+                run=labels.get(LABEL_RUN, ""),
+            )
+            entry.seen = True
+            self.add(entry)
+            entries.append(entry)
+        return entries
 
     def on_node(self, nodes: set[str]) -> list[RankPod]:
         return [pod for pod in self.by_name.values() if pod.node in nodes]

@@ -32,6 +32,9 @@ GpuResetter = Callable[[str, list[int], str, int], Awaitable[tuple[bool, str]]]
 RejoinRound = Callable[
     [schemas.Rejoin, set[int], float], Awaitable[dict[int, schemas.RankRejoined]]
 ]
+#: hands a pod standby (its assignment subject) a rank's environment; returns "" when the
+#: standby took it, else why not (the rank then starts cold)
+AssignStandby = Callable[[str, RankEnv], Awaitable[str]]
 #: returns once the job publishes a step after the call (the job trains again): standbys are
 #: started then, never while the ranks start up, whom they would slow down
 NextStep = Callable[[], Awaitable[None]]
@@ -105,6 +108,8 @@ class MembershipBackend(ABC):
     rejoin: RejoinRound | None = None
     #: when the job trains again (set by the service; None: standbys start right away)
     next_step: NextStep | None = None
+    #: how a pod standby is handed its rank (set by the service; None: pod standbys start cold)
+    assign_standby: AssignStandby | None = None
     spec: schemas.StartJob | None
     membership: Membership | None
     ranks: list[Any]

@@ -20,8 +20,8 @@ fresh rendezvous at rank 0's stable DNS name through the job's headless Service
 port of its own per attempt; each dead rank's pod is deleted (its GPU is freed with it: a
 container's GPU request is fixed at its creation) and a new pod joins the same rendezvous.
 
-Standbys: none kept (a job asking for them is refused); why, and what they would take, is
-in docs/ARCHITECTURE.md ("Standbys on Kubernetes").
+Standbys (``kubernetes_standbys``): pods on the spare nodes only, holding their GPUs with
+the job built; a launch onto a spare (a hot swap) hands them its ranks over the bus.
 
 This backend has been tested against fakes of the Kubernetes API only (one of them over HTTP
 through the real client); it has not been run against a real cluster from this repository.
@@ -32,18 +32,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
-from kubernetes import client, config, watch
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client, watch
 
-from goodput import schemas
+from goodput import schemas, subjects
 from goodput.bus import BusSettings
 from goodput.ckptfmt import node_volume
 from goodput.membership import Membership, check_job_shape
-from goodput.subjects import check_token
+from goodput.standby_channel import READY_FILE
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
@@ -52,16 +50,19 @@ from goodput_services.actuator.kubernetes_pods import (
     LABEL_JOB,
     LABEL_NODE,
     LABEL_RANK,
+    LABEL_ROLE,
     LABEL_RUN,
     PodApi,
+    cluster_nodes,
     dns_label,
-    is_ready,
+    ensure_service,
     pod_name,
     rank_pod,
     rendezvous_service,
     run_tag,
 )
 from goodput_services.actuator.kubernetes_ranks import RankPod, RankPods, api_reason
+from goodput_services.actuator.kubernetes_standbys import PodStandbys, standby_env
 from goodput_services.actuator.kubernetes_watch import PodEvent, PodWatch, PodWatcher
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,9 @@ class KubernetesBackend(MembershipBackend):
         self.ranks: list[RankPod] = []
         #: every pod this backend knows that has not been seen deleted yet
         self.pods = RankPods(api, options.namespace, self._rank_exited, options.delete_margin_s)
+        self.standbys = PodStandbys(
+            api, options.namespace, dns_label(job, 40), self._standby_pod, self._report
+        )
         self.service_name = f"{dns_label(job, 50)}-ranks"
         self.rank_bus = RankBus.of(bus_settings, options)
         self._lock = asyncio.Lock()
@@ -115,7 +119,7 @@ class KubernetesBackend(MembershipBackend):
     ) -> KubernetesBackend:
         """A backend talking to the cluster: in-cluster credentials in a pod, else kubeconfig."""
         RankBus.of(bus_settings, options)  # a refusal before the cluster is asked anything
-        api_client = _api_client(options)
+        api_client = options.api_client()
         return cls(
             job=job,
             bus_settings=bus_settings,
@@ -130,25 +134,28 @@ class KubernetesBackend(MembershipBackend):
     async def start_job(self, spec: schemas.StartJob) -> str:
         async with self._lock:
             check_job_shape(spec)
-            if spec.standbys:
-                raise RuntimeError(
-                    "the kubernetes backend keeps no standby ranks (see 'Standbys on "
-                    "Kubernetes' in docs/ARCHITECTURE.md): start the job without standbys"
-                )
             if not (spec.image or self.options.image):
                 raise RuntimeError(
                     "the job names no rank image and the actuator has no default: "
                     "goodput run --backend kubernetes --image IMAGE, or kubernetes.image"
                 )
-            nodes, ready = await asyncio.to_thread(self._nodes)
+            nodes, ready = await asyncio.to_thread(
+                cluster_nodes, self.api, self.options.node_selector
+            )
             if len(nodes) < spec.nodes:
                 raise RuntimeError(
                     f"the job needs {spec.nodes} nodes; {len(nodes)} ready nodes match "
                     f"{self.options.node_selector!r}: {', '.join(nodes) or 'none'}"
                 )
             await self._begin_run(spec)
+            await self.standbys.release(None, 0)  # an earlier run's: the leftovers go below
+            self.standbys.configure(
+                min(spec.standbys, spec.procs_per_node),
+                f"{dns_label(self.job, 40)}-{run_tag(spec.run_id)}",
+            )
             self._start_watch()
-            await asyncio.to_thread(self._ensure_service)
+            service = rendezvous_service(self.service_name, self.job, self.options.master_port)
+            await asyncio.to_thread(ensure_service, self.api, self.options.namespace, service)
             await self._remove_leftovers(ready)
             # a node that kept an earlier run's pod Terminating may still run it on its GPUs
             nodes = [n for n in nodes if n not in self.pods.suspect]
@@ -182,54 +189,36 @@ class KubernetesBackend(MembershipBackend):
 
     # ---- state -------------------------------------------------------------------------------
 
+    def _standby_pids(self) -> dict[str, list[int]]:
+        return self.standbys.ready_counts()
+
+    async def _release_standbys(self, nodes: list[str] | None) -> None:
+        await self.standbys.release(nodes, IMMEDIATE_GRACE_S + self.options.delete_margin_s)
+
+    async def return_node(self, node: str) -> str:
+        done = await super().return_node(node)
+        async with self._lock:
+            await self._keep_standbys()  # a spare again: it keeps standbys for a hot swap
+        return done
+
+    async def _keep_standbys(self) -> None:
+        """Standbys on the spare nodes, none elsewhere (an active node's GPUs are its ranks')."""
+        if self.membership is None or not self.standbys.per_node:
+            return
+        spares = self.membership.spares
+        await self._release_standbys([n for n in self.standbys.nodes() if n not in spares])
+        if await self.standbys.fill(spares):
+            log.info("standby pods created on %s", ", ".join(spares))
+
     def _pids(self) -> dict[str, list[int]]:
         """Empty: rank processes live in pods, not on this machine (a node's host monitor
         sees them through NVML; ``_gpu_holders`` checks their pods before a reset)."""
         return {}
 
     async def _gpu_holders(self, nodes: list[str]) -> dict[str, str]:
-        """The job's pods that still exist on ``nodes`` (Terminating ones included), asked of
-        the API server: a GPU is free only once its pod object is gone."""
-        listing = await asyncio.to_thread(
-            self.api.list_namespaced_pod,
-            self.options.namespace,
-            label_selector=f"{LABEL_JOB}={self.job}",
-        )
-        holders: dict[str, list[str]] = {}
-        for pod in listing.items:
-            node = (pod.metadata.labels or {}).get(LABEL_NODE, "")
-            if node in nodes:
-                terminating = " (Terminating)" if pod.metadata.deletion_timestamp else ""
-                holders.setdefault(node, []).append(pod.metadata.name + terminating)
-        return {node: "pod " + ", ".join(sorted(names)) for node, names in holders.items()}
+        return await asyncio.to_thread(self.pods.holders, f"{LABEL_JOB}={self.job}", nodes)
 
     # ---- cluster objects ---------------------------------------------------------------------
-
-    def _nodes(self) -> tuple[list[str], set[str]]:
-        """(ready, schedulable nodes matching the selector in a stable name order; every
-        Ready node of the cluster)."""
-        listing = self.api.list_node()
-        ready = {node.metadata.name for node in listing.items if is_ready(node)}
-        selected = self.api.list_node(label_selector=self.options.node_selector)
-        names = sorted(
-            node.metadata.name
-            for node in selected.items
-            if not (node.spec and node.spec.unschedulable) and node.metadata.name in ready
-        )
-        for name in names:
-            try:
-                check_token(name, "node name")
-            except ValueError as exc:
-                raise RuntimeError(str(exc)) from exc
-        return names, ready
-
-    def _ensure_service(self) -> None:
-        body = rendezvous_service(self.service_name, self.job, self.options.master_port)
-        try:
-            self.api.create_namespaced_service(self.options.namespace, body)
-        except ApiException as exc:
-            if exc.status != 409:  # already there from an earlier start
-                raise RuntimeError(f"cannot create service {self.service_name}: {exc}") from exc
 
     def pod_name(self, attempt: int, rank: int) -> str:
         return pod_name(self.job, self.run_id, attempt, rank)
@@ -244,49 +233,62 @@ class KubernetesBackend(MembershipBackend):
     def rank_bus_environment(self) -> dict[str, str]:
         return self.rank_bus.env
 
+    def _standby_pod(self, name: str, node: str) -> client.V1Pod:
+        """A standby of the current run on ``node`` (``kubernetes_standbys``)."""
+        assert self.spec is not None
+        env = standby_env(self.spec.env, self.rank_bus_environment(), self.job, node, name)
+        labels = {LABEL_ROLE: "standby", LABEL_NODE: node}
+        return self._pod(name, node, labels, env, ready_file=str(READY_FILE))
+
     def _rank_pod(
         self, entry: RankPod, node_index: int, master_addr: str, master_port: int
     ) -> client.V1Pod:
         """The pod of one rank of the current attempt, pinned to its node."""
-        assert self.spec is not None
-        node = entry.node
         env = self.rank_environment(
-            node=node,
+            node=entry.node,
             node_index=node_index,
             rank=entry.rank,
             local_rank=entry.local_rank,
             master_addr=master_addr,
             master_port=master_port,
-            volume=node_volume(Path(self.options.checkpoint_mount_path), node, self.job),
+            volume=self.volume(entry.node),
         )
+        labels = {
+            LABEL_ATTEMPT: str(entry.attempt),
+            LABEL_RANK: str(entry.rank),
+            LABEL_NODE: entry.node,
+        }
+        return self._pod(entry.name, entry.node, labels, env)
+
+    def _pod(
+        self, name: str, node: str, labels: dict[str, str], env: dict[str, str], ready_file=""
+    ) -> client.V1Pod:
+        assert self.spec is not None
+        gpus = self.spec.gpus_per_rank
         return rank_pod(
-            name=entry.name,
-            labels={
-                LABEL_JOB: self.job,
-                LABEL_RUN: entry.run,
-                LABEL_ATTEMPT: str(entry.attempt),
-                LABEL_RANK: str(entry.rank),
-                LABEL_NODE: node,
-            },
+            name=name,
+            labels={LABEL_JOB: self.job, LABEL_RUN: run_tag(self.run_id), **labels},
             node=node,
             service_name=self.service_name,
             argv=self.spec.argv,
             workdir=self.spec.workdir,
             env=env,
             image=self.spec.image or self.options.image,
-            gpus=(
-                self.options.gpus_per_rank
-                if self.spec.gpus_per_rank is None
-                else self.spec.gpus_per_rank
-            ),
+            gpus=self.options.gpus_per_rank if gpus is None else gpus,
             options=self.options,
             rank_bus=self.rank_bus,
+            ready_file=ready_file,
         )
+
+    def volume(self, node: str) -> Path:
+        """The node's checkpoint volume as rank pods see it."""
+        return node_volume(Path(self.options.checkpoint_mount_path), node, self.job)
 
     # ---- attempts ----------------------------------------------------------------------------
 
     async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
-        """Every rank a new pod (this backend keeps no standbys: ``standbys`` changes nothing).
+        """Every rank a new pod, or (``standbys``) a ready standby pod of its node told to be
+        it; then the spares' standbys are made up.
 
         Refused while an active node is suspect: a pod placed there could find its GPU still
         held by a pod whose deletion the node never confirmed."""
@@ -304,16 +306,43 @@ class KubernetesBackend(MembershipBackend):
             for node_index, node in enumerate(membership.active)
             for local_rank in range(membership.procs_per_node)
         ]
-        rank0 = self.address(entries[0].name)
+        port = self.rendezvous_port(self.attempt)
         try:
-            await self._create(entries, rank0, self.rendezvous_port(self.attempt))
+            warm = []
+            if standbys:
+                warm = await self.standbys.hand_ranks(
+                    entries,
+                    lambda entry, standby, rank0: self._assign(entry, standby, rank0, port),
+                    lambda entry: self._new_rank(entry.node, entry.rank, entry.local_rank),
+                    IMMEDIATE_GRACE_S + self.options.delete_margin_s,
+                )
+            # the standbys left on active nodes hold GPUs their ranks' pods need
+            await self._release_standbys(membership.active)
+            await self._create(entries, self.address(entries[0].name), port, warm)
         except RuntimeError as exc:
             await self._terminate(graceful=False, why="launch failed")
             self.state = "failed"
             await self._report(str(exc))
             raise
         self.state = state if state != "starting" else "running"
+        await self._keep_standbys()
         await self._report(detail)
+
+    async def _assign(self, entry: RankPod, standby: str, rank0: str, port: int) -> str:
+        """Tell the pod standby ``standby`` to be ``entry``'s rank; "" when it took it."""
+        assert self.membership is not None
+        if self.assign_standby is None:
+            return "the actuator has no bus to reach standbys"
+        env = self.rank_env(
+            node=entry.node,
+            node_index=self.membership.active.index(entry.node),
+            rank=entry.rank,
+            local_rank=entry.local_rank,
+            master_addr=self.address(rank0),
+            master_port=port,
+            volume=self.volume(entry.node),
+        )
+        return await self.assign_standby(subjects.standby(self.job, standby), env)
 
     def _new_rank(self, node: str, rank: int, local_rank: int) -> RankPod:
         return RankPod(
@@ -325,19 +354,30 @@ class KubernetesBackend(MembershipBackend):
             run=run_tag(self.run_id),
         )
 
-    async def _create(self, entries: list[RankPod], master_addr: str, master_port: int) -> None:
-        """Create the pods of ``entries`` (ranks of the current attempt) and say they started;
-        raises, naming the first pod refused, after forgetting the refused ones."""
+    async def _create(
+        self,
+        entries: list[RankPod],
+        master_addr: str,
+        master_port: int,
+        warm: list[RankPod] | None = None,
+    ) -> None:
+        """Create the pods of ``entries`` (ranks of the current attempt; the ``warm`` ones are
+        standby pods already told their rank) and say they started; raises, naming the first
+        pod refused, after forgetting the refused ones."""
         assert self.membership is not None
         membership = self.membership
+        warm = warm or []
+        cold = [entry for entry in entries if entry not in warm]
         bodies = []
         for entry in entries:
-            node_index = membership.active.index(entry.node)
-            bodies.append(self._rank_pod(entry, node_index, master_addr, master_port))
+            if entry in cold:
+                node_index = membership.active.index(entry.node)
+                bodies.append(self._rank_pod(entry, node_index, master_addr, master_port))
             # known before it exists, so no watch event about it can be missed
             self.pods.add(entry)
             self.ranks.append(entry)
         self.ranks.sort(key=lambda r: r.rank)
+        entries = [*warm, *cold]
         outcomes = await asyncio.gather(
             *(
                 asyncio.to_thread(self.api.create_namespaced_pod, self.options.namespace, b)
@@ -347,7 +387,7 @@ class KubernetesBackend(MembershipBackend):
         )
         refused = [
             (entry, outcome)
-            for entry, outcome in zip(entries, outcomes, strict=True)
+            for entry, outcome in zip(cold, outcomes, strict=True)
             if isinstance(outcome, Exception)
         ]
         for entry, _ in refused:
@@ -392,31 +432,17 @@ class KubernetesBackend(MembershipBackend):
 
     async def _remove_leftovers(self, ready: set[str]) -> None:
         """Pods of this job from an earlier actuator or run: deleted before the run starts
-        (they may hold GPUs), force-deleted on a node that is not Ready (no kubelet there will
-        confirm a deletion). Only the exits of this run's own pods are reported."""
+        (they may hold GPUs; ``RankPods.remove_leftovers``). Only the exits of this run's own
+        pods are reported; a StartJob of the same run again continues its attempts."""
         listing = await asyncio.to_thread(
             self.api.list_namespaced_pod,
             self.options.namespace,
             label_selector=f"{LABEL_JOB}={self.job}",
         )
-        tag = run_tag(self.run_id)
-        stranded, leftovers = [], []
-        for entry in self.pods.adopt(listing.items):
-            if entry.run == tag:  # the same run, started again: its attempts go on
-                self.attempt = max(self.attempt, entry.attempt)
-            # an unscheduled pod (no node) goes at once, without a kubelet
-            (stranded if entry.node and entry.node not in ready else leftovers).append(entry)
-        if stranded or leftovers:
-            log.info(
-                "deleting %d pods left by an earlier run of job %s (%d on nodes not Ready)",
-                len(stranded) + len(leftovers),
-                self.job,
-                len(stranded),
-            )
-        await asyncio.gather(
-            self.pods.force_delete(stranded, "left by an earlier actuator"),
-            self.pods.delete(leftovers, IMMEDIATE_GRACE_S, "left by an earlier actuator"),
+        attempt = await self.pods.remove_leftovers(
+            listing.items, run_tag(self.run_id), ready, IMMEDIATE_GRACE_S
         )
+        self.attempt = max(self.attempt, attempt)
 
     # ---- in-process restart (the sequence is MembershipBackend.restart_in_process) ----------
 
@@ -460,8 +486,12 @@ class KubernetesBackend(MembershipBackend):
             kind, payload = await queue.get()
             try:
                 if kind == "LIST":
+                    for pod in payload:
+                        await self.standbys.on_pod("MODIFIED", pod)
                     await self.pods.reconcile(payload)
-                elif kind in ("ADDED", "MODIFIED", "DELETED"):
+                elif kind in ("ADDED", "MODIFIED", "DELETED") and not (
+                    await self.standbys.on_pod(kind, payload)
+                ):
                     await self.pods.on_pod(kind, payload)
             except Exception:
                 log.exception("pod event %s not handled", kind)
@@ -494,16 +524,3 @@ class KubernetesBackend(MembershipBackend):
         if entry in self.ranks and finished and self.state != "finished":
             self.state = "finished"
             await self._report("every rank pod exited 0")
-
-
-def _api_client(options: KubernetesOptions) -> client.ApiClient:
-    try:
-        if not options.kubeconfig and "KUBERNETES_SERVICE_HOST" in os.environ:
-            configuration = client.Configuration()
-            config.load_incluster_config(client_configuration=configuration)
-            return client.ApiClient(configuration)
-        return config.new_client_from_config(
-            config_file=options.kubeconfig or None, context=options.context or None
-        )
-    except config.ConfigException as exc:
-        raise SystemExit(f"no Kubernetes credentials: {exc}") from exc

@@ -7,12 +7,13 @@ point at them; a password or token is never written into a pod spec (``secretKey
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from kubernetes import client
+from kubernetes import client, config
 
 from goodput.bus import BusSettings
 from goodput.bus.settings import ENV_VARS, FILE_FIELDS, SECRET_FIELDS, settings_to_env
@@ -83,6 +84,19 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             except ValueError as exc:  # pydantic's ValidationError is a ValueError
                 raise SystemExit(f"invalid kubernetes toleration {toleration}: {exc}") from exc
         return parsed
+
+    def api_client(self) -> client.ApiClient:
+        """Credentials: in a pod the service account's (in-cluster), else the kubeconfig."""
+        try:
+            if not self.kubeconfig and "KUBERNETES_SERVICE_HOST" in os.environ:
+                configuration = client.Configuration()
+                config.load_incluster_config(client_configuration=configuration)
+                return client.ApiClient(configuration)
+            return config.new_client_from_config(
+                config_file=self.kubeconfig or None, context=self.context or None
+            )
+        except config.ConfigException as exc:
+            raise SystemExit(f"no Kubernetes credentials: {exc}") from exc
 
 
 @dataclass

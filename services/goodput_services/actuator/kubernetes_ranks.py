@@ -94,6 +94,40 @@ class RankPods:
             entries.append(entry)
         return entries
 
+    async def remove_leftovers(
+        self, pods: list[client.V1Pod], run: str, ready: set[str], grace_s: int
+    ) -> int:
+        """Delete listed pods of the job left by an earlier actuator: force-deleted on a node
+        that is not Ready (no kubelet there will confirm a deletion), else given ``grace_s``.
+        Returns the highest attempt of run ``run`` among them (0: none)."""
+        stranded, leftovers, attempt = [], [], 0
+        for entry in self.adopt(pods):
+            if entry.run == run:
+                attempt = max(attempt, entry.attempt)
+            # an unscheduled pod (no node) goes at once, without a kubelet
+            (stranded if entry.node and entry.node not in ready else leftovers).append(entry)
+        if stranded or leftovers:
+            log.info(
+                "deleting %d pods left by an earlier run (%d on nodes not Ready)",
+                len(stranded) + len(leftovers),
+                len(stranded),
+            )
+        why = "left by an earlier actuator"
+        await asyncio.gather(self.force_delete(stranded, why), self.delete(leftovers, grace_s, why))
+        return attempt
+
+    def holders(self, selector: str, nodes: list[str]) -> dict[str, str]:
+        """The pods matching ``selector`` that still exist on ``nodes`` (Terminating ones
+        included), asked of the API server: a GPU is free only once its pod object is gone."""
+        listing = self.api.list_namespaced_pod(self.namespace, label_selector=selector)
+        found: dict[str, list[str]] = {}
+        for pod in listing.items:
+            node = (pod.metadata.labels or {}).get(LABEL_NODE, "")
+            if node in nodes:
+                terminating = " (Terminating)" if pod.metadata.deletion_timestamp else ""
+                found.setdefault(node, []).append(pod.metadata.name + terminating)
+        return {node: "pod " + ", ".join(sorted(names)) for node, names in found.items()}
+
     def on_node(self, nodes: set[str]) -> list[RankPod]:
         return [pod for pod in self.by_name.values() if pod.node in nodes]
 

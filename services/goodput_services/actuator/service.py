@@ -12,11 +12,16 @@ from goodput import schemas, subjects
 from goodput.bus import DoneLog
 from goodput.config import ServiceConfig
 from goodput.membership import MembershipError
+from goodput.rank_env import RankEnv
+from goodput.standby_channel import assign_on_bus
 from goodput_services.actuator.backend import Backend, create_backend
 from goodput_services.actuator.options import ActuatorOptions
 from goodput_services.base import Service
 
 log = logging.getLogger(__name__)
+
+#: how long a pod standby may take to answer its assignment before its rank starts cold
+STANDBY_ASSIGN_TIMEOUT_S = 10.0
 
 
 class ActuatorService(Service):
@@ -40,6 +45,7 @@ class ActuatorService(Service):
         self.backend.gpu_resetter = self._reset_gpus
         self.backend.rejoin = self._rejoin_round
         self.backend.next_step = self._next_step
+        self.backend.assign_standby = self._assign_standby
 
     @property
     def stop_deadline_s(self) -> float:
@@ -126,6 +132,11 @@ class ActuatorService(Service):
         finally:
             await subscription.unsubscribe()
         return answers
+
+    async def _assign_standby(self, subject: str, env: RankEnv) -> str:
+        """Hand a pod standby its rank over the bus (``goodput.standby_channel``)."""
+        assert self.bus is not None
+        return await assign_on_bus(self.bus.nc, subject, env, STANDBY_ASSIGN_TIMEOUT_S)
 
     async def _next_step(self) -> None:
         """Return once the job publishes a step after this call (it trains again)."""

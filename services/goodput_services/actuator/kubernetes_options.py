@@ -31,6 +31,8 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     node_selector: str = "goodput.dev/pool=gpu"
     service_account: str = "goodput-trainer"
     image_pull_policy: str = "IfNotPresent"
+    #: the rendezvous ports are this one plus the attempt modulo 64 (a survivor restarting in
+    #: process still holds its previous attempt's store port); a NetworkPolicy must allow them
     master_port: int = 29500
     #: GPUs each rank pod requests unless its StartJob says (0: none, e.g. CPU-only clusters)
     gpus_per_rank: int = 0

@@ -29,23 +29,30 @@ class ActuatorService(Service):
     command_target = subjects.ACTUATOR
     options_type = ActuatorOptions
     options: ActuatorOptions
+    backend: Backend
 
     def __init__(self, config: ServiceConfig):
         super().__init__(config)
-        self.backend: Backend = create_backend(
-            self.options,
-            job=self.job,
-            state_dir=Path(config.state_dir),
-            bus_settings=config.bus,
-            emit=self._emit,
-        )
         self.restore_timeout_s = self.options.restore_timeout_s
+        self.attach(
+            create_backend(
+                self.options,
+                job=self.job,
+                state_dir=Path(config.state_dir),
+                bus_settings=config.bus,
+                emit=self._emit,
+            )
+        )
+
+    def attach(self, backend: Backend) -> None:
+        """Run the job on ``backend``, reaching the bus through this service."""
+        self.backend = backend
         if self.restore_timeout_s > 0:
-            self.backend.prepare_node = self._restore_to_node
-        self.backend.gpu_resetter = self._reset_gpus
-        self.backend.rejoin = self._rejoin_round
-        self.backend.next_step = self._next_step
-        self.backend.assign_standby = self._assign_standby
+            backend.prepare_node = self._restore_to_node
+        backend.gpu_resetter = self._reset_gpus
+        backend.rejoin = self._rejoin_round
+        backend.next_step = self._next_step
+        backend.assign_standby = self._assign_standby
 
     @property
     def stop_deadline_s(self) -> float:

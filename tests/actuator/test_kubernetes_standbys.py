@@ -10,9 +10,12 @@ below it, end to end over NATS, with the standby's side as the shim runs it.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from goodput import schemas, subjects
 from goodput.rank_env import RankEnv
@@ -22,6 +25,7 @@ from goodput.standby_channel import (
     assign_on_bus,
     await_assignment_on_bus,
 )
+from goodput_services.actuator.kubernetes_standbys import standby_env
 
 from .test_kubernetes_backend import (  # noqa: F401
     JOB,
@@ -53,7 +57,12 @@ class FakeAssignments:
 
 
 def _standby_pods(api: FakeKubernetesApi) -> list:
-    return [p for p in api.pods.values() if p.metadata.labels.get("goodput.dev/role") == "standby"]
+    """The standby pods that exist, in creation order."""
+    return [
+        p
+        for p in api.created
+        if p.metadata.name in api.pods and p.metadata.labels.get("goodput.dev/role") == "standby"
+    ]
 
 
 async def _ready_standbys(backend, api, recorder, count: int) -> list[str]:
@@ -65,7 +74,7 @@ async def _ready_standbys(backend, api, recorder, count: int) -> list[str]:
     await recorder.wait_for(
         lambda e: isinstance(e, schemas.JobStatus) and len(e.standbys.get("gpu-c", [])) == count
     )
-    return sorted(p.metadata.name for p in pods)
+    return [p.metadata.name for p in pods]  # in creation order: the order they are taken in
 
 
 def _with_standbys(count: int) -> schemas.StartJob:
@@ -105,7 +114,7 @@ async def test_a_hot_swap_hands_the_spares_standbys_the_failed_nodes_ranks(rig) 
 
     await backend.hot_swap("gpu-a", "", "XID 79", standbys=True)
     # ranks 0 and 1 (gpu-a's places) are the standby pods now; only gpu-b's are new pods
-    assert sorted(told.told) == standbys
+    assert sorted(told.told) == sorted(standbys)
     assert sorted(env.rank for env in told.told.values()) == [0, 1]
     rank0 = next(name for name, env in told.told.items() if env.rank == 0)
     address = f"{rank0}.job-k8s-ranks.training.svc"
@@ -140,7 +149,7 @@ async def test_a_standby_that_does_not_take_its_rank_is_deleted_and_the_rank_sta
     backend, api, recorder = rig
     await backend.start_job(_with_standbys(2))
     first, second = await _ready_standbys(backend, api, recorder, 2)
-    # rank 0's standby (the first taken) is gone from the bus: rank 0 starts cold, and the
+    # rank 0's standby (the first created is taken first) is gone from the bus: rank 0 starts cold, and the
     # other standby is told the cold rank 0's address
     backend.assign_standby = told = FakeAssignments(absent={first})
     await backend.hot_swap("gpu-a", "", "XID 79", standbys=True)
@@ -184,3 +193,44 @@ async def test_a_standby_takes_its_assignment_over_a_real_bus(
     # nobody serves it any more: the actuator is told so at once, and starts the rank cold
     why = await assign_on_bus(bus.nc, subject, env, 5.0)
     assert why.startswith("no answer from the standby")
+
+
+async def test_a_standby_process_with_the_pods_environment_takes_its_rank_over_the_bus(
+    bus, nats_server
+) -> None:
+    """A real process with a standby pod's environment (``standby_env``) runs the standby
+    side as ``run_job`` does (``receive_assignment``), says ready in the probe's file, and
+    leaves with the RankEnv the actuator's request carried."""
+    if READY_FILE.exists():
+        pytest.skip(f"{READY_FILE} exists: another standby runs on this machine")
+    name = "job-k8s-abc-s2"
+    env = {
+        **os.environ,
+        **standby_env(
+            {"GOODPUT_CKPT_EVERY": "20"}, {"GOODPUT_NATS_URL": nats_server.url}, JOB, "gpu-c", name
+        ),
+    }
+    script = (
+        "from goodput.standby_channel import receive_assignment\n"
+        "env = receive_assignment()\n"
+        "print(env.rank, env.world_size, env.master_addr, flush=True)\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, env=env, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        for _ in range(1000):  # a bound on waiting (a loaded machine), not a speed test
+            if READY_FILE.exists():
+                break
+            await asyncio.sleep(0.02)
+        assert READY_FILE.exists()
+        rank = RankEnv(rank=5, world_size=8, master_addr="r0.svc", master_port=29503, node="gpu-c")
+        assert await assign_on_bus(bus.nc, subjects.standby(JOB, name), rank, 10.0) == ""
+        out, _ = await asyncio.wait_for(process.communicate(), 30)
+        assert out.decode().split() == ["5", "8", "r0.svc"]
+        assert process.returncode == 0
+    finally:
+        READY_FILE.unlink(missing_ok=True)
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

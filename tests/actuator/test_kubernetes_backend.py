@@ -897,3 +897,22 @@ def test_the_deployed_actuator_options_fit_the_node_daemons_and_rbac() -> None:
         ("services", "create"),
     }
     assert needed <= granted
+
+
+async def test_a_second_run_on_the_same_actuator_has_only_its_own_ranks(rig) -> None:
+    backend, api, recorder = rig
+    backend.rejoin = FakeRejoinRound()
+    await backend.start_job(_start(nodes=1, spares=0))
+    for rank in (0, 1):
+        api.exit(f"job-k8s-{RUN}-a1-r{rank}", 0)
+    await recorder.wait_for(lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished")
+
+    await backend.start_job(msgspec.structs.replace(_start(nodes=1, spares=0), run_id="run-2"))
+    new = run_tag("run-2")
+    assert sorted(api.pods) == [f"job-k8s-{new}-a1-r{r}" for r in (0, 1)]  # the old ones gone
+    api.exit(f"job-k8s-{new}-a1-r1", 1)
+    await recorder.wait_for(lambda e: isinstance(e, schemas.RankExited) and e.exit_code == 1)
+    detail = await backend.restart_in_process("rank 1 crashed", deadline_s=5.0)
+    # the first run's finished ranks are not this run's dead ones
+    assert "1 rank(s) restarted in process, 1 started again" in detail
+    assert sorted(api.pods) == [f"job-k8s-{new}-a1-r0", f"job-k8s-{new}-a2-r1"]

@@ -157,6 +157,7 @@ class KubernetesBackend(MembershipBackend):
             service = rendezvous_service(self.service_name, self.job, self.options.master_port)
             await asyncio.to_thread(ensure_service, self.api, self.options.namespace, service)
             await self._remove_leftovers(ready)
+            self.ranks = []  # an earlier run's, deleted with the leftovers: not this run's
             # a node that kept an earlier run's pod Terminating may still run it on its GPUs
             nodes = [n for n in nodes if n not in self.pods.suspect]
             if len(nodes) < spec.nodes:

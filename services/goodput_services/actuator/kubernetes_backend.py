@@ -104,9 +104,7 @@ class KubernetesBackend(MembershipBackend):
         self.ranks: list[RankPod] = []
         #: every pod this backend knows that has not been seen deleted yet
         self.pods = RankPods(api, options.namespace, self._rank_exited, options.delete_margin_s)
-        self.standbys = PodStandbys(
-            api, options.namespace, dns_label(job, 40), self._standby_pod, self._report
-        )
+        self.standbys = PodStandbys(api, options.namespace, self._standby_pod, self._report)
         self.service_name = f"{dns_label(job, 50)}-ranks"
         self.rank_bus = RankBus.of(bus_settings, options)
         self._lock = asyncio.Lock()

@@ -54,12 +54,10 @@ class StandbyPod:
 class PodStandbys:
     """The standby pods of one run, by name."""
 
-    def __init__(
-        self, api: PodApi, namespace: str, prefix: str, spec: StandbyPodSpec, changed: Changed
-    ):
+    def __init__(self, api: PodApi, namespace: str, spec: StandbyPodSpec, changed: Changed):
         self.api = api
         self.namespace = namespace
-        self.prefix = prefix
+        self.prefix = ""
         self.spec = spec
         self.changed = changed
         self.per_node = 0
@@ -70,8 +68,8 @@ class PodStandbys:
         self.disabled: dict[str, str] = {}
 
     def configure(self, per_node: int, prefix: str) -> None:
-        # (``prefix`` is the run's: its pods' names never clash with an earlier run's)
-        """A new run: ``per_node`` standbys on each spare node, named ``<prefix>-s<hex>``."""
+        """A new run: ``per_node`` standbys on each spare node, named ``<prefix>-s<hex>`` (the
+        run's prefix: no name clashes with an earlier run's pods)."""
         self.per_node, self.prefix, self.disabled = per_node, prefix, {}
 
     def ready_counts(self) -> dict[str, list[int]]:
@@ -178,7 +176,9 @@ class PodStandbys:
             return_exceptions=True,
         )
         for pod, outcome in zip(pods, outcomes, strict=True):
-            if isinstance(outcome, Exception):  # 404: gone already; else the watch tells
+            if isinstance(outcome, Exception):  # gone already (404), or refused: not waited for
+                if getattr(outcome, "status", None) != 404:
+                    log.warning("standby pod %s not deleted: %s", pod.name, api_reason(outcome))
                 self._gone(pod)
         if wait_s <= 0:
             return

@@ -11,9 +11,16 @@ default:
 setup:
     ./setup.sh --dev
 
+# Skipped tests are listed with their reason (the GPU kit, tests/gpu, where there is no GPU).
 # lint, then every test, slow end-to-end ones included (what CI runs); the 30 slowest listed
 test: lint
-    {{bin}}/pytest -q -p no:cacheprovider --durations=30
+    {{bin}}/pytest -q -rs -p no:cacheprovider --durations=30
+
+# With GOODPUT_GPU_KIT_OUT=DIR the CUDA checkpoint benchmark's JSON report is written to DIR.
+# the GPU kit (tests/gpu) on this machine's GPU; refused without one; minutes on an H100
+test-gpu:
+    {{bin}}/python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "just test-gpu: torch " + torch.__version__ + " sees no CUDA device here")'
+    {{bin}}/pytest -q -rs -p no:cacheprovider --durations=10 tests/gpu tests/shim/test_collectives.py
 
 # the quick loop: skip tests marked slow
 test-quick:

@@ -6,7 +6,9 @@ torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``…) plus goodput
 :data:`VARIABLES`. The knobs a user may set for a job (``GOODPUT_CKPT_EVERY`` and the like,
 ``None`` when unset) are written only when set, so the reader's own default applies otherwise.
 The bus a rank reaches (``GOODPUT_NATS_*``) is not here: :mod:`goodput.bus.settings` reads
-and writes it, for services and ranks alike.
+and writes it, for services and ranks alike. torch's NCCL error handling a rank needs to outlive
+a peer's death is (:data:`NCCL_ERROR_HANDLING`): the actuator writes it under the job's own
+``StartJob.env``, :func:`goodput.shim.run_job` sets it where it creates an NCCL group.
 """
 
 from __future__ import annotations
@@ -46,6 +48,21 @@ VARIABLES: dict[str, str] = {
     "enable_fault_injection": "GOODPUT_ENABLE_FAULT_INJECTION",
     "standby": "GOODPUT_STANDBY",
 }
+
+#: torch's NCCL error handling for a rank that must outlive a peer's death (the names of torch
+#: 2.13, read when a group is created). A dead peer leaves an NCCL collective spinning; the
+#: in-process restart aborts the communicators (:mod:`goodput.shim.group_abort`) and the rank
+#: unwinds. torch's default error handling (3, "SkipCleanUp") instead makes its watchdog kill
+#: the rank (SIGABRT) when it sees the peer's error or a collective passes the group's
+#: ``timeout``: every survivor would die with its peer, leaving only a cold restart. With 2
+#: ("CleanUpOnly") the watchdog aborts the communicators and the rank's calls raise, which the
+#: shim's loop unwinds; an abort that is already done is not repeated. Left at torch's default:
+#: ``TORCH_NCCL_BLOCKING_WAIT`` (a blocking ``wait()`` busy-waits the CPU on every collective,
+#: serialising DDP's overlapped reductions; goodput ends a hang by aborting instead),
+#: ``TORCH_NCCL_ENABLE_MONITORING`` with ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`` (kills a rank
+#: whose watchdog itself is stuck, minutes later: the backstop behind the bounded abort) and
+#: ``TORCH_NCCL_DUMP_ON_TIMEOUT`` (the flight recorder's dump on a timeout).
+NCCL_ERROR_HANDLING: dict[str, str] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 
 _TRUE = ("1", "true", "yes")
 _FLAGS = ("enable_fault_injection", "standby")
@@ -111,6 +128,12 @@ class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             except msgspec.ValidationError as exc:
                 raise RankEnvError(f"{variable}={raw!r}: {str(exc).split(' - at ')[0]}") from None
         return msgspec.convert(values, cls, strict=False)
+
+
+def nccl_error_handling(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of :data:`NCCL_ERROR_HANDLING` that ``env`` leaves unset: a value the user
+    chose (``StartJob.env``, their launcher's environment) wins."""
+    return {name: value for name, value in NCCL_ERROR_HANDLING.items() if name not in env}
 
 
 def knobs(**values: Any) -> dict[str, str]:

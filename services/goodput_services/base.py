@@ -30,6 +30,7 @@ import msgspec
 from goodput import schemas, subjects
 from goodput.bus import Bus, CommandRunner
 from goodput.config import ServiceConfig, convert_options
+from goodput.stack.exit_reason import report_exit
 from goodput.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,12 @@ class Service:
     def loops(self) -> list[Coroutine[Any, Any, None]]:
         """The service's own long-running work, besides health and commands."""
         return []
+
+    def command_fence(self, command: schemas.Command) -> str:
+        """What this executor's state is now, as far as ``command`` acts on it: a command
+        begun by a predecessor that died is run again only if it is unchanged (see
+        :mod:`goodput.bus.commands`). "": no fence, the service's commands are idempotent."""
+        return ""
 
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
         return False, f"{self.name} does not execute {schemas.kind_of(type(command))}"
@@ -136,6 +143,7 @@ class Service:
                 target=self.command_target,
                 service=self.name,
                 execute=self.execute,
+                fence=self.command_fence,
             )
             tasks.append(asyncio.create_task(self.commands.run(), name="commands"))
         tasks += [asyncio.create_task(coro, name=coro.__qualname__) for coro in self.loops()]
@@ -208,24 +216,42 @@ class Service:
 
 
 def run_service(service_class: type[Service], argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m goodput_services.<name>``."""
+    """Entry point of ``python -m goodput_services.<name>``.
+
+    Whatever ends the service on its own — a refused option or config file, a policy script
+    the controller will not load, a loop that died — leaves one line saying why as its last
+    output (:func:`goodput.stack.exit_reason.report_exit`), for `goodput up` to show.
+    """
     from goodput.config import load_service_config
     from goodput.logs import setup_logging
 
-    config = load_service_config(service_class.name, argv)
-    setup_logging(config.log_level, service=service_class.name, job=config.job)
-    setup_tracing(f"goodput-{service_class.name}")
     started = time.monotonic()
-    service = service_class(config)  # options refused here exit with one line (SystemExit)
+    try:
+        config = load_service_config(service_class.name, argv)
+        setup_logging(config.log_level, service=service_class.name, job=config.job)
+        setup_tracing(f"goodput-{service_class.name}")
+        service = service_class(config)  # options refused here raise SystemExit(one line)
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise  # argparse's usage error (code 2) has printed its own line
+        report_exit(exc.code)
+        return 1
     service.exit_when_stop_hangs = True
     try:
         asyncio.run(service.run())
-    except ServiceLoopDied as exc:
-        log.error(
-            "service failed: %s", exc, extra={"uptime_s": round(time.monotonic() - started, 3)}
-        )
+    except SystemExit as exc:  # a refusal raised once running (e.g. by a loop)
+        if not isinstance(exc.code, str):
+            raise
+        report_exit(exc.code)
         return 1
-    except Exception:
-        log.exception("service failed", extra={"uptime_s": round(time.monotonic() - started, 3)})
+    except ServiceLoopDied as exc:
+        uptime = {"uptime_s": round(time.monotonic() - started, 3)}
+        log.error("service failed: %s", exc, extra=uptime)
+        report_exit(f"{service_class.name} failed: {exc}")
+        return 1
+    except Exception as exc:
+        uptime = {"uptime_s": round(time.monotonic() - started, 3)}
+        log.exception("service failed", extra=uptime)
+        report_exit(f"{service_class.name} failed: {exc!r}")
         return 1
     return 0

@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from goodput.bench.ckpt import vs_best_peer
 from goodput.bench.ckpt_measure import MethodResult
 from goodput.cli.main import main
+from tests.conftest import goodput_cli
 
 FIELDS = {"stall_s", "durable_s", "write_gbps", "restore_s", "restore_gbps", "peak_extra_mem_ratio"}
 
@@ -89,3 +91,14 @@ def test_goodputs_own_dcp_writer_is_not_a_peer() -> None:
         }
     )
     assert report["stall_best_peer"] == report["restore_best_peer"] == "safe"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: tests/gpu runs it")
+def test_bench_ckpt_on_cuda_is_refused_in_one_line_without_a_gpu(tmp_path: Path) -> None:
+    result = goodput_cli("bench", "ckpt", "--device", "cuda", "--dir", str(tmp_path), check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"goodput bench ckpt: error: argument --device: cuda: CUDA is not available here"
+        f" (torch {torch.__version__})"
+    ]
+    assert list(tmp_path.iterdir()) == []

@@ -12,12 +12,14 @@ import pytest
 from goodput.config import default_state_dir
 
 
-def goodput(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+def goodput(
+    *args: str, cwd: Path | None = None, timeout: float = 60, **env: str
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "goodput.cli.main", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         cwd=cwd,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
     )

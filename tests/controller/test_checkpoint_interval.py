@@ -14,7 +14,12 @@ from goodput.control.checkpoint_interval import (
     young_interval_s,
 )
 from goodput.control.engine import Controller
-from goodput.control.state import observe_signal, record_checkpoint, record_step_time
+from goodput.control.state import (
+    STEP_TIME_WINDOW,
+    observe_signal,
+    record_checkpoint,
+    record_step_time,
+)
 
 from .helpers import JOB, at, job, signal
 
@@ -96,3 +101,41 @@ def test_a_relaunch_gets_the_tuned_interval_again() -> None:
         isinstance(c, schemas.SetCheckpointInterval)
         for c in controller.settle(tuned, refused, at(11)).commands
     )
+
+
+def _interval_steps(state) -> int:
+    """The interval recommended for ``state`` (none set yet, so one is always recommended)."""
+    state = msgspec.structs.replace(state, checkpoint_interval_steps=0)
+    (command,) = Controller().recommend_checkpoint_interval(state, at(3600)).commands
+    return command.every_steps
+
+
+def test_one_absurd_step_time_does_not_steer_the_interval() -> None:
+    """One 1e8 s step (a stalled clock) once set a running mean to 5e6 s: every step."""
+    state = _measured(step_s=0.5)
+    for i in range(100):
+        state = record_step_time(state, 0.5 + 0.01 * (i % 5))
+    before = _interval_steps(state)
+    state = record_step_time(state, 1e8)
+    after = _interval_steps(state)
+    assert before / 2 <= after <= before * 2, (before, after)
+    assert state.step_time_s < 1.0
+    for i in range(100):
+        state = record_step_time(state, 0.5 + 0.01 * (i % 5))
+    assert _interval_steps(state) == before
+
+
+def test_the_step_time_follows_a_real_change_within_half_a_window() -> None:
+    state = job()
+    for _ in range(STEP_TIME_WINDOW):
+        state = record_step_time(state, 0.5)
+    for _ in range(STEP_TIME_WINDOW // 2 + 1):
+        state = record_step_time(state, 2.0)
+    assert state.step_time_s == 2.0
+    assert len(state.recent_step_times_s) == STEP_TIME_WINDOW
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_step_time_that_is_no_duration_is_ignored(bad: float) -> None:
+    state = record_step_time(job(), 0.5)
+    assert record_step_time(state, bad) is state

@@ -9,6 +9,7 @@ the credentials step makes with placeholder JWTs, so that the Secrets it builds 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,9 +18,14 @@ from typing import Any
 
 import yaml
 
+from goodput.config import ServiceConfig, load_service_config
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
+BASE = K8S / "base"
 OVERLAY = K8S / "overlays" / "gke"
+#: where every service container reads the goodput-config ConfigMap
+CONFIG_MOUNT = "/etc/goodput/goodput.toml"
 CREDENTIALS = K8S / "base" / "nats" / "credentials.sh"
 
 FAKE_NSC = """\
@@ -88,3 +94,26 @@ def pod_specs(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def container(objects: list[dict[str, Any]], workload: str) -> dict[str, Any]:
     return pod_specs(objects)[workload]["containers"][0]
+
+
+def container_named(objects: list[dict[str, Any]], workload: str, name: str) -> dict[str, Any]:
+    """A container (or init container) of a workload, by its name."""
+    spec = pod_specs(objects)[workload]
+    return next(c for c in spec["containers"] + spec.get("initContainers", []) if c["name"] == name)
+
+
+def config_without_bus(directory: Path) -> Path:
+    """base/goodput.toml without [bus], whose files exist only in the pods."""
+    text = (BASE / "goodput.toml").read_text()
+    path = directory / "goodput.toml"
+    path.write_text(re.sub(r"^\[bus\]\n(?:[^\[\n].*\n|\n)*", "", text, flags=re.M))
+    return path
+
+
+def service_config(objects: list[dict[str, Any]], workload: str, config: Path) -> ServiceConfig:
+    """What the workload's service reads at start: its rendered command line (options of the
+    base's config and the overlay's ``--set`` flags), with ``config`` for the ConfigMap."""
+    main = container(objects, workload)
+    service = main["command"][-1].rsplit(".", 1)[-1]
+    args = [str(config) if arg == CONFIG_MOUNT else arg for arg in main["args"]]
+    return load_service_config(service, args)

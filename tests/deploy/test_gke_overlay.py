@@ -22,7 +22,15 @@ from goodput_services.actuator.kubernetes_options import KubernetesOptions
 from goodput_services.hostmon.gpu import GKE_DRIVER_HOST_DIR, GKE_DRIVER_MOUNT_DIR
 from goodput_services.hostmon.options import HostMonitorOptions
 from goodput_services.sensor.options import SensorOptions
-from tests.deploy.rendered import K8S, OVERLAY, container, credentials_secrets, pod_specs, render
+from tests.deploy.rendered import (
+    K8S,
+    OVERLAY,
+    config_without_bus,
+    container,
+    credentials_secrets,
+    pod_specs,
+    render,
+)
 
 #: the Kubernetes minor the objects are validated for (kubernetes-validate's newest schemas)
 KUBERNETES_VERSION = "1.37.0"
@@ -50,7 +58,7 @@ def secrets(credentials) -> dict[str, dict[str, Any]]:
 
 
 def test_every_rendered_object_is_valid_for_the_current_kubernetes(objects) -> None:
-    assert len(objects) == 16
+    assert len(objects) == 17
     for obj in objects:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
@@ -201,8 +209,8 @@ def test_the_configuration_carries_the_source_knobs_into_the_services_options(
 ) -> None:
     text = (K8S / "base" / "goodput.toml").read_text()
     # without [bus]: its files exist only in the pods
-    path = str(tmp_path / "goodput.toml")
-    Path(path).write_text(re.sub(r"^\[bus\]\n(?:[^\[].*\n|\n)*", "", text, flags=re.M))
+    path = str(config_without_bus(tmp_path))
+    assert "[services.sensor.thresholds]" in Path(path).read_text()
     for knob in (
         "heartbeat_polling_period_s", "heartbeat_timeout_s", "pod_termination_threshold_s",
         "jobset_downtime_threshold_s", "num_dp_replicas", "num_nodes_per_dp",

@@ -2,7 +2,9 @@
 
 The node has ``GOODPUT_FAKE_GPUS`` GPUs (default 2). XID errors arrive as lines
 ``<gpu index> <xid>`` that a test appends to the file ``GOODPUT_FAKE_XIDS``, read each time
-the probe drains NVML's events, so a test decides when the fault happens.
+the probe drains NVML's events, so a test decides when the fault happens. A process holds a
+GPU while a line ``<gpu index> <pid>`` is in the file ``GOODPUT_FAKE_GPU_HOLDERS`` and the
+process runs (FakeNvidiaSmi reads the same file and refuses to reset a held GPU).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class FileScriptedNvml(FakeNvml):
 
     script: Path | None = None
     lines_read: int = 0
+    holders: Path | None = None
 
     def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int):
         if self.script is not None and self.script.exists():
@@ -30,6 +33,25 @@ class FileScriptedNvml(FakeNvml):
             self.lines_read = len(lines)
         return super().nvmlEventSetWait_v2(event_set, timeout_ms)
 
+    def nvmlDeviceGetComputeRunningProcesses(self, gpu: FakeGpu):
+        gpu.processes = read_holders(self.holders).get(gpu.index, [])
+        return super().nvmlDeviceGetComputeRunningProcesses(gpu)
+
+
+def read_holders(path: Path | None) -> dict[int, list[int]]:
+    """GPU index -> the pids the holders file says hold it (running or not)."""
+    held: dict[int, list[int]] = {}
+    if path is not None and path.exists():
+        for line in path.read_text().splitlines():
+            index, pid = map(int, line.split())
+            held.setdefault(index, []).append(pid)
+    return held
+
+
+def hold_gpu(holders: Path, index: int, pid: int) -> None:
+    with open(holders, "a") as out:
+        out.write(f"{index} {pid}\n")
+
 
 def add_xid(script: Path, index: int, xid: int) -> None:
     with open(script, "a") as out:
@@ -37,9 +59,11 @@ def add_xid(script: Path, index: int, xid: int) -> None:
 
 
 _script = os.environ.get("GOODPUT_FAKE_XIDS")
+_holders = os.environ.get("GOODPUT_FAKE_GPU_HOLDERS")
 nvml = FileScriptedNvml(
     gpus=[
         FakeGpu(i, f"GPU-fake-{i}") for i in range(int(os.environ.get("GOODPUT_FAKE_GPUS", "2")))
     ],
     script=Path(_script) if _script else None,
+    holders=Path(_holders) if _holders else None,
 )

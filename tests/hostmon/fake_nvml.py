@@ -2,13 +2,16 @@
 
 It has the pynvml functions the host monitor's GPU probe calls, and takes its constants and
 error codes from the real pynvml, so the probe is tested against the real names and values.
-Tests script it: add an XID event, lose a GPU, set ECC counts or throttle reasons.
+Tests script it: add an XID event, lose a GPU, set ECC counts or throttle reasons, or have a
+process hold a GPU. As the real driver, it lists only processes that still run: a process's
+CUDA contexts end with it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import psutil
 import pynvml
 
 
@@ -28,6 +31,28 @@ class FakeGpu:
     ecc_uncorrected: int | None = 0  # None: NOT_SUPPORTED
     throttle_mask: int = 0
     lost: bool = False
+    #: pids of the processes with a compute context on this GPU (real processes: see live_pids)
+    processes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class FakeProcessInfo:
+    """Plays pynvml's c_nvmlProcessInfo_t: the fields of one compute process."""
+
+    pid: int
+    usedGpuMemory: int = 1 << 30
+
+
+def live_pids(pids: list[int]) -> list[int]:
+    """The pids among ``pids`` whose process still runs (a zombie holds no GPU context)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
 
 
 @dataclass
@@ -119,6 +144,10 @@ class FakeNvml:
         if gpu.ecc_uncorrected is None:
             raise FakeNvmlError(self.NVML_ERROR_NOT_SUPPORTED)
         return gpu.ecc_uncorrected
+
+    def nvmlDeviceGetComputeRunningProcesses(self, gpu: FakeGpu) -> list[FakeProcessInfo]:
+        self._check(gpu)
+        return [FakeProcessInfo(pid) for pid in live_pids(gpu.processes)]
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, gpu: FakeGpu) -> int:
         self._check(gpu)

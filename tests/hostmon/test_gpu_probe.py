@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import psutil
 import pynvml
 
 from goodput_services.hostmon.gpu import (
@@ -10,6 +15,8 @@ from goodput_services.hostmon.gpu import (
     GpuProbe,
     load_nvml,
 )
+from goodput_services.hostmon.gpu_reset import held_refusal
+from goodput_services.hostmon.host import process_names
 from tests.hostmon.fake_nvml import FakeNvml, two_gpus
 
 
@@ -98,3 +105,25 @@ def test_a_container_without_the_driver_libraries_is_told_where_to_mount_them(mo
     assert not sample.available
     assert "libnvidia-ml.so.1 is not in LD_LIBRARY_PATH='/opt/elsewhere'" in sample.detail
     assert f"mount {GKE_DRIVER_HOST_DIR} at {GKE_DRIVER_MOUNT_DIR}" in sample.detail
+
+
+def test_the_processes_on_each_gpu_are_the_running_ones_nvml_lists():
+    nvml = two_gpus()
+    probe = GpuProbe(nvml)
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    nvml.gpus[1].processes = [os.getpid(), ended.pid]
+    assert probe.holders([0, 1]) == {0: [], 1: [os.getpid()]}
+    # a lost GPU cannot say: None, and nvidia-smi's own refusal remains the check
+    nvml.gpus[1].lost = True
+    assert probe.holders([1]) == {1: None}
+
+
+def test_a_held_gpu_is_named_with_its_pid_and_process_name():
+    holders = {0: [], 1: None, 3: [1234, 77]}
+    assert held_refusal(holders, {1234: "python"}) == (
+        "GPU 3 is still held by pid 1234 (python), pid 77"
+    )
+    assert held_refusal({0: [], 1: None}, {}) == ""
+    me = os.getpid()
+    assert process_names([me]) == {me: psutil.Process(me).name()}

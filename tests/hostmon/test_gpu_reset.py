@@ -13,7 +13,7 @@ import pytest
 from goodput import schemas, subjects
 from goodput.bus import Bus, EmbeddedNats
 from tests.chaos.processes import HealthTap, put_job_status, start_hostmon, start_rank, stop
-from tests.hostmon.fake_gpu_node import add_xid
+from tests.hostmon.fake_gpu_node import add_xid, hold_gpu
 from tests.stack.helpers import EventTap
 
 JOB = "hm-reset"
@@ -33,6 +33,7 @@ def node(bus: Bus, nats_server: EmbeddedNats, tmp_path: Path, processes, monkeyp
     """Start a host monitor of node-0 with two fake GPUs; returns (xids file, smi log, start)."""
     xids, smi_log = tmp_path / "xids", tmp_path / "nvidia-smi.log"
     monkeypatch.setenv("GOODPUT_FAKE_XIDS", str(xids))
+    monkeypatch.setenv("GOODPUT_FAKE_GPU_HOLDERS", str(tmp_path / "holders"))
     monkeypatch.setenv("GOODPUT_FAKE_NVIDIA_SMI_LOG", str(smi_log))
     # the fake NVML module is imported by the host monitor process from the repository root
     monkeypatch.setenv(
@@ -170,6 +171,32 @@ async def test_no_reset_while_a_rank_still_runs_on_the_node(bus: Bus, node, proc
     assert not result.ok and event.outcome == "ignored"
     assert "1 rank(s) of attempt 1 still run on node-0" in event.detail
     assert not smi_log.exists()
+    await tap.stop()
+
+
+async def test_no_reset_while_nvml_sees_a_process_on_the_gpu(
+    bus: Bus, node, processes, tmp_path: Path
+) -> None:
+    """The Kubernetes shape: the job status lists no pids (the ranks are pods), so only the
+    driver can tell that a rank still holds the GPU; the reset is refused naming its pid."""
+    _, smi_log, start = node
+    log = start("ok")
+    rank = start_rank(JOB, "node-0", 0)
+    processes.append(rank)
+    hold_gpu(tmp_path / "holders", 1, rank.pid)
+    await put_job_status(bus, JOB, {}, state="restarting", run_id="run-2")
+    tap = await EventTap(bus, JOB).start()
+
+    result, event = await _reset(bus, tap, [])
+    assert not result.ok and event.outcome == "ignored" and event.gpus == [0, 1]
+    name = psutil.Process(rank.pid).name()
+    assert event.detail == f"GPU 1 is still held by pid {rank.pid} ({name})"
+    assert f"GPU reset ignored: GPU 1 is still held by pid {rank.pid}" in log.read_text()
+    assert not smi_log.exists()  # nvidia-smi never ran
+
+    stop([rank])  # the driver frees the GPU with the process
+    result, event = await _reset(bus, tap, [1])
+    assert result.ok and event.outcome == "succeeded" and event.gpus == [1]
     await tap.stop()
 
 

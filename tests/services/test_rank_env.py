@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from goodput.rank_env import VARIABLES, RankEnv, RankEnvError, knobs
+from goodput.rank_env import (
+    NCCL_ERROR_HANDLING,
+    VARIABLES,
+    RankEnv,
+    RankEnvError,
+    knobs,
+    nccl_error_handling,
+)
 from goodput.shim.trainer import ShimConfig
 from goodput.standby_channel import decode_assignment, encode_assignment
 
@@ -78,3 +85,10 @@ def test_a_standby_assignment_is_a_rank_env_and_a_standby_cannot_train_as_a_rank
     monkeypatch.setenv(VARIABLES["standby"], "1")
     with pytest.raises(RankEnvError, match=r"goodput\.shim\.run_job"):
         ShimConfig.from_env()
+
+
+def test_nccl_error_handling_fills_only_what_the_environment_leaves_unset() -> None:
+    assert nccl_error_handling({}) == NCCL_ERROR_HANDLING
+    # torch's default (3) kills a rank whose peer died: the in-process restart needs 2
+    assert NCCL_ERROR_HANDLING["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+    assert nccl_error_handling({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}) == {}

@@ -1,8 +1,9 @@
 """`goodput bench ckpt`: checkpoint stall, durability and restore, against the peers.
 
-For one state (a model plus its Adam optimizer, about --size-gb on the CPU) each method saves
-inside a real training loop (see goodput.bench.ckpt_measure for what is timed and how every
-method's restored state is checked against the state at save time). By default it compares
+For one state (a model plus its Adam optimizer, about --size-gb, on the CPU or, with
+--device cuda, on a GPU) each method saves inside a real training loop (see
+goodput.bench.ckpt_measure for what is timed and how every method's restored state is
+checked against the state at save time). By default it compares
 goodput's CheckpointEngine with torch.save, dcp.save and dcp.async_save; --peers adds each
 peer at its best options (goodput.bench.ckpt_savers) and reports goodput / best safe peer.
 The raw sequential write/read bandwidth of the same directory (dd, direct IO) is measured
@@ -65,22 +66,28 @@ _console = Console(stderr=True)
 
 def _factories(training: Training, writer_threads: int) -> dict[str, Callable[[Path], Saver]]:
     state = training.state
+    cuda = training.device.type == "cuda"
     return {
         "goodput": lambda d: goodput_saver(state, d, writer_threads, training.optimizer),
         "torch_save": lambda d: torch_save_saver(state, d),
         "dcp_save": lambda d: dcp_saver(state, d, asynchronous=False),
         "dcp_async_save": lambda d: dcp_saver(state, d, asynchronous=True),
         "dcp_async_thread_staged": lambda d: dcp_staged_saver(
-            state, d, writer_threads, process=False, goodput_io=False
+            state, d, writer_threads, process=False, goodput_io=False, cuda=cuda
         ),
         "dcp_async_process_staged": lambda d: dcp_staged_saver(
-            state, d, writer_threads, process=True, goodput_io=False
+            state, d, writer_threads, process=True, goodput_io=False, cuda=cuda
         ),
         "goodput_dcp_writer": lambda d: dcp_staged_saver(
-            state, d, writer_threads, process=False, goodput_io=True
+            state, d, writer_threads, process=False, goodput_io=True, cuda=cuda
         ),
         "torchsnapshot_async_take": lambda d: torchsnapshot_saver(state, d),
     }
+
+
+def _device_name(device: torch.device) -> str:
+    """The card a CUDA run used (benchmark figures name it), else "cpu"."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def _ratio(ours: float, theirs: float | None) -> float | None:
@@ -167,10 +174,11 @@ def run_benchmark(
     *,
     peers: bool = False,
     batch: int = 16,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     cache = PageCache()
-    with _console.status("building state (model + Adam)…"):
-        training = build_training(size_gb, batch)
+    with _console.status(f"building state (model + Adam) on {device}…"):
+        training = build_training(size_gb, batch, device)
     state_bytes = training.nbytes
     fb_alone = forward_backward_alone(training)
     _console.log(
@@ -223,6 +231,8 @@ def run_benchmark(
         "raw_io": f"dd bs=64M {dd_mode} (write with conv=fsync), best of before/after",
         "cache_drop": cache.method,
         "cuda": torch.cuda.is_available(),
+        "device": str(training.device),
+        "device_name": _device_name(training.device),
         "notes": {
             "stall_s": "median over saves after the first of: the save call + the wait before"
             " optimizer.step() (stall_first_s: cold, allocating buffers)",
@@ -309,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
             args.writer_threads,
             peers=args.peers,
             batch=args.batch,
+            device=args.device,
         )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -324,6 +335,17 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def _device(text: str) -> str:
+    """``cpu`` or ``cuda`` (``cuda:N`` too), refused in one line where there is no GPU."""
+    if text != "cpu" and text.split(":")[0] != "cuda":
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda, not {text!r}")
+    if text != "cpu" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(
+            f"{text}: CUDA is not available here (torch {torch.__version__})"
+        )
+    return text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -350,6 +372,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="compare with every installed peer at its best options and report goodput / best"
         " peer (torchsnapshot and nvidia-resiliency-ext come with goodput[peers])",
+    )
+    parser.add_argument(
+        "--device",
+        type=_device,
+        default="cpu",
+        help="where the model and Adam state live: cpu, or cuda (the current GPU, or cuda:N);"
+        " with cuda every save copies from the GPU and every stall waits for its stream",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)

@@ -36,7 +36,8 @@ GB = 1e9
 
 @dataclass
 class Training:
-    """A model of Linear layers plus Adam state (12 bytes per parameter), DCP-style dicts."""
+    """A model of Linear layers plus Adam state (12 bytes per parameter), DCP-style dicts,
+    on ``device`` (the CPU, or a GPU: then each phase ends when the GPU has run it)."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -44,23 +45,35 @@ class Training:
     nbytes: int
     width: int
     batch: int
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     def forward_backward(self) -> None:
-        self.model(torch.randn(self.batch, self.width)).sum().backward()
+        self.model(torch.randn(self.batch, self.width, device=self.device)).sum().backward()
+        self.sync()
 
     def step(self) -> None:
         self.optimizer.step()
 
+    def sync(self) -> None:
+        """Wait until the training stream has run what was queued on it: on a GPU the host
+        returns from a launch at once, and the time training loses is the stream's."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
-def build_training(size_gb: float, batch: int) -> Training:
+
+def build_training(size_gb: float, batch: int, device: str = "cpu") -> Training:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     params = max(1, int(size_gb * GB / 12))
     width = 4096 if params >= 4 * 4096 * 4096 else 1024
     layers = max(1, round(params / (width * width + width)))
+    where = torch.device(device)
+    if where.type == "cuda" and where.index is None:
+        where = torch.device("cuda", torch.cuda.current_device())
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    model.to(where)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    training = Training(model, optimizer, {}, 0, width, batch)
+    training = Training(model, optimizer, {}, 0, width, batch, where)
     training.forward_backward()
     training.step()  # Adam state exists; gradients stay allocated (zero_grad keeps them)
     optimizer.zero_grad(set_to_none=False)
@@ -216,6 +229,7 @@ def measure(saver: Saver, training: Training, saves: int, cache: PageCache) -> M
             training.forward_backward()
             passed = time.perf_counter()
             saver.ready()
+            training.sync()  # on a GPU: what the optimizer step would wait for on its stream
             stalls.append(called - started + time.perf_counter() - passed)
             passes.append(passed - called)
             training.step()

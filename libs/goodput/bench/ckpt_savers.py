@@ -100,7 +100,13 @@ def dcp_saver(state: dict, directory: Path, *, asynchronous: bool) -> Saver:
 
 
 def dcp_staged_saver(
-    state: dict, directory: Path, writer_threads: int, *, process: bool, goodput_io: bool
+    state: dict,
+    directory: Path,
+    writer_threads: int,
+    *,
+    process: bool,
+    goodput_io: bool,
+    cuda: bool = False,
 ) -> Saver:
     """``dcp.async_save`` with ``DefaultStager`` async staging (torch 2.13 staging options).
 
@@ -109,7 +115,8 @@ def dcp_staged_saver(
     writing into DCP's checkpoint process (staging into shared memory). ``goodput_io`` writes
     and reads through goodput's DCP StorageWriter/Reader instead of DCP's file system ones.
     Either writer writes with ``writer_threads`` threads, as goodput's engine does (DCP's
-    file system writer defaults to one).
+    file system writer defaults to one). A ``cuda`` state is staged as DCP stages it best:
+    into pinned memory with non-blocking copies.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
@@ -118,7 +125,6 @@ def dcp_staged_saver(
 
     from goodput.ckpt.dcp_storage import GoodputStorageReader, GoodputStorageWriter
 
-    cuda = torch.cuda.is_available()
     stager = DefaultStager(
         StagingOptions(
             use_pinned_memory=cuda,

@@ -5,11 +5,18 @@ of ``gp.<job>.evt.>`` from the stream sequence of the newest ``RunStarted`` (so 
 misses nothing of the run, and an earlier run of the same job name is not mistaken for this
 one), the decoded events in arrival order, ``caught_up`` once what was stored at the start has
 arrived, and a wait for the first event that matches.
+
+The follower survives a NATS restart: the server forgets ephemeral consumers, and nats-py's
+ordered consumer recreates its own only once, from its heartbeat check, and gives up if the
+server is not answering yet. A guard checks every :data:`GUARD_S` that the consumer still
+exists and, if it does not, subscribes again from the stream sequence after the last event
+delivered (events are applied once: a sequence at or below it is skipped).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -26,6 +33,8 @@ from goodput.bus.client import Bus
 log = logging.getLogger(__name__)
 E = TypeVar("E", bound=schemas.Event)
 POLL_S = 0.02
+#: how often a follower checks that its consumer survived (a restarted server forgets it)
+GUARD_S = 2.0
 
 
 async def count_events(bus: Bus, job: str) -> int:
@@ -92,6 +101,9 @@ class JobEvents:
         self._keep = keep
         self._all_runs = all_runs
         self._subscription = None
+        self._guard: asyncio.Task[None] | None = None
+        #: stream sequence of the newest event applied (a new consumer starts after it)
+        self._seq = 0
         #: set once the events stored when following started have all arrived
         self.caught_up = asyncio.Event()
 
@@ -101,23 +113,71 @@ class JobEvents:
         if await count_events(self.bus, self.job) == 0:
             self.caught_up.set()
         try:
-            self._subscription = await self.bus.js.subscribe(
-                subjects.events_of(self.job),
-                stream=subjects.EVENTS_STREAM,
-                cb=self._collect,
-                ordered_consumer=True,
-                config=await deliver_from(self.bus, self.job, all_runs=self._all_runs),
-            )
+            await self._subscribe(await deliver_from(self.bus, self.job, all_runs=self._all_runs))
         except nats.js.errors.NotFoundError:
             log.info("no %s stream: no events of %s to follow", subjects.EVENTS_STREAM, self.job)
+        else:
+            self._guard = asyncio.create_task(self._keep_following())
         return self
 
+    async def _subscribe(self, config: ConsumerConfig) -> None:
+        self._subscription = await self.bus.js.subscribe(
+            subjects.events_of(self.job),
+            stream=subjects.EVENTS_STREAM,
+            cb=self._collect,
+            ordered_consumer=True,
+            config=config,
+        )
+
+    async def _keep_following(self) -> None:
+        """Subscribe again, after the last event applied, when the consumer is gone."""
+        while True:
+            await asyncio.sleep(GUARD_S)
+            subscription = self._subscription
+            if subscription is None:
+                return
+            try:
+                await subscription.consumer_info()
+                continue
+            except nats.js.errors.NotFoundError:
+                pass  # the server lost it (restarted): follow anew
+            except Exception as exc:  # the bus is away: look again later
+                log.debug("follower of %s cannot check its consumer: %r", self.job, exc)
+                continue
+            try:
+                await subscription.unsubscribe()
+            except Exception as exc:
+                log.debug("old subscription of %s not removed: %r", self.job, exc)
+            try:  # a server killed hard may come back without its last few messages
+                info = await self.bus.js.stream_info(subjects.EVENTS_STREAM)
+                self._seq = min(self._seq, info.state.last_seq)
+            except Exception as exc:
+                log.debug("stream of %s not readable yet: %r", self.job, exc)
+            log.info("follower of %s lost its consumer; following after %d", self.job, self._seq)
+            config = ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._seq + 1
+            )
+            try:
+                await self._subscribe(config)
+            except Exception as exc:
+                log.debug("follower of %s cannot subscribe yet: %r", self.job, exc)
+
     async def stop(self) -> None:
+        if self._guard is not None:
+            self._guard.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._guard
+            self._guard = None
         if self._subscription is not None:
-            await self._subscription.unsubscribe()
+            with contextlib.suppress(Exception):
+                await self._subscription.unsubscribe()
             self._subscription = None
 
     async def _collect(self, msg: Msg) -> None:
+        seq = msg.metadata.sequence.stream
+        if seq <= self._seq:
+            return  # delivered again by a consumer made anew: applied already
+        self._seq = seq
         try:
             event = schemas.decode_event(msg.data)
         except schemas.SchemaError as exc:

@@ -190,7 +190,7 @@ class CheckpointEngine:
             return self._snapshot(flat, step, dp_rank, dp_world, metadata, started)
         # Planning, taking a slot (maybe allocating its buffer) and launching the chunked copy
         # all run on the planner thread: the training thread only hands the save over.
-        copy = PendingCopy.deferred()
+        copy = PendingCopy.deferred(flat.tensors)
         handle = SaveHandle(step, copy)
         with self._cond:
             if self._closed:

@@ -54,13 +54,18 @@ class PendingCopy:
 
     futures: list[Future[None]] = field(default_factory=list)
     events: list[torch.cuda.Event] = field(default_factory=list)
+    #: per CUDA device, the point of the training thread's current stream the copy waits for:
+    #: a deferred copy is launched on the planner thread, whose current stream is its own
+    after: dict[int, torch.cuda.Event] = field(default_factory=dict)
     _done: bool = False
     _launched: threading.Event = field(default_factory=_set_event)
     _error: RuntimeError | None = None
 
     @classmethod
-    def deferred(cls) -> PendingCopy:
-        return cls(_launched=threading.Event())
+    def deferred(cls, tensors: list[torch.Tensor]) -> PendingCopy:
+        """A copy of ``tensors`` to be launched later, on another thread: call it on the
+        thread (and under the stream) that produced them, which it marks."""
+        return cls(_launched=threading.Event(), after=mark_current_streams(tensors))
 
     def fail(self, exc: BaseException) -> None:
         """The copy will never be launched: its waits raise instead of blocking forever."""
@@ -99,6 +104,21 @@ class PendingCopy:
             and all(future.done() for future in self.futures)
             and all(event.query() for event in self.events)
         )
+
+
+def mark_current_streams(tensors: list[torch.Tensor]) -> dict[int, torch.cuda.Event]:
+    """An event recorded on this thread's current stream of every CUDA device ``tensors``
+    live on: what produced them so far, and nothing queued after (a training loop on its own
+    stream would otherwise race the copy launched from another thread)."""
+    marks: dict[int, torch.cuda.Event] = {}
+    for tensor in tensors:
+        if tensor.is_cuda:
+            index = tensor.device.index if tensor.device.index is not None else 0
+            if index not in marks:
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(index))
+                marks[index] = event
+    return marks
 
 
 def _copy_pieces(pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -151,7 +171,7 @@ class Snapshotter:
                 cpu_pieces.append((source[start:end], target[start:end]))
         pending = pending if pending is not None else PendingCopy()
         for index, pieces in cuda_pieces.items():
-            pending.events.append(self._start_cuda(index, pieces))
+            pending.events.append(self._start_cuda(index, pieces, pending.after.get(index)))
         if cpu_pieces:
             # Contiguous runs per thread: each thread streams through its own memory range.
             per_thread = -(-len(cpu_pieces) // self.copy_threads)
@@ -162,10 +182,18 @@ class Snapshotter:
         return pending
 
     def _start_cuda(
-        self, index: int, pieces: list[tuple[torch.Tensor, torch.Tensor]]
+        self,
+        index: int,
+        pieces: list[tuple[torch.Tensor, torch.Tensor]],
+        after: torch.cuda.Event | None,
     ) -> torch.cuda.Event:
+        """Copy on the device's side stream, once the producer (``after``: a mark from the
+        training thread; else this thread's current stream) has written the state."""
         stream = self._side_stream(index)
-        stream.wait_stream(torch.cuda.current_stream(index))
+        if after is not None:
+            stream.wait_event(after)
+        else:
+            stream.wait_stream(torch.cuda.current_stream(index))
         with torch.cuda.stream(stream):
             for source, target in pieces:
                 # The source may be a temporary (a non-contiguous tensor's contiguous copy):

@@ -21,16 +21,19 @@ from goodput.bus import Bus, BusSettings, BusUnavailableError, InsecureBusError
 from goodput.cli.stack import add_stack_arguments
 from goodput.config import add_bus_arguments, bus_settings_from_args, count_at_least
 from goodput.rank_env import knobs
+from goodput.stack.exit_reason import last_line
 from goodput.stack.launcher import (
+    ServiceExited,
     add_service_set_argument,
     check_policy_options,
     read_stack,
     service_flags_from_args,
     start_stack,
     stop_stack,
+    undo_start,
     wait_healthy,
 )
-from goodput.stack.runs import find_clash, missing_actuator
+from goodput.stack.runs import find_clash, missing_actuator, rank_log
 from goodput.stack.watch import JobWatcher, summary
 
 
@@ -56,7 +59,11 @@ async def supervise(
             watcher.state, watcher.refusal = "refused", clash
             return watcher
         await bus.send_command(subjects.ACTUATOR, start)
-        if not await watcher.wait(timeout_s):
+        ended = await watcher.wait(timeout_s)
+        if watcher.state == "launch failed":  # the same on every try: no restart helps
+            reason = f"goodput run: launch failed: {watcher.refusal}"
+            await bus.send_command(subjects.ACTUATOR, schemas.Stop(job=start.job, reason=reason))
+        elif not ended:
             await bus.send_command(
                 subjects.ACTUATOR, schemas.Stop(job=start.job, reason="goodput run timed out")
             )
@@ -90,17 +97,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     state_dir = args.state_dir
     service_flags = service_flags_from_args(args.service_set)
     check_policy_options(service_flags)
-    console.print(f"stack state: {state_dir}")
-    started_here = read_stack(state_dir) is None
+    before = read_stack(state_dir)
     stack, settings = start_stack(
         args, state_dir, args.job, args.nodes + args.spares, console, service_flags
     )
     try:
-        asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
+        try:
+            asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
+        except ServiceExited as exc:
+            undo_start(state_dir, before)
+            print(f"goodput run: {exc.code}", file=sys.stderr)
+            return 1
         start = start_command(args, stack.job, argv, workdir=os.getcwd())
         watcher = follow(args, settings, start, console, remote=False)
     finally:
-        if started_here and not args.keep_stack:
+        if before is None and not args.keep_stack:
             stop_stack(state_dir)
     return report(args, watcher, console)
 
@@ -175,6 +186,11 @@ def report(args: argparse.Namespace, watcher: JobWatcher, console: Console) -> i
     if watcher.state == "refused":
         print(f"goodput run: {watcher.refusal}", file=sys.stderr)
         return 1
+    if watcher.state == "launch failed":
+        output = rank_output(args, watcher)
+        print(f"goodput run: launch failed: {watcher.refusal}"
+              + (f"; rank 0 said: {output}" if output else ""), file=sys.stderr)  # fmt: skip
+        return 1
     result = summary(watcher)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -184,6 +200,17 @@ def report(args: argparse.Namespace, watcher: JobWatcher, console: Console) -> i
             f"world sizes {result['world_size_history']}"
         )
     return 0 if watcher.state == "finished" else 1
+
+
+def rank_output(args: argparse.Namespace, watcher: JobWatcher) -> str:
+    """The last line rank 0 of the failed first attempt wrote (local backend: its log)."""
+    exit_ = next((e for e in watcher.launch_exits if e.rank == 0), None)
+    if args.backend != "local" or exit_ is None:
+        return ""
+    # a rank restarted in process exits under the new attempt, still writing its first log
+    attempts = dict.fromkeys((exit_.attempt, *range(exit_.attempt - 1, 0, -1)))
+    logs = (rank_log(args.state_dir, attempt, exit_.node, 0) for attempt in attempts)
+    return next((line for line in map(last_line, logs) if line), "")
 
 
 def environment_item(text: str) -> tuple[str, str]:

@@ -16,11 +16,14 @@ from goodput.config import (
     job_name,
 )
 from goodput.stack.launcher import (
+    ServiceExited,
     add_service_set_argument,
     check_policy_options,
+    read_stack,
     service_flags_from_args,
     start_stack,
     stop_stack,
+    undo_start,
     wait_healthy,
 )
 from goodput.subjects import DEFAULT_JOB
@@ -31,11 +34,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     state_dir = args.state_dir
     service_flags = service_flags_from_args(args.service_set)
     check_policy_options(service_flags)
-    console.print(f"stack state: {state_dir}")
+    before = read_stack(state_dir)
     stack, settings = start_stack(args, state_dir, args.job, args.nodes, console, service_flags)
     if args.wait <= 0:
         return 0
-    report = asyncio.run(wait_healthy(settings, stack.job, stack.services, args.wait, console))
+    try:
+        report = asyncio.run(wait_healthy(settings, stack.job, stack.services, args.wait, console))
+    except ServiceExited as exc:
+        undo_start(state_dir, before)
+        print(f"goodput up: {exc.code} (stopped what this command started)", file=sys.stderr)
+        return 1
     unhealthy = [s["name"] for s in report if not s["healthy"]]
     if unhealthy:
         console.print(f"[red]not healthy after {args.wait:.0f} s:[/] {', '.join(unhealthy)}")

@@ -40,6 +40,8 @@ BUILTIN = "builtin"
 
 class ControllerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     policy_timeout_s: float = 2.0
+    #: the policy script's import must finish in this long, or the controller refuses it
+    policy_load_timeout_s: float = 20.0
     #: a command the actuator has not answered in this long is taken as refused
     pending_timeout_s: float = 600.0
     crash_loop: crash_loop.CrashLoopLimits = msgspec.field(
@@ -48,6 +50,11 @@ class ControllerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     checkpoint_interval: checkpoint_interval.IntervalSettings = msgspec.field(
         default_factory=checkpoint_interval.IntervalSettings
     )
+
+    def __post_init__(self) -> None:
+        for name in ("policy_timeout_s", "policy_load_timeout_s"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds")
 
 
 @dataclass
@@ -65,7 +72,11 @@ class Controller:
     def __init__(self, policy_path: str | None = None, settings: ControllerSettings | None = None):
         self.settings = settings or ControllerSettings()
         self.script = (
-            ScriptPolicy(policy_path, timeout_s=self.settings.policy_timeout_s)
+            ScriptPolicy(
+                policy_path,
+                timeout_s=self.settings.policy_timeout_s,
+                load_timeout_s=self.settings.policy_load_timeout_s,
+            )
             if policy_path
             else None
         )

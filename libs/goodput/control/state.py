@@ -11,6 +11,9 @@ stored state never repeats what was already done.
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import msgspec
 
 from goodput import schemas
@@ -33,6 +36,8 @@ RESTARTING = (schemas.Restart, schemas.RestartInProcess, schemas.HotSwap, schema
 #: how many ids / records are remembered (older ones cannot be redelivered any more)
 MEMORY = 512
 CHECKPOINT_MEMORY = 32
+#: how many of rank 0's latest step times the job's step time is the median of
+STEP_TIME_WINDOW = 31
 
 
 def _remember(ids: list[str], new: str) -> list[str]:
@@ -210,16 +215,24 @@ def apply_command(
     )
 
 
-def record_step_time(state: JobState, step_time_s: float, smoothing: float = 0.05) -> JobState:
-    """Fold one step time into the smoothed step time (for checkpoint intervals in steps)."""
-    if step_time_s <= 0:
+def record_step_time(state: JobState, step_time_s: float) -> JobState:
+    """Fold one of rank 0's step times into the job's step time (checkpoint intervals in steps).
+
+    The step time is the median of the last ``STEP_TIME_WINDOW`` steps, not a running mean:
+    one absurd step (a stalled clock, a step that waited out a NATS outage) would move a mean
+    by orders of magnitude and set the interval to "every step" for hundreds of steps, while a
+    median ignores up to half a window of outliers and follows a real change (a rescale, a
+    slower world) within half a window.
+    """
+    if not 0 < step_time_s < math.inf:
         return state
-    smoothed = (
-        step_time_s
-        if state.step_time_s == 0
-        else (1 - smoothing) * state.step_time_s + smoothing * step_time_s
+    window = state.recent_step_times_s
+    if len(window) == STEP_TIME_WINDOW and all(t == step_time_s for t in window):
+        return state  # a steady job: nothing to fold
+    window = [*window[-(STEP_TIME_WINDOW - 1) :], step_time_s]
+    return msgspec.structs.replace(
+        state, recent_step_times_s=window, step_time_s=statistics.median(window)
     )
-    return msgspec.structs.replace(state, step_time_s=smoothed)
 
 
 def record_checkpoint(

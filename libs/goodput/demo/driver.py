@@ -22,6 +22,8 @@ from goodput.chaos.targets import ChaosContext, ChaosError
 from goodput.demo.scenarios import DemoFault, DemoScenario
 from goodput.stack.watch import JobWatcher
 
+#: how long a node fault looks for the node's ranks before it is recorded as not applied
+RANKS_WAIT_S = 15.0
 #: how often the driver looks at the job while it waits for a fault's moment
 POLL_S = 0.1
 
@@ -65,16 +67,28 @@ class Driver:
 
     async def run(self) -> None:
         settled = self._job_stepping_since(0.0, attempt_after=0)
+        fired = 0
         try:
             for fault in self.scenario.faults:
                 if not await self._wait(lambda f=fault, s=settled: s() and self._reached(f)):
                     return
                 settled = await self._inject(fault)
+                fired += 1
             await self._wait(lambda: not self._background)  # repairs still to come
         finally:
+            # a fault whose moment never came is a failed fault of the scenario, said so
+            for fault in self.scenario.faults[fired:]:
+                self._record(fault, "", False, self._why_not_fired(fault))
             for task in self._background:
                 task.cancel()
             await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _why_not_fired(self, fault: DemoFault) -> str:
+        w = self.watcher
+        return (
+            f"not fired: due at step {int(fault.at * self.steps)}, the job "
+            f"{'ended' if w.ended.is_set() else 'was still'} {w.state} at step {w.step}"
+        )
 
     def _reached(self, fault: DemoFault) -> bool:
         return self.watcher.step >= fault.at * self.steps
@@ -118,12 +132,17 @@ class Driver:
                 # it runs alongside what follows: the next fault comes at its own step
                 return self._job_stepping_since(time.monotonic(), attempt_after=0)
             case "terminate-node":
-                pids = [p.pid for p in await self.ctx.ranks(node)]
+                pids = await self._rank_pids(node)
                 for pid in pids:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGTERM)
                 ok = self._record(
-                    fault, node, True, f"SIGTERM to every rank of {node} (pids {pids})"
+                    fault,
+                    node,
+                    bool(pids),
+                    f"SIGTERM to every rank of {node} (pids {pids})"
+                    if pids
+                    else f"no live rank of {node} found to terminate",
                 )
             case "fail-node" | "kill-rank" | "hang-rank":
                 outcome = await fire(_chaos_spec(fault, node), self.ctx)
@@ -132,6 +151,17 @@ class Driver:
                     self._in_background(self._repair(node, fault))
         # a fault that took effect ends in a new attempt; one that did not leaves the job as is
         return self._job_stepping_since(time.monotonic(), attempt_after=attempt if ok else 0)
+
+    async def _rank_pids(self, node: str) -> list[int]:
+        """The live ranks of ``node``: looked for again for a while, since the job status the
+        chaos context reads may be out of reach for a moment (a NATS restart), and an empty
+        answer would fire the fault at nothing."""
+        deadline = time.monotonic() + RANKS_WAIT_S
+        while True:
+            pids = [p.pid for p in await self.ctx.ranks(node)]
+            if pids or time.monotonic() > deadline or self.watcher.ended.is_set():
+                return pids
+            await asyncio.sleep(0.5)
 
     def _in_background(self, work: Coroutine[Any, Any, object]) -> None:
         """Run ``work`` alongside the scenario; cancelled if the job ends first."""

@@ -124,8 +124,10 @@ class JobState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     interruptions: list[int] = msgspec.field(default_factory=list)
     checkpoints: list[CheckpointRecord] = msgspec.field(default_factory=list)
     last_checkpoint_step: int = -1
-    #: smoothed step time (s), 0 until a step was seen
+    #: the job's step time (s): the median of ``recent_step_times_s``, 0 until a step was seen
     step_time_s: float = 0.0
+    #: rank 0's latest step times (s), oldest first (``goodput.control.state.STEP_TIME_WINDOW``)
+    recent_step_times_s: list[float] = msgspec.field(default_factory=list)
     checkpoint_interval_steps: int = 0
     backoff_level: int = 0
     deferred: list[DeferredSignal] = msgspec.field(default_factory=list)

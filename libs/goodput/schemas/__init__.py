@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from goodput.schemas.codec import (
     decode_any,
+    decode_claim,
     decode_command,
     decode_event,
     encode,
@@ -25,6 +26,7 @@ from goodput.schemas.commands import (
     COMMAND_TYPES,
     CheckpointNow,
     Command,
+    CommandClaim,
     HotSwap,
     InjectFault,
     Rejoin,
@@ -42,11 +44,13 @@ from goodput.schemas.commands import (
 )
 from goodput.schemas.envelope import (
     MAX_DURATION_S,
+    MAX_STEP_TIME_S,
     SCHEMA_VERSION,
     EpochNs,
     Message,
     SchemaError,
     Seconds,
+    StepSeconds,
     new_id,
     now_ns,
 )
@@ -85,6 +89,7 @@ __all__ = [
     "COMMAND_TYPES",
     "EVENT_TYPES",
     "MAX_DURATION_S",
+    "MAX_STEP_TIME_S",
     "SCHEMA_VERSION",
     "ActionResult",
     "CheckpointBackedUp",
@@ -96,6 +101,7 @@ __all__ = [
     "CheckpointRestored",
     "CheckpointSaved",
     "Command",
+    "CommandClaim",
     "DeadLetter",
     "Decision",
     "EpochNs",
@@ -129,9 +135,11 @@ __all__ = [
     "SignalKind",
     "StartJob",
     "StepDone",
+    "StepSeconds",
     "Stop",
     "TrainingPlan",
     "decode_any",
+    "decode_claim",
     "decode_command",
     "decode_event",
     "encode",

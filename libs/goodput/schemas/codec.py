@@ -7,7 +7,7 @@ from typing import Any, Union
 
 import msgspec
 
-from goodput.schemas.commands import COMMAND_TYPES, Command
+from goodput.schemas.commands import COMMAND_TYPES, Command, CommandClaim
 from goodput.schemas.envelope import SCHEMA_VERSION, Message, SchemaError
 from goodput.schemas.events import EVENT_TYPES, Event
 
@@ -15,6 +15,7 @@ _encoder = msgspec.msgpack.Encoder()
 # a Union built from the tuples, so adding a schema to a tuple is the only step
 _event_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES])  # type: ignore[valid-type]  # noqa: UP007
 _command_decoder = msgspec.msgpack.Decoder(type=Union[COMMAND_TYPES])  # type: ignore[valid-type]  # noqa: UP007
+_claim_decoder = msgspec.msgpack.Decoder(type=CommandClaim)
 _any_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES + COMMAND_TYPES])  # type: ignore[valid-type]  # noqa: UP007
 
 
@@ -43,6 +44,10 @@ def decode_event(payload: bytes) -> Event:
 
 def decode_command(payload: bytes) -> Command:
     return _decode(_command_decoder, payload)
+
+
+def decode_claim(payload: bytes) -> CommandClaim:
+    return _decode(_claim_decoder, payload)
 
 
 def decode_any(payload: bytes) -> Message:

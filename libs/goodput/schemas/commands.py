@@ -153,6 +153,21 @@ class ReturnNode(Command, tag="return_node", kw_only=True):
     node: str
 
 
+class CommandClaim(Message, tag="command_claim", kw_only=True):
+    """Stored in ``gp_done`` by an executor before it runs a command (never published).
+
+    A redelivered command with a claim and no recorded result was begun by a delivery that
+    never recorded its outcome (its executor died): ``fence`` is what the executor's state
+    was then (e.g. the actuator's run and attempt), so the next delivery can tell whether the
+    command took effect (the state moved: not run again) or not (the same: run it).
+    """
+
+    command_id: str
+    #: the executor instance and runner that began it
+    claimant: str
+    fence: str = ""
+
+
 COMMAND_TYPES: tuple[type[Command], ...] = (
     CheckpointNow,
     Stop,

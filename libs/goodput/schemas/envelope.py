@@ -32,6 +32,16 @@ EpochNs = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 #: a duration in seconds: never negative, always finite
 Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_DURATION_S)]
 
+#: the longest training step a message may report: a day. A step reported as longer is a
+#: broken clock or a bug, not a measurement, and is refused at decoding (dead-lettered).
+#: Narrowing this from ``MAX_DURATION_S`` needs no new ``SCHEMA_VERSION``: the version marks
+#: a change in what a valid message means, and no valid message changes meaning; every step
+#: time a build now sends was valid before, and an older sender's absurd value is refused
+#: with a reason instead of steering a checkpoint interval.
+MAX_STEP_TIME_S = 86_400.0
+#: a training step's duration in seconds (``StepDone``)
+StepSeconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_STEP_TIME_S)]
+
 
 class SchemaError(ValueError):
     """A payload that is not a valid message of the expected family."""

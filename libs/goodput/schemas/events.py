@@ -10,7 +10,7 @@ from typing import Literal
 
 import msgspec
 
-from goodput.schemas.envelope import EpochNs, Message, Seconds, new_id
+from goodput.schemas.envelope import EpochNs, Message, Seconds, StepSeconds, new_id
 
 
 class Event(Message, kw_only=True):
@@ -56,13 +56,13 @@ class StepDone(Event, tag="step", kw_only=True):
     node: str
     rank: int
     step: int
-    step_time_s: Seconds
+    step_time_s: StepSeconds
     tokens: int
     loss: float
     world_size: int = 1
     #: time this rank computed, excluding waiting for peers in collectives (0: not measured).
     #: In synchronous training every rank's step_time_s is the same; this one tells who is slow.
-    compute_time_s: Seconds = 0.0
+    compute_time_s: StepSeconds = 0.0
 
 
 class CheckpointSaved(Event, tag="ckpt_saved", kw_only=True):

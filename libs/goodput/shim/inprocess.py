@@ -6,17 +6,22 @@ training loop is the shim's (:func:`run_in_process`), so the shim can unwind a s
 
 1. a collective fails because a peer died, or a ``Rejoin`` command arrives (or an injected
    hang is woken by one): the step is abandoned with whatever it half did;
-2. the process group is *aborted* (``_abort_process_group``: closing its connections makes
-   every peer blocked on this rank fail at once; a graceful destroy could wait on a dead peer);
+2. the process group is *aborted* (:mod:`goodput.shim.group_abort`: closing its connections
+   makes every peer blocked on this rank fail at once; a graceful destroy could wait on a dead
+   peer). The ``Rejoin`` itself starts the abort, from the bus link's thread: a rank blocked
+   in an NCCL collective whose peer died never fails on its own, the abort frees it. The
+   abort is bounded: one that does not return within ``abort_timeout_s`` (a wedged
+   communicator) answers the Rejoin with that reason and exits, never half-rejoined, and the
+   controller decides a cold restart naming it;
 3. the rank waits for the actuator's ``Rejoin`` (bounded: without one it re-raises and exits,
    the cold path), answers ``RankRejoined`` (it is out of the old group and joining), joins
    the fresh rendezvous the command names (a new TCPStore port per attempt), lets the job
    rebuild what holds the group (DDP), restores the step every rank agrees on and trains on
    — same process, same model and optimizer objects.
 
-A rank stuck in a native call never gets here; the actuator's deadline then fails the warm
-restart and the controller's policy decides a cold one. The killed rank itself is started
-cold by the actuator and joins the same rendezvous.
+A rank stuck in a native call that the abort does not end never gets here; the actuator's
+deadline then fails the warm restart and the controller's policy decides a cold one. The
+killed rank itself is started cold by the actuator and joins the same rendezvous.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch.distributed as dist
 
 from goodput import schemas
 from goodput.shim.agree import any_rank
+from goodput.shim.group_abort import ABORT_TIMEOUT_S, GroupAbort
 from goodput.shim.rescale import BatchPlan
 
 if TYPE_CHECKING:
@@ -85,6 +91,14 @@ class RejoinMailbox:
         self.attempt = attempt
         self._cond = threading.Condition()
         self._pending: schemas.Rejoin | None = None
+        self._abort: GroupAbort | None = None
+
+    def arm(self, abort: GroupAbort) -> GroupAbort:
+        """Start ``abort`` when a Rejoin is accepted: the command frees a loop blocked in a
+        collective on a dead peer (an NCCL kernel spins until its communicator is aborted)."""
+        with self._cond:
+            self._abort = abort
+        return abort
 
     def offer(self, command: schemas.Rejoin) -> bool:
         with self._cond:
@@ -98,6 +112,8 @@ class RejoinMailbox:
                 return False
             self._pending = command
             self._cond.notify_all()
+            if self._abort is not None:
+                self._abort.start()
             return True
 
     @property
@@ -133,6 +149,7 @@ def run_in_process(
     stop_at: int | None = None,
     group_timeout_s: float = 300.0,
     rejoin_wait_s: float = REJOIN_WAIT_S,
+    abort_timeout_s: float = ABORT_TIMEOUT_S,
 ) -> RunOutcome:
     """Restore, train to ``total_steps`` (or a stop), checkpoint as agreed, finish; a failed
     step is unwound and resumed in this process after a Rejoin (see the module docstring)."""
@@ -143,6 +160,7 @@ def run_in_process(
         # to where a cold start of every rank would begin, and it cannot rebuild that state
         shim.save(job.state_dict(), job.step)
     outcome = RunOutcome(first_step=job.step, step=job.step, stopped=False)
+    abort = mailbox.arm(GroupAbort())
     while True:
         try:
             _train(shim, job, total_steps, stop_at, outcome)
@@ -151,13 +169,20 @@ def run_in_process(
             if backend is None or shim.link is None:
                 raise  # no group to rejoin, or no supervisor to send a Rejoin
             log.warning("training step abandoned (%s); leaving the process group", exc)
-            _leave_group(job)
             shim.set_busy("restarting")
+            stuck = _leave_group(job, abort, abort_timeout_s)
             command = mailbox.wait(rejoin_wait_s)
             if command is None:
                 log.error("no Rejoin within %.0f s; exiting for a cold restart", rejoin_wait_s)
                 raise
+            if stuck:
+                # out of the old group it is not, so it must not join the new one: the actuator
+                # fails the warm restart with this reason and the controller goes cold
+                log.error("cannot rejoin attempt %d: %s", command.attempt, stuck)
+                shim.answer_rejoin(command, ok=False, detail=stuck)
+                raise RuntimeError(f"cannot rejoin: {stuck}") from exc
             _rejoin(shim, job, command, backend, group_timeout_s)
+            abort = mailbox.arm(GroupAbort())
             outcome.restarts += 1
     shim.finish(job.state_dict(), job.step)
     return outcome
@@ -184,6 +209,9 @@ def _train(
         outcome.losses.append((step, loss))
         shim.step_done(step, step_time_s, job.tokens_per_step, loss, job.last_compute_time_s)
         checkpoint, stop = any_rank(shim.should_checkpoint(step), shim.should_stop())
+        if shim.rejoin_pending():
+            # the Rejoin aborted the group under the vote: an NCCL result is garbage then
+            raise RestartRequested("a Rejoin command arrived")
         if stop and step < total_steps:
             outcome.stopped = True
             return
@@ -200,13 +228,15 @@ def _restore(shim: TrainerShim, job: ResumableJob) -> bool:
     return restored is not None
 
 
-def _leave_group(job: ResumableJob) -> None:
+def _leave_group(job: ResumableJob, abort: GroupAbort, timeout_s: float) -> str:
     """Abort, never destroy: closing this rank's connections makes peers blocked on it fail
-    now, and nothing here waits on a peer that may be dead."""
+    now, and nothing here waits on a peer that may be dead. Returns "" once out of the group,
+    else why not (the abort did not return within ``timeout_s`` of its start, or failed)."""
+    abort.start()
     job.release_group()
-    if dist.is_initialized():
-        dist.distributed_c10d._abort_process_group()
+    stuck = abort.wait(timeout_s)
     gc.collect()
+    return stuck
 
 
 def _rejoin(

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from goodput.rank_env import VARIABLES, RankEnv
+from goodput.rank_env import VARIABLES, RankEnv, nccl_error_handling
+from goodput.shim.group_abort import ABORT_TIMEOUT_S
 from goodput.shim.inprocess import ResumableJob, RunOutcome
 from goodput.shim.rescale import RescaleCallback
 from goodput.shim.trainer import TrainerShim
@@ -52,17 +53,25 @@ def run_job(
     rescale: Iterable[RescaleCallback] = (),
     backend: str | None = None,
     group_timeout_s: float = 300.0,
+    abort_timeout_s: float = ABORT_TIMEOUT_S,
     stop_at: int | None = None,
     **shim_options: Any,
 ) -> JobRun:
     """Build the job, become a rank (a standby first waits for its assignment), join the
     process group (``backend``: nccl where CUDA is, else gloo), then :meth:`TrainerShim.run`.
 
+    An NCCL group is created with :data:`goodput.rank_env.NCCL_ERROR_HANDLING` (a value already
+    in the environment wins): a peer's death must fail this rank's collectives, not kill it.
+    ``group_timeout_s`` bounds a collective that neither completes nor fails;
+    ``abort_timeout_s`` bounds leaving a broken group (see :mod:`goodput.shim.group_abort`).
+
     ``shim_options`` override :class:`~goodput.shim.trainer.ShimConfig` fields read from the
     environment. A standby the actuator releases without an assignment exits 0.
     """
     standby = bool(RankEnv.from_env().standby)
     started = time.perf_counter()
+    if not standby:
+        bind_rank_device(RankEnv.from_env().local_rank)
     job = build_state()
     if standby:
         log.info("standby: state built in %.2f s; waiting for an assignment", _since(started))
@@ -73,20 +82,53 @@ def run_job(
             raise SystemExit(0) from None
         os.environ.pop(VARIABLES["standby"], None)
         os.environ.update(assignment.to_env())
+        bind_rank_device(assignment.local_rank)
         log.info("standby assigned rank %d of %d", assignment.rank, assignment.world_size)
     shim = TrainerShim.from_env(**shim_options)
     for callback in rescale:
         shim.on_rescale(callback)
     if shim.config.world_size > 1 and not dist.is_initialized():
         dist.init_process_group(
-            backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+            group_backend(backend),
             rank=shim.config.rank,
             world_size=shim.config.world_size,
             timeout=timedelta(seconds=group_timeout_s),
         )
     job.regroup()
-    outcome = shim.run(job, total_steps, stop_at=stop_at, group_timeout_s=group_timeout_s)
+    outcome = shim.run(
+        job,
+        total_steps,
+        stop_at=stop_at,
+        group_timeout_s=group_timeout_s,
+        abort_timeout_s=abort_timeout_s,
+    )
     return JobRun(shim=shim, job=job, outcome=outcome)
+
+
+def bind_rank_device(local_rank: int) -> torch.device | None:
+    """Make this rank's GPU the current CUDA device (none without CUDA): with eight ranks on a
+    node, every rank left on device 0 would put its model, its NCCL communicator and the
+    shim's collectives (:mod:`goodput.shim.collectives`) on one GPU. A pod that sees only its
+    own GPUs has fewer devices than local ranks, hence the modulo.
+
+    A standby builds its job before it knows its rank, so its builder must leave the state
+    on the CPU and move it in ``regroup`` (called once the rank's device is bound)."""
+    if not torch.cuda.is_available():
+        return None
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def group_backend(backend: str | None) -> str:
+    """The backend of the group :func:`run_job` creates: ``backend``, else nccl where CUDA is,
+    else gloo. For nccl the NCCL error handling goes into this process's environment first (a
+    value already there wins): torch reads it when the group is created, and the groups of
+    in-process restarts inherit it."""
+    chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if chosen == "nccl":
+        os.environ.update(nccl_error_handling(os.environ))
+    return chosen
 
 
 def _since(started: float) -> float:

@@ -449,8 +449,7 @@ class World(FaultsMixin):
         if self._until_step is not None and self.step >= self._until_step:
             self._finish()
             return
-        if self.state.step_time_s != step_time:  # smoothing a constant changes nothing
-            self.state = record_step_time(self.state, step_time)
+        self.state = record_step_time(self.state, step_time)
         solo = len(self.actuator.membership.active) * self.job.gpus_per_node == 1
         due = self.ckpt.due(self.step, solo=solo)
         if due and not self.ckpt.busy(self.now):

@@ -22,6 +22,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import pid_alive, read_record, stop_recorded, terminate_pid
 from goodput.config import bus_settings_from_args, parse_option
+from goodput.stack.exit_reason import EXIT_REASON_ENV, read_exit_reason
 from goodput.subjects import check_token
 
 #: central services, one each
@@ -92,6 +93,8 @@ def spawn_service(
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / (f"{name}-{node}.log" if node else f"{name}.log")
+    reason_path = exit_reason_path(log_path)
+    reason_path.unlink(missing_ok=True)  # an earlier process's reason is not this one's
     argv = [
         sys.executable,
         "-m",
@@ -112,7 +115,7 @@ def spawn_service(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, **(secrets or {})},
+            env={**os.environ, **(secrets or {}), EXIT_REASON_ENV: str(reason_path)},
         )
     return ServiceProcess(name=name, node=node, pid=process.pid, log=str(log_path))
 
@@ -133,10 +136,11 @@ def start_stack(
     check_token(job, "job name")
     nodes = [f"node-{i}" for i in range(node_count)]
     url, embedded = resolve_url(args, state_dir)
+    started: list[str] = []  # what this call started, said in one line
     if embedded and not url:
         record = EmbeddedNats(state_dir, port=getattr(args, "nats_port", None), detach=True).start()
         url = record.url
-        console.print(f"[green]started[/] embedded nats-server on {url} (store {record.store_dir})")
+        started.append(f"embedded nats-server on {url} (store {record.store_dir})")
     settings = msgspec.structs.replace(bus_settings_from_args(args), url=url)
     settings.check_security()
     asyncio.run(_provision(settings))
@@ -146,12 +150,13 @@ def start_stack(
     wanted = [(name, "") for name in CENTRAL_SERVICES] + [
         (name, node) for node in nodes for name in NODE_SERVICES
     ]
+    alive_before = set(running)
     bus_flags = _bus_flags(args)
     services: list[ServiceProcess] = []
     for name, node in wanted:
         key = f"{name}@{node}" if node else name
         if key in running:
-            services.append(running[key])
+            services.append(running.pop(key))
             continue
         extra = bus_flags + (service_flags or {}).get(name, [])
         services.append(
@@ -165,7 +170,15 @@ def start_stack(
                 secrets=_bus_secrets(settings),
             )
         )
-        console.print(f"[green]started[/] {key} (pid {services[-1].pid})")
+    started += [s.key for s in services if s.key not in alive_before]
+    # one line, whatever started: a failure after it must still fit in a few lines
+    what = f"[green]started[/] {'; '.join(started)}" if started else "already running"
+    console.print(f"stack state: {state_dir}: {what}", soft_wrap=True)
+    # what an earlier `up` started and still runs stays recorded (a `run --nodes 1` against a
+    # 2-node stack uses fewer nodes, it does not disown node-1's services): `down` stops it
+    services += running.values()
+    recorded_nodes = previous.nodes if previous else []
+    nodes += [node for node in recorded_nodes if node not in nodes]
     stack = StackRecord(job=job, url=url, embedded=embedded, nodes=nodes, services=services)
     write_stack(state_dir, stack)
     return stack, settings
@@ -256,14 +269,59 @@ async def _provision(settings) -> None:
         await bus.close()
 
 
+class ServiceExited(SystemExit):
+    """A service of the stack ended while it was awaited (its options refused, its policy
+    script not loadable…): one line naming it and its reason. A ``SystemExit``, so a caller
+    that does not catch it still ends with that one line (and runs its ``finally``)."""
+
+
 async def wait_healthy(settings, job, services, timeout_s, console) -> list[dict]:
+    """The services' health once all are healthy or ``timeout_s`` passed; raises
+    :class:`ServiceExited` as soon as one of them is found gone."""
     deadline = time.monotonic() + timeout_s
     with console.status("waiting for services to report healthy…"):
         while True:
+            check_running(services)
             report = await service_report(settings, job, services)
             if all(s["healthy"] for s in report) or time.monotonic() > deadline:
+                check_running(services)  # a service that said healthy, then left
                 return report
             await asyncio.sleep(0.5)
+
+
+def check_running(services: list[ServiceProcess]) -> None:
+    """Raise :class:`ServiceExited` with the first gone service's own reason."""
+    gone = [s for s in services if not pid_alive(s.pid)]
+    if not gone:
+        return
+    first = gone[0]
+    log = Path(first.log)
+    reason = read_exit_reason(exit_reason_path(log), log) or "no reason given"
+    more = f" ({len(gone)} services exited)" if len(gone) > 1 else ""
+    raise ServiceExited(f"{first.key} exited: {reason}{more}; log {log}")
+
+
+def exit_reason_path(log: Path) -> Path:
+    """Where the service logging to ``log`` writes why it ended (beside its log)."""
+    return log.with_suffix(".exit")
+
+
+def undo_start(state_dir: Path, before: StackRecord | None) -> int:
+    """Stop what was started since ``before`` (the stack record read before starting): all of
+    it, embedded server included, if there was no stack; else the services it did not list
+    alive. How many processes were stopped."""
+    if before is None:
+        return stop_stack(state_dir)
+    current = read_stack(state_dir)
+    if current is None:
+        return 0
+    kept = {p.key for p in before.services if pid_alive(p.pid)}
+    extra = [p for p in current.services if p.key not in kept]
+    stopped = sum(terminate_pid(p.pid, timeout_s=10) for p in extra)
+    services = [p for p in current.services if p.key in kept]
+    nodes = [node for node in current.nodes if any(p.node == node for p in services)]
+    write_stack(state_dir, msgspec.structs.replace(current, nodes=nodes, services=services))
+    return stopped
 
 
 async def service_report(settings, job: str, services: list[ServiceProcess]) -> list[dict]:

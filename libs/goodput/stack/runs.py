@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from pathlib import Path
 
 import nats.js.errors
 
@@ -18,6 +19,20 @@ from goodput.bus.job_events import newest_run
 from goodput.stack.launcher import record_is_fresh
 
 ACTIVE_STATES = ("starting", "running", "restarting")
+
+
+def rank_log_dir(state_dir: Path, attempt: int) -> Path:
+    """Where the local backend keeps the output of ``attempt``'s ranks."""
+    return state_dir / "logs" / "ranks" / f"attempt-{attempt:03d}"
+
+
+def rank_log_name(node: str, rank: int) -> str:
+    return f"{node}-rank{rank}.log"
+
+
+def rank_log(state_dir: Path, attempt: int, node: str, rank: int) -> Path:
+    """What a rank of ``attempt`` printed (stdout and stderr), on the local backend."""
+    return rank_log_dir(state_dir, attempt) / rank_log_name(node, rank)
 
 
 def running_clash(

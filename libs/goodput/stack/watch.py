@@ -22,6 +22,9 @@ class JobWatcher:
     Given ``run_start`` (the StartJob it follows), it counts nothing until that run's
     ``RunStarted``: what came before is an earlier run of the same job name. If the actuator
     refuses the start, the watcher ends with state ``refused`` and the reason in ``refusal``.
+    A run whose first attempt fails to launch (see :func:`launch_failure`) ends it with state
+    ``launch failed`` and the reason in ``refusal``: restarting a command that cannot start
+    helps nobody, so its follower stops it rather than watch a crash loop.
     """
 
     bus: Bus
@@ -52,13 +55,20 @@ class JobWatcher:
         self._task = None
         self._in_run = self.run_start is None
         self._running_attempt = 0
+        #: the run's first attempt, its world size, and its ranks' exits until a step is seen
+        self._first_attempt = (0, 0)
+        #: the ranks' exits seen before any step (what a launch failure is judged on)
+        self.launch_exits: list[schemas.RankExited] = []
+        self._held: list[str] = []  # progress lines held while a launch failure is judged
+        self._stepped = False
 
     @property
     def restarts(self) -> int:
         return max(self.attempt - 1, 0)
 
     async def start(self) -> JobWatcher:
-        if self.console is not None:
+        # a bar is for a terminal: in a log or a pipe its final frame is noise
+        if self.console is not None and self.console.is_terminal:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
@@ -79,12 +89,26 @@ class JobWatcher:
     async def stop(self) -> None:
         if self._events is not None:
             await self._events.stop()
+        if self.console is not None and self.state != "launch failed":
+            for line in self._held:
+                self.console.print(line, soft_wrap=True)
+        self._held.clear()
         if self._progress is not None:
             self._progress.stop()
 
     def say(self, text: str) -> None:
-        if self._progress is not None:
-            self._progress.console.print(text)
+        if self.console is None or self.ended.is_set():
+            return
+        if self._judging_launch():
+            self._held.append(text)  # a launch failure replaces them with one line
+            return
+        for line in [*self._held, text]:
+            self.console.print(line, soft_wrap=True)
+        self._held.clear()
+
+    def _judging_launch(self) -> bool:
+        """A rank exited before any step: whether the run failed to launch is not known yet."""
+        return bool(self.launch_exits) and not self._stepped
 
     def _apply(self, event: schemas.Event) -> None:
         if not self._in_run:
@@ -92,15 +116,23 @@ class JobWatcher:
             return
         self.events += 1
         match event:
-            case schemas.StepDone(rank=0):
-                # after a restore the step count goes back: show where training really is
-                self.step = event.step
-                self.last_step_at = time.monotonic()
+            case schemas.StepDone():
+                self._stepped = True
+                if event.rank == 0:
+                    # after a restore the step count goes back: show where training really is
+                    self.step = event.step
+                    self.last_step_at = time.monotonic()
+            case schemas.RankExited() if not self._stepped and not self.ended.is_set():
+                self.launch_exits.append(event)
+                self._check_launch()
             case schemas.JobStatus():
                 self.last_status = event
                 # an attempt counts once it runs: a status from mid-relaunch (a standby that
                 # became ready) already carries the new attempt, still "restarting"
                 if event.state == "running" and event.attempt != self._running_attempt:
+                    if not self._running_attempt:
+                        self._first_attempt = (event.attempt, event.world_size)
+                        self._check_launch()  # its ranks' exits may have come first
                     self._running_attempt = event.attempt
                     self.world_size_history.append(event.world_size)
                     self.attempt_started_at = time.monotonic()
@@ -136,16 +168,24 @@ class JobWatcher:
                     self.say(f"[red]policy error[/] {event.error}")
             case schemas.ActionResult(ok=False):
                 self.failed_actions.append(event)
-                self.say(f"[red]action failed[/] {event.action}: {event.detail}")
                 if event.action == "start_job":  # refused: no job will ever report
-                    self.state = "failed"
+                    self.state, self.refusal = "launch failed", event.detail
                     self.ended.set()
+                self.say(f"[red]action failed[/] {event.action}: {event.detail}")
         if self._progress is not None and self._task is not None:
             self._progress.update(
                 self._task,
                 completed=self.step,
                 info=f"attempt {self.attempt} · world {self.world_size_history[-1] if self.world_size_history else '-'} · {self.state}",
             )
+
+    def _check_launch(self) -> None:
+        if self._stepped or self.ended.is_set():
+            return
+        reason = launch_failure(self.launch_exits, *self._first_attempt)
+        if reason:
+            self.state, self.refusal = "launch failed", reason
+            self.ended.set()
 
     def _before_run(self, event: schemas.Event) -> None:
         """Wait for our run's start, or for the actuator's refusal to start it."""
@@ -170,6 +210,29 @@ class JobWatcher:
             except TimeoutError:
                 continue
         return True
+
+
+def launch_failure(exits: list[schemas.RankExited], attempt: int, world_size: int) -> str:
+    """Why the run's first attempt failed to launch, or "" while it has not (yet).
+
+    ``exits``: the rank exits seen before any rank finished a step. Every rank of the first
+    ``attempt`` (of ``world_size`` ranks) having exited with the same non-zero code before any
+    step is a command that cannot start (a missing script, an import error, a bad flag): the
+    same on each try, not a crash a restart cures. A rank's exit counts from that attempt on:
+    the controller may already have restarted the survivors in process when they fail too.
+    """
+    if not attempt or not world_size:
+        return ""
+    codes = {e.rank: e.exit_code for e in exits if e.attempt >= attempt and not e.expected_reason}
+    if len(codes) < world_size:
+        return ""
+    distinct = set(codes.values())
+    if len(distinct) != 1:
+        return ""
+    code = distinct.pop()
+    if code is None or code == 0:
+        return ""
+    return f"every rank exited with exit code {code} before the first step (attempt {attempt} on)"
 
 
 def summary(watcher: JobWatcher) -> dict:

@@ -17,7 +17,7 @@ from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_to_env
 from goodput.membership import Membership
-from goodput.rank_env import VARIABLES, RankEnv
+from goodput.rank_env import VARIABLES, RankEnv, nccl_error_handling
 from goodput.telemetry import current_traceparent, tracer
 from goodput_services.actuator.options import ActuatorOptions
 
@@ -398,9 +398,11 @@ class MembershipBackend(ABC):
 
     def rank_environment(self, **where: Any) -> dict[str, str]:
         """What a rank is told, as torchrun would tell it, plus what the trainer shim reads
-        (``where``: the arguments of :meth:`rank_env`)."""
+        (``where``: the arguments of :meth:`rank_env`) and the NCCL error handling an
+        in-process restart needs, unless the job's own env sets it."""
         assert self.spec is not None
         return {
+            **nccl_error_handling(self.spec.env),
             **self.spec.env,
             **self.rank_env(**where).to_env(),
             **self.rank_bus_environment(),

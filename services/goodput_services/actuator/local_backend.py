@@ -28,6 +28,7 @@ from goodput.bus.settings import FILE_FIELDS
 from goodput.ckptfmt import node_volume
 from goodput.membership import Membership, check_job_shape
 from goodput.rank_env import VARIABLES
+from goodput.stack.runs import rank_log_dir, rank_log_name
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
 from goodput_services.actuator.standbys import StandbyPool
@@ -280,7 +281,7 @@ class LocalBackend(MembershipBackend):
         """Start one rank of the current attempt as a new process."""
         assert self.spec is not None and self.membership is not None
         env = self._rank_env(node, node_index, rank, local_rank, port)
-        with open(logs / f"{node}-rank{rank}.log", "ab") as out:
+        with open(logs / rank_log_name(node, rank), "ab") as out:
             process = await asyncio.create_subprocess_exec(
                 *self.spec.argv,
                 cwd=self.spec.workdir or None,
@@ -316,7 +317,7 @@ class LocalBackend(MembershipBackend):
         )
 
     def _logs(self) -> Path:
-        logs = self.state_dir / "logs" / "ranks" / f"attempt-{self.attempt:03d}"
+        logs = rank_log_dir(self.state_dir, self.attempt)
         logs.mkdir(parents=True, exist_ok=True)
         return logs
 

@@ -199,6 +199,12 @@ class ActuatorService(Service):
                 return await backend.stop(command.reason)
         return None
 
+    def command_fence(self, command: schemas.Command) -> str:
+        """The run, attempt and state of the job: a restart begun by an actuator that died
+        before recording it is not run again once the attempt it replaced is gone."""
+        backend = self.backend
+        return f"run {backend.run_id or '-'} attempt {backend.attempt} {backend.state}"
+
     def health(self) -> tuple[bool, str]:
         return True, f"job {self.backend.state}, attempt {self.backend.attempt}"
 

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 #: GPU container (libraries in lib64/): the host monitor's DaemonSet mounts it the same way
 GKE_DRIVER_HOST_DIR = "/home/kubernetes/bin/nvidia"
 GKE_DRIVER_MOUNT_DIR = "/usr/local/nvidia"
+#: nvidia-smi in that mount (the slim service image has none on its PATH)
+GKE_NVIDIA_SMI = f"{GKE_DRIVER_MOUNT_DIR}/bin/nvidia-smi"
 
 #: throttle-reason bits worth naming (NVML constant name → our short name)
 THROTTLE_REASONS = {
@@ -146,6 +148,27 @@ class GpuProbe:
         if not self._started:
             self.start()
         return [] if self._unavailable else list(range(len(self._handles)))
+
+    def holders(self, indexes: list[int]) -> dict[int, list[int] | None]:
+        """The pids NVML sees running compute work on each of ``indexes`` (None: NVML cannot
+        say, e.g. a lost GPU; ``nvidia-smi --gpu-reset`` still refuses a GPU in use).
+
+        The driver knows no PID namespace: the pids are the host's (or translated into this
+        process's namespace, by newer drivers, for what it can see), so the host monitor's pod
+        runs with ``hostPID`` to name every holder.
+        """
+        nvml = self.nvml
+        assert nvml is not None and set(indexes) <= set(self.indexes())
+        found: dict[int, list[int] | None] = {}
+        for index in indexes:
+            try:
+                processes = nvml.nvmlDeviceGetComputeRunningProcesses(self._handles[index])
+            except nvml.NVMLError as exc:
+                log.warning("GPU %d: compute processes unreadable: %s", index, exc)
+                found[index] = None
+                continue
+            found[index] = sorted({int(p.pid) for p in processes})
+        return found
 
     def forget(self, indexes: list[int]) -> None:
         """These GPUs were reset: their XIDs and a lost state belong to before the reset."""

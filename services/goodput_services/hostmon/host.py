@@ -85,3 +85,14 @@ def rank_alive(pid: int, started_before_ns: int) -> bool:
 
 def count_alive(pids: list[int], status_ts_ns: int) -> int:
     return sum(rank_alive(pid, status_ts_ns) for pid in pids)
+
+
+def process_names(pids: list[int]) -> dict[int, str]:
+    """The names of the processes among ``pids`` this host can see (for messages)."""
+    names = {}
+    for pid in pids:
+        try:
+            names[pid] = psutil.Process(pid).name()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
+            continue
+    return names

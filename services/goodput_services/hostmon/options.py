@@ -25,7 +25,9 @@ class HostMonitorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     gpu_max_temperature_c: float = 90.0
     #: the NVML binding: a module, or ``module:attribute`` (a stand-in, for tests)
     nvml_module: str = "pynvml"
-    #: the nvidia-smi that resets GPUs (NVML's Python binding has no reset call)
+    #: the nvidia-smi that resets GPUs (NVML's Python binding has no reset call): a name on
+    #: PATH or a path; the GKE overlay sets the driver's mount, ``GKE_NVIDIA_SMI`` of ``gpu``.
+    #: A reset needs root (CAP_SYS_ADMIN) on the device: the DaemonSet runs this container as uid 0
     nvidia_smi: str = "nvidia-smi"
     #: a GPU reset still running after this long is killed and reported ``timed_out``
     gpu_reset_timeout_s: float = 60.0

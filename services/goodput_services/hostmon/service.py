@@ -7,8 +7,9 @@ rank processes come from the actuator's job status in KV (``gp_state``, ``<job>.
 
 ``ResetGpu`` (sent by the actuator once it stopped the job's ranks) resets GPUs with
 nvidia-smi and answers with a ``GpuReset`` event. A command for an attempt older than the
-job status's, or one while a rank of the node still runs, is ignored with a log line: a
-newer attempt's ranks may be on the GPU.
+job status's, one while a rank the job status lists on the node still runs (the local
+backend), or one while NVML sees any process on a GPU to reset (every backend: "GPU 3 is
+still held by pid 1234") is ignored with a log line: a newer attempt's ranks may be on the GPU.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from goodput.config import ServiceConfig
 from goodput.telemetry import tracer
 from goodput_services.base import Service
 from goodput_services.hostmon.gpu import GpuProbe, GpuSample, load_nvml
-from goodput_services.hostmon.gpu_reset import ResetResult, reset_gpus
+from goodput_services.hostmon.gpu_reset import ResetResult, held_refusal, reset_gpus
 from goodput_services.hostmon.host import (
     DiskSample,
     HostLimits,
     MemorySample,
     count_alive,
+    process_names,
     sample_disk,
     sample_memory,
 )
@@ -122,9 +124,7 @@ class HostMonitorService(Service):
             return False, f"reset addressed to {command.node}, this host monitor serves {self.node}"
         refusal = await self._reset_refusal(command)
         if refusal:
-            log.warning("GPU reset ignored: %s", refusal, extra={"command_id": command.command_id})
-            await self._emit_reset(command, command.gpus, "ignored", refusal, 0.0)
-            return False, refusal
+            return await self._ignore(command, command.gpus, refusal)
         known = await asyncio.to_thread(self.gpu.indexes)
         indexes = list(command.gpus) or known
         unknown = sorted(set(indexes) - set(known))
@@ -134,6 +134,14 @@ class HostMonitorService(Service):
                 "failed", f"NVML sees no {what} on {self.node} to reset ({len(known)} GPUs)", 0.0
             )
         else:
+            # the job status lists no pids on Kubernetes (and cannot see a stray process): the
+            # driver knows who still holds each GPU
+            holders = await asyncio.to_thread(self.gpu.holders, indexes)
+            pids = sorted({pid for found in holders.values() for pid in found or []})
+            names = await asyncio.to_thread(process_names, pids)
+            refusal = held_refusal(holders, names)
+            if refusal:
+                return await self._ignore(command, indexes, refusal)
             log.warning("resetting GPU(s) %s", indexes, extra={"command_id": command.command_id})
             result = await reset_gpus(
                 self.options.nvidia_smi, indexes, self.options.gpu_reset_timeout_s
@@ -154,6 +162,13 @@ class HostMonitorService(Service):
         )
         await self._emit_reset(command, indexes, result.outcome, result.detail, result.duration_s)
         return result.outcome == "succeeded", f"GPU reset {result.outcome}: {result.detail}"
+
+    async def _ignore(
+        self, command: schemas.ResetGpu, gpus: list[int], refusal: str
+    ) -> tuple[bool, str]:
+        log.warning("GPU reset ignored: %s", refusal, extra={"command_id": command.command_id})
+        await self._emit_reset(command, gpus, "ignored", refusal, 0.0)
+        return False, refusal
 
     async def _reset_refusal(self, command: schemas.ResetGpu) -> str:
         """Why the reset must not run now ("" when it may)."""

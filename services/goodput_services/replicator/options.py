@@ -17,6 +17,10 @@ from goodput.ckptindex.retention import DEFAULT_KEEP, DEFAULT_REQUIRE
 class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: "dir:<path>" or "gcs:<bucket>"; empty: ``<state_dir>/object-store``
     object_store: str = ""
+    #: refuse an object store on this node's own disk (the default, or a "dir:" inside the
+    #: state directory): it would die with the node it is meant to outlive. The Kubernetes
+    #: configuration sets it, where the state directory is the node's hostPath
+    require_off_node_store: bool = False
     #: fake-gcs-server (or other emulator) URL for "gcs:" stores; empty: real GCS
     gcs_endpoint: str = ""
     #: how long a GCS call retries before the store counts as unavailable
@@ -71,4 +75,18 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
 
 def store_spec(options: ReplicatorOptions, state_dir: Path) -> str:
-    return options.object_store or f"dir:{Path(state_dir).resolve() / 'object-store'}"
+    """The object store's spec; refused (one line) when it must be off the node and is not."""
+    state = Path(state_dir).resolve()
+    spec = options.object_store or f"dir:{state / 'object-store'}"
+    kind, _, where = spec.partition(":")
+    if (
+        options.require_off_node_store
+        and kind == "dir"
+        and Path(where).resolve().is_relative_to(state)
+    ):
+        raise SystemExit(
+            f"object store {spec} is on this node's disk (inside the state directory {state}) "
+            'and would die with the node: set object_store = "gcs:<bucket>" (or a dir: on a '
+            "shared volume) under [services.replicator]"
+        )
+    return spec

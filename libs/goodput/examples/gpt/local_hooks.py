@@ -13,8 +13,8 @@ from types import FrameType
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from goodput.shim.collectives import broadcast_object, grouped
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import (
     CheckpointMetadata,
@@ -130,13 +130,12 @@ class LocalFileHooks:
     ) -> RestoreResult | None:
         self.plan = plan
         chosen = self._newest_loadable(template_state) if self.rank == 0 else None
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if grouped():
             # Rank 0 picks, so every rank resumes from the same step even if files change.
-            box = [None if chosen is None else chosen[0]]
-            dist.broadcast_object_list(box, src=0)
-            if self.rank != 0 and box[0] is not None:
-                path = checkpoint_path(self.directory, box[0])
-                chosen = (box[0], load_checkpoint(path, template_state))
+            step = broadcast_object(None if chosen is None else chosen[0], src=0)
+            if self.rank != 0 and step is not None:
+                path = checkpoint_path(self.directory, step)
+                chosen = (step, load_checkpoint(path, template_state))
         if chosen is None:
             return None
         self._last_saved_step = chosen[0]

@@ -141,7 +141,8 @@ def rank_ordered_mean_hook(
         state.ready_s = time.perf_counter()
     world_size = dist.get_world_size()
     flat = bucket.buffer()
-    gathered = torch.empty((world_size, flat.numel()), dtype=flat.dtype)
+    # beside the bucket: a group's backend serves the gradients' device (CUDA under NCCL)
+    gathered = torch.empty((world_size, flat.numel()), dtype=flat.dtype, device=flat.device)
     work = dist.all_gather_single(gathered, flat.view(1, -1), async_op=True)
 
     def rank_ordered_mean(_: torch.futures.Future[object]) -> torch.Tensor:

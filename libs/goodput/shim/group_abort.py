@@ -1,0 +1,98 @@
+"""Leaving a broken process group in bounded time: the first half of an in-process restart.
+
+A peer's death does not fail an NCCL collective: the kernel spins waiting for it, and the
+rank's thread waits on the kernel. Only aborting the communicators (``ncclCommAbort``) stops
+it; then the blocked call returns or raises and the rank can unwind. The abort runs on its own
+thread, started when the step fails or when the ``Rejoin`` arrives (whichever is first: a rank
+stuck in a collective is freed by the command), and the rank waits for it with a deadline. An
+abort that does not return (a wedged communicator, a driver call that never comes back) must
+not leave the rank half-rejoined: it says why (:meth:`GroupAbort.wait`), answers the Rejoin
+with that reason and exits, and the controller decides a cold restart naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+log = logging.getLogger(__name__)
+
+#: how long a rank waits for its groups' abort before it gives the in-process restart up; well
+#: under ``RestartInProcess.deadline_s`` (30 s), so the actuator hears the reason, not a silence
+ABORT_TIMEOUT_S = 10.0
+
+#: torch >= 2.5. No public call aborts every group of the process *and* forgets them (checked
+#: in torch 2.13): ``ProcessGroup.abort()`` (public, on every backend) aborts one group but
+#: leaves it registered, so ``init_process_group`` refuses the next one, and aborting the NCCL
+#: groups one by one can deadlock (pytorch#119797); ``destroy_process_group`` shuts down
+#: gracefully and may wait on the dead peer. ``_abort_process_group`` aborts them together
+#: inside one NCCL group call and clears torch's registry; torch's own ``shrink_group`` uses it.
+_ABORT_ALL: Callable[[], None] | None = getattr(distributed_c10d, "_abort_process_group", None)
+
+
+def abort_groups() -> None:
+    """Abort every process group of this process (NCCL communicators, gloo connections), so
+    peers blocked on this rank fail now and a fresh group can be formed in this process."""
+    if not dist.is_initialized():
+        return
+    if _ABORT_ALL is None:
+        raise RuntimeError(
+            f"torch {torch.__version__} cannot abort a process group "
+            "(in-process restart needs torch >= 2.5)"
+        )
+    _ABORT_ALL()
+
+
+class GroupAbort:
+    """One abort of this process's groups, on a daemon thread, waited on with a deadline.
+
+    :meth:`start` is idempotent and may be called from any thread (the training loop's, the bus
+    link's); ``abort`` defaults to :func:`abort_groups`.
+    """
+
+    def __init__(self, abort: Callable[[], None] = abort_groups) -> None:
+        self._abort = abort
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = 0.0
+        self._error = ""
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._started = time.monotonic()
+            self._thread = threading.Thread(target=self._run, name="group-abort", daemon=True)
+            self._thread.start()
+
+    def wait(self, timeout_s: float) -> str:
+        """Start the abort if needed and wait up to ``timeout_s`` from its start: "" once the
+        groups are aborted, else why this rank cannot rejoin (the abort hangs or failed)."""
+        self.start()
+        remaining = max(0.0, self._started + timeout_s - time.monotonic())
+        if not self._done.wait(remaining):
+            return (
+                f"its process group abort did not return within {timeout_s:g} s "
+                "(a wedged communicator); this process cannot form a new group"
+            )
+        return self._error
+
+    def _run(self) -> None:
+        try:
+            self._abort()
+        except Exception as exc:  # the rank reports it (a failed abort is a failed restart)
+            log.exception("the process group abort failed")
+            self._error = f"its process group abort failed: {exc}"
+        finally:
+            self._done.set()

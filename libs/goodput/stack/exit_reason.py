@@ -1,0 +1,66 @@
+"""Why a service process ended on its own: one line, written by the service, read by `up`.
+
+A service that cannot start (options refused, a policy script the controller will not load)
+or whose loop died exits non-zero. The operator must see *why* without opening a log: the
+service writes the reason as its last line on stderr (its log; on Kubernetes the pod's last
+log line, which ``terminationMessagePolicy: FallbackToLogsOnError`` makes the termination
+message) and, when :data:`EXIT_REASON_ENV` names a file, into that file. The launcher names
+one file per service process and reads it back when the process is found gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+#: environment variable naming the file a service writes its exit reason to
+EXIT_REASON_ENV = "GOODPUT_EXIT_REASON_FILE"
+#: a reason longer than this is cut (it is shown as one line of a terminal)
+MAX_REASON_CHARS = 400
+
+
+def one_line(text: str) -> str:
+    """``text`` folded onto one line and cut to :data:`MAX_REASON_CHARS`."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_REASON_CHARS else flat[: MAX_REASON_CHARS - 1] + "…"
+
+
+def report_exit(reason: str) -> None:
+    """Called by the exiting service: the reason on stderr and in the named file, if any."""
+    line = one_line(reason)
+    print(line, file=sys.stderr, flush=True)
+    path = os.environ.get(EXIT_REASON_ENV)
+    if path:
+        with contextlib.suppress(OSError):
+            Path(path).write_text(line + "\n")
+
+
+def read_exit_reason(reason_file: Path, log_file: Path) -> str:
+    """The reason a service left: its reason file, else its log's last line (the ``msg`` of a
+    JSON log line); "" if neither says anything."""
+    with contextlib.suppress(OSError):
+        text = reason_file.read_text().strip()
+        if text:
+            return one_line(text)
+    return last_line(log_file)
+
+
+def last_line(log_file: Path) -> str:
+    """The last non-empty line of ``log_file`` (the ``msg`` of a JSON log line), one line;
+    "" if there is none."""
+    try:
+        with open(log_file, "rb") as log:
+            log.seek(max(log.seek(0, os.SEEK_END) - 16384, 0))
+            lines = [line for line in log.read().decode(errors="replace").splitlines() if line]
+    except OSError:
+        return ""
+    if not lines:
+        return ""
+    last = lines[-1]
+    with contextlib.suppress(ValueError, AttributeError):
+        entry = json.loads(last)
+        last = entry.get("msg", last) if isinstance(entry, dict) else last
+    return one_line(str(last))

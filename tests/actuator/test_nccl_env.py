@@ -1,0 +1,26 @@
+"""The NCCL error handling an in-process restart needs reaches every rank the actuator starts
+(here a rank pod of the Kubernetes backend, against its API fake), and a value the job sets in
+its own environment wins."""
+
+from __future__ import annotations
+
+import msgspec
+
+from goodput.rank_env import NCCL_ERROR_HANDLING
+
+from .test_kubernetes_backend import _env, _start, rig  # noqa: F401
+
+
+async def test_rank_pods_get_nccl_error_handling_unless_the_job_sets_it(rig) -> None:  # noqa: F811
+    backend, api, _ = rig
+    await backend.start_job(_start())
+    for pod in api.created:
+        env = _env(pod)
+        assert {k: env[k] for k in NCCL_ERROR_HANDLING} == NCCL_ERROR_HANDLING
+    await backend.stop("next run")
+    first_run = len(api.created)
+    own = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "GOODPUT_CKPT_EVERY": "20"}
+    await backend.start_job(msgspec.structs.replace(_start(), env=own))
+    second_run = api.created[first_run:]
+    assert second_run
+    assert {_env(p)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] for p in second_run} == {"1"}

@@ -1,0 +1,113 @@
+"""Leaving a broken process group in bounded time: a real gloo group is aborted and a new one
+forms in the same process; an abort that never returns (``WedgedAbort``, a FAKE standing in
+for ``ncclCommAbort`` on a wedged communicator, which needs a GPU to happen for real) is
+reported by its deadline; the Rejoin command itself starts the abort."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import msgspec
+import pytest
+import torch.distributed as dist
+
+from goodput import schemas
+from goodput.bus.embedded import free_port
+from goodput.shim.group_abort import GroupAbort
+from goodput.shim.inprocess import RejoinMailbox
+
+
+class WedgedAbort:
+    """FAKE abort that never returns, as ``ncclCommAbort`` on a communicator whose proxy
+    thread or kernel is wedged: it blocks until the test releases it, and counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = threading.Event()
+
+    def __call__(self) -> None:
+        self.calls += 1
+        self.release.wait()
+
+
+@pytest.fixture
+def wedged() -> Iterator[WedgedAbort]:
+    abort = WedgedAbort()
+    yield abort
+    abort.release.set()  # let the daemon thread end
+
+
+def _gloo_group() -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=30),
+    )
+
+
+def test_a_real_group_is_aborted_and_a_new_one_forms_in_the_same_process() -> None:
+    _gloo_group()
+    try:
+        assert GroupAbort().wait(30) == ""
+        assert not dist.is_initialized()
+        _gloo_group()  # torch's registry was cleared: the next rendezvous is possible
+        assert dist.get_world_size() == 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_an_abort_that_never_returns_is_reported_by_its_deadline(wedged: WedgedAbort) -> None:
+    started = time.monotonic()
+    why = GroupAbort(wedged).wait(0.5)
+    assert time.monotonic() - started < 10
+    assert why == (
+        "its process group abort did not return within 0.5 s (a wedged communicator); "
+        "this process cannot form a new group"
+    )
+    assert wedged.calls == 1
+
+
+def test_the_deadline_counts_from_the_start_of_the_abort(wedged: WedgedAbort) -> None:
+    # started by the Rejoin on the link's thread, waited for by the loop once its step unwound
+    abort = GroupAbort(wedged)
+    abort.start()
+    time.sleep(0.6)
+    started = time.monotonic()
+    assert "within 0.5 s" in abort.wait(0.5)
+    assert time.monotonic() - started < 0.5
+
+
+def test_an_abort_that_fails_says_why() -> None:
+    def refuse() -> None:
+        raise RuntimeError("NCCL error: unhandled system error")
+
+    assert GroupAbort(refuse).wait(10) == (
+        "its process group abort failed: NCCL error: unhandled system error"
+    )
+
+
+def test_the_abort_runs_once_whoever_starts_it(wedged: WedgedAbort) -> None:
+    abort = GroupAbort(wedged)
+    threads = [threading.Thread(target=abort.start) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wedged.release.set()
+    assert abort.wait(10) == "" and wedged.calls == 1
+
+
+def test_an_accepted_rejoin_starts_the_armed_abort_and_an_old_one_does_not(
+    wedged: WedgedAbort,
+) -> None:
+    mailbox = RejoinMailbox(attempt=2)
+    abort = mailbox.arm(GroupAbort(wedged))
+    old = schemas.Rejoin(job="j", attempt=2, master_addr="h", master_port=1, world_size=2)
+    assert not mailbox.offer(old) and not abort.started
+    assert mailbox.offer(msgspec.structs.replace(old, attempt=3)) and abort.started

@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -169,6 +170,10 @@ def run_in_process(
             if backend is None or shim.link is None:
                 raise  # no group to rejoin, or no supervisor to send a Rejoin
             log.warning("training step abandoned (%s); leaving the process group", exc)
+            # the traceback's frames (a collective's locals) hold the broken group: cleared,
+            # the group is freed by _leave_group and its gloo connections close, so a peer
+            # blocked on this rank fails now; kept, it hangs until this process exits
+            traceback.clear_frames(exc.__traceback__)
             shim.set_busy("restarting")
             stuck = _leave_group(job, abort, abort_timeout_s)
             command = mailbox.wait(rejoin_wait_s)

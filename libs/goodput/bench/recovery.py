@@ -99,12 +99,17 @@ async def _held_after(log: JobEvents, world_size: int, after_ts: int) -> int:
 
 async def _restores_after(log: JobEvents, world_size: int, after_ts: int) -> dict[int, str]:
     """The tier each rank restored from in events stamped after ``after_ts``, once every rank
-    has restored (its first restore after that moment)."""
+    has restored (its first restore after that moment). A node's volume filled before its
+    ranks start reports rank -1: not a rank's restore."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         tiers: dict[int, str] = {}
         for event in log.events[:]:
-            if isinstance(event, schemas.CheckpointRestored) and event.ts > after_ts:
+            if (
+                isinstance(event, schemas.CheckpointRestored)
+                and event.ts > after_ts
+                and 0 <= event.rank < world_size
+            ):
                 tiers.setdefault(event.rank, event.tier)
         if len(tiers) >= world_size:
             return dict(sorted(tiers.items()))

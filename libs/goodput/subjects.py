@@ -4,6 +4,7 @@
 - ``gp.<job>.cmd.<target>``          commands, stream GP_CMDS, durable consumers, acked after execution
 - ``gp.<job>.hb.<node>.<rank>``      heartbeats, core NATS (high rate, not stored)
 - ``gp.<job>.dlq.<service>``         input a service could not decode, stream GP_DLQ
+- ``gp.<job>.standby.<name>``        a pod standby's assignment, core NATS request/reply
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ def events_of(job: str) -> str:
 
 def command(job: str, target: str) -> str:
     return f"gp.{job}.cmd.{target}"
+
+
+def standby(job: str, name: str) -> str:
+    """Where the pod standby ``name`` takes its assignment (``goodput.standby_channel``)."""
+    return f"gp.{job}.standby.{name}"
 
 
 def heartbeat(job: str, node: str, rank: int) -> str:

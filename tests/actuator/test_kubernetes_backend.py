@@ -13,8 +13,10 @@ import asyncio
 import json
 import queue
 import signal
+import time
 import tomllib
 from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +33,10 @@ from goodput.config import ServiceConfig, load_service_config
 from goodput.membership import MembershipError
 from goodput_services.actuator import kubernetes_watch
 from goodput_services.actuator.backend import Backend
-from goodput_services.actuator.kubernetes_backend import (
-    FORCE_GRACE_S,
-    IMMEDIATE_GRACE_S,
-    KubernetesBackend,
-)
+from goodput_services.actuator.kubernetes_backend import IMMEDIATE_GRACE_S, KubernetesBackend
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
+from goodput_services.actuator.kubernetes_pods import run_tag
+from goodput_services.actuator.kubernetes_ranks import FORCE_GRACE_S
 from goodput_services.actuator.local_backend import LocalBackend
 from goodput_services.actuator.service import ActuatorService
 from goodput_services.replicator.options import ReplicatorOptions
@@ -45,6 +45,9 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "base"
 JOB = "job-k8s"
 NAMESPACE = "training"
 POOL = {"goodput.dev/pool": "gpu"}
+RUN_ID = "run-1"
+#: the run's tag in its pod names
+RUN = run_tag(RUN_ID)
 
 
 def _node(name: str, labels: dict[str, str], *, ready: bool = True, cordoned: bool = False):
@@ -55,6 +58,13 @@ def _node(name: str, labels: dict[str, str], *, ready: bool = True, cordoned: bo
             conditions=[client.V1NodeCondition(type="Ready", status=str(ready))]
         ),
     )
+
+
+def _pod_node(pod: client.V1Pod) -> str:
+    """The node a pod is pinned to ("" for none)."""
+    if pod.spec is None or pod.spec.affinity is None:
+        return (pod.metadata.labels or {}).get("goodput.dev/node", "")
+    return _pinned_node(pod)
 
 
 def _matches(labels: dict[str, str] | None, selector: str) -> bool:
@@ -81,13 +91,19 @@ def _terminated(exit_code: int) -> client.V1PodStatus:
 
 
 class FakeKubernetesApi:
-    """FAKE CoreV1Api: records calls, keeps pods in a dict, queues watch events."""
+    """FAKE CoreV1Api: records calls, keeps pods in a dict, queues watch events.
+
+    As strict as an API server with a kubelet on every Ready node and none on the others: a
+    name clash is 409; a graceful deletion on a node without a kubelet only marks the pod
+    Terminating (``deletion_timestamp``), and it stays so until it is deleted with grace 0.
+    """
 
     def __init__(self, nodes: list[client.V1Node]):
         self.nodes = nodes
         self.pods: dict[str, client.V1Pod] = {}
         self.created: list[client.V1Pod] = []
         self.deleted: list[tuple[str, int]] = []
+        self.conflicts: list[str] = []
         self.services: list[client.V1Service] = []
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.refuse_create_after: int | None = None
@@ -109,6 +125,7 @@ class FakeKubernetesApi:
         if self.refuse_create_after is not None and len(self.created) >= self.refuse_create_after:
             raise ApiException(status=403, reason="Forbidden")
         if body.metadata.name in self.pods:
+            self.conflicts.append(body.metadata.name)
             raise ApiException(status=409, reason="AlreadyExists")
         body.status = client.V1PodStatus(phase="Pending")
         self.pods[body.metadata.name] = body
@@ -122,16 +139,40 @@ class FakeKubernetesApi:
         assert namespace == NAMESPACE
         if name in self.refuse_delete:
             raise ApiException(status=403, reason="Forbidden")
-        pod = self.pods.pop(name, None)
+        pod = self.pods.get(name)
         if pod is None:
             raise ApiException(status=404, reason="NotFound")
         self.deleted.append((name, grace_period_seconds))
-        if not (pod.status.container_statuses or []):
+        kubelet = self.has_kubelet(_pod_node(pod))
+        if grace_period_seconds != 0 and not kubelet:
+            # nobody stops the container nor confirms: Terminating until a force deletion
+            if pod.metadata.deletion_timestamp is None:
+                pod.metadata.deletion_timestamp = datetime.now(UTC)
+                self.events.put({"type": "MODIFIED", "object": pod})
+            return
+        del self.pods[name]
+        if kubelet and not (pod.status.container_statuses or []):
             # a healthy rank given time saves and exits 0; one killed at once dies of SIGKILL
             graceful = (grace_period_seconds or 0) > IMMEDIATE_GRACE_S
             pod.status = _terminated(0 if graceful else 128 + signal.SIGKILL)
             self.events.put({"type": "MODIFIED", "object": pod})
         self.events.put({"type": "DELETED", "object": pod})
+
+    def has_kubelet(self, node: str) -> bool:
+        """A Ready node runs a kubelet; a pod bound to no node needs none to be deleted."""
+        found = next((n for n in self.nodes if n.metadata.name == node), None)
+        return not node or (found is not None and found.status.conditions[0].status == "True")
+
+    def set_ready(self, name: str) -> None:
+        """The pod's readiness probe passed (a standby built its job)."""
+        pod = self.pods[name]
+        pod.status.conditions = [client.V1PodCondition(type="Ready", status="True")]
+        self.events.put({"type": "MODIFIED", "object": pod})
+
+    def kill_node(self, name: str) -> None:
+        """The node's kubelet is gone: NotReady, and its pods' containers with it."""
+        node = next(n for n in self.nodes if n.metadata.name == name)
+        node.status.conditions[0].status = "False"
 
     def create_namespaced_service(self, namespace: str, body: client.V1Service):
         assert namespace == NAMESPACE
@@ -239,6 +280,7 @@ def _start(nodes: int = 2, spares: int = 1, procs: int = 2) -> schemas.StartJob:
         spares=spares,
         env={"GOODPUT_CKPT_EVERY": "20"},
         workdir="/opt/train",
+        run_id=RUN_ID,
     )
 
 
@@ -273,14 +315,19 @@ async def test_start_creates_pinned_rank_pods_with_torchrun_environment(rig) -> 
     assert service.spec.selector == {"goodput.dev/job": JOB}
 
     pod = api.pod(1, 3)
-    assert pod.metadata.name == "job-k8s-a1-r3"
+    assert pod.metadata.name == f"job-k8s-{RUN}-a1-r3"
     assert pod.metadata.labels == {
         "goodput.dev/job": JOB,
+        "goodput.dev/run": RUN,
         "goodput.dev/attempt": "1",
         "goodput.dev/rank": "3",
         "goodput.dev/node": "gpu-b",
     }
-    assert (pod.spec.hostname, pod.spec.subdomain) == ("job-k8s-a1-r3", service.metadata.name)
+    assert len(pod.metadata.name) <= 63 and run_tag(RUN_ID) == RUN and len(RUN) == 8
+    assert (pod.spec.hostname, pod.spec.subdomain) == (
+        f"job-k8s-{RUN}-a1-r3",
+        service.metadata.name,
+    )
     assert pod.spec.restart_policy == "Never"
     assert pod.spec.termination_grace_period_seconds == 60
     container = pod.spec.containers[0]
@@ -288,14 +335,15 @@ async def test_start_creates_pinned_rank_pods_with_torchrun_environment(rig) -> 
     assert container.command == ["python", "-m", "goodput.examples.gpt.supervised"]
     assert container.resources.limits == {"nvidia.com/gpu": "1"}
     env = _env(pod)
-    assert env["MASTER_ADDR"] == f"job-k8s-a1-r0.{service.metadata.name}.{NAMESPACE}.svc"
+    assert env["MASTER_ADDR"] == f"job-k8s-{RUN}-a1-r0.{service.metadata.name}.{NAMESPACE}.svc"
+    assert env["MASTER_PORT"] == "29501"  # master_port + attempt: an attempt's own port
     assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")} == {
         "RANK": "3",
         "LOCAL_RANK": "1",
         "GROUP_RANK": "1",
         "WORLD_SIZE": "4",
     }
-    assert env["LOCAL_WORLD_SIZE"] == "2" and env["MASTER_PORT"] == "29500"
+    assert env["LOCAL_WORLD_SIZE"] == "2"
     assert env["GOODPUT_NODE"] == "gpu-b" and env["GOODPUT_ATTEMPT"] == "1"
     assert env["GOODPUT_NATS_URL"] == "tls://goodput-nats.goodput.svc:4222"
     assert env["GOODPUT_CKPT_EVERY"] == "20"  # the job's own environment is kept
@@ -324,7 +372,7 @@ async def test_start_creates_pinned_rank_pods_with_torchrun_environment(rig) -> 
 async def test_a_crashed_rank_is_reported_and_restart_replaces_every_pod(rig) -> None:
     backend, api, recorder = rig
     await backend.start_job(_start())
-    api.exit("job-k8s-a1-r1", 128 + signal.SIGSEGV)
+    api.exit(f"job-k8s-{RUN}-a1-r1", 128 + signal.SIGSEGV)
     crashed = await recorder.wait_for(lambda e: isinstance(e, schemas.RankExited))
     assert (crashed.rank, crashed.node, crashed.attempt) == (1, "gpu-a", 1)
     assert crashed.signal == signal.SIGSEGV and crashed.exit_code is None
@@ -332,9 +380,9 @@ async def test_a_crashed_rank_is_reported_and_restart_replaces_every_pod(rig) ->
 
     await backend.restart("rank 1 crashed")
     # a failed worker group is not waited for: deleted at once, all of it
-    assert sorted(api.deleted) == [(f"job-k8s-a1-r{r}", IMMEDIATE_GRACE_S) for r in range(4)]
+    assert sorted(api.deleted) == [(f"job-k8s-{RUN}-a1-r{r}", IMMEDIATE_GRACE_S) for r in range(4)]
     assert _placement(api, 2) == _placement(api, 1)
-    assert _env(api.pod(2, 0))["MASTER_ADDR"].startswith("job-k8s-a2-r0.")
+    assert _env(api.pod(2, 0))["MASTER_ADDR"].startswith(f"job-k8s-{RUN}-a2-r0.")
     assert _env(api.pod(2, 0))["TORCHELASTIC_RESTART_COUNT"] == "1"
     others = [e for e in recorder.of(schemas.RankExited) if e.attempt == 1 and e.rank != 1]
     assert sorted(e.rank for e in others) == [0, 2, 3]
@@ -351,10 +399,10 @@ async def test_hot_swap_puts_the_spare_in_the_failed_nodes_rank_positions(rig) -
     assert _placement(api, 2) == [(0, "gpu-c"), (1, "gpu-c"), (2, "gpu-b"), (3, "gpu-b")]
     # the failed node's pods are force-deleted; the healthy node's are killed, not waited for
     assert sorted(api.deleted) == [
-        ("job-k8s-a1-r0", FORCE_GRACE_S),
-        ("job-k8s-a1-r1", FORCE_GRACE_S),
-        ("job-k8s-a1-r2", IMMEDIATE_GRACE_S),
-        ("job-k8s-a1-r3", IMMEDIATE_GRACE_S),
+        (f"job-k8s-{RUN}-a1-r0", FORCE_GRACE_S),
+        (f"job-k8s-{RUN}-a1-r1", FORCE_GRACE_S),
+        (f"job-k8s-{RUN}-a1-r2", IMMEDIATE_GRACE_S),
+        (f"job-k8s-{RUN}-a1-r3", IMMEDIATE_GRACE_S),
     ]
     status = recorder.of(schemas.JobStatus)[-1]
     assert status.active_nodes == ["gpu-c", "gpu-b"] and status.failed_nodes == ["gpu-a"]
@@ -366,17 +414,17 @@ async def test_hot_swap_puts_the_spare_in_the_failed_nodes_rank_positions(rig) -
 async def test_a_refused_force_deletion_fails_the_command_and_is_tried_again_later(rig) -> None:
     backend, api, recorder = rig
     await backend.start_job(_start())
-    api.refuse_delete = {"job-k8s-a1-r0"}
-    with pytest.raises(RuntimeError, match="cannot delete pod job-k8s-a1-r0: 403 Forbidden"):
+    api.refuse_delete = {f"job-k8s-{RUN}-a1-r0"}
+    with pytest.raises(RuntimeError, match=f"cannot delete pod job-k8s-{RUN}-a1-r0: 403 Forbidden"):
         await backend.hot_swap("gpu-a", "", "XID 79")
     # the deletions that were allowed happened, and only their exits are reported
-    assert sorted(name for name, _ in api.deleted) == [f"job-k8s-a1-r{r}" for r in (1, 2, 3)]
+    assert sorted(name for name, _ in api.deleted) == [f"job-k8s-{RUN}-a1-r{r}" for r in (1, 2, 3)]
     lost = [e for e in recorder.of(schemas.RankExited) if e.node == "gpu-a"]
     assert [(e.rank, e.signal) for e in lost] == [(1, signal.SIGKILL)]
 
     api.refuse_delete.clear()
     await backend.restart("retry")
-    assert ("job-k8s-a1-r0", FORCE_GRACE_S) in api.deleted
+    assert (f"job-k8s-{RUN}-a1-r0", FORCE_GRACE_S) in api.deleted
     lost = [e for e in recorder.of(schemas.RankExited) if e.node == "gpu-a"]
     assert sorted((e.rank, e.signal, e.expected_reason) for e in lost) == [
         (0, signal.SIGKILL, "hot_swap"),
@@ -391,10 +439,10 @@ async def test_scale_down_then_up_deletes_gracefully_only_when_growing(rig) -> N
     await backend.scale_to([], ["gpu-b"], "gpu-b lost")
     assert _placement(api, 2) == [(0, "gpu-a"), (1, "gpu-a")]
     assert sorted(api.deleted) == [
-        ("job-k8s-a1-r0", IMMEDIATE_GRACE_S),
-        ("job-k8s-a1-r1", IMMEDIATE_GRACE_S),
-        ("job-k8s-a1-r2", FORCE_GRACE_S),
-        ("job-k8s-a1-r3", FORCE_GRACE_S),
+        (f"job-k8s-{RUN}-a1-r0", IMMEDIATE_GRACE_S),
+        (f"job-k8s-{RUN}-a1-r1", IMMEDIATE_GRACE_S),
+        (f"job-k8s-{RUN}-a1-r2", FORCE_GRACE_S),
+        (f"job-k8s-{RUN}-a1-r3", FORCE_GRACE_S),
     ]
     assert _env(api.pod(2, 1))["WORLD_SIZE"] == "2"
     assert recorder.of(schemas.JobStatus)[-1].failed_nodes == ["gpu-b"]
@@ -404,7 +452,7 @@ async def test_scale_down_then_up_deletes_gracefully_only_when_growing(rig) -> N
     api.deleted.clear()
     await backend.scale_to(["gpu-a", "gpu-b"], [], "gpu-b repaired")
     # the running ranks are healthy: they get the grace period to save before they go
-    assert sorted(api.deleted) == [("job-k8s-a2-r0", 60), ("job-k8s-a2-r1", 60)]
+    assert sorted(api.deleted) == [(f"job-k8s-{RUN}-a2-r0", 60), (f"job-k8s-{RUN}-a2-r1", 60)]
     assert _placement(api, 3) == [(0, "gpu-a"), (1, "gpu-a"), (2, "gpu-b"), (3, "gpu-b")]
     saved = [e for e in recorder.of(schemas.RankExited) if e.attempt == 2]
     assert {(e.expected_reason, e.exit_code) for e in saved} == {("scale_up", 0)}
@@ -429,10 +477,10 @@ async def test_commands_naming_unknown_nodes_are_rejected_without_touching_pods(
 async def test_the_job_finishes_when_every_rank_pod_exits_zero(rig) -> None:
     backend, api, recorder = rig
     await backend.start_job(_start(nodes=1, spares=0))
-    api.exit("job-k8s-a1-r0", 0)
+    api.exit(f"job-k8s-{RUN}-a1-r0", 0)
     await recorder.wait_for(lambda e: isinstance(e, schemas.RankExited) and e.exit_code == 0)
     assert backend.state == "running"
-    api.exit("job-k8s-a1-r1", 0)
+    api.exit(f"job-k8s-{RUN}-a1-r1", 0)
     finished = await recorder.wait_for(
         lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished"
     )
@@ -445,7 +493,7 @@ async def test_a_pod_that_vanished_while_the_watch_was_down_is_reported(rig, mon
     monkeypatch.setattr(kubernetes_watch, "WATCH_RETRY_S", 0.01)
     await backend.start_job(_start(nodes=1, spares=0))
     await asyncio.sleep(0)
-    del api.pods["job-k8s-a1-r1"]  # node lost: the pod is gone, no event was delivered
+    del api.pods[f"job-k8s-{RUN}-a1-r1"]  # node lost: the pod is gone, no event was delivered
     api.events.put({"type": "BROKEN"})
     lost = await recorder.wait_for(lambda e: isinstance(e, schemas.RankExited))
     assert (lost.rank, lost.exit_code, lost.signal, lost.expected_reason) == (1, None, None, "")
@@ -455,14 +503,6 @@ async def test_too_few_matching_nodes_is_an_error_and_creates_nothing(rig) -> No
     backend, api, _ = rig
     with pytest.raises(RuntimeError, match="needs 4 nodes; 3 ready nodes match"):
         await backend.start_job(_start(nodes=4))
-    assert api.created == [] and backend.state == "stopped"
-
-
-async def test_a_job_with_standby_ranks_is_refused(rig) -> None:
-    backend, api, _ = rig
-    start = msgspec.structs.replace(_start(), standbys=1)
-    with pytest.raises(RuntimeError, match="standby ranks need the local backend"):
-        await backend.start_job(start)
     assert api.created == [] and backend.state == "stopped"
 
 
@@ -477,11 +517,16 @@ async def test_a_refused_pod_creation_fails_the_attempt_and_cleans_up(rig) -> No
 
 
 async def test_pods_left_by_an_earlier_actuator_are_deleted_before_starting(rig) -> None:
-    backend, api, _ = rig
-    stale = client.V1Pod(
+    backend, api, recorder = rig
+    stale = client.V1Pod(  # named as before pod names carried the run
         metadata=client.V1ObjectMeta(
             name="job-k8s-a1-r0",
-            labels={"goodput.dev/job": JOB, "goodput.dev/attempt": "1", "goodput.dev/rank": "0"},
+            labels={
+                "goodput.dev/job": JOB,
+                "goodput.dev/attempt": "1",
+                "goodput.dev/rank": "0",
+                "goodput.dev/node": "gpu-a",
+            },
         ),
         status=client.V1PodStatus(phase="Running"),
     )
@@ -489,6 +534,174 @@ async def test_pods_left_by_an_earlier_actuator_are_deleted_before_starting(rig)
     await backend.start_job(_start())
     assert api.deleted[0] == ("job-k8s-a1-r0", IMMEDIATE_GRACE_S)
     assert len(api.created) == 4
+    # its exit is the earlier run's, not this one's
+    await recorder.wait_for(lambda e: isinstance(e, schemas.JobStatus))
+    assert not recorder.of(schemas.RankExited)
+
+
+def _kill_actuator(backend: KubernetesBackend) -> None:
+    """The actuator process dies: its watch ends, its pods stay (nothing deletes them)."""
+    backend._watcher.stop()
+    assert backend._consumer is not None
+    backend._consumer.cancel()
+
+
+async def test_a_restarted_actuator_starts_the_job_beside_a_dead_nodes_pods(rig) -> None:
+    """Issue 28: a node dies, the actuator dies, a new actuator starts the same job."""
+    first, api, _ = rig
+    await first.start_job(_start(nodes=2, spares=1))  # gpu-a, gpu-b; gpu-c spare
+    api.kill_node("gpu-b")
+    _kill_actuator(first)
+    first.ranks = []  # what the dead actuator held is gone with it; its pods are not
+
+    recorder = Recorder()
+    second = KubernetesBackend(
+        job=JOB,
+        bus_settings=BusSettings(url="tls://goodput-nats.goodput.svc:4222"),
+        emit=recorder,
+        options=OPTIONS,
+        api=api,
+        watch_factory=lambda: FakePodWatch(api),
+    )
+    try:
+        started = time.monotonic()
+        rerun = msgspec.structs.replace(_start(nodes=2, spares=0), run_id="run-2")
+        await second.start_job(rerun)
+        assert time.monotonic() - started < 5  # no 31 s wait for gpu-b's pods
+        assert api.conflicts == []  # no 409
+        # gpu-b is not Ready: its pods were force-deleted, the others' given their grace
+        graces = dict(api.deleted)
+        assert {graces[f"job-k8s-{RUN}-a1-r{r}"] for r in (2, 3)} == {FORCE_GRACE_S}
+        assert {graces[f"job-k8s-{RUN}-a1-r{r}"] for r in (0, 1)} == {IMMEDIATE_GRACE_S}
+        assert second.membership.active == ["gpu-a", "gpu-c"]
+        new = run_tag("run-2")
+        assert sorted(api.pods) == [f"job-k8s-{new}-a1-r{r}" for r in range(4)]
+        # the new run's history: its own run and attempts; nothing of the earlier run's pods
+        (begun,) = recorder.of(schemas.RunStarted)
+        assert begun.run_id == "run-2"
+        assert not recorder.of(schemas.RankExited)
+        status = recorder.of(schemas.JobStatus)[-1]
+        assert (status.run_id, status.attempt, status.state) == ("run-2", 1, "running")
+    finally:
+        await second.shutdown()
+
+
+async def test_a_reset_is_not_asked_while_a_rank_pod_of_the_node_is_terminating(rig) -> None:
+    backend, api, recorder = rig
+    backend.pods.margin_s = 0.2
+    asked: list[str] = []
+
+    async def resetter(node: str, gpus: list[int], run_id: str, attempt: int):
+        asked.append(node)
+        return True, "reset"
+
+    backend.gpu_resetter = resetter
+    await backend.start_job(_start(nodes=2, spares=0))
+    api.kill_node("gpu-b")  # nobody has declared it failed: its pods stay Terminating
+    with pytest.raises(RuntimeError, match="GPU reset not asked") as refused:
+        await backend.restart("XID 79", reset_gpus={"gpu-b": []})
+    assert asked == []
+    for rank in (2, 3):
+        assert f"job-k8s-{RUN}-a1-r{rank} (Terminating)" in str(refused.value)
+    status = recorder.of(schemas.JobStatus)[-1]
+    assert "gpu-b still has pod" in status.detail and "Terminating" in status.detail
+    lost = [e for e in recorder.of(schemas.RankExited) if e.node == "gpu-b"]
+    assert sorted((e.rank, e.exit_code, e.signal) for e in lost) == [
+        (2, None, None),
+        (3, None, None),
+    ]
+    # and no pod is placed on the suspect node until it is replaced
+    with pytest.raises(RuntimeError, match="no pod placed: gpu-b never confirmed"):
+        await backend.restart("again")
+    assert not [p for p in api.created if p.metadata.labels["goodput.dev/attempt"] == "2"]
+
+
+class FakeRejoinRound:
+    """FAKE of the actuator service's bus round (``ActuatorService._rejoin_round``): records the
+    Rejoin and answers for the ranks a test says are able to rejoin, as their shims would."""
+
+    def __init__(self, answering: set[int] | None = None) -> None:
+        self.commands: list[tuple[schemas.Rejoin, set[int]]] = []
+        self.answering = answering
+
+    async def __call__(self, command: schemas.Rejoin, ranks: set[int], deadline_s: float):
+        self.commands.append((command, ranks))
+        able = ranks if self.answering is None else ranks & self.answering
+        if able != ranks:
+            await asyncio.sleep(deadline_s)
+        return {
+            r: schemas.RankRejoined(job=JOB, node="", rank=r, pid=0, attempt=command.attempt)
+            for r in able
+        }
+
+
+async def _crash(api: FakeKubernetesApi, recorder: Recorder, rank: int) -> None:
+    api.exit(f"job-k8s-{RUN}-a1-r{rank}", 128 + signal.SIGSEGV)
+    await recorder.wait_for(lambda e: isinstance(e, schemas.RankExited) and e.rank == rank)
+
+
+@pytest.mark.parametrize("dead", [2, 0], ids=["rank-2-dies", "rank-0-dies"])
+async def test_in_process_restart_across_pods_on_two_nodes(rig, dead: int) -> None:
+    backend, api, recorder = rig
+    backend.rejoin = rejoin = FakeRejoinRound()
+    await backend.start_job(_start(nodes=2, spares=0, procs=2))  # 2 nodes x 2 ranks
+    await _crash(api, recorder, dead)
+
+    detail = await backend.restart_in_process("rank crashed", deadline_s=5.0)
+    assert "3 rank(s) restarted in process, 1 started again (attempt 2)" in detail
+    ((command, asked),) = rejoin.commands
+    assert asked == {0, 1, 2, 3} - {dead}
+    # rank 0's stable DNS name through the headless Service: the survivor's pod, or the new one
+    rank0 = f"job-k8s-{RUN}-a{2 if dead == 0 else 1}-r0"
+    assert command.master_addr == f"{rank0}.job-k8s-ranks.{NAMESPACE}.svc"
+    assert (command.attempt, command.world_size, command.master_port) == (2, 4, 29502)
+    # only the dead rank's pod is replaced, on its node, into the same rendezvous
+    assert api.deleted == [(f"job-k8s-{RUN}-a1-r{dead}", IMMEDIATE_GRACE_S)]
+    replacement = api.pod(2, dead)
+    assert _pinned_node(replacement) == ("gpu-b" if dead == 2 else "gpu-a")
+    env = _env(replacement)
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (command.master_addr, "29502")
+    assert (env["RANK"], env["WORLD_SIZE"], env["GOODPUT_ATTEMPT"]) == (str(dead), "4", "2")
+    assert replacement.metadata.name == f"job-k8s-{RUN}-a2-r{dead}"
+    assert len(api.pods) == 4
+    started = [e for e in recorder.of(schemas.RankStarted) if e.attempt == 2]
+    assert [(e.rank, e.node) for e in started] == [(dead, _pinned_node(replacement))]
+    status = recorder.of(schemas.JobStatus)[-1]
+    assert (status.state, status.attempt) == ("running", 2)
+    # a survivor's later exit counts for the attempt it is in now
+    survivor = 3
+    api.exit(f"job-k8s-{RUN}-a1-r{survivor}", 1)
+    exit_ = await recorder.wait_for(
+        lambda e: isinstance(e, schemas.RankExited) and e.rank == survivor
+    )
+    assert exit_.attempt == 2
+
+
+async def test_in_process_restart_that_misses_its_deadline_stops_every_pod(rig) -> None:
+    backend, api, recorder = rig
+    backend.rejoin = FakeRejoinRound(answering={0, 1})  # rank 3 is stuck in a native call
+    await backend.start_job(_start(nodes=2, spares=0, procs=2))
+    await _crash(api, recorder, 2)
+    with pytest.raises(RuntimeError, match=r"rank 3 did not rejoin within 0\.3 s"):
+        await backend.restart_in_process("rank crashed", deadline_s=0.3)
+    assert api.pods == {}  # survivors and the new rank 2 alike: the cold restart starts clean
+    status = recorder.of(schemas.JobStatus)[-1]
+    assert status.state == "restarting" and "in-process restart failed" in status.detail
+    await backend.restart("cold, after the warm restart failed")
+    assert sorted(api.pods) == [f"job-k8s-{RUN}-a3-r{r}" for r in range(4)]
+
+
+async def test_in_process_restart_is_refused_without_a_live_rank_or_a_bus(rig) -> None:
+    backend, api, recorder = rig
+    await backend.start_job(_start(nodes=1, spares=0, procs=2))
+    with pytest.raises(RuntimeError, match="no bus"):
+        await backend.restart_in_process("?", deadline_s=1.0)
+    backend.rejoin = FakeRejoinRound()
+    await _crash(api, recorder, 0)
+    await _crash(api, recorder, 1)
+    with pytest.raises(RuntimeError, match="no rank is alive"):
+        await backend.restart_in_process("?", deadline_s=1.0)
+    assert backend.attempt == 1
 
 
 async def _started_pod(
@@ -684,3 +897,22 @@ def test_the_deployed_actuator_options_fit_the_node_daemons_and_rbac() -> None:
         ("services", "create"),
     }
     assert needed <= granted
+
+
+async def test_a_second_run_on_the_same_actuator_has_only_its_own_ranks(rig) -> None:
+    backend, api, recorder = rig
+    backend.rejoin = FakeRejoinRound()
+    await backend.start_job(_start(nodes=1, spares=0))
+    for rank in (0, 1):
+        api.exit(f"job-k8s-{RUN}-a1-r{rank}", 0)
+    await recorder.wait_for(lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished")
+
+    await backend.start_job(msgspec.structs.replace(_start(nodes=1, spares=0), run_id="run-2"))
+    new = run_tag("run-2")
+    assert sorted(api.pods) == [f"job-k8s-{new}-a1-r{r}" for r in (0, 1)]  # the old ones gone
+    api.exit(f"job-k8s-{new}-a1-r1", 1)
+    await recorder.wait_for(lambda e: isinstance(e, schemas.RankExited) and e.exit_code == 1)
+    detail = await backend.restart_in_process("rank 1 crashed", deadline_s=5.0)
+    # the first run's finished ranks are not this run's dead ones
+    assert "1 rank(s) restarted in process, 1 started again" in detail
+    assert sorted(api.pods) == [f"job-k8s-{new}-a1-r0", f"job-k8s-{new}-a2-r1"]

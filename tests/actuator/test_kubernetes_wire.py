@@ -21,6 +21,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -148,6 +149,9 @@ class StandInApiServer:
             def do_POST(self) -> None:
                 body = self._body()
                 if self.path == f"/api/v1/namespaces/{NAMESPACE}/pods":
+                    if body["metadata"]["name"] in server.pods:
+                        self._send(409, {"kind": "Status", "reason": "AlreadyExists", "code": 409})
+                        return
                     body["status"] = {"phase": "Pending"}
                     server.pods[body["metadata"]["name"]] = body
                     server.created.append(body)
@@ -248,7 +252,7 @@ async def test_pods_go_over_the_wire_and_terminations_come_back_through_the_watc
     backend, server, recorder = wired
     start = schemas.StartJob(job=JOB, argv=["python", "train.py"], nodes=2, procs_per_node=1)
     await backend.start_job(start)
-    pod = server.pods["wire-a1-r1"]
+    pod = server.pods[backend.pod_name(1, 1)]
     # the JSON the API server receives is Kubernetes-shaped (camelCase, nested as expected)
     spec = pod["spec"]
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -256,17 +260,23 @@ async def test_pods_go_over_the_wire_and_terminations_come_back_through_the_watc
     assert spec["volumes"][0]["hostPath"]["type"] == "DirectoryOrCreate"
     assert spec["restartPolicy"] == "Never" and spec["subdomain"] == "wire-ranks"
     env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
-    assert env["RANK"] == "1" and env["MASTER_ADDR"] == "wire-a1-r0.wire-ranks.goodput.svc"
+    assert (
+        env["RANK"] == "1"
+        and env["MASTER_ADDR"] == f"{backend.pod_name(1, 0)}.wire-ranks.goodput.svc"
+    )
     assert server.services[0]["spec"]["clusterIP"] == "None"
 
     assert await asyncio.to_thread(server.watching.wait, 30)
-    server.exit("wire-a1-r1", 1)
+    server.exit(backend.pod_name(1, 1), 1)
     crashed = await recorder.wait_for(lambda e: isinstance(e, schemas.RankExited))
     assert (crashed.rank, crashed.exit_code, crashed.node) == (1, 1, "gpu-b")
 
     await backend.restart("rank 1 failed")
-    assert sorted(server.deletions) == [("wire-a1-r0", "1"), ("wire-a1-r1", "1")]
-    assert sorted(server.pods) == ["wire-a2-r0", "wire-a2-r1"]
+    assert sorted(server.deletions) == [
+        (backend.pod_name(1, 0), "1"),
+        (backend.pod_name(1, 1), "1"),
+    ]
+    assert sorted(server.pods) == [backend.pod_name(2, 0), backend.pod_name(2, 1)]
     killed = await recorder.wait_for(
         lambda e: isinstance(e, schemas.RankExited) and e.expected_reason == "restart"
     )
@@ -299,12 +309,12 @@ async def test_pods_of_a_node_declared_failed_are_force_deleted_and_their_exits_
     await command(backend)
     # gpu-a's pods are force-deleted (grace 0), not waited for; gpu-b's stop as before
     assert sorted(server.deletions) == [
-        ("wire-a1-r0", "0"),
-        ("wire-a1-r1", "0"),
-        ("wire-a1-r2", "1"),
-        ("wire-a1-r3", "1"),
+        (backend.pod_name(1, 0), "0"),
+        (backend.pod_name(1, 1), "0"),
+        (backend.pod_name(1, 2), "1"),
+        (backend.pod_name(1, 3), "1"),
     ]
-    assert not [name for name in server.pods if name.startswith("wire-a1-")]
+    assert not [name for name in server.pods if name.startswith(backend.pod_name(1, 0)[:-2])]
     # the exits of gpu-a's ranks are on record before the command returns
     lost = [e for e in recorder.events if isinstance(e, schemas.RankExited) and e.node == "gpu-a"]
     assert sorted((e.rank, e.attempt, e.signal, e.expected_reason) for e in lost) == [
@@ -314,32 +324,36 @@ async def test_pods_of_a_node_declared_failed_are_force_deleted_and_their_exits_
     assert backend.attempt == 2 and backend.state == "running"
 
 
-async def test_pods_left_terminating_on_a_node_later_declared_failed_are_force_deleted(
-    wired, monkeypatch
-):
-    from goodput_services.actuator import kubernetes_backend
-
-    # how long a restart waits for pods that never go: not what this test is about
-    monkeypatch.setattr(kubernetes_backend, "DELETE_MARGIN_S", 0.0)
+async def test_a_node_that_never_confirms_deletion_is_bounded_reported_and_suspect(wired):
     backend, server, recorder = wired
+    backend.pods.margin_s = 0.5  # how long past the 1 s grace a deletion may take here
     await backend.start_job(_two_nodes_of_two_ranks())
     assert await asyncio.to_thread(server.watching.wait, 30)
     server.dead_nodes.add("gpu-a")
     # a restart before anyone knows gpu-a is dead: its pods stay Terminating, no exit comes
-    await backend.restart("collective timeout")
-    assert {"wire-a1-r0", "wire-a1-r1"} <= set(server.pods)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="no pod placed: gpu-a never confirmed the deletion"):
+        await backend.restart("collective timeout")
+    assert time.monotonic() - started < 10  # bounded: 1 s grace + 0.5 s, not 31 s
+    assert {backend.pod_name(1, 0), backend.pod_name(1, 1)} <= set(server.pods)
+    # its ranks' exits are reported as lost (no code, no signal); no pod went to gpu-a
+    lost = [e for e in recorder.events if isinstance(e, schemas.RankExited) and e.node == "gpu-a"]
+    assert sorted((e.rank, e.exit_code, e.signal, e.expected_reason) for e in lost) == [
+        (0, None, None, "restart"),
+        (1, None, None, "restart"),
+    ]
+    on_a = sorted(name for name, p in server.pods.items() if _pinned_node(p) == "gpu-a")
+    assert on_a == [backend.pod_name(1, 0), backend.pod_name(1, 1)]
+    status = [e for e in recorder.events if isinstance(e, schemas.JobStatus)][-1]
+    assert "gpu-a never confirmed the deletion" in status.detail
 
+    # declared failed: its pods are force-deleted, the job goes on without it
     await backend.hot_swap("gpu-a", "", "gpu-a not ready")
     forced = sorted(name for name, grace in server.deletions if grace == "0")
-    assert forced == ["wire-a1-r0", "wire-a1-r1", "wire-a2-r0", "wire-a2-r1"]
-    assert not [name for name in server.pods if not name.startswith("wire-a3-")]
-    lost = [e for e in recorder.events if isinstance(e, schemas.RankExited) and e.node == "gpu-a"]
-    assert sorted((e.attempt, e.rank, e.signal) for e in lost) == [
-        (1, 0, 9),
-        (1, 1, 9),
-        (2, 0, 9),
-        (2, 1, 9),
-    ]
+    assert forced == [backend.pod_name(1, 0), backend.pod_name(1, 1)]
+    assert sorted(server.pods) == [backend.pod_name(2, r) for r in range(4)]
+    assert not {_pinned_node(p) for p in server.pods.values()} & {"gpu-a"}
+    assert len([e for e in recorder.events if isinstance(e, schemas.RankExited)]) == 4
 
 
 async def test_shutdown_stops_the_pod_watch_without_reporting_an_interruption(wired, caplog):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from goodput import schemas
-from goodput.bench.recovery import newest_held_by_all, rss_mib
+from goodput.bench.recovery import newest_held_by_all, rss_mib, survivors_after
 
 
 def persisted(rank: int, step: int, ts: int) -> schemas.CheckpointPersisted:
@@ -28,3 +28,13 @@ def test_resident_memory_of_a_process_and_of_one_that_is_gone():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert rss_mib(child.pid) is None
+
+
+def test_survivors_are_the_ranks_that_rejoined_in_process_after_the_decision():
+    def rejoined(rank: int, ts: int, ok: bool = True) -> schemas.RankRejoined:
+        return schemas.RankRejoined(
+            job="j", ts=ts, node="node-0", rank=rank, pid=100 + rank, attempt=1, ok=ok
+        )
+
+    events = [rejoined(0, 1), rejoined(1, 5), rejoined(2, 6, ok=False), rejoined(3, 7)]
+    assert survivors_after(events, after_ts=2) == [1, 3]  # rank 0's is an earlier trial's

@@ -54,14 +54,11 @@ def test_a_buffer_that_differs_from_the_committed_checksums_is_refused(tmp_path:
         assert_bit_exact(make_state(1), restored)
 
 
-def test_only_the_newest_snapshot_of_a_whole_state_is_in_memory(tmp_path: Path) -> None:
+def test_only_the_newest_snapshot_is_in_memory(tmp_path: Path) -> None:
     with CheckpointEngine(tmp_path) as engine:
         assert engine.save(make_state(1), 5).wait().ok
         assert engine.save(make_state(1), 6).wait().ok
         assert restore_from_host(engine, 5, make_state(2)) == "step 5 is no longer in host memory"
-    with CheckpointEngine(tmp_path / "sliced") as engine:
-        engine.save(make_state(1), 7, dp_rank=1, dp_world=2).wait()
-        assert restore_from_host(engine, 7, make_state(2)) == "host memory holds 1/2 of step 7"
 
 
 def test_a_step_whose_commit_is_gone_is_not_restored_from_memory(tmp_path: Path) -> None:

@@ -37,3 +37,48 @@ def test_a_rejoined_rank_restores_from_host_memory_with_the_saved_plan(tmp_path:
         assert cold is not None and cold.tier == "local" and cold.plan == PLAN
     finally:
         shim.finish({"w": torch.zeros(3)}, 4)  # step 4 is saved: flushes and closes
+
+
+def _node_rank(tmp_path: Path, local_rank: int) -> TrainerShim:
+    """Rank ``local_rank`` of a node with two ranks (they share the node's volume)."""
+    config = ShimConfig(
+        ckpt_dir=str(tmp_path),
+        world_size=2,
+        rank=local_rank,
+        local_rank=local_rank,
+        local_world_size=2,
+    )
+    return TrainerShim(config, install_signal_handlers=False)
+
+
+def test_with_two_ranks_per_node_the_survivor_restores_its_slice_from_host_memory(
+    tmp_path: Path,
+) -> None:
+    """Each rank saves half of the state; rank 1 dies and comes back as a new process (reads
+    the volume), rank 0 survives in process: tier "host", bit-exact, into its live tensors."""
+    saved = {"w": torch.arange(300_000, dtype=torch.float32), "b": torch.ones(5000)}
+    ranks = [_node_rank(tmp_path, r) for r in range(2)]
+    for shim in ranks:
+        assert shim.restore({"w": torch.zeros(300_000), "b": torch.zeros(5000)}) is None
+        shim.save(saved, 4)
+    for shim in ranks:
+        shim.engine.wait_until_idle()
+    survivor, dead = ranks
+    dead.finish(saved, 4)  # it is gone: its host buffer with it
+    respawned = _node_rank(tmp_path, 1)
+    rejoin = schemas.Rejoin(
+        job="j", attempt=2, master_addr="127.0.0.1", master_port=1, world_size=2
+    )
+    try:
+        survivor.answer_rejoin(rejoin, ok=True)
+        live = {"w": torch.full((300_000,), 9.0), "b": torch.zeros(5000)}
+        warm = survivor.restore(live)
+        assert warm is not None and warm.tier == "host" and warm.step == 4
+        assert warm.state["w"] is live["w"] and torch.equal(live["w"], saved["w"])
+        assert torch.equal(warm.state["b"], saved["b"])
+        cold = respawned.restore({"w": torch.zeros(300_000), "b": torch.zeros(5000)})
+        assert cold is not None and cold.tier == "local" and cold.step == 4
+        assert torch.equal(cold.state["w"], saved["w"]) and torch.equal(cold.state["b"], saved["b"])
+    finally:
+        survivor.finish(saved, 4)
+        respawned.finish(saved, 4)

@@ -23,6 +23,12 @@ rank started again), and reports both (``warm``, ``cold``) and their ratio. Each
 waits until the victim's node has a ready standby, and reports what a standby and a rank
 hold in memory (RSS). The warm job also gets one hang (its training loop blocked,
 heartbeats on) recovered in process. ``--mode cold`` measures the cold path alone.
+
+``--procs-per-node`` runs that many ranks on each of the two nodes; they split each
+checkpoint into slices (one per rank). Every trial reports where each rank's restore read
+from (``restore_tiers``) and which ranks survived in process (``survivors``): a warm trial
+should show every survivor on tier "host" (``survivors_from_host``), the other ranks'
+slices read from the node's volume, and the rank that replaced the victim on "local".
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from rich.table import Table
 from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
-from goodput.config import add_bus_arguments
+from goodput.config import add_bus_arguments, count_at_least
 from goodput.policies import cold_restart
 from goodput.rank_env import knobs
 from goodput.stack.launcher import start_stack, stop_stack, wait_healthy
@@ -88,6 +94,33 @@ async def _held_after(log: JobEvents, world_size: int, after_ts: int) -> int:
         await asyncio.sleep(0.02)
     raise TimeoutError(
         f"no checkpoint persisted by all {world_size} ranks, and no progress for {WAIT_S:g} s"
+    )
+
+
+async def _restores_after(log: JobEvents, world_size: int, after_ts: int) -> dict[int, str]:
+    """The tier each rank restored from in events stamped after ``after_ts``, once every rank
+    has restored (its first restore after that moment). A node's volume filled before its
+    ranks start reports rank -1: not a rank's restore."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        tiers: dict[int, str] = {}
+        for event in log.events[:]:
+            if (
+                isinstance(event, schemas.CheckpointRestored)
+                and event.ts > after_ts
+                and 0 <= event.rank < world_size
+            ):
+                tiers.setdefault(event.rank, event.tier)
+        if len(tiers) >= world_size:
+            return dict(sorted(tiers.items()))
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"not every one of {world_size} ranks restored within {WAIT_S:g} s")
+
+
+def survivors_after(events: list[schemas.Event], after_ts: int) -> list[int]:
+    """The ranks that restarted in process (kept their process and memory) after ``after_ts``."""
+    return sorted(
+        {e.rank for e in events if isinstance(e, schemas.RankRejoined) and e.ok and e.ts > after_ts}
     )
 
 
@@ -136,6 +169,8 @@ async def _trial(
     await _held_after(log, status.world_size, max(resumed_ts, status.ts))
     latest = _newest_status(log)
     victim_node = latest.active_nodes[turn % len(latest.active_nodes)]
+    # with several ranks per node, successive trials kill different local ranks
+    victim_index = turn % len(latest.pids[victim_node])
     if standbys:
         await log.wait_for(
             lambda e: isinstance(e, schemas.JobStatus) and bool(e.standbys.get(victim_node)),
@@ -145,7 +180,7 @@ async def _trial(
         )
         latest = _newest_status(log)
     memory = {
-        "rank_rss_mib": rss_mib(latest.pids[victim_node][0]),
+        "rank_rss_mib": rss_mib(latest.pids[victim_node][victim_index]),
         "standby_rss_mib": rss_mib(latest.standbys[victim_node][0]) if standbys else None,
     }
     killed_ts = schemas.now_ns()
@@ -155,7 +190,7 @@ async def _trial(
         )
         await bus.send_command(subjects.TRAINER, hang)
     else:
-        os.kill(latest.pids[victim_node][0], signal.SIGKILL)
+        os.kill(latest.pids[victim_node][victim_index], signal.SIGKILL)
     sig = await log.wait_for(
         lambda e: isinstance(e, schemas.Signal) and e.node == victim_node,
         WAIT_S,
@@ -189,6 +224,8 @@ async def _trial(
         "the first step after resume",
         after_ts=restored.ts,
     )
+    tiers = await _restores_after(log, status.world_size, decision.ts)
+    survivors = survivors_after(log.events[:], decision.ts)
     held = newest_held_by_all(log.events[:], status.world_size, killed_ts)
     load_started = restored.ts - int(restored.duration_s * NS)
     replaced_by = [
@@ -212,6 +249,9 @@ async def _trial(
         ),
         "newest_persisted_step": held,
         "restored_step": restored.step,
+        "restore_tiers": tiers,
+        "survivors": survivors,
+        "survivors_from_host": bool(survivors) and all(tiers[r] == "host" for r in survivors),
         "detect_s": (sig.ts - killed_ts) / NS,
         "decide_s": (decision.ts - sig.ts) / NS,
         "restart_s": max(load_started - decision.ts, 0) / NS,
@@ -228,7 +268,13 @@ async def _trial(
 
 
 async def _measure(
-    settings, job: str, trials: int, steps: int, console: Console, warm: bool
+    settings,
+    job: str,
+    trials: int,
+    steps: int,
+    console: Console,
+    warm: bool,
+    procs_per_node: int = 1,
 ) -> list[dict]:
     bus = await Bus.connect(settings, name="goodput-bench-recovery")
     log = await JobEvents(bus, job).start()
@@ -246,7 +292,7 @@ async def _measure(
                 "0",
             ],
             nodes=2,
-            procs_per_node=1,
+            procs_per_node=procs_per_node,
             spares=1,
             env=knobs(ckpt_every=10, enable_fault_injection=warm),
             standbys=1 if warm else 0,
@@ -272,7 +318,8 @@ async def _measure(
             console.print(
                 f"trial {trial + 1} ({fault}): {result['total_s']:.2f} s ({result['rule']}), step "
                 f"{result['killed_at_step']} killed, {result['restored_step']} restored "
-                f"(newest on every rank: {result['newest_persisted_step']})"
+                f"(newest on every rank: {result['newest_persisted_step']}); restored from "
+                f"{result['restore_tiers']}, survivors {result['survivors']}"
             )
             results.append(result)
         await bus.send_command(subjects.ACTUATOR, schemas.Stop(job=job, reason="benchmark done"))
@@ -301,6 +348,7 @@ def _summary(trials: list[dict]) -> dict:
         "standby_rss_mib": max((t["standby_rss_mib"] or 0 for t in kills), default=0) or None,
         "rank_rss_mib": max((t["rank_rss_mib"] or 0 for t in kills), default=0) or None,
         "total_s": round(statistics.median(t["total_s"] for t in kills), 3),
+        "survivors_from_host": all(t["survivors_from_host"] for t in kills),
         **{
             part: round(statistics.median(t[part] for t in kills), 3)
             for part in (*PARTS, *RESTART_PARTS)
@@ -327,7 +375,15 @@ def _run_mode(args: argparse.Namespace, mode: str, console: Console) -> dict:
             stack, settings = start_stack(args, state_dir, "bench", 3, console, flags)
             asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
             trials = asyncio.run(
-                _measure(settings, stack.job, args.trials, args.steps, console, mode == "warm")
+                _measure(
+                    settings,
+                    stack.job,
+                    args.trials,
+                    args.steps,
+                    console,
+                    mode == "warm",
+                    args.procs_per_node,
+                )
             )
         finally:
             stop_stack(state_dir)
@@ -339,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
     load_before = round(os.getloadavg()[0], 2)
     bare_before = bare_start_s()
     modes = ("warm", "cold") if args.mode == "warm" else ("cold",)
-    result: dict = {"load_1m_before": load_before}
+    result: dict = {"load_1m_before": load_before, "procs_per_node": args.procs_per_node}
     try:
         for mode in modes:
             console.print(f"[bold]{mode} recovery[/]")
@@ -374,6 +430,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"hang recovered ({hang['rule']}): {hang['total_s']:.2f} s to the next step")
     if "warm_over_cold" in result:
         console.print(f"warm / cold: {result['warm_over_cold']:.2f} (target ≤ 0.33)")
+        host = result["warm"]["survivors_from_host"]
+        console.print(f"every warm trial's survivors restored from host memory: {host}")
     console.print(
         f"bare start (2 processes importing torch + the job, same machine): {bare:.2f} s; "
         f"load average {result['load_1m_before']} → {result['load_1m_after']}"
@@ -389,6 +447,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--trials", type=int, default=3, help="kills in one job (default 3)")
+    parser.add_argument(
+        "--procs-per-node",
+        type=count_at_least(1),
+        default=1,
+        help="ranks on each of the two nodes (default 1); they save one slice each, so a "
+        "survivor's warm restore takes its slice from memory and the rest from the volume",
+    )
     parser.add_argument(
         "--mode",
         choices=("warm", "cold"),

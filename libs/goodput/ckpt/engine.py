@@ -430,6 +430,12 @@ class CheckpointEngine:
             while self._planning or self._pending or self._persisting:
                 self._cond.wait()
 
+    @property
+    def policy(self) -> DirectIOPolicy:
+        """How this engine's files are read and written (a restore from host memory reads the
+        other ranks' slices with it)."""
+        return self._policy
+
     def latest_complete_step(self) -> int | None:
         return catalog.latest_complete_step(self.root)
 

@@ -14,6 +14,7 @@ import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,43 +105,77 @@ def _check_coverage(manifest: Manifest) -> None:
         raise CorruptCheckpointError(f"data files end at {position}, not {manifest.stream_bytes}")
 
 
-def load_checkpoint(
-    path: Path,
+@dataclass
+class LoadTargets:
+    """Where a manifest's tensors land: the tensors the restored state holds, the CPU byte
+    views their bytes are written to, and the staged copies still to make into CUDA or
+    non-contiguous targets (``finish``)."""
+
+    tensors: list[torch.Tensor]
+    views: list[torch.Tensor | None]
+    late_copies: list[tuple[torch.Tensor, torch.Tensor]]
+
+    def finish(self) -> None:
+        """Copy the staged bytes into their targets (one synchronize for all CUDA copies)."""
+        for target, staging in self.late_copies:
+            target.copy_(staging, non_blocking=target.is_cuda)
+        if any(target.is_cuda for target, _ in self.late_copies):
+            torch.cuda.synchronize()
+
+    def state(self, manifest: Manifest) -> Any:
+        """The checkpoint's structure holding the loaded tensors."""
+        return unflatten(manifest.tree, lambda i: self.tensors[i])
+
+
+def prepare_targets(
     manifest: Manifest,
+    into: Any,
+    policy: DirectIOPolicy,
     *,
-    into: Any = None,
-    io_threads: int = 2,
-    policy: DirectIOPolicy | None = None,
-) -> Any:
-    """Load one verified checkpoint; raises CorruptCheckpointError on any bad byte."""
-    policy = policy or DirectIOPolicy()
-    _check_coverage(manifest)
-    count = len(manifest.tensors)
-    targets: list[torch.Tensor | None] = [None] * count
+    whole: frozenset[int] = frozenset(),
+) -> LoadTargets:
+    """Bind the tensors of ``into`` that match the checkpoint's, allocate the others.
+
+    A CUDA or non-contiguous target gets a host staging tensor to receive its bytes, except
+    the ``whole`` ones: tensors whose bytes are copied in one piece from host memory, which a
+    contiguous target (CUDA included) takes directly."""
+    targets: list[torch.Tensor | None] = [None] * len(manifest.tensors)
     if into is not None:
         _bind_targets(into, unflatten(manifest.tree), manifest, targets)
-    fill: list[torch.Tensor] = []
+    tensors: list[torch.Tensor] = []
+    views: list[torch.Tensor | None] = []
     late_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
     for index, entry in enumerate(manifest.tensors):
         dtype = dtype_from_name(entry.dtype)
         target = targets[index]
         if target is None:
-            target = targets[index] = (
+            target = (
                 _aligned_like_file(entry.shape, dtype, entry.offset)
                 if policy.wanted_for_reads
                 else torch.empty(entry.shape, dtype=dtype)
             )
-        if target.is_cuda or not target.is_contiguous():
-            staging = torch.empty(entry.shape, dtype=dtype, pin_memory=target.is_cuda)
-            late_copies.append((target, staging))
-            target = staging
-        fill.append(target)
-    views: list[torch.Tensor | None] = [
-        byte_view(tensor) if entry.nbytes else None
-        for tensor, entry in zip(fill, manifest.tensors, strict=True)
-    ]
-    index = StreamIndex(manifest.tensors)
-    files = manifest.files
+        tensors.append(target)
+        fill = target
+        direct = target.is_contiguous() and (index in whole or not target.is_cuda)
+        if not direct:
+            fill = torch.empty(entry.shape, dtype=dtype, pin_memory=target.is_cuda)
+            late_copies.append((target, fill))
+        views.append(byte_view(fill) if entry.nbytes else None)
+    return LoadTargets(tensors, views, late_copies)
+
+
+def read_files(
+    path: Path,
+    files: list[FileEntry],
+    index: StreamIndex,
+    views: list[torch.Tensor | None],
+    io_threads: int,
+    policy: DirectIOPolicy,
+) -> None:
+    """Read and verify ``files`` of the checkpoint at ``path`` into the byte ``views``,
+    ``io_threads`` files at a time; raises CorruptCheckpointError on any bad byte."""
+    if not files:
+        return
     workers = max(1, min(io_threads, len(files)))
     stagings = [HostBuffer(2 * READ_CHUNK_BYTES) for _ in range(workers)]
     try:
@@ -170,11 +205,24 @@ def load_checkpoint(
             staging.release()
     if errors:
         raise errors[0]
-    for target, staging in late_copies:
-        target.copy_(staging, non_blocking=target.is_cuda)
-    if any(target.is_cuda for target, _ in late_copies):
-        torch.cuda.synchronize()
-    restored = unflatten(manifest.tree, lambda i: targets[i])
+
+
+def load_checkpoint(
+    path: Path,
+    manifest: Manifest,
+    *,
+    into: Any = None,
+    io_threads: int = 2,
+    policy: DirectIOPolicy | None = None,
+) -> Any:
+    """Load one verified checkpoint; raises CorruptCheckpointError on any bad byte."""
+    policy = policy or DirectIOPolicy()
+    _check_coverage(manifest)
+    targets = prepare_targets(manifest, into, policy)
+    index = StreamIndex(manifest.tensors)
+    read_files(path, manifest.files, index, targets.views, io_threads, policy)
+    targets.finish()
+    restored = targets.state(manifest)
     return restored if into is None else _merge(into, restored)
 
 

@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -166,7 +167,7 @@ def run_in_process(
                 raise  # no group to rejoin, or no supervisor to send a Rejoin
             log.warning("training step abandoned (%s); leaving the process group", exc)
             shim.set_busy("restarting")
-            stuck = _leave_group(job, abort, abort_timeout_s)
+            stuck = _abandon_step(job, exc, abort, abort_timeout_s)
             command = mailbox.wait(rejoin_wait_s)
             if command is None:
                 log.error("no Rejoin within %.0f s; exiting for a cold restart", rejoin_wait_s)
@@ -226,6 +227,17 @@ def _restore(shim: TrainerShim, job: ResumableJob) -> bool:
     if restored is not None:
         job.load_state_dict(restored.state, restored.plan)
     return restored is not None
+
+
+def _abandon_step(
+    job: ResumableJob, failure: BaseException, abort: GroupAbort, timeout_s: float
+) -> str:
+    """Leave the group a failed step was using (``_leave_group``'s answer). The traceback's
+    frames (a collective's locals) hold that group: cleared, the group is freed once aborted
+    and its gloo connections close, so a peer blocked on this rank fails now; kept, the peer
+    hangs until this process exits (gloo's abort closes nothing)."""
+    traceback.clear_frames(failure.__traceback__)
+    return _leave_group(job, abort, timeout_s)
 
 
 def _leave_group(job: ResumableJob, abort: GroupAbort, timeout_s: float) -> str:

@@ -6,7 +6,8 @@ optimizer before it can join its peers — most of a recovery when one rank dies
 data: a :class:`~goodput.shim.inprocess.ResumableJob`, no process group yet), so the shim can
 call it ahead of time. Under the actuator a job started with ``StartJob.standbys`` then has
 standby processes on every node: each builds its job and waits for an assignment
-(:mod:`goodput.standby_channel`: the RankEnv a rank started cold would find in its
+(:mod:`goodput.standby_channel`, a socket pair locally, the bus for a pod: the RankEnv a
+rank started cold would find in its
 environment). Assigned, it is a rank like any other: it joins the rendezvous, restores the
 agreed checkpoint and trains, in the shim's own loop (in-process restart included).
 
@@ -33,7 +34,7 @@ from goodput.shim.group_abort import ABORT_TIMEOUT_S
 from goodput.shim.inprocess import ResumableJob, RunOutcome
 from goodput.shim.rescale import RescaleCallback
 from goodput.shim.trainer import TrainerShim
-from goodput.standby_channel import StandbyReleased, await_assignment
+from goodput.standby_channel import StandbyReleased, receive_assignment
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def run_job(
     if standby:
         log.info("standby: state built in %.2f s; waiting for an assignment", _since(started))
         try:
-            assignment = await_assignment()
+            assignment = receive_assignment()
         except StandbyReleased:
             log.info("standby released without an assignment")
             raise SystemExit(0) from None

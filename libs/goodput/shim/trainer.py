@@ -214,13 +214,21 @@ class TrainerShim:
 
     def _load(self, step: int, template_state: dict[str, Any]) -> tuple[int, Any, RestoreTier]:
         """``step`` from host memory after an in-process restart when the buffer still holds
-        it intact, otherwise from the volume (newest intact at or before ``step``)."""
+        it intact, otherwise from the volume (newest intact at or before ``step``). The ranks
+        of a node save one slice each (``save``): a survivor takes its own from memory and
+        the other ranks' from the volume, and reports tier "host"."""
         if not self._memory_intact:
             return (*self.engine.restore(step=step, into=template_state), self._volume_tier)
         self._memory_intact = False
         if isinstance(self.engine, CheckpointEngine):
             outcome = restore_from_host(self.engine, step, template_state)
             if isinstance(outcome, HostRestore):
+                log.info(
+                    "restored step %d: %d bytes from host memory, %d from the volume",
+                    outcome.step,
+                    outcome.host_bytes,
+                    outcome.volume_bytes,
+                )
                 c = self.config
                 self._publish(
                     restored_report(

@@ -11,7 +11,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 from goodput import schemas
 from goodput.bus import BusSettings
@@ -32,6 +32,9 @@ GpuResetter = Callable[[str, list[int], str, int], Awaitable[tuple[bool, str]]]
 RejoinRound = Callable[
     [schemas.Rejoin, set[int], float], Awaitable[dict[int, schemas.RankRejoined]]
 ]
+#: hands a pod standby (its assignment subject) a rank's environment; returns "" when the
+#: standby took it, else why not (the rank then starts cold)
+AssignStandby = Callable[[str, RankEnv], Awaitable[str]]
 #: returns once the job publishes a step after the call (the job trains again): standbys are
 #: started then, never while the ranks start up, whom they would slow down
 NextStep = Callable[[], Awaitable[None]]
@@ -105,6 +108,8 @@ class MembershipBackend(ABC):
     rejoin: RejoinRound | None = None
     #: when the job trains again (set by the service; None: standbys start right away)
     next_step: NextStep | None = None
+    #: how a pod standby is handed its rank (set by the service; None: pod standbys start cold)
+    assign_standby: AssignStandby | None = None
     spec: schemas.StartJob | None
     membership: Membership | None
     ranks: list[Any]
@@ -126,6 +131,12 @@ class MembershipBackend(ABC):
     @abstractmethod
     def _pids(self) -> dict[str, list[int]]:
         """Rank process ids per node, where this machine can see them."""
+
+    async def _gpu_holders(self, nodes: list[str]) -> dict[str, str]:
+        """What of this job still runs on ``nodes`` after its ranks were stopped, by node
+        (empty: nothing; a GPU reset is asked only then). Here: the rank pids still known."""
+        pids = self._pids()
+        return {n: "pid " + ", ".join(map(str, pids[n])) for n in nodes if pids.get(n)}
 
     def _standby_pids(self) -> dict[str, list[int]]:
         """Ready standby processes per node (a backend that keeps none: none)."""
@@ -205,9 +216,72 @@ class MembershipBackend(ABC):
     async def restart_in_process(
         self, reason: str, deadline_s: float, standbys: bool = False
     ) -> str:
-        """Survivors rejoin a fresh rendezvous in process; only a backend that can start
-        single ranks next to running ones supports it (the refusal makes it a cold restart)."""
-        raise RuntimeError(f"in-process restart is not supported by the {type(self).__name__}")
+        """Warm restart: the live ranks rejoin a fresh rendezvous in their processes (a
+        ``Rejoin`` over the bus), the dead ones are started again into it (from a ready standby
+        with ``standbys`` where the backend keeps them, else cold). A live rank that does not
+        rejoin by the deadline (stuck in a native call), or a dead one that cannot be started
+        again, fails the command, and every rank is stopped so that the cold restart the
+        controller decides next starts from a clean slate."""
+        async with self._lock:
+            membership = self._require_job()
+            if self.rejoin is None:
+                raise RuntimeError("the actuator has no bus to reach the trainers")
+            live, dead = self._survivors()
+            if not live:
+                raise RuntimeError("no rank is alive to restart in process")
+            self.state = "restarting"
+            self.attempt += 1
+            master_addr, master_port = self._rendezvous(live)
+            command = schemas.Rejoin(
+                job=self.job,
+                attempt=self.attempt,
+                master_addr=master_addr,
+                master_port=master_port,
+                world_size=membership.world_size,
+                reason=reason,
+            )
+            answers = asyncio.ensure_future(
+                self.rejoin(command, {r.rank for r in live}, deadline_s)
+            )
+            try:
+                await self._start_again(dead, master_addr, master_port, standbys)
+            except Exception as exc:
+                answers.cancel()
+                await self._fail_in_process(f"dead ranks not started again: {exc}")
+            for entry in live:
+                entry.attempt = self.attempt
+            failed = not_rejoined([r.rank for r in live], await answers, deadline_s)
+            if failed:
+                await self._fail_in_process(failed)
+            self.state = "running"
+            await self._report(f"in-process restart: {reason or 'in-job restart'}")
+            return (
+                f"{len(live)} rank(s) restarted in process, {len(dead)} started again "
+                f"(attempt {self.attempt})"
+            )
+
+    async def _fail_in_process(self, why: str) -> NoReturn:
+        await self._terminate(graceful=False, why="in-process restart failed")
+        # "restarting": between attempts, until the controller's cold restart
+        await self._report(f"in-process restart failed: {why}")
+        raise RuntimeError(f"in-process restart failed: {why}")
+
+    @abstractmethod
+    def _survivors(self) -> tuple[list[Any], list[Any]]:
+        """The current attempt's ranks split into (still running, exited); each has ``rank``
+        and ``attempt``."""
+
+    @abstractmethod
+    def _rendezvous(self, live: list[Any]) -> tuple[str, int]:
+        """(address, port) of the next attempt's rendezvous: rank 0's, a port its previous
+        group's store does not hold."""
+
+    @abstractmethod
+    async def _start_again(
+        self, dead: list[Any], master_addr: str, master_port: int, standbys: bool
+    ) -> None:
+        """Start the ``dead`` ranks again as ranks of the current attempt, into the
+        rendezvous at ``master_addr:master_port``."""
 
     async def hot_swap(self, failed: str, spare: str, reason: str, standbys: bool = False) -> str:
         async with self._lock:
@@ -291,6 +365,11 @@ class MembershipBackend(ABC):
         A reset that fails leaves the ranks stopped and fails the command, so the controller
         decides the fault again (the next rung replaces the node).
         """
+        holders = await self._gpu_holders(list(reset))
+        if holders:
+            why = "; ".join(f"{node} still has {what}" for node, what in holders.items())
+            await self._report(f"GPU reset not asked, ranks stay stopped: {why}")
+            raise RuntimeError(f"GPU reset not asked, ranks not relaunched: {why}")
         await self._report(f"ranks stopped; resetting the GPUs of {', '.join(reset)}")
         if self.gpu_resetter is None:
             raise RuntimeError("GPU reset asked for, but this actuator reaches no host monitor")
@@ -392,6 +471,20 @@ class MembershipBackend(ABC):
             attributes={"goodput.attempt": self.attempt + 1, "goodput.why": why},
         ):
             await self._launch("running", detail, standbys=standbys)
+
+
+def not_rejoined(
+    live: list[int], answers: dict[int, schemas.RankRejoined], deadline_s: float
+) -> str:
+    """Why the ``live`` ranks did not all rejoin ("" when they did)."""
+    problems = []
+    for rank in live:
+        answer = answers.get(rank)
+        if answer is None:
+            problems.append(f"rank {rank} did not rejoin within {deadline_s:g} s")
+        elif not answer.ok:
+            problems.append(f"rank {rank} cannot: {answer.detail}")
+    return "; ".join(problems)
 
 
 def create_backend(

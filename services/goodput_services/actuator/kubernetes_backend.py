@@ -5,8 +5,23 @@ old attempt's pods are deleted (with a grace period when they are healthy and sh
 immediately when a rank failed) and the new attempt's pods are created (``kubernetes_pods``).
 Pods on a node the supervisor declared failed are force-deleted (grace 0) and their exits
 recorded at once: without a kubelet to confirm that their containers stopped, a graceful
-delete would leave them Terminating for good. The pod watch (``kubernetes_watch``) turns the
-other pod terminations into ``RankExited`` events.
+delete would leave them Terminating for good; on a node not declared failed such a wait is
+bounded, and the node suspect after it (``kubernetes_ranks``). The pod watch
+(``kubernetes_watch``) turns the other pod terminations into ``RankExited`` events.
+
+Pod names carry the run (``<job>-<run tag>-a<attempt>-r<rank>``): an actuator restarted while
+an earlier run's pods are still Terminating starts its run beside them, without a name clash;
+it deletes them first (force-deletes those on a node that is not Ready) and does not report
+their exits, which belong to the earlier run.
+
+In-process restart (``MembershipBackend.restart_in_process``): the surviving pods rejoin a
+fresh rendezvous at rank 0's stable DNS name through the job's headless Service
+(``<rank-0 pod>.<service>.<namespace>.svc``, the survivor's own pod when rank 0 survived) on a
+port of its own per attempt; each dead rank's pod is deleted (its GPU is freed with it: a
+container's GPU request is fixed at its creation) and a new pod joins the same rendezvous.
+
+Standbys (``kubernetes_standbys``): pods on the spare nodes only, holding their GPUs with
+the job built; a launch onto a spare (a hot swap) hands them its ranks over the bus.
 
 This backend has been tested against fakes of the Kubernetes API only (one of them over HTTP
 through the real client); it has not been run against a real cluster from this repository.
@@ -17,20 +32,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubernetes import client, config, watch
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client, watch
 
-from goodput import schemas
+from goodput import schemas, subjects
 from goodput.bus import BusSettings
 from goodput.ckptfmt import node_volume
 from goodput.membership import Membership, check_job_shape
-from goodput.subjects import check_token
+from goodput.standby_channel import READY_FILE
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
@@ -39,41 +50,29 @@ from goodput_services.actuator.kubernetes_pods import (
     LABEL_JOB,
     LABEL_NODE,
     LABEL_RANK,
+    LABEL_ROLE,
+    LABEL_RUN,
     PodApi,
+    cluster_nodes,
     dns_label,
-    exit_of,
-    is_ready,
+    ensure_service,
+    pod_name,
     rank_pod,
     rendezvous_service,
-    terminated_state,
+    run_tag,
 )
+from goodput_services.actuator.kubernetes_ranks import RankPod, RankPods, api_reason
+from goodput_services.actuator.kubernetes_standbys import PodStandbys, standby_env
 from goodput_services.actuator.kubernetes_watch import PodEvent, PodWatch, PodWatcher
 
 log = logging.getLogger(__name__)
 
-#: a deleted pod that is still there this long after its grace period is left behind
-DELETE_MARGIN_S = 30.0
 #: "immediate" deletion on a live node: 0 would remove the pod object before its containers
 #: stopped, and a new rank pod could then start on a GPU the old process still holds
 IMMEDIATE_GRACE_S = 1
-#: deletion on a node declared failed: no rank of the job starts there again, and no kubelet
-#: may ever confirm that the containers stopped, so the object is removed at once
-FORCE_GRACE_S = 0
-
-
-@dataclass(eq=False)
-class RankPod:
-    name: str
-    node: str
-    rank: int
-    local_rank: int
-    attempt: int
-    expected_reason: str = ""
-    #: an event or listing showed it exists (only then does its absence mean deleted)
-    seen: bool = False
-    exited: bool = False
-    succeeded: bool = False
-    gone: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+#: an attempt's rendezvous port is ``master_port`` plus its attempt number modulo this: a
+#: survivor restarting in process still holds the previous attempt's store port
+RENDEZVOUS_PORTS = 64
 
 
 class KubernetesBackend(MembershipBackend):
@@ -94,7 +93,7 @@ class KubernetesBackend(MembershipBackend):
         self.bus_settings = bus_settings
         self.emit = emit
         self.options = options
-        self.stop_grace_s = options.stop_grace_s + DELETE_MARGIN_S
+        self.stop_grace_s = options.stop_grace_s + options.delete_margin_s
         self.api = api
         self.prepare_node = prepare_node
         self.spec: schemas.StartJob | None = None
@@ -103,8 +102,9 @@ class KubernetesBackend(MembershipBackend):
         self.state: str = "stopped"
         #: the current attempt's pods, in rank order
         self.ranks: list[RankPod] = []
-        #: every pod this backend created that has not been seen deleted yet, by name
-        self.pods: dict[str, RankPod] = {}
+        #: every pod this backend knows that has not been seen deleted yet
+        self.pods = RankPods(api, options.namespace, self._rank_exited, options.delete_margin_s)
+        self.standbys = PodStandbys(api, options.namespace, self._standby_pod, self._report)
         self.service_name = f"{dns_label(job, 50)}-ranks"
         self.rank_bus = RankBus.of(bus_settings, options)
         self._lock = asyncio.Lock()
@@ -117,7 +117,7 @@ class KubernetesBackend(MembershipBackend):
     ) -> KubernetesBackend:
         """A backend talking to the cluster: in-cluster credentials in a pod, else kubeconfig."""
         RankBus.of(bus_settings, options)  # a refusal before the cluster is asked anything
-        api_client = _api_client(options)
+        api_client = options.api_client()
         return cls(
             job=job,
             bus_settings=bus_settings,
@@ -132,30 +132,42 @@ class KubernetesBackend(MembershipBackend):
     async def start_job(self, spec: schemas.StartJob) -> str:
         async with self._lock:
             check_job_shape(spec)
-            if spec.standbys:
-                raise RuntimeError(
-                    "standby ranks need the local backend: a rank pod cannot be handed a rank"
-                )
             if not (spec.image or self.options.image):
                 raise RuntimeError(
                     "the job names no rank image and the actuator has no default: "
                     "goodput run --backend kubernetes --image IMAGE, or kubernetes.image"
                 )
-            nodes = await asyncio.to_thread(self._eligible_nodes)
+            nodes, ready = await asyncio.to_thread(
+                cluster_nodes, self.api, self.options.node_selector
+            )
             if len(nodes) < spec.nodes:
                 raise RuntimeError(
                     f"the job needs {spec.nodes} nodes; {len(nodes)} ready nodes match "
                     f"{self.options.node_selector!r}: {', '.join(nodes) or 'none'}"
                 )
             await self._begin_run(spec)
+            await self.standbys.release(None, 0)  # an earlier run's: the leftovers go below
+            self.standbys.configure(
+                min(spec.standbys, spec.procs_per_node),
+                f"{dns_label(self.job, 40)}-{run_tag(spec.run_id)}",
+            )
+            self._start_watch()
+            service = rendezvous_service(self.service_name, self.job, self.options.master_port)
+            await asyncio.to_thread(ensure_service, self.api, self.options.namespace, service)
+            await self._remove_leftovers(ready)
+            self.ranks = []  # an earlier run's, deleted with the leftovers: not this run's
+            # a node that kept an earlier run's pod Terminating may still run it on its GPUs
+            nodes = [n for n in nodes if n not in self.pods.suspect]
+            if len(nodes) < spec.nodes:
+                self.state = "failed"
+                why = self.pods.suspect_detail(sorted(self.pods.suspect))
+                await self._report(f"not enough nodes: {why}")
+                raise RuntimeError(f"the job needs {spec.nodes} nodes; {why}")
             self.membership = Membership(
                 active=nodes[: spec.nodes],
                 spares=nodes[spec.nodes : spec.nodes + spec.spares],
                 procs_per_node=spec.procs_per_node,
             )
-            self._start_watch()
-            await asyncio.to_thread(self._ensure_service)
-            await self._remove_leftovers()
             short = spec.spares - len(self.membership.spares)
             await self._launch(
                 "starting", "job started" + (f"; {short} spare(s) short" if short else "")
@@ -176,103 +188,195 @@ class KubernetesBackend(MembershipBackend):
 
     # ---- state -------------------------------------------------------------------------------
 
+    def _standby_pids(self) -> dict[str, list[int]]:
+        return self.standbys.ready_counts()
+
+    async def _release_standbys(self, nodes: list[str] | None) -> None:
+        await self.standbys.release(nodes, IMMEDIATE_GRACE_S + self.options.delete_margin_s)
+
+    async def return_node(self, node: str) -> str:
+        done = await super().return_node(node)
+        async with self._lock:
+            await self._keep_standbys()  # a spare again: it keeps standbys for a hot swap
+        return done
+
+    async def _keep_standbys(self) -> None:
+        """Standbys on the spare nodes, none elsewhere (an active node's GPUs are its ranks')."""
+        if self.membership is None or not self.standbys.per_node:
+            return
+        spares = self.membership.spares
+        await self._release_standbys([n for n in self.standbys.nodes() if n not in spares])
+        if await self.standbys.fill(spares):
+            log.info("standby pods created on %s", ", ".join(spares))
+
     def _pids(self) -> dict[str, list[int]]:
-        """Empty: rank processes live in pods, not on this machine."""
+        """Empty: rank processes live in pods, not on this machine (a node's host monitor
+        sees them through NVML; ``_gpu_holders`` checks their pods before a reset)."""
         return {}
+
+    async def _gpu_holders(self, nodes: list[str]) -> dict[str, str]:
+        return await asyncio.to_thread(self.pods.holders, f"{LABEL_JOB}={self.job}", nodes)
 
     # ---- cluster objects ---------------------------------------------------------------------
 
-    def _eligible_nodes(self) -> list[str]:
-        """Ready, schedulable nodes matching the selector, in a stable (name) order."""
-        listing = self.api.list_node(label_selector=self.options.node_selector)
-        names = sorted(
-            node.metadata.name
-            for node in listing.items
-            if not (node.spec and node.spec.unschedulable) and is_ready(node)
-        )
-        for name in names:
-            try:
-                check_token(name, "node name")
-            except ValueError as exc:
-                raise RuntimeError(str(exc)) from exc
-        return names
-
-    def _ensure_service(self) -> None:
-        body = rendezvous_service(self.service_name, self.job, self.options.master_port)
-        try:
-            self.api.create_namespaced_service(self.options.namespace, body)
-        except ApiException as exc:
-            if exc.status != 409:  # already there from an earlier start
-                raise RuntimeError(f"cannot create service {self.service_name}: {exc}") from exc
-
     def pod_name(self, attempt: int, rank: int) -> str:
-        return f"{dns_label(self.job, 40)}-a{attempt}-r{rank}"
+        return pod_name(self.job, self.run_id, attempt, rank)
 
-    def master_addr(self) -> str:
-        return f"{self.pod_name(self.attempt, 0)}.{self.service_name}.{self.options.namespace}.svc"
+    def address(self, name: str) -> str:
+        """A rank pod's stable DNS name through the job's headless Service."""
+        return f"{name}.{self.service_name}.{self.options.namespace}.svc"
+
+    def rendezvous_port(self, attempt: int) -> int:
+        return self.options.master_port + attempt % RENDEZVOUS_PORTS
 
     def rank_bus_environment(self) -> dict[str, str]:
         return self.rank_bus.env
 
-    def _rank_pod(self, node: str, node_index: int, rank: int, local_rank: int) -> client.V1Pod:
-        """The pod of one rank of the current attempt, pinned to ``node``."""
+    def _standby_pod(self, name: str, node: str) -> client.V1Pod:
+        """A standby of the current run on ``node`` (``kubernetes_standbys``)."""
         assert self.spec is not None
+        env = standby_env(self.spec.env, self.rank_bus_environment(), self.job, node, name)
+        labels = {LABEL_ROLE: "standby", LABEL_NODE: node}
+        return self._pod(name, node, labels, env, ready_file=str(READY_FILE))
+
+    def _rank_pod(
+        self, entry: RankPod, node_index: int, master_addr: str, master_port: int
+    ) -> client.V1Pod:
+        """The pod of one rank of the current attempt, pinned to its node."""
         env = self.rank_environment(
-            node=node,
+            node=entry.node,
             node_index=node_index,
-            rank=rank,
-            local_rank=local_rank,
-            master_addr=self.master_addr(),
-            master_port=self.options.master_port,
-            volume=node_volume(Path(self.options.checkpoint_mount_path), node, self.job),
+            rank=entry.rank,
+            local_rank=entry.local_rank,
+            master_addr=master_addr,
+            master_port=master_port,
+            volume=self.volume(entry.node),
         )
+        labels = {
+            LABEL_ATTEMPT: str(entry.attempt),
+            LABEL_RANK: str(entry.rank),
+            LABEL_NODE: entry.node,
+        }
+        return self._pod(entry.name, entry.node, labels, env)
+
+    def _pod(
+        self, name: str, node: str, labels: dict[str, str], env: dict[str, str], ready_file=""
+    ) -> client.V1Pod:
+        assert self.spec is not None
+        gpus = self.spec.gpus_per_rank
         return rank_pod(
-            name=self.pod_name(self.attempt, rank),
-            labels={
-                LABEL_JOB: self.job,
-                LABEL_ATTEMPT: str(self.attempt),
-                LABEL_RANK: str(rank),
-                LABEL_NODE: node,
-            },
+            name=name,
+            labels={LABEL_JOB: self.job, LABEL_RUN: run_tag(self.run_id), **labels},
             node=node,
             service_name=self.service_name,
             argv=self.spec.argv,
             workdir=self.spec.workdir,
             env=env,
             image=self.spec.image or self.options.image,
-            gpus=(
-                self.options.gpus_per_rank
-                if self.spec.gpus_per_rank is None
-                else self.spec.gpus_per_rank
-            ),
+            gpus=self.options.gpus_per_rank if gpus is None else gpus,
             options=self.options,
             rank_bus=self.rank_bus,
+            ready_file=ready_file,
         )
+
+    def volume(self, node: str) -> Path:
+        """The node's checkpoint volume as rank pods see it."""
+        return node_volume(Path(self.options.checkpoint_mount_path), node, self.job)
 
     # ---- attempts ----------------------------------------------------------------------------
 
     async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
-        """Every rank a new pod (this backend keeps no standbys: ``standbys`` changes nothing)."""
+        """Every rank a new pod, or (``standbys``) a ready standby pod of its node told to be
+        it; then the spares' standbys are made up.
+
+        Refused while an active node is suspect: a pod placed there could find its GPU still
+        held by a pod whose deletion the node never confirmed."""
         assert self.spec is not None and self.membership is not None
-        self.attempt += 1
         membership = self.membership
+        suspect = self.pods.suspect_detail(membership.active)
+        if suspect:
+            message = f"no pod placed: {suspect} (replace the node, or wait for it)"
+            await self._report(message)
+            raise RuntimeError(message)
+        self.attempt += 1
         await self._prepare_volumes()
-        bodies: list[client.V1Pod] = []
-        for node_index, node in enumerate(membership.active):
-            for local_rank in range(membership.procs_per_node):
-                rank = node_index * membership.procs_per_node + local_rank
-                body = self._rank_pod(node, node_index, rank, local_rank)
-                entry = RankPod(
-                    name=body.metadata.name,
-                    node=node,
-                    rank=rank,
-                    local_rank=local_rank,
-                    attempt=self.attempt,
+        entries = [
+            self._new_rank(node, node_index * membership.procs_per_node + local_rank, local_rank)
+            for node_index, node in enumerate(membership.active)
+            for local_rank in range(membership.procs_per_node)
+        ]
+        port = self.rendezvous_port(self.attempt)
+        try:
+            warm = []
+            if standbys:
+                warm = await self.standbys.hand_ranks(
+                    entries,
+                    lambda entry, standby, rank0: self._assign(entry, standby, rank0, port),
+                    lambda entry: self._new_rank(entry.node, entry.rank, entry.local_rank),
+                    IMMEDIATE_GRACE_S + self.options.delete_margin_s,
                 )
-                # known before it exists, so no watch event about it can be missed
-                self.pods[entry.name] = entry
-                self.ranks.append(entry)
-                bodies.append(body)
+            # the standbys left on active nodes hold GPUs their ranks' pods need
+            await self._release_standbys(membership.active)
+            await self._create(entries, self.address(entries[0].name), port, warm)
+        except RuntimeError as exc:
+            await self._terminate(graceful=False, why="launch failed")
+            self.state = "failed"
+            await self._report(str(exc))
+            raise
+        self.state = state if state != "starting" else "running"
+        await self._keep_standbys()
+        await self._report(detail)
+
+    async def _assign(self, entry: RankPod, standby: str, rank0: str, port: int) -> str:
+        """Tell the pod standby ``standby`` to be ``entry``'s rank; "" when it took it."""
+        assert self.membership is not None
+        if self.assign_standby is None:
+            return "the actuator has no bus to reach standbys"
+        env = self.rank_env(
+            node=entry.node,
+            node_index=self.membership.active.index(entry.node),
+            rank=entry.rank,
+            local_rank=entry.local_rank,
+            master_addr=self.address(rank0),
+            master_port=port,
+            volume=self.volume(entry.node),
+        )
+        return await self.assign_standby(subjects.standby(self.job, standby), env)
+
+    def _new_rank(self, node: str, rank: int, local_rank: int) -> RankPod:
+        return RankPod(
+            name=self.pod_name(self.attempt, rank),
+            node=node,
+            rank=rank,
+            local_rank=local_rank,
+            attempt=self.attempt,
+            run=run_tag(self.run_id),
+        )
+
+    async def _create(
+        self,
+        entries: list[RankPod],
+        master_addr: str,
+        master_port: int,
+        warm: list[RankPod] | None = None,
+    ) -> None:
+        """Create the pods of ``entries`` (ranks of the current attempt; the ``warm`` ones are
+        standby pods already told their rank) and say they started; raises, naming the first
+        pod refused, after forgetting the refused ones."""
+        assert self.membership is not None
+        membership = self.membership
+        warm = warm or []
+        cold = [entry for entry in entries if entry not in warm]
+        bodies = []
+        for entry in entries:
+            if entry in cold:
+                node_index = membership.active.index(entry.node)
+                bodies.append(self._rank_pod(entry, node_index, master_addr, master_port))
+            # known before it exists, so no watch event about it can be missed
+            self.pods.add(entry)
+            self.ranks.append(entry)
+        self.ranks.sort(key=lambda r: r.rank)
+        entries = [*warm, *cold]
         outcomes = await asyncio.gather(
             *(
                 asyncio.to_thread(self.api.create_namespaced_pod, self.options.namespace, b)
@@ -280,18 +384,18 @@ class KubernetesBackend(MembershipBackend):
             ),
             return_exceptions=True,
         )
-        errors = [(b, o) for b, o in zip(bodies, outcomes, strict=True) if isinstance(o, Exception)]
-        if errors:
-            for body, _ in errors:
-                self.pods.pop(body.metadata.name, None)
-                self.ranks = [r for r in self.ranks if r.name != body.metadata.name]
-            await self._terminate(graceful=False, why="launch failed")
-            self.state = "failed"
-            body, error = errors[0]
-            message = f"cannot create pod {body.metadata.name}: {_api_reason(error)}"
-            await self._report(message)
-            raise RuntimeError(message)
-        for entry in self.ranks:
+        refused = [
+            (entry, outcome)
+            for entry, outcome in zip(cold, outcomes, strict=True)
+            if isinstance(outcome, Exception)
+        ]
+        for entry, _ in refused:
+            self.pods.by_name.pop(entry.name, None)
+            self.ranks.remove(entry)
+        if refused:
+            entry, error = refused[0]
+            raise RuntimeError(f"cannot create pod {entry.name}: {api_reason(error)}")
+        for entry in entries:
             await self.emit(
                 schemas.RankStarted(
                     job=self.job,
@@ -303,107 +407,68 @@ class KubernetesBackend(MembershipBackend):
                     attempt=self.attempt,
                 )
             )
-        self.state = state if state != "starting" else "running"
-        await self._report(detail)
 
     async def _terminate(self, *, graceful: bool, why: str) -> None:
-        """Delete the current attempt's pods and wait until the API server has removed them.
+        """Delete the current attempt's pods and wait (bounded) until the API server has
+        removed them.
 
         Every pod still known on a node declared failed (this attempt's, and any an earlier
         deletion left Terminating there) is force-deleted instead, and not waited for.
         """
         pods, self.ranks = self.ranks, []
         failed = set(self.membership.failed) if self.membership else set()
-        lost = [pod for pod in self.pods.values() if pod.node in failed]
+        lost = self.pods.on_node(failed)
         healthy = [pod for pod in pods if pod.node not in failed]
         grace_s = self.options.stop_grace_s if graceful else IMMEDIATE_GRACE_S
         outcomes = await asyncio.gather(
-            self._force_delete(lost, why),
-            self._delete(healthy, grace_s, why),
+            self.pods.force_delete(lost, why),
+            self.pods.delete(healthy, grace_s, why),
             return_exceptions=True,  # one refused deletion must not leave the other running
         )
         for outcome in outcomes:
-            if isinstance(outcome, Exception):
+            if isinstance(outcome, BaseException):
                 raise outcome
 
-    async def _force_delete(self, pods: list[RankPod], why: str) -> None:
-        """Remove the pods of a failed node at once; their exits are recorded as SIGKILL now.
-
-        They are forgotten before the call, so that the watch's report of the deletion (which
-        knows no exit status) cannot come first.
-        """
-        for pod in pods:
-            pod.expected_reason = pod.expected_reason or why
-            self.pods.pop(pod.name, None)
-        outcomes = await asyncio.gather(
-            *(asyncio.to_thread(self._delete_pod, pod.name, FORCE_GRACE_S) for pod in pods),
-            return_exceptions=True,
-        )
-        errors = []
-        for pod, outcome in zip(pods, outcomes, strict=True):
-            if isinstance(outcome, Exception):
-                self.pods[pod.name] = pod  # still there: a later listing or command sees it
-                errors.append(outcome)
-                continue
-            await self._rank_exited(pod, None, signal.SIGKILL)
-            pod.gone.set()
-        if pods:
-            log.info("force-deleted %d pods of failed nodes (%s)", len(pods) - len(errors), why)
-        if errors:
-            raise errors[0]
-
-    async def _delete(self, pods: list[RankPod], grace_s: int, why: str) -> None:
-        for pod in pods:
-            if not pod.exited:
-                pod.expected_reason = why
-        found = await asyncio.gather(
-            *(asyncio.to_thread(self._delete_pod, pod.name, grace_s) for pod in pods)
-        )
-        for pod, exists in zip(pods, found, strict=True):
-            if not exists:
-                pod.gone.set()
-        waiting = [pod.gone.wait() for pod in pods if not pod.gone.is_set()]
-        try:
-            await asyncio.wait_for(asyncio.gather(*waiting), grace_s + DELETE_MARGIN_S)
-        except TimeoutError:
-            left = [pod.name for pod in pods if not pod.gone.is_set()]
-            log.warning("pods still terminating after %d s: %s", grace_s, ", ".join(left))
-
-    def _delete_pod(self, name: str, grace_s: int) -> bool:
-        """Ask for the pod's deletion; False when it was already gone."""
-        try:
-            self.api.delete_namespaced_pod(
-                name, self.options.namespace, grace_period_seconds=grace_s
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise RuntimeError(f"cannot delete pod {name}: {_api_reason(exc)}") from exc
-        return True
-
-    async def _remove_leftovers(self) -> None:
-        """Pods of this job from an earlier actuator would collide with the new names."""
+    async def _remove_leftovers(self, ready: set[str]) -> None:
+        """Pods of this job from an earlier actuator or run: deleted before the run starts
+        (they may hold GPUs; ``RankPods.remove_leftovers``). Only the exits of this run's own
+        pods are reported; a StartJob of the same run again continues its attempts."""
         listing = await asyncio.to_thread(
             self.api.list_namespaced_pod,
             self.options.namespace,
             label_selector=f"{LABEL_JOB}={self.job}",
         )
-        leftovers = []
-        for pod in listing.items:
-            labels = pod.metadata.labels or {}
-            entry = self.pods.get(pod.metadata.name) or RankPod(
-                name=pod.metadata.name,
-                node=labels.get(LABEL_NODE, ""),
-                rank=int(labels.get(LABEL_RANK, "0")),
-                local_rank=0,
-                attempt=int(labels.get(LABEL_ATTEMPT, "0")),
-            )
-            entry.seen = True
-            self.pods[entry.name] = entry
-            leftovers.append(entry)
-        if leftovers:
-            log.info("deleting %d pods left by an earlier run of job %s", len(leftovers), self.job)
-            await self._delete(leftovers, IMMEDIATE_GRACE_S, "left by an earlier actuator")
+        attempt = await self.pods.remove_leftovers(
+            listing.items, run_tag(self.run_id), ready, IMMEDIATE_GRACE_S
+        )
+        self.attempt = max(self.attempt, attempt)
+
+    # ---- in-process restart (the sequence is MembershipBackend.restart_in_process) ----------
+
+    def _survivors(self) -> tuple[list[RankPod], list[RankPod]]:
+        return [r for r in self.ranks if not r.exited], [r for r in self.ranks if r.exited]
+
+    def _rendezvous(self, live: list[RankPod]) -> tuple[str, int]:
+        """Rank 0's pod: the survivor's own when rank 0 survived, else the one started for it."""
+        rank0 = next((r.name for r in live if r.rank == 0), self.pod_name(self.attempt, 0))
+        return self.address(rank0), self.rendezvous_port(self.attempt)
+
+    async def _start_again(
+        self, dead: list[RankPod], master_addr: str, master_port: int, standbys: bool
+    ) -> None:
+        """Each dead rank's pod is deleted (its GPU is freed with it) and a new one joins the
+        rendezvous on the same node (no standbys here: ``standbys`` changes nothing)."""
+        assert self.membership is not None
+        suspect = self.pods.suspect_detail(sorted({r.node for r in dead}))
+        if suspect:
+            raise RuntimeError(suspect)
+        for entry in dead:
+            self.ranks.remove(entry)
+        stuck = await self.pods.delete(dead, IMMEDIATE_GRACE_S, "in-process restart")
+        if stuck:
+            raise RuntimeError(self.pods.suspect_detail(sorted({r.node for r in stuck})))
+        entries = [self._new_rank(r.node, r.rank, r.local_rank) for r in dead]
+        await self._create(entries, master_addr, master_port)
 
     # ---- pod changes -------------------------------------------------------------------------
 
@@ -420,44 +485,28 @@ class KubernetesBackend(MembershipBackend):
             kind, payload = await queue.get()
             try:
                 if kind == "LIST":
-                    await self._reconcile(payload)
-                elif kind in ("ADDED", "MODIFIED", "DELETED"):
-                    await self._on_pod(kind, payload)
+                    for pod in payload:
+                        await self.standbys.on_pod("MODIFIED", pod)
+                    await self.pods.reconcile(payload)
+                elif kind in ("ADDED", "MODIFIED", "DELETED") and not (
+                    await self.standbys.on_pod(kind, payload)
+                ):
+                    await self.pods.on_pod(kind, payload)
             except Exception:
                 log.exception("pod event %s not handled", kind)
 
-    async def _reconcile(self, pods: list[client.V1Pod]) -> None:
-        """A full listing: pods seen before that vanished while the watch was down are deleted.
-
-        A pod never seen may be created after the listing was taken: its absence means nothing.
-        """
-        present = {pod.metadata.name for pod in pods}
-        for pod in pods:
-            await self._on_pod("MODIFIED", pod)
-        for name in [n for n, e in self.pods.items() if e.seen and n not in present]:
-            entry = self.pods.pop(name)
-            await self._rank_exited(entry, None, None)
-            entry.gone.set()
-
-    async def _on_pod(self, kind: str, pod: client.V1Pod) -> None:
-        entry = self.pods.get(pod.metadata.name)
-        if entry is None:
-            return
-        entry.seen = True
-        phase = pod.status.phase if pod.status else None
-        terminated = terminated_state(pod)
-        if terminated is not None or phase in ("Succeeded", "Failed") or kind == "DELETED":
-            await self._rank_exited(entry, *exit_of(terminated))
-        if kind == "DELETED":
-            self.pods.pop(entry.name, None)
-            entry.gone.set()
-
     async def _rank_exited(self, entry: RankPod, exit_code: int | None, sig: int | None) -> None:
-        """The one place a rank pod's exit is reported (once), whoever learnt of it."""
+        """The one place a rank pod's exit is reported (once), whoever learnt of it; an
+        earlier run's pod is not reported: the current run's history starts at its start."""
         if entry.exited:
             return
         entry.exited = True
         entry.succeeded = exit_code == 0
+        if entry.run != run_tag(self.run_id):
+            log.info(
+                "pod %s of an earlier run ended (exit %s, signal %s)", entry.name, exit_code, sig
+            )
+            return
         await self.emit(
             schemas.RankExited(
                 job=self.job,
@@ -474,22 +523,3 @@ class KubernetesBackend(MembershipBackend):
         if entry in self.ranks and finished and self.state != "finished":
             self.state = "finished"
             await self._report("every rank pod exited 0")
-
-
-def _api_client(options: KubernetesOptions) -> client.ApiClient:
-    try:
-        if not options.kubeconfig and "KUBERNETES_SERVICE_HOST" in os.environ:
-            configuration = client.Configuration()
-            config.load_incluster_config(client_configuration=configuration)
-            return client.ApiClient(configuration)
-        return config.new_client_from_config(
-            config_file=options.kubeconfig or None, context=options.context or None
-        )
-    except config.ConfigException as exc:
-        raise SystemExit(f"no Kubernetes credentials: {exc}") from exc
-
-
-def _api_reason(error: BaseException) -> str:
-    if isinstance(error, ApiException):
-        return f"{error.status} {error.reason}"
-    return str(error)

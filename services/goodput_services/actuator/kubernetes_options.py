@@ -7,12 +7,13 @@ point at them; a password or token is never written into a pod spec (``secretKey
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from kubernetes import client
+from kubernetes import client, config
 
 from goodput.bus import BusSettings
 from goodput.bus.settings import ENV_VARS, FILE_FIELDS, SECRET_FIELDS, settings_to_env
@@ -30,6 +31,8 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     node_selector: str = "goodput.dev/pool=gpu"
     service_account: str = "goodput-trainer"
     image_pull_policy: str = "IfNotPresent"
+    #: the rendezvous ports are this one plus the attempt modulo 64 (a survivor restarting in
+    #: process still holds its previous attempt's store port); a NetworkPolicy must allow them
     master_port: int = 29500
     #: GPUs each rank pod requests unless its StartJob says (0: none, e.g. CPU-only clusters)
     gpus_per_rank: int = 0
@@ -60,6 +63,9 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     nats_auth_secret: str = ""
     #: how long ranks asked to stop (SIGTERM: save and exit) may take
     stop_grace_s: int = 60
+    #: how long past its grace period a deleted pod may take to go; a pod still there then
+    #: (its node never confirms: no kubelet) is reported lost and its node suspect
+    delete_margin_s: float = 15.0
     #: credentials: in a pod the service account's (in-cluster), else this kubeconfig
     kubeconfig: str = ""
     context: str = ""
@@ -72,12 +78,27 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             raise SystemExit(f"invalid kubernetes option: {exc}") from exc
         if parsed.gpus_per_rank < 0:
             raise SystemExit("invalid kubernetes option: gpus_per_rank must not be negative")
+        if not 0 <= parsed.delete_margin_s < float("inf"):
+            raise SystemExit("invalid kubernetes option: delete_margin_s must be finite, >= 0")
         for toleration in parsed.tolerations:
             try:
                 client.V1Toleration(**toleration)
             except ValueError as exc:  # pydantic's ValidationError is a ValueError
                 raise SystemExit(f"invalid kubernetes toleration {toleration}: {exc}") from exc
         return parsed
+
+    def api_client(self) -> client.ApiClient:
+        """Credentials: in a pod the service account's (in-cluster), else the kubeconfig."""
+        try:
+            if not self.kubeconfig and "KUBERNETES_SERVICE_HOST" in os.environ:
+                configuration = client.Configuration()
+                config.load_incluster_config(client_configuration=configuration)
+                return client.ApiClient(configuration)
+            return config.new_client_from_config(
+                config_file=self.kubeconfig or None, context=self.context or None
+            )
+        except config.ConfigException as exc:
+            raise SystemExit(f"no Kubernetes credentials: {exc}") from exc
 
 
 @dataclass

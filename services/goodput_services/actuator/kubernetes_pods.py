@@ -7,19 +7,26 @@ checkpoint volume is a hostPath, the same directory the node's checkpoint tier s
 
 from __future__ import annotations
 
+import hashlib
 import re
 import signal
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
+from goodput.subjects import check_token
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
 
 LABEL_JOB = "goodput.dev/job"
 LABEL_ATTEMPT = "goodput.dev/attempt"
 LABEL_RANK = "goodput.dev/rank"
 LABEL_NODE = "goodput.dev/node"
+#: the run a pod belongs to, as :func:`run_tag` (a run id need not be a valid label value)
+LABEL_RUN = "goodput.dev/run"
+#: "standby" on a standby pod (``kubernetes_standbys``); rank pods have none
+LABEL_ROLE = "goodput.dev/role"
 CONTAINER = "trainer"
 
 
@@ -52,9 +59,11 @@ def rank_pod(
     gpus: int,
     options: KubernetesOptions,
     rank_bus: RankBus,
+    ready_file: str = "",
 ) -> client.V1Pod:
-    """The pod of one rank, pinned to ``node``, running ``image`` with ``gpus`` GPUs; bus
-    secrets come by reference, never inline."""
+    """The pod of one rank (or standby), pinned to ``node``, running ``image`` with ``gpus``
+    GPUs; bus secrets come by reference, never inline. With ``ready_file`` the pod is Ready
+    once that file exists (a standby's readiness; the image needs ``test``, from coreutils)."""
     secret_names = {e.name for e in rank_bus.secret_env}
     env_vars = [client.V1EnvVar(name=k, value=v) for k, v in env.items() if k not in secret_names]
     resources = None
@@ -97,6 +106,14 @@ def rank_pod(
                     env=env_vars + rank_bus.secret_env,
                     ports=[client.V1ContainerPort(container_port=options.master_port)],
                     resources=resources,
+                    readiness_probe=(
+                        client.V1Probe(
+                            _exec=client.V1ExecAction(command=["test", "-e", ready_file]),
+                            period_seconds=1,
+                        )
+                        if ready_file
+                        else None
+                    ),
                     volume_mounts=[
                         client.V1VolumeMount(
                             name="checkpoints", mount_path=options.checkpoint_mount_path
@@ -137,8 +154,39 @@ def rendezvous_service(name: str, job: str, port: int) -> client.V1Service:
     )
 
 
+def cluster_nodes(api: PodApi, selector: str) -> tuple[list[str], set[str]]:
+    """(ready, schedulable nodes matching ``selector`` in a stable name order; every Ready
+    node of the cluster). Refuses a node name that cannot be a subject token."""
+    ready = {node.metadata.name for node in api.list_node().items if is_ready(node)}
+    names = sorted(
+        node.metadata.name
+        for node in api.list_node(label_selector=selector).items
+        if not (node.spec and node.spec.unschedulable) and node.metadata.name in ready
+    )
+    for name in names:
+        try:
+            check_token(name, "node name")
+        except ValueError as exc:
+            raise RuntimeError(str(exc)) from exc
+    return names, ready
+
+
+def ensure_service(api: PodApi, namespace: str, body: client.V1Service) -> None:
+    """Create the rendezvous Service unless it is there from an earlier start."""
+    try:
+        api.create_namespaced_service(namespace, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise RuntimeError(f"cannot create service {body.metadata.name}: {exc}") from exc
+
+
 def is_ready(node: client.V1Node) -> bool:
     conditions = (node.status.conditions if node.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def is_pod_ready(pod: client.V1Pod) -> bool:
+    conditions = (pod.status.conditions if pod.status else None) or []
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
@@ -165,6 +213,18 @@ def exit_of(terminated: client.V1ContainerStateTerminated | None) -> tuple[int |
     if 128 < code < 128 + signal.NSIG:
         return None, code - 128
     return code, None
+
+
+def run_tag(run_id: str) -> str:
+    """A run's short name in its pod names and labels: eight hex digits of its id's digest,
+    so that no run's pod can clash with an earlier run's (a run id may be any string)."""
+    return hashlib.sha256(run_id.encode()).hexdigest()[:8]
+
+
+def pod_name(job: str, run_id: str, attempt: int, rank: int) -> str:
+    """``<job>-<run tag>-a<attempt>-r<rank>``: also the pod's hostname, so at most 63 chars
+    (40 of the job name leave room for 10 digits of attempt and rank)."""
+    return f"{dns_label(job, 40)}-{run_tag(run_id)}-a{attempt}-r{rank}"
 
 
 def dns_label(text: str, limit: int) -> str:

@@ -120,56 +120,26 @@ class LocalBackend(MembershipBackend):
                 f"started {self.membership.world_size} ranks on {', '.join(self.membership.active)}"
             )
 
-    async def restart_in_process(
-        self, reason: str, deadline_s: float, standbys: bool = False
-    ) -> str:
-        """Warm restart: the live ranks rejoin a fresh rendezvous in their processes, the dead
-        ones are started again into it (by a ready standby of their node with ``standbys``,
-        else cold). A live rank that does not rejoin by the
-        deadline (stuck in a native call) fails the command, and every rank is stopped so the
-        cold restart the controller decides next starts from a clean slate."""
-        async with self._lock:
-            membership = self._require_job()
-            if self.rejoin is None:
-                raise RuntimeError("the actuator has no bus to reach the trainers")
-            live = [r for r in self.ranks if r.process.returncode is None]
-            dead = [r for r in self.ranks if r.process.returncode is not None]
-            if not live:
-                raise RuntimeError("no rank is alive to restart in process")
-            self.state = "restarting"
-            self.attempt += 1
-            port = free_port()
-            command = schemas.Rejoin(
-                job=self.job,
-                attempt=self.attempt,
-                master_addr="127.0.0.1",
-                master_port=port,
-                world_size=membership.world_size,
-                reason=reason,
-            )
-            answers = asyncio.ensure_future(
-                self.rejoin(command, {r.rank for r in live}, deadline_s)
-            )
-            logs = self._logs()
-            for entry in dead:
-                self.ranks.remove(entry)
-                node_index = membership.active.index(entry.node)
-                await self._start_rank(
-                    entry.node, node_index, entry.rank, entry.local_rank, port, logs, standbys
-                )
-            for entry in live:
-                entry.attempt = self.attempt
-            failed = _not_rejoined(live, await answers, deadline_s)
-            if failed:
-                await self._terminate(graceful=False, why="in-process restart failed")
-                # "restarting": between attempts, until the controller's cold restart
-                await self._report(f"in-process restart failed: {failed}")
-                raise RuntimeError(f"in-process restart failed: {failed}")
-            self.state = "running"
-            await self._report(f"in-process restart: {reason or 'in-job restart'}")
-            return (
-                f"{len(live)} rank(s) restarted in process, {len(dead)} started again "
-                f"(attempt {self.attempt})"
+    # ---- in-process restart (the sequence is MembershipBackend.restart_in_process) ----------
+
+    def _survivors(self) -> tuple[list[RankProcess], list[RankProcess]]:
+        live = [r for r in self.ranks if r.process.returncode is None]
+        return live, [r for r in self.ranks if r.process.returncode is not None]
+
+    def _rendezvous(self, live: list[RankProcess]) -> tuple[str, int]:
+        return "127.0.0.1", free_port()
+
+    async def _start_again(
+        self, dead: list[RankProcess], master_addr: str, master_port: int, standbys: bool
+    ) -> None:
+        """Each dead rank a new process, or its node's ready standby (with ``standbys``)."""
+        assert self.membership is not None
+        logs = self._logs()
+        for entry in dead:
+            self.ranks.remove(entry)
+            node_index = self.membership.active.index(entry.node)
+            await self._start_rank(
+                entry.node, node_index, entry.rank, entry.local_rank, master_port, logs, standbys
             )
 
     async def shutdown(self) -> None:
@@ -381,20 +351,6 @@ class LocalBackend(MembershipBackend):
         if entry in self.ranks and finished and self.state != "finished":
             self.state = "finished"
             await self._report("every rank exited 0")
-
-
-def _not_rejoined(
-    live: list[RankProcess], answers: dict[int, schemas.RankRejoined], deadline_s: float
-) -> str:
-    """Why the live ranks did not all rejoin ("" when they did)."""
-    problems = []
-    for entry in live:
-        answer = answers.get(entry.rank)
-        if answer is None:
-            problems.append(f"rank {entry.rank} did not rejoin within {deadline_s:g} s")
-        elif not answer.ok:
-            problems.append(f"rank {entry.rank} cannot: {answer.detail}")
-    return "; ".join(problems)
 
 
 def _signal_group(pid: int, sig: int) -> None:

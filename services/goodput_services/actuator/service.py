@@ -12,11 +12,16 @@ from goodput import schemas, subjects
 from goodput.bus import DoneLog
 from goodput.config import ServiceConfig
 from goodput.membership import MembershipError
+from goodput.rank_env import RankEnv
+from goodput.standby_channel import assign_on_bus
 from goodput_services.actuator.backend import Backend, create_backend
 from goodput_services.actuator.options import ActuatorOptions
 from goodput_services.base import Service
 
 log = logging.getLogger(__name__)
+
+#: how long a pod standby may take to answer its assignment before its rank starts cold
+STANDBY_ASSIGN_TIMEOUT_S = 10.0
 
 
 class ActuatorService(Service):
@@ -24,22 +29,30 @@ class ActuatorService(Service):
     command_target = subjects.ACTUATOR
     options_type = ActuatorOptions
     options: ActuatorOptions
+    backend: Backend
 
     def __init__(self, config: ServiceConfig):
         super().__init__(config)
-        self.backend: Backend = create_backend(
-            self.options,
-            job=self.job,
-            state_dir=Path(config.state_dir),
-            bus_settings=config.bus,
-            emit=self._emit,
-        )
         self.restore_timeout_s = self.options.restore_timeout_s
+        self.attach(
+            create_backend(
+                self.options,
+                job=self.job,
+                state_dir=Path(config.state_dir),
+                bus_settings=config.bus,
+                emit=self._emit,
+            )
+        )
+
+    def attach(self, backend: Backend) -> None:
+        """Run the job on ``backend``, reaching the bus through this service."""
+        self.backend = backend
         if self.restore_timeout_s > 0:
-            self.backend.prepare_node = self._restore_to_node
-        self.backend.gpu_resetter = self._reset_gpus
-        self.backend.rejoin = self._rejoin_round
-        self.backend.next_step = self._next_step
+            backend.prepare_node = self._restore_to_node
+        backend.gpu_resetter = self._reset_gpus
+        backend.rejoin = self._rejoin_round
+        backend.next_step = self._next_step
+        backend.assign_standby = self._assign_standby
 
     @property
     def stop_deadline_s(self) -> float:
@@ -126,6 +139,11 @@ class ActuatorService(Service):
         finally:
             await subscription.unsubscribe()
         return answers
+
+    async def _assign_standby(self, subject: str, env: RankEnv) -> str:
+        """Hand a pod standby its rank over the bus (``goodput.standby_channel``)."""
+        assert self.bus is not None
+        return await assign_on_bus(self.bus.nc, subject, env, STANDBY_ASSIGN_TIMEOUT_S)
 
     async def _next_step(self) -> None:
         """Return once the job publishes a step after this call (it trains again)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from goodput import schemas
 from goodput.control.engine import Controller
-from goodput.control.state import observe_status
+from goodput.control.state import observe_status, record_capabilities
 from goodput.policies import cold_restart, restart_whole_job
 
 from .helpers import JOB, at, job, signal
@@ -192,3 +192,36 @@ def test_the_cold_policy_and_the_baseline_never_take_standbys() -> None:
             plan = policy(signal(kind, "n1", severity), state)
             assert not any(getattr(c, "standbys", False) for c in plan.commands)
             assert "standby" not in plan.reason
+
+
+def _declaring(state, in_process_restart: bool):
+    """``state`` once rank 0's step report declared whether its loop restarts in process."""
+    step = schemas.StepDone(
+        job=JOB,
+        node="n0",
+        rank=0,
+        step=3,
+        step_time_s=0.5,
+        tokens=0,
+        loss=1.0,
+        in_process_restart=in_process_restart,
+    )
+    return record_capabilities(state, step)
+
+
+def test_a_job_whose_ranks_cannot_restart_in_process_is_sent_its_first_supported_rung() -> None:
+    # a framework's loop (Lightning, the HF Trainer) declares it cannot: the crash goes to
+    # the next rung at once, with no RestartInProcess to be refused and no refusal to wait for
+    framework = _declaring(job(), False)
+    assert framework.in_process_restart is False
+    crash = handle(framework, signal("crash", "n1"))
+    assert crash.decision.rule == "in-job-restart"
+    assert [type(c) for c in crash.commands] == [schemas.Restart]
+    assert "cannot restart in process: their loop is not the shim's" in crash.decision.reason
+    with_standbys = _with_standbys(framework, ["n0", "n1"])
+    assert handle(with_standbys, signal("hang", "n1")).decision.rule == "standby-restart"
+    # the shim's own loop declares it can; a job that reported no step yet is tried warm
+    assert handle(_declaring(job(), True), signal("crash", "n1")).decision.rule == (
+        "in-process-restart"
+    )
+    assert job().in_process_restart is None

@@ -51,14 +51,20 @@ def run_plain(script: Path, workdir: Path, timeout_s: float = 400) -> dict[str, 
 
 
 def run_killed_and_resumed(
-    script: Path, workdir: Path, *, kill_at_step: int, ckpt_every: int, timeout_s: float = 400
+    script: Path,
+    workdir: Path,
+    *,
+    kill_at_step: int,
+    ckpt_every: int,
+    timeout_s: float = 400,
+    nodes: int = 1,
 ) -> Outcome:
-    """The script under `goodput run` on one node: attempt 1 is SIGKILLed after
-    ``kill_at_step``; the supervisor restarts it and it resumes from its checkpoint."""
+    """The script under `goodput run` on ``nodes`` nodes: rank 0 of attempt 1 is SIGKILLed
+    after ``kill_at_step``; the supervisor restarts it and it resumes from its checkpoint."""
     workdir.mkdir(parents=True, exist_ok=True)
     result = workdir / "final.pt"
     completed = goodput_cli(
-        *("run", "--nodes", "1", "--spares", "0", "--json"),
+        *("run", "--nodes", str(nodes), "--spares", "0", "--json"),
         *("--ckpt-every", str(ckpt_every), "--timeout", str(timeout_s - 60)),
         *("--state-dir", str(workdir / "stack"), "--job", "integ"),
         *("--env", f"INTEG_KILL_AT_STEP={kill_at_step}", "--env", f"INTEG_RESULT={result}"),

@@ -1,7 +1,7 @@
 """Runs a training script (``argv[1]``) as a rank, with two test-only additions to the shim:
 
-- ``INTEG_KILL_AT_STEP=N``: on attempt 1, once step N's checkpoint work is durable, the rank
-  SIGKILLs itself (a crash the supervisor must recover from);
+- ``INTEG_KILL_AT_STEP=N``: on attempt 1, once step N's checkpoint work is durable, rank 0
+  SIGKILLs itself (a crash the supervisor must recover from; its peers survive it);
 - ``INTEG_RESULT=PATH``: rank 0 writes the state it finishes with (``torch.save``), and the
   step each attempt restored (``PATH.restored``), for comparison with an uninterrupted run.
 
@@ -29,7 +29,7 @@ _restore = TrainerShim.restore
 def step_done(self: TrainerShim, step: int, *args: Any, **kwargs: Any) -> None:
     _step_done(self, step, *args, **kwargs)
     kill_at = os.environ.get("INTEG_KILL_AT_STEP")
-    if kill_at and self.config.attempt == 1 and step == int(kill_at):
+    if kill_at and self.config.attempt == 1 and self.config.rank == 0 and step == int(kill_at):
         self.engine.wait_until_idle()
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -15,9 +15,10 @@ import torch
 from goodput import schemas
 from goodput.shim import BatchPlan, ShimConfig, TrainerShim, keep_global_batch, scale_lr
 from goodput.shim.rescale import RescaleCallback
+from tests.integrations.extras import require
 from tests.integrations.harness import assert_identical
 
-transformers = pytest.importorskip("transformers", reason="install goodput[hf]")
+transformers = require("transformers")
 
 from goodput.integrations.hf_trainer import GoodputTrainerCallback  # noqa: E402
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integrations.extras import require
 from tests.integrations.harness import assert_identical, run_killed_and_resumed, run_plain
 from tests.integrations.readme import readme_scripts, write_script
 
@@ -23,24 +24,28 @@ def test_every_readme_script_is_run_here() -> None:
 
 @pytest.mark.timeout(900)  # two runs of a script, one under a whole stack (more on a busy box)
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
+# an epoch is 5 steps: every interval resumes mid-epoch (from step 9, 8 and 7)
+@pytest.mark.parametrize("ckpt_every", [3, 4, 7])
 def test_readme_script_resumes_bit_identically_after_a_kill(
-    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    name: str, ckpt_every: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hf script downloads nothing; CI has no hub
     if SCRIPTS[name] is not None:
-        pytest.importorskip(SCRIPTS[name], reason=f"install goodput[{name}]")
+        require(SCRIPTS[name])
     script = write_script(name, tmp_path / "script")
     reference = run_plain(script, tmp_path / "plain")
-    resumed = run_killed_and_resumed(script, tmp_path / "supervised", kill_at_step=12, ckpt_every=5)
+    resumed = run_killed_and_resumed(
+        script, tmp_path / "supervised", kill_at_step=12, ckpt_every=ckpt_every
+    )
     # attempt 1 started fresh and was killed; the supervisor restarted it (under load a slow
     # restart can be remediated once more) and each later attempt resumed from a checkpoint
     assert resumed.summary["restarts"] >= 1
     assert resumed.restored[0] == (1, 0)
-    assert all(step >= 5 for attempt, step in resumed.restored[1:]), resumed.restored
+    assert all(step >= ckpt_every for attempt, step in resumed.restored[1:]), resumed.restored
     assert resumed.final["step"] == reference["step"]
     if name == "lightning":
-        # Lightning's loop-progress counters count a restart (its epoch "ready" counter is one
-        # ahead after resuming at an epoch's end); they are bookkeeping, not training state
+        # Lightning's loop-progress counters count a restart (its "ready" counters run ahead
+        # of "completed" after a resume); they are bookkeeping, not training state
         for final in (resumed.final, reference):
             final["state"].pop("loops")
     if name == "hf":
@@ -51,3 +56,20 @@ def test_readme_script_resumes_bit_identically_after_a_kill(
             assert "train_runtime" in history[-1], history
             history.pop()
     assert_identical(resumed.final["state"], reference["state"])
+
+
+@pytest.mark.timeout(900)
+def test_a_crash_in_a_two_rank_integration_job_goes_to_the_first_rung_it_supports(
+    tmp_path: Path,
+) -> None:
+    """The plain loop's ranks declare that their loop is not the shim's (``StepDone``): the
+    built-in policy restarts them cold at once, with no in-process restart sent and refused.
+    (Each rank trains alone here, without a process group: only the decisions are checked.)"""
+    script = write_script("loop", tmp_path / "script")
+    resumed = run_killed_and_resumed(
+        script, tmp_path / "supervised", kill_at_step=12, ckpt_every=4, nodes=2
+    )
+    rules = [d["rule"] for d in resumed.summary["decisions"] if d["rule"] != "checkpoint-interval"]
+    assert rules and rules[0] == "in-job-restart", resumed.summary["decisions"]
+    assert "in-process-restart" not in rules
+    assert not [d for d in resumed.summary["decisions"] if d.get("error")]

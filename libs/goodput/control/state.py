@@ -215,6 +215,13 @@ def apply_command(
     )
 
 
+def record_capabilities(state: JobState, step: schemas.StepDone) -> JobState:
+    """What rank 0 declares its job's ranks support (its loop the shim's: in process)."""
+    if state.in_process_restart == step.in_process_restart:
+        return state
+    return msgspec.structs.replace(state, in_process_restart=step.in_process_restart)
+
+
 def record_step_time(state: JobState, step_time_s: float) -> JobState:
     """Fold one of rank 0's step times into the job's step time (checkpoint intervals in steps).
 

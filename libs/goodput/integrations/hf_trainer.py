@@ -33,9 +33,9 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.utils import WEIGHTS_NAME
 
-from goodput.shim.agree import any_rank
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
+from goodput.shim.step_protocol import end_step
 from goodput.shim.trainer import TrainerShim
 
 
@@ -115,17 +115,18 @@ class GoodputTrainerCallback(TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        step = state.global_step
-        self.shim.step_done(
-            step, time.perf_counter() - self._started, tokens=0, loss=_last_loss(state)
-        )
-        checkpoint, stop = any_rank(self.shim.should_checkpoint(step), self.shim.should_stop())
-        if stop:
-            control.should_training_stop = True
-        # the last step (stopped, or max_steps seen by the Trainer's flow callback) saves here,
+        # the last step (max_steps seen by the Trainer's flow callback, or a stop) saves here,
         # before train() logs the summary of its call; on_train_end then only waits for it
-        if checkpoint or control.should_training_stop:
-            self.shim.save(training_state(state, **kwargs), step)
+        if end_step(
+            self.shim,
+            state.global_step,
+            step_time_s=time.perf_counter() - self._started,
+            tokens=0,
+            loss=_last_loss(state),
+            state=lambda: training_state(state, **kwargs),
+            final=control.should_training_stop,
+        ):
+            control.should_training_stop = True
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

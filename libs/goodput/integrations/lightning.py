@@ -1,7 +1,10 @@
 """goodput for PyTorch Lightning (``pip install goodput[lightning]``): a ``Callback``.
 
-    goodput = GoodputCallback(plan=BatchPlan(global_batch=64, lr=1e-2))
-    trainer = L.Trainer(callbacks=[goodput], plugins=[goodput.checkpoint_io], ...)
+    loader = DataLoader(dataset, batch_size=16, sampler=ResumableSampler(len(dataset)))
+    goodput = GoodputCallback(plan=BatchPlan(global_batch=64, micro_batch=16, lr=1e-2),
+                              data=loader)
+    trainer = L.Trainer(callbacks=[goodput], plugins=[goodput.checkpoint_io],
+                        use_distributed_sampler=False, ...)
     trainer.fit(model, data, ckpt_path=goodput.resume_path())
     sys.exit(goodput.exit_code)
 
@@ -12,6 +15,13 @@ agree it is due, and stops the fit on SIGTERM or a stop command (saving first). 
 ``resume_path`` names the newest checkpoint every rank holds, which Lightning loads through
 ``checkpoint_io``; when the data-parallel size changed the rescale callbacks see Lightning's
 checkpoint dict (use :data:`LIGHTNING_KEYS` for the built-in LR rules).
+
+Given the training loader (``data=``), the callback saves where its data stream stands with
+the checkpoint (:mod:`goodput.shim.data_position`): Lightning restarts a plain loader's epoch
+at batch 0, the sampler goes on with the next unseen batch. The batch plan is applied on every
+resume: Lightning's ``accumulate_grad_batches`` is the plan's accumulation at the
+data-parallel size in force (what ``keep_global_batch`` changes), the loader's batch size must
+be the plan's ``micro_batch``.
 """
 
 from __future__ import annotations
@@ -19,18 +29,24 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import lightning
 import lightning.pytorch as pl
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from goodput.integrations.loop import rng_states, set_rng_states
-from goodput.shim.agree import any_rank
+from goodput.shim.data_position import DataPositionError, LoaderPosition, resumable_sampler
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
+from goodput.shim.step_protocol import end_step
 from goodput.shim.trainer import TrainerShim
 
 #: where a Lightning checkpoint keeps the (first) optimizer's and LR scheduler's state dicts,
 #: for ``scale_lr(..., **LIGHTNING_KEYS)`` and ``adjust_schedule(scheduler_key=...)``
 LIGHTNING_KEYS = {"optimizer_key": "optimizer_states.0", "scheduler_key": "lr_schedulers.0"}
+
+#: the Lightning versions whose private ``Trainer._checkpoint_connector.dump_checkpoint``
+#: (see ``GoodputCallback._checkpoint``) this module was read against
+CHECKED_MAJOR = "2"
 
 #: the ``ckpt_path`` that tells Lightning to load through :class:`GoodputCheckpointIO`
 RESUME_PATH = "goodput://newest"
@@ -71,16 +87,26 @@ class GoodputCallback(pl.Callback):
         shim: TrainerShim | None = None,
         plan: BatchPlan | None = None,
         rescale: tuple[RescaleCallback, ...] | list[RescaleCallback] = (),
+        data: Any | None = None,
     ) -> None:
+        if lightning.__version__.split(".")[0] != CHECKED_MAJOR:
+            raise RuntimeError(
+                f"goodput's Lightning callback supports Lightning {CHECKED_MAJOR}.x, "
+                f"not {lightning.__version__}"
+            )
         self.shim = shim if shim is not None else TrainerShim.from_env()
         self.plan = plan
         for callback in rescale:
             self.shim.on_rescale(callback)
         self.checkpoint_io = GoodputCheckpointIO(self)
+        #: the training loader's position (None: the script gave no loader)
+        self.data = LoaderPosition(data) if data is not None else None
         #: what ``resume_path`` restored (None: a fresh start)
         self.restored: RestoreResult | None = None
         self._resumed = False
         self._started = 0.0
+        self._reported_step = -1
+        self._restored_rng: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -91,10 +117,16 @@ class GoodputCallback(pl.Callback):
         (agreed over the default process group if one is up), or None for a fresh start."""
         self.restored = self.shim.restore({}, plan=self.plan)
         self._resumed = True
-        if self.restored is None:
-            return None
-        self.plan = self.restored.plan
-        return RESUME_PATH
+        if self.restored is not None:
+            self.plan = self.restored.plan
+        if self.data is not None:
+            self.data.bind(self.shim, self.plan)
+        return None if self.restored is None else RESUME_PATH
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Batches per optimizer step on this rank: the plan's at this data-parallel size."""
+        return 1 if self.plan is None else self.plan.accumulation_steps(self.shim.layout.dp_size)
 
     # ---- Lightning hooks ----------------------------------------------------------------------
 
@@ -106,6 +138,31 @@ class GoodputCallback(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._resumed:
             raise RuntimeError("pass ckpt_path=callback.resume_path() to trainer.fit")
+        if self.plan is not None:
+            # the plan's accumulation replaces the Trainer's: on every resume, as the rescale
+            # callbacks left the plan (a fresh start with another value is a contradiction)
+            accumulation = self.accumulation_steps
+            if self.restored is None and trainer.accumulate_grad_batches not in (1, accumulation):
+                raise ValueError(
+                    f"accumulate_grad_batches={trainer.accumulate_grad_batches} but the batch "
+                    f"plan runs {accumulation} accumulation steps: leave it to the plan"
+                )
+            trainer.accumulate_grad_batches = accumulation
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # the loops are restored by now (on_fit_start comes before them): the resumed step
+        self._reported_step = trainer.global_step
+        if self._restored_rng is not None:
+            set_rng_states(self._restored_rng)
+            self._restored_rng = None
+        if self.data is None:
+            return
+        sampler = resumable_sampler(self.data.loader)
+        if sampler is not None and resumable_sampler(trainer.train_dataloader) is not sampler:
+            raise DataPositionError(
+                "Lightning replaced the loader's ResumableSampler: pass "
+                "use_distributed_sampler=False to the Trainer (the sampler shards itself)"
+            )
 
     def on_train_batch_end(
         self,
@@ -115,32 +172,48 @@ class GoodputCallback(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        if self.data is not None and self.plan is not None:
+            self.data.advance(self.plan.micro_batch * self.shim.layout.dp_size)
         step = trainer.global_step
+        if step == self._reported_step:
+            return  # a micro-batch of an accumulation: no optimizer step, no step to report
+        self._reported_step = step
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.shim.step_done(
+        if end_step(
+            self.shim,
             step,
-            time.perf_counter() - self._started,
+            step_time_s=time.perf_counter() - self._started,
             tokens=0,
             loss=float(loss) if loss is not None else 0.0,
-        )
-        checkpoint, stop = any_rank(self.shim.should_checkpoint(step), self.shim.should_stop())
-        if stop:
-            trainer.should_stop = True  # on_train_end saves
-        elif checkpoint:
-            self.shim.save(self._checkpoint(trainer), step)
+            state=lambda: self._checkpoint(trainer),
+        ):
+            trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.shim.finish(self._checkpoint(trainer), trainer.global_step)
 
     def state_dict(self) -> dict[str, Any]:
         """Saved in Lightning's checkpoint: the RNG states, so dropout and shuffling resume
-        where they were."""
-        return {"rng": rng_states()}
+        where they were, and the data loader's position."""
+        state: dict[str, Any] = {"rng": rng_states()}
+        if self.data is not None:
+            state["data"] = self.data.state()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_rng_states(state_dict["rng"])
+        # applied in on_train_start: Lightning starts the loader's pass (a DataLoader draws its
+        # workers' seed from the global RNG) after loading the checkpoint, where the
+        # uninterrupted run started none
+        self._restored_rng = state_dict["rng"]
+        if self.data is not None:
+            if "data" not in state_dict:
+                raise DataPositionError("the checkpoint holds no data position to resume from")
+            self.data.load(state_dict["data"])
 
     @staticmethod
     def _checkpoint(trainer: pl.Trainer) -> dict[str, Any]:
-        # what trainer.save_checkpoint writes, taken on every rank (each node keeps its copy)
+        """What ``trainer.save_checkpoint`` writes, taken on every rank. The public route
+        (``save_checkpoint`` through a CheckpointIO) hands the dict to global rank 0 only and
+        every node must keep its own copy, so this calls the connector that builds it: a
+        private API, checked against the Lightning versions it was read in."""
         return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)

@@ -10,23 +10,31 @@ Every object given by name is saved with its ``state_dict()`` and restored with
 ``load_state_dict()`` (model, optimizer, LR scheduler, a stateful data loader...), together
 with the torch RNG states, so a killed job resumes bit-identically. Rescale callbacks see the
 state under the same names: the built-in ``scale_lr`` finds ``optimizer`` and ``scheduler``.
+
+Given its data loader (``data=``), the loop also saves where the data stream stands
+(:mod:`goodput.shim.data_position`) and hands out each step's micro-batches
+(:meth:`SupervisedLoop.micro_batches`: as many as the batch plan asks at this data-parallel
+size), so a resume goes on with the next unseen batch, mid-epoch, at any data-parallel size.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
 
-from goodput.shim.agree import any_rank
+from goodput.shim.data_position import LoaderPosition
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
+from goodput.shim.step_protocol import end_step
 from goodput.shim.trainer import TrainerShim
 
 #: the key of the RNG states in the saved state (a component may not use it)
 RNG_KEY = "rng"
+#: the key of the data loader's position in the saved state (a component may not use it)
+DATA_KEY = "data"
 
 
 class Stateful(Protocol):
@@ -59,13 +67,17 @@ class SupervisedLoop:
         shim: TrainerShim | None = None,
         plan: BatchPlan | None = None,
         rescale: tuple[RescaleCallback, ...] | list[RescaleCallback] = (),
+        data: Iterable[Any] | None = None,
         **components: Stateful,
     ) -> None:
-        if RNG_KEY in components:
-            raise ValueError(f"{RNG_KEY!r} is where the RNG states are saved: name it otherwise")
+        for reserved in (RNG_KEY, DATA_KEY):
+            if reserved in components:
+                raise ValueError(f"{reserved!r} is reserved by the loop: name it otherwise")
         self.shim = shim if shim is not None else TrainerShim.from_env()
         self.components = components
         self.plan = plan
+        self.data = LoaderPosition(data) if data is not None else None
+        self._batches: Iterator[Any] | None = None
         for callback in rescale:
             self.shim.on_rescale(callback)
         #: what ``steps`` restored (None: a fresh start)
@@ -83,20 +95,57 @@ class SupervisedLoop:
         """What a checkpoint holds: each component's state dict and the RNG states."""
         state = {name: component.state_dict() for name, component in self.components.items()}
         state[RNG_KEY] = rng_states()
+        if self.data is not None:
+            state[DATA_KEY] = self.data.state()
         return state
 
     def restore(self) -> RestoreResult | None:
         """Load the newest checkpoint into the components (rescaled if the DP size changed)."""
         result = self.shim.restore(self.state(), plan=self.plan)
         self.restored = result
+        self._batches = None
+        if result is not None:
+            self.plan = result.plan
+        if self.data is not None:
+            self.data.bind(self.shim, self.plan)
         if result is None:
             return None
         for name, component in self.components.items():
             component.load_state_dict(result.state[name])
         set_rng_states(result.state[RNG_KEY])
-        self.plan = result.plan
+        if self.data is not None:
+            self.data.load(result.state[DATA_KEY])
         self.step = result.step
         return result
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step on this rank: the batch plan's at this
+        data-parallel size (1 without a plan)."""
+        return 1 if self.plan is None else self.plan.accumulation_steps(self.shim.layout.dp_size)
+
+    def micro_batches(self) -> Iterator[Any]:
+        """This step's micro-batches from the loader given as ``data=``: as many as
+        :attr:`accumulation_steps`, the next epoch begun where one ends."""
+        if self.data is None:
+            raise RuntimeError("micro_batches() needs the loader: SupervisedLoop(data=loader)")
+        for _ in range(self.accumulation_steps):
+            if self._batches is None:
+                self._batches = self._iterate()
+            try:
+                yield next(self._batches)
+            except StopIteration:
+                self._batches = self._iterate()
+                yield next(self._batches)
+
+    def _iterate(self) -> Iterator[Any]:
+        """A new pass over the loader. A ``DataLoader`` draws its workers' seed from the
+        global RNG when a pass starts, and a resumed job starts one where the uninterrupted
+        run did not: the draw is kept out of the training's RNG stream (the workers' own
+        randomness is the loader's; only a stateful loader resumes it)."""
+        assert self.data is not None
+        with torch.random.fork_rng(devices=[]):
+            return iter(self.data.loader)
 
     def steps(self, total_steps: int) -> Iterator[int]:
         """Restore, then yield each step number to run (from 1); call :meth:`step_done` in
@@ -109,29 +158,39 @@ class SupervisedLoop:
                 yield self.step + 1
                 if self._loss is None:
                     raise RuntimeError("call loop.step_done(loss, tokens) in every step")
-                self._complete_step()
-                # every rank saves and stops at the same step, or one waits for the others
-                checkpoint, stop = any_rank(
-                    self.shim.should_checkpoint(self.step), self.shim.should_stop()
-                )
-                if stop:
+                if self._complete_step(final=self.step + 1 >= total_steps):
                     break
-                if checkpoint and self.step < total_steps:
-                    self.shim.save(self.state(), self.step)
         except GeneratorExit:  # the script left the loop: save where it is
             if self._loss is not None:  # inside a step it reported: that step is done
-                self._complete_step()
+                # reported without the vote: a rank leaving alone (an exception) would wait
+                # in it forever for peers that go on
+                self._count_step()
+                self.shim.step_done(
+                    self.step, time.perf_counter() - self._started, self._tokens, self._loss
+                )
             self.shim.finish(self.state(), self.step)
             raise
         self.shim.finish(self.state(), self.step)
 
-    def _complete_step(self) -> None:
-        assert self._loss is not None
+    def _count_step(self) -> None:
         self.step += 1
-        self.shim.step_done(
-            self.step, time.perf_counter() - self._started, self._tokens, self._loss
+        if self.data is not None and self.plan is not None:
+            self.data.advance(self.plan.global_batch)
+
+    def _complete_step(self, *, final: bool) -> bool:
+        """The step protocol's end of the step (report, vote, save); True: stop after it."""
+        assert self._loss is not None
+        self._count_step()
+        loss, self._loss = self._loss, None
+        return end_step(
+            self.shim,
+            self.step,
+            step_time_s=time.perf_counter() - self._started,
+            tokens=self._tokens,
+            loss=loss,
+            state=self.state,
+            final=final,
         )
-        self._loss = None
 
     def step_done(self, loss: float | torch.Tensor, tokens: int = 0) -> None:
         """The step's loss (a float or a 0-d tensor) and tokens, for the job's step events."""

@@ -133,7 +133,9 @@ def restart_in_place(signal: schemas.Signal, state: JobState) -> Plan:
     failed = warm_restart_failure(signal, state)
     # a crash of the only rank leaves no process to restart in
     survivors = signal.signal != "crash" or state.world_size > 1
-    if signal.signal in IN_PROCESS_KINDS and survivors and failed is None:
+    # a job whose ranks declared they cannot (a framework's loop) is not sent the command
+    capable = state.in_process_restart is not False
+    if signal.signal in IN_PROCESS_KINDS and survivors and capable and failed is None:
         # a hang loses no rank: every one restarts in process
         warm = signal.signal == "crash" and state.standbys.get(signal.node, 0) > 0
         lost = f"the lost ones from {signal.node}'s standby" if warm else "the lost ones cold"
@@ -147,8 +149,10 @@ def restart_in_place(signal: schemas.Signal, state: JobState) -> Plan:
         f"the in-process restart failed: {failed.reason}"
         if failed is not None
         else f"a {signal.signal} cannot be healed in process"
-        if survivors
+        if signal.signal not in IN_PROCESS_KINDS
         else "no rank survived"
+        if not survivors
+        else "the job's ranks cannot restart in process: their loop is not the shim's"
     )
     warm, note = standby_note(state, state.active)
     if warm:

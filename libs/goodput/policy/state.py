@@ -116,6 +116,9 @@ class JobState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     attempt: int = 0
     #: ready standby ranks per node as last reported (``JobStatus.standbys``)
     standbys: dict[str, int] = msgspec.field(default_factory=dict)
+    #: whether the job's ranks can restart in process, as rank 0 declares it in its step
+    #: reports (``StepDone.in_process_restart``); None until a step was reported
+    in_process_restart: bool | None = None
     pending: list[PendingCommand] = msgspec.field(default_factory=list)
     refused: list[Refusal] = msgspec.field(default_factory=list)
     started_ts: int = 0

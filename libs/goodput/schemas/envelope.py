@@ -21,7 +21,9 @@ import msgspec
 #: (``RestartInProcess``, ``Rejoin``, ``RankRejoined``, ``CheckpointRestored.tier`` "host");
 #: pre-warmed standby ranks (``StartJob.standbys``, ``JobStatus.standbys``, and ``standbys`` on
 #: the commands that launch ranks: ``Restart``, ``RestartInProcess``, ``HotSwap``, ``ScaleTo``)
-SCHEMA_VERSION = 3
+#: 4: a rank declares what it supports in its step reports (``StepDone.in_process_restart``),
+#: so the policy sends no rung the job's ranks would refuse
+SCHEMA_VERSION = 4
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

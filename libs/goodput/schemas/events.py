@@ -63,6 +63,10 @@ class StepDone(Event, tag="step", kw_only=True):
     #: time this rank computed, excluding waiting for peers in collectives (0: not measured).
     #: In synchronous training every rank's step_time_s is the same; this one tells who is slow.
     compute_time_s: StepSeconds = 0.0
+    #: the rank's loop is the shim's own (``TrainerShim.run``): it can restart in process on a
+    #: ``Rejoin``. A framework's loop (Lightning, the HF Trainer, a plain loop) cannot, and
+    #: says so here rather than by refusing the command (schema 4)
+    in_process_restart: bool = False
 
 
 class CheckpointSaved(Event, tag="ckpt_saved", kw_only=True):

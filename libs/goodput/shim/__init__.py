@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from goodput.rank_env import EXIT_TERMINATED
     from goodput.shim.config import ShimConfig
+    from goodput.shim.data_position import DataPositionError, ResumableSampler
     from goodput.shim.rescale import (
         BatchPlan,
         Rescale,
@@ -40,18 +41,22 @@ _EXPORTS = {
     "run_job": "goodput.shim.standby",
     "EXIT_TERMINATED": "goodput.rank_env",
     "ShimConfig": "goodput.shim.config",
+    "DataPositionError": "goodput.shim.data_position",
+    "ResumableSampler": "goodput.shim.data_position",
     "TrainerShim": "goodput.shim.trainer",
 }
 
 __all__ = [
     "EXIT_TERMINATED",
     "BatchPlan",
+    "DataPositionError",
     "DpLayout",
     "JobRun",
     "Rescale",
     "RescaleCallback",
     "RescaleError",
     "RestoreResult",
+    "ResumableSampler",
     "ShimConfig",
     "TrainerShim",
     "adjust_schedule",

@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch.distributed as dist
 
 from goodput import schemas
-from goodput.shim.agree import any_rank
 from goodput.shim.group_abort import ABORT_TIMEOUT_S, GroupAbort
 from goodput.shim.rescale import BatchPlan
+from goodput.shim.step_protocol import RestartRequested, end_step
 
 if TYPE_CHECKING:
     from goodput.shim.trainer import TrainerShim
@@ -78,10 +78,6 @@ class ResumableJob(Protocol):
     def release_group(self) -> None: ...
 
     def regroup(self) -> None: ...
-
-
-class RestartRequested(Exception):
-    """Raised inside a step to unwind it: a Rejoin command arrived."""
 
 
 class RejoinMailbox:
@@ -208,16 +204,20 @@ def _train(
         outcome.step_time_s += step_time_s
         outcome.step = step = job.step
         outcome.losses.append((step, loss))
-        shim.step_done(step, step_time_s, job.tokens_per_step, loss, job.last_compute_time_s)
-        checkpoint, stop = any_rank(shim.should_checkpoint(step), shim.should_stop())
-        if shim.rejoin_pending():
-            # the Rejoin aborted the group under the vote: an NCCL result is garbage then
-            raise RestartRequested("a Rejoin command arrived")
+        stop = end_step(
+            shim,
+            step,
+            step_time_s=step_time_s,
+            tokens=job.tokens_per_step,
+            loss=loss,
+            state=job.state_dict,
+            final=step >= total_steps,
+            compute_time_s=job.last_compute_time_s,
+            restart_pending=shim.rejoin_pending,
+        )
         if stop and step < total_steps:
             outcome.stopped = True
             return
-        if checkpoint and step < total_steps:
-            shim.save(job.state_dict(), step)
 
 
 def _restore(shim: TrainerShim, job: ResumableJob) -> bool:

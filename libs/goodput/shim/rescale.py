@@ -110,6 +110,8 @@ def scale_lr(
 
     ``optimizer_key``/``scheduler_key`` name the optimizer's and LR scheduler's state dicts in
     the restored state; their LRs are scaled by the same factor (None: the script does it).
+    A state without a scheduler at ``scheduler_key`` (the job has none) scales the
+    optimizer's parameter groups alone.
     """
     if rule not in ("linear", "sqrt"):
         raise ValueError(f"unknown LR scaling rule {rule!r}: linear or sqrt")
@@ -127,8 +129,9 @@ def scale_lr(
                 group["lr"] *= factor
                 if "initial_lr" in group:
                     group["initial_lr"] *= factor
-        if scheduler_key is not None:
-            scheduler = _entry(rescale.state, scheduler_key)
+        # a job without an LR scheduler (none saved at the key) has only the optimizer's LRs
+        scheduler = None if scheduler_key is None else _entry(rescale.state, scheduler_key, True)
+        if scheduler is not None:
             for name in ("base_lrs", "_last_lr"):
                 if name in scheduler:
                     scheduler[name] = [lr * factor for lr in scheduler[name]]
@@ -165,9 +168,10 @@ def adjust_schedule(*, scheduler_key: str = "scheduler") -> RescaleCallback:
     return adjust
 
 
-def _entry(state: dict[str, Any], key: str) -> dict[str, Any]:
+def _entry(state: dict[str, Any], key: str, optional: bool = False) -> Any:
     """The state dict at ``key``: a top-level key, or a dotted path through dicts and lists
-    (``"optimizer_states.0"`` in a Lightning checkpoint)."""
+    (``"optimizer_states.0"`` in a Lightning checkpoint). ``optional``: None where nothing
+    is saved there (a Lightning module without a scheduler has ``lr_schedulers: []``)."""
     value: Any = state
     for part in key.split("."):
         if isinstance(value, dict):
@@ -176,6 +180,8 @@ def _entry(state: dict[str, Any], key: str) -> dict[str, Any]:
             value = value[int(part)]
         else:
             value = None
+    if value is None and optional:
+        return None
     if not isinstance(value, dict):
         raise RescaleError(f"the restored state has no state dict under {key!r}")
     return value

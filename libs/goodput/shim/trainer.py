@@ -266,6 +266,7 @@ class TrainerShim:
                 loss=loss,
                 world_size=self.config.world_size,
                 compute_time_s=compute_time_s,
+                in_process_restart=self._rejoins is not None,
             )
         )
 

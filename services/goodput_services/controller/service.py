@@ -32,6 +32,7 @@ from goodput.config import ServiceConfig
 from goodput.control.engine import Controller, Outcome
 from goodput.control.state import (
     observe_status,
+    record_capabilities,
     record_checkpoint,
     record_step_time,
 )
@@ -249,6 +250,7 @@ class ControllerService(Service):
             case schemas.Signal() if state is not None:
                 await self._decide(state, event, now)
             case schemas.StepDone(rank=0) if state is not None:
+                state = record_capabilities(state, event)
                 self._set_state(record_step_time(state, event.step_time_s))
             case schemas.CheckpointSaved(rank=0) | schemas.CheckpointPersisted(rank=0) if (
                 state is not None

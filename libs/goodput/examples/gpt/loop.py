@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from goodput.examples.gpt.hooks import TrainingHooks
 from goodput.examples.gpt.training import Trainer
-from goodput.shim.agree import any_rank
+from goodput.shim.step_protocol import end_step
 
 
 @dataclass
@@ -41,14 +41,18 @@ def run_training(
         step = trainer.step
         result.step = step
         result.losses.append((step, loss))
-        hooks.step_done(
-            step, step_time_s, trainer.tokens_per_step, loss, trainer.last_compute_time_s
+        stop = end_step(
+            hooks,
+            step,
+            step_time_s=step_time_s,
+            tokens=trainer.tokens_per_step,
+            loss=loss,
+            state=trainer.state_dict,
+            final=step >= total_steps,
+            compute_time_s=trainer.last_compute_time_s,
         )
-        checkpoint, stop = any_rank(hooks.should_checkpoint(step), hooks.should_stop())
         if stop and step < total_steps:
             result.stopped = True
             break
-        if checkpoint and step < total_steps:
-            hooks.save(trainer.state_dict(), step)
     hooks.finish(trainer.state_dict(), trainer.step)
     return result

@@ -1,0 +1,199 @@
+"""GoodputCallback in this process with a real Lightning Trainer (no bus): a job that crashes
+after a mid-epoch checkpoint resumes on the next unseen batch and ends bit-identical to the
+uninterrupted run; after 2 -> 1 data-parallel ranks under ``keep_global_batch`` it runs the
+plan's 2 accumulation steps over the same global batches; ``scale_lr`` needs no scheduler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from goodput import schemas
+from goodput.shim import BatchPlan, ShimConfig, TrainerShim, keep_global_batch, scale_lr
+from goodput.shim.data_position import DataPositionError, ResumableSampler
+from goodput.shim.rescale import RescaleCallback
+from tests.integrations.extras import require
+from tests.integrations.harness import assert_identical
+
+L = require("lightning")
+
+from goodput.integrations.lightning import LIGHTNING_KEYS, GoodputCallback  # noqa: E402
+
+SAMPLES = 40  # 5 steps of a global batch of 8 per epoch
+PLAN = BatchPlan(global_batch=8, micro_batch=4, lr=1e-2)
+
+
+class Crash(RuntimeError):
+    """The simulated loss of the process after a checkpoint."""
+
+
+class Regression(L.LightningModule):
+    def __init__(self, scheduler: bool = True) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1)
+        )
+        self.scheduler = scheduler
+        #: the sample indices of each optimizer step, in order
+        self.seen: list[list[int]] = []
+        self._batch: list[int] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        index, features = batch
+        self._batch += index.tolist()
+        return self.net(features).square().mean()
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        self.seen.append(self._batch)
+        self._batch = []
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=PLAN.lr)
+        if not self.scheduler:
+            return optimizer
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)]
+
+
+class CrashAfter(L.Callback):
+    """Raises at the first batch after optimizer step ``step`` (once its checkpoint is durable)."""
+
+    def __init__(self, goodput: GoodputCallback, step: int) -> None:
+        self.goodput, self.step = goodput, step
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            self.goodput.shim.engine.wait_until_idle()
+            raise Crash
+
+
+class StopAt(L.Callback):
+    """Sends the shim a stop command during step ``step`` (as the supervisor would)."""
+
+    def __init__(self, goodput: GoodputCallback, step: int) -> None:
+        self.goodput, self.step = goodput, step
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step - 1:
+            self.goodput.shim._on_command(schemas.Stop(job="j", reason="test"))
+
+
+class Indexed(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self) -> None:
+        self.features = torch.randn(SAMPLES, 4, generator=torch.Generator().manual_seed(1))
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(index), self.features[index]
+
+
+def train(
+    directory: Path,
+    *,
+    ckpt_every: int = 4,
+    crash_after: int | None = None,
+    stop_at: int | None = None,
+    world_size: int = 1,
+    rescale: list[RescaleCallback] | None = None,
+    scheduler: bool = True,
+    batch_size: int = PLAN.micro_batch,
+) -> tuple[GoodputCallback, Any, Regression]:
+    torch.manual_seed(0)
+    shim = TrainerShim(
+        ShimConfig(ckpt_dir=str(directory), ckpt_every=ckpt_every, world_size=world_size),
+        install_signal_handlers=False,
+    )
+    loader = torch.utils.data.DataLoader(
+        Indexed(), batch_size=batch_size, sampler=ResumableSampler(SAMPLES, seed=3)
+    )
+    reported = shim.reported = []  # type: ignore[attr-defined]
+    step_done = shim.step_done
+    shim.step_done = lambda step, *a, **k: (reported.append(step), step_done(step, *a, **k))  # type: ignore[method-assign]
+    goodput = GoodputCallback(
+        shim=shim, plan=PLAN, rescale=rescale or [keep_global_batch], data=loader
+    )
+    callbacks: list[Any] = [goodput]
+    if crash_after is not None:
+        callbacks.append(CrashAfter(goodput, crash_after))
+    if stop_at is not None:
+        callbacks.append(StopAt(goodput, stop_at))
+    trainer = L.Trainer(
+        max_steps=12,
+        accelerator="cpu",
+        callbacks=callbacks,
+        plugins=[goodput.checkpoint_io],
+        use_distributed_sampler=False,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    module = Regression(scheduler)
+    try:
+        trainer.fit(module, loader, ckpt_path=goodput.resume_path())
+    except Crash:
+        shim.engine.close()
+    return goodput, trainer, module
+
+
+def weights(trainer: Any) -> dict[str, Any]:
+    state = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    return {key: state[key] for key in ("state_dict", "optimizer_states", "lr_schedulers")}
+
+
+@pytest.mark.parametrize("ckpt_every", [3, 4, 7])
+def test_a_crash_after_a_mid_epoch_checkpoint_resumes_bit_identically(
+    tmp_path: Path, ckpt_every: int
+) -> None:
+    _, reference, reference_module = train(tmp_path / "reference", ckpt_every=ckpt_every)
+    train(tmp_path / "resumed", ckpt_every=ckpt_every, crash_after=ckpt_every)
+    goodput, resumed, module = train(tmp_path / "resumed", ckpt_every=ckpt_every)
+    assert goodput.restored is not None and goodput.restored.step == ckpt_every
+    assert resumed.global_step == reference.global_step == 12
+    assert module.seen == reference_module.seen[ckpt_every:]  # the next unseen batches
+    assert_identical(weights(resumed), weights(reference))
+
+
+def test_a_stop_command_mid_epoch_saves_and_resumes_bit_identically(tmp_path: Path) -> None:
+    _, reference, reference_module = train(tmp_path / "reference", ckpt_every=50)
+    stopped, first, _ = train(tmp_path / "resumed", ckpt_every=50, stop_at=3)
+    assert first.global_step == 3 and stopped.shim.should_stop()
+    goodput, resumed, module = train(tmp_path / "resumed", ckpt_every=50)
+    assert goodput.restored is not None and goodput.restored.step == 3
+    assert module.seen == reference_module.seen[3:]
+    assert_identical(weights(resumed), weights(reference))
+
+
+def test_keep_global_batch_from_two_ranks_to_one_accumulates_two_batches(tmp_path: Path) -> None:
+    _, _, reference = train(tmp_path / "reference")
+    # rank 0 of 2 (each rank a node of its own) trains on its half of each global batch
+    _, two, half = train(tmp_path / "two", crash_after=4, world_size=2)
+    assert two.accumulate_grad_batches == 1
+    assert all(
+        set(mine) < set(whole) for mine, whole in zip(half.seen, reference.seen[:4], strict=True)
+    )
+    goodput, one, module = train(tmp_path / "two", world_size=1)
+    assert goodput.restored is not None and goodput.restored.rescaled
+    assert one.accumulate_grad_batches == 2 and goodput.plan == PLAN
+    assert module.seen == reference.seen[4:]  # the same global batches, in order
+    # one report (vote, save) per optimizer step, none for the first micro-batch of one
+    assert goodput.shim.reported == list(range(5, 13))  # type: ignore[attr-defined]
+
+
+def test_scale_lr_without_a_scheduler_scales_the_optimizer(tmp_path: Path) -> None:
+    rule = [scale_lr("linear", **LIGHTNING_KEYS)]
+    train(tmp_path / "run", crash_after=4, world_size=2, rescale=rule, scheduler=False)
+    goodput, _, _ = train(tmp_path / "run", world_size=1, rescale=rule, scheduler=False)
+    assert goodput.restored is not None
+    groups = goodput.restored.state["optimizer_states"][0]["param_groups"]
+    assert groups[0]["lr"] == pytest.approx(PLAN.lr / 2)
+    assert goodput.plan == BatchPlan(global_batch=4, micro_batch=4, lr=PLAN.lr / 2)
+
+
+def test_a_loader_batching_otherwise_than_the_plan_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(DataPositionError, match=r"batch_size \(8\) is not the batch plan's"):
+        train(tmp_path / "run", batch_size=8)

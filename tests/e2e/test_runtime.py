@@ -79,11 +79,11 @@ def test_a_script_that_crashes_at_start_up_is_not_restarted_forever(tmp_path: Pa
     )
     summary = json.loads(result.stdout)
     assert result.returncode != 0
-    assert summary["state"] == "stopped"
-    last = summary["decisions"][-1]
-    # the node keeps failing: either the crash-loop guard or the repeat-offender rule gives up
-    assert last["rule"] in ("crash-loop-give-up", "repeat-offender"), last
-    assert "stop" in last["reason"]
+    # every rank exited 3 before its first step: `run` calls it a launch failure (no restart
+    # can help) and stops the job, in one line on stderr and in its JSON on stdout
+    assert summary["state"] == "launch failed", summary
+    assert "exit code 3" in summary["refusal"], summary["refusal"]
+    assert result.stderr.strip().splitlines()[-1] == f"goodput run: {summary['refusal']}"
     assert summary["restarts"] <= 4
 
 

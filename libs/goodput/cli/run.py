@@ -186,12 +186,14 @@ def report(args: argparse.Namespace, watcher: JobWatcher, console: Console) -> i
     if watcher.state == "refused":
         print(f"goodput run: {watcher.refusal}", file=sys.stderr)
         return 1
+    result = summary(watcher)
     if watcher.state == "launch failed":
         output = rank_output(args, watcher)
-        print(f"goodput run: launch failed: {watcher.refusal}"
-              + (f"; rank 0 said: {output}" if output else ""), file=sys.stderr)  # fmt: skip
+        line = f"launch failed: {watcher.refusal}" + (f"; rank 0 said: {output}" if output else "")
+        print(f"goodput run: {line}", file=sys.stderr)
+        if args.json:  # a machine reading stdout gets the outcome too, with the same reason
+            print(json.dumps({**result, "refusal": line}, indent=2))
         return 1
-    result = summary(watcher)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

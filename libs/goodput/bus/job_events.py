@@ -9,8 +9,9 @@ arrived, and a wait for the first event that matches.
 The follower survives a NATS restart: the server forgets ephemeral consumers, and nats-py's
 ordered consumer recreates its own only once, from its heartbeat check, and gives up if the
 server is not answering yet. A guard checks every :data:`GUARD_S` that the consumer still
-exists and, if it does not, subscribes again from the stream sequence after the last event
-delivered (events are applied once: a sequence at or below it is skipped).
+exists and, if it is missing at two checks in a row, subscribes again from the stream
+sequence after the last event delivered (events are applied once: a sequence at or below it
+is skipped).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ E = TypeVar("E", bound=schemas.Event)
 POLL_S = 0.02
 #: how often a follower checks that its consumer survived (a restarted server forgets it)
 GUARD_S = 2.0
+#: how long stopping a follower may wait on the bus
+STOP_S = 5.0
 
 
 async def count_events(bus: Bus, job: str) -> int:
@@ -130,7 +133,13 @@ class JobEvents:
         )
 
     async def _keep_following(self) -> None:
-        """Subscribe again, after the last event applied, when the consumer is gone."""
+        """Subscribe again, after the last event applied, when the consumer is gone.
+
+        Gone means missing at two checks in a row: nats-py's ordered consumer replaces its
+        consumer by itself after a missed heartbeat or a gap (a loaded host), and for that
+        moment the old name is not found; taking the subscription away from under that reset
+        left its tasks working on a subscription no one owned."""
+        missing = 0
         while True:
             await asyncio.sleep(GUARD_S)
             subscription = self._subscription
@@ -138,12 +147,16 @@ class JobEvents:
                 return
             try:
                 await subscription.consumer_info()
+                missing = 0
                 continue
             except nats.js.errors.NotFoundError:
-                pass  # the server lost it (restarted): follow anew
+                missing += 1  # the server lost it (restarted), or the client is replacing it
             except Exception as exc:  # the bus is away: look again later
                 log.debug("follower of %s cannot check its consumer: %r", self.job, exc)
                 continue
+            if missing < 2:
+                continue
+            missing = 0
             try:
                 await subscription.unsubscribe()
             except Exception as exc:
@@ -163,14 +176,16 @@ class JobEvents:
                 log.debug("follower of %s cannot subscribe yet: %r", self.job, exc)
 
     async def stop(self) -> None:
+        """Stop following, in bounded time: a bus that no longer answers must not hold up the
+        caller's teardown."""
         if self._guard is not None:
             self._guard.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._guard
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._guard, STOP_S)
             self._guard = None
         if self._subscription is not None:
             with contextlib.suppress(Exception):
-                await self._subscription.unsubscribe()
+                await asyncio.wait_for(self._subscription.unsubscribe(), STOP_S)
             self._subscription = None
 
     async def _collect(self, msg: Msg) -> None:

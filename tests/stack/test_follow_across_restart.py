@@ -8,10 +8,13 @@ ordered consumer only from its heartbeat check, and once per check), while the j
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
 from pathlib import Path
+
+import pytest
 
 from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
@@ -47,5 +50,35 @@ async def test_a_follower_gets_every_event_once_across_a_nats_restart(tmp_path: 
         assert seen == list(range(6))
     finally:
         await follower.stop()
+        await bus.close()
+        stop_recorded(tmp_path)
+
+
+async def test_a_follower_stops_even_when_its_guard_loses_the_cancel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-py swallows a CancelledError that lands while it flushes a command
+    (``Client._send_command``); a guard stopped only by ``cancel()`` then looped on, and
+    ``stop()`` waited for it forever: two e2e tests' teardowns hung until their timeouts.
+    Here the consumer check swallows the cancel the same way."""
+    record = EmbeddedNats(tmp_path, detach=True).start()
+    bus = await Bus.connect(BusSettings(url=record.url), name="test")
+    await bus.provision()
+    follower = await JobEvents(bus, "follow", lambda e: None).start()
+    checking = asyncio.Event()
+
+    async def consumer_info_that_swallows_the_cancel() -> None:
+        checking.set()
+        with contextlib.suppress(asyncio.CancelledError):  # as nats-py's flush does
+            await asyncio.sleep(60)
+
+    try:
+        assert follower._subscription is not None
+        monkeypatch.setattr(
+            follower._subscription, "consumer_info", consumer_info_that_swallows_the_cancel
+        )
+        await asyncio.wait_for(checking.wait(), 10)
+        await asyncio.wait_for(follower.stop(), 15)
+    finally:
         await bus.close()
         stop_recorded(tmp_path)

@@ -105,6 +105,7 @@ class JobEvents:
         self._all_runs = all_runs
         self._subscription = None
         self._guard: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
         #: stream sequence of the newest event applied (a new consumer starts after it)
         self._seq = 0
         #: set once the events stored when following started have all arrived
@@ -140,10 +141,11 @@ class JobEvents:
         moment the old name is not found; taking the subscription away from under that reset
         left its tasks working on a subscription no one owned."""
         missing = 0
-        while True:
-            await asyncio.sleep(GUARD_S)
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), GUARD_S)
             subscription = self._subscription
-            if subscription is None:
+            if subscription is None or self._stopping.is_set():
                 return
             try:
                 await subscription.consumer_info()
@@ -178,10 +180,13 @@ class JobEvents:
     async def stop(self) -> None:
         """Stop following, in bounded time: a bus that no longer answers must not hold up the
         caller's teardown."""
+        self._stopping.set()
         if self._guard is not None:
+            # a flag, not only a cancel: nats-py swallows a CancelledError that arrives while
+            # it flushes (Client._send_command), and a guard that lost its cancel looped on;
+            # asyncio.wait, not wait_for, which would wait for a cancel that never lands
             self._guard.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._guard, STOP_S)
+            await asyncio.wait({self._guard}, timeout=STOP_S)
             self._guard = None
         if self._subscription is not None:
             with contextlib.suppress(Exception):

@@ -114,3 +114,20 @@ def assert_identical(actual: Any, expected: Any, where: str = "state") -> None:
             assert_identical(a, e, f"{where}[{index}]")
     else:
         assert actual == expected, f"{where}: {actual!r} != {expected!r}"
+
+
+#: 5 steps of a global batch of 8 per epoch: checkpoints at 3, 4 and 7 fall mid-epoch
+SAMPLES = 40
+
+
+class Indexed(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Sample i is (i, features): the test sees which samples each step trained on."""
+
+    def __init__(self) -> None:
+        self.features = torch.randn(SAMPLES, 4, generator=torch.Generator().manual_seed(1))
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(index), self.features[index]

@@ -12,23 +12,9 @@ import torch
 from goodput.integrations.loop import SupervisedLoop
 from goodput.shim import BatchPlan, ShimConfig, TrainerShim, keep_global_batch
 from goodput.shim.data_position import DataPositionError, ResumableSampler
-from tests.integrations.harness import assert_identical
+from tests.integrations.harness import SAMPLES, Indexed, assert_identical
 
-SAMPLES = 40  # 5 steps of a global batch of 8 per epoch: checkpoints at 3, 4, 7 fall mid-epoch
 PLAN = BatchPlan(global_batch=8, micro_batch=4, lr=1e-2)
-
-
-class Indexed(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Sample i is (i, features): the test sees which samples each step trained on."""
-
-    def __init__(self) -> None:
-        self.features = torch.randn(SAMPLES, 4, generator=torch.Generator().manual_seed(1))
-
-    def __len__(self) -> int:
-        return SAMPLES
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.tensor(index), self.features[index]
 
 
 def train(

@@ -16,13 +16,12 @@ from goodput.shim import BatchPlan, ShimConfig, TrainerShim, keep_global_batch, 
 from goodput.shim.data_position import DataPositionError, ResumableSampler
 from goodput.shim.rescale import RescaleCallback
 from tests.integrations.extras import require
-from tests.integrations.harness import assert_identical
+from tests.integrations.harness import SAMPLES, Indexed, assert_identical
 
 L = require("lightning")
 
 from goodput.integrations.lightning import LIGHTNING_KEYS, GoodputCallback  # noqa: E402
 
-SAMPLES = 40  # 5 steps of a global batch of 8 per epoch
 PLAN = BatchPlan(global_batch=8, micro_batch=4, lr=1e-2)
 
 
@@ -78,17 +77,6 @@ class StopAt(L.Callback):
     def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
         if trainer.global_step == self.step - 1:
             self.goodput.shim._on_command(schemas.Stop(job="j", reason="test"))
-
-
-class Indexed(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    def __init__(self) -> None:
-        self.features = torch.randn(SAMPLES, 4, generator=torch.Generator().manual_seed(1))
-
-    def __len__(self) -> int:
-        return SAMPLES
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.tensor(index), self.features[index]
 
 
 def train(

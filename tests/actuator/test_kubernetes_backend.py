@@ -259,14 +259,7 @@ async def rig() -> AsyncIterator[tuple[KubernetesBackend, FakeKubernetesApi, Rec
         ]
     )
     recorder = Recorder()
-    backend = KubernetesBackend(
-        job=JOB,
-        bus_settings=BusSettings(url="tls://goodput-nats.goodput.svc:4222"),
-        emit=recorder,
-        options=OPTIONS,
-        api=api,
-        watch_factory=lambda: FakePodWatch(api),
-    )
+    backend = _backend(api, recorder)
     yield backend, api, recorder
     await backend.shutdown()
 
@@ -555,14 +548,7 @@ async def test_a_restarted_actuator_starts_the_job_beside_a_dead_nodes_pods(rig)
     first.ranks = []  # what the dead actuator held is gone with it; its pods are not
 
     recorder = Recorder()
-    second = KubernetesBackend(
-        job=JOB,
-        bus_settings=BusSettings(url="tls://goodput-nats.goodput.svc:4222"),
-        emit=recorder,
-        options=OPTIONS,
-        api=api,
-        watch_factory=lambda: FakePodWatch(api),
-    )
+    second = _backend(api, recorder)
     try:
         started = time.monotonic()
         rerun = msgspec.structs.replace(_start(nodes=2, spares=0), run_id="run-2")
@@ -704,19 +690,33 @@ async def test_in_process_restart_is_refused_without_a_live_rank_or_a_bus(rig) -
     assert backend.attempt == 1
 
 
+#: the bus as an in-cluster actuator reaches it
+CLUSTER_BUS = BusSettings(url="tls://goodput-nats.goodput.svc:4222")
+
+
+def _backend(
+    api: FakeKubernetesApi,
+    recorder: Recorder,
+    settings: BusSettings = CLUSTER_BUS,
+    options: KubernetesOptions = OPTIONS,
+) -> KubernetesBackend:
+    """A backend on the API fake, its pod watch fed by the same fake."""
+    return KubernetesBackend(
+        job=JOB,
+        bus_settings=settings,
+        emit=recorder,
+        options=options,
+        api=api,
+        watch_factory=lambda: FakePodWatch(api),
+    )
+
+
 async def _started_pod(
     settings: BusSettings, options: KubernetesOptions = OPTIONS
 ) -> tuple[client.V1Pod, KubernetesBackend]:
     """Rank 0's pod of a one-node job started by a backend on ``settings``."""
     api = FakeKubernetesApi([_node("gpu-a", POOL)])
-    backend = KubernetesBackend(
-        job=JOB,
-        bus_settings=settings,
-        emit=Recorder(),
-        options=options,
-        api=api,
-        watch_factory=lambda: FakePodWatch(api),
-    )
+    backend = _backend(api, Recorder(), settings, options)
     try:
         await backend.start_job(_start(nodes=1, spares=0, procs=1))
     finally:

@@ -85,9 +85,9 @@ class Replay:
         return until
 
 
-def test_the_demos_hang_and_in_process_restart_give_one_hang_signal() -> None:
-    replay = Replay()
-    events: list[Timed] = [
+def _first_start() -> list[Timed]:
+    """Both ranks of attempt 1 started at time 0."""
+    return [
         (
             at(0),
             schemas.RankStarted(
@@ -96,6 +96,11 @@ def test_the_demos_hang_and_in_process_restart_give_one_hang_signal() -> None:
         )
         for r in NODES
     ]
+
+
+def test_the_demos_hang_and_in_process_restart_give_one_hang_signal() -> None:
+    replay = Replay()
+    events = _first_start()
     events += _training(1, 176, 1.0)
     hung = 1.0 + 177 * STEP_S
     # rank 0 hangs inside step 178, rank 1 finished step 177 (its report a little slower, so
@@ -150,15 +155,7 @@ def test_a_waiting_ranks_deadline_does_not_run_on_through_a_restart() -> None:
     """The same order with rank 1's rejoin much later (slow to leave its collective): no
     signal until then, and a real hang after the restart is still found."""
     replay = Replay()
-    events: list[Timed] = [
-        (
-            at(0),
-            schemas.RankStarted(
-                job=JOB, node=NODES[r], rank=r, local_rank=0, world_size=2, pid=100 + r, attempt=1
-            ),
-        )
-        for r in NODES
-    ]
+    events = _first_start()
     events += _training(1, 50, 1.0)
     hung = 1.0 + 51 * STEP_S
     events += [(at(hung), _done(0, 51)), (at(hung + 0.8), _done(1, 51))]

@@ -47,6 +47,8 @@ would refuse. An undeclared capability (an actuator that does not say) is tried.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from goodput import schemas
 from goodput.gpu_faults import reset_targets
 from goodput.policy.plan import Plan
@@ -54,8 +56,10 @@ from goodput.policy.state import JobState, Refusal
 
 REPEAT_FAILURES = 3
 
-#: what each capability of ``BackendCapabilities`` lets the backend do, for a decision's reason
-CAPABILITY_WORDS = {
+#: a field of ``BackendCapabilities``: what a rung needs of the backend
+Capability = Literal["in_process_restart", "standbys", "gpu_reset", "hot_swap", "scale"]
+#: what each capability lets the backend do, for a decision's reason
+CAPABILITY_WORDS: dict[Capability, str] = {
     "in_process_restart": "restart ranks in process",
     "standbys": "keep standby ranks",
     "gpu_reset": "reset GPUs",
@@ -64,7 +68,7 @@ CAPABILITY_WORDS = {
 }
 
 
-def backend_lacks(state: JobState, capability: str) -> str:
+def backend_lacks(state: JobState, capability: Capability) -> str:
     """Why the backend cannot run the rung that needs ``capability`` ("" when it can, or when
     it did not declare what it can do)."""
     declared = state.backend

@@ -1,0 +1,212 @@
+"""A job on two node agents (two processes, own state directories and node names) under an
+actuator running the agent backend: real nats-server, services, agents and ranks."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from goodput import schemas
+from goodput.stack.launcher import read_stack
+from tests.conftest import goodput_cli
+from tests.stack.helpers import NO_STRAGGLER_JUDGEMENT, EventTap
+
+pytestmark = pytest.mark.slow
+
+JOB = "agents"
+STEPS = 30
+
+
+def _agent(node: str, state_dir: Path, url: str) -> subprocess.Popen:
+    with open(state_dir.with_suffix(".log"), "ab") as log:
+        return _spawn_agent(node, state_dir, url, log)
+
+
+def _spawn_agent(node: str, state_dir: Path, url: str, log) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "goodput.cli.main",
+            "agent",
+            "--node",
+            node,
+            "--job",
+            JOB,
+            "--state-dir",
+            str(state_dir),
+            "--nats-url",
+            url,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _start(tmp_path: Path, name: str) -> schemas.StartJob:
+    shared = tmp_path / "shared" / name
+    return schemas.StartJob(
+        job=JOB,
+        argv=[
+            "python",
+            "-m",
+            "goodput.examples.gpt.supervised",
+            "--steps",
+            str(STEPS),
+            "--log-every",
+            "0",
+            "--result",
+            str(tmp_path / f"{name}.json"),
+        ],
+        nodes=2,
+        procs_per_node=1,
+        spares=0,
+        # a filesystem every host sees (a cluster's shared one): no tier has to carry them
+        env={
+            "GOODPUT_CKPT_EVERY": "5",
+            "GOODPUT_CKPT_MODE": "torch-save",
+            "GOODPUT_CKPT_DIR": str(shared),
+        },
+    )
+
+
+async def _finished(tap: EventTap, run_id: str, timeout_s: float) -> schemas.JobStatus:
+    return await tap.wait_for(
+        lambda e: isinstance(e, schemas.JobStatus) and e.run_id == run_id and e.state == "finished",
+        timeout_s,
+        "the run's end",
+    )
+
+
+def _statuses(tap: EventTap, run_id: str) -> list[schemas.JobStatus]:
+    return [e for e in tap.of(schemas.JobStatus) if e.run_id == run_id]
+
+
+def _rank_children(pid: int) -> list[str]:
+    """The actuator's descendants that run the training script (there must be none)."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "goodput.examples.gpt" in " ".join(child.cmdline()):
+                found.append(f"{child.pid}: {' '.join(child.cmdline())}")
+    return found
+
+
+async def test_two_agents_kill_twice_bit_identical_and_refuse_a_held_name(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "stack"
+    goodput_cli(
+        "up",
+        "--state-dir",
+        str(state),
+        "--job",
+        JOB,
+        "--nodes",
+        "1",
+        "--wait",
+        "30",
+        "--service-set",
+        "actuator:backend=agent",
+        "--service-set",
+        "actuator:restore_timeout_s=0",
+        *NO_STRAGGLER_JUDGEMENT,
+    )
+    stack = read_stack(state)
+    assert stack is not None
+    actuator = next(s.pid for s in stack.services if s.name == "actuator")
+    agents = {n: _agent(n, tmp_path / n, stack.url) for n in ("host-a", "host-b")}
+    bus = None
+    try:
+        from goodput.bus import Bus, BusSettings
+
+        bus = await Bus.connect(BusSettings(url=stack.url), name="test")
+        # a second agent for a held name: one line, exit 1, the holder untouched
+        held = goodput_cli(
+            "agent",
+            "--node",
+            "host-a",
+            "--job",
+            JOB,
+            "--state-dir",
+            str(tmp_path / "dup"),
+            "--nats-url",
+            stack.url,
+            check=False,
+            timeout=60,
+        )
+        assert held.returncode == 1, held.stderr
+        assert held.stderr.strip().count("\n") == 0
+        assert "host-a" in held.stderr and "held by a live agent" in held.stderr
+        assert agents["host-a"].poll() is None
+
+        results = {}
+        for name, kills in (("reference", 0), ("interrupted", 2)):
+            tap = await EventTap(bus, JOB).start()
+            try:
+                start = _start(tmp_path, name)
+                await bus.send_command("actuator", start)
+                begun = await tap.wait_for(
+                    lambda e, r=start.run_id: isinstance(e, schemas.RunStarted) and e.run_id == r,
+                    60,
+                    "the run's start",
+                )
+                for at_step in (8, 18)[:kills]:
+                    await tap.wait_for(
+                        lambda e, s=at_step: isinstance(e, schemas.StepDone) and e.step >= s,
+                        240,
+                        f"step {at_step}",
+                        after_ts=begun.ts,
+                    )
+                    current = _statuses(tap, start.run_id)[-1]
+                    assert _rank_children(actuator) == []
+                    os.kill(current.pids["host-b"][0], signal.SIGKILL)
+                    again = await tap.wait_for(
+                        lambda e, a=current.attempt, r=start.run_id: (
+                            isinstance(e, schemas.JobStatus)
+                            and e.run_id == r
+                            and e.attempt > a
+                            and e.state == "running"
+                        ),
+                        120,
+                        "the next attempt",
+                    )
+                    await tap.wait_for(
+                        lambda e: isinstance(e, schemas.StepDone),
+                        240,
+                        "a step of the next attempt",
+                        after_ts=again.ts,
+                    )
+                await _finished(tap, start.run_id, 300)
+                results[name] = json.loads((tmp_path / f"{name}.json").read_text())
+                rules = [
+                    d.rule
+                    for d in tap.of(schemas.Decision)
+                    if d.ts > begun.ts and d.rule != "checkpoint-interval"
+                ]
+                assert len(rules) == kills, rules
+                assert set(rules) <= {"in-process-restart", "in-job-restart"}, rules
+            finally:
+                await tap.stop()
+        assert results["interrupted"]["params_sha256"] == results["reference"]["params_sha256"]
+        assert _rank_children(actuator) == []
+    finally:
+        if bus is not None:
+            await bus.close()
+        for process in agents.values():
+            process.send_signal(signal.SIGTERM)
+        for process in agents.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        goodput_cli("down", "--state-dir", str(state), check=False)

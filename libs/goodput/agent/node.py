@@ -96,6 +96,9 @@ class NodeAgent:
             execute=self.execute,
             fence=lambda command: self.ranks.fence(),
         )
+        rejoins = await bus.nc.subscribe(
+            subjects.event(self.job, schemas.kind_of(schemas.RankRejoined)), cb=self._rejoined
+        )
         tasks = [asyncio.create_task(runner.run()), asyncio.create_task(self._refresh(bus))]
         if self.host_report:
             tasks.append(asyncio.create_task(self._report_host(bus)))
@@ -111,6 +114,7 @@ class NodeAgent:
             task.cancel()
         await asyncio.gather(stop, *tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
+            await rejoins.unsubscribe()
             await asyncio.wait_for(registry.release(bus, self.job, self.node), 5)
 
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
@@ -127,6 +131,14 @@ class NodeAgent:
             case schemas.SignalRanks():
                 return True, self.ranks.signal(command)
         return False, f"a node agent does not execute {schemas.kind_of(type(command))}"
+
+    async def _rejoined(self, msg) -> None:
+        try:
+            event = schemas.decode_event(msg.data)
+        except schemas.SchemaError:
+            return  # the sensor's consumer dead-letters it
+        if isinstance(event, schemas.RankRejoined) and event.node == self.node:
+            self.ranks.rejoined(event)
 
     async def _emit(self, event: schemas.Event) -> None:
         """Report an event, through any bus outage (an exit is reported when it is back)."""

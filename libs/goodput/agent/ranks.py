@@ -7,7 +7,8 @@ directory), with the environment the actuator wrote for it over this host's own;
 agent's child and dies with it (``PR_SET_PDEATHSIG``): an agent gone is its node gone, and a
 rank left behind would keep a host the supervisor replaced in the job's collectives.
 Every start and exit is reported as the same ``RankStarted``/``RankExited`` events the local
-backend emits, through the bus's retrying publish: an exit seen while the bus is away is
+backend emits (a rank restarted in process exits as a rank of the attempt it rejoined: the
+agent follows the ranks' ``RankRejoined``), through the bus's retrying publish: an exit seen while the bus is away is
 reported when it is back.
 """
 
@@ -106,6 +107,13 @@ class HostRanks:
             started.append(await self._spawn(command, spec))
         self.changed()
         return f"started rank(s) {started} of attempt {command.attempt} on {self.node}"
+
+    def rejoined(self, event: schemas.RankRejoined) -> None:
+        """A rank restarted in process is a rank of the new attempt: its exit says so."""
+        for entry in self.ranks:
+            if entry.process.pid == event.pid and entry.rank == event.rank and event.ok:
+                entry.attempt = max(entry.attempt, event.attempt)
+                self.changed()
 
     def signal(self, command: schemas.SignalRanks) -> str:
         sig = signal.SIGTERM if command.signal == "term" else signal.SIGKILL

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import msgspec
-
 from rich.console import Console
 
 from goodput import schemas, subjects

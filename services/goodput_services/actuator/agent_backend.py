@@ -308,9 +308,15 @@ class AgentBackend(MembershipBackend):
         """An agent's report: its ranks' pids and exits (of this run only)."""
         if record.run_id != self.run_id or not self.run_id:
             return
-        reported = {(r.rank, r.attempt): r for r in record.ranks}
+        by_attempt = {(r.rank, r.attempt): r for r in record.ranks}
+        by_pid = {(r.rank, r.pid): r for r in record.ranks}
         for entry in self.ranks:
-            rank = reported.get((entry.rank, entry.attempt)) if entry.node == record.node else None
+            if entry.node != record.node:
+                continue
+            # a rank restarted in process keeps its pid (its attempt moved on with the job's)
+            rank = by_pid.get((entry.rank, entry.pid)) or (
+                None if entry.pid else by_attempt.get((entry.rank, entry.attempt))
+            )
             if rank is None:
                 continue
             entry.pid = rank.pid

@@ -21,7 +21,7 @@ import msgspec
 
 from goodput.agent.host import host_address, is_loopback, visible_gpus
 from goodput.agent.registry import NodeHeld
-from goodput.agent.slurm import SlurmEnvError, agent_node_name
+from goodput.agent.slurm import SlurmEnvError, agent_node_name, read_slurm
 from goodput.bus import BusUnavailableError, InsecureBusError
 from goodput.config import (
     add_bus_arguments,
@@ -36,6 +36,7 @@ from goodput.subjects import DEFAULT_JOB, check_token
 
 def cmd_agent(args: argparse.Namespace) -> int:
     try:
+        slurm = read_slurm(os.environ)
         node = args.node or agent_node_name(os.environ) or socket.gethostname().split(".")[0]
         check_token(node, "node name")
     except (SlurmEnvError, ValueError) as exc:
@@ -61,11 +62,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
               "hosts cannot reach its rendezvous; give --address", file=sys.stderr)  # fmt: skip
     from goodput.agent.node import NodeAgent
 
+    gpus = visible_gpus(os.environ)
+    if not gpus and slurm is not None and slurm.gpus_on_node:
+        gpus = list(range(slurm.gpus_on_node))
+
     agent = NodeAgent(
         job=args.job,
         node=node,
         address=address,
-        gpus=visible_gpus(os.environ),
+        gpus=gpus,
         bus_settings=settings,
         state_dir=state_dir / "agents" / node,
         host_report=not args.no_host_report,

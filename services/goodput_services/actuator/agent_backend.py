@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: how long ranks asked to stop (SIGTERM: save and exit) may take before SIGKILL
 STOP_GRACE_S = 60.0
+#: how long a start waits for the agents it needs to be live
+AGENTS_WAIT_S = 30.0
 #: how long an agent may take to answer a command (it only forks or signals)
 COMMAND_TIMEOUT_S = 30.0
 #: after SIGKILL, how long the agents may take to report the exits
@@ -108,8 +110,8 @@ class AgentBackend(MembershipBackend):
                 raise RuntimeError(
                     "the agent backend keeps no standby ranks: start the job without standbys"
                 )
-            live = sorted(self.agents.live(time.monotonic()))
             wanted = spec.nodes + spec.spares
+            live = await self._wait_for_agents(wanted)
             if len(live) < wanted:
                 raise RuntimeError(
                     f"the job needs {spec.nodes} node(s) + {spec.spares} spare(s) but "
@@ -130,6 +132,16 @@ class AgentBackend(MembershipBackend):
             return (
                 f"started {self.membership.world_size} ranks on {', '.join(self.membership.active)}"
             )
+
+    async def _wait_for_agents(self, wanted: int) -> list[str]:
+        """The live agents' nodes, sorted, once ``wanted`` are live or after AGENTS_WAIT_S
+        (agents started with the job, as in a Slurm batch script, announce in seconds)."""
+        deadline = time.monotonic() + AGENTS_WAIT_S
+        while True:
+            live = sorted(self.agents.live(time.monotonic()))
+            if len(live) >= wanted or time.monotonic() >= deadline:
+                return live
+            await asyncio.sleep(0.2)
 
     async def shutdown(self) -> None:
         await super().shutdown()

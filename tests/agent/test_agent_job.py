@@ -61,7 +61,7 @@ def _spawn_agent(node: str, state_dir: Path, url: str, log) -> subprocess.Popen:
     )
 
 
-def _start(tmp_path: Path, name: str) -> schemas.StartJob:
+def _start(tmp_path: Path, name: str, spares: int = 0) -> schemas.StartJob:
     shared = tmp_path / "shared" / name
     return schemas.StartJob(
         job=JOB,
@@ -78,7 +78,7 @@ def _start(tmp_path: Path, name: str) -> schemas.StartJob:
         ],
         nodes=2,
         procs_per_node=1,
-        spares=0,
+        spares=spares,
         # a filesystem every host sees (a cluster's shared one): no tier has to carry them
         env={
             "GOODPUT_CKPT_EVERY": "5",
@@ -117,34 +117,96 @@ def _rank_children(pid: int) -> list[str]:
     return found
 
 
-async def test_two_agents_kill_twice_bit_identical_and_refuse_a_held_name(
-    tmp_path: Path,
-) -> None:
+@contextlib.asynccontextmanager
+async def _stack_with_agents(tmp_path: Path, nodes: tuple[str, ...]):
+    """`goodput up` on the agent backend, an agent process per node, a bus connection; all
+    stopped afterwards (agents SIGTERM, bounded)."""
     state = tmp_path / "stack"
     goodput_cli(
-        "up",
-        "--state-dir",
-        str(state),
-        "--job",
-        JOB,
-        "--nodes",
-        "1",
-        "--wait",
-        "30",
-        "--service-set",
-        "actuator:backend=agent",
-        "--service-set",
-        "actuator:restore_timeout_s=0",
+        "up", "--state-dir", str(state), "--job", JOB, "--nodes", "1", "--wait", "30",
+        "--service-set", "actuator:backend=agent",
+        "--service-set", "actuator:restore_timeout_s=0",
         *SENSOR,
-    )
+    )  # fmt: skip
     stack = read_stack(state)
     assert stack is not None
-    actuator = next(s.pid for s in stack.services if s.name == "actuator")
-    agents = {n: _agent(n, tmp_path / n, stack.url) for n in ("host-a", "host-b")}
+    agents = {n: _agent(n, tmp_path / n, stack.url) for n in nodes}
     bus = None
     try:
         bus = await Bus.connect(BusSettings(url=stack.url), name="test")
         await _wait_live(bus, set(agents), 60)
+        yield stack, agents, bus
+    finally:
+        if bus is not None:
+            await bus.close()
+        for process in agents.values():
+            process.send_signal(signal.SIGTERM)
+        for process in agents.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        goodput_cli("down", "--state-dir", str(state), check=False)
+
+
+async def test_killing_an_agent_is_a_node_loss_and_its_return_a_repaired_node(
+    tmp_path: Path,
+) -> None:
+    async with _stack_with_agents(tmp_path, ("host-a", "host-b", "host-c")) as (stack, agents, bus):
+        tap = await EventTap(bus, JOB).start()
+        try:
+            start = _start(tmp_path, "node-loss", spares=1)
+            await bus.send_command("actuator", start)
+            first = await tap.wait_for(
+                lambda e: (
+                    isinstance(e, schemas.JobStatus)
+                    and e.run_id == start.run_id
+                    and e.state == "running"
+                ),
+                120,
+                "the run's start",
+            )
+            assert (first.active_nodes, first.spare_nodes) == (["host-a", "host-b"], ["host-c"])
+            await tap.wait_for(
+                lambda e: isinstance(e, schemas.StepDone) and e.step >= 5,
+                240,
+                "step 5",
+                after_ts=first.ts,
+            )
+            agents["host-b"].kill()  # the host is gone: its rank dies with its agent
+            swapped = await tap.wait_for(
+                lambda e: (
+                    isinstance(e, schemas.JobStatus)
+                    and e.run_id == start.run_id
+                    and "host-b" in e.failed_nodes
+                    and e.state == "running"
+                ),
+                180,
+                "host-b replaced",
+            )
+            assert swapped.active_nodes == ["host-a", "host-c"]
+            assert any(d.rule == "hot-swap" for d in tap.of(schemas.Decision))
+            # the host comes back: its agent reports it healthy, a repaired node
+            agents["host-b"] = _agent("host-b", tmp_path / "host-b-again", stack.url)
+            await tap.wait_for(
+                lambda e: (
+                    isinstance(e, schemas.Signal)
+                    and e.signal == "node_returned"
+                    and e.node == "host-b"
+                ),
+                60,
+                "host-b returned",
+            )
+            await _finished(tap, start.run_id, 300)
+        finally:
+            await tap.stop()
+
+
+async def test_two_agents_kill_twice_bit_identical_and_refuse_a_held_name(
+    tmp_path: Path,
+) -> None:
+    async with _stack_with_agents(tmp_path, ("host-a", "host-b")) as (stack, agents, bus):
+        actuator = next(s.pid for s in stack.services if s.name == "actuator")
         # a second agent for a held name: one line, exit 1, the holder untouched
         held = goodput_cli(
             "agent",
@@ -214,14 +276,3 @@ async def test_two_agents_kill_twice_bit_identical_and_refuse_a_held_name(
                 await tap.stop()
         assert results["interrupted"]["params_sha256"] == results["reference"]["params_sha256"]
         assert _rank_children(actuator) == []
-    finally:
-        if bus is not None:
-            await bus.close()
-        for process in agents.values():
-            process.send_signal(signal.SIGTERM)
-        for process in agents.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        goodput_cli("down", "--state-dir", str(state), check=False)

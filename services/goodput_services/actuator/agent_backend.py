@@ -154,8 +154,11 @@ class AgentBackend(MembershipBackend):
     # ---- in-process restart (the sequence is MembershipBackend.restart_in_process) ----------
 
     def _survivors(self) -> tuple[list[AgentRankEntry], list[AgentRankEntry]]:
-        live = [r for r in self.ranks if not r.exited.is_set()]
-        return live, [r for r in self.ranks if r.exited.is_set()]
+        """A rank whose agent is gone is dead too (it died with its agent): starting it
+        again there fails at once, instead of a Rejoin waiting out its deadline for it."""
+        now = time.monotonic()
+        live = [r for r in self.ranks if not r.exited.is_set() and self.agents.is_live(r.node, now)]
+        return live, [r for r in self.ranks if r not in live]
 
     def _rendezvous(self, live: list[AgentRankEntry]) -> tuple[str, int]:
         assert self.membership is not None

@@ -20,7 +20,7 @@ from goodput import schemas, subjects
 from goodput.agent import registry
 from goodput.agent.node import NodeAgent
 from goodput.agent.registry import NodeHeld
-from goodput.bus import Bus, BusSettings
+from goodput.bus import Bus, BusSettings, DoneLog
 from goodput.bus.embedded import EmbeddedNats
 from goodput.bus.job_events import JobEvents
 
@@ -105,6 +105,14 @@ async def test_ranks_run_on_through_a_bus_outage_and_their_exits_are_reported_af
                 ],
             )
             target = subjects.node_target(subjects.AGENT, "n0")
+            # a launch meant for an earlier agent of the node (sent before this one started,
+            # redelivered to it) is not run: the actuator gave up on it and that node's ranks
+            stale = msgspec.structs.replace(launch, command_id=schemas.new_id(), ts=1)
+            await bus.send_command(target, stale)
+            refused = await _until(
+                lambda: DoneLog(bus, JOB, target).result(stale.command_id), lambda r: True
+            )
+            assert not refused.ok and "before the agent of n0 started" in refused.detail
             await bus.send_command(target, launch)
             # launched again (another id, the same ranks of the same attempt): nothing doubles
             again = msgspec.structs.replace(launch, command_id=schemas.new_id())

@@ -38,6 +38,10 @@ STOP_GRACE_S = 60.0
 FREE_PORTS = 4
 
 
+class AgentLoopDied(RuntimeError):
+    """One of the agent's loops raised: its ranks were stopped, and it exits non-zero."""
+
+
 class NodeAgent:
     def __init__(
         self,
@@ -105,9 +109,13 @@ class NodeAgent:
         log.info("agent of %s serving job %s at %s", self.node, self.job, self.address)
         stop = asyncio.create_task(stopping.wait())
         await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                log.error("agent loop died", exc_info=task.exception())
+        died = [
+            task
+            for task in tasks
+            if task.done() and not task.cancelled() and task.exception() is not None
+        ]
+        for task in died:
+            log.error("agent loop died", exc_info=task.exception())
         runner.stop()
         await self.ranks.stop(STOP_GRACE_S)
         for task in [stop, *tasks]:
@@ -123,6 +131,10 @@ class NodeAgent:
                 node != self.node
             ):
                 return False, f"agent of {self.node} got a command for {node}"
+            case schemas.LaunchRanks() if command.ts < self.started_ts:
+                # sent to an earlier agent of this node that died before taking it: the
+                # actuator has given up on it (and on that node's ranks) since
+                return False, f"launch sent before the agent of {self.node} started; not run"
             case schemas.LaunchRanks():
                 try:
                     return True, await self.ranks.launch(command)

@@ -60,7 +60,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if is_loopback(address):
         print(f"goodput agent: warning: {node}'s address is loopback ({address}): ranks on other "
               "hosts cannot reach its rendezvous; give --address", file=sys.stderr)  # fmt: skip
-    from goodput.agent.node import NodeAgent
+    from goodput.agent.node import AgentLoopDied, NodeAgent
 
     gpus = visible_gpus(os.environ)
     if not gpus and slurm is not None and slurm.gpus_on_node:
@@ -80,7 +80,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     except NodeHeld as exc:
         print(f"goodput agent: {exc}", file=sys.stderr)
         return 1
-    except BusUnavailableError as exc:
+    except (BusUnavailableError, AgentLoopDied) as exc:
         print(f"goodput agent: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -228,9 +228,11 @@ class AgentBackend(MembershipBackend):
         """Have the agents start ``ranks`` (node, rank, local rank) as ranks of the current
         attempt; raises when an agent refuses or does not answer in time."""
         assert self.spec is not None and self.membership is not None
+        # every node's agent first: no rank is recorded for a launch that cannot be sent
+        records = {node: self._live_record(node) for node, _, _ in ranks}
         by_node: dict[str, list[schemas.RankLaunch]] = {}
         for node, rank, local_rank in ranks:
-            record = self._live_record(node)
+            record = records[node]
             env = self.rank_environment(
                 node=node,
                 node_index=self.membership.active.index(node),

@@ -12,9 +12,11 @@ setup:
     ./setup.sh --dev
 
 # Skipped tests are listed with their reason (the GPU kit, tests/gpu, where there is no GPU).
-# lint, then every test, slow end-to-end ones included (what CI runs); the 30 slowest listed
+# lint, then every test, slow end-to-end ones included (what CI runs); the 30 slowest listed.
+# Two workers, a file each at a time (a file's module fixtures are built once): most
+# whole-stack tests wait on processes, so two overlap on two cores.
 test: lint
-    {{bin}}/pytest -q -rs -p no:cacheprovider --durations=30
+    {{bin}}/pytest -q -rs -p no:cacheprovider --durations=30 -n 2 --dist loadfile
 
 # With GOODPUT_GPU_KIT_OUT=DIR the CUDA checkpoint benchmark's JSON report is written to DIR.
 # the GPU kit (tests/gpu) on this machine's GPU; refused without one; minutes on an H100

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 python=${PYTHON:-python3}
 extras=""
-if [ "${1:-}" = "--dev" ]; then extras="[dev,lightning,hf]"; fi
+if [ "${1:-}" = "--dev" ]; then extras="[dev,lightning,hf,torchdata]"; fi
 
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($python --version)" >&2

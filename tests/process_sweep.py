@@ -120,6 +120,8 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if session.config.pluginmanager.hasplugin("dsession"):
+        return  # pytest-xdist's controller: its workers carry its tag and sweep their own
     kill_tagged(SESSION_VAR, os.environ[SESSION_VAR], "end of session")
 
 

@@ -15,7 +15,9 @@ from goodput import schemas, subjects
 from .test_local_backend import JOB, RANK_SCRIPT, _start, _status, rig  # noqa: F401
 
 # A supervised rank whose loop is the shim's: it takes Rejoin commands but never gets to one
-# (no step fails), so a Rejoin for its own attempt is all it can see.
+# (no step fails), so a Rejoin for its own attempt is all it can see. Like a training loop it
+# ends on SIGTERM (the shim's stop flag): a rank that slept through it would hold every
+# teardown for the actuator's whole stop grace before the SIGKILL.
 SHIM_RANK = (
     "import logging, time\n"
     "logging.basicConfig(level=logging.INFO)\n"
@@ -26,7 +28,8 @@ SHIM_RANK = (
     "    shim.enable_in_process_restart()\n"
     "wait_for_bus(shim)\n"
     "print('ready', flush=True)\n"
-    "time.sleep(600)\n"
+    "while not shim.should_stop():\n"
+    "    time.sleep(0.1)\n"
 )
 
 

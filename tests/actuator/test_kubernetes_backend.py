@@ -853,6 +853,29 @@ def test_both_backends_satisfy_the_protocol_the_service_uses(rig, tmp_path: Path
     assert isinstance(local, Backend) and isinstance(backend, Backend)
 
 
+def test_each_backend_declares_what_it_can_do_once_the_service_wires_it(
+    rig, tmp_path: Path
+) -> None:
+    """What a ``JobStatus`` tells the policy (``BackendCapabilities``): both backends run every
+    membership rung; the local one keeps standbys on every node, the Kubernetes one on the
+    spares only; an in-process restart and a GPU reset need the service's routes to the
+    trainers and the host monitors, which a bare backend lacks."""
+    kubernetes, _, _ = rig
+    bare = kubernetes.capabilities()
+    assert not bare.in_process_restart and not bare.gpu_reset
+    service = ActuatorService(ServiceConfig(job=JOB, state_dir=str(tmp_path)))
+    local = service.backend
+    service.attach(kubernetes)
+    declared = {b.name: b.status().capabilities for b in (local, kubernetes)}
+    everything = {"in_process_restart": True, "gpu_reset": True, "hot_swap": True, "scale": True}
+    assert declared == {
+        "local": schemas.BackendCapabilities(backend="local", standbys="all", **everything),
+        "kubernetes": schemas.BackendCapabilities(
+            backend="kubernetes", standbys="spares", **everything
+        ),
+    }
+
+
 def _manifest(file: str, kind: str, name: str) -> dict[str, Any]:
     documents = yaml.safe_load_all((DEPLOY / file).read_text())
     return next(d for d in documents if d["kind"] == kind and d["metadata"]["name"] == name)

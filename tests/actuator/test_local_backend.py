@@ -104,6 +104,9 @@ async def test_start_sets_torchrun_environment_and_reports_ranks(rig, tmp_path: 
     status = await _status(tap, 1)
     assert status.active_nodes == ["node-0", "node-1"] and status.spare_nodes == ["node-2"]
     assert status.world_size == 4
+    # the policy reads what the backend can do from the status, not from a refusal
+    assert status.capabilities is not None and status.capabilities.backend == "local"
+    assert status.capabilities.in_process_restart and status.capabilities.standbys == "all"
     started = tap.of(schemas.RankStarted)
     assert sorted((e.node, e.rank, e.local_rank) for e in started) == [
         ("node-0", 0, 0),

@@ -55,6 +55,8 @@ async def test_a_rank_restarted_in_process_is_matched_by_its_pid_and_its_exit_en
         emitted.append(event)
 
     backend = AgentBackend(job="j", bus_settings=BusSettings(url="nats://x:4222"), emit=emit)
+    declared = backend.capabilities()
+    assert (declared.backend, declared.standbys, declared.hot_swap) == ("agent", "none", True)
     backend.run_id, backend.state, backend.attempt = "r1", "running", 3
     # rank 0 survived into attempt 3 in its process (started under attempt 1); rank 1 was
     # launched again for attempt 3 and its pid is not known yet

@@ -160,6 +160,14 @@ def sample_events() -> list[schemas.Event]:
             pids={"n0": [11, 12]},
             detail="hot swap",
             run_id="r1",
+            capabilities=schemas.BackendCapabilities(
+                backend="kubernetes",
+                in_process_restart=True,
+                standbys="spares",
+                gpu_reset=False,
+                hot_swap=True,
+                scale=True,
+            ),
         ),
         schemas.RankRejoined(job=JOB, node="n0", rank=1, pid=7, attempt=3, regroup_s=0.4),
         schemas.RunStarted(

@@ -17,7 +17,7 @@ from goodput.ckptfmt import step_dirs
 
 from .helpers import assert_bit_exact, make_state
 
-TRIALS = 50
+TRIALS = 25
 
 
 def _trial_state(step: int) -> dict:

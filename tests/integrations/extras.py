@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 
 #: importable module -> the goodput extra that installs it
-EXTRAS = {"lightning": "lightning", "transformers": "hf"}
+EXTRAS = {"lightning": "lightning", "transformers": "hf", "torchdata": "torchdata"}
 
 
 def in_ci() -> bool:

@@ -101,6 +101,9 @@ def train(
     reported = shim.reported = []  # type: ignore[attr-defined]
     step_done = shim.step_done
     shim.step_done = lambda step, *a, **k: (reported.append(step), step_done(step, *a, **k))  # type: ignore[method-assign]
+    finished = shim.finished = []  # type: ignore[attr-defined]
+    finish = shim.finish
+    shim.finish = lambda state, step: (finished.append(step), finish(state, step))  # type: ignore[method-assign]
     goodput = GoodputCallback(
         shim=shim, plan=PLAN, rescale=rescale or [keep_global_batch], data=loader
     )
@@ -185,3 +188,15 @@ def test_scale_lr_without_a_scheduler_scales_the_optimizer(tmp_path: Path) -> No
 def test_a_loader_batching_otherwise_than_the_plan_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DataPositionError, match=r"batch_size \(8\) is not the batch plan's"):
         train(tmp_path / "run", batch_size=8)
+
+
+def test_a_job_resumed_at_its_last_step_finishes_without_training(tmp_path: Path) -> None:
+    # a rank that restarts after its job's last checkpoint (another node's copy of it, in a
+    # job whose ranks do not wait for each other) has nothing left to train; Lightning then
+    # skips its train hooks, and the shim must still be told the job is done
+    first, _, _ = train(tmp_path / "run")
+    assert first.shim.finished == [12]  # type: ignore[attr-defined]
+    again, trainer, module = train(tmp_path / "run")
+    assert again.restored is not None and again.restored.step == 12
+    assert trainer.global_step == 12 and module.seen == []
+    assert again.shim.finished == [12]  # type: ignore[attr-defined]

@@ -63,18 +63,32 @@ def test_readme_script_resumes_bit_identically_after_a_kill(
     assert_identical(resumed.final["state"], reference["state"])
 
 
+#: the README scripts whose loop is not the shim's: their ranks declare it in their step
+#: reports, and the crash of one goes straight to the next rung (two nodes, no standby: cold)
+TWO_RANK_CRASHES = [("loop", None), ("lightning", "lightning")]
+
+
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize(("name", "extra"), TWO_RANK_CRASHES)
 def test_a_crash_in_a_two_rank_integration_job_goes_to_the_first_rung_it_supports(
-    tmp_path: Path,
+    name: str, extra: str | None, tmp_path: Path
 ) -> None:
-    """The plain loop's ranks declare that their loop is not the shim's (``StepDone``): the
-    built-in policy restarts them cold at once, with no in-process restart sent and refused.
-    (Each rank trains alone here, without a process group: only the decisions are checked.)"""
-    script = write_script("loop", tmp_path / "script")
+    """The plain loop's and Lightning's ranks declare that their loop is not the shim's
+    (``StepDone``): the built-in policy restarts them cold at once, with no in-process restart
+    sent and refused, and the job finishes. (Each rank trains alone on its half of the data,
+    without a process group: only the recovery and its decisions are checked.)"""
+    if extra is not None:
+        require(extra)
+    script = write_script(name, tmp_path / "script")
     resumed = run_killed_and_resumed(
         script, tmp_path / "supervised", kill_at_step=12, ckpt_every=4, nodes=2
     )
-    rules = [d["rule"] for d in resumed.summary["decisions"] if d["rule"] != "checkpoint-interval"]
-    assert rules and rules[0] == "in-job-restart", resumed.summary["decisions"]
+    decisions = resumed.summary["decisions"]
+    rules = [d["rule"] for d in decisions if d["rule"] != "checkpoint-interval"]
+    assert rules and rules[0] == "in-job-restart", decisions
     assert "in-process-restart" not in rules
-    assert not [d for d in resumed.summary["decisions"] if d.get("error")]
+    assert not [d for d in decisions if d.get("error")]
+    # nothing the controller sent was refused or failed by the actuator
+    assert resumed.summary["failed_actions"] == [], resumed.summary["failed_actions"]
+    assert resumed.summary["restarts"] >= 1
+    assert resumed.restored[0] == (1, 0) and resumed.restored[1][1] >= 4, resumed.restored

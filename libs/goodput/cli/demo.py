@@ -144,7 +144,7 @@ def _print(
         if reports.get(setup) is not None:
             Console().print(render_report(reports[setup]))
         if "html_report" in run_result:
-            console.print(f"HTML report ({setup}): {run_result['html_report']}")
+            console.print(f"HTML report ({setup}): {run_result['html_report']}", soft_wrap=True)
     if "baseline_goodput_pct" in result:
         Console().print(
             f"[bold]goodput {result['goodput_pct']:.1f} %[/] with goodput's remediation and "

@@ -131,7 +131,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         from goodput.accounting.html import write_html_report
 
         path = write_html_report(report, args.html)
-        err.print(escape(f"HTML report: {path}"))
+        err.print(escape(f"HTML report: {path}"), soft_wrap=True)  # a path split is no path
     if args.json:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(report)).decode() + "\n")
     else:

@@ -104,6 +104,7 @@ def observe_status(state: JobState, status: schemas.JobStatus, now: int) -> JobS
             observed=observed,
             attempt=status.attempt,
             standbys={node: len(pids) for node, pids in status.standbys.items() if pids},
+            backend=status.capabilities or state.backend,
             nodes=[*state.nodes, *added],
             version=state.version + 1,
         ),

@@ -107,6 +107,7 @@ class GoodputCallback(pl.Callback):
         self._started = 0.0
         self._reported_step = -1
         self._restored_rng: dict[str, Any] | None = None
+        self._finished = False
 
     @property
     def exit_code(self) -> int:
@@ -190,7 +191,18 @@ class GoodputCallback(pl.Callback):
             trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.shim.finish(self._checkpoint(trainer), trainer.global_step)
+        self._finish(trainer)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # a job resumed at its last step trains nothing: Lightning skips the fit loop and its
+        # train hooks, and only this one tells the shim the job is done (its final state is
+        # the restored checkpoint: nothing is saved again)
+        self._finish(trainer)
+
+    def _finish(self, trainer: pl.Trainer) -> None:
+        if not self._finished:
+            self._finished = True
+            self.shim.finish(self._checkpoint(trainer), trainer.global_step)
 
     def state_dict(self) -> dict[str, Any]:
         """Saved in Lightning's checkpoint: the RNG states, so dropout and shuffling resume

@@ -12,7 +12,8 @@ published ``Decision``; a bare list is reported as rule ``"script"``; ``[]`` mea
 nothing". A script may call the built-in policy (:func:`default_policy`) or its building
 blocks (:func:`scale_down`, :func:`scale_up`, :func:`replace_node`, :func:`evict_straggler`,
 :func:`reset_gpus`, :func:`standby_note`: whether a launch on some nodes should take their
-ready standbys, ``JobState.standbys``) and change only what it wants. It gets copies of the signal and the state: changing them
+ready standbys, ``JobState.standbys``; :func:`backend_lacks`: why the actuator's backend
+cannot run a rung, from what it declared, ``JobState.backend``) and change only what it wants. It gets copies of the signal and the state: changing them
 changes nothing. Its answer must pass :func:`validate`, or the built-in policy decides.
 
 ``JobState`` is what the actuator reported (membership, attempt), the commands it has not
@@ -23,6 +24,7 @@ node, ``down``), checkpoints and remediations.
 
 from goodput.policy.builtin import (
     REPEAT_FAILURES,
+    backend_lacks,
     default_policy,
     evict_straggler,
     replace_node,
@@ -44,6 +46,7 @@ __all__ = [
     "Plan",
     "PolicyError",
     "Refusal",
+    "backend_lacks",
     "default_policy",
     "evict_straggler",
     "replace_node",

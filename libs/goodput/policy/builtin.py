@@ -38,9 +38,16 @@ Rules, in order (the rule name is what a ``Decision`` shows):
 * ``scale-down`` — no spare: drop the node and regroup the healthy nodes into fewer replicas.
 * ``no-capacity`` — not one whole replica is left: stop the job, saying so.
 * ``restart-job`` — a job-wide fault with no node to blame (``job_down``): restart it all.
+
+A rung the actuator's backend declares it cannot run (``JobState.backend``) is skipped with
+the reason in the decision, as is an in-process restart the job's ranks cannot do
+(``JobState.in_process_restart``): the next rung down is chosen, never a command the actuator
+would refuse. An undeclared capability (an actuator that does not say) is tried.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from goodput import schemas
 from goodput.gpu_faults import reset_targets
@@ -49,9 +56,31 @@ from goodput.policy.state import JobState, Refusal
 
 REPEAT_FAILURES = 3
 
+#: a field of ``BackendCapabilities``: what a rung needs of the backend
+Capability = Literal["in_process_restart", "standbys", "gpu_reset", "hot_swap", "scale"]
+#: what each capability lets the backend do, for a decision's reason
+CAPABILITY_WORDS: dict[Capability, str] = {
+    "in_process_restart": "restart ranks in process",
+    "standbys": "keep standby ranks",
+    "gpu_reset": "reset GPUs",
+    "hot_swap": "hot-swap nodes",
+    "scale": "change the job's size",
+}
+
+
+def backend_lacks(state: JobState, capability: Capability) -> str:
+    """Why the backend cannot run the rung that needs ``capability`` ("" when it can, or when
+    it did not declare what it can do)."""
+    declared = state.backend
+    if declared is None or getattr(declared, capability) not in (False, "none"):
+        return ""
+    return f"the {declared.backend} backend cannot {CAPABILITY_WORDS[capability]}"
+
 
 def standby_ranks(state: JobState, nodes: list[str]) -> int:
     """How many of the ranks launched on ``nodes`` ready standbys can be (one rank each)."""
+    if backend_lacks(state, "standbys"):
+        return 0
     return sum(min(state.standbys.get(node, 0), state.procs_per_node) for node in nodes)
 
 
@@ -93,6 +122,10 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
     why = f"uncorrectable {kind} on {signal.node}"
     if record.gpu_reset_failed:
         why += f" (GPU reset failed: {record.gpu_reset_failed})"
+    elif reset_targets(signal.host_faults, signal.gpus) is not None and (
+        lacks := backend_lacks(state, "gpu_reset")
+    ):
+        why += f" (reset-correctable, but {lacks})"
     return replace_node(state, signal.node, why=why)
 
 
@@ -100,10 +133,12 @@ def reset_gpus(signal: schemas.Signal, state: JobState) -> Plan | None:
     """The GPU-reset rung for a host fault, or None where it does not apply.
 
     It applies to an active node whose every fault a GPU reset clears, which has not failed
-    ``REPEAT_FAILURES`` times and whose last reset did not fail.
+    ``REPEAT_FAILURES`` times and whose last reset did not fail, on a backend that can reset.
     """
     record = state.node(signal.node)
     if record is None or record.role != "active" or record.gpu_reset_failed:
+        return None
+    if backend_lacks(state, "gpu_reset"):
         return None
     if record.failures >= REPEAT_FAILURES:
         return None
@@ -133,11 +168,19 @@ def restart_in_place(signal: schemas.Signal, state: JobState) -> Plan:
     failed = warm_restart_failure(signal, state)
     # a crash of the only rank leaves no process to restart in
     survivors = signal.signal != "crash" or state.world_size > 1
-    # a job whose ranks declared they cannot (a framework's loop) is not sent the command
+    # a job whose ranks declared they cannot (a framework's loop), or a backend that cannot,
+    # is not sent the command
     capable = state.in_process_restart is not False
-    if signal.signal in IN_PROCESS_KINDS and survivors and capable and failed is None:
+    backend = backend_lacks(state, "in_process_restart")
+    if (
+        signal.signal in IN_PROCESS_KINDS
+        and survivors
+        and capable
+        and not backend
+        and failed is None
+    ):
         # a hang loses no rank: every one restarts in process
-        warm = signal.signal == "crash" and state.standbys.get(signal.node, 0) > 0
+        warm = signal.signal == "crash" and standby_ranks(state, [signal.node]) > 0
         lost = f"the lost ones from {signal.node}'s standby" if warm else "the lost ones cold"
         return Plan(
             [schemas.RestartInProcess(job=state.job, standbys=warm)],
@@ -153,6 +196,8 @@ def restart_in_place(signal: schemas.Signal, state: JobState) -> Plan:
         else "no rank survived"
         if not survivors
         else "the job's ranks cannot restart in process: their loop is not the shim's"
+        if not capable
+        else backend
     )
     warm, note = standby_note(state, state.active)
     if warm:
@@ -182,7 +227,11 @@ def warm_restart_failure(signal: schemas.Signal, state: JobState) -> Refusal | N
 
 
 def replace_node(state: JobState, node: str, *, why: str) -> Plan:
-    """Hot swap ``node`` for a spare if one is free, else scale down without it."""
+    """Hot swap ``node`` for a spare if one is free (and the backend can), else scale down
+    without it."""
+    lacks = backend_lacks(state, "hot_swap")
+    if state.spares and lacks:
+        return scale_down(state, node, why=f"{why}, a spare is free but {lacks}")
     if state.spares:
         spare = state.spares[0]
         warm, note = standby_note(state, [spare if n == node else n for n in state.active])
@@ -198,6 +247,13 @@ def scale_down(state: JobState, node: str, *, why: str) -> Plan:
     """Drop ``node``; the healthy active nodes regroup into as many whole replicas as they can."""
     remaining = [n for n in state.active if n != node]
     replicas = len(remaining) // state.num_nodes_per_dp
+    lacks = backend_lacks(state, "scale")
+    if lacks:
+        return Plan(
+            [schemas.Stop(job=state.job, reason=f"{why}; {lacks}")],
+            "no-capacity",
+            f"{why}: {lacks} and no other rung is left, stopping",
+        )
     if replicas < 1:
         return Plan(
             [schemas.Stop(job=state.job, reason=f"{why}; not one whole replica left")],
@@ -226,6 +282,14 @@ def scale_up(state: JobState, *, why: str) -> Plan:
     missing = state.target_dp_replicas - state.num_dp_replicas
     affordable = len(state.spares) // state.num_nodes_per_dp
     grow = min(missing, affordable)
+    lacks = backend_lacks(state, "scale")
+    if grow >= 1 and lacks:
+        return Plan(
+            [],
+            "spare-kept",
+            f"{why}; kept as a spare ({lacks}, {state.num_dp_replicas} of "
+            f"{state.target_dp_replicas} replicas running)",
+        )
     if grow < 1:
         return Plan(
             [],
@@ -246,14 +310,19 @@ def scale_up(state: JobState, *, why: str) -> Plan:
 def evict_straggler(signal: schemas.Signal, state: JobState) -> Plan:
     node = signal.node
     why = f"straggler {node} ({signal.detail})"
-    if state.spares:
+    swap, scale = backend_lacks(state, "hot_swap"), backend_lacks(state, "scale")
+    if state.spares and not swap:
         plan = replace_node(state, node, why=why)
         return Plan(plan.commands, "evict-straggler-hot-swap", plan.reason)
-    if state.num_dp_replicas > 1:
+    if state.num_dp_replicas > 1 and not scale:
         plan = scale_down(state, node, why=why)
         return Plan(plan.commands, "evict-straggler-scale-down", plan.reason)
+    # a slow node is no reason to stop: what cannot evict it tolerates it
+    cannot = "; ".join(filter(None, [swap, scale]))
     return Plan(
         [],
         "straggler-tolerated",
-        f"{why}: no spare and only one replica; slow training beats none",
+        f"{why}: "
+        + (cannot if cannot else "no spare and only one replica")
+        + "; slow training beats none",
     )

@@ -119,6 +119,9 @@ class JobState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: whether the job's ranks can restart in process, as rank 0 declares it in its step
     #: reports (``StepDone.in_process_restart``); None until a step was reported
     in_process_restart: bool | None = None
+    #: what the actuator's backend can do, as its last ``JobStatus`` declared it (None: not
+    #: declared; the policy then tries every rung and learns from a refusal)
+    backend: schemas.BackendCapabilities | None = None
     pending: list[PendingCommand] = msgspec.field(default_factory=list)
     refused: list[Refusal] = msgspec.field(default_factory=list)
     started_ts: int = 0

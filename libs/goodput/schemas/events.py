@@ -243,6 +243,28 @@ class GpuReset(Event, tag="gpu_reset", kw_only=True):
     detail: str = ""
 
 
+class BackendCapabilities(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What the actuator's backend can do, declared in every ``JobStatus`` (schema 5) so the
+    policy sends no rung it would refuse. What the job's ranks can do is theirs to say
+    (``StepDone.in_process_restart``); a rung runs only where both can."""
+
+    #: the backend's name (``ActuatorOptions.backend``)
+    backend: str
+    #: surviving ranks can rejoin a fresh rendezvous in their processes (``RestartInProcess``)
+    in_process_restart: bool
+    #: where ready standby ranks are kept: on every node of the job (``"all"``), on the spare
+    #: nodes only (``"spares"``: a hot swap's ranks come from them, a restart in place is cold)
+    #: or nowhere (``"none"``); ``JobStatus.standbys`` says how many are ready now
+    standbys: Literal["none", "spares", "all"]
+    #: the node's host monitor can reset GPUs between stopping and relaunching the ranks
+    #: (``Restart.reset_gpus``)
+    gpu_reset: bool
+    #: a failed node can be replaced by a spare (``HotSwap``)
+    hot_swap: bool
+    #: the job can run on fewer or more nodes than it started on (``ScaleTo``)
+    scale: bool
+
+
 class JobStatus(Event, tag="job_status", kw_only=True):
     """The actuator's view of the job after every membership or lifecycle change."""
 
@@ -261,6 +283,8 @@ class JobStatus(Event, tag="job_status", kw_only=True):
     #: process ids of the ready standby ranks per node (torch imported, the job's state built,
     #: waiting for an assignment); not ranks: absent from ``pids``
     standbys: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    #: what the backend can do (None: an actuator that does not say; every rung is tried)
+    capabilities: BackendCapabilities | None = None
 
 
 class RankRejoined(Event, tag="rank_rejoined", kw_only=True):

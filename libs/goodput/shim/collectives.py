@@ -75,3 +75,12 @@ def broadcast_object(obj: Any, src: int = 0, group: ProcessGroup | None = None) 
     box = [obj]
     dist.broadcast_object_list(box, src=src, group=group, device=collective_device(group))
     return box[0]
+
+
+def all_gather_object(obj: Any, group: ProcessGroup | None = None) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank (pickled: small values only). torch
+    stages the pickles on the device it picks for the group the same way (the host where the
+    group serves it, else the current CUDA device, which ``run_job`` binds)."""
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, obj, group=group)
+    return gathered

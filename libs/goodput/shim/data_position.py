@@ -14,8 +14,12 @@ The integrations own the counting: they :meth:`~ResumableSampler.bind` the sampl
 layout and plan in force after every restore and :meth:`~ResumableSampler.advance` it as the
 job trains (the sampler cannot count on its own: a loader's workers prefetch ahead of the
 training). A loader that keeps its own position (torchdata's ``StatefulDataLoader``) is saved
-through its ``state_dict`` instead; its state is per rank, so it resumes only at the same
-data-parallel size (see :func:`loader_state`).
+through its ``state_dict`` instead. Its state is per rank (each rank's sampler, its generator,
+its shard of a stream), while a checkpoint holds one state for all of a node's ranks (the
+engine splits it among them as identical, and a spare may resume from another node's copy):
+so every rank's position is gathered over the default process group into the state each rank
+saves, keyed by global rank, and each rank resumes from its own entry, at the same
+data-parallel size only (see :func:`loader_state`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Sampler
 
+from goodput.shim.collectives import all_gather_object, grouped
 from goodput.shim.rescale import BatchPlan
 
 if TYPE_CHECKING:
@@ -161,28 +166,40 @@ def check_batch(loader: Any, plan: BatchPlan | None) -> BatchPlan:
     return plan
 
 
-def loader_state(loader: Any, *, dp_size: int) -> dict[str, Any]:
-    """The loader's position at ``dp_size`` data-parallel ranks, saved with the checkpoint."""
+def loader_state(loader: Any, *, dp_size: int, rank: int = 0) -> dict[str, Any]:
+    """The loader's position at ``dp_size`` data-parallel ranks, saved with the checkpoint.
+
+    A stateful loader's is every rank's (a collective over the default process group when
+    one is up: every rank calls this together, as every rank saves together), so that the
+    state is the same on every rank of a node, which share one checkpoint."""
     sampler = resumable_sampler(loader)
     if sampler is not None:
         return {"sampler": sampler.state_dict()}
-    return {"loader": loader.state_dict(), "dp_size": dp_size}
+    own = loader.state_dict()
+    positions = dict(enumerate(all_gather_object(own))) if grouped() else {rank: own}
+    return {"loaders": positions, "dp_size": dp_size}
 
 
-def load_loader_state(loader: Any, state: dict[str, Any], *, dp_size: int) -> None:
-    """Put ``loader`` back where ``state`` (a :func:`loader_state`) says, at ``dp_size`` ranks."""
+def load_loader_state(loader: Any, state: dict[str, Any], *, dp_size: int, rank: int = 0) -> None:
+    """Put ``loader`` back where ``state`` (a :func:`loader_state`) says, at ``dp_size``
+    ranks; a stateful loader where global rank ``rank`` stood."""
     sampler = resumable_sampler(loader)
     if sampler is not None:
         sampler.load_state_dict(state["sampler"])
         return
-    if "loader" not in state:
+    if "loaders" not in state:
         raise DataPositionError("the checkpoint holds a sampler position, the loader is stateful")
     if state["dp_size"] != dp_size:
         raise DataPositionError(
             f"a StatefulDataLoader's position is per rank: it cannot move from "
             f"{state['dp_size']} to {dp_size} data-parallel ranks (use a ResumableSampler)"
         )
-    loader.load_state_dict(state["loader"])
+    if rank not in state["loaders"]:
+        raise DataPositionError(
+            f"the checkpoint holds no data position of rank {rank} (it has ranks "
+            f"{sorted(state['loaders'])}): its positions were saved without a process group"
+        )
+    loader.load_state_dict(state["loaders"][rank])
 
 
 def _stateful(loader: Any) -> bool:
@@ -199,6 +216,8 @@ class LoaderPosition:
         check_resumable(loader)
         self.loader = loader
         self._dp_size = 1
+        self._rank = 0
+        self._ranks_per_node = 1
 
     def bind(self, shim: TrainerShim, plan: BatchPlan | None) -> None:
         """After a restore (or a fresh start): the plan and layout in force from now on.
@@ -206,16 +225,26 @@ class LoaderPosition:
         is the data-parallel rank), as torchrun-launched DP x TP meshes lay them out."""
         plan = check_batch(self.loader, plan)
         self._dp_size = shim.layout.dp_size
+        self._rank = shim.config.rank
+        self._ranks_per_node = shim.config.local_world_size
         sampler = resumable_sampler(self.loader)
         if sampler is not None:
             dp_rank = shim.config.rank // shim.config.model_parallel_size
             sampler.bind(dp_rank=dp_rank, dp_size=self._dp_size, plan=plan)
 
     def state(self) -> dict[str, Any]:
-        return loader_state(self.loader, dp_size=self._dp_size)
+        """The position to save (every rank calls it together: see :func:`loader_state`).
+        Checked here, not at ``bind``: Lightning forms its process group after the restore."""
+        if resumable_sampler(self.loader) is None and self._ranks_per_node > 1 and not grouped():
+            raise DataPositionError(
+                f"a StatefulDataLoader on {self._ranks_per_node} ranks per node needs the "
+                "default process group (init_process_group before the loop): the ranks' "
+                "positions are gathered into the checkpoint they share"
+            )
+        return loader_state(self.loader, dp_size=self._dp_size, rank=self._rank)
 
     def load(self, state: dict[str, Any]) -> None:
-        load_loader_state(self.loader, state, dp_size=self._dp_size)
+        load_loader_state(self.loader, state, dp_size=self._dp_size, rank=self._rank)
 
     def advance(self, samples: int) -> None:
         """``samples`` trained on over every data-parallel rank (a stateful loader counts its

@@ -27,6 +27,11 @@ log = logging.getLogger(__name__)
 
 _CLOSE = object()
 
+#: how long one wait for the next queued event lasts: the wait runs on the loop's default
+#: executor, whose worker threads the interpreter joins at exit, so a wait with no end would
+#: keep a rank that never closes its link (a script that raised) from ever exiting
+EVENT_POLL_S = 0.5
+
 
 class BusLink:
     """Background publisher of heartbeats and events, and receiver of trainer commands."""
@@ -123,7 +128,12 @@ class BusLink:
     async def _publish_events(self, bus: Bus) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            item = await loop.run_in_executor(None, self._events.get)
+            try:
+                item = await loop.run_in_executor(None, self._next_event)
+            except RuntimeError:  # the interpreter is exiting: its executor takes no more work
+                return
+            if item is None:
+                continue
             if item is _CLOSE:
                 return
             assert isinstance(item, tuple)
@@ -133,6 +143,12 @@ class BusLink:
                     await bus.emit(event, retry_for_s=60)
             except Exception:
                 log.exception("event lost after retries", extra={"event": type(event).__name__})
+
+    def _next_event(self) -> object | None:
+        try:
+            return self._events.get(timeout=EVENT_POLL_S)
+        except queue.Empty:
+            return None
 
     @property
     def _subject(self) -> str:

@@ -246,6 +246,9 @@ def summary(watcher: JobWatcher) -> dict:
         "world_size_history": watcher.world_size_history,
         "signals": [msgspec.to_builtins(s) for s in watcher.signals],
         "decisions": [msgspec.to_builtins(d) for d in watcher.decisions],
+        #: the commands the actuator refused or failed (a policy that knows what the job and
+        #: its backend support sends none it would refuse)
+        "failed_actions": [msgspec.to_builtins(a) for a in watcher.failed_actions],
         "training_plans": [msgspec.to_builtins(p) for p in watcher.training_plans],
         "failed_nodes": status.failed_nodes if status else [],
     }

@@ -15,8 +15,8 @@ at rank 0's agent, the dead ranks are launched again by their agents), GPU reset
 node's host monitor, as on every backend), hot swap and scale. A node whose agent is gone
 (its record lapsed) cannot be launched on: a launch there fails at once, and the sensor has
 seen the node lost (its ranks died with the agent, its host reports stopped). Standbys are
-not kept (``JobStatus.standbys`` stays empty, so the policy never asks for them); a job asking
-for them is refused at its start.
+not kept: its capabilities (``JobStatus.capabilities``) declare ``standbys="none"``, so the
+policy never asks for them, and a job asking for them is refused at its start.
 """
 
 from __future__ import annotations
@@ -66,7 +66,10 @@ class AgentRankEntry:
 
 
 class AgentBackend(MembershipBackend):
+    name = "agent"
     stop_grace_s = STOP_GRACE_S
+    #: declared in every JobStatus: the policy never asks this backend for standbys
+    standby_nodes = "none"
 
     def __init__(
         self,

@@ -12,7 +12,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NoReturn, Protocol, runtime_checkable
+from typing import Any, Literal, NoReturn, Protocol, runtime_checkable
 
 from goodput import schemas
 from goodput.bus import Bus, BusSettings
@@ -90,6 +90,10 @@ class Backend(Protocol):
 
     def status(self, detail: str = "") -> schemas.JobStatus: ...
 
+    def capabilities(self) -> schemas.BackendCapabilities:
+        """What this backend can do, as every ``JobStatus`` declares it to the controller."""
+        ...
+
 
 class MembershipBackend(ABC):
     """The remediation commands both backends share: a membership change, then a relaunch.
@@ -113,6 +117,10 @@ class MembershipBackend(ABC):
     next_step: NextStep | None = None
     #: how a pod standby is handed its rank (set by the service; None: pod standbys start cold)
     assign_standby: AssignStandby | None = None
+    #: the backend's name, as ``ActuatorOptions.backend`` selects it
+    name: str
+    #: where this backend keeps ready standby ranks (``BackendCapabilities.standbys``)
+    standby_nodes: Literal["none", "spares", "all"] = "none"
     spec: schemas.StartJob | None
     membership: Membership | None
     ranks: list[Any]
@@ -158,6 +166,18 @@ class MembershipBackend(ABC):
         time — a backend that keeps none: no-op."""
         return None
 
+    def capabilities(self) -> schemas.BackendCapabilities:
+        """Membership changes (hot swap, scale) are this class's own; an in-process restart
+        needs the service's bus to the trainers, a GPU reset its route to the host monitors."""
+        return schemas.BackendCapabilities(
+            backend=self.name,
+            in_process_restart=self.rejoin is not None,
+            standbys=self.standby_nodes,
+            gpu_reset=self.gpu_resetter is not None,
+            hot_swap=True,
+            scale=True,
+        )
+
     def status(self, detail: str = "") -> schemas.JobStatus:
         """The job as it is now, for a JobStatus event."""
         membership = self.membership or Membership(active=[], spares=[])
@@ -174,6 +194,7 @@ class MembershipBackend(ABC):
             detail=detail,
             run_id=self.run_id,
             standbys=self._standby_pids(),
+            capabilities=self.capabilities(),
         )
 
     async def _begin_run(self, spec: schemas.StartJob) -> None:

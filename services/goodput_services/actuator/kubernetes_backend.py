@@ -78,6 +78,10 @@ RENDEZVOUS_PORTS = 64
 class KubernetesBackend(MembershipBackend):
     """Creates, watches and replaces rank pods; reports every change as an event."""
 
+    name = "kubernetes"
+    #: standby pods on the spare nodes only (``kubernetes_standbys``): a hot swap takes them
+    standby_nodes = "spares"
+
     def __init__(
         self,
         *,

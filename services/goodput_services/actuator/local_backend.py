@@ -56,6 +56,9 @@ class RankProcess:
 class LocalBackend(MembershipBackend):
     """Launches, watches and replaces rank processes; reports every change as an event."""
 
+    name = "local"
+    #: standby processes on every node of the job, spares included (``standbys.py``)
+    standby_nodes = "all"
     stop_grace_s = STOP_GRACE_S
 
     def __init__(

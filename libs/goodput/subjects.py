@@ -27,6 +27,11 @@ STATE_BUCKET = "gp_state"  # job membership and controller state
 CKPT_INDEX_BUCKET = "gp_ckpt_index"  # which checkpoint shard lives where
 LEASES_BUCKET = "gp_leases"  # leader leases (short TTL)
 DONE_BUCKET = "gp_done"  # ids of commands already executed, per executor
+AGENTS_BUCKET = "gp_agents"  # node agents' records (schemas.AgentRecord), lapsing
+
+#: a node agent's record lapses this long after its last refresh (it refreshes every second):
+#: then the node name is free again, and the agent believed gone
+AGENT_TTL_S = 5.0
 
 #: command targets
 ACTUATOR = "actuator"
@@ -34,6 +39,7 @@ CONTROLLER = "controller"
 SENSOR = "sensor"
 TRAINER = "trainer"
 HOST_MONITOR = "hostmon"
+AGENT = "agent"
 REPLICATOR = "replicator"
 
 #: the job a command, service or rank serves when none is named

@@ -241,4 +241,23 @@ def sample_commands() -> list[schemas.Command]:
             world_size=2,
             **common,
         ),
+        schemas.LaunchRanks(
+            command_id="c15",
+            node="n0",
+            run_id="r1",
+            attempt=2,
+            argv=["python", "train.py"],
+            workdir="/job",
+            ranks=[schemas.RankLaunch(rank=1, local_rank=1, env={"RANK": "1"})],
+            **common,
+        ),
+        schemas.SignalRanks(
+            command_id="c16",
+            node="n0",
+            attempt=2,
+            signal="term",
+            ranks=[1],
+            expected_reason="stop",
+            **common,
+        ),
     ]

@@ -563,3 +563,18 @@ def test_a_rank_restarted_in_process_starts_its_attempt_over() -> None:
     assert crash.signal == "crash" and crash.rank == 1
     assert [(s.signal, s.rank) for s in later][:1] == [("hang", 1)], [s.detail for s in later]
     assert later[0].observed_ts >= at(87), later[0].detail  # none before the real hang
+
+
+def test_a_node_reported_hung_and_then_found_lost_is_reported_lost() -> None:
+    """node-1's rank hangs (reported, correctable); then its host dies — the rank's heartbeats
+    stop and no host report comes: the node is lost (uncorrectable), and a restart cannot
+    bring it back, so that is reported too (a node agent killed mid-step looks like this)."""
+    detector = Detector(JOB)
+    events = steady(TWO, 5)
+    events += [(at(5 + t), heartbeat(0, "node-0", 6)) for t in range(1, 60)]
+    events += [(at(5 + t), heartbeat(1, "node-1", 5)) for t in range(1, 20)]
+    signals = feed(detector, events, until=at(65))
+    assert [(s.signal, s.node, s.severity) for s in signals] == [
+        ("hang", "node-1", "correctable"),
+        ("missed_heartbeat", "node-1", "uncorrectable"),
+    ]

@@ -81,6 +81,9 @@ BUCKETS = (
     KeyValueConfig(bucket=subjects.CKPT_INDEX_BUCKET, history=1, storage=StorageType.FILE),
     KeyValueConfig(bucket=subjects.LEASES_BUCKET, history=1, storage=StorageType.FILE),
     KeyValueConfig(
+        bucket=subjects.AGENTS_BUCKET, history=1, storage=StorageType.FILE, ttl=subjects.AGENT_TTL_S
+    ),
+    KeyValueConfig(
         bucket=subjects.DONE_BUCKET, history=1, storage=StorageType.FILE, ttl=14 * DAY_S
     ),
 )

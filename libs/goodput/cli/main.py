@@ -23,6 +23,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "goodput.cli.run",
         "launch a training script under supervision (local, or --backend kubernetes)",
     ),
+    "agent": (
+        "goodput.cli.agent",
+        "the node agent of this host (one per host, e.g. under Slurm): runs its ranks for "
+        "the actuator's agent backend",
+    ),
     "up": (
         "goodput.cli.stack",
         "start the supervisor stack (embedded NATS + every service as its own process)",

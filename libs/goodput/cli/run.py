@@ -3,7 +3,10 @@
 On the local backend it starts the stack on this machine if needed. With ``--backend
 kubernetes`` it starts nothing: it sends the StartJob through the cluster's bus (``--nats-url``
 with credentials, e.g. through ``kubectl port-forward``) to the in-cluster actuator, which
-runs every rank as a pod of ``--image``, and follows the run as the local path does.
+runs every rank as a pod of ``--image``, and follows the run as the local path does. With
+``--backend agent`` it starts nothing either: the StartJob goes to the actuator of a stack
+running ``backend = "agent"`` (``--nats-url``, else the stack of ``--state-dir``), whose node
+agents (``goodput agent``, one per host) run the ranks.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import asyncio
 import json
 import os
 import sys
+from pathlib import Path
 
+import msgspec
 from rich.console import Console
 
 from goodput import schemas, subjects
@@ -27,6 +32,7 @@ from goodput.stack.launcher import (
     add_service_set_argument,
     check_policy_options,
     read_stack,
+    resolve_url,
     service_flags_from_args,
     start_stack,
     stop_stack,
@@ -87,6 +93,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     if args.backend == "kubernetes":
         return run_in_cluster(args, argv, console)
+    if args.backend == "agent":
+        return run_on_agents(args, argv, console)
     if args.image or args.gpus_per_rank is not None or args.workdir:
         print("goodput run: --image, --gpus-per-rank and --workdir need --backend kubernetes",
               file=sys.stderr)  # fmt: skip
@@ -181,6 +189,36 @@ def run_in_cluster(args: argparse.Namespace, argv: list[str], console: Console) 
     return report(args, watcher, console)
 
 
+def run_on_agents(args: argparse.Namespace, argv: list[str], console: Console) -> int:
+    """Send the job to an agent-backend actuator (its bus: ``--nats-url`` or the stack of
+    ``--state-dir``) and follow it; the agents' hosts run the ranks, in ``--workdir`` (default:
+    this directory, which a shared filesystem gives every host)."""
+    if args.image or args.gpus_per_rank is not None:
+        print("goodput run: --image and --gpus-per-rank need --backend kubernetes",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    url, _ = resolve_url(args, Path(args.state_dir).resolve())
+    if not url:
+        print("goodput run: --backend agent needs the stack's bus: --nats-url, or a stack "
+              "started here by `goodput up --service-set actuator:backend=agent`",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        settings = msgspec.structs.replace(bus_settings_from_args(args), url=url)
+        settings.check_security()
+    except (InsecureBusError, FileNotFoundError) as exc:
+        print(f"goodput run: {exc}", file=sys.stderr)
+        return 2
+    start = start_command(args, args.job, argv, workdir=args.workdir or os.getcwd())
+    console.print(f"sending job {start.job} to the agents' actuator on {url}")
+    try:
+        watcher = follow(args, settings, start, console, remote=True)
+    except BusUnavailableError as exc:
+        print(f"goodput run: {exc}", file=sys.stderr)
+        return 1
+    return report(args, watcher, console)
+
+
 def report(args: argparse.Namespace, watcher: JobWatcher, console: Console) -> int:
     """The run's outcome on stdout (one line, or JSON); exit 0 only when it finished."""
     if watcher.state == "refused":
@@ -244,10 +282,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--backend",
-        choices=("local", "kubernetes"),
+        choices=("local", "agent", "kubernetes"),
         default="local",
-        help="local: ranks are processes here; kubernetes: send the job to the cluster's "
-        "actuator through --nats-url (default local)",
+        help="local: ranks are processes here; agent: send the job to a stack whose actuator "
+        "runs backend=agent (--nats-url or --state-dir), its node agents run the ranks; "
+        "kubernetes: send the job to the cluster's actuator through --nats-url (default local)",
     )
     parser.add_argument("--image", help="kubernetes: the image every rank pod runs")
     parser.add_argument(
@@ -256,7 +295,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="kubernetes: GPUs each rank pod requests (default: the actuator's gpus_per_rank)",
     )
     parser.add_argument(
-        "--workdir", help="kubernetes: the rank containers' working directory (default: image's)"
+        "--workdir",
+        help="kubernetes: the rank containers' working directory (default: image's); agent: "
+        "the ranks' working directory on their hosts (default: this one)",
     )
     parser.add_argument(
         "--nodes", type=count_at_least(1), default=2, help="active nodes (default 2)"

@@ -40,7 +40,8 @@ Learnt intervals shrink by ``interval_decay`` per observation, so an old peak is
 
 One failure is one incident, not a storm: a rank is reported at most once per failure (an
 exited rank has no heartbeat or hang deadline left), a node that has been reported is not
-reported again, and while a correctable job-wide incident (crash, hang, a single rank's missed
+reported again (unless a correctable report of it is followed by its loss: a hung rank whose
+host then dies is reported lost too, once), and while a correctable job-wide incident (crash, hang, a single rank's missed
 heartbeat) is open, further correctable failures elsewhere are taken as its collateral
 (in synchronous training every rank stalls or dies when one does). A rank (re)start closes
 the incident of its node and the job's open incident. The first start or rejoin of a new

@@ -1,6 +1,8 @@
 """One failure is one incident, not a storm: which of the detector's conclusions become signals.
 
-A node that has been reported is not reported again; while a correctable incident is open,
+A node that has been reported is not reported again — unless it was for a correctable fault and
+is now found lost or broken (uncorrectable): a rank silent after its hang was reported, whose
+node then turns out gone, must still be replaced. While a correctable incident is open,
 further correctable failures are its collateral; a straggler is reported once per node. A rank
 (re)start closes its node's incident and the job's open one, and moves the epoch (the attempt)
 that signal ids are derived from.
@@ -19,7 +21,8 @@ class Incidents:
     def __init__(self, job: str):
         self.job = job
         self.open = False
-        self.reported_nodes: set[str] = set()
+        #: node -> the severity it was reported with in the current incident
+        self.reported_nodes: dict[str, str] = {}
         self.straggler_nodes: set[str] = set()
         #: the newest attempt seen: part of every signal's identity
         self.epoch = 0
@@ -28,7 +31,7 @@ class Incidents:
         """A rank of ``node`` (re)started for ``attempt``: the node's and the job's incident end."""
         self.epoch = max(self.epoch, attempt)
         self.open = False
-        self.reported_nodes.discard(node)
+        self.reported_nodes.pop(node, None)
 
     def failure(
         self,
@@ -41,13 +44,14 @@ class Incidents:
         observed_ns: int,
         now: int,
     ) -> list[schemas.Signal]:
-        if node in self.reported_nodes:
+        before = self.reported_nodes.get(node)
+        if before is not None and (before == "uncorrectable" or severity != "uncorrectable"):
             return []
         if severity == "correctable":
             if self.open:
                 return []  # collateral of the open incident
             self.open = True
-        self.reported_nodes.add(node)
+        self.reported_nodes[node] = severity
         return [self.signal(kind, node, rank, severity, detail, observed_ns=observed_ns, now=now)]
 
     def straggler(

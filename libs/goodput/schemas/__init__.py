@@ -8,13 +8,15 @@ raise :class:`SchemaError`; a half-filled object is never returned.
 This package is the one owner of the bus contracts; import it as ``from goodput import
 schemas`` and use ``schemas.X``. Each name is defined in exactly one submodule and only
 re-exported here: ``envelope`` (the version, bounds, ids, clock, ``Message`` and
-``SchemaError``), ``events`` (the event family), ``commands`` (the command family) and
-``codec`` (encoding and the strict decoders).
+``SchemaError``), ``events`` (the event family), ``commands`` (the command family),
+``agents`` (the node agent's KV record) and ``codec`` (encoding and the strict decoders).
 """
 
 from __future__ import annotations
 
+from goodput.schemas.agents import AgentRank, AgentRecord
 from goodput.schemas.codec import (
+    decode_agent,
     decode_any,
     decode_claim,
     decode_command,
@@ -29,6 +31,8 @@ from goodput.schemas.commands import (
     CommandClaim,
     HotSwap,
     InjectFault,
+    LaunchRanks,
+    RankLaunch,
     Rejoin,
     Rescale,
     ResetGpu,
@@ -39,6 +43,7 @@ from goodput.schemas.commands import (
     ScaleTo,
     SetCheckpointInterval,
     SetThresholds,
+    SignalRanks,
     StartJob,
     Stop,
 )
@@ -93,6 +98,8 @@ __all__ = [
     "MAX_STEP_TIME_S",
     "SCHEMA_VERSION",
     "ActionResult",
+    "AgentRank",
+    "AgentRecord",
     "BackendCapabilities",
     "CheckpointBackedUp",
     "CheckpointDropped",
@@ -115,8 +122,10 @@ __all__ = [
     "HotSwap",
     "InjectFault",
     "JobStatus",
+    "LaunchRanks",
     "Message",
     "RankExited",
+    "RankLaunch",
     "RankRejoined",
     "RankStarted",
     "Rejoin",
@@ -135,11 +144,13 @@ __all__ = [
     "SetThresholds",
     "Signal",
     "SignalKind",
+    "SignalRanks",
     "StartJob",
     "StepDone",
     "StepSeconds",
     "Stop",
     "TrainingPlan",
+    "decode_agent",
     "decode_any",
     "decode_claim",
     "decode_command",

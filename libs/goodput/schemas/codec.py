@@ -7,6 +7,7 @@ from typing import Any, Union
 
 import msgspec
 
+from goodput.schemas.agents import AgentRecord
 from goodput.schemas.commands import COMMAND_TYPES, Command, CommandClaim
 from goodput.schemas.envelope import SCHEMA_VERSION, Message, SchemaError
 from goodput.schemas.events import EVENT_TYPES, Event
@@ -16,6 +17,7 @@ _encoder = msgspec.msgpack.Encoder()
 _event_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES])  # type: ignore[valid-type]  # noqa: UP007
 _command_decoder = msgspec.msgpack.Decoder(type=Union[COMMAND_TYPES])  # type: ignore[valid-type]  # noqa: UP007
 _claim_decoder = msgspec.msgpack.Decoder(type=CommandClaim)
+_agent_decoder = msgspec.msgpack.Decoder(type=AgentRecord)
 _any_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES + COMMAND_TYPES])  # type: ignore[valid-type]  # noqa: UP007
 
 
@@ -48,6 +50,10 @@ def decode_command(payload: bytes) -> Command:
 
 def decode_claim(payload: bytes) -> CommandClaim:
     return _decode(_claim_decoder, payload)
+
+
+def decode_agent(payload: bytes) -> AgentRecord:
+    return _decode(_agent_decoder, payload)
 
 
 def decode_any(payload: bytes) -> Message:

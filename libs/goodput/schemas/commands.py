@@ -6,7 +6,7 @@ lists every one, and the codec decodes exactly that union.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -153,6 +153,39 @@ class ReturnNode(Command, tag="return_node", kw_only=True):
     node: str
 
 
+class RankLaunch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One rank a node agent starts: its number and its whole environment (``RankEnv``, the
+    job's env, the bus settings), written by the actuator as for a local rank."""
+
+    rank: int
+    local_rank: int
+    env: dict[str, str]
+
+
+class LaunchRanks(Command, tag="launch_ranks", kw_only=True):
+    """To a node agent (``gp.<job>.cmd.agent-<node>``): start these ranks of ``attempt``.
+    A rank of that attempt the agent already runs is not started twice."""
+
+    node: str
+    run_id: str = ""
+    attempt: int
+    argv: list[str]
+    workdir: str = ""
+    ranks: list[RankLaunch]
+
+
+class SignalRanks(Command, tag="signal_ranks", kw_only=True):
+    """To a node agent: signal its ranks of ``attempt`` and older (``ranks`` empty: every one)
+    — ``term`` (save and exit) or ``kill``. Their exits are reported as ``RankExited`` with
+    ``expected_reason``, as the local backend reports those it stops."""
+
+    node: str
+    attempt: int
+    signal: Literal["term", "kill"]
+    ranks: list[int] = msgspec.field(default_factory=list)
+    expected_reason: str = ""
+
+
 class CommandClaim(Message, tag="command_claim", kw_only=True):
     """Stored in ``gp_done`` by an executor before it runs a command (never published).
 
@@ -184,4 +217,6 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     RestoreToNode,
     ResetGpu,
     ReturnNode,
+    LaunchRanks,
+    SignalRanks,
 )

@@ -26,7 +26,9 @@ import msgspec
 #: 5: the actuator declares what its backend can do in every ``JobStatus``
 #: (``JobStatus.capabilities``, ``BackendCapabilities``): the policy skips a rung the backend
 #: would refuse instead of learning it from the refusal
-SCHEMA_VERSION = 5
+#: 6: node agents (``AgentRecord`` in ``gp_agents``; ``LaunchRanks`` and ``SignalRanks`` to
+#: ``agent-<node>``), driven by the actuator's ``agent`` backend
+SCHEMA_VERSION = 6
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

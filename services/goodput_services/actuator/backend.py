@@ -1,7 +1,8 @@
 """What the actuator service needs from a backend, and how it picks one by name.
 
-The service only speaks this protocol, so the local backend (processes on this machine) and
-the Kubernetes backend (one pod per rank) are interchangeable behind the same commands.
+The service only speaks this protocol, so the local backend (processes on this machine), the
+agent backend (processes of node agents on other hosts) and the Kubernetes backend (one pod
+per rank) are interchangeable behind the same commands.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn, Protocol, runtime_checkable
 
 from goodput import schemas
-from goodput.bus import BusSettings
+from goodput.bus import Bus, BusSettings
 from goodput.bus.settings import settings_to_env
 from goodput.membership import Membership
 from goodput.rank_env import VARIABLES, RankEnv, nccl_error_handling
@@ -57,6 +58,8 @@ class Backend(Protocol):
     gpu_resetter: GpuResetter | None
     #: how long stopping the ranks gracefully may take (SIGTERM, then SIGKILL)
     stop_grace_s: float
+
+    async def connect_bus(self, bus: Bus) -> None: ...
 
     async def start_job(self, spec: schemas.StartJob) -> str: ...
 
@@ -145,6 +148,10 @@ class MembershipBackend(ABC):
         (empty: nothing; a GPU reset is asked only then). Here: the rank pids still known."""
         pids = self._pids()
         return {n: "pid " + ", ".join(map(str, pids[n])) for n in nodes if pids.get(n)}
+
+    async def connect_bus(self, bus: Bus) -> None:
+        """The actuator's bus is up (a backend that drives others over it keeps it)."""
+        return None
 
     def _standby_pids(self) -> dict[str, list[int]]:
         """Ready standby processes per node (a backend that keeps none: none)."""
@@ -522,6 +529,10 @@ def create_backend(
         from goodput_services.actuator.local_backend import LocalBackend
 
         return LocalBackend(job=job, state_dir=state_dir, bus_settings=bus_settings, emit=emit)
+    if name == "agent":
+        from goodput_services.actuator.agent_backend import AgentBackend
+
+        return AgentBackend(job=job, bus_settings=bus_settings, emit=emit)
     if name == "kubernetes":
         # imported here: the kubernetes client is slow to import and only this backend needs it
         from goodput_services.actuator.kubernetes_backend import KubernetesBackend

@@ -8,7 +8,7 @@ import msgspec
 
 
 class ActuatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    backend: Literal["local", "kubernetes"] = "local"
+    backend: Literal["local", "agent", "kubernetes"] = "local"
     #: how long a pre-launch restore (RestoreToNode) may take; 0 turns them off (no checkpoint
     #: tier runs, e.g. a shared filesystem)
     restore_timeout_s: float = 120.0

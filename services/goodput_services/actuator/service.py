@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from goodput import schemas, subjects
-from goodput.bus import DoneLog
+from goodput.bus import Bus, DoneLog
 from goodput.config import ServiceConfig
 from goodput.membership import MembershipError
 from goodput.rank_env import RankEnv
@@ -53,6 +53,11 @@ class ActuatorService(Service):
         backend.rejoin = self._rejoin_round
         backend.next_step = self._next_step
         backend.assign_standby = self._assign_standby
+
+    async def start_bus(self) -> Bus:
+        bus = await super().start_bus()
+        await self.backend.connect_bus(bus)
+        return bus
 
     @property
     def stop_deadline_s(self) -> float:

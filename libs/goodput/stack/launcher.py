@@ -20,6 +20,7 @@ from rich.console import Console
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.cluster import MIN_CLUSTER, EmbeddedCluster
 from goodput.bus.embedded import pid_alive, read_record, stop_recorded, terminate_pid
 from goodput.config import bus_settings_from_args, parse_option
 from goodput.stack.exit_reason import EXIT_REASON_ENV, read_exit_reason
@@ -73,9 +74,48 @@ def resolve_url(args: argparse.Namespace, state_dir: Path) -> tuple[str, bool]:
     if explicit:
         return explicit, False
     record = read_record(state_dir)
-    if record is not None and pid_alive(record.pid):
+    if record is not None and any(pid_alive(pid) for pid in record.pids):
         return record.url, True
     return "", True
+
+
+def start_embedded(args: argparse.Namespace, state_dir: Path) -> tuple[str, str]:
+    """Start the embedded server, or cluster (``--nats-cluster N``); its URL(s) and a line
+    saying what started."""
+    size = getattr(args, "nats_cluster", 1) or 1
+    if size == 1:
+        server = EmbeddedNats(state_dir, port=getattr(args, "nats_port", None), detach=True)
+        record = server.start()
+        return record.url, f"embedded nats-server on {record.url} (store {record.store_dir})"
+    cluster = EmbeddedCluster(state_dir, size, detach=True)
+    url = cluster.start().url
+    return url, f"embedded NATS cluster of {size} on {url} (stores {state_dir}/nats-store-*)"
+
+
+def cluster_size(text: str) -> int:
+    """``--nats-cluster``: 1 (one server) or a real cluster of at least three."""
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size != 1 and size < MIN_CLUSTER:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: 1 (one server) or at least {MIN_CLUSTER} (a cluster that survives "
+            "losing one server)"
+        )
+    return size
+
+
+def add_embedded_nats_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the commands that may start the embedded server."""
+    parser.add_argument(
+        "--nats-cluster",
+        type=cluster_size,
+        default=1,
+        metavar="N",
+        help="start N embedded nats-servers as one JetStream cluster on loopback (streams R3, "
+        "any one server may die); default 1 server",
+    )
 
 
 def spawn_service(
@@ -138,9 +178,8 @@ def start_stack(
     url, embedded = resolve_url(args, state_dir)
     started: list[str] = []  # what this call started, said in one line
     if embedded and not url:
-        record = EmbeddedNats(state_dir, port=getattr(args, "nats_port", None), detach=True).start()
-        url = record.url
-        started.append(f"embedded nats-server on {url} (store {record.store_dir})")
+        url, what = start_embedded(args, state_dir)
+        started.append(what)
     settings = msgspec.structs.replace(bus_settings_from_args(args), url=url)
     settings.check_security()
     asyncio.run(_provision(settings))

@@ -39,6 +39,8 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     nats.errors.OutboundBufferLimitError,
     nats.errors.StaleConnectionError,
     nats.js.errors.ServiceUnavailableError,
+    # a stream between leaders (a Raft election in a cluster) has nobody to answer a publish
+    nats.js.errors.NoStreamResponseError,
     asyncio.TimeoutError,
     ConnectionError,
     OSError,

@@ -8,6 +8,7 @@ client connected to the dead server reconnects to a survivor.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import itertools
@@ -21,6 +22,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, DoneLog
 from goodput.bus.cluster import EmbeddedCluster
 from goodput.bus.job_events import JobEvents
+from goodput.stack.launcher import cluster_size
 from goodput_services.controller.lease import Lease
 from tests.bus.executor_process import TARGET, FileJob, runner
 from tests.bus.samples import JOB
@@ -49,6 +51,13 @@ async def _leader(bus: Bus, stream: str) -> int:
     info = await bus.js.stream_info(stream)
     assert info.cluster is not None and info.cluster.leader
     return int(info.cluster.leader.rsplit("-", 1)[1])
+
+
+@pytest.mark.parametrize("size", ["2", "0", "three"])
+def test_a_cluster_that_could_not_lose_a_server_is_refused_in_one_line(size: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="at least 3"):
+        cluster_size(size)
+    assert cluster_size("1") == 1 and cluster_size("5") == 5
 
 
 async def _contend(leases: list[Lease], holders: list[str], stop: asyncio.Event) -> None:

@@ -195,9 +195,9 @@ class Bus:
     @property
     def replicas(self) -> int:
         """Copies of each stream and bucket: the setting, else R3 on a clustered server."""
-        return stream_replicas(
-            self.settings.replicas, clustered=bool(self.nc._server_info.get("cluster"))
-        )
+        # the server's INFO names its cluster; nats-py keeps INFO but has no public accessor
+        info: dict[str, Any] = self.nc._server_info
+        return stream_replicas(self.settings.replicas, clustered=bool(info.get("cluster")))
 
     async def provision(self, *, retry_for_s: float = 60.0) -> None:
         """Create the streams and KV buckets if missing (idempotent, safe to race), with

@@ -16,11 +16,13 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, DoneLog
 from goodput.bus.cluster import EmbeddedCluster
+from goodput.bus.embedded import EmbeddedNats, read_record
 from goodput.bus.job_events import JobEvents
 from goodput.stack.launcher import cluster_size
 from goodput_services.controller.lease import Lease
@@ -133,3 +135,12 @@ async def test_losing_the_commands_leader_loses_and_repeats_nothing(
     held = [holder for holder in holders if holder]
     moves = [b for a, b in itertools.pairwise(held) if a != b]
     assert len(moves) <= 1, f"the lease moved {len(moves)} times: {holders}"
+
+
+def test_the_record_of_a_server_started_before_clusters_still_reads(tmp_path: Path) -> None:
+    """`goodput up`/`down` after an upgrade find the server an older release started."""
+    old = {"pid": 1234, "port": 4222, "url": "nats://127.0.0.1:4222", "store_dir": "s"}
+    (tmp_path / EmbeddedNats.RECORD_NAME).write_bytes(msgspec.json.encode(old))
+    record = read_record(tmp_path)
+    assert record is not None and record.url == old["url"] and record.pids == [1234]
+    assert not record.cluster_ports

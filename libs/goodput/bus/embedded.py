@@ -54,9 +54,6 @@ class ServerRecord(msgspec.Struct, kw_only=True):
     port: int
     url: str
     store_dir: str
-    #: a cluster member's routes port and its place (0 and -1 for a server on its own)
-    cluster_port: int = 0
-    member: int = -1
 
 
 class EmbeddedRecord(msgspec.Struct, kw_only=True):
@@ -167,12 +164,7 @@ class EmbeddedNats:
         )
         log.close()
         return ServerRecord(
-            pid=self.process.pid,
-            port=self.port,
-            url=self.url,
-            store_dir=str(self.store_dir),
-            cluster_port=self.cluster_ports[self.member] if self.cluster_ports else 0,
-            member=self.member,
+            pid=self.process.pid, port=self.port, url=self.url, store_dir=str(self.store_dir)
         )
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -225,7 +217,12 @@ def read_record(state_dir: Path) -> EmbeddedRecord | None:
     path = Path(state_dir) / EmbeddedNats.RECORD_NAME
     if not path.exists():
         return None
-    return msgspec.json.decode(path.read_bytes(), type=EmbeddedRecord)
+    data = path.read_bytes()
+    try:
+        return msgspec.json.decode(data, type=EmbeddedRecord)
+    except msgspec.ValidationError:
+        # a server started by a release before clusters recorded itself alone
+        return EmbeddedRecord(servers=[msgspec.json.decode(data, type=ServerRecord)])
 
 
 def write_record(state_dir: Path, record: EmbeddedRecord) -> None:

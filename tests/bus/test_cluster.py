@@ -24,7 +24,7 @@ from goodput.bus import Bus, BusSettings, DoneLog
 from goodput.bus.cluster import EmbeddedCluster
 from goodput.bus.embedded import EmbeddedNats, read_record
 from goodput.bus.job_events import JobEvents
-from goodput.stack.launcher import cluster_size
+from goodput.stack.launcher import check_cluster_request, cluster_size
 from goodput_services.controller.lease import Lease
 from tests.bus.executor_process import TARGET, FileJob, runner
 from tests.bus.samples import JOB
@@ -60,6 +60,18 @@ def test_a_cluster_that_could_not_lose_a_server_is_refused_in_one_line(size: str
     with pytest.raises(argparse.ArgumentTypeError, match="at least 3"):
         cluster_size(size)
     assert cluster_size("1") == 1 and cluster_size("5") == 5
+
+
+def test_a_cluster_is_refused_where_it_cannot_be_honoured(tmp_path: Path) -> None:
+    args = argparse.Namespace(nats_cluster=3)
+    check_cluster_request(args, tmp_path, "", True)  # nothing running: it will be started
+    with pytest.raises(SystemExit, match="starts embedded servers; drop it or --nats-url"):
+        check_cluster_request(args, tmp_path, "nats://elsewhere:4222", False)
+    alone = {"servers": [{"pid": 1, "port": 1, "url": "nats://127.0.0.1:1", "store_dir": "s"}]}
+    (tmp_path / EmbeddedNats.RECORD_NAME).write_bytes(msgspec.json.encode(alone))
+    with pytest.raises(SystemExit, match="already runs 1 embedded NATS server"):
+        check_cluster_request(args, tmp_path, "nats://127.0.0.1:1", True)
+    check_cluster_request(argparse.Namespace(nats_cluster=1), tmp_path, "nats://x:1", False)
 
 
 async def _contend(leases: list[Lease], holders: list[str], stop: asyncio.Event) -> None:

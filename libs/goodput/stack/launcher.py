@@ -92,6 +92,24 @@ def start_embedded(args: argparse.Namespace, state_dir: Path) -> tuple[str, str]
     return url, f"embedded NATS cluster of {size} on {url} (stores {state_dir}/nats-store-*)"
 
 
+def check_cluster_request(
+    args: argparse.Namespace, state_dir: Path, url: str, embedded: bool
+) -> None:
+    """``--nats-cluster N`` only where it can be honoured: not with a server of the caller's
+    (``--nats-url``), not against a running embedded bus of another size (one line each)."""
+    size = getattr(args, "nats_cluster", 1) or 1
+    if size == 1:
+        return
+    if not embedded:
+        raise SystemExit(f"--nats-cluster {size} starts embedded servers; drop it or --nats-url")
+    record = read_record(state_dir) if url else None
+    if record is not None and len(record.servers) != size:
+        raise SystemExit(
+            f"the stack in {state_dir} already runs {len(record.servers)} embedded NATS "
+            f"server(s), not {size}: `goodput down` first"
+        )
+
+
 def cluster_size(text: str) -> int:
     """``--nats-cluster``: 1 (one server) or a real cluster of at least three."""
     try:
@@ -176,6 +194,7 @@ def start_stack(
     check_token(job, "job name")
     nodes = [f"node-{i}" for i in range(node_count)]
     url, embedded = resolve_url(args, state_dir)
+    check_cluster_request(args, state_dir, url, embedded)
     started: list[str] = []  # what this call started, said in one line
     if embedded and not url:
         url, what = start_embedded(args, state_dir)

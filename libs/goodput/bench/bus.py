@@ -25,8 +25,7 @@ from rich.table import Table
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, DurableConsumer, EmbeddedNats
-from goodput.bus.cluster import EmbeddedCluster
-from goodput.stack.launcher import cluster_size
+from goodput.bus.cluster import EmbeddedCluster, cluster_size
 
 PAYLOAD_BYTES = 1024
 

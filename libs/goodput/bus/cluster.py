@@ -8,6 +8,7 @@ keeps serving: clients are given every member's URL and reconnect to a survivor.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from goodput.bus.embedded import (
@@ -22,6 +23,20 @@ from goodput.bus.embedded import (
 
 #: the smallest cluster worth having: Raft needs three to lose one and keep a quorum
 MIN_CLUSTER = 3
+
+
+def cluster_size(text: str) -> int:
+    """``--nats-cluster``: 1 (one server) or a real cluster of at least three."""
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size != 1 and size < MIN_CLUSTER:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: 1 (one server) or at least {MIN_CLUSTER} (a cluster that survives "
+            "losing one server)"
+        )
+    return size
 
 
 class EmbeddedCluster:

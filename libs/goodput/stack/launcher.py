@@ -20,7 +20,7 @@ from rich.console import Console
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
-from goodput.bus.cluster import MIN_CLUSTER, EmbeddedCluster
+from goodput.bus.cluster import EmbeddedCluster, cluster_size
 from goodput.bus.embedded import pid_alive, read_record, stop_recorded, terminate_pid
 from goodput.config import bus_settings_from_args, parse_option
 from goodput.stack.exit_reason import EXIT_REASON_ENV, read_exit_reason
@@ -108,20 +108,6 @@ def check_cluster_request(
             f"the stack in {state_dir} already runs {len(record.servers)} embedded NATS "
             f"server(s), not {size}: `goodput down` first"
         )
-
-
-def cluster_size(text: str) -> int:
-    """``--nats-cluster``: 1 (one server) or a real cluster of at least three."""
-    try:
-        size = int(text)
-    except ValueError:
-        size = 0
-    if size != 1 and size < MIN_CLUSTER:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: 1 (one server) or at least {MIN_CLUSTER} (a cluster that survives "
-            "losing one server)"
-        )
-    return size
 
 
 def add_embedded_nats_arguments(parser: argparse.ArgumentParser) -> None:

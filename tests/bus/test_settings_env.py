@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from goodput.bus import BusSettings
-from goodput.bus.settings import ENV_VARS, settings_from_env, settings_to_env
+from goodput.bus.settings import ENV_VARS, settings_from_env, settings_to_env, stream_replicas
 from goodput.config import add_bus_arguments, bus_settings_from_args
 
 FULL = BusSettings(
@@ -22,6 +22,7 @@ FULL = BusSettings(
     tls_cert_file="/etc/goodput/nats/client.crt",
     tls_key_file="/etc/goodput/nats/client.key",
     insecure=True,
+    replicas=3,
 )
 
 
@@ -78,3 +79,16 @@ def test_flags_override_the_environment_which_overrides_the_file(
     assert bus_settings_from_args(parser.parse_args(["--insecure"])).insecure
     with pytest.raises(FileNotFoundError, match="creds file"):
         bus_settings_from_args(parser.parse_args(["--nats-creds", str(tmp_path / "absent")]))
+
+
+@pytest.mark.parametrize("raw", ["three", "-1", "6"])
+def test_a_replica_count_out_of_range_is_one_clear_line(raw: str) -> None:
+    with pytest.raises(ValueError, match=f"GOODPUT_NATS_REPLICAS='{raw}': expected 0"):
+        settings_from_env({"GOODPUT_NATS_REPLICAS": raw})
+
+
+def test_streams_are_r3_on_a_clustered_server_r1_alone_unless_configured() -> None:
+    assert stream_replicas(0, clustered=True) == 3
+    assert stream_replicas(0, clustered=False) == 1
+    assert stream_replicas(5, clustered=True) == 5
+    assert stream_replicas(1, clustered=True) == 1

@@ -50,7 +50,8 @@ def test_kill_service_and_restart_nats_on_a_real_stack(stack: Path):
     result = goodput_cli("chaos", "restart-nats", "--down-s", "1", "--state-dir", str(stack))
     assert "restarted" in result.stdout
     after = read_record(stack)
-    assert after is not None and after.port == before.port and after.pid != before.pid
+    assert after is not None and after.servers[0].port == before.servers[0].port
+    assert after.servers[0].pid != before.servers[0].pid
     # every service reconnects to the restarted server and reports healthy again
     status = wait_healthy(stack)
     assert all(s["healthy"] for s in status["services"]), status

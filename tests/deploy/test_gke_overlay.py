@@ -4,6 +4,7 @@ objects fit together: registry, node pools, Secrets, NVML access, configuration.
 from __future__ import annotations
 
 import base64
+import os
 import re
 import shutil
 import subprocess
@@ -58,7 +59,7 @@ def secrets(credentials) -> dict[str, dict[str, Any]]:
 
 
 def test_every_rendered_object_is_valid_for_the_current_kubernetes(objects) -> None:
-    assert len(objects) == 17
+    assert len(objects) == 18
     for obj in objects:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
@@ -248,5 +249,6 @@ def test_the_real_nats_server_accepts_the_server_configuration(credentials, tmp_
         [nats_server_binary(), "-c", str(tmp_path / "nats.conf"), "-t"],
         capture_output=True,
         text=True,
+        env={**os.environ, "POD_NAME": "goodput-nats-0"},  # the StatefulSet's env
     )
     assert checked.returncode == 0, checked.stderr

@@ -6,15 +6,19 @@ the actuator's rights and rollout, the NATS StatefulSet's headless Service."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from goodput.bus import BusSettings
 from goodput_services.hostmon.gpu import GKE_DRIVER_MOUNT_DIR, GKE_NVIDIA_SMI
 from goodput_services.hostmon.options import HostMonitorOptions
 from goodput_services.replicator.options import ReplicatorOptions, store_spec
@@ -213,3 +217,31 @@ def test_the_nats_statefulset_is_governed_by_a_headless_service(layout) -> None:
     assert governing["spec"]["selector"].items() <= labels.items()
     # clients keep the ClusterIP Service the certificate names
     assert _by_kind(objects, "Service")["goodput-nats"]["spec"].get("clusterIP") != "None"
+
+
+def test_the_bus_is_three_servers_in_one_cluster_with_r3_streams(layout) -> None:
+    """Three NATS pods, started together, one per node, routed to each other through the
+    headless Service; the services ask for three copies of every stream and bucket."""
+    _, objects = layout
+    nats = _by_kind(objects, "StatefulSet")["goodput-nats"]
+    spec = nats["spec"]
+    assert spec["replicas"] == 3 and spec["podManagementPolicy"] == "Parallel"
+    anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (rule,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert rule["topologyKey"] == "kubernetes.io/hostname"
+    assert (
+        rule["labelSelector"]["matchLabels"].items()
+        <= spec["template"]["metadata"]["labels"].items()
+    )
+    headless = _by_kind(objects, "Service")[spec["serviceName"]]
+    assert {p["name"]: p["port"] for p in headless["spec"]["ports"]}["cluster"] == 6222
+    assert _by_kind(objects, "PodDisruptionBudget")["goodput-nats"]["spec"]["maxUnavailable"] == 1
+    env = {e["name"]: e for e in container(objects, "goodput-nats").get("env", [])}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    conf = (BASE / "nats" / "nats.conf").read_text()
+    assert "server_name: $POD_NAME" in conf
+    routes = re.findall(r"nats-route://([\w.-]+):6222", conf)
+    pods = [f"{nats['metadata']['name']}-{i}.{spec['serviceName']}" for i in range(3)]
+    assert routes == pods, "a route to every pod of the StatefulSet, by its stable name"
+    bus = tomllib.loads((BASE / "goodput.toml").read_text())["bus"]
+    assert msgspec.convert(bus, BusSettings).replicas == 3

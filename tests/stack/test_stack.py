@@ -34,7 +34,7 @@ def test_up_reports_every_service_healthy_and_down_stops_them(stack: Path) -> No
     assert all(s["healthy"] for s in status["services"]), status
     record = read_stack(stack)
     assert record is not None
-    nats_pid = read_record(stack).pid  # type: ignore[union-attr]
+    nats_pid = read_record(stack).servers[0].pid  # type: ignore[union-attr]
     assert (stack / "nats-store").is_dir()
     goodput_cli("down", "--state-dir", str(stack))
     assert not any(pid_alive(s.pid) for s in record.services)
@@ -74,7 +74,8 @@ async def test_a_killed_service_resumes_its_durable_consumer(stack: Path) -> Non
 @pytest.mark.slow
 async def test_nats_restart_loses_no_command_and_runs_none_twice(stack: Path) -> None:
     record = read_stack(stack)
-    server = read_record(stack)
+    recorded = read_record(stack)
+    server = recorded.servers[0] if recorded else None
     assert record is not None and server is not None
     bus = await Bus.connect(BusSettings(url=record.url), name="test")
     try:

@@ -3,6 +3,11 @@
 Both paths carry the same 1 KiB step events through the same embedded server; the publisher
 is its own process (as trainers are) and this process consumes (as the sensor does). The
 figure is the sustained rate at the consumer: events between the first and last arrival.
+
+``--cluster N`` measures the same against an embedded cluster of N servers (R3 streams: every
+publish is acknowledged only once a quorum stored it) in the same run, alternating with the
+single server so that both see the same machine load; the ratio of each repeat and their
+range say what the replication costs.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from rich.table import Table
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, DurableConsumer, EmbeddedNats
+from goodput.bus.cluster import EmbeddedCluster, cluster_size
 
 PAYLOAD_BYTES = 1024
 
@@ -135,6 +141,20 @@ async def _core(bus: Bus, url: str, job: str, count: int) -> float:
     return rate.per_s
 
 
+async def _paths(url: str, count: int, *, core_too: bool = True) -> tuple[float, float, int]:
+    """JetStream (and core, or 0) events/s through the server(s) at ``url``, and the stream's
+    replicas."""
+    bus = await Bus.connect(BusSettings(url=url), name="goodput-bench")
+    try:
+        await bus.provision()
+        job = f"bench{time.time_ns() % 10**9}"
+        core = await _core(bus, url, job, count) if core_too else 0.0
+        jetstream = await _jetstream(bus, url, job, count)
+        return jetstream, core, bus.replicas
+    finally:
+        await bus.close()
+
+
 async def measure(count: int, url: str | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="goodput-bench-bus-") as tmp:
         server = None if url else EmbeddedNats(Path(tmp))
@@ -143,18 +163,13 @@ async def measure(count: int, url: str | None) -> dict:
             url = server.url
         assert url is not None
         try:
-            bus = await Bus.connect(BusSettings(url=url), name="goodput-bench")
-            await bus.provision()
-            job = f"bench{time.time_ns() % 10**9}"
-            core = await _core(bus, url, job, count)
-            jetstream = await _jetstream(bus, url, job, count)
-            await bus.close()
+            jetstream, core, _ = await _paths(url, count)
         finally:
             if server is not None:
                 server.stop()
     return {
         "events": count,
-        "payload_bytes": len(schemas.encode(_events(job, 1)[0])),
+        "payload_bytes": len(schemas.encode(_events("bench", 1)[0])),
         "jetstream_events_per_s": round(jetstream),
         "core_events_per_s": round(core),
         "jetstream_vs_core": round(jetstream / core, 3),
@@ -162,8 +177,59 @@ async def measure(count: int, url: str | None) -> dict:
     }
 
 
+async def measure_cluster(count: int, size: int, repeats: int) -> dict:
+    """JetStream events/s on one server vs a cluster of ``size`` (R3), alternating, each a
+    fresh embedded server or cluster, ``repeats`` times."""
+    single: list[float] = []
+    clustered: list[float] = []
+    replicas = 0
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="goodput-bench-bus-") as tmp:
+            with EmbeddedNats(Path(tmp) / "single") as server:
+                single.append((await _paths(server.url, count, core_too=False))[0])
+            with EmbeddedCluster(Path(tmp) / "cluster", size) as cluster:
+                rate, _, replicas = await _paths(cluster.url, count, core_too=False)
+                clustered.append(rate)
+    ratios = [c / s for c, s in zip(clustered, single, strict=True)]
+    return {
+        "events": count,
+        "repeats": repeats,
+        "cluster_servers": size,
+        "cluster_replicas": replicas,
+        "single_events_per_s": [round(r) for r in single],
+        "cluster_events_per_s": [round(r) for r in clustered],
+        "cluster_vs_single": [round(r, 3) for r in ratios],
+        "cluster_vs_single_range": [round(min(ratios), 3), round(max(ratios), 3)],
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
+    if args.cluster > 1:
+        with console.status(
+            f"JetStream on one server vs a cluster of {args.cluster}, {args.repeats}x…"
+        ):
+            result = asyncio.run(measure_cluster(args.events, args.cluster, args.repeats))
+        if args.json:
+            print(json.dumps(result, indent=2))
+            return 0
+        table = Table(title=f"JetStream 1 KiB events/s: one server vs a cluster of {args.cluster}")
+        for column in ("repeat", "one server (R1)", f"cluster (R{result['cluster_replicas']})"):
+            table.add_column(column, justify="right")
+        table.add_column("cluster / one", justify="right")
+        for i, (one, many, ratio) in enumerate(
+            zip(
+                result["single_events_per_s"],
+                result["cluster_events_per_s"],
+                result["cluster_vs_single"],
+                strict=True,
+            )
+        ):
+            table.add_row(str(i + 1), f"{one:,}", f"{many:,}", f"{ratio:.2f}")
+        Console().print(table)
+        low, high = result["cluster_vs_single_range"]
+        Console().print(f"cluster / one server: {low:.2f} to {high:.2f}")
+        return 0
     with console.status(f"publishing and consuming {args.events} events on each path…"):
         result = asyncio.run(measure(args.events, args.nats_url))
     if args.json:
@@ -191,5 +257,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--events", type=int, default=100_000, help="events per path (default 100000)"
     )
     parser.add_argument("--nats-url", help="measure an existing server instead of an embedded one")
+    parser.add_argument(
+        "--cluster",
+        type=cluster_size,
+        default=1,
+        metavar="N",
+        help="also measure an embedded cluster of N servers (R3) against one server, same run",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="with --cluster: alternations (default 3)"
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)

@@ -8,6 +8,7 @@ exactly once (the stream's duplicate window absorbs the retries).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,7 @@ from nats.js.api import KeyValueConfig, PubAck, StorageType, StreamConfig
 from nats.js.kv import KeyValue
 
 from goodput import schemas, subjects
-from goodput.bus.settings import BusSettings
+from goodput.bus.settings import BusSettings, stream_replicas
 from goodput.telemetry import inject_headers
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     nats.errors.OutboundBufferLimitError,
     nats.errors.StaleConnectionError,
     nats.js.errors.ServiceUnavailableError,
+    # a stream between leaders (a Raft election in a cluster) has nobody to answer a publish
+    nats.js.errors.NoStreamResponseError,
     asyncio.TimeoutError,
     ConnectionError,
     OSError,
@@ -192,16 +195,54 @@ class Bus:
         bus._closing = closing
         return bus
 
-    async def provision(self) -> None:
-        """Create the streams and KV buckets if missing (idempotent, safe to race)."""
+    @property
+    def replicas(self) -> int:
+        """Copies of each stream and bucket: the setting, else R3 on a clustered server."""
+        # the server's INFO names its cluster; nats-py keeps INFO but has no public accessor
+        info: dict[str, Any] = self.nc._server_info
+        return stream_replicas(self.settings.replicas, clustered=bool(info.get("cluster")))
+
+    async def provision(self, *, retry_for_s: float = 60.0) -> None:
+        """Create the streams and KV buckets if missing (idempotent, safe to race), with
+        :attr:`replicas` copies each; existing ones converge to that count (a server that
+        joined a cluster takes its R1 streams to R3).
+
+        Retried while JetStream is unavailable: a cluster that just started, or lost its meta
+        leader, answers "unavailable" until its members elect one.
+        """
+        replicas = self.replicas
         for config in STREAMS:
-            try:
-                await self.js.add_stream(config)
-            except nats.js.errors.BadRequestError:
-                # exists with another configuration (e.g. an older release): converge to ours
-                await self.js.update_stream(config)
+            wanted = dataclasses.replace(config, num_replicas=replicas)
+            await retry_transient(
+                lambda wanted=wanted: self._converge_stream(wanted),
+                deadline_s=retry_for_s,
+                what=f"create stream {config.name}",
+            )
         for bucket in BUCKETS:
-            self._kv[bucket.bucket] = await self.js.create_key_value(bucket)
+            wanted = dataclasses.replace(bucket, replicas=replicas)
+            self._kv[bucket.bucket] = await retry_transient(
+                lambda wanted=wanted: self._converge_bucket(wanted),
+                deadline_s=retry_for_s,
+                what=f"create bucket {bucket.bucket}",
+            )
+
+    async def _converge_stream(self, config: StreamConfig) -> None:
+        try:
+            await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError:
+            # exists with another configuration (an older release, another replica count)
+            await self.js.update_stream(config)
+
+    async def _converge_bucket(self, config: KeyValueConfig) -> KeyValue:
+        try:
+            return await self.js.create_key_value(config)
+        except nats.js.errors.BadRequestError:
+            # exists with another replica count: change only that, keep its other settings
+            stream = (await self.js.stream_info(f"KV_{config.bucket}")).config
+            if stream.num_replicas == config.replicas:
+                raise
+            await self.js.update_stream(dataclasses.replace(stream, num_replicas=config.replicas))
+            return await self.js.key_value(config.bucket)
 
     async def kv(self, bucket: str) -> KeyValue:
         if bucket not in self._kv:

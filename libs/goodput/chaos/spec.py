@@ -110,9 +110,12 @@ class KillService(FaultSpec, tag="kill-service", kw_only=True):
 
 
 class RestartNats(FaultSpec, tag="restart-nats", kw_only=True):
-    """SIGKILL the embedded nats-server and start it again on the same port and store."""
+    """SIGKILL the embedded nats-server (a member of the embedded cluster) and start it again
+    on the same ports and store."""
 
     down_s: NonNegative = 0.0
+    #: which server of an embedded cluster (``goodput up --nats-cluster N``); 0 on its own
+    member: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 FAULT_TYPES: tuple[type[FaultSpec], ...] = (

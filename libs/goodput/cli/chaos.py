@@ -113,6 +113,11 @@ FAULT_ARGUMENTS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
             "down_s",
             {"type": float, "default": 0.0, "help": "seconds the server stays down (default: 0)"},
         ),
+        (
+            "--member",
+            "member",
+            {"type": int, "default": 0, "help": "which server of an embedded cluster (default 0)"},
+        ),
     ],
 }
 

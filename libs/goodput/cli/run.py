@@ -29,6 +29,7 @@ from goodput.rank_env import knobs
 from goodput.stack.exit_reason import last_line
 from goodput.stack.launcher import (
     ServiceExited,
+    add_embedded_nats_arguments,
     add_service_set_argument,
     check_policy_options,
     read_stack,
@@ -341,6 +342,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
     add_service_set_argument(parser)
+    add_embedded_nats_arguments(parser)
     add_bus_arguments(parser)
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- the training command")
     parser.set_defaults(func=cmd_run)

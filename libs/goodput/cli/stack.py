@@ -17,6 +17,7 @@ from goodput.config import (
 )
 from goodput.stack.launcher import (
     ServiceExited,
+    add_embedded_nats_arguments,
     add_service_set_argument,
     check_policy_options,
     read_stack,
@@ -88,6 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="port of the embedded server (default: a free one)",
     )
+    add_embedded_nats_arguments(up)
     up.add_argument(
         "--wait",
         type=float,

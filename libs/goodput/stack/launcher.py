@@ -20,6 +20,7 @@ from rich.console import Console
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.cluster import EmbeddedCluster, cluster_size
 from goodput.bus.embedded import pid_alive, read_record, stop_recorded, terminate_pid
 from goodput.config import bus_settings_from_args, parse_option
 from goodput.stack.exit_reason import EXIT_REASON_ENV, read_exit_reason
@@ -73,9 +74,52 @@ def resolve_url(args: argparse.Namespace, state_dir: Path) -> tuple[str, bool]:
     if explicit:
         return explicit, False
     record = read_record(state_dir)
-    if record is not None and pid_alive(record.pid):
+    if record is not None and any(pid_alive(pid) for pid in record.pids):
         return record.url, True
     return "", True
+
+
+def start_embedded(args: argparse.Namespace, state_dir: Path) -> tuple[str, str]:
+    """Start the embedded server, or cluster (``--nats-cluster N``); its URL(s) and a line
+    saying what started."""
+    size = getattr(args, "nats_cluster", 1) or 1
+    if size == 1:
+        server = EmbeddedNats(state_dir, port=getattr(args, "nats_port", None), detach=True)
+        record = server.start()
+        return record.url, f"embedded nats-server on {record.url} (store {record.store_dir})"
+    cluster = EmbeddedCluster(state_dir, size, detach=True)
+    url = cluster.start().url
+    return url, f"embedded NATS cluster of {size} on {url} (stores {state_dir}/nats-store-*)"
+
+
+def check_cluster_request(
+    args: argparse.Namespace, state_dir: Path, url: str, embedded: bool
+) -> None:
+    """``--nats-cluster N`` only where it can be honoured: not with a server of the caller's
+    (``--nats-url``), not against a running embedded bus of another size (one line each)."""
+    size = getattr(args, "nats_cluster", 1) or 1
+    if size == 1:
+        return
+    if not embedded:
+        raise SystemExit(f"--nats-cluster {size} starts embedded servers; drop it or --nats-url")
+    record = read_record(state_dir) if url else None
+    if record is not None and len(record.servers) != size:
+        raise SystemExit(
+            f"the stack in {state_dir} already runs {len(record.servers)} embedded NATS "
+            f"server(s), not {size}: `goodput down` first"
+        )
+
+
+def add_embedded_nats_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the commands that may start the embedded server."""
+    parser.add_argument(
+        "--nats-cluster",
+        type=cluster_size,
+        default=1,
+        metavar="N",
+        help="start N embedded nats-servers as one JetStream cluster on loopback (streams R3, "
+        "any one server may die); default 1 server",
+    )
 
 
 def spawn_service(
@@ -136,11 +180,11 @@ def start_stack(
     check_token(job, "job name")
     nodes = [f"node-{i}" for i in range(node_count)]
     url, embedded = resolve_url(args, state_dir)
+    check_cluster_request(args, state_dir, url, embedded)
     started: list[str] = []  # what this call started, said in one line
     if embedded and not url:
-        record = EmbeddedNats(state_dir, port=getattr(args, "nats_port", None), detach=True).start()
-        url = record.url
-        started.append(f"embedded nats-server on {url} (store {record.store_dir})")
+        url, what = start_embedded(args, state_dir)
+        started.append(what)
     settings = msgspec.structs.replace(bus_settings_from_args(args), url=url)
     settings.check_security()
     asyncio.run(_provision(settings))

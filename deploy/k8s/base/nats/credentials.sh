@@ -34,10 +34,12 @@ if [ ! -f "$out/goodput.creds" ]; then
 fi
 "${nsc[@]}" generate config --mem-resolver --sys-account SYS --config-file "$out/resolver.conf" --force
 
-# ---- a CA and the server certificate, for the in-cluster names and GOODPUT_NATS_HOSTS ----
+# ---- a CA and the servers' certificate, for the in-cluster names and GOODPUT_NATS_HOSTS ----
 if [ ! -f "$out/tls.crt" ]; then
   sans="DNS:goodput-nats,DNS:goodput-nats.$namespace,DNS:goodput-nats.$namespace.svc"
   sans+=",DNS:goodput-nats.$namespace.svc.cluster.local,DNS:localhost,IP:127.0.0.1"
+  # each server's own name, which the cluster routes dial (nats.conf)
+  sans+=",DNS:*.goodput-nats-headless,DNS:*.goodput-nats-headless.$namespace.svc"
   for host in ${GOODPUT_NATS_HOSTS:-}; do
     if [[ $host =~ ^[0-9.]+$ ]]; then sans+=",IP:$host"; else sans+=",DNS:$host"; fi
   done
@@ -46,7 +48,8 @@ if [ ! -f "$out/tls.crt" ]; then
     -keyout "$out/ca.key" -out "$out/ca.crt" 2>/dev/null
   openssl req "${ec[@]}" -subj "/CN=goodput-nats" \
     -keyout "$out/tls.key" -out "$out/tls.csr" 2>/dev/null
-  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$sans" > "$out/tls.ext"
+  # clientAuth too: a server presents it when it dials its peers' routes (mutual TLS)
+  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$sans" > "$out/tls.ext"
   openssl x509 -req -in "$out/tls.csr" -CA "$out/ca.crt" -CAkey "$out/ca.key" \
     -CAcreateserial -days 825 -extfile "$out/tls.ext" -out "$out/tls.crt" 2>/dev/null
 fi

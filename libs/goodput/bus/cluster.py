@@ -1,0 +1,133 @@
+"""Several embedded nats-servers as one JetStream cluster on loopback (`--nats-cluster N`).
+
+Each member has its own client port, routes port, store and log under the state directory;
+every member routes to every other. Streams and buckets on it are R3
+(:func:`goodput.bus.settings.stream_replicas`), so any one member can be killed and the bus
+keeps serving: clients are given every member's URL and reconnect to a survivor.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from goodput.bus.embedded import (
+    EmbeddedNats,
+    EmbeddedNatsError,
+    EmbeddedRecord,
+    ServerRecord,
+    free_port,
+    read_record,
+    write_record,
+)
+
+#: the smallest cluster worth having: Raft needs three to lose one and keep a quorum
+MIN_CLUSTER = 3
+
+
+def cluster_size(text: str) -> int:
+    """``--nats-cluster``: 1 (one server) or a real cluster of at least three."""
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size != 1 and size < MIN_CLUSTER:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: 1 (one server) or at least {MIN_CLUSTER} (a cluster that survives "
+            "losing one server)"
+        )
+    return size
+
+
+class EmbeddedCluster:
+    """Start, stop, kill and restart the members of a local JetStream cluster.
+
+    ``detach=True`` starts them in their own sessions (`goodput up`); ``nats.json`` records
+    every member, so `goodput down`, the services and the chaos tool find them all.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        size: int = MIN_CLUSTER,
+        *,
+        detach: bool = False,
+        ports: list[int] | None = None,
+        cluster_ports: list[int] | None = None,
+    ):
+        if size < MIN_CLUSTER:
+            raise EmbeddedNatsError(
+                f"a NATS cluster needs at least {MIN_CLUSTER} servers to survive losing one "
+                f"(asked for {size})"
+            )
+        self.state_dir = Path(state_dir)
+        ports = ports or [free_port() for _ in range(size)]
+        routes = cluster_ports or [free_port() for _ in range(size)]
+        self.members = [
+            EmbeddedNats(self.state_dir, port, detach=detach, member=i, cluster_ports=routes)
+            for i, port in enumerate(ports)
+        ]
+
+    @classmethod
+    def from_record(cls, state_dir: Path, *, detach: bool = True) -> EmbeddedCluster:
+        """The cluster recorded in ``state_dir`` (to restart a member the chaos tool killed)."""
+        record = read_record(state_dir)
+        if record is None or not record.cluster_ports:
+            raise EmbeddedNatsError(f"no embedded NATS cluster recorded in {state_dir}")
+        return cls(
+            state_dir,
+            len(record.servers),
+            detach=detach,
+            ports=[server.port for server in record.servers],
+            cluster_ports=record.cluster_ports,
+        )
+
+    @property
+    def url(self) -> str:
+        return ",".join(member.url for member in self.members)
+
+    def start(self, timeout_s: float = 15.0) -> EmbeddedRecord:
+        """Start every member, wait for their client ports, record them.
+
+        JetStream answers "unavailable" until the members have elected a meta leader (a
+        second or so): :meth:`goodput.bus.Bus.provision` retries through it.
+        """
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        records = [member.launch() for member in self.members]
+        try:
+            for member in self.members:
+                member.wait_ready(timeout_s)
+        except EmbeddedNatsError:
+            self.stop()
+            raise
+        record = EmbeddedRecord(servers=records, cluster_ports=self.members[0].cluster_ports)
+        write_record(self.state_dir, record)
+        return record
+
+    def kill(self, member: int) -> None:
+        """SIGKILL one member (fault injection): its store stays, its peers carry on."""
+        self.members[member].kill()
+
+    def restart(self, member: int, timeout_s: float = 15.0) -> ServerRecord:
+        """Start a killed or stopped member again on its ports and store; it rejoins and
+        catches up from its peers. The record gets its new pid."""
+        server = self.members[member]
+        server.stop()
+        started = server.start(timeout_s)
+        record = read_record(self.state_dir)
+        if record is not None:
+            record.servers[member] = started
+            write_record(self.state_dir, record)
+        return started
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        for member in self.members:
+            member.stop(timeout_s)
+        (self.state_dir / EmbeddedNats.RECORD_NAME).unlink(missing_ok=True)
+
+    def __enter__(self) -> EmbeddedCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,158 @@
+"""A JetStream cluster of three real nats-servers loses one while commands, events and the
+controller's lease flow: nothing is lost, nothing runs twice, the lease moves at most once.
+
+The server killed is the leader of the commands stream, the worst one to lose: that stream's
+Raft group elects a new leader while commands are being published and consumed, and every
+client connected to the dead server reconnects to a survivor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from goodput import schemas, subjects
+from goodput.bus import Bus, BusSettings, DoneLog
+from goodput.bus.cluster import EmbeddedCluster, cluster_size
+from goodput.bus.embedded import EmbeddedNats, read_record
+from goodput.bus.job_events import JobEvents
+from goodput.stack.launcher import check_cluster_request
+from goodput_services.controller.lease import Lease
+from tests.bus.executor_process import TARGET, FileJob, runner
+from tests.bus.samples import JOB
+
+COMMANDS = 24
+#: the lease's time to live: shorter than a leader election, so one may expire during it
+LEASE_TTL_S = 3.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[EmbeddedCluster]:
+    with EmbeddedCluster(tmp_path / "nats") as servers:
+        yield servers
+
+
+@pytest.fixture
+async def cluster_bus(cluster: EmbeddedCluster) -> AsyncIterator[Bus]:
+    bus = await Bus.connect(BusSettings(url=cluster.url), name="test")
+    await bus.provision()
+    yield bus
+    await bus.close()
+
+
+async def _leader(bus: Bus, stream: str) -> int:
+    """The member leading ``stream``'s Raft group (``goodput-embedded-N``)."""
+    info = await bus.js.stream_info(stream)
+    assert info.cluster is not None and info.cluster.leader
+    return int(info.cluster.leader.rsplit("-", 1)[1])
+
+
+@pytest.mark.parametrize("size", ["2", "0", "three"])
+def test_a_cluster_that_could_not_lose_a_server_is_refused_in_one_line(size: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="at least 3"):
+        cluster_size(size)
+    assert cluster_size("1") == 1 and cluster_size("5") == 5
+
+
+def test_a_cluster_is_refused_where_it_cannot_be_honoured(tmp_path: Path) -> None:
+    args = argparse.Namespace(nats_cluster=3)
+    check_cluster_request(args, tmp_path, "", True)  # nothing running: it will be started
+    with pytest.raises(SystemExit, match="starts embedded servers; drop it or --nats-url"):
+        check_cluster_request(args, tmp_path, "nats://elsewhere:4222", False)
+    alone = {"servers": [{"pid": 1, "port": 1, "url": "nats://127.0.0.1:1", "store_dir": "s"}]}
+    (tmp_path / EmbeddedNats.RECORD_NAME).write_bytes(msgspec.json.encode(alone))
+    with pytest.raises(SystemExit, match="already runs 1 embedded NATS server"):
+        check_cluster_request(args, tmp_path, "nats://127.0.0.1:1", True)
+    check_cluster_request(argparse.Namespace(nats_cluster=1), tmp_path, "nats://x:1", False)
+
+
+async def _contend(leases: list[Lease], holders: list[str], stop: asyncio.Event) -> None:
+    """Both controllers try the lease every ttl/3, as the controller does; who holds it after
+    each round is appended (``""``: nobody could write it)."""
+    while not stop.is_set():
+        held = []
+        for lease in leases:
+            with contextlib.suppress(Exception):  # the bus is electing: nobody leads
+                if await asyncio.wait_for(lease.acquire_or_renew(time.time_ns()), 5):
+                    held.append(lease.holder)
+        assert len(held) <= 1, f"two holders at once: {held}"
+        holders.append(held[0] if held else "")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), LEASE_TTL_S / 3)
+
+
+async def test_losing_the_commands_leader_loses_and_repeats_nothing(
+    cluster: EmbeddedCluster, cluster_bus: Bus, tmp_path: Path
+) -> None:
+    executor_bus = await Bus.connect(BusSettings(url=cluster.url), name="executor")
+    lease_buses = [
+        await Bus.connect(BusSettings(url=cluster.url), name=f"controller-{i}") for i in range(2)
+    ]
+    job = FileJob(tmp_path / "job.json")
+    command_runner = runner(executor_bus, job)
+    executing = asyncio.create_task(command_runner.run())
+    follower = await JobEvents(cluster_bus, JOB, all_runs=True).start()
+    leases = [
+        Lease(bus, JOB, "controller", f"controller-{i}", LEASE_TTL_S)
+        for i, bus in enumerate(lease_buses)
+    ]
+    holders: list[str] = []
+    stop_leases = asyncio.Event()
+    contending = asyncio.create_task(_contend(leases, holders, stop_leases))
+    sent: list[str] = []
+    try:
+        for stream in (subjects.COMMANDS_STREAM, f"KV_{subjects.LEASES_BUCKET}"):
+            info = await cluster_bus.js.stream_info(stream)
+            assert info.config.num_replicas == 3, "R3 on a clustered server"
+            assert info.cluster is not None and len(info.cluster.replicas or []) == 2
+        victim = await _leader(cluster_bus, subjects.COMMANDS_STREAM)
+        for i in range(COMMANDS):
+            if i == COMMANDS // 3:
+                await asyncio.to_thread(cluster.kill, victim)
+            command = schemas.Restart(job=JOB, reason=f"command {i}")
+            await cluster_bus.send_command(TARGET, command)
+            await cluster_bus.emit(
+                schemas.StepDone(
+                    job=JOB, node="node-0", rank=0, step=i, step_time_s=0.1, tokens=1, loss=1.0
+                )
+            )
+            sent.append(command.command_id)
+            await asyncio.sleep(0.05)
+        done = DoneLog(cluster_bus, JOB, TARGET)
+        deadline = time.monotonic() + 60
+        while len(job.executed) < COMMANDS or await done.result(sent[-1]) is None:
+            assert time.monotonic() < deadline, f"{len(job.executed)} of {COMMANDS} executed"
+            await asyncio.sleep(0.1)
+        await follower.wait_for(lambda e: getattr(e, "step", -1) == COMMANDS - 1, 30, "last step")
+        await asyncio.sleep(LEASE_TTL_S)  # a last few rounds of the lease after the election
+    finally:
+        stop_leases.set()
+        command_runner.stop()
+        await asyncio.wait_for(asyncio.gather(contending, executing), 15)
+        await follower.stop()
+        for bus in (executor_bus, *lease_buses):
+            await bus.close()
+    assert job.executed == sent, "every command executed once, in order"
+    assert command_runner.not_repeated == 0
+    assert [e.step for e in follower.of(schemas.StepDone)] == list(range(COMMANDS))
+    assert holders[0] and holders[-1], f"a controller leads before and after: {holders}"
+    held = [holder for holder in holders if holder]
+    moves = [b for a, b in itertools.pairwise(held) if a != b]
+    assert len(moves) <= 1, f"the lease moved {len(moves)} times: {holders}"
+
+
+def test_the_record_of_a_server_started_before_clusters_still_reads(tmp_path: Path) -> None:
+    """`goodput up`/`down` after an upgrade find the server an older release started."""
+    old = {"pid": 1234, "port": 4222, "url": "nats://127.0.0.1:4222", "store_dir": "s"}
+    (tmp_path / EmbeddedNats.RECORD_NAME).write_bytes(msgspec.json.encode(old))
+    record = read_record(tmp_path)
+    assert record is not None and record.url == old["url"] and record.pids == [1234]
+    assert not record.cluster_ports

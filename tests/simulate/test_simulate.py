@@ -160,6 +160,24 @@ def test_a_spares_sweep_plots_and_recommends(tmp_path):
         sweep(preset, load_profile(preset.profile), "size", [100], pick(["goodput"]))
 
 
+def test_a_spares_sweep_holds_the_job_nodes_faults_fixed():
+    """Common random numbers: the job's nodes see the same faults at every spare count (a
+    spare draws its own from a stream of its own), so the baseline, which uses no spare,
+    scores the same at every point."""
+    from goodput.simulate.fleet import make_trace
+    from goodput.simulate.sweep import sweep
+
+    preset = short_case_study(12)
+    job = preset.job
+    traces = [make_trace(with_job(preset, spares=s).job, preset.failures, 3) for s in (0, 1, 4)]
+    on_job = [[f for f in t if int(f.node.split("-")[1]) < job.nodes] for t in traces]
+    assert on_job[0] == on_job[1] == on_job[2] and on_job[0]
+    spare_0 = [[f for f in t if f.node == f"node-{job.nodes}"] for t in traces[1:]]
+    assert spare_0[0] == spare_0[1]  # a spare's faults do not move with the spare count
+    result = sweep(preset, load_profile(preset.profile), "spares", [0, 1, 4], pick(["baseline"]))
+    assert len({p["goodput_pct"] for p in result["points"]}) == 1, result["points"]
+
+
 def _one_fault_world(strategy: str, kind: str):
     from goodput.simulate.fleet import Fault
     from goodput.simulate.strategies import strategies

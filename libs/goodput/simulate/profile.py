@@ -93,7 +93,8 @@ class JobSpec(Strict):
 
 
 class FailureModel(Strict):
-    #: interrupting faults per day for the whole job (Poisson, spread over every node)
+    #: interrupting faults per day for the job's nodes (Poisson; a spare breaks at the same
+    #: per-node rate)
     interruptions_per_day: NonNegative
     #: share of each kind among the interrupting faults (they are normalised)
     crash: NonNegative

@@ -9,9 +9,11 @@ Rules, in order (the rule name is what a ``Decision`` shows):
 * ``scale-up`` — a node came back (``node_returned``) and the job runs below the size it was
   started with: grow by as many whole replicas as the free spares allow.
   ``spare-kept`` — it came back but the job is at full size: it stays a spare.
-* ``evict-straggler-hot-swap`` / ``evict-straggler-scale-down`` — a straggler slows every
-  replica: replace it by a spare, else drop its replica. ``straggler-tolerated`` — it is the
-  last replica: a slow job beats no job.
+* ``evict-straggler-hot-swap`` / ``evict-straggler-scale-down`` / ``straggler-tolerated`` — a
+  straggler slows every replica: the remedy whose expected cost is least
+  (:mod:`goodput.policy.remedy`: its slowdown until the next expected restart, a restart's
+  measured downtime, a replica's share of the job), every figure in the reason. The last
+  replica is never dropped: a slow job beats no job.
 * ``in-process-restart`` — a correctable crash or hang: the surviving ranks restart in their
   processes (model and optimizer kept, the checkpoint from host memory) and only the lost
   rank is started again — by its node's ready standby when it has one (the job's state
@@ -45,6 +47,7 @@ from __future__ import annotations
 from goodput import schemas
 from goodput.gpu_faults import reset_targets
 from goodput.policy.plan import Plan
+from goodput.policy.remedy import HOT_SWAP, SCALE_DOWN, straggler_costs
 from goodput.policy.state import JobState, Refusal
 
 REPEAT_FAILURES = 3
@@ -244,16 +247,15 @@ def scale_up(state: JobState, *, why: str) -> Plan:
 
 
 def evict_straggler(signal: schemas.Signal, state: JobState) -> Plan:
+    """The cheapest remedy by :func:`goodput.policy.remedy.straggler_costs`, figures said."""
     node = signal.node
-    why = f"straggler {node} ({signal.detail})"
-    if state.spares:
+    costs = straggler_costs(signal, state)
+    why = f"straggler {node} ({costs.reason()})"
+    choice = costs.cheapest
+    if choice == HOT_SWAP:
         plan = replace_node(state, node, why=why)
         return Plan(plan.commands, "evict-straggler-hot-swap", plan.reason)
-    if state.num_dp_replicas > 1:
+    if choice == SCALE_DOWN:
         plan = scale_down(state, node, why=why)
         return Plan(plan.commands, "evict-straggler-scale-down", plan.reason)
-    return Plan(
-        [],
-        "straggler-tolerated",
-        f"{why}: no spare and only one replica; slow training beats none",
-    )
+    return Plan([], "straggler-tolerated", f"{why}: slow training costs least")

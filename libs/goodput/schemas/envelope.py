@@ -23,7 +23,9 @@ import msgspec
 #: the commands that launch ranks: ``Restart``, ``RestartInProcess``, ``HotSwap``, ``ScaleTo``)
 #: 4: a rank declares what it supports in its step reports (``StepDone.in_process_restart``),
 #: so the policy sends no rung the job's ranks would refuse
-SCHEMA_VERSION = 4
+#: 5: a straggler signal carries its measured ratio (``Signal.ratio``), so the policy prices
+#: tolerating it against evicting it
+SCHEMA_VERSION = 5
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

@@ -131,7 +131,14 @@ class World(FaultsMixin):
         self.controller = Controller(strategy.policy, settings)
         if self.controller.script is not None and self.controller.script.load_error:
             raise SimulateError(self.controller.script.load_error)
-        self.actuator = SimActuator(JOB, membership, profile.restart, measured)
+        self.actuator = SimActuator(
+            JOB,
+            membership,
+            profile.restart,
+            measured,
+            standbys_per_node=job.gpus_per_node if strategy.standbys else 0,
+            start_ns=T0,
+        )
         every = max(1, round(job.checkpoint_interval_s / job.step_time_s))
         if strategy.multi_tier:
             # the object store keeps the job's cadence; the cheap local tier saves k× as often
@@ -181,6 +188,7 @@ class World(FaultsMixin):
         self._slow_key: tuple = ()
         self._straggle_changes = 0
         self._slow = 1.0
+        self.actuator.broken = self._broken
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -190,6 +198,8 @@ class World(FaultsMixin):
             self._at(T0 + int(fault.at_s * NS), self._fault, fault)
         self._feed(schemas.RunStarted(job=JOB, ts=T0, run_id="sim", command_id="sim"))
         self._launch(None)
+        if self.actuator.ready_at:
+            self._at(min(self.actuator.ready_at.values()), self._standbys_ready)
         heap = self._heap
         end = self.end
         while not self._stopped:
@@ -307,6 +317,8 @@ class World(FaultsMixin):
                 if execution.cost is not None and execution.cost.trained_on_steps:
                     self._step_s = execution.cost.trained_on_pace_s  # it trains on, slower
             self._at(execution.done_ns, self._executed, execution)
+            if execution.standbys_ready_ns is not None:
+                self._at(execution.standbys_ready_ns, self._standbys_ready)
         if not relaunching and decision.signal_id and self.ledger.phase in ("detect", "decide"):
             self.ledger.switch(self.now, "down")  # stalled and nobody restarts it: job down
         if self.state.deferred:
@@ -334,7 +346,13 @@ class World(FaultsMixin):
         self._fed.clear()
         self.ledger.switch(self.now, "restart")
 
+    def _standbys_ready(self) -> None:
+        """Standbys became ready: the actuator reports the job's status, as the real one does."""
+        self.state = observe_status(self.state, self.actuator.status(self.now), self.now)
+
     def _executed(self, execution: Execution) -> None:
+        if execution.killed:
+            self._stop_group(execution)  # a failed in-process restart stops every rank
         if execution.relaunch:
             self.ckpt.relaunched()  # the ranks start before the actuator answers
         self.state = observe_status(self.state, self.actuator.status(self.now), self.now)
@@ -359,10 +377,14 @@ class World(FaultsMixin):
         gen = self._gen
         cost = execution.cost if execution is not None else None
         if execution is not None:
-            capture, tier, restore_s = self.ckpt.restore(
-                self._failure_ns or self.now,
-                fresh_node=fresh,
-                at_most_step=cost.restored_step if cost is not None else None,
+            capture, tier, restore_s = (
+                self.ckpt.restore_from_host()
+                if execution.in_process and cost is None
+                else self.ckpt.restore(
+                    self._failure_ns or self.now,
+                    fresh_node=fresh,
+                    at_most_step=cost.restored_step if cost is not None else None,
+                )
             )
             mark = capture.work if capture else self._start_mark
             self.step = capture.step if capture else 0
@@ -382,6 +404,8 @@ class World(FaultsMixin):
         elif execution is None and self.measured is not None:
             self._startup_s = self.measured.first_startup_s
             self._step_s = self.measured.first_step_time_s or self.job.step_time_s
+        elif execution is not None and execution.warm:
+            self._startup_s = self.profile.restart.warm_startup_s
         else:
             self._startup_s = self.profile.restart.startup_s
         self._failure_ns = None
@@ -449,7 +473,7 @@ class World(FaultsMixin):
         if self._until_step is not None and self.step >= self._until_step:
             self._finish()
             return
-        self.state = record_step_time(self.state, step_time)
+        self.state = record_step_time(self.state, step_time, self.now)
         solo = len(self.actuator.membership.active) * self.job.gpus_per_node == 1
         due = self.ckpt.due(self.step, solo=solo)
         if due and not self.ckpt.busy(self.now):

@@ -14,8 +14,9 @@ survivors wait for it). It is refused when no rank is alive, and fails — every
 the controller then decides a cold restart — when a dead rank's node cannot start it (broken)
 or a live rank cannot rejoin (its node broke). Standbys (``standbys_per_node``, spares
 included) are ready ``standby_ready_s`` after the job starts or after one is taken; a
-launch is warm only when every rank it starts is a ready standby (one standby per node and
-eight ranks per node: a whole-group launch stays cold, as it does for real). A command the
+launch is warm only when every rank it starts is a ready standby (then it costs the stop and
+the rendezvous, ``rejoin_s``, and the warm start-up; one standby per node and eight ranks per
+node: a whole-group launch stays cold, as it does for real). A command the
 membership rules refuse is answered with a failed ``ActionResult``, as the real actuator
 answers it.
 """
@@ -120,8 +121,10 @@ class SimActuator:
             return self._in_process(command, start)
         launched = list(after.active)
         warm = self._warm(launched, start, after.procs_per_node)
-        seconds = c.stop_s + c.launch_s
-        if isinstance(command, schemas.HotSwap):
+        # every rank a ready standby: no process to schedule or start (a spare's standbys
+        # are up, so it is provisioned), only the new rendezvous
+        seconds = c.stop_s + (c.rejoin_s if warm else c.launch_s)
+        if isinstance(command, schemas.HotSwap) and not warm:
             seconds += c.hot_swap_provision_s
         if isinstance(command, schemas.Restart) and command.reset_gpus:
             seconds += c.gpu_reset_s

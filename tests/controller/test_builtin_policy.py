@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from goodput import schemas
 from goodput.control.engine import Controller
-from goodput.control.state import observe_status, record_capabilities
+from goodput.control.state import observe_status, record_capabilities, record_step_time
 from goodput.policies import cold_restart, restart_whole_job
 
 from .helpers import JOB, at, job, signal
@@ -94,12 +96,49 @@ def test_returned_node_scales_back_up() -> None:
 
 
 def test_straggler_is_evicted() -> None:
-    with_spare = handle(job(spares=1), signal("straggler", "n4", "info"))
+    slow = {"ratio": 3.0, "ts": at(1)}
+    with_spare = handle(job(spares=1), signal("straggler", "n4", "info", **slow))
     assert with_spare.decision.rule == "evict-straggler-hot-swap"
-    without = handle(job(), signal("straggler", "n4", "info"))
+    without = handle(job(), signal("straggler", "n4", "info", **slow))
     assert without.decision.rule == "evict-straggler-scale-down"
-    alone = handle(job(active=2), signal("straggler", "n0", "info"))
+    alone = handle(job(active=2), signal("straggler", "n0", "info", **slow))
     assert alone.decision.rule == "straggler-tolerated" and alone.commands == []
+
+
+def test_a_straggler_gets_the_cheapest_remedy_with_its_figures() -> None:
+    """Tolerating costs its slowdown until the next expected restart (MTBF: a day at first), a
+    hot swap one restart, a scale-down a restart plus a replica's share of that horizon."""
+    mild = signal("straggler", "n4", "info", ratio=1.1, ts=at(1))
+    # three replicas: dropping one costs a third of a day, 10 % slower costs 0.09 of it
+    tolerated = handle(job(), mild)
+    assert tolerated.decision.rule == "straggler-tolerated" and tolerated.commands == []
+    assert "tolerate 130.9 min, hot-swap impossible, scale-down 485.0 min" in (
+        tolerated.decision.reason
+    )
+    assert "restart 300 s, prior" in tolerated.decision.reason
+    # a spare: the swap's restart (the job's measured downtimes, their median) is cheapest
+    measured = msgspec.structs.replace(job(spares=1), restart_downtimes_s=[40.0, 60.0, 500.0])
+    swapped = handle(measured, mild)
+    assert swapped.decision.rule == "evict-straggler-hot-swap"
+    assert "hot-swap 1.0 min" in swapped.decision.reason
+    assert "restart 60 s, measured" in swapped.decision.reason
+    # six replicas and 2× slower: half the horizon lost beats a sixth of it plus a restart
+    wide = handle(job(active=12), signal("straggler", "n4", "info", ratio=2.0, ts=at(1)))
+    assert wide.decision.rule == "evict-straggler-scale-down"
+
+
+def test_a_restart_downtime_is_measured_from_the_command_to_the_next_step() -> None:
+    controller = Controller()
+    outcome = controller.handle(job(), signal("crash", "n1", ts=at(1)), at(1))
+    (command,) = outcome.commands
+    done = schemas.ActionResult(
+        job=JOB, ts=at(3), command_id=command.command_id, action="restart_in_process", ok=True
+    )
+    # a step before the result is the old group's (a SIGTERM save): not the resume
+    state = record_step_time(outcome.state, 2.0, at(2))
+    state = record_step_time(controller.settle(state, done, at(3)).state, 2.0, at(21))
+    assert state.restart_downtimes_s == [20.0] and state.resuming_since_ts == 0
+    assert record_step_time(state, 2.0, at(30)).restart_downtimes_s == [20.0]
 
 
 def test_repeat_offender_is_replaced() -> None:

@@ -49,6 +49,19 @@ def test_calibrated_profile_loads_and_cites_its_sources(tmp_path):
     assert "load average 9.5" in text
 
 
+def test_warm_restart_costs_come_from_the_warm_mode(tmp_path):
+    """``bench recovery --mode warm`` prices the warm path; without it the cold figure, said so."""
+    cold_only = calibrate(str(bench_dir(tmp_path)))
+    assert "rejoin_s = 0.7  # no warm mode" in cold_only
+    warm = {"relaunch_s": 0.8, "startup_s": 0.1, "first_step_s": 0.4}
+    (tmp_path / "recovery.json").write_text(json.dumps({**RECOVERY, "warm": warm}))
+    path = tmp_path / "warm.toml"
+    path.write_text(calibrate(str(tmp_path)))
+    restart = load_profile(str(path)).restart
+    assert (restart.rejoin_s, restart.warm_startup_s) == pytest.approx((0.8, 0.5))
+    assert restart.standby_ready_s == pytest.approx(21.0)  # a cold rank's start-up
+
+
 def test_a_missing_benchmark_is_named(tmp_path):
     with pytest.raises(SimulateError, match=r"recovery\.json.*goodput bench recovery --json"):
         calibrate(str(bench_dir(tmp_path, recovery=True)))

@@ -160,6 +160,24 @@ def test_a_spares_sweep_plots_and_recommends(tmp_path):
         sweep(preset, load_profile(preset.profile), "size", [100], pick(["goodput"]))
 
 
+def test_a_spares_sweep_holds_the_job_nodes_faults_fixed():
+    """Common random numbers: the job's nodes see the same faults at every spare count (a
+    spare draws its own from a stream of its own), so the baseline, which uses no spare,
+    scores the same at every point."""
+    from goodput.simulate.fleet import make_trace
+    from goodput.simulate.sweep import sweep
+
+    preset = short_case_study(12)
+    job = preset.job
+    traces = [make_trace(with_job(preset, spares=s).job, preset.failures, 3) for s in (0, 1, 4)]
+    on_job = [[f for f in t if int(f.node.split("-")[1]) < job.nodes] for t in traces]
+    assert on_job[0] == on_job[1] == on_job[2] and on_job[0]
+    spare_0 = [[f for f in t if f.node == f"node-{job.nodes}"] for t in traces[1:]]
+    assert spare_0[0] == spare_0[1]  # a spare's faults do not move with the spare count
+    result = sweep(preset, load_profile(preset.profile), "spares", [0, 1, 4], pick(["baseline"]))
+    assert len({p["goodput_pct"] for p in result["points"]}) == 1, result["points"]
+
+
 def _one_fault_world(strategy: str, kind: str):
     from goodput.simulate.fleet import Fault
     from goodput.simulate.strategies import strategies
@@ -184,3 +202,40 @@ def test_a_correctable_gpu_fault_is_reset_in_place_and_the_node_kept():
     baseline = _one_fault_world("baseline", "correctable").run()
     assert baseline.badput["job_down"] + baseline.badput["restart_reprovision"] > 3600
     assert result.goodput_pct > baseline.goodput_pct
+
+
+def _faults_world(strategy: str, *faults: tuple[float, str, str]):
+    from goodput.simulate.fleet import Fault
+    from goodput.simulate.strategies import strategies
+    from goodput.simulate.world import World
+
+    preset = short_case_study(2)
+    trace = [Fault(at, node, kind, 7200.0) for at, node, kind in faults]  # type: ignore[arg-type]
+    return World(preset.job, load_profile(preset.profile), strategies()[strategy], trace)
+
+
+def test_an_in_process_restart_is_priced_warm_with_a_ready_standby():
+    """The crashed rank's place goes to its node's standby: the profile's rejoin and warm
+    start-up, not a cold relaunch; the same policy without standbys starts that rank cold."""
+    restart = load_profile("large-gpu").restart
+    warm = _faults_world("goodput", (1800.0, "node-5", "crash")).run()
+    cold = _faults_world("+scale-down/up", (1800.0, "node-5", "crash")).run()
+    assert warm.rules["in-process-restart"] == cold.rules["in-process-restart"] == 1
+    assert warm.badput["restart_reprovision"] == pytest.approx(restart.rejoin_s, abs=1)
+    assert warm.badput["program_startup"] == pytest.approx(
+        restart.startup_s + restart.warm_startup_s, abs=1
+    )  # the job's first start is cold, the restart's warm
+    assert cold.badput["restart_reprovision"] == pytest.approx(restart.launch_s, abs=1)
+    assert cold.badput["program_startup"] == pytest.approx(2 * restart.startup_s, abs=1)
+    assert warm.goodput_pct > cold.goodput_pct
+
+
+def test_an_in_process_restart_fails_on_a_broken_node_and_a_cold_one_follows():
+    """As the real backend: a live rank on a node that broke cannot rejoin, so the warm
+    restart fails, every rank stops, and the controller decides again without it."""
+    world = _faults_world("goodput", (1800.0, "node-5", "crash"), (1800.5, "node-7", "lost_host"))
+    result = world.run()
+    refused = [r for r in world.state.refused if r.action == "restart_in_process"]
+    assert len(refused) == 1 and "did not rejoin" in refused[0].reason
+    assert "node-7" not in world.actuator.membership.active
+    assert {"in-process-restart", "hot-swap"} <= set(result.rules)

@@ -15,7 +15,7 @@ import math
 import msgspec
 
 from goodput import schemas
-from goodput.policy.state import JobState
+from goodput.policy.state import PRIOR_MTBF_S, JobState
 
 NS = 1_000_000_000
 
@@ -24,7 +24,7 @@ class IntervalSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     #: recommend intervals at all (off: the job keeps the interval it was started with)
     enabled: bool = True
     #: assumed mean time between failures before any is observed (one a day)
-    prior_mtbf_s: float = 86_400.0
+    prior_mtbf_s: float = PRIOR_MTBF_S
     #: recommend a new interval only when it differs from the current one by this fraction
     min_change: float = 0.2
 
@@ -37,9 +37,8 @@ def young_interval_s(save_cost_s: float, mtbf_s: float) -> float:
 
 
 def observed_mtbf_s(state: JobState, now: int, prior_mtbf_s: float) -> float:
-    """(time run + one prior interval) / (failures seen + 1)."""
-    elapsed_s = max(0.0, (now - state.started_ts) / NS)
-    return (elapsed_s + prior_mtbf_s) / (len(state.interruptions) + 1)
+    """(time run + one prior interval) / (failures seen + 1): :meth:`JobState.mtbf_s`."""
+    return state.mtbf_s(now, prior_mtbf_s)
 
 
 def recommend(

@@ -19,6 +19,8 @@ import msgspec
 from goodput import schemas
 from goodput.membership import Membership
 from goodput.policy.state import (
+    DOWNTIME_MEMORY,
+    NS,
     REFUSAL_MEMORY,
     CheckpointRecord,
     JobState,
@@ -119,6 +121,9 @@ def observe_result(state: JobState, result: schemas.ActionResult, now: int) -> J
     settled = next(p for p in state.pending if p.command.command_id == result.command_id)
     pending = [p for p in state.pending if p.command.command_id != result.command_id]
     refused, restarts, nodes = state.refused, state.restarts, state.nodes
+    resuming = state.resuming_since_ts
+    if result.ok and isinstance(settled.command, RESTARTING):
+        resuming = settled.ts  # its downtime ends at the job's next step
     if not result.ok:
         nodes = _mark_failed_resets(nodes, settled.command, result.detail)
         # nothing restarted: a crash loop counts only remediations that ran
@@ -137,6 +142,7 @@ def observe_result(state: JobState, result: schemas.ActionResult, now: int) -> J
             refused=refused,
             restarts=restarts,
             nodes=nodes,
+            resuming_since_ts=resuming,
             version=state.version + 1,
         ),
         now,
@@ -223,8 +229,9 @@ def record_capabilities(state: JobState, step: schemas.StepDone) -> JobState:
     return msgspec.structs.replace(state, in_process_restart=step.in_process_restart)
 
 
-def record_step_time(state: JobState, step_time_s: float) -> JobState:
-    """Fold one of rank 0's step times into the job's step time (checkpoint intervals in steps).
+def record_step_time(state: JobState, step_time_s: float, now: int = 0) -> JobState:
+    """Fold one of rank 0's step times into the job's step time (checkpoint intervals in steps),
+    and, the first step after a relaunching command (at ``now``), that command's downtime.
 
     The step time is the median of the last ``STEP_TIME_WINDOW`` steps, not a running mean:
     one absurd step (a stalled clock, a step that waited out a NATS outage) would move a mean
@@ -232,6 +239,13 @@ def record_step_time(state: JobState, step_time_s: float) -> JobState:
     median ignores up to half a window of outliers and follows a real change (a rescale, a
     slower world) within half a window.
     """
+    if now and state.resuming_since_ts and now > state.resuming_since_ts:
+        downtime = (now - state.resuming_since_ts) / NS
+        state = msgspec.structs.replace(
+            state,
+            resuming_since_ts=0,
+            restart_downtimes_s=[*state.restart_downtimes_s[-(DOWNTIME_MEMORY - 1) :], downtime],
+        )
     if not 0 < step_time_s < math.inf:
         return state
     window = state.recent_step_times_s

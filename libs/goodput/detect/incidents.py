@@ -10,6 +10,8 @@ that signal ids are derived from.
 
 from __future__ import annotations
 
+import msgspec
+
 from goodput import schemas
 from goodput.detect.signals import make_signal
 from goodput.detect.thresholds import Thresholds
@@ -61,15 +63,18 @@ class Incidents:
             return []
         self.straggler_nodes.add(node)
         return [
-            self.signal(
-                "straggler",
-                node,
-                rank_id,
-                "info",
-                f"rank {rank_id} on {node}: compute time {ratio:.2f}× its peers' in most of "
-                f"the last {t.straggler_window} steps (threshold {t.straggler_ratio}×)",
-                observed_ns=now,
-                now=now,
+            msgspec.structs.replace(
+                self.signal(
+                    "straggler",
+                    node,
+                    rank_id,
+                    "info",
+                    f"rank {rank_id} on {node}: compute time {ratio:.2f}× its peers' in most of "
+                    f"the last {t.straggler_window} steps (threshold {t.straggler_ratio}×)",
+                    observed_ns=now,
+                    now=now,
+                ),
+                ratio=ratio,
             )
         ]
 

@@ -9,9 +9,11 @@ Rules, in order (the rule name is what a ``Decision`` shows):
 * ``scale-up`` — a node came back (``node_returned``) and the job runs below the size it was
   started with: grow by as many whole replicas as the free spares allow.
   ``spare-kept`` — it came back but the job is at full size: it stays a spare.
-* ``evict-straggler-hot-swap`` / ``evict-straggler-scale-down`` — a straggler slows every
-  replica: replace it by a spare, else drop its replica. ``straggler-tolerated`` — it is the
-  last replica: a slow job beats no job.
+* ``evict-straggler-hot-swap`` / ``evict-straggler-scale-down`` / ``straggler-tolerated`` — a
+  straggler slows every replica: the remedy whose expected cost is least
+  (:mod:`goodput.policy.remedy`: its slowdown until the next expected restart, a restart's
+  measured downtime, a replica's share of the job), every figure in the reason. The last
+  replica is never dropped: a slow job beats no job.
 * ``in-process-restart`` — a correctable crash or hang: the surviving ranks restart in their
   processes (model and optimizer kept, the checkpoint from host memory) and only the lost
   rank is started again — by its node's ready standby when it has one (the job's state
@@ -52,6 +54,7 @@ from typing import Literal
 from goodput import schemas
 from goodput.gpu_faults import reset_targets
 from goodput.policy.plan import Plan
+from goodput.policy.remedy import HOT_SWAP, SCALE_DOWN, straggler_costs
 from goodput.policy.state import JobState, Refusal
 
 REPEAT_FAILURES = 3
@@ -308,21 +311,17 @@ def scale_up(state: JobState, *, why: str) -> Plan:
 
 
 def evict_straggler(signal: schemas.Signal, state: JobState) -> Plan:
+    """The cheapest remedy by :func:`goodput.policy.remedy.straggler_costs`, figures said."""
     node = signal.node
-    why = f"straggler {node} ({signal.detail})"
-    swap, scale = backend_lacks(state, "hot_swap"), backend_lacks(state, "scale")
-    if state.spares and not swap:
+    lacks = {HOT_SWAP: backend_lacks(state, "hot_swap"), SCALE_DOWN: backend_lacks(state, "scale")}
+    costs = straggler_costs(signal, state, ruled_out=frozenset(k for k, v in lacks.items() if v))
+    cannot = "".join(f"; {why}" for why in lacks.values() if why)
+    why = f"straggler {node} ({costs.reason()}{cannot})"
+    choice = costs.cheapest
+    if choice == HOT_SWAP:
         plan = replace_node(state, node, why=why)
         return Plan(plan.commands, "evict-straggler-hot-swap", plan.reason)
-    if state.num_dp_replicas > 1 and not scale:
+    if choice == SCALE_DOWN:
         plan = scale_down(state, node, why=why)
         return Plan(plan.commands, "evict-straggler-scale-down", plan.reason)
-    # a slow node is no reason to stop: what cannot evict it tolerates it
-    cannot = "; ".join(filter(None, [swap, scale]))
-    return Plan(
-        [],
-        "straggler-tolerated",
-        f"{why}: "
-        + (cannot if cannot else "no spare and only one replica")
-        + "; slow training beats none",
-    )
+    return Plan([], "straggler-tolerated", f"{why}: slow training costs least")

@@ -38,6 +38,11 @@ ACTUATOR_COMMANDS = (
 )
 #: how many refusals are remembered
 REFUSAL_MEMORY = 32
+#: how many restart downtimes are remembered (``JobState.restart_downtimes_s``)
+DOWNTIME_MEMORY = 8
+#: assumed mean time between failures before any is observed (one a day)
+PRIOR_MTBF_S = 86_400.0
+NS = 1_000_000_000
 
 
 class NodeRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -135,6 +140,11 @@ class JobState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: rank 0's latest step times (s), oldest first (``goodput.control.state.STEP_TIME_WINDOW``)
     recent_step_times_s: list[float] = msgspec.field(default_factory=list)
     checkpoint_interval_steps: int = 0
+    #: the latest relaunching commands' downtimes (s): from the command to the job's first
+    #: step after it, oldest first (what a remedy that restarts the job costs it)
+    restart_downtimes_s: list[float] = msgspec.field(default_factory=list)
+    #: when the relaunching command whose first step is awaited was sent (0: none awaited)
+    resuming_since_ts: int = 0
     backoff_level: int = 0
     deferred: list[DeferredSignal] = msgspec.field(default_factory=list)
     #: why the controller stopped the job ("" while it runs)
@@ -173,6 +183,12 @@ class JobState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             failed=self.names("failed"),
             procs_per_node=self.procs_per_node,
         )
+
+    def mtbf_s(self, now: int, prior_mtbf_s: float = PRIOR_MTBF_S) -> float:
+        """The observed mean time between failures: (time run + one prior interval) /
+        (failures seen + 1), so the first hours, with no failure yet, do not say "never"."""
+        elapsed_s = max(0.0, (now - self.started_ts) / NS)
+        return (elapsed_s + prior_mtbf_s) / (len(self.interruptions) + 1)
 
     @property
     def checkpoint_cost_s(self) -> float | None:

@@ -28,7 +28,9 @@ import msgspec
 #: would refuse instead of learning it from the refusal
 #: 6: node agents (``AgentRecord`` in ``gp_agents``; ``LaunchRanks`` and ``SignalRanks`` to
 #: ``agent-<node>``), driven by the actuator's ``agent`` backend
-SCHEMA_VERSION = 6
+#: 7: a straggler signal carries its measured ratio (``Signal.ratio``), so the policy prices
+#: tolerating it against evicting it
+SCHEMA_VERSION = 7
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

@@ -204,6 +204,9 @@ class Signal(Event, tag="signal", kw_only=True):
     #: tell the policy whether a GPU reset can clear it (``goodput.gpu_faults``)
     host_faults: list[str] = msgspec.field(default_factory=list)
     gpus: list[GpuHealth] = msgspec.field(default_factory=list)
+    #: a straggler: its compute time over its peers' median (what the job steps slower by;
+    #: 0: not a straggler), which the policy weighs against evicting it (schema 7)
+    ratio: float = 0.0
 
 
 class Decision(Event, tag="decision", kw_only=True):

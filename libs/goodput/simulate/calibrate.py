@@ -65,6 +65,36 @@ def _machine() -> str:
     return f"{platform.node() or 'this host'}: {os.cpu_count()} x {model}{memory}"
 
 
+def _warm(whole: dict, cold: dict) -> list[tuple[str, float, str]]:
+    """The warm-restart figures: from ``bench recovery --mode warm`` (``warm``) where it ran,
+    else the cold path's, said so (a profile without them would price warm as cold anyway)."""
+    startup = round(
+        _get(cold, "recovery.json", "startup_s") + _get(cold, "recovery.json", "first_step_s"), 4
+    )
+    ready = (startup, "not measured apart: a cold rank's start-up (cold startup_s + first_step_s)")
+    warm = whole.get("warm")
+    if not isinstance(warm, dict):
+        why = "no warm mode in recovery.json (bench recovery --mode warm): the cold figure"
+        return [
+            ("rejoin_s", _get(cold, "recovery.json", "relaunch_s"), why),
+            ("warm_startup_s", startup, why),
+            ("standby_ready_s", *ready),
+        ]
+    return [
+        ("rejoin_s", _get(warm, "recovery.json", "relaunch_s"), "recovery.json warm.relaunch_s"),
+        (
+            "warm_startup_s",
+            round(
+                _get(warm, "recovery.json", "startup_s")
+                + _get(warm, "recovery.json", "first_step_s"),
+                4,
+            ),
+            "recovery.json warm.startup_s + first_step_s",
+        ),
+        ("standby_ready_s", *ready),
+    ]
+
+
 def calibrate(directory: str, name: str = "local-bench") -> str:
     """The profile TOML text (checked by loading it back)."""
     where = Path(directory)
@@ -139,6 +169,7 @@ def calibrate(directory: str, name: str = "local-bench") -> str:
         ),
         ("hot_swap_provision_s", 0.0, "not measured: local spares are already running hosts"),
         ("gpu_reset_s", 0.0, "not measured: no GPU to reset on a machine without one"),
+        *_warm(whole_recovery, recovery),
         ("detection", None, None),
         (
             "event_latency_s",

@@ -113,6 +113,13 @@ class CheckpointSystem:
     def first_durable_ns(capture: Capture) -> int:
         return min(capture.durable_ns.values())
 
+    def restore_from_host(self) -> tuple[Capture | None, str, float]:
+        """An in-process restart: the newest snapshot, which every surviving rank holds in
+        host memory (a replaced rank is sent it), read at the snapshot's bandwidth."""
+        if not self.captures:
+            return None, "none", 0.0
+        return self.captures[-1], "host", self._seconds(self.costs.snapshot_gbps)
+
     def restore(
         self, fault_ns: int, *, fresh_node: bool, at_most_step: int | None = None
     ) -> tuple[Capture | None, str, float]:

@@ -81,6 +81,7 @@ class FaultsMixin:
         attempt = self.actuator.attempt
         probe = int(self.profile.detection.host_probe_s * NS)
         if kind == "crash":
+            self.actuator.dead.add(node)
             self._fed.pop(rank, None)
             self._feed_later(
                 self._latency, msg.rank_exited(node, rank, self.now, attempt, exit_code=1)
@@ -96,6 +97,7 @@ class FaultsMixin:
         elif kind == "node_down":
             # the demo's node loss: its host monitor reports the node down at once (a change
             # is reported when it happens), then the exit of its killed ranks arrives
+            self.actuator.dead.add(node)
             self._fed.pop(rank, None)
             down = msg.host_report(node, self.now, attempt, faults=("node_down",))
             self._feed_later(self._latency, down)

@@ -1,7 +1,10 @@
 """The fleet's failures: a seeded trace of faults on physical nodes, the same for every strategy.
 
-Faults are Poisson per node (pooled: one job-wide rate spread uniformly over every node of the
-fleet, spares included: a spare can break too). Each interrupting fault has a kind, and each
+Faults are Poisson per node: the job's nodes draw from one pooled stream (the job-wide rate
+spread uniformly over them), and each spare from a stream of its own at the same per-node rate
+(a spare can break too). The streams are seeded apart (common random numbers): the job's nodes
+see the same faults whatever the number of spares, and spare *k* the same whatever the number
+after it, so a sweep over spares compares strategies, not traces. Each interrupting fault has a kind, and each
 kind reaches the sensor by its own path (see :mod:`goodput.simulate.world`):
 
 * ``crash`` — a rank's process dies (software bug, NCCL error): its exit is reported;
@@ -75,17 +78,25 @@ def node_names(job: JobSpec) -> list[str]:
 
 
 def make_trace(job: JobSpec, model: FailureModel, seed: int) -> list[Fault]:
-    """The faults of one fleet over the job's hours, in time order."""
-    rng = random.Random(seed)
+    """The faults of one fleet over the job's hours, in time order: the job's nodes from one
+    stream, each spare from its own (so the spare count moves no fault of the job's nodes)."""
     nodes = node_names(job)
+    faults = _faults(random.Random(f"{seed}/job"), nodes[: job.nodes], model, job)
+    for spare in nodes[job.nodes :]:
+        faults += _faults(random.Random(f"{seed}/{spare}"), [spare], model, job)
+    faults.sort(key=lambda f: f.at_s)
+    return faults
+
+
+def _faults(rng: random.Random, nodes: list[str], model: FailureModel, job: JobSpec) -> list[Fault]:
+    """One stream's faults on ``nodes``: at the job's per-node rates, pooled over them."""
     horizon = job.hours * 3600.0
     weights = [getattr(model, kind) for kind in INTERRUPTING]
-    total_weight = sum(weights)
     faults: list[Fault] = []
-    # the rate is the job's (its nodes); spares break at the same per-node rate
-    per_node_day = model.interruptions_per_day / job.nodes
-    rate = per_node_day * len(nodes) / 86_400.0
-    if rate > 0 and total_weight > 0:
+    # the failure model's rates are the job's (its nodes); a spare breaks at the same per node
+    share = len(nodes) / job.nodes
+    rate = model.interruptions_per_day * share / 86_400.0
+    if rate > 0 and sum(weights) > 0:
         t = rng.expovariate(rate)
         while t < horizon:
             kind = rng.choices(INTERRUPTING, weights)[0]
@@ -96,7 +107,7 @@ def make_trace(job: JobSpec, model: FailureModel, seed: int) -> list[Fault]:
             )
             faults.append(Fault(t, rng.choice(nodes), kind, repair))
             t += rng.expovariate(rate)
-    straggler_rate = model.stragglers_per_day / 86_400.0
+    straggler_rate = model.stragglers_per_day * share / 86_400.0
     if straggler_rate > 0:
         t = rng.expovariate(straggler_rate)
         while t < horizon:
@@ -105,5 +116,4 @@ def make_trace(job: JobSpec, model: FailureModel, seed: int) -> list[Fault]:
                 Fault(t, rng.choice(nodes), "straggler", duration, model.straggler_factor)
             )
             t += rng.expovariate(straggler_rate)
-    faults.sort(key=lambda f: f.at_s)
     return faults

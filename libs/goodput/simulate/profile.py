@@ -60,6 +60,15 @@ class RestartCosts(Strict):
     hot_swap_provision_s: NonNegative
     #: reset a node's GPUs while its ranks are stopped (the ``gpu-reset`` rung)
     gpu_reset_s: NonNegative
+    #: a warm restart (``RestartInProcess``): the surviving ranks unwind their step, answer
+    #: ``Rejoin`` and form the new rendezvous with the replaced ranks (no process started)
+    rejoin_s: NonNegative
+    #: after a warm restart until the first step: process groups rebuilt, the model, optimizer
+    #: and compiled state kept (a survivor) or built ahead of time (a ready standby)
+    warm_startup_s: NonNegative
+    #: a standby taken for a rank is replaced: its successor is ready after this long
+    #: (an interpreter, torch and the job's state built: a cold rank's start-up)
+    standby_ready_s: NonNegative
 
 
 class DetectionCosts(Strict):
@@ -93,7 +102,8 @@ class JobSpec(Strict):
 
 
 class FailureModel(Strict):
-    #: interrupting faults per day for the whole job (Poisson, spread over every node)
+    #: interrupting faults per day for the job's nodes (Poisson; a spare breaks at the same
+    #: per-node rate)
     interruptions_per_day: NonNegative
     #: share of each kind among the interrupting faults (they are normalised)
     crash: NonNegative

@@ -214,6 +214,10 @@ def _profile(costs: dict, measured: dict[str, list[RemediationCost]]) -> CostPro
             startup_s=costs["first_startup_s"],
             hot_swap_provision_s=0.0,
             gpu_reset_s=0.0,  # the demo's nodes have no GPU
+            # a replay's warm restarts cost what the run measured for each (MeasuredCosts)
+            rejoin_s=restart,
+            warm_startup_s=costs["first_startup_s"],
+            standby_ready_s=costs["first_startup_s"],
         ),
         detection=DetectionCosts(
             event_latency_s=0.01, decision_s=costs["decision_s"], host_probe_s=HOST_PROBE_S

@@ -3,7 +3,8 @@
 Cumulative, as the case study adds them: ``baseline`` (synchronous save to the object store
 at a fixed interval, the whole job restarted on any fault, no spares, stragglers ignored),
 then ``+async``, ``+multi-tier``, ``+hot-swap``, ``+scale-down/up``, ``+interval-tuning``,
-and ``goodput`` (everything, the built-in policy, which also evicts stragglers). The policy
+and ``goodput`` (everything: the built-in policy, which also weighs evicting stragglers, and a
+ready standby for every rank: a launch whose nodes' standbys are ready starts warm). The policy
 of each is a real policy script (or the built-in policy) run by the real controller.
 """
 
@@ -25,6 +26,9 @@ class Strategy:
     interval_tuning: bool
     #: a policy script's path, or None for the built-in policy
     policy: str | None
+    #: keep a ready standby for every rank of every node, spares included
+    #: (``StartJob.standbys`` = ranks per node), so a launch on ready nodes is warm
+    standbys: bool = False
 
 
 def _policy(package: str, name: str) -> str:
@@ -45,7 +49,7 @@ def strategies(user_policy: str | None = None) -> dict[str, Strategy]:
             Strategy("+hot-swap", True, True, True, False, hot_swap),
             Strategy("+scale-down/up", True, True, True, False, elastic),
             Strategy("+interval-tuning", True, True, True, True, elastic),
-            Strategy("goodput", True, True, True, True, user_policy),
+            Strategy("goodput", True, True, True, True, user_policy, standbys=True),
         )
     }
 

@@ -1,7 +1,10 @@
 """What-if sweeps: goodput against spares, checkpoint interval or cluster size, per strategy.
 
-Each point is a full simulation on its own seeded trace (the fleet changes with the size, so
-the trace does too; for spares and interval the job's nodes see the same faults). Sizes keep
+Each point is a full simulation on the same seed. Spares and interval use common random
+numbers: the job's nodes see the very same faults at every value (each spare draws its own
+from a stream of its own, :func:`goodput.simulate.fleet.make_trace`), so a difference between
+points is the strategy's, not the trace's. The size changes the job's nodes, so its trace
+changes with it. Sizes keep
 the per-node failure rate of the preset, so a bigger job fails proportionally more often.
 """
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import msgspec
 
 from goodput import schemas
-from goodput.control.engine import Controller, ControllerSettings, Outcome
+from goodput.control.engine import Controller, ControllerSettings
 from goodput.control.state import (
     FAILURE_KINDS,
     observe_status,
@@ -48,6 +48,7 @@ from goodput.policy.state import new_job_state
 from goodput.simulate import messages as msg
 from goodput.simulate.actuator import Execution, SimActuator
 from goodput.simulate.checkpoints import CheckpointSystem
+from goodput.simulate.decisions import DecisionsMixin
 from goodput.simulate.faults import FaultsMixin
 from goodput.simulate.fleet import Fault, StepFault, node_names
 from goodput.simulate.ledger import Ledger, WorkMark
@@ -75,7 +76,7 @@ class Result:
     final_interval_steps: int
 
 
-class World(FaultsMixin):
+class World(FaultsMixin, DecisionsMixin):
     def __init__(
         self,
         job: JobSpec,
@@ -131,7 +132,14 @@ class World(FaultsMixin):
         self.controller = Controller(strategy.policy, settings)
         if self.controller.script is not None and self.controller.script.load_error:
             raise SimulateError(self.controller.script.load_error)
-        self.actuator = SimActuator(JOB, membership, profile.restart, measured)
+        self.actuator = SimActuator(
+            JOB,
+            membership,
+            profile.restart,
+            measured,
+            standbys_per_node=job.gpus_per_node if strategy.standbys else 0,
+            start_ns=T0,
+        )
         every = max(1, round(job.checkpoint_interval_s / job.step_time_s))
         if strategy.multi_tier:
             # the object store keeps the job's cadence; the cheap local tier saves k× as often
@@ -181,6 +189,7 @@ class World(FaultsMixin):
         self._slow_key: tuple = ()
         self._straggle_changes = 0
         self._slow = 1.0
+        self.actuator.broken = self._broken
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -190,6 +199,8 @@ class World(FaultsMixin):
             self._at(T0 + int(fault.at_s * NS), self._fault, fault)
         self._feed(schemas.RunStarted(job=JOB, ts=T0, run_id="sim", command_id="sim"))
         self._launch(None)
+        if self.actuator.ready_at:
+            self._at(min(self.actuator.ready_at.values()), self._standbys_ready)
         heap = self._heap
         end = self.end
         while not self._stopped:
@@ -279,75 +290,6 @@ class World(FaultsMixin):
             self._reshape()
         self._at(self.now + int(self.profile.detection.decision_s * NS), self._decide, signal)
 
-    # ---- the controller ---------------------------------------------------------------------
-
-    def _decide(self, signal: schemas.Signal) -> None:
-        self._apply(self.controller.handle(self.state, signal, self.now))
-
-    def _apply(self, outcome: Outcome) -> None:
-        self.state = outcome.state
-        decision = outcome.decision
-        if decision is None:
-            return
-        self.decisions += 1
-        self.rules[decision.rule] += 1
-        if decision.error and self.strategy.policy and self.controller.script is not None:
-            raise SimulateError(decision.error)
-        relaunching = False
-        for command in outcome.commands:
-            if isinstance(command, schemas.SetCheckpointInterval):
-                self.ckpt.set_interval(command.every_steps)
-                continue
-            execution = self.actuator.execute(command, self.now)
-            if execution is None:
-                continue
-            if execution.relaunch:
-                relaunching = True
-                self._at(execution.stops_ns, self._stop_group, execution)
-                if execution.cost is not None and execution.cost.trained_on_steps:
-                    self._step_s = execution.cost.trained_on_pace_s  # it trains on, slower
-            self._at(execution.done_ns, self._executed, execution)
-        if not relaunching and decision.signal_id and self.ledger.phase in ("detect", "decide"):
-            self.ledger.switch(self.now, "down")  # stalled and nobody restarts it: job down
-        if self.state.deferred:
-            self._at(min(d.until_ts for d in self.state.deferred), self._due)
-
-    def _due(self) -> None:
-        for outcome in self.controller.due(self.state, self.now):
-            self._apply(outcome)
-
-    # ---- the actuator -----------------------------------------------------------------------
-
-    def _stop_group(self, execution: Execution) -> None:
-        """The worker group stops: a running job saves first (SIGTERM), a failed one is lost."""
-        if self._failure_ns is None and self.ledger.phase in ("running", "saving"):
-            self.ckpt.capture(self.step, self.now, self.ledger.mark(self.now))
-        self._gen += 1
-        self._next_step = None
-        reason = schemas.kind_of(type(execution.command))
-        for rank, fed in self._fed.items():
-            self._feed(
-                msg.rank_exited(
-                    fed.node, rank, self.now, self.actuator.attempt - 1, signal=9, reason=reason
-                )
-            )
-        self._fed.clear()
-        self.ledger.switch(self.now, "restart")
-
-    def _executed(self, execution: Execution) -> None:
-        if execution.relaunch:
-            self.ckpt.relaunched()  # the ranks start before the actuator answers
-        self.state = observe_status(self.state, self.actuator.status(self.now), self.now)
-        self._apply(self.controller.settle(self.state, execution.result, self.now))
-        if execution.stopped:
-            self._stopped = True
-            self.ledger.switch(self.now, "down")
-            self.ledger.book(self.end)
-        elif execution.relaunch:
-            if isinstance(execution.command, schemas.Restart):
-                self._gpus_reset(list(execution.command.reset_gpus))
-            self._launch(execution)
-
     # ---- training -----------------------------------------------------------------------------
 
     def _launch(self, execution: Execution | None) -> None:
@@ -359,10 +301,14 @@ class World(FaultsMixin):
         gen = self._gen
         cost = execution.cost if execution is not None else None
         if execution is not None:
-            capture, tier, restore_s = self.ckpt.restore(
-                self._failure_ns or self.now,
-                fresh_node=fresh,
-                at_most_step=cost.restored_step if cost is not None else None,
+            capture, tier, restore_s = (
+                self.ckpt.restore_from_host()
+                if execution.in_process and cost is None
+                else self.ckpt.restore(
+                    self._failure_ns or self.now,
+                    fresh_node=fresh,
+                    at_most_step=cost.restored_step if cost is not None else None,
+                )
             )
             mark = capture.work if capture else self._start_mark
             self.step = capture.step if capture else 0
@@ -382,6 +328,8 @@ class World(FaultsMixin):
         elif execution is None and self.measured is not None:
             self._startup_s = self.measured.first_startup_s
             self._step_s = self.measured.first_step_time_s or self.job.step_time_s
+        elif execution is not None and execution.warm:
+            self._startup_s = self.profile.restart.warm_startup_s
         else:
             self._startup_s = self.profile.restart.startup_s
         self._failure_ns = None
@@ -449,7 +397,7 @@ class World(FaultsMixin):
         if self._until_step is not None and self.step >= self._until_step:
             self._finish()
             return
-        self.state = record_step_time(self.state, step_time)
+        self.state = record_step_time(self.state, step_time, self.now)
         solo = len(self.actuator.membership.active) * self.job.gpus_per_node == 1
         due = self.ckpt.due(self.step, solo=solo)
         if due and not self.ckpt.busy(self.now):

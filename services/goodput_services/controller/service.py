@@ -251,7 +251,7 @@ class ControllerService(Service):
                 await self._decide(state, event, now)
             case schemas.StepDone(rank=0) if state is not None:
                 state = record_capabilities(state, event)
-                self._set_state(record_step_time(state, event.step_time_s))
+                self._set_state(record_step_time(state, event.step_time_s, now))
             case schemas.CheckpointSaved(rank=0) | schemas.CheckpointPersisted(rank=0) if (
                 state is not None
             ):

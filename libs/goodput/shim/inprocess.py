@@ -8,9 +8,8 @@ training loop is the shim's (:func:`run_in_process`), so the shim can unwind a s
    hang is woken by one): the step is abandoned with whatever it half did;
 2. the process group is *aborted* (:mod:`goodput.shim.group_abort`: closing its connections
    makes every peer blocked on this rank fail at once; a graceful destroy could wait on a dead
-   peer). On an NCCL group the ``Rejoin`` itself starts the abort, from the bus link's
-   thread: a rank blocked in an NCCL collective whose peer died never fails on its own, the
-   abort frees it (a gloo collective fails by itself; see ``GroupAbort.on_command``). The
+   peer). The ``Rejoin`` itself starts the abort, from the bus link's thread: a rank blocked
+   in an NCCL collective whose peer died never fails on its own, the abort frees it. The
    abort is bounded: one that does not return within ``abort_timeout_s`` (a wedged
    communicator) answers the Rejoin with that reason and exits, never half-rejoined, and the
    controller decides a cold restart naming it;

@@ -63,16 +63,6 @@ def abort_groups() -> None:
     _ABORT_ALL()
 
 
-def hangs_on_a_dead_peer(groups: list[dist.ProcessGroup]) -> bool:
-    """Whether a collective of ``groups`` can block forever on a dead peer (an NCCL
-    communicator: only an abort frees it). A gloo collective fails once the peer's connection
-    closes, and gloo's abort frees nothing, so a ``Rejoin`` aborting a gloo group from the bus
-    link's thread only pulls torch's registry from under the running step: a DDP hook then
-    raises between two buckets, this rank skips collectives its peers go on waiting in, and
-    two survivors blocked on each other in the old group never fail (py-spy, issue 23)."""
-    return any("nccl" in dist.get_backend_config(group) for group in groups)
-
-
 def process_groups() -> list[dist.ProcessGroup]:
     """Every process group of this process (torch's registry; none before the first)."""
     if not dist.is_initialized():
@@ -89,15 +79,9 @@ class GroupAbort:
     link's); ``abort`` defaults to :func:`abort_groups`.
     """
 
-    def __init__(
-        self, abort: Callable[[], None] = abort_groups, *, on_command: bool | None = None
-    ) -> None:
+    def __init__(self, abort: Callable[[], None] = abort_groups) -> None:
         self._abort = abort
         self._held = process_groups()
-        #: whether a Rejoin starts this abort from the bus link's thread (default: where a
-        #: collective can hang on a dead peer, :func:`hangs_on_a_dead_peer`); otherwise the
-        #: step unwinds at its next check, or when its collective fails
-        self.on_command = hangs_on_a_dead_peer(self._held) if on_command is None else on_command
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None

@@ -91,9 +91,8 @@ class RejoinMailbox:
         self._abort: GroupAbort | None = None
 
     def arm(self, abort: GroupAbort) -> GroupAbort:
-        """Start ``abort`` when a Rejoin is accepted, where it is ``on_command`` (NCCL): the
-        command frees a loop blocked in a collective on a dead peer (an NCCL kernel spins
-        until its communicator is aborted). A gloo loop unwinds at its next check instead."""
+        """Start ``abort`` when a Rejoin is accepted: the command frees a loop blocked in a
+        collective on a dead peer (an NCCL kernel spins until its communicator is aborted)."""
         with self._cond:
             self._abort = abort
         return abort
@@ -110,7 +109,7 @@ class RejoinMailbox:
                 return False
             self._pending = command
             self._cond.notify_all()
-            if self._abort is not None and self._abort.on_command:
+            if self._abort is not None:
                 self._abort.start()
             return True
 

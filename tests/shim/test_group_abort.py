@@ -5,8 +5,10 @@ reported by its deadline; the Rejoin command itself starts the abort."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -60,6 +62,20 @@ def test_a_real_group_is_aborted_and_a_new_one_forms_in_the_same_process() -> No
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_the_aborted_group_is_freed_by_the_release_not_by_whoever_held_it_last() -> None:
+    """A DDP reducer freeing the group holds the GIL, and deadlocks when a collective is still
+    in flight (``goodput.shim.group_abort``): the abort keeps the group until ``release``."""
+    _gloo_group()
+    group = weakref.ref(dist.group.WORLD)
+    abort = GroupAbort()
+    assert abort.wait(30) == ""
+    gc.collect()
+    assert group() is not None, "torch's registry is empty: only the abort holds the group"
+    abort.release().join(10)
+    gc.collect()
+    assert group() is None
 
 
 def test_an_abort_that_never_returns_is_reported_by_its_deadline(wedged: WedgedAbort) -> None:

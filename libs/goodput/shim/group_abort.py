@@ -8,6 +8,20 @@ stuck in a collective is freed by the command), and the rank waits for it with a
 abort that does not return (a wedged communicator, a driver call that never comes back) must
 not leave the rank half-rejoined: it says why (:meth:`GroupAbort.wait`), answers the Rejoin
 with that reason and exits, and the controller decides a cold restart naming it.
+
+The aborted groups are also *freed* here, never by whatever else held them. Freeing a gloo
+group joins its worker threads, and a worker still running a collective (a DDP bucket whose
+peer has not answered) finishes it with the work future's callbacks, which take the GIL when
+they are Python (a DDP comm hook's ``then``). torch frees a group without the GIL only when
+the last reference is a Python ``ProcessGroup``; DDP's C++ ``Reducer`` frees it *holding* the
+GIL, so a rank dropping its DDP wrapper after an abort (which emptied torch's registry, so the
+reducer held the last reference) deadlocked: seen with py-spy on a rank that never answered its
+``Rejoin`` (main thread in ``~Reducer`` → ``~ProcessGroupGloo`` → ``thread::join``, the gloo
+worker in ``setError`` → the hook's callback → ``gil_scoped_acquire``). :class:`GroupAbort`
+holds every group from its creation, so no other holder is ever the last, and
+:meth:`GroupAbort.release` drops them on a thread of its own, without the GIL, once the job let
+go of them: the rank goes on rejoining while the old group's last collectives end (a peer's
+connection closing, or the group's timeout) and its connections close.
 """
 
 from __future__ import annotations
@@ -49,8 +63,17 @@ def abort_groups() -> None:
     _ABORT_ALL()
 
 
+def process_groups() -> list[dist.ProcessGroup]:
+    """Every process group of this process (torch's registry; none before the first)."""
+    if not dist.is_initialized():
+        return []
+    # private: torch has no public list of a process's groups (checked in torch 2.13)
+    return list(distributed_c10d._world.pg_map)
+
+
 class GroupAbort:
-    """One abort of this process's groups, on a daemon thread, waited on with a deadline.
+    """One abort of this process's groups, on a daemon thread, waited on with a deadline; it
+    holds the groups from its creation until :meth:`release` (see the module docstring).
 
     :meth:`start` is idempotent and may be called from any thread (the training loop's, the bus
     link's); ``abort`` defaults to :func:`abort_groups`.
@@ -58,6 +81,7 @@ class GroupAbort:
 
     def __init__(self, abort: Callable[[], None] = abort_groups) -> None:
         self._abort = abort
+        self._held = process_groups()
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,6 +111,15 @@ class GroupAbort:
                 "(a wedged communicator); this process cannot form a new group"
             )
         return self._error
+
+    def release(self) -> threading.Thread:
+        """Drop this hold on the groups (after the job dropped its own: DDP) on a daemon
+        thread, where freeing them waits for their last collectives without the GIL; the
+        thread ends once they are freed."""
+        held, self._held = self._held, []
+        thread = threading.Thread(target=held.clear, name="group-release", daemon=True)
+        thread.start()
+        return thread
 
     def _run(self) -> None:
         try:

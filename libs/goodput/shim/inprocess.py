@@ -181,6 +181,7 @@ def run_in_process(
             _rejoin(shim, job, command, backend, group_timeout_s)
             abort = mailbox.arm(GroupAbort())
             outcome.restarts += 1
+    abort.release()  # the job destroys its groups itself at its end, not the interpreter's exit
     shim.finish(job.state_dict(), job.step)
     return outcome
 
@@ -242,12 +243,16 @@ def _abandon_step(
 
 def _leave_group(job: ResumableJob, abort: GroupAbort, timeout_s: float) -> str:
     """Abort, never destroy: closing this rank's connections makes peers blocked on it fail
-    now, and nothing here waits on a peer that may be dead. Returns "" once out of the group,
-    else why not (the abort did not return within ``timeout_s`` of its start, or failed)."""
+    now, and nothing here waits on a peer that may be dead. The groups are freed by
+    ``abort.release`` (off this thread, without the GIL), never by the job's DDP reducer, which
+    frees them holding the GIL and deadlocks on a collective still in flight
+    (:mod:`goodput.shim.group_abort`). Returns "" once out of the group, else why not (the
+    abort did not return within ``timeout_s`` of its start, or failed)."""
     abort.start()
     job.release_group()
     stuck = abort.wait(timeout_s)
-    gc.collect()
+    gc.collect()  # the job's last holders of the groups (reference cycles) go first
+    abort.release()
     return stuck
 
 

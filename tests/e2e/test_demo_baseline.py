@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import goodput_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.longest]
 
 #: every remediation, in the order the full scenario first calls for each
 REMEDIATIONS = [

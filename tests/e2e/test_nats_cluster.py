@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
 from goodput.accounting.sources import replay_from_bus
 from goodput.bus import Bus
+from goodput.bus.client import retry_transient
 from goodput.rank_env import knobs
 from tests.conftest import goodput_cli
 from tests.stack.helpers import job_on_stack, wait_for_results
@@ -54,26 +54,24 @@ async def _restart_leader_of(bus: Bus, stream: str, state_dir: Path) -> None:
 
 async def _commands(bus: Bus) -> list[str]:
     """The ids of every command the commands stream holds for the job's services (commands to
-    the ranks are read by the shim, which records no result); read to the last one, however
-    slowly the loaded cluster answers."""
-    subscription = await bus.js.pull_subscribe(
-        f"gp.{JOB}.cmd.>",
-        stream=subjects.COMMANDS_STREAM,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+    the ranks are read by the shim, which records no result), each read by its sequence from
+    the stream's leader: a consumer created on a cluster that has just lost a server can sit
+    unready past any fetch timeout (one fetched nothing for 20 s in a clean-clone run)."""
+    info = await retry_transient(
+        lambda: bus.js.stream_info(subjects.COMMANDS_STREAM), deadline_s=60, what="stream info"
     )
-    ids: list[str] = []
-    try:
-        while True:
-            batch = await subscription.fetch(500, timeout=20)
-            ids += [
-                schemas.decode_command(m.data).command_id
-                for m in batch
-                if m.subject != subjects.command(JOB, subjects.TRAINER)
-            ]
-            if batch[-1].metadata.num_pending == 0:
-                return ids
-    finally:
-        await subscription.unsubscribe()
+    prefix, ids = f"gp.{JOB}.cmd.", []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        message = await retry_transient(
+            lambda seq=seq: bus.js.get_msg(subjects.COMMANDS_STREAM, seq),
+            deadline_s=60,
+            what=f"command {seq}",
+        )
+        if message.subject.startswith(prefix) and message.subject != subjects.command(
+            JOB, subjects.TRAINER
+        ):
+            ids.append(schemas.decode_command(message.data).command_id)
+    return ids
 
 
 async def test_a_job_outlives_two_nats_servers_killed_in_turn(tmp_path: Path) -> None:

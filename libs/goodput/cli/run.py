@@ -181,13 +181,7 @@ def run_in_cluster(args: argparse.Namespace, argv: list[str], console: Console) 
         print(f"goodput run: {exc}", file=sys.stderr)
         return 2
     start = start_command(args, args.job, argv, workdir=args.workdir or "")
-    console.print(f"sending job {start.job} to the actuator on {url}")
-    try:
-        watcher = follow(args, settings, start, console, remote=True)
-    except BusUnavailableError as exc:
-        print(f"goodput run: {exc}", file=sys.stderr)
-        return 1
-    return report(args, watcher, console)
+    return _send_and_follow(args, settings, start, console, f"the actuator on {url}")
 
 
 def run_on_agents(args: argparse.Namespace, argv: list[str], console: Console) -> int:
@@ -211,7 +205,18 @@ def run_on_agents(args: argparse.Namespace, argv: list[str], console: Console) -
         print(f"goodput run: {exc}", file=sys.stderr)
         return 2
     start = start_command(args, args.job, argv, workdir=args.workdir or os.getcwd())
-    console.print(f"sending job {start.job} to the agents' actuator on {url}")
+    return _send_and_follow(args, settings, start, console, f"the agents' actuator on {url}")
+
+
+def _send_and_follow(
+    args: argparse.Namespace,
+    settings: BusSettings,
+    start: schemas.StartJob,
+    console: Console,
+    actuator: str,
+) -> int:
+    """Send ``start`` to a remote stack's actuator and follow the job to its end."""
+    console.print(f"sending job {start.job} to {actuator}")
     try:
         watcher = follow(args, settings, start, console, remote=True)
     except BusUnavailableError as exc:

@@ -481,6 +481,41 @@ async def test_the_job_finishes_when_every_rank_pod_exits_zero(rig) -> None:
     assert "saved and stopped" in await backend.stop("done")
 
 
+class LateAnsweringApi(FakeKubernetesApi):
+    """FAKE API server that answers the attempt's last pod creation only once the backend has
+    reported every pod's exit: a short job whose pods ran and exited 0 on a fast kubelet while
+    the API server was slow to answer the create call."""
+
+    def __init__(self, nodes: list[client.V1Node], recorder: Recorder, pods: int):
+        super().__init__(nodes)
+        self.recorder, self.pods_per_attempt = recorder, pods
+
+    def create_namespaced_pod(self, namespace: str, body: client.V1Pod) -> client.V1Pod:
+        created = super().create_namespaced_pod(namespace, body)
+        if len(self.created) == self.pods_per_attempt:
+            for pod in self.created:
+                self.exit(pod.metadata.name, 0)
+            for _ in range(1000):  # a bound on waiting, not a speed requirement
+                if len(self.recorder.of(schemas.RankExited)) == self.pods_per_attempt:
+                    break
+                time.sleep(0.01)
+        return created
+
+
+async def test_pods_that_all_exit_zero_before_the_launch_returns_leave_the_job_finished() -> None:
+    recorder = Recorder()
+    api = LateAnsweringApi([_node("gpu-a", POOL)], recorder, pods=2)
+    backend = _backend(api, recorder)
+    try:
+        await backend.start_job(_start(nodes=1, spares=0))
+        statuses = [e.state for e in recorder.of(schemas.JobStatus)]
+        # one status, and no "running" after it (a follower would wait for its end forever)
+        assert (statuses, backend.state) == (["finished"], "finished")
+        assert [e.exit_code for e in recorder.of(schemas.RankExited)] == [0, 0]
+    finally:
+        await backend.shutdown()
+
+
 async def test_a_pod_that_vanished_while_the_watch_was_down_is_reported(rig, monkeypatch) -> None:
     backend, api, recorder = rig
     monkeypatch.setattr(kubernetes_watch, "WATCH_RETRY_S", 0.01)

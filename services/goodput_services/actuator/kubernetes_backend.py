@@ -106,6 +106,8 @@ class KubernetesBackend(MembershipBackend):
         self.state: str = "stopped"
         #: the current attempt's pods, in rank order
         self.ranks: list[RankPod] = []
+        #: an attempt's pods are being created: whether it finished is the launch's to say
+        self._launching = False
         #: every pod this backend knows that has not been seen deleted yet
         self.pods = RankPods(api, options.namespace, self._rank_exited, options.delete_margin_s)
         self.standbys = PodStandbys(api, options.namespace, self._standby_pod, self._report)
@@ -310,6 +312,7 @@ class KubernetesBackend(MembershipBackend):
             for local_rank in range(membership.procs_per_node)
         ]
         port = self.rendezvous_port(self.attempt)
+        self._launching = True
         try:
             warm = []
             if standbys:
@@ -327,6 +330,12 @@ class KubernetesBackend(MembershipBackend):
             self.state = "failed"
             await self._report(str(exc))
             raise
+        finally:
+            self._launching = False
+        if self._finished():  # every pod ran and exited 0 while the others were created
+            self.state = "finished"
+            await self._report("every rank pod exited 0")
+            return
         self.state = state if state != "starting" else "running"
         await self._keep_standbys()
         await self._report(detail)
@@ -511,6 +520,9 @@ class KubernetesBackend(MembershipBackend):
                 "pod %s of an earlier run ended (exit %s, signal %s)", entry.name, exit_code, sig
             )
             return
+        # decided before any await, so exactly one exit finds the attempt complete; mid-launch
+        # a "running" status would follow this one: the launch says it instead
+        finished = entry in self.ranks and not self._launching and self._finished()
         await self.emit(
             schemas.RankExited(
                 job=self.job,
@@ -523,7 +535,10 @@ class KubernetesBackend(MembershipBackend):
                 expected_reason=entry.expected_reason,
             )
         )
-        finished = bool(self.ranks) and all(r.succeeded for r in self.ranks)
-        if entry in self.ranks and finished and self.state != "finished":
+        if finished:
             self.state = "finished"
             await self._report("every rank pod exited 0")
+
+    def _finished(self) -> bool:
+        """Every pod of the current attempt exited 0 (each reports its exit once)."""
+        return bool(self.ranks) and all(r.succeeded for r in self.ranks)

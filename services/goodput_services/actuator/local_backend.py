@@ -51,6 +51,8 @@ class RankProcess:
     process: asyncio.subprocess.Process
     expected_reason: str = ""
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: its watcher saw it exit (the process's own returncode is set earlier, by the loop)
+    exited: bool = False
 
 
 class LocalBackend(MembershipBackend):
@@ -89,6 +91,8 @@ class LocalBackend(MembershipBackend):
         self.attempt = 0
         self.state: str = "stopped"
         self.ranks: list[RankProcess] = []
+        #: an attempt's ranks are being started: whether it finished is the launch's to say
+        self._launching = False
         self._lock = asyncio.Lock()
         self.standbys = StandbyPool(self.state_dir / "logs" / "standbys", self._report)
         self._keeper: asyncio.Task[None] | None = None
@@ -247,10 +251,18 @@ class LocalBackend(MembershipBackend):
         port = free_port()
         logs = self._logs()
         membership = self.membership
-        for node_index, node in enumerate(membership.active):
-            for local_rank in range(membership.procs_per_node):
-                rank = node_index * membership.procs_per_node + local_rank
-                await self._start_rank(node, node_index, rank, local_rank, port, logs, standbys)
+        self._launching = True
+        try:
+            for node_index, node in enumerate(membership.active):
+                for local_rank in range(membership.procs_per_node):
+                    rank = node_index * membership.procs_per_node + local_rank
+                    await self._start_rank(node, node_index, rank, local_rank, port, logs, standbys)
+        finally:
+            self._launching = False
+        if self._finished():  # every rank ran and exited 0 while the others were started
+            self.state = "finished"
+            await self._report("every rank exited 0")
+            return
         self.state = state if state != "starting" else "running"
         await self._report(detail)
 
@@ -338,6 +350,10 @@ class LocalBackend(MembershipBackend):
 
     async def _watch(self, entry: RankProcess) -> None:
         returncode = await entry.process.wait()
+        entry.exited = True
+        # decided before any await, so exactly one exit finds the attempt complete; mid-launch
+        # a "running" status would follow this one: the launch says it instead
+        finished = entry in self.ranks and not self._launching and self._finished()
         await self.emit(
             schemas.RankExited(
                 job=self.job,
@@ -350,10 +366,13 @@ class LocalBackend(MembershipBackend):
                 expected_reason=entry.expected_reason,
             )
         )
-        finished = all(r.process.returncode == 0 for r in self.ranks)
-        if entry in self.ranks and finished and self.state != "finished":
+        if finished:
             self.state = "finished"
             await self._report("every rank exited 0")
+
+    def _finished(self) -> bool:
+        """Every rank of the current attempt was seen exiting 0."""
+        return bool(self.ranks) and all(r.exited and r.process.returncode == 0 for r in self.ranks)
 
 
 def _signal_group(pid: int, sig: int) -> None:

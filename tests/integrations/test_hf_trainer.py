@@ -140,3 +140,32 @@ def test_a_plan_that_does_not_match_the_trainer_is_refused(
     monkeypatch.setattr(sys.modules[__name__], "PLAN", BatchPlan(global_batch=32, lr=LR))
     with pytest.raises(ValueError, match="micro_batch"):
         train(tmp_path)
+
+
+@pytest.mark.timeout(600)  # four Trainer processes, two of them side by side
+def test_after_two_to_one_ranks_the_trainer_goes_on_with_the_plans_global_batches(
+    tmp_path: Path,
+) -> None:
+    """Two ranks of one node train data parallel (the Trainer's own sharded sampler) and are
+    stopped mid-epoch; one rank resumes with ``keep_global_batch``: it accumulates two
+    micro-batches a step and trains on the same global batches, in the same order, as one
+    rank that ran the plan from the start."""
+    from tests.integrations.hf_rank import PLAN as RANK_PLAN
+    from tests.integrations.hf_rank import run_ranks
+
+    outs = {name: tmp_path / name for name in ("reference", "two", "one")}
+    for out in outs.values():
+        out.mkdir()
+    (reference,) = run_ranks(tmp_path / "reference-ckpt", outs["reference"], world=1)
+    assert reference["accumulation"] == 2 and len(reference["steps"]) == 10
+    two = run_ranks(tmp_path / "ckpt", outs["two"], world=2, stop_at=6)
+    assert [r["accumulation"] for r in two] == [1, 1]
+    for step, (zero, one, whole) in enumerate(
+        zip(two[0]["steps"], two[1]["steps"], reference["steps"][:6], strict=True)
+    ):
+        assert len(zero) == len(one) == RANK_PLAN.micro_batch, step  # each its own shard
+        assert sorted(zero + one) == sorted(whole), step
+    (resumed,) = run_ranks(tmp_path / "ckpt", outs["one"], world=1)
+    assert (resumed["restored"], resumed["global_step"]) == (6, 10)
+    assert (resumed["accumulation"], resumed["lr"]) == (2, RANK_PLAN.lr)
+    assert resumed["steps"] == reference["steps"][6:]

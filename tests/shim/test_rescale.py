@@ -18,6 +18,7 @@ from goodput.shim import (
     keep_global_batch,
     scale_lr,
 )
+from goodput.shim.rescale import BUILTIN_RULES
 from goodput.shim.restore_result import METADATA_KEY
 
 PLAN = BatchPlan(global_batch=12, micro_batch=2, lr=0.01)
@@ -136,6 +137,33 @@ def test_scale_down_then_up_comes_back_to_the_plan(tmp_path: Path) -> None:
     result = up.restore(state_of(*training_state()))
     assert result is not None and result.step == 7 and result.saved_layout.dp_size == 1  # type: ignore[union-attr]
     assert result.plan.global_batch == 12 and math.isclose(result.plan.lr, PLAN.lr)  # type: ignore[union-attr]
+
+
+#: (global batch, accumulation steps, LR factor) after 2 -> 1 and back to 2 data-parallel ranks
+#: under each rule the example job and the demo take by name (``--rescale``)
+NAMED = {
+    "keep-global-batch": [(12, 6, 1.0), (12, 3, 1.0)],
+    "linear-lr": [(6, 3, 0.5), (12, 3, 1.0)],
+    "sqrt-lr": [(6, 3, math.sqrt(0.5)), (12, 3, 1.0)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_each_named_rule_scales_down_and_back_up(tmp_path: Path, name: str) -> None:
+    assert set(NAMED) == set(BUILTIN_RULES)
+    save_at(tmp_path, 2)
+    for step, world_size in ((7, 1), (8, 2)):
+        resumer = shim(tmp_path, world_size)
+        for callback in BUILTIN_RULES[name]():
+            resumer.on_rescale(callback)
+        result = resumer.restore(state_of(*training_state()))
+        assert result is not None and result.rescaled and result.plan is not None
+        batch, accumulation, factor = NAMED[name][world_size == 2]
+        assert result.plan.global_batch == batch
+        assert result.plan.accumulation_steps(world_size) == accumulation
+        assert math.isclose(result.plan.lr, PLAN.lr * factor)
+        resumer.save(result.state, step)
+        resumer.finish(result.state, step)
 
 
 def test_adjust_schedule_counts_samples_not_steps(tmp_path: Path) -> None:

@@ -1,11 +1,13 @@
 """Leaving a broken process group in bounded time: a real gloo group is aborted and a new one
 forms in the same process; an abort that never returns (``WedgedAbort``, a FAKE standing in
 for ``ncclCommAbort`` on a wedged communicator, which needs a GPU to happen for real) is
-reported by its deadline; the Rejoin command itself starts the abort."""
+reported by its deadline; the Rejoin command itself starts the abort; a gloo group's abort
+cuts its connections, so a survivor waiting on a survivor fails at once."""
 
 from __future__ import annotations
 
 import gc
+import json
 import threading
 import time
 import weakref
@@ -20,6 +22,7 @@ from goodput import schemas
 from goodput.bus.embedded import free_port
 from goodput.shim.group_abort import GroupAbort
 from goodput.shim.inprocess import RejoinMailbox
+from tests.shim.gloo_cut_rank import HOLD_S, start_ranks
 
 
 class WedgedAbort:
@@ -127,3 +130,22 @@ def test_an_accepted_rejoin_starts_the_armed_abort_and_an_old_one_does_not(
     old = schemas.Rejoin(job="j", attempt=2, master_addr="h", master_port=1, world_size=2)
     assert not mailbox.offer(old) and not abort.started
     assert mailbox.offer(msgspec.structs.replace(old, attempt=3)) and abort.started
+
+
+@pytest.mark.timeout(300)
+def test_a_gloo_abort_fails_a_survivor_waiting_on_the_aborting_survivor() -> None:
+    """Rank 2 dies during an all-reduce; rank 1 fails and aborts its groups; rank 0, waiting
+    on rank 1, fails as soon as rank 1's connections are cut. torch's gloo abort alone leaves
+    it waiting until rank 1's process ends (HOLD_S) or the group times out."""
+    ranks = start_ranks(cut=True)
+    try:
+        out, err = ranks[0].communicate(timeout=240)
+        assert ranks[0].returncode == 0, err.decode(errors="replace")[-3000:]
+        zero = json.loads(out.decode().splitlines()[-1])
+        assert zero["failed_after_s"] < HOLD_S / 2, zero  # a bound, not a speed requirement
+    finally:
+        for process in ranks:
+            process.kill()
+        outputs = [process.communicate()[0].decode() for process in ranks]
+    one = json.loads(outputs[1].splitlines()[-1])
+    assert one["abort"] == "", one

@@ -22,6 +22,10 @@ holds every group from its creation, so no other holder is ever the last, and
 :meth:`GroupAbort.release` drops them on a thread of its own, without the GIL, once the job let
 go of them: the rank goes on rejoining while the old group's last collectives end (a peer's
 connection closing, or the group's timeout) and its connections close.
+
+A gloo group is not aborted by torch at all (a no-op): its connections are cut instead
+(:mod:`goodput.shim.group_sockets`), which fails every collective waiting on this rank, here
+and on its peers, as a peer's death would.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
+
+from goodput.shim.group_sockets import cut
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +82,15 @@ class GroupAbort:
     holds the groups from its creation until :meth:`release` (see the module docstring).
 
     :meth:`start` is idempotent and may be called from any thread (the training loop's, the bus
-    link's); ``abort`` defaults to :func:`abort_groups`.
+    link's); ``abort`` defaults to :func:`abort_groups`. ``sockets`` are the groups'
+    connections (:func:`goodput.shim.group_sockets.opened_by`), cut once ``abort`` returned.
     """
 
-    def __init__(self, abort: Callable[[], None] = abort_groups) -> None:
+    def __init__(
+        self, abort: Callable[[], None] = abort_groups, sockets: frozenset[int] = frozenset()
+    ) -> None:
         self._abort = abort
+        self._sockets = sockets
         self._held = process_groups()
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -124,6 +134,8 @@ class GroupAbort:
     def _run(self) -> None:
         try:
             self._abort()
+            if self._sockets:
+                log.info("cut %d connection(s) of the aborted group", cut(self._sockets))
         except Exception as exc:  # the rank reports it (a failed abort is a failed restart)
             log.exception("the process group abort failed")
             self._error = f"its process group abort failed: {exc}"

@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from goodput import schemas
 from goodput.shim.group_abort import ABORT_TIMEOUT_S, GroupAbort
+from goodput.shim.group_sockets import opened_by
 from goodput.shim.rescale import BatchPlan
 from goodput.shim.step_protocol import RestartRequested, end_step
 
@@ -147,9 +148,12 @@ def run_in_process(
     group_timeout_s: float = 300.0,
     rejoin_wait_s: float = REJOIN_WAIT_S,
     abort_timeout_s: float = ABORT_TIMEOUT_S,
+    group_sockets: frozenset[int] = frozenset(),
 ) -> RunOutcome:
     """Restore, train to ``total_steps`` (or a stop), checkpoint as agreed, finish; a failed
-    step is unwound and resumed in this process after a Rejoin (see the module docstring)."""
+    step is unwound and resumed in this process after a Rejoin (see the module docstring).
+    ``group_sockets``: the current group's connections, cut by its abort
+    (:mod:`goodput.shim.group_sockets`; ``run_job`` knows them, a script's own group not)."""
     mailbox = shim.enable_in_process_restart()
     backend = dist.get_backend() if dist.is_initialized() else None
     if not _restore(shim, job):
@@ -157,7 +161,7 @@ def run_in_process(
         # to where a cold start of every rank would begin, and it cannot rebuild that state
         shim.save(job.state_dict(), job.step)
     outcome = RunOutcome(first_step=job.step, step=job.step, stopped=False)
-    abort = mailbox.arm(GroupAbort())
+    abort = mailbox.arm(GroupAbort(sockets=group_sockets))
     while True:
         try:
             _train(shim, job, total_steps, stop_at, outcome)
@@ -178,8 +182,8 @@ def run_in_process(
                 log.error("cannot rejoin attempt %d: %s", command.attempt, stuck)
                 shim.answer_rejoin(command, ok=False, detail=stuck)
                 raise RuntimeError(f"cannot rejoin: {stuck}") from exc
-            _rejoin(shim, job, command, backend, group_timeout_s)
-            abort = mailbox.arm(GroupAbort())
+            sockets = _rejoin(shim, job, command, backend, group_timeout_s)
+            abort = mailbox.arm(GroupAbort(sockets=sockets))
             outcome.restarts += 1
     abort.release()  # the job destroys its groups itself at its end, not the interpreter's exit
     shim.finish(job.state_dict(), job.step)
@@ -262,7 +266,8 @@ def _rejoin(
     command: schemas.Rejoin,
     backend: str,
     group_timeout_s: float,
-) -> None:
+) -> frozenset[int]:
+    """Join the Rejoin's rendezvous and resume; returns the new group's connections."""
     started = time.perf_counter()
     rank, world_size = shim.config.rank, shim.config.world_size
     if command.world_size != world_size:
@@ -279,8 +284,10 @@ def _rejoin(
     # on a busy host, which is no reason to give up on this one; a rendezvous that never
     # completes ends in the group timeout, and this process's exit is a crash like any other
     shim.answer_rejoin(command, ok=True, regroup_s=time.perf_counter() - started)
-    dist.init_process_group(
-        backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=group_timeout_s)
+    _, sockets = opened_by(
+        lambda: dist.init_process_group(
+            backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=group_timeout_s)
+        )
     )
     job.regroup()
     if not _restore(shim, job):
@@ -288,3 +295,4 @@ def _rejoin(
         raise RuntimeError("no checkpoint every rank holds: this rank cannot resume in step")
     shim.set_busy("")
     log.info("rejoined attempt %d in process; resuming at step %d", command.attempt, job.step)
+    return sockets

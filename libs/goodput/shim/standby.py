@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from goodput.rank_env import VARIABLES, RankEnv, nccl_error_handling
 from goodput.shim.group_abort import ABORT_TIMEOUT_S
+from goodput.shim.group_sockets import opened_by
 from goodput.shim.inprocess import ResumableJob, RunOutcome
 from goodput.shim.rescale import RescaleCallback
 from goodput.shim.trainer import TrainerShim
@@ -87,12 +88,17 @@ def run_job(
     shim = TrainerShim.from_env(**shim_options)
     for callback in rescale:
         shim.on_rescale(callback)
+    sockets: frozenset[int] = frozenset()
     if shim.config.world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(
-            group_backend(backend),
-            rank=shim.config.rank,
-            world_size=shim.config.world_size,
-            timeout=timedelta(seconds=group_timeout_s),
+        chosen = group_backend(backend)
+        # its connections are known, so that an abort can cut them (gloo: group_sockets)
+        _, sockets = opened_by(
+            lambda: dist.init_process_group(
+                chosen,
+                rank=shim.config.rank,
+                world_size=shim.config.world_size,
+                timeout=timedelta(seconds=group_timeout_s),
+            )
         )
     job.regroup()
     outcome = shim.run(
@@ -101,6 +107,7 @@ def run_job(
         stop_at=stop_at,
         group_timeout_s=group_timeout_s,
         abort_timeout_s=abort_timeout_s,
+        group_sockets=sockets,
     )
     return JobRun(shim=shim, job=job, outcome=outcome)
 

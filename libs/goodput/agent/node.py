@@ -106,11 +106,8 @@ class NodeAgent:
         rejoins = await bus.nc.subscribe(
             subjects.event(self.job, schemas.kind_of(schemas.RankRejoined)), cb=self._rejoined
         )
-        tasks = [
-            asyncio.create_task(runner.run()),
-            asyncio.create_task(self._refresh(bus)),
-            asyncio.create_task(self._keep_standbys(bus)),
-        ]
+        keeper = asyncio.create_task(self._keep_standbys(bus))
+        tasks = [asyncio.create_task(runner.run()), asyncio.create_task(self._refresh(bus)), keeper]
         if self.host_report:
             tasks.append(asyncio.create_task(self._report_host(bus)))
         log.info("agent of %s serving job %s at %s", self.node, self.job, self.address)
@@ -124,6 +121,7 @@ class NodeAgent:
         for task in died:
             log.error("agent loop died", exc_info=task.exception())
         runner.stop()
+        await _cancelled([keeper])  # no standby is started while they are being stopped
         await self.ranks.stop(STOP_GRACE_S)
         await _cancelled([stop, *tasks])
         with contextlib.suppress(Exception):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
+
+import msgspec
 
 from goodput import schemas
 from goodput.agent.host import is_loopback, visible_gpus
 from goodput.bus import BusSettings
+from goodput.membership import Membership
 from goodput_services.actuator.agent_backend import AgentBackend, AgentRankEntry
 from goodput_services.actuator.agent_directory import AgentDirectory
 
@@ -56,7 +60,7 @@ async def test_a_rank_restarted_in_process_is_matched_by_its_pid_and_its_exit_en
 
     backend = AgentBackend(job="j", bus_settings=BusSettings(url="nats://x:4222"), emit=emit)
     declared = backend.capabilities()
-    assert (declared.backend, declared.standbys, declared.hot_swap) == ("agent", "none", True)
+    assert (declared.backend, declared.standbys, declared.hot_swap) == ("agent", "all", True)
     backend.run_id, backend.state, backend.attempt = "r1", "running", 3
     # rank 0 survived into attempt 3 in its process (started under attempt 1); rank 1 was
     # launched again for attempt 3 and its pid is not known yet
@@ -89,6 +93,39 @@ async def test_a_rank_restarted_in_process_is_matched_by_its_pid_and_its_exit_en
     assert backend.state == "finished"
     await asyncio.sleep(0.01)  # the status is emitted by a task of its own
     assert [e.state for e in emitted if isinstance(e, schemas.JobStatus)] == ["finished"]
+
+
+async def test_the_job_status_shows_the_ready_standbys_the_agents_of_the_job_report() -> None:
+    emitted: list[schemas.Event] = []
+
+    async def emit(event: schemas.Event) -> None:
+        emitted.append(event)
+
+    backend = AgentBackend(job="j", bus_settings=BusSettings(url="nats://x:4222"), emit=emit)
+    backend.spec = schemas.StartJob(
+        job="j", argv=["train"], nodes=1, procs_per_node=1, spares=1, standbys=1
+    )
+    backend.membership = Membership(active=["a"], spares=["b"], failed=["c"])
+    backend.standbys.begin_run("r1", 1, ["train"], "", {})
+    backend.run_id, backend.state, backend.attempt = "r1", "running", 1
+    for revision, (node, run_id, ready) in enumerate(
+        [("a", "r1", [11]), ("b", "r1", [12]), ("c", "r1", [13]), ("d", "r0", [14])], start=1
+    ):
+        record = msgspec.structs.replace(_record(node, run_id=run_id), standbys=ready)
+        assert backend.agents.apply(record, revision=revision, now=time.monotonic())
+        backend._on_record(record)
+    # the job's nodes (spares included) of this run: not a failed node's, nor another run's
+    status = backend.status()
+    assert status.standbys == {"a": [11], "b": [12]} and status.capabilities is not None
+    assert status.capabilities.standbys == "all"
+    await asyncio.sleep(0.01)  # each change is a JobStatus of its own (the policy reads it)
+    reported = [e.standbys for e in emitted if isinstance(e, schemas.JobStatus)]
+    assert reported and reported[-1] == {"a": [11], "b": [12]}
+    # the same standbys again are no news
+    before = len(emitted)
+    backend._on_record(msgspec.structs.replace(_record("a"), standbys=[11]))
+    await asyncio.sleep(0.01)
+    assert len(emitted) == before
 
 
 def test_the_host_probes() -> None:

@@ -248,7 +248,17 @@ def sample_commands() -> list[schemas.Command]:
             attempt=2,
             argv=["python", "train.py"],
             workdir="/job",
-            ranks=[schemas.RankLaunch(rank=1, local_rank=1, env={"RANK": "1"})],
+            ranks=[schemas.RankLaunch(rank=1, local_rank=1, env={"RANK": "1"}, standby=True)],
+            **common,
+        ),
+        schemas.KeepStandbys(
+            command_id="c17",
+            node="n0",
+            run_id="r1",
+            count=1,
+            argv=["python", "train.py"],
+            env={"GOODPUT_JOB": JOB},
+            at_once=True,
             **common,
         ),
         schemas.SignalRanks(

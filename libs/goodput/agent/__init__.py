@@ -2,4 +2,4 @@
 bus and starts, signals and reports that host's ranks on the actuator's commands (the
 actuator's ``agent`` backend drives it). ``host.py``: the host's address and GPUs;
 ``registry.py``: the agent's record in ``gp_agents`` (claim, refresh, read); ``ranks.py``:
-the rank processes; ``node.py``: the agent itself; ``slurm.py``: Slurm's environment."""
+the rank processes and standby ranks; ``node.py``: the agent itself; ``slurm.py``: Slurm's environment."""

@@ -2,8 +2,10 @@
 
 It holds its node name in ``gp_agents`` (refused when a live agent holds it), refreshes its
 record every second and on every change of its ranks (with a few ports free on this host: a
-rendezvous binds one), executes ``LaunchRanks``/``SignalRanks`` once each
-(``bus.commands.CommandRunner`` on ``agent-<node>``), and — unless a host monitor reports this
+rendezvous binds one), executes ``LaunchRanks``/``SignalRanks``/``KeepStandbys`` once each
+(``bus.commands.CommandRunner`` on ``agent-<node>``), makes up its standby ranks once the job
+steps after one was taken or died (as the local backend does: started while the ranks start
+up, they would slow them down), and — unless a host monitor reports this
 node — sends a host report (``HostHealth``: its ranks alive and expected) every two seconds,
 so that the sensor tells a lost node (its ranks and its reports silent) from a dead rank, and
 a node whose agent returns reports healthy again (``node_returned``). The bus going away
@@ -79,6 +81,7 @@ class NodeAgent:
             free_ports=[free_port() for _ in range(FREE_PORTS)],
             run_id=self.ranks.run_id,
             ranks=self.ranks.records(),
+            standbys=self.ranks.standbys.ready_pids().get(self.node, []),
         )
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -103,7 +106,8 @@ class NodeAgent:
         rejoins = await bus.nc.subscribe(
             subjects.event(self.job, schemas.kind_of(schemas.RankRejoined)), cb=self._rejoined
         )
-        tasks = [asyncio.create_task(runner.run()), asyncio.create_task(self._refresh(bus))]
+        keeper = asyncio.create_task(self._keep_standbys(bus))
+        tasks = [asyncio.create_task(runner.run()), asyncio.create_task(self._refresh(bus)), keeper]
         if self.host_report:
             tasks.append(asyncio.create_task(self._report_host(bus)))
         log.info("agent of %s serving job %s at %s", self.node, self.job, self.address)
@@ -117,19 +121,20 @@ class NodeAgent:
         for task in died:
             log.error("agent loop died", exc_info=task.exception())
         runner.stop()
+        await _cancelled([keeper])  # no standby is started while they are being stopped
         await self.ranks.stop(STOP_GRACE_S)
-        for task in [stop, *tasks]:
-            task.cancel()
-        await asyncio.gather(stop, *tasks, return_exceptions=True)
+        await _cancelled([stop, *tasks])
         with contextlib.suppress(Exception):
             await rejoins.unsubscribe()
             await asyncio.wait_for(registry.release(bus, self.job, self.node), 5)
 
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
         match command:
-            case schemas.LaunchRanks(node=node) | schemas.SignalRanks(node=node) if (
-                node != self.node
-            ):
+            case (
+                schemas.LaunchRanks(node=node)
+                | schemas.SignalRanks(node=node)
+                | schemas.KeepStandbys(node=node)
+            ) if node != self.node:
                 return False, f"agent of {self.node} got a command for {node}"
             case schemas.LaunchRanks() if command.ts < self.started_ts:
                 # sent to an earlier agent of this node that died before taking it: the
@@ -142,6 +147,11 @@ class NodeAgent:
                     return False, f"cannot start the ranks on {self.node}: {exc}"
             case schemas.SignalRanks():
                 return True, self.ranks.signal(command)
+            case schemas.KeepStandbys():
+                try:
+                    return True, await self.ranks.keep_standbys(command)
+                except OSError as exc:
+                    return False, f"cannot start standbys on {self.node}: {exc}"
         return False, f"a node agent does not execute {schemas.kind_of(type(command))}"
 
     async def _rejoined(self, msg) -> None:
@@ -157,6 +167,23 @@ class NodeAgent:
         assert self.bus is not None
         bus = self.bus
         await until_stored(lambda: bus.emit(event), f"reporting {schemas.kind_of(type(event))}")
+
+    async def _keep_standbys(self, bus: Bus) -> None:
+        """Start the standbys this host lacks once the job steps after one was taken or died."""
+        wanted = self.ranks.standbys.wanted
+        while True:
+            await wanted.wait()
+            try:
+                await _next_step(bus, self.job)
+            except Exception as exc:  # the bus is away: wait again once it is back
+                log.debug("no step awaited: %r", exc)
+                await asyncio.sleep(REFRESH_S)
+                continue
+            if wanted.is_set():  # not filled at once by a KeepStandbys meanwhile
+                try:
+                    await self.ranks.fill_standbys()
+                except OSError as exc:  # the job's argv or workdir is gone from this host
+                    log.warning("standbys not started on %s: %s", self.node, exc)
 
     async def _refresh(self, bus: Bus) -> None:
         while True:
@@ -186,3 +213,29 @@ class NodeAgent:
             except Exception as exc:  # a report lost to an outage is superseded by the next
                 log.debug("host report lost: %r", exc)
             await asyncio.sleep(HOST_REPORT_S)
+
+
+async def _cancelled(tasks: list[asyncio.Task]) -> None:
+    """Cancel ``tasks`` and wait until each has ended, cancelling again any that runs on: a
+    cancellation that meets a bus call in flight can be swallowed (the loop then goes on)."""
+    pending = set(tasks)
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
+
+
+async def _next_step(bus: Bus, job: str) -> None:
+    """Return once the job publishes a step after this call (it trains again)."""
+    stepped = asyncio.Event()
+
+    async def on_step(msg) -> None:
+        stepped.set()
+
+    subject = subjects.event(job, schemas.kind_of(schemas.StepDone))
+    subscription = await bus.nc.subscribe(subject, cb=on_step)
+    try:
+        await stepped.wait()
+    finally:
+        with contextlib.suppress(Exception):
+            await subscription.unsubscribe()

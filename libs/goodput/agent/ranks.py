@@ -10,6 +10,11 @@ Every start and exit is reported as the same ``RankStarted``/``RankExited`` even
 backend emits (a rank restarted in process exits as a rank of the attempt it rejoined: the
 agent follows the ranks' ``RankRejoined``), through the bus's retrying publish: an exit seen while the bus is away is
 reported when it is back.
+
+Its standby ranks (``KeepStandbys``) are the local backend's: a ``goodput.standby_pool`` of
+this host's own, whose processes die with the agent too. A rank launched with
+``RankLaunch.standby`` is a ready standby handed the rank's ``RankEnv`` (cold when none is
+ready), watched and reported from then on like a rank started cold.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from goodput import schemas
+from goodput.rank_env import RankEnv, RankEnvError
 from goodput.stack.runs import rank_log_dir, rank_log_name
+from goodput.standby_pool import StandbyPool
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +79,11 @@ class HostRanks:
         self.emit, self.changed = emit, changed
         self.run_id = ""
         self.ranks: list[RankProcess] = []
+        self.standbys = StandbyPool(
+            state_dir / "logs" / "standbys", self._standbys_changed, _die_with_parent
+        )
+        #: what the standbys were last asked for (a repeat leaves the pool as it is)
+        self._standby_config: tuple = ()
 
     # ---- what the agent reports ----------------------------------------------------------------
 
@@ -92,11 +104,8 @@ class HostRanks:
     # ---- commands ------------------------------------------------------------------------------
 
     async def launch(self, command: schemas.LaunchRanks) -> str:
-        if command.run_id != self.run_id:
-            # a new run: the earlier run's ranks are not this run's (the actuator stopped them)
-            await self._kill_all("new run")
-            self.ranks, self.run_id = [], command.run_id
-        started = []
+        await self._enter_run(command.run_id)
+        started, warm = [], []
         for spec in command.ranks:
             if any(r.rank == spec.rank and r.attempt == command.attempt for r in self.ranks):
                 continue  # a redelivered launch: that rank of that attempt runs already
@@ -104,9 +113,37 @@ class HostRanks:
             self.ranks = [
                 r for r in self.ranks if r.rank != spec.rank or r.process.returncode is None
             ]
-            started.append(await self._spawn(command, spec))
+            process = await self._from_standby(spec) if spec.standby else None
+            if process is not None:
+                warm.append(spec.rank)
+            else:
+                process = await self._spawn(command, spec)
+            await self._started(command.attempt, spec, process)
+            started.append(spec.rank)
         self.changed()
-        return f"started rank(s) {started} of attempt {command.attempt} on {self.node}"
+        done = f"started rank(s) {started} of attempt {command.attempt} on {self.node}"
+        return done + (f" ({warm} from standbys)" if warm else "")
+
+    async def keep_standbys(self, command: schemas.KeepStandbys) -> str:
+        await self._enter_run(command.run_id)
+        argv = _interpreter(command.argv)
+        config = (command.count, argv, command.workdir, command.env)
+        if config != self._standby_config:  # a repeat keeps the pool (and what it disabled)
+            self._standby_config = config
+            self.standbys.configure(command.count, argv, command.workdir or None, command.env)
+        if not command.count:
+            await self.standbys.stop()
+            return f"no standbys kept on {self.node}"
+        if command.release:
+            await self.standbys.stop()
+        if command.at_once:
+            await self.fill_standbys()
+        return f"{command.count} standby(s) kept on {self.node}"
+
+    async def fill_standbys(self) -> int:
+        """Start the standbys this host lacks (after the job's next step, or at once)."""
+        self.standbys.wanted.clear()
+        return await self.standbys.fill([self.node])
 
     def rejoined(self, event: schemas.RankRejoined) -> None:
         """A rank restarted in process is a rank of the new attempt: its exit says so."""
@@ -129,7 +166,10 @@ class HostRanks:
         return f"{command.signal} sent to rank(s) {sorted(hit)} on {self.node}"
 
     async def stop(self, grace_s: float) -> None:
-        """The agent is stopping (SIGTERM): its ranks save and exit, killed after ``grace_s``."""
+        """The agent is stopping (SIGTERM): its ranks save and exit, killed after ``grace_s``;
+        its standbys are stopped at once."""
+        self.standbys.configure(0, [], None, {})
+        await self.standbys.stop()
         alive = [r for r in self.ranks if r.process.returncode is None]
         for entry in alive:
             entry.expected_reason = "agent stopped"
@@ -142,6 +182,36 @@ class HostRanks:
 
     # ---- machinery -----------------------------------------------------------------------------
 
+    async def _enter_run(self, run_id: str) -> None:
+        """A command of a new run: the earlier run's ranks are not this run's (the actuator
+        stopped them), nor are its standbys (built with its environment)."""
+        if run_id == self.run_id:
+            return
+        await self._kill_all("new run")
+        self.standbys.configure(0, [], None, {})
+        self._standby_config = ()
+        await self.standbys.stop()
+        self.ranks, self.run_id = [], run_id
+
+    async def _standbys_changed(self, what: str) -> None:
+        self.changed()
+
+    async def _from_standby(self, spec: schemas.RankLaunch) -> asyncio.subprocess.Process | None:
+        """A ready standby of this host, now rank ``spec`` (None: the rank starts cold)."""
+        if not self.standbys.per_node:
+            log.warning("no standbys are kept on %s: rank %d starts cold", self.node, spec.rank)
+            return None
+        try:
+            env = RankEnv.from_env(spec.env)
+        except RankEnvError as exc:
+            log.warning("rank %d starts cold: its environment is no RankEnv (%s)", spec.rank, exc)
+            return None
+        standby = self.standbys.take(self.node)  # logs why when there is none
+        if standby is None or not await self.standbys.assign(standby, env):
+            return None
+        log.info("rank %d on %s: standby %d", spec.rank, self.node, standby.process.pid)
+        return standby.process
+
     async def _kill_all(self, why: str) -> None:
         for entry in self.ranks:
             if entry.process.returncode is None:
@@ -151,15 +221,14 @@ class HostRanks:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*watchers, return_exceptions=True), 10)
 
-    async def _spawn(self, command: schemas.LaunchRanks, spec: schemas.RankLaunch) -> int:
+    async def _spawn(
+        self, command: schemas.LaunchRanks, spec: schemas.RankLaunch
+    ) -> asyncio.subprocess.Process:
         logs = rank_log_dir(self.state_dir, command.attempt)
         logs.mkdir(parents=True, exist_ok=True)
-        argv = list(command.argv)
-        if argv and argv[0] in ("python", "python3"):
-            argv[0] = sys.executable  # the agent's interpreter has goodput (and torch)
         with open(logs / rank_log_name(self.node, spec.rank), "ab") as out:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
+            return await asyncio.create_subprocess_exec(
+                *_interpreter(command.argv),
                 cwd=command.workdir or None,
                 env={**os.environ, **spec.env},
                 stdin=asyncio.subprocess.DEVNULL,
@@ -168,8 +237,13 @@ class HostRanks:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+
+    async def _started(
+        self, attempt: int, spec: schemas.RankLaunch, process: asyncio.subprocess.Process
+    ) -> None:
+        """``process`` is rank ``spec`` of ``attempt`` from now on: watch it, and say so."""
         entry = RankProcess(
-            rank=spec.rank, local_rank=spec.local_rank, attempt=command.attempt, process=process
+            rank=spec.rank, local_rank=spec.local_rank, attempt=attempt, process=process
         )
         self.ranks.append(entry)
         entry.watcher = asyncio.create_task(self._watch(entry))
@@ -182,11 +256,10 @@ class HostRanks:
                 local_rank=spec.local_rank,
                 world_size=world_size,
                 pid=process.pid,
-                attempt=command.attempt,
+                attempt=attempt,
             )
         )
-        log.info("rank %d of attempt %d started: pid %d", spec.rank, command.attempt, process.pid)
-        return spec.rank
+        log.info("rank %d of attempt %d started: pid %d", spec.rank, attempt, process.pid)
 
     async def _watch(self, entry: RankProcess) -> None:
         code = await entry.process.wait()
@@ -204,6 +277,14 @@ class HostRanks:
                 expected_reason=entry.expected_reason,
             )
         )
+
+
+def _interpreter(argv: list[str]) -> list[str]:
+    """A command starting with ``python``/``python3`` runs in the agent's interpreter (it has
+    goodput, and torch)."""
+    if argv and argv[0] in ("python", "python3"):
+        return [sys.executable, *argv[1:]]
+    return list(argv)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -318,7 +318,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--standbys",
         type=count_at_least(0),
         default=0,
-        help="pre-warmed standby ranks per node, spares included (default 0; local backend): "
+        help="pre-warmed standby ranks per node, spares included (default 0; local and agent "
+        "backends; Kubernetes: the spares only): "
         "each builds the job's state ahead of time and takes a lost rank's place. The script "
         "must run its job through goodput.shim.run_job",
     )

@@ -44,3 +44,5 @@ class AgentRecord(Message, tag="agent_record", kw_only=True):
     #: the run its ranks belong to (``StartJob.run_id``; "" before the first launch)
     run_id: str = ""
     ranks: list[AgentRank] = msgspec.field(default_factory=list)
+    #: pids of the ready standby ranks it keeps for the run (``KeepStandbys``; schema 8)
+    standbys: list[int] = msgspec.field(default_factory=list)

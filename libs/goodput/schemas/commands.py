@@ -160,6 +160,9 @@ class RankLaunch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rank: int
     local_rank: int
     env: dict[str, str]
+    #: take a ready standby of the agent's host for it (``KeepStandbys``), handed the rank's
+    #: ``RankEnv`` from ``env``; with none ready the rank starts cold (schema 8)
+    standby: bool = False
 
 
 class LaunchRanks(Command, tag="launch_ranks", kw_only=True):
@@ -172,6 +175,24 @@ class LaunchRanks(Command, tag="launch_ranks", kw_only=True):
     argv: list[str]
     workdir: str = ""
     ranks: list[RankLaunch]
+
+
+class KeepStandbys(Command, tag="keep_standbys", kw_only=True):
+    """To a node agent: keep ``count`` ready standby ranks of run ``run_id`` on its host
+    (``argv`` in ``workdir`` with ``env`` and ``GOODPUT_STANDBY=1``), made up after the job's
+    next step whenever one is taken or dies; ``count`` 0 stops them (schema 8)."""
+
+    node: str
+    run_id: str = ""
+    count: int
+    argv: list[str] = msgspec.field(default_factory=list)
+    workdir: str = ""
+    #: a rank's environment but the rank's own variables (its assignment brings those)
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    #: stop the present ones (a GPU reset needs the GPU idle); made up after the next step
+    release: bool = False
+    #: start what the host lacks now, not after the next step (a scale-up waits for them)
+    at_once: bool = False
 
 
 class SignalRanks(Command, tag="signal_ranks", kw_only=True):
@@ -218,5 +239,6 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     ResetGpu,
     ReturnNode,
     LaunchRanks,
+    KeepStandbys,
     SignalRanks,
 )

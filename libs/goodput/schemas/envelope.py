@@ -30,7 +30,10 @@ import msgspec
 #: ``agent-<node>``), driven by the actuator's ``agent`` backend
 #: 7: a straggler signal carries its measured ratio (``Signal.ratio``), so the policy prices
 #: tolerating it against evicting it
-SCHEMA_VERSION = 7
+#: 8: standby ranks on node agents (``KeepStandbys`` to ``agent-<node>``,
+#: ``RankLaunch.standby``, ``AgentRecord.standbys``): the agent backend keeps them as the
+#: local one does
+SCHEMA_VERSION = 8
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

@@ -14,9 +14,9 @@ The ladder is the local backend's: cold launch, kill, in-process restart (the su
 at rank 0's agent, the dead ranks are launched again by their agents), GPU reset (through the
 node's host monitor, as on every backend), hot swap and scale. A node whose agent is gone
 (its record lapsed) cannot be launched on: a launch there fails at once, and the sensor has
-seen the node lost (its ranks died with the agent, its host reports stopped). Standbys are
-not kept: its capabilities (``JobStatus.capabilities``) declare ``standbys="none"``, so the
-policy never asks for them, and a job asking for them is refused at its start.
+seen the node lost (its ranks died with the agent, its host reports stopped). Standby ranks
+are the local backend's too, each agent keeping its host's (``agent_standbys``): on every node
+of the job, spares included (``standbys="all"`` in its capabilities).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from goodput.ckptfmt import node_volume
 from goodput.membership import Membership, check_job_shape
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.agent_directory import AgentDirectory
+from goodput_services.actuator.agent_standbys import AgentStandbys
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,8 @@ class AgentRankEntry:
 class AgentBackend(MembershipBackend):
     name = "agent"
     stop_grace_s = STOP_GRACE_S
-    #: declared in every JobStatus: the policy never asks this backend for standbys
-    standby_nodes = "none"
+    #: standbys on every node of the job, spares included, each kept by its agent
+    standby_nodes = "all"
 
     def __init__(
         self,
@@ -90,8 +91,11 @@ class AgentBackend(MembershipBackend):
         self.ranks: list[AgentRankEntry] = []
         self._lock = asyncio.Lock()
         self.agents = AgentDirectory(job)
+        self.standbys = AgentStandbys(job, self.agents, self._agent_command)
         self.bus: Bus | None = None
         self._follower: asyncio.Task[None] | None = None
+        #: ranks being stopped: out of ``ranks``, but their exits still come from the records
+        self._stopping: list[AgentRankEntry] = []
         #: rendezvous ports the run's attempts used (a new group's store needs a fresh one)
         self._used_ports: set[tuple[str, int]] = set()
 
@@ -109,10 +113,6 @@ class AgentBackend(MembershipBackend):
                     "the agent backend runs ranks as processes of the hosts' agents: a job "
                     "naming an image or GPUs per rank needs --set backend=kubernetes"
                 )
-            if spec.standbys:
-                raise RuntimeError(
-                    "the agent backend keeps no standby ranks: start the job without standbys"
-                )
             wanted = spec.nodes + spec.spares
             live = await self._wait_for_agents(wanted)
             if len(live) < wanted:
@@ -125,6 +125,13 @@ class AgentBackend(MembershipBackend):
             await self._begin_run(spec)
             await self._terminate(graceful=False, why="new run")
             self._used_ports.clear()
+            self.standbys.begin_run(
+                spec.run_id,
+                spec.standbys,
+                list(spec.argv),
+                spec.workdir,
+                self.standby_environment(),
+            )
             chosen = live[:wanted]
             self.membership = Membership(
                 active=chosen[: spec.nodes],
@@ -170,12 +177,33 @@ class AgentBackend(MembershipBackend):
     async def _start_again(
         self, dead: list[AgentRankEntry], master_addr: str, master_port: int, standbys: bool
     ) -> None:
-        """Each dead rank launched again by its node's agent (no standbys here)."""
+        """Each dead rank launched again by its node's agent (from a ready standby of its host
+        with ``standbys``)."""
         for entry in dead:
             self.ranks.remove(entry)
         await self._launch_ranks(
-            [(e.node, e.rank, e.local_rank) for e in dead], master_addr, master_port
+            [(e.node, e.rank, e.local_rank) for e in dead], master_addr, master_port, standbys
         )
+
+    # ---- standbys (agent_standbys) -----------------------------------------------------------
+
+    def _standby_pids(self) -> dict[str, list[int]]:
+        if self.membership is None:
+            return {}
+        return self.standbys.ready([*self.membership.active, *self.membership.spares])
+
+    async def _release_standbys(self, nodes: list[str] | None) -> None:
+        await self.standbys.release(nodes)
+
+    async def _warm_standbys(self, nodes: list[str]) -> None:
+        await self.standbys.warm(nodes)
+
+    async def return_node(self, node: str) -> str:
+        done = await super().return_node(node)
+        async with self._lock:  # a spare again: it keeps standbys for the next hot swap
+            if self.membership is not None:
+                await self.standbys.sync([*self.membership.active, *self.membership.spares])
+        return done
 
     # ---- machinery ---------------------------------------------------------------------------
 
@@ -221,15 +249,23 @@ class AgentBackend(MembershipBackend):
             ],
             address,
             port,
+            standbys,
         )
         self.state = state if state != "starting" else "running"
         await self._report(detail)
+        # the nodes of the job keep the run's standbys; a node that left it keeps none
+        await self.standbys.sync([*membership.active, *membership.spares])
 
     async def _launch_ranks(
-        self, ranks: list[tuple[str, int, int]], master_addr: str, master_port: int
+        self,
+        ranks: list[tuple[str, int, int]],
+        master_addr: str,
+        master_port: int,
+        standbys: bool = False,
     ) -> None:
         """Have the agents start ``ranks`` (node, rank, local rank) as ranks of the current
-        attempt; raises when an agent refuses or does not answer in time."""
+        attempt (from their hosts' ready standbys with ``standbys``); raises when an agent
+        refuses or does not answer in time."""
         assert self.spec is not None and self.membership is not None
         # every node's agent first: no rank is recorded for a launch that cannot be sent
         records = {node: self._live_record(node) for node, _, _ in ranks}
@@ -246,7 +282,7 @@ class AgentBackend(MembershipBackend):
                 volume=node_volume(Path(record.state_dir), node, self.job),
             )
             by_node.setdefault(node, []).append(
-                schemas.RankLaunch(rank=rank, local_rank=local_rank, env=env)
+                schemas.RankLaunch(rank=rank, local_rank=local_rank, env=env, standby=standbys)
             )
             self.ranks.append(
                 AgentRankEntry(node=node, rank=rank, local_rank=local_rank, attempt=self.attempt)
@@ -300,13 +336,16 @@ class AgentBackend(MembershipBackend):
         lost = sorted({r.node for r in alive} - set(reachable))
         if lost:
             log.warning("ranks on %s not stopped: no live agent there", ", ".join(lost))
-        waiting = [r for r in alive if r.node in reachable]
-        await self._signal(reachable, "term" if graceful else "kill", why)
-        if graceful and not await _exited(waiting, STOP_GRACE_S):
-            log.warning("ranks ignored SIGTERM for %.0f s; killing them", STOP_GRACE_S)
-            await self._signal(reachable, "kill", why)
-        if not await _exited(waiting, KILL_WAIT_S):
-            log.warning("agents did not report every stopped rank within %.0f s", KILL_WAIT_S)
+        waiting = self._stopping = [r for r in alive if r.node in reachable]
+        try:
+            await self._signal(reachable, "term" if graceful else "kill", why)
+            if graceful and not await _exited(waiting, STOP_GRACE_S):
+                log.warning("ranks ignored SIGTERM for %.0f s; killing them", STOP_GRACE_S)
+                await self._signal(reachable, "kill", why)
+            if not await _exited(waiting, KILL_WAIT_S):
+                log.warning("agents did not report every stopped rank within %.0f s", KILL_WAIT_S)
+        finally:
+            self._stopping = []
 
     async def _signal(self, nodes: list[str], signal: str, why: str) -> None:
         commands = [
@@ -325,12 +364,16 @@ class AgentBackend(MembershipBackend):
             log.warning("%s", exc)
 
     def _on_record(self, record: schemas.AgentRecord) -> None:
-        """An agent's report: its ranks' pids and exits (of this run only)."""
+        """An agent's report: its ranks' pids and exits, its ready standbys (of this run
+        only)."""
         if record.run_id != self.run_id or not self.run_id:
             return
+        if self.standbys.changed(record) and self.state == "running":
+            # the policy reads the ready standbys from the newest JobStatus
+            untraced_task(self._report(f"standbys of {record.node}: {record.standbys}"))
         by_attempt = {(r.rank, r.attempt): r for r in record.ranks}
         by_pid = {(r.rank, r.pid): r for r in record.ranks}
-        for entry in self.ranks:
+        for entry in [*self.ranks, *self._stopping]:
             if entry.node != record.node:
                 continue
             # a rank restarted in process keeps its pid (its attempt moved on with the job's)
@@ -348,6 +391,7 @@ class AgentBackend(MembershipBackend):
         if self.ranks and finished and self.state == "running":
             self.state = "finished"
             untraced_task(self._report("every rank exited 0"))
+            untraced_task(self.standbys.release(None))  # the run is over: so are its standbys
 
 
 async def _exited(entries: list[AgentRankEntry], timeout_s: float) -> bool:

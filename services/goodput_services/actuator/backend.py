@@ -424,6 +424,17 @@ class MembershipBackend(ABC):
         """
         return settings_to_env(self.bus_settings)
 
+    def standby_environment(self) -> dict[str, str]:
+        """What a standby of the run is started with: a rank's environment but the rank's own
+        variables, which its assignment brings (``goodput.standby_pool``)."""
+        assert self.spec is not None
+        return {
+            **self.spec.env,
+            **self.rank_bus_environment(),
+            VARIABLES["job"]: self.job,
+            "PYTHONUNBUFFERED": "1",
+        }
+
     def rank_environment(self, **where: Any) -> dict[str, str]:
         """What a rank is told, as torchrun would tell it, plus what the trainer shim reads
         (``where``: the arguments of :meth:`rank_env`) and the NCCL error handling an

@@ -5,7 +5,7 @@ MASTER_ADDR/MASTER_PORT for the rendezvous), plus GOODPUT_* variables for the tr
 Every remediation relaunches the worker group with a fresh rendezvous port: a collective
 group cannot take back a rank that died, so "in-job restart" means new rank processes under
 the same, still-running supervisor — or, for a job started with standbys and a command that
-asks for them, ready standby processes (``standbys.py``) handed the rank instead.
+asks for them, ready standby processes (``goodput.standby_pool``) handed the rank instead.
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from goodput.bus.embedded import free_port
 from goodput.bus.settings import FILE_FIELDS
 from goodput.ckptfmt import node_volume
 from goodput.membership import Membership, check_job_shape
-from goodput.rank_env import VARIABLES
 from goodput.stack.runs import rank_log_dir, rank_log_name
+from goodput.standby_pool import StandbyPool
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
-from goodput_services.actuator.standbys import StandbyPool
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ class LocalBackend(MembershipBackend):
     """Launches, watches and replaces rank processes; reports every change as an event."""
 
     name = "local"
-    #: standby processes on every node of the job, spares included (``standbys.py``)
+    #: standby processes on every node of the job, spares included (``goodput.standby_pool``)
     standby_nodes = "all"
     stop_grace_s = STOP_GRACE_S
 
@@ -113,13 +112,9 @@ class LocalBackend(MembershipBackend):
             await self._terminate(graceful=False, why="new run")
             await self.standbys.stop()
             self.membership = Membership.initial(spec.nodes, spec.spares, spec.procs_per_node)
-            standby_env = {
-                **spec.env,
-                **self.rank_bus_environment(),
-                VARIABLES["job"]: self.job,
-                "PYTHONUNBUFFERED": "1",
-            }
-            self.standbys.configure(spec.standbys, spec.argv, spec.workdir or None, standby_env)
+            self.standbys.configure(
+                spec.standbys, spec.argv, spec.workdir or None, self.standby_environment()
+            )
             if spec.standbys and self._keeper is None:
                 self._keeper = untraced_task(self._keep_standbys())
             await self._launch("starting", "job started")

@@ -1,10 +1,11 @@
-"""Pre-warmed standby ranks of the local backend: processes that have imported torch and built
-the job's state (``goodput.shim.run_job``) and wait, on a channel of their own
-(``goodput.standby_channel``), to be told which rank they are.
+"""Pre-warmed standby ranks as processes of this host: processes that have imported torch and
+built the job's state (``goodput.shim.run_job``) and wait, on a channel of their own
+(``goodput.standby_channel``, the local flavour), to be told which rank they are.
 
-The actuator owns rank processes, so it owns these too: it starts them (``StartJob.standbys``
-per node, spares included), learns when each is ready, hands one a rank's environment instead
-of starting a process, and stops them with the run. A standby that dies is forgotten at once
+Whoever starts a host's rank processes owns these too — the local backend's actuator for its
+nodes, a node agent for its own host: it starts them (``StartJob.standbys`` per node, spares
+included), learns when each is ready, hands one a rank's environment instead of starting a
+process, and stops them with the run. A standby that dies is forgotten at once
 (a launch never waits on it: that rank starts cold) and replaced by the next replenishment;
 one that dies before it was ever ready means the job's script does not serve standbys, so its
 node gets no more (each said in the log).
@@ -47,9 +48,13 @@ class Standby:
 class StandbyPool:
     """Standby processes per node for one run of the job."""
 
-    def __init__(self, logs: Path, changed: Changed) -> None:
+    def __init__(
+        self, logs: Path, changed: Changed, preexec_fn: Callable[[], None] | None = None
+    ) -> None:
         self.logs = logs
         self.changed = changed
+        #: run in each standby between fork and exec (an agent's standbys die with it)
+        self.preexec_fn = preexec_fn
         self.per_node = 0
         self.argv: list[str] = []
         self.cwd: str | None = None
@@ -175,6 +180,7 @@ class StandbyPool:
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=self.preexec_fn,
                 )
         finally:
             theirs.close()

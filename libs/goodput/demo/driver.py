@@ -13,7 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from goodput.chaos import spec as faults
@@ -124,11 +124,16 @@ class Driver:
             return self._job_stepping_since(time.monotonic(), attempt_after=0)
         match fault.action:
             case "slow-rank":
+                # recorded as played: the replay and the report read its real duration
+                played = replace(fault, duration_s=fault.slow_for_s(self.watcher.step_time_s()))
                 spec = faults.SlowRank(
-                    rank=fault.rank, factor=fault.factor, duration_s=fault.duration_s
+                    rank=fault.rank, factor=fault.factor, duration_s=played.duration_s
                 )
                 self._in_background(fire(spec, self.ctx))
-                self._record(fault, node, True, fault.describe().split(", ", 1)[1])
+                what = played.describe().split(", ", 1)[1]
+                if played.duration_s > fault.duration_s:
+                    what += f" ({fault.min_slow_steps} slowed steps at the job's pace)"
+                self._record(played, node, True, what)
                 # it runs alongside what follows: the next fault comes at its own step
                 return self._job_stepping_since(time.monotonic(), attempt_after=0)
             case "terminate-node":

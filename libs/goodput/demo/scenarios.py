@@ -33,9 +33,12 @@ class DemoFault:
     #: fail-node: for a job that went on without the node, it is back at this fraction of the
     #: steps instead (None: on the wall clock too)
     repair_at: float | None = None
-    #: slow-rank: how much slower, and for how long
+    #: slow-rank: how much slower, and for how long: ``duration_s``, and at least
+    #: ``min_slow_steps`` slowed steps at the job's pace when it fires (a straggler is judged
+    #: over steps: on a loaded machine 60 s can be too few of them to judge at all)
     factor: float = 3.0
     duration_s: float = 60.0
+    min_slow_steps: int = 30
 
     def describe(self) -> str:
         what = {
@@ -53,6 +56,10 @@ class DemoFault:
             "terminate-node": f"node taken away: SIGTERM to every rank on rank {self.rank}'s node",
         }[self.action]
         return f"at {self.at:.0%} of the steps, {what}"
+
+    def slow_for_s(self, step_time_s: float) -> float:
+        """How long a slow-rank fault lasts, given the job's step time before it."""
+        return max(self.duration_s, self.min_slow_steps * self.factor * step_time_s)
 
     def repair_due(self, *, down_s: float, step: int, steps: int, job_waits: bool) -> bool:
         """Whether the node this fault took down is back, ``down_s`` wall seconds after it failed.

@@ -14,10 +14,13 @@ stay gloo's, every read on them returns end of file and every send fails, exactl
 peer process dies, so each collective waiting on this rank fails now on every peer. Listening
 sockets are left alone (gloo's listener thread aborts the process when ``accept`` fails).
 
-The group's sockets are those its creation opened (:func:`opened_by`): ``run_job`` and the
-in-process rejoin create their groups through it. A group the user's script created itself is
-not known here, and its gloo connections are not cut. Linux only (``/proc/self/fd``); elsewhere
-no socket is found and nothing is cut.
+The group's sockets are the TCP connections its creation opened (:func:`opened_by`): ``run_job``
+and the in-process rejoin create their groups through it. Other threads open sockets
+meanwhile — the shim's bus link connects while the rendezvous waits, and once a cut of its
+connection dropped the bus at the moment the rank had to answer its ``Rejoin`` — so the
+connections to the bus's servers are spared. A group the user's script created itself is not
+known here, and its gloo connections are not cut. Linux only (``/proc/self``); elsewhere no
+socket is found and nothing is cut.
 """
 
 from __future__ import annotations
@@ -27,8 +30,12 @@ import os
 import socket
 from collections.abc import Callable, Iterable
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 T = TypeVar("T")
+
+#: the port of a bus URL that names none
+DEFAULT_NATS_PORT = 4222
 
 _FDS = "/proc/self/fd"
 
@@ -45,12 +52,37 @@ def socket_inodes() -> dict[int, int]:
     return found
 
 
-def opened_by(create: Callable[[], T]) -> tuple[T, frozenset[int]]:
-    """``create()``'s result and the sockets it opened and left open (a process group's
-    connections to its peers and to its store, when ``create`` forms one)."""
+def tcp_ports() -> dict[int, tuple[int, int]]:
+    """TCP sockets of this process's network namespace: inode -> (local port, remote port)."""
+    found: dict[int, tuple[int, int]] = {}
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            next(rows, None)  # the header
+            for row in rows:
+                fields = row.split()
+                local, remote = (int(end.rsplit(":", 1)[1], 16) for end in fields[1:3])
+                found[int(fields[9])] = (local, remote)
+    return found
+
+
+def ports_of(urls: str) -> frozenset[int]:
+    """The ports of comma-separated server URLs (``nats://a:4222,nats://b:4223``)."""
+    return frozenset(
+        urlsplit(url.strip()).port or DEFAULT_NATS_PORT for url in urls.split(",") if url.strip()
+    )
+
+
+def opened_by(
+    create: Callable[[], T], sparing: frozenset[int] = frozenset()
+) -> tuple[T, frozenset[int]]:
+    """``create()``'s result and the TCP connections opened while it ran and still open (a
+    process group's to its peers and its store, when ``create`` forms one), but for those to a
+    remote port in ``sparing`` (the bus's servers)."""
     before = socket_inodes().keys()
     result = create()
-    return result, frozenset(socket_inodes().keys() - before)
+    opened = socket_inodes().keys() - before
+    ports = tcp_ports()
+    return result, frozenset(i for i in opened if i in ports and ports[i][1] not in sparing)
 
 
 def cut(inodes: Iterable[int]) -> int:

@@ -287,7 +287,8 @@ def _rejoin(
     _, sockets = opened_by(
         lambda: dist.init_process_group(
             backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=group_timeout_s)
-        )
+        ),
+        sparing=shim.bus_ports(),
     )
     job.regroup()
     if not _restore(shim, job):

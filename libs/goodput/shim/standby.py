@@ -98,7 +98,8 @@ def run_job(
                 rank=shim.config.rank,
                 world_size=shim.config.world_size,
                 timeout=timedelta(seconds=group_timeout_s),
-            )
+            ),
+            sparing=shim.bus_ports(),
         )
     job.regroup()
     outcome = shim.run(

@@ -34,6 +34,7 @@ from goodput.rank_env import EXIT_TERMINATED
 from goodput.shim.agree import agree_min, all_reduce_min, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
 from goodput.shim.config import ShimConfig
+from goodput.shim.group_sockets import ports_of
 from goodput.shim.injected_faults import InjectedFaults
 from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
@@ -327,6 +328,11 @@ class TrainerShim:
         """Drive ``job`` (a :class:`~goodput.shim.inprocess.ResumableJob`) to ``total_steps``
         with in-process restart; see :func:`goodput.shim.inprocess.run_in_process`."""
         return run_in_process(self, job, total_steps, **options)
+
+    def bus_ports(self) -> frozenset[int]:
+        """The ports of the bus's servers: a process group's abort never cuts those
+        connections (:mod:`goodput.shim.group_sockets`)."""
+        return ports_of(self.link.settings.url) if self.link is not None else frozenset()
 
     def enable_in_process_restart(self) -> RejoinMailbox:
         if self._rejoins is None:

@@ -20,6 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+#: the sensor's straggler threshold in the demo (the replay sets the same). A dozen processes
+#: share this machine's cores: for ten steps a healthy rank is often 1.4× its peer, and once
+#: 1.81× (a quiet full demo, whose false eviction took the spare its node loss then lacked),
+#: while the scenario's 4× straggler measures 3.5×
+STRAGGLER_RATIO = 2.5
+
 DemoAction = Literal["kill-rank", "hang-rank", "slow-rank", "fail-node", "terminate-node"]
 
 

@@ -27,7 +27,7 @@ from goodput.accounting import GoodputReport, compute_goodput, replay_from_bus
 from goodput.bus import Bus, BusSettings
 from goodput.chaos.targets import ChaosContext
 from goodput.demo.driver import Driver
-from goodput.demo.scenarios import DemoScenario
+from goodput.demo.scenarios import STRAGGLER_RATIO, DemoScenario
 from goodput.policies import restart_whole_job
 from goodput.simulate.measure import measured_costs
 from goodput.stack.launcher import start_stack, stop_stack, wait_healthy
@@ -61,9 +61,7 @@ class RunPlan:
     rescale: str = "keep-global-batch"
 
 
-#: a dozen processes share this machine's cores: for ten steps a healthy rank is often 1.4×
-#: its peer, while the scenario's straggler is 4× slower
-STRAGGLER = "thresholds={straggler_ratio=1.8}"
+STRAGGLER = f"thresholds={{straggler_ratio={STRAGGLER_RATIO}}}"
 
 
 def service_flags(setup: Setup) -> dict[str, list[str]]:

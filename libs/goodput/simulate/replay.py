@@ -18,6 +18,7 @@ from pathlib import Path
 from goodput.control.checkpoint_interval import IntervalSettings
 from goodput.control.crash_loop import CrashLoopLimits
 from goodput.control.engine import ControllerSettings
+from goodput.demo.scenarios import STRAGGLER_RATIO
 from goodput.detect.thresholds import Thresholds
 from goodput.simulate.fleet import StepFault
 from goodput.simulate.profile import (
@@ -44,7 +45,7 @@ DEMO_SETTINGS = ControllerSettings(
     checkpoint_interval=IntervalSettings(prior_mtbf_s=120.0),
     crash_loop=CrashLoopLimits(window_s=20.0, max_restarts=3, backoff_s=5.0, max_backoffs=3),
 )
-DEMO_THRESHOLDS = Thresholds(straggler_ratio=1.8)
+DEMO_THRESHOLDS = Thresholds(straggler_ratio=STRAGGLER_RATIO)
 #: the host monitor's probe period on the demo's nodes (seconds)
 HOST_PROBE_S = 1.0
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import socket
 import threading
 import time
 import weakref
@@ -149,3 +151,17 @@ def test_a_gloo_abort_fails_a_survivor_waiting_on_the_aborting_survivor() -> Non
         outputs = [process.communicate()[0].decode() for process in ranks]
     one = json.loads(outputs[1].splitlines()[-1])
     assert one["abort"] == "", one
+
+
+def test_a_wedged_abort_still_cuts_the_groups_connections(wedged: WedgedAbort) -> None:
+    """The cut comes first: an abort that never returns must not leave a collective blocked
+    on a peer (the peer's end sees the connection closed at once)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        ours = socket.create_connection(server.getsockname())
+        theirs, _ = server.accept()
+        with ours, theirs:
+            abort = GroupAbort(wedged, sockets=frozenset({os.fstat(ours.fileno()).st_ino}))
+            assert "within 0.5 s" in abort.wait(0.5)
+            assert wedged.calls == 1
+            theirs.settimeout(10)
+            assert theirs.recv(1) == b""

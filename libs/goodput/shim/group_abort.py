@@ -83,7 +83,8 @@ class GroupAbort:
 
     :meth:`start` is idempotent and may be called from any thread (the training loop's, the bus
     link's); ``abort`` defaults to :func:`abort_groups`. ``sockets`` are the groups'
-    connections (:func:`goodput.shim.group_sockets.opened_by`), cut once ``abort`` returned.
+    connections (:func:`goodput.shim.group_sockets.opened_by`), cut before ``abort`` is called
+    (an abort that hangs must not keep a collective blocked on a peer).
     """
 
     def __init__(
@@ -133,9 +134,10 @@ class GroupAbort:
 
     def _run(self) -> None:
         try:
-            self._abort()
+            # first: what frees a gloo collective blocked on a peer, whatever the abort does
             if self._sockets:
                 log.info("cut %d connection(s) of the aborted group", cut(self._sockets))
+            self._abort()
         except Exception as exc:  # the rank reports it (a failed abort is a failed restart)
             log.exception("the process group abort failed")
             self._error = f"its process group abort failed: {exc}"

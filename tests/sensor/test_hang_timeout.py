@@ -65,6 +65,42 @@ def test_a_hang_on_a_0_1_s_step_is_found_within_3_s(seed: int) -> None:
     assert "timeout" in hang.detail and "p95" in hang.detail, hang.detail
 
 
+def frozen(run: Run, events, seconds: float) -> list:
+    """Rank 1 finishes one more step and is then frozen whole (SIGSTOP: no step, no
+    heartbeat); rank 0 waits on it in the next collective, heartbeating its last step."""
+    end = events[-1][0]
+    last = max(e.step for _, e in events if isinstance(e, schemas.StepDone))
+    ahead = schemas.StepDone(
+        job=JOB, node=run.node_of(1), rank=1, step=last + 1, step_time_s=run.step_s,
+        tokens=1024, loss=1.0, world_size=run.world_size,
+    )  # fmt: skip
+    beats = [
+        (
+            end + int(b * run.heartbeat_s * NS),
+            schemas.Heartbeat(job=JOB, node=run.node_of(0), rank=0, pid=1000, step=last),
+        )
+        for b in range(1, int(seconds / run.heartbeat_s) + 1)
+    ]
+    return [(end + int(0.05 * NS), ahead), *beats]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_frozen_rank_is_a_missed_heartbeat_not_its_waiting_peers_hang(seed: int) -> None:
+    """The waiting peer's learnt hang timeout (1.5 s) comes before the frozen rank's heartbeat
+    timeout: blaming the waiting rank restarted it in process, and the frozen one never
+    answered (bench detect, 2 of 3 quiet runs)."""
+    run = fast_run(seed)
+    run.nodes, run.ranks_per_node = 2, 1
+    detector = Detector(JOB)
+    events = run.events(400)
+    assert feed(detector, events) == []
+    signals = feed(detector, frozen(run, events, 20.0))
+    # no host reports here: the frozen rank's node is lost; its waiting peer is collateral
+    assert [(s.signal, s.node) for s in signals] == [("missed_heartbeat", run.node_of(1))], [
+        s.detail for s in signals
+    ]
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_noisy_sub_second_steps_and_saves_raise_no_hang(seed: int) -> None:
     run = fast_run(seed)

@@ -87,6 +87,14 @@ def check_hang(
         # queue is read (a hang keeps its peers' heartbeats coming)
         run.hang_deadlines.arm(rank_id, now + poll_ns)
         return []
+    quiet = quiet_rank_deadline(run, t, now)
+    if quiet is not None:
+        # a rank frozen whole (SIGSTOP, a process wedged with its heartbeat thread) looks hung,
+        # and makes every rank waiting on it look hung, before it looks silent; the laggard
+        # rule would then blame a waiting rank. Its missed heartbeat decides first, and this
+        # stall is that incident's collateral
+        run.hang_deadlines.arm(rank_id, quiet)
+        return []
     rank.hang_reported = True
     waiting = ""
     behind = laggard(run, rank)
@@ -124,6 +132,22 @@ def check_hang(
         observed_ns=observed,
         now=now,
     )
+
+
+def quiet_rank_deadline(run: RunState, t: Thresholds, now: int) -> int | None:
+    """The earliest heartbeat deadline still ahead of a live rank whose heartbeats are late
+    (silent past two of its own gaps and two polling periods), if any. A rank not
+    heartbeating yet (starting) is not late: it has its own allowance."""
+    poll_ns = t.heartbeat_polling_period_s * NS
+    pending = [
+        deadline
+        for other in run.ranks.values()
+        if other.alive
+        and other.heartbeat_step is not None
+        and now - other.last_heartbeat_ns > 2 * max(other.heartbeat_gap_ns, poll_ns)
+        and (deadline := heartbeat_deadline(other, t)) > now
+    ]
+    return min(pending) if pending else None
 
 
 def laggard(run: RunState, rank: RankRecord) -> int | None:

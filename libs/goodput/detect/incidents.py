@@ -2,8 +2,8 @@
 
 A node that has been reported is not reported again — unless it was for a correctable fault and
 is now found lost or broken (uncorrectable): a rank silent after its hang was reported, whose
-node then turns out gone, must still be replaced. While a correctable incident is open,
-further correctable failures are its collateral; a straggler is reported once per node. A rank
+node then turns out gone, must still be replaced. While an incident is open, further
+correctable failures are its collateral; a straggler is reported once per node. A rank
 (re)start closes its node's incident and the job's open one, and moves the epoch (the attempt)
 that signal ids are derived from.
 """
@@ -49,10 +49,10 @@ class Incidents:
         before = self.reported_nodes.get(node)
         if before is not None and (before == "uncorrectable" or severity != "uncorrectable"):
             return []
-        if severity == "correctable":
-            if self.open:
-                return []  # collateral of the open incident
-            self.open = True
+        if severity == "correctable" and self.open:
+            return []  # collateral of the open incident
+        # a node lost opens one too: the ranks left waiting on it look hung next
+        self.open = True
         self.reported_nodes[node] = severity
         return [self.signal(kind, node, rank, severity, detail, observed_ns=observed_ns, now=now)]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import select
 import socket
 import threading
 import time
@@ -145,11 +146,16 @@ def test_a_gloo_abort_fails_a_survivor_waiting_on_the_aborting_survivor() -> Non
         assert ranks[0].returncode == 0, err.decode(errors="replace")[-3000:]
         zero = json.loads(out.decode().splitlines()[-1])
         assert zero["failed_after_s"] < HOLD_S / 2, zero  # a bound, not a speed requirement
+        # rank 1 says how its abort ended once the abort call returned: after its cut freed
+        # rank 0, so it is waited for, not killed first
+        assert ranks[1].stdout is not None
+        ready, _, _ = select.select([ranks[1].stdout], [], [], 60)
+        assert ready, "rank 1 never said how its abort ended"
+        one = json.loads(ranks[1].stdout.readline())
     finally:
         for process in ranks:
             process.kill()
-        outputs = [process.communicate()[0].decode() for process in ranks]
-    one = json.loads(outputs[1].splitlines()[-1])
+            process.communicate()
     assert one["abort"] == "", one
 
 

@@ -27,22 +27,10 @@ from goodput.agent.node import NodeAgent
 from goodput.bus import Bus, BusSettings
 from goodput.bus.embedded import EmbeddedNats
 from goodput.rank_env import RankEnv
+from tests.actuator.test_standbys import STANDBY_SCRIPT
 from tests.agent.test_node_agent import JOB, _holder, _running, _until
 from tests.stack.helpers import EventTap
 
-# says ready, takes its assignment, then is a rank (started cold: a rank at once)
-STANDBY_SCRIPT = (
-    "import os, time\n"
-    "from goodput.rank_env import RankEnv\n"
-    "from goodput.standby_channel import await_assignment\n"
-    "if RankEnv.from_env().standby:\n"
-    "    env = await_assignment()\n"
-    "    os.environ.pop('GOODPUT_STANDBY')\n"
-    "    os.environ.update(env.to_env())\n"
-    "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'on',\n"
-    "      os.environ['GOODPUT_NODE'], 'attempt', os.environ['GOODPUT_ATTEMPT'], flush=True)\n"
-    "time.sleep(600)\n"
-)
 ARGV = ["python", "-c", STANDBY_SCRIPT]
 
 

@@ -376,6 +376,23 @@ class MembershipBackend(ABC):
     async def _report(self, detail: str) -> None:
         await self.emit(self.status(detail))
 
+    async def _launched(self, state: str, finished_detail: str) -> bool:
+        """Every rank of the attempt is started: the job is ``state`` ("starting" reads as
+        running) — unless every rank already exited 0 while the others were started, which
+        the exits left for the launch to say (a "running" would follow a "finished"). True
+        when the attempt runs (its status is then the caller's to report)."""
+        if self._finished():
+            self.state = "finished"
+            await self._report(finished_detail)
+            return False
+        self.state = state if state != "starting" else "running"
+        return True
+
+    def _finished(self) -> bool:
+        """Every rank of the current attempt was seen exiting 0 (a backend that decides a
+        launch's end from its ranks' exits overrides it)."""
+        return False
+
     async def _prepare_volumes(self) -> None:
         """Before a relaunch: a swapped-in or returning node has an empty or stale volume."""
         if self.attempt <= 1 or self.prepare_node is None or self.membership is None:

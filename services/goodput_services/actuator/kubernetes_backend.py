@@ -332,13 +332,9 @@ class KubernetesBackend(MembershipBackend):
             raise
         finally:
             self._launching = False
-        if self._finished():  # every pod ran and exited 0 while the others were created
-            self.state = "finished"
-            await self._report("every rank pod exited 0")
-            return
-        self.state = state if state != "starting" else "running"
-        await self._keep_standbys()
-        await self._report(detail)
+        if await self._launched(state, "every rank pod exited 0"):
+            await self._keep_standbys()
+            await self._report(detail)
 
     async def _assign(self, entry: RankPod, standby: str, rank0: str, port: int) -> str:
         """Tell the pod standby ``standby`` to be ``entry``'s rank; "" when it took it."""

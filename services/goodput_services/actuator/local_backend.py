@@ -254,12 +254,8 @@ class LocalBackend(MembershipBackend):
                     await self._start_rank(node, node_index, rank, local_rank, port, logs, standbys)
         finally:
             self._launching = False
-        if self._finished():  # every rank ran and exited 0 while the others were started
-            self.state = "finished"
-            await self._report("every rank exited 0")
-            return
-        self.state = state if state != "starting" else "running"
-        await self._report(detail)
+        if await self._launched(state, "every rank exited 0"):
+            await self._report(detail)
 
     async def _start_rank(
         self,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from goodput.bench import ckpt as bench_ckpt
 from goodput.bench.ckpt import vs_best_peer
 from goodput.bench.ckpt_measure import MethodResult
 from goodput.cli.main import main
@@ -50,9 +51,37 @@ def test_bench_ckpt_peers_json(tmp_path: Path, capsys: pytest.CaptureFixture[str
         "torchsnapshot_async_take",
         "nvrx_async",
     }
+    # on this torch every peer that is installed runs: none is reported as failed
+    assert not [why for why in report["peers_not_measured"].values() if why.startswith("failed")]
     assert all(figures["consistent"] for figures in report["methods"].values())
     assert set(report["vs_best_peer"]) >= {"stall", "durable", "restore"}
     assert set(report["goodput_dcp_writer_vs_dcp_writer"]) == {"stall", "durable", "restore"}
+
+
+@pytest.mark.slow
+def test_a_peer_that_fails_is_reported_and_the_others_still_measured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As DCP's staged async save did on torch 2.11 with CUDA state (docs/BENCHMARKS.md)."""
+    real_factories = bench_ckpt._factories
+
+    def factories_with_a_failing_peer(training, writer_threads):  # type: ignore[no-untyped-def]
+        made = real_factories(training, writer_threads)
+
+        def failing_peer(directory: Path) -> None:
+            raise KeyError(type)
+
+        made["dcp_async_thread_staged"] = failing_peer
+        return made
+
+    monkeypatch.setattr(bench_ckpt, "PEERS", ("torch_save", "dcp_async_thread_staged"))
+    monkeypatch.setattr(bench_ckpt, "_factories", factories_with_a_failing_peer)
+    report = _bench(tmp_path, capsys, "--peers")
+    assert set(report["methods"]) == {"goodput", "torch_save"}
+    assert report["peers_not_measured"]["dcp_async_thread_staged"] == (
+        "failed: KeyError: <class 'type'>"
+    )
+    assert report["vs_best_peer"]["stall_best_peer"] == "torch_save"
 
 
 def _result(stall: float, durable: float, restore: float, consistent: bool = True) -> MethodResult:

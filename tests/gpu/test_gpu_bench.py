@@ -33,7 +33,12 @@ def test_bench_ckpt_on_cuda_state_against_dcp(
     assert report["device"] == f"cuda:{torch.cuda.current_device()}"
     assert report["device_name"] == torch.cuda.get_device_name()
     methods = report["methods"]
-    assert {"goodput", "torch_save", "dcp_async_thread_staged"} <= set(methods)
+    assert {"goodput", "torch_save"} <= set(methods)
+    # every peer is measured or says why not (torch 2.11's DCP stager fails on CUDA state)
+    assert {"dcp_async_thread_staged", "dcp_async_process_staged"} <= {
+        *methods,
+        *report["peers_not_measured"],
+    }
     assert all(figures["consistent"] for figures in methods.values()), methods
     # a blocking save copies the whole state while training waits; goodput's overlapped
     # copy does not (the ratio to DCP's best is what the report is for, not a threshold)

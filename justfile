@@ -14,9 +14,10 @@ setup:
 # Skipped tests are listed with their reason (the GPU kit, tests/gpu, where there is no GPU).
 # lint, then every test, slow end-to-end ones included (what CI runs); the 30 slowest listed.
 # Two workers, a file each at a time (a file's module fixtures are built once): most
-# whole-stack tests wait on processes, so two overlap on two cores.
+# whole-stack tests wait on processes, so two overlap on two cores. Files go out in the order
+# tests/conftest.py sorts them (the longest run first), not xdist's most-tests-first.
 test: lint
-    {{bin}}/pytest -q -rs -p no:cacheprovider --durations=30 -n 2 --dist loadfile
+    {{bin}}/pytest -q -rs -p no:cacheprovider --durations=30 -n 2 --dist loadfile --no-loadscope-reorder
 
 # With GOODPUT_GPU_KIT_OUT=DIR the CUDA checkpoint benchmark's JSON report is written to DIR.
 # the GPU kit (tests/gpu) on this machine's GPU; refused without one; minutes on an H100

@@ -35,9 +35,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
-    # the longest runs go first: started last, one of them would keep a worker busy for
-    # minutes after the other had run out of tests (a stable sort keeps every other order)
-    items.sort(key=lambda item: item.get_closest_marker("longest") is None)
+    # the longest run first, then the files with slow tests, the quick files last: started
+    # late, a long one would keep a worker busy for minutes after the other had run out of
+    # tests. `just test` passes --no-loadscope-reorder, or xdist would hand out the files with
+    # the most tests first instead (a stable sort keeps every other order)
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("longest") is None,
+            item.get_closest_marker("slow") is None,
+        )
+    )
 
 
 @pytest.fixture

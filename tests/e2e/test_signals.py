@@ -129,12 +129,14 @@ async def test_a_slowed_rank_is_found_and_evicted(tmp_path: Path) -> None:
             await tap.wait_for(
                 lambda e: isinstance(e, schemas.StepDone) and e.step >= 20, timeout_s=120
             )
-            goodput_cli(*slow, "--factor", "2", "--duration", "90", "--detach")
+            # 11 slow steps of 20, then slow for the sensor's 20 s hold: about 40 s at this
+            # job's steps of 0.5-1 s under load, 90-120 s at a load average of 20+
+            goodput_cli(*slow, "--factor", "2", "--duration", "180", "--detach")
             signal = await tap.wait_for(
                 lambda e: (
                     isinstance(e, schemas.Signal) and e.signal == "straggler" and e.node == "node-1"
                 ),
-                timeout_s=90,
+                timeout_s=180,
             )
             decision = await tap.wait_for(
                 lambda e: isinstance(e, schemas.Decision) and e.signal_id == signal.signal_id

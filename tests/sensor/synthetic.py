@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from goodput import schemas
 from goodput.detect.detector import NS, Detector
+from goodput.detect.thresholds import Thresholds
 
 JOB = "job"
 T0 = 1_700_000_000 * NS
@@ -159,3 +160,15 @@ def feed(
         else:
             signals += detector.on_event(events[index][1], ts)
     return signals
+
+
+def straggler_due(events: list[tuple[int, schemas.Event]], rank: int, slow_from: int) -> int:
+    """The latest a rank slowed from step ``slow_from`` may be flagged: ``hold_s`` after a whole
+    window of slow steps, at the next judged step (a step is judged up to 3 steps late)."""
+    thresholds = Thresholds()
+    steps = sorted(
+        (e.step, ts) for ts, e in events if isinstance(e, schemas.StepDone) and e.rank == rank
+    )
+    window_slow = dict(steps)[slow_from + thresholds.straggler_window - 1]
+    held = [ts for _, ts in steps if ts >= window_slow + thresholds.straggler_hold_s * NS]
+    return held[min(3, len(held) - 1)]

@@ -19,7 +19,7 @@ from goodput import schemas
 from goodput.detect.detector import Detector
 from goodput.detect.straggler import StragglerTracker
 
-from .synthetic import JOB, at
+from .synthetic import JOB, at, straggler_due
 
 TRACES = Path(__file__).parent / "traces"
 JITTER = 0.15
@@ -90,7 +90,7 @@ def test_a_healthy_rank_1_42x_its_peers_for_10_steps_amid_load_is_not_flagged(
 @pytest.mark.parametrize("ranks", [2, 8])
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("factor", [1.5, 1.35])
-def test_a_persistent_1_5x_straggler_amid_load_is_flagged_within_20_steps(
+def test_a_persistent_1_5x_straggler_amid_load_is_flagged_once_its_window_held(
     seed: int, ranks: int, factor: float
 ) -> None:
     """1.35×: what the chaos tool's 1.5× duty cycle measures under load."""
@@ -99,30 +99,46 @@ def test_a_persistent_1_5x_straggler_amid_load_is_flagged_within_20_steps(
     assert [(s.node, s.rank) for s in signals] == [("node1", 1)]
     # the ratio the policy weighs tolerating against evicting (the load blurs it)
     assert 1.25 <= signals[0].ratio <= factor * 1.25
-    slowed_step = next(
-        e.step for _, e in events if isinstance(e, schemas.StepDone) and e.ts >= signals[0].ts
-    )
-    assert slowed_step < 100 + 20
+    assert signals[0].ts <= straggler_due(events, 1, 100)
 
 
 def test_bursts_of_any_height_shorter_than_half_the_window_are_not_flagged() -> None:
-    tracker = StragglerTracker(ratio=1.35, window=20)
+    tracker = StragglerTracker(ratio=1.35, window=20, hold_s=0.0)
     flagged = []
     for step in range(200):
         slow = step % 20 < 10  # 10 steps 5× slower, 10 steps healthy, over and over
-        flagged += tracker.observe(1, step, 5.0 if slow else 1.0, 2)
-        flagged += tracker.observe(0, step, 1.0, 2)
+        flagged += tracker.observe(1, step, 5.0 if slow else 1.0, 2, at(step))
+        flagged += tracker.observe(0, step, 1.0, 2, at(step))
     assert flagged == []
 
 
-def test_the_flag_clears_when_the_rank_recovers_and_may_fire_again() -> None:
-    tracker = StragglerTracker(ratio=1.35, window=20)
+def test_slowness_shorter_than_the_hold_is_not_flagged_and_longer_is() -> None:
+    """Fast steps: a healthy rank slowed by contention for 30 steps of 0.2 s (6 s) is not a
+    straggler; the same slowness still there 20 s later is."""
+    tracker = StragglerTracker(ratio=1.25, window=20, hold_s=20.0)
 
     def run(steps: range, factor: float) -> list[tuple[int, float]]:
         flagged = []
         for step in steps:
-            flagged += tracker.observe(0, step, 1.0, 2)
-            flagged += tracker.observe(1, step, factor, 2)
+            flagged += tracker.observe(0, step, 0.2, 2, at(step * 0.2))
+            flagged += tracker.observe(1, step, 0.2 * factor, 2, at(step * 0.2))
+        return flagged
+
+    assert run(range(0, 20), 1.0) == []
+    assert run(range(20, 50), 1.4) == []  # 6 s at 1.4×: its window reached the ratio, briefly
+    assert run(range(50, 100), 1.0) == []
+    assert run(range(100, 210), 1.4) == []  # the window reaches 1.4× at step 110, held 20 s...
+    assert run(range(210, 211), 1.4) == [(1, pytest.approx(1.4))]  # ...at step 210
+
+
+def test_the_flag_clears_when_the_rank_recovers_and_may_fire_again() -> None:
+    tracker = StragglerTracker(ratio=1.35, window=20, hold_s=0.0)
+
+    def run(steps: range, factor: float) -> list[tuple[int, float]]:
+        flagged = []
+        for step in steps:
+            flagged += tracker.observe(0, step, 1.0, 2, at(step))
+            flagged += tracker.observe(1, step, factor, 2, at(step))
         return flagged
 
     assert run(range(0, 20), 1.0) == []
@@ -153,10 +169,11 @@ def test_recorded_unperturbed_run_under_load_raises_nothing() -> None:
     assert signals == []  # 500 healthy steps; the 10 slowed ones are too few to judge
 
 
-def test_recorded_1_5x_straggler_under_load_is_found_within_20_steps() -> None:
+def test_recorded_1_5x_straggler_under_load_is_found_once_its_window_held() -> None:
     events, signals = replay("slow-rank-2026-11-23-load11-healthy150-slowed59.jsonl.gz")
     assert [(s.node, s.rank) for s in signals] == [("node-1", 1)]
-    steps_by_then = [
-        e.step for e in events if isinstance(e, schemas.StepDone) and e.ts <= signals[0].ts
-    ]
-    assert 150 < max(steps_by_then) <= 150 + 20
+    reports = [(e.ts, e) for e in events if isinstance(e, schemas.StepDone)]
+    steps_by_then = [e.step for ts, e in reports if ts <= signals[0].ts]
+    # found while it is still slow: a marginal straggler (the duty cycle measures 1.27× at this
+    # load) reaches the ratio later than a whole window, and is then held 20 s
+    assert 150 + 20 < max(steps_by_then) <= 150 + 59

@@ -35,6 +35,7 @@ from goodput.bench.recovery import WAIT_S
 from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
 from goodput.config import add_bus_arguments
+from goodput.detect.thresholds import Thresholds
 from goodput.rank_env import knobs
 from goodput.stack.launcher import start_stack, stop_stack, wait_healthy
 
@@ -42,6 +43,8 @@ NS = 1e9
 STRAGGLER_FACTOR = 1.5
 #: the sensor's straggler window, set here so the bench knows when it is full
 STRAGGLER_WINDOW = 20
+#: the sensor's default: how long a straggler stays slow before it is flagged
+STRAGGLER_HOLD_S = Thresholds().straggler_hold_s
 #: a trial's slowdown ends after this long even if never detected (the trainer ends it itself)
 STRAGGLER_MAX_S = 180.0
 HEARTBEAT_TIMEOUT_S = 3.0
@@ -167,9 +170,9 @@ async def _window_full(log: JobEvents) -> None:
     )
 
 
-async def _straggler_trial(bus: Bus, log: JobEvents, job: str) -> tuple[int, str, str]:
-    """Slow one rank's compute; the steps until the straggler signal, the node it named and
-    the node slowed.
+async def _straggler_trial(bus: Bus, log: JobEvents, job: str) -> tuple[int, float, str, str]:
+    """Slow one rank's compute; the steps and seconds until the straggler signal, the node it
+    named and the node slowed.
 
     The trainer stretches the rank's own compute (``InjectFault`` "slow"), so the rank is
     exactly ``STRAGGLER_FACTOR`` times slower where the sensor looks. A SIGSTOP duty cycle
@@ -198,7 +201,7 @@ async def _straggler_trial(bus: Bus, log: JobEvents, job: str) -> tuple[int, str
         )
     steps = _step_at(log, found.ts) - slowed_at_step
     await _after_resume(log, found.ts)
-    return steps, found.node, node
+    return steps, (found.ts - slowed_ts) / NS, found.node, node
 
 
 async def _measure(
@@ -252,11 +255,15 @@ async def _measure(
     for trial in range(straggler_trials):
         with console.status(f"a rank slowed {STRAGGLER_FACTOR}× (trial {trial + 1})…"):
             detections.append(await _straggler_trial(bus, log, job))
-    result["straggler_detect_steps_each"] = [steps for steps, _, _ in detections]
-    result["straggler_detect_steps"] = max(steps for steps, _, _ in detections)
-    result["straggler_nodes"] = [named for _, named, _ in detections]
+    result["straggler_detect_steps_each"] = [steps for steps, _, _, _ in detections]
+    result["straggler_detect_steps"] = max(steps for steps, _, _, _ in detections)
+    result["straggler_detect_s_each"] = [round(s, 2) for _, s, _, _ in detections]
+    result["straggler_detect_s"] = max(s for _, s, _, _ in detections)
+    result["straggler_nodes"] = [named for _, _, named, _ in detections]
     # a signal naming the node that was not slowed is a false positive too
-    result["straggler_false_positives"] += sum(named != slowed for _, named, slowed in detections)
+    result["straggler_false_positives"] += sum(
+        named != slowed for _, _, named, slowed in detections
+    )
     result["straggler_factor"] = STRAGGLER_FACTOR
     if record:
         _record(log, record, until_ts=schemas.now_ns())
@@ -379,7 +386,8 @@ def run(args: argparse.Namespace) -> int:
         # the example's steps are sub-second: its hang timeout is a few step times
         "hang_detect_s": HANG_TARGET_S,
         "hang_false_positives": 0,
-        "straggler_detect_steps": 20,
+        # a whole window of sub-second steps, then the hold (goodput.detect.straggler)
+        "straggler_detect_s": STRAGGLER_HOLD_S + STRAGGLER_WINDOW,
         "straggler_false_positives": 0,
     }
     if args.json:
@@ -394,6 +402,11 @@ def run(args: argparse.Namespace) -> int:
     table.add_row(
         "straggler_detect_steps_each",
         ", ".join(str(steps) for steps in result["straggler_detect_steps_each"]),
+        "",
+    )
+    table.add_row(
+        "straggler_detect_s_each",
+        ", ".join(f"{s:g}" for s in result["straggler_detect_s_each"]),
         "",
     )
     table.add_row("load_average", " → ".join(f"{x:g}" for x in result["load_average"]), "")

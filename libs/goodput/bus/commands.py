@@ -4,9 +4,9 @@ Commands are redelivered after a crash or a lost ack; the executor records each 
 in the ``gp_done`` KV bucket before acking, and skips ids it already holds. The order is
 claim → execute → record → emit result → ack:
 
-- the claim (a :class:`~goodput.schemas.CommandClaim` with the executor's *fence*, what its
-  state was before it ran the command) and the record are each retried until stored, for as
-  long as the service lives: a bus outage delays them, it never turns into a redelivery; the
+- the lookups of the record and the claim, the claim (a :class:`~goodput.schemas.CommandClaim`
+  with the executor's *fence*, what its state was before it ran the command) and the record
+  are each retried until the bus answers, for as long as the service lives: a bus outage delays them, it never turns into a redelivery; the
   message is kept un-acked meanwhile, its ack deadline pushed back by in-progress acks;
 - a redelivered command with a claim and no record was begun by an executor that died
   before recording its outcome. Whether it ran is told by the fence: the same as now, it
@@ -60,7 +60,8 @@ def _no_fence(command: schemas.Command) -> str:
 
 async def until_stored(operation: Callable[[], Awaitable[T]], what: str) -> T:
     """Run ``operation`` until it succeeds, through any bus outage, for as long as the caller
-    lives (cancelling it is the only way out): a lost write here would repeat a command."""
+    lives (cancelling it is the only way out): a lost write here would repeat a command, a
+    failed read reorder them."""
     delay, failures = 0.05, 0
     while True:
         try:
@@ -200,12 +201,19 @@ class CommandRunner:
     async def _run_once(self, command: schemas.Command) -> None:
         action = schemas.kind_of(type(command))
         what = {"command_id": command.command_id, "action": action}
-        if await self.done.is_done(command.command_id):
+        # read through an outage too: a failed read nak'ed the command, and the commands
+        # after it ran before its redelivery (seen when the stream's leader was killed)
+        done = await until_stored(
+            lambda: self.done.is_done(command.command_id), f"looking up {action}"
+        )
+        if done:
             self.duplicates += 1
             log.info("command already executed; not repeating it", extra=what)
             return
         fence = self.fence(command)
-        claim = await self.done.claim(command.command_id)
+        claim = await until_stored(
+            lambda: self.done.claim(command.command_id), f"looking up the claim of {action}"
+        )
         # the fence alone decides: a claim of this runner's own (a record that failed with an
         # error other than an outage) ran if the state moved, and did not if it did not
         if claim is not None and claim.fence != fence:

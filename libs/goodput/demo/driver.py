@@ -26,6 +26,8 @@ from goodput.stack.watch import JobWatcher
 RANKS_WAIT_S = 15.0
 #: how often the driver looks at the job while it waits for a fault's moment
 POLL_S = 0.1
+#: a slow-rank's bound: the driver ends it once its steps are played (``Driver._slow``)
+SLOW_CAP_S = 3600.0
 
 
 @dataclass
@@ -124,17 +126,9 @@ class Driver:
             return self._job_stepping_since(time.monotonic(), attempt_after=0)
         match fault.action:
             case "slow-rank":
-                # recorded as played: the replay and the report read its real duration
-                played = replace(fault, duration_s=fault.slow_for_s(self.watcher.step_time_s()))
-                spec = faults.SlowRank(
-                    rank=fault.rank, factor=fault.factor, duration_s=played.duration_s
-                )
-                self._in_background(fire(spec, self.ctx))
-                what = played.describe().split(", ", 1)[1]
-                if played.duration_s > fault.duration_s:
-                    what += f" ({fault.min_slow_steps} slowed steps at the job's pace)"
-                self._record(played, node, True, what)
+                entry = self._record(fault, node, True, fault.describe().split(", ", 1)[1])
                 # it runs alongside what follows: the next fault comes at its own step
+                self._in_background(self._slow(fault, entry))
                 return self._job_stepping_since(time.monotonic(), attempt_after=0)
             case "terminate-node":
                 pids = await self._rank_pids(node)
@@ -148,14 +142,39 @@ class Driver:
                     f"SIGTERM to every rank of {node} (pids {pids})"
                     if pids
                     else f"no live rank of {node} found to terminate",
-                )
+                ).ok
             case "fail-node" | "kill-rank" | "hang-rank":
                 outcome = await fire(_chaos_spec(fault, node), self.ctx)
-                ok = self._record(fault, node, outcome.ok, outcome.detail)
+                ok = self._record(fault, node, outcome.ok, outcome.detail).ok
                 if ok and fault.action == "fail-node" and fault.repair_after_s:
                     self._in_background(self._repair(node, fault))
         # a fault that took effect ends in a new attempt; one that did not leaves the job as is
         return self._job_stepping_since(time.monotonic(), attempt_after=attempt if ok else 0)
+
+    async def _slow(self, fault: DemoFault, entry: Injected) -> None:
+        """Slow the rank for ``fault.duration_s`` and ``fault.min_slow_steps`` training steps,
+        or until it is replaced; ``entry`` then records how long it really was slow.
+
+        Counted in steps because the detector judges a straggler over steps: a period set in
+        seconds from the pace before it fired came out too short when the machine's load rose
+        during it (seen in CI: too few slowed steps to judge, no straggler found)."""
+        spec = faults.SlowRank(rank=fault.rank, factor=fault.factor, duration_s=SLOW_CAP_S)
+        started, first_step, attempt = time.monotonic(), self.watcher.step, self.watcher.attempt
+
+        def over() -> bool:
+            return (
+                slowing.done()
+                or self.watcher.attempt != attempt
+                or fault.slow_played(time.monotonic() - started, self.watcher.step - first_step)
+            )
+
+        slowing = asyncio.create_task(fire(spec, self.ctx))
+        try:
+            await self._wait(over)
+        finally:
+            entry.fault = replace(fault, duration_s=time.monotonic() - started)
+            slowing.cancel()  # the chaos tool's slow-rank sets the rank's pace back as it ends
+            await asyncio.gather(slowing, return_exceptions=True)
 
     async def _rank_pids(self, node: str) -> list[int]:
         """The live ranks of ``node``: looked for again for a while, since the job status the
@@ -196,7 +215,7 @@ class Driver:
             if entry.node == node and entry.fault.action == "fail-node":
                 entry.repaired_at_step = self.watcher.step
 
-    def _record(self, fault: DemoFault, node: str, ok: bool, detail: str) -> bool:
+    def _record(self, fault: DemoFault, node: str, ok: bool, detail: str) -> Injected:
         entry = Injected(self.watcher.step, fault, node, ok, detail, at_ns=time.time_ns())
         self.injected.append(entry)
         where = f" on {node}" if node else ""
@@ -205,7 +224,7 @@ class Driver:
             if ok
             else f"[red]fault {fault.action} could not be applied[/]: {detail}"
         )
-        return ok
+        return entry
 
 
 def _chaos_spec(fault: DemoFault, node: str) -> faults.FaultSpec:

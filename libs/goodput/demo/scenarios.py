@@ -39,9 +39,9 @@ class DemoFault:
     #: fail-node: for a job that went on without the node, it is back at this fraction of the
     #: steps instead (None: on the wall clock too)
     repair_at: float | None = None
-    #: slow-rank: how much slower, and for how long: ``duration_s``, and at least
-    #: ``min_slow_steps`` slowed steps at the job's pace when it fires (a straggler is judged
-    #: over steps: on a loaded machine 60 s can be too few of them to judge at all)
+    #: slow-rank: how much slower, and for how long: ``duration_s`` and ``min_slow_steps``
+    #: training steps, whichever ends later (a straggler is judged over steps: on a loaded
+    #: machine 60 s can be too few of them to judge at all)
     factor: float = 3.0
     duration_s: float = 60.0
     min_slow_steps: int = 30
@@ -51,7 +51,7 @@ class DemoFault:
             "kill-rank": f"crash: kill -9 of rank {self.rank}",
             "hang-rank": f"hang: the training loop of rank {self.rank} stops, heartbeats go on",
             "slow-rank": f"straggler: rank {self.rank} at 1/{self.factor:g} speed for "
-            f"{self.duration_s:g} s",
+            f"{self.duration_s:g} s and {self.min_slow_steps} steps, whichever ends later",
             "fail-node": f"node loss: the node of rank {self.rank} goes down"
             + (f", repaired {self.repair_after_s:g} s later" if self.repair_after_s else "")
             + (
@@ -63,9 +63,10 @@ class DemoFault:
         }[self.action]
         return f"at {self.at:.0%} of the steps, {what}"
 
-    def slow_for_s(self, step_time_s: float) -> float:
-        """How long a slow-rank fault lasts, given the job's step time before it."""
-        return max(self.duration_s, self.min_slow_steps * self.factor * step_time_s)
+    def slow_played(self, slowed_s: float, slowed_steps: int) -> bool:
+        """Whether a slow-rank fault has lasted its seconds and its steps (both: the pace can
+        change while it lasts, and a straggler is judged over steps)."""
+        return slowed_s >= self.duration_s and slowed_steps >= self.min_slow_steps
 
     def repair_due(self, *, down_s: float, step: int, steps: int, job_waits: bool) -> bool:
         """Whether the node this fault took down is back, ``down_s`` wall seconds after it failed.

@@ -274,7 +274,7 @@ class Detector:
         # without a world size in the report, the ranks known alive are the peers to wait for
         expected = event.world_size if event.world_size > 1 else self._run.alive_ranks
         for slow_rank, ratio in self._run.stragglers.observe(
-            event.rank, event.step, event.compute_time_s or event.step_time_s, expected
+            event.rank, event.step, event.compute_time_s or event.step_time_s, expected, now
         ):
             signals += self._incidents.straggler(
                 slow_rank, self._run.ranks[slow_rank].node, ratio, self._thresholds, now

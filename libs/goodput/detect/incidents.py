@@ -70,7 +70,8 @@ class Incidents:
                     rank_id,
                     "info",
                     f"rank {rank_id} on {node}: compute time {ratio:.2f}× its peers' in most of "
-                    f"the last {t.straggler_window} steps (threshold {t.straggler_ratio}×)",
+                    f"the last {t.straggler_window} steps for {t.straggler_hold_s:g} s "
+                    f"(threshold {t.straggler_ratio}×)",
                     observed_ns=now,
                     now=now,
                 ),

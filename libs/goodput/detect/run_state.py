@@ -23,7 +23,9 @@ class RunState:
         self.heartbeat_deadlines: DeadlineQueue[int] = DeadlineQueue()
         self.hang_deadlines: DeadlineQueue[int] = DeadlineQueue()
         self.missing_deadlines: DeadlineQueue[str] = DeadlineQueue()
-        self.stragglers = StragglerTracker(thresholds.straggler_ratio, thresholds.straggler_window)
+        self.stragglers = StragglerTracker(
+            thresholds.straggler_ratio, thresholds.straggler_window, thresholds.straggler_hold_s
+        )
         self.alive_ranks = 0
         #: the newest attempt a rank started or rejoined for
         self.attempt = 0
@@ -37,7 +39,9 @@ class RunState:
 
     def rearm(self, thresholds: Thresholds) -> None:
         """Recompute every deadline under new thresholds."""
-        self.stragglers.configure(thresholds.straggler_ratio, thresholds.straggler_window)
+        self.stragglers.configure(
+            thresholds.straggler_ratio, thresholds.straggler_window, thresholds.straggler_hold_s
+        )
         self.heartbeat_deadlines.clear()
         self.hang_deadlines.clear()
         for rank_id, rank in self.ranks.items():

@@ -55,6 +55,10 @@ class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froze
     #: steps in the straggler window: more than half of them must reach the ratio (a load burst
     #: shorter than half the window never does; a persistent straggler after window // 2 + 1)
     straggler_window: int = 20
+    #: seconds the window must stay at the ratio before a rank is flagged: longer than the
+    #: bursts of contention a shared host gives a healthy rank (2-8 s seen), far shorter than
+    #: a straggler worth evicting (see goodput.detect.straggler)
+    straggler_hold_s: float = 20.0
 
     def __post_init__(self) -> None:
         # NaN compares false with everything: without this check a NaN timeout is installed

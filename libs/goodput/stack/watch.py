@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import msgspec
@@ -15,9 +13,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from goodput import schemas
 from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
-
-#: rank 0's step times kept for their median
-STEP_TIMES = 20
 
 
 @dataclass
@@ -52,8 +47,6 @@ class JobWatcher:
     #: monotonic times of rank 0's newest step and of the newest attempt's start
     last_step_at: float = 0.0
     attempt_started_at: float = 0.0
-    #: rank 0's newest step times (seconds)
-    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_TIMES))
 
     def __post_init__(self) -> None:
         self.ended = asyncio.Event()
@@ -68,10 +61,6 @@ class JobWatcher:
         self.launch_exits: list[schemas.RankExited] = []
         self._held: list[str] = []  # progress lines held while a launch failure is judged
         self._stepped = False
-
-    def step_time_s(self) -> float:
-        """The median of rank 0's newest step times (0 before any step)."""
-        return statistics.median(self.step_times) if self.step_times else 0.0
 
     @property
     def restarts(self) -> int:
@@ -133,7 +122,6 @@ class JobWatcher:
                     # after a restore the step count goes back: show where training really is
                     self.step = event.step
                     self.last_step_at = time.monotonic()
-                    self.step_times.append(event.step_time_s)
             case schemas.RankExited() if not self._stepped and not self.ended.is_set():
                 self.launch_exits.append(event)
                 self._check_launch()

@@ -16,11 +16,11 @@ from typing import Any, Literal, NoReturn, Protocol, runtime_checkable
 
 from goodput import schemas
 from goodput.bus import Bus, BusSettings
-from goodput.bus.settings import settings_to_env
 from goodput.membership import Membership
-from goodput.rank_env import VARIABLES, RankEnv, nccl_error_handling
-from goodput.telemetry import current_traceparent, tracer
+from goodput.rank_env import RankEnv
+from goodput.telemetry import tracer
 from goodput_services.actuator.options import ActuatorOptions
+from goodput_services.actuator.rank_environments import RankEnvironments
 
 EventSink = Callable[[schemas.Event], Awaitable[None]]
 #: fills a node's local volume with the newest complete checkpoint; returns what it did
@@ -95,7 +95,7 @@ class Backend(Protocol):
         ...
 
 
-class MembershipBackend(ABC):
+class MembershipBackend(RankEnvironments, ABC):
     """The remediation commands both backends share: a membership change, then a relaunch.
 
     Membership follows :mod:`goodput.membership`, whose refusals the service reports as failed
@@ -433,72 +433,6 @@ class MembershipBackend(ABC):
             why = "; ".join(failed)
             await self._report(f"GPU reset failed, ranks stay stopped: {why}")
             raise RuntimeError(f"GPU reset failed, ranks not relaunched: {why}")
-
-    def rank_bus_environment(self) -> dict[str, str]:
-        """The ``GOODPUT_NATS_*`` variables with which the shim reaches the bus like the actuator.
-
-        A backend whose ranks see files elsewhere (pods) translates the paths.
-        """
-        return settings_to_env(self.bus_settings)
-
-    def standby_environment(self) -> dict[str, str]:
-        """What a standby of the run is started with: a rank's environment but the rank's own
-        variables, which its assignment brings (``goodput.standby_pool``)."""
-        assert self.spec is not None
-        return {
-            **self.spec.env,
-            **self.rank_bus_environment(),
-            VARIABLES["job"]: self.job,
-            "PYTHONUNBUFFERED": "1",
-        }
-
-    def rank_environment(self, **where: Any) -> dict[str, str]:
-        """What a rank is told, as torchrun would tell it, plus what the trainer shim reads
-        (``where``: the arguments of :meth:`rank_env`) and the NCCL error handling an
-        in-process restart needs, unless the job's own env sets it."""
-        assert self.spec is not None
-        return {
-            **nccl_error_handling(self.spec.env),
-            **self.spec.env,
-            **self.rank_env(**where).to_env(),
-            **self.rank_bus_environment(),
-            "PYTHONUNBUFFERED": "1",
-        }
-
-    def rank_env(
-        self,
-        *,
-        node: str,
-        node_index: int,
-        rank: int,
-        local_rank: int,
-        master_addr: str,
-        master_port: int,
-        volume: Path,
-    ) -> RankEnv:
-        """A rank's own variables: what a standby's assignment carries."""
-        assert self.spec is not None and self.membership is not None
-        membership = self.membership
-        nodes_per_dp = max(self.spec.num_nodes_per_dp, 1)
-        return RankEnv(
-            rank=rank,
-            local_rank=local_rank,
-            group_rank=node_index,
-            world_size=membership.world_size,
-            local_world_size=membership.procs_per_node,
-            master_addr=master_addr,
-            master_port=master_port,
-            restart_count=self.attempt - 1,
-            job=self.job,
-            node=node,
-            attempt=self.attempt,
-            num_dp_replicas=len(membership.active) // nodes_per_dp,
-            num_nodes_per_dp=nodes_per_dp,
-            # the launch's trace context: the shim's restore and first step continue it
-            traceparent=current_traceparent(),
-            # the job's own checkpoint directory (a shared one) wins over the node's volume
-            ckpt_dir=self.spec.env.get(VARIABLES["ckpt_dir"]) or str(volume),
-        )
 
     async def _relaunch(
         self,

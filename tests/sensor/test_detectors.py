@@ -175,16 +175,18 @@ def test_hang_timeout_adapts_to_slow_steps() -> None:
     last_step = 59
     stall = [
         (end + int(t * NS), heartbeat(r, run.node_of(r), last_step))
-        for t in range(1, 120)
+        for t in range(1, 240)
         for r in range(4)
     ]
     signals = feed(detector, stall)
-    # nobody restarted it: after jobset_downtime_threshold_s the job is down as well
-    assert [s.signal for s in signals] == ["hang", "job_down"]
-    waited = (signals[0].ts - signals[0].observed_ts) / NS
-    its_timeout = detector.hang_timeout_s(signals[0].rank)
+    # nobody restarted it: after jobset_downtime_threshold_s the job is down as well (first,
+    # when the learnt hang timeout of such slow steps is the longer)
+    assert sorted(s.signal for s in signals) == ["hang", "job_down"]
+    [hang] = [s for s in signals if s.signal == "hang"]
+    waited = (hang.ts - hang.observed_ts) / NS
+    its_timeout = detector.hang_timeout_s(hang.rank)
     assert its_timeout <= waited <= its_timeout + 1.5
-    assert f"past step {last_step}" in signals[0].detail
+    assert f"past step {last_step}" in hang.detail
 
 
 def test_checkpoint_save_and_load_never_look_like_a_hang() -> None:

@@ -41,6 +41,7 @@ from goodput.ckptfmt import (
     write_all,
     write_manifest,
 )
+from goodput.schemas.events import STORAGE_TIERS
 from goodput.tiers.backup import backup_checkpoint
 from goodput.tiers.peer import PeerClient, PeerServerProcess
 from goodput.tiers.peer.client import PUSH_STREAMS
@@ -321,7 +322,7 @@ def result_table(result: dict) -> Table:
     table.add_column("measure")
     table.add_column("value", justify="right")
     size = result["size_gb"]
-    for tier in ("local", "peer", "object_store"):
+    for tier in STORAGE_TIERS:
         seconds = result[f"{tier}_s"]
         table.add_row(f"restore from {tier}", f"{seconds:.2f} s ({size / seconds:.2f} GB/s)")
     table.add_row(

@@ -13,15 +13,14 @@ understands is refused rather than half-read.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import msgspec
 
 from goodput import subjects
+from goodput.schemas.events import STORAGE_TIERS, StorageTier
 
 INDEX_SCHEMA_VERSION = 1
-Tier = Literal["local", "peer", "object_store"]
-TIERS: tuple[Tier, ...] = ("local", "peer", "object_store")
+Tier = StorageTier
+TIERS = STORAGE_TIERS
 STORE_HOLDER = "store"
 
 

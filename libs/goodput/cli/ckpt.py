@@ -29,6 +29,7 @@ from goodput.config import (
     bus_settings_from_args,
     job_name,
 )
+from goodput.schemas.events import STORAGE_TIERS
 from goodput.stack.launcher import resolve_url
 from goodput.subjects import DEFAULT_JOB
 from goodput.tiers.backup import DEFAULT_PREFIX, blob_key
@@ -61,7 +62,7 @@ def _view_json(view: StepView, with_files: bool) -> dict[str, Any]:
         "step": view.step,
         "complete": view.complete,
         "bytes": view.bytes,
-        "complete_in": [t for t in ("local", "peer", "object_store") if view.complete_in(t)],
+        "complete_in": [t for t in STORAGE_TIERS if view.complete_in(t)],
         "copies": [_copy_json(c) for c in view.copies],
     }
     owners = view.complete_owners()
@@ -366,7 +367,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--require",
         nargs="*",
         default=list(DEFAULT_REQUIRE),
-        choices=["local", "peer", "object_store"],
+        choices=STORAGE_TIERS,
         help="tiers a newer step must be complete in before older ones go",
     )
     _store_args(gc)

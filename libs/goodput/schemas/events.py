@@ -122,12 +122,17 @@ class CheckpointBackedUp(Event, tag="ckpt_backed_up", kw_only=True):
     duration_s: Seconds
 
 
+#: where checkpoint copies are kept, nearest first: the one spelling of the storage tiers
+StorageTier = Literal["local", "peer", "object_store"]
+STORAGE_TIERS: tuple[StorageTier, ...] = ("local", "peer", "object_store")
+
+
 class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
     node: str
     rank: int
     step: int
     #: "host": a survivor of an in-process restart, from the engine's host buffers
-    tier: Literal["local", "peer", "object_store", "host", "none"]
+    tier: Literal[StorageTier, "host", "none"]
     duration_s: Seconds
     bytes: int = 0
     fallbacks: list[str] = msgspec.field(default_factory=list)

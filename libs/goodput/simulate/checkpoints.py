@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from goodput.schemas.events import STORAGE_TIERS
 from goodput.shim.schedule import CheckpointSchedule
 from goodput.simulate.ledger import WorkMark
 from goodput.simulate.profile import CheckpointCosts
 
 NS = 1_000_000_000
-TIERS = ("local", "peer", "object_store")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +129,7 @@ class CheckpointSystem:
         copy, which one reference rank does not tell), so nothing newer is restored."""
         usable = ["object_store"]
         if self.multi_tier:
-            usable = ["peer", "object_store"] if fresh_node else list(TIERS)
+            usable = ["peer", "object_store"] if fresh_node else list(STORAGE_TIERS)
         speed = {
             "local": self.costs.local_read_gbps,
             "peer": self.costs.peer_read_gbps,

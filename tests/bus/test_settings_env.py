@@ -92,3 +92,10 @@ def test_streams_are_r3_on_a_clustered_server_r1_alone_unless_configured() -> No
     assert stream_replicas(0, clustered=False) == 1
     assert stream_replicas(5, clustered=True) == 5
     assert stream_replicas(1, clustered=True) == 1
+
+
+def test_the_servers_ports_come_from_the_url() -> None:
+    """What a process group's abort spares (``goodput.shim.group_sockets``): every server of a
+    cluster URL, 4222 where a URL names no port."""
+    assert BusSettings(url="nats://a:4222, tls://b:7422,nats://c").ports() == {4222, 7422}
+    assert BusSettings(url="").ports() == frozenset()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 
-from goodput.shim.group_sockets import cut, opened_by, ports_of
+from goodput.shim.group_sockets import cut, opened_by
 
 
 def _inode(sock: socket.socket) -> int:
@@ -55,8 +55,3 @@ def test_a_cut_never_touches_a_descriptor_number_reused_by_another_socket() -> N
         with socket.create_connection(server.getsockname()) as second:
             assert cut(gone) == 0
             second.sendall(b"x")
-
-
-def test_the_bus_ports_come_from_its_urls() -> None:
-    assert ports_of("nats://a:4222, tls://b:7422,nats://c") == {4222, 7422}
-    assert ports_of("") == frozenset()

@@ -9,7 +9,7 @@ import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import msgspec
 
@@ -40,8 +40,12 @@ FILE_FIELDS = ("creds_file", "nkey_seed_file", "tls_ca_file", "tls_cert_file", "
 SECRET_FIELDS = ("password", "token")
 
 
+#: the port of a server URL that names none (NATS's client port)
+NATS_PORT = 4222
+
+
 class BusSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    url: str = "nats://127.0.0.1:4222"
+    url: str = f"nats://127.0.0.1:{NATS_PORT}"
     #: NATS credentials file (JWT + nkey seed), as issued by `nsc`
     creds_file: str = ""
     #: file holding an nkey seed (for nkey-only authentication)
@@ -99,8 +103,15 @@ class BusSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         tls = f", TLS CA {self.tls_ca_file}" if self.tls_ca_file else ""
         return f"{self.url} with {auth}{tls}"
 
+    def _servers(self) -> list[SplitResult]:
+        return [urlsplit(u.strip()) for u in self.url.split(",") if u.strip()]
+
     def hosts(self) -> list[str]:
-        return [urlsplit(u.strip()).hostname or "" for u in self.url.split(",") if u.strip()]
+        return [server.hostname or "" for server in self._servers()]
+
+    def ports(self) -> frozenset[int]:
+        """The servers' ports (``nats://a:4222,nats://b:4223``: both; none named: 4222)."""
+        return frozenset(server.port or NATS_PORT for server in self._servers())
 
     def tls_context(self) -> ssl.SSLContext | None:
         if not (self.tls_ca_file or self.tls_cert_file):

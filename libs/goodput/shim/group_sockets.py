@@ -30,12 +30,8 @@ import os
 import socket
 from collections.abc import Callable, Iterable
 from typing import TypeVar
-from urllib.parse import urlsplit
 
 T = TypeVar("T")
-
-#: the port of a bus URL that names none
-DEFAULT_NATS_PORT = 4222
 
 _FDS = "/proc/self/fd"
 
@@ -63,13 +59,6 @@ def tcp_ports() -> dict[int, tuple[int, int]]:
                 local, remote = (int(end.rsplit(":", 1)[1], 16) for end in fields[1:3])
                 found[int(fields[9])] = (local, remote)
     return found
-
-
-def ports_of(urls: str) -> frozenset[int]:
-    """The ports of comma-separated server URLs (``nats://a:4222,nats://b:4223``)."""
-    return frozenset(
-        urlsplit(url.strip()).port or DEFAULT_NATS_PORT for url in urls.split(",") if url.strip()
-    )
 
 
 def opened_by(

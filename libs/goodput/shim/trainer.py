@@ -34,7 +34,6 @@ from goodput.rank_env import EXIT_TERMINATED
 from goodput.shim.agree import agree_min, all_reduce_min, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
 from goodput.shim.config import ShimConfig
-from goodput.shim.group_sockets import ports_of
 from goodput.shim.injected_faults import InjectedFaults
 from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
@@ -332,7 +331,7 @@ class TrainerShim:
     def bus_ports(self) -> frozenset[int]:
         """The ports of the bus's servers: a process group's abort never cuts those
         connections (:mod:`goodput.shim.group_sockets`)."""
-        return ports_of(self.link.settings.url) if self.link is not None else frozenset()
+        return self.link.settings.ports() if self.link is not None else frozenset()
 
     def enable_in_process_restart(self) -> RejoinMailbox:
         if self._rejoins is None:

@@ -21,7 +21,6 @@ from goodput.ckptindex.records import (
     FileRef,
     IndexRecordError,
     NodeAddressRecord,
-    Tier,
     copy_key,
     decode_copy,
     decode_node,
@@ -29,6 +28,7 @@ from goodput.ckptindex.records import (
     key_kind,
     node_key,
 )
+from goodput.schemas.events import StorageTier
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class StepView:
         complete = self.complete_owners()
         return node if node in complete else (complete[0] if complete else None)
 
-    def complete_in(self, tier: Tier) -> bool:
+    def complete_in(self, tier: StorageTier) -> bool:
         """Some owner's full file set is on ``tier`` (each file somewhere on that tier)."""
         return any(all(tier in f.tiers for f in files) for files in self.owners.values() if files)
 

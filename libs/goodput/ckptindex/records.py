@@ -16,11 +16,9 @@ from __future__ import annotations
 import msgspec
 
 from goodput import subjects
-from goodput.schemas.events import STORAGE_TIERS, StorageTier
+from goodput.schemas.events import StorageTier
 
 INDEX_SCHEMA_VERSION = 1
-Tier = StorageTier
-TIERS = STORAGE_TIERS
 STORE_HOLDER = "store"
 
 
@@ -49,7 +47,7 @@ class NodeAddressRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
 class CopyRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     step: int
-    tier: Tier
+    tier: StorageTier
     holder: str
     owner: str
     #: where the checkpoint's step directory lives: relative to the holder's peer root

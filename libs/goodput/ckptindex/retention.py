@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from goodput.ckptindex.index import IndexSnapshot
-from goodput.ckptindex.records import TIERS, CopyRecord, Tier
+from goodput.ckptindex.records import CopyRecord
+from goodput.schemas.events import STORAGE_TIERS, StorageTier
 
 #: complete checkpoints kept per tier unless configured otherwise
-DEFAULT_KEEP: dict[Tier, int] = {"local": 2, "peer": 2, "object_store": 3}
+DEFAULT_KEEP: dict[StorageTier, int] = {"local": 2, "peer": 2, "object_store": 3}
 #: tiers a newer checkpoint must be complete in before anything older is deleted anywhere
-DEFAULT_REQUIRE: tuple[Tier, ...] = ("peer",)
+DEFAULT_REQUIRE: tuple[StorageTier, ...] = ("peer",)
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ def plan_gc(snapshot: IndexSnapshot, retention: Retention) -> list[CopyRecord]:
     newest_complete = complete[0].step
     qualified = [v for v in complete if all(v.complete_in(t) for t in retention.require)]
     doomed = []
-    for tier in TIERS:
+    for tier in STORAGE_TIERS:
         safe_behind = [v.step for v in qualified if v.complete_in(tier)]
         if not safe_behind:
             continue

@@ -20,7 +20,8 @@ from goodput.ckptfmt import (
     step_dir,
     verify_manifest_and_files,
 )
-from goodput.ckptindex.records import CopyRecord, FileRef, Tier, copy_key
+from goodput.ckptindex.records import CopyRecord, FileRef, copy_key
+from goodput.schemas.events import StorageTier
 
 
 def verify_copy(directory: Path) -> tuple[list[FileRef], str]:
@@ -50,9 +51,9 @@ class DiskHoldings:
         self.scrub_interval_s = scrub_interval_s
         self._seen: dict[Path, _Seen] = {}
 
-    def _places(self) -> list[tuple[Tier, str, str]]:
+    def _places(self) -> list[tuple[StorageTier, str, str]]:
         """(tier, owner, root relative to the node dir) of every checkpoint parent directory."""
-        places: list[tuple[Tier, str, str]] = [("local", self.node, local_root(self.job))]
+        places: list[tuple[StorageTier, str, str]] = [("local", self.node, local_root(self.job))]
         peers = self.directory / "peer" / self.job
         if peers.is_dir():
             for owner in sorted(os.listdir(peers)):

@@ -6,8 +6,9 @@ claim → execute → record → emit result → ack:
 
 - the lookups of the record and the claim, the claim (a :class:`~goodput.schemas.CommandClaim`
   with the executor's *fence*, what its state was before it ran the command) and the record
-  are each retried until the bus answers, for as long as the service lives: a bus outage delays them, it never turns into a redelivery; the
-  message is kept un-acked meanwhile, its ack deadline pushed back by in-progress acks;
+  are each retried until the bus answers, for as long as the service lives: a bus outage
+  delays them, it never turns into a redelivery; the message is kept un-acked meanwhile, its
+  ack deadline pushed back by in-progress acks;
 - a redelivered command with a claim and no record was begun by an executor that died
   before recording its outcome. Whether it ran is told by the fence: the same as now, it
   did not take effect and runs (e.g. the attempt a restart was to replace is still the

@@ -12,14 +12,14 @@ of 20 steps stayed at or below 1.17×. The chaos tool's 1.5× straggler (a SIGST
 measures only 1.27-1.4× per step under that load, as its stops also land outside its compute.
 More than half of a window must be slow, so a burst shorter than ``window // 2 + 1`` steps, of
 any height, cannot flag a rank by itself, and a persistent straggler is found that many steps
-after it slowed (15 steps for the recorded one). The rank must also have stayed slow for ``hold_s`` seconds (from when its lower median
-first reached the ratio, until it is back under the halfway mark, the flag's own hysteresis)
-and be at the ratio then, before it is flagged: on fast steps 20 steps are a few
-seconds, and a healthy rank sharing its cores with a burst of other work was flagged after
-2-4 s of it (`goodput bench detect` at 0.13-0.2 s steps, one quiet run in four; and a rank
-just started on a spare, still warming up). Contention comes and goes in seconds; a straggler
-worth evicting (a throttled GPU, a degraded link) stays for minutes, so waiting ``hold_s``
-costs little. A flag is cleared (and may fire again) once the lower median falls back below
+after it slowed (15 steps for the recorded one). The rank must also have stayed slow for
+``hold_s`` seconds (from when its lower median first reached the ratio, until it is back
+under the halfway mark, the flag's own hysteresis) and be at the ratio then, before it is
+flagged: on fast steps 20 steps are a few seconds, and a healthy rank sharing its cores with
+a burst of other work was flagged after 2-4 s of it (`goodput bench detect` at 0.13-0.2 s
+steps, one quiet run in four; and a rank just started on a spare, still warming up).
+Contention comes and goes in seconds; a straggler worth evicting (a throttled GPU, a degraded
+link) stays for minutes, so waiting ``hold_s`` costs little. A flag is cleared (and may fire again) once the lower median falls back below
 halfway between 1 and ``ratio``.
 
 Step reports are grouped by step number and judged when all ``world_size`` ranks reported,

@@ -13,6 +13,7 @@ from nats.js.kv import KeyValue
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
+from goodput.bus.kv_scan import current_entries
 
 
 class NodeHeld(RuntimeError):
@@ -76,18 +77,11 @@ def decode(value: bytes | None) -> schemas.AgentRecord | None:
 
 
 async def live_agents(bus: Bus, job: str) -> dict[str, schemas.AgentRecord]:
-    """Every live agent of ``job`` by node name."""
-    kv = await bucket(bus)
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
-        return {}
+    """Every live agent of ``job`` by node name, read in one complete pass."""
+    entries = await current_entries(bus, subjects.AGENTS_BUCKET, f"{job}.*")
     agents: dict[str, schemas.AgentRecord] = {}
-    prefix = f"{job}."
-    for key in keys:
-        if not key.startswith(prefix):
-            continue
-        record = await read(bus, job, key[len(prefix) :])
+    for value in entries.values():
+        record = decode(value)
         if record is not None:
             agents[record.node] = record
     return agents

@@ -16,6 +16,7 @@ from nats.js.kv import KeyValue
 
 from goodput import subjects
 from goodput.bus import Bus
+from goodput.bus.kv_scan import current_entries
 from goodput.ckptindex.records import (
     CopyRecord,
     FileRef,
@@ -57,31 +58,23 @@ class CheckpointIndex:
         await (await self._kv()).delete(copy_key(self.job, record))
 
     async def snapshot(self, node_ttl_s: float = DEFAULT_NODE_TTL_S) -> IndexSnapshot:
-        """Every record of the job, read in one pass of a KV watcher."""
-        kv = await self._kv()
-        # the server drops the watcher's consumer soon after this read (default: 5 minutes)
-        watcher = await kv.watch(
-            subjects.kv_key(self.job, ">"), ignore_deletes=True, inactive_threshold=2.0
+        """Every record of the job, read in one complete pass (a timeout raises instead of
+        returning a partial view, which could make a complete step look incomplete)."""
+        entries = await current_entries(
+            self.bus, subjects.CKPT_INDEX_BUCKET, subjects.kv_key(self.job, ">")
         )
         nodes: dict[str, NodeAddressRecord] = {}
         copies: list[CopyRecord] = []
-        try:
-            # the watcher signals "caught up" with None; a timeout raises instead of returning
-            # a partial view (which could make a complete step look incomplete, or vice versa)
-            while (entry := await watcher.updates(timeout=10)) is not None:
-                if not entry.value:
-                    continue
-                kind = key_kind(entry.key)
-                try:
-                    if kind == "node":
-                        record = decode_node(entry.value)
-                        nodes[record.node] = record
-                    elif kind == "copy":
-                        copies.append(decode_copy(entry.value))
-                except IndexRecordError as exc:
-                    log.warning("ignoring undecodable index record %s: %s", entry.key, exc)
-        finally:
-            await watcher.stop()
+        for key, value in entries.items():
+            kind = key_kind(key)
+            try:
+                if kind == "node":
+                    record = decode_node(value)
+                    nodes[record.node] = record
+                elif kind == "copy":
+                    copies.append(decode_copy(value))
+            except IndexRecordError as exc:
+                log.warning("ignoring undecodable index record %s: %s", key, exc)
         return IndexSnapshot(nodes, copies, node_ttl_s)
 
 

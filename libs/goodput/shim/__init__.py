@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         keep_global_batch,
         scale_lr,
     )
-    from goodput.shim.restore_result import DpLayout, RestoreResult
+    from goodput.shim.restore_result import DpLayout, RestoreResult, UnfilledVolumeError
     from goodput.shim.standby import JobRun, run_job
     from goodput.shim.trainer import TrainerShim
 
@@ -37,6 +37,7 @@ _EXPORTS = {
     "scale_lr": "goodput.shim.rescale",
     "DpLayout": "goodput.shim.restore_result",
     "RestoreResult": "goodput.shim.restore_result",
+    "UnfilledVolumeError": "goodput.shim.restore_result",
     "JobRun": "goodput.shim.standby",
     "run_job": "goodput.shim.standby",
     "EXIT_TERMINATED": "goodput.rank_env",
@@ -59,6 +60,7 @@ __all__ = [
     "ResumableSampler",
     "ShimConfig",
     "TrainerShim",
+    "UnfilledVolumeError",
     "adjust_schedule",
     "keep_global_batch",
     "run_job",

@@ -69,6 +69,11 @@ def pop_metadata(state: dict[str, Any]) -> CheckpointMetadata | None:
         raise ValueError(f"checkpoint metadata {METADATA_KEY!r} is unreadable: {exc}") from None
 
 
+class UnfilledVolumeError(RuntimeError):
+    """Some ranks hold a checkpoint and others none: a node's volume was not refilled before
+    the launch. Starting over from step 0 would throw away every step since the job began."""
+
+
 @dataclass(frozen=True)
 class RestoreResult:
     """A restored checkpoint: the step, the state and what it was saved under."""

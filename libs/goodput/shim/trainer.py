@@ -31,7 +31,7 @@ from goodput.ckpt import events as ckpt_events
 from goodput.ckpt.host_restore import HostRestore, restore_from_host
 from goodput.ckpt.torch_save import TorchSaveCheckpointer
 from goodput.rank_env import EXIT_TERMINATED
-from goodput.shim.agree import agree_min, all_reduce_min, grouped
+from goodput.shim.agree import agree_min, all_reduce_min, any_rank, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
 from goodput.shim.config import ShimConfig
 from goodput.shim.injected_faults import InjectedFaults
@@ -43,6 +43,7 @@ from goodput.shim.restore_result import (
     DpLayout,
     RestoreResult,
     RestoreTier,
+    UnfilledVolumeError,
     resolve_restore,
     with_metadata,
 )
@@ -190,7 +191,17 @@ class TrainerShim:
         self, template_state: dict[str, Any]
     ) -> tuple[int, dict[str, Any], RestoreTier] | None:
         # a rank whose newest copy is corrupt falls back further: agree on the minimum, again
-        candidate = agree_min(self.engine.latest_complete_step())
+        latest = self.engine.latest_complete_step()
+        candidate = agree_min(latest)
+        if candidate is None and any_rank(latest is not None)[0]:
+            raise UnfilledVolumeError(
+                f"rank {self.config.rank} "
+                + (f"holds step {latest}" if latest is not None else "holds no checkpoint")
+                + f" in {self.config.ckpt_dir}, and some ranks "
+                + ("hold none" if latest is not None else "hold one")
+                + ": a node's volume was not filled before the launch; refusing to start "
+                "over from step 0 (restore it: goodput ckpt restore)"
+            )
         for _ in range(4):
             if candidate is None:
                 log.info("no common checkpoint in %s; starting from scratch", self.config.ckpt_dir)

@@ -1,0 +1,75 @@
+"""A node replaced by one with an empty volume does not take the job back to step 0.
+
+Two real rank processes on gloo, one node each, save step 5 on their own volumes. Node 1's
+volume is then lost (the spare that replaces it starts empty) and the ranks start again: every
+rank refuses with one clear error instead of agreeing on "no checkpoint" and training from
+scratch, which is what they did when a spare's volume was not refilled before the launch."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+RANK = """
+import os, sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+from goodput.shim import ShimConfig, TrainerShim, UnfilledVolumeError
+
+rank, port, volume = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}",
+                        timeout=timedelta(seconds=120))
+config = ShimConfig(ckpt_dir=volume, world_size=2, rank=rank, local_rank=0, local_world_size=1)
+shim = TrainerShim(config, install_signal_handlers=False)
+try:
+    restored = shim.restore({"w": torch.zeros(4)})
+except UnfilledVolumeError as exc:
+    print("refused:", exc, flush=True)
+    shim.engine.close()
+    sys.exit(3)
+print("restored:", None if restored is None else restored.step, flush=True)
+shim.finish({"w": torch.arange(4.0) + rank}, 5)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start_ranks(volumes: list[Path]) -> list[tuple[int, str]]:
+    port = str(_free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, str(rank), port, str(volume)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank, volume in enumerate(volumes)
+    ]
+    outputs = [rank.communicate(timeout=240)[0] for rank in ranks]
+    return [(rank.returncode, output) for rank, output in zip(ranks, outputs, strict=True)]
+
+
+def test_ranks_refuse_to_start_over_when_one_volume_is_empty(tmp_path: Path) -> None:
+    volumes = [tmp_path / "node-0", tmp_path / "node-1"]
+    first = _start_ranks(volumes)
+    assert all(code == 0 and "restored: None" in out for code, out in first), first
+    again = _start_ranks(volumes)  # both volumes intact: both resume at step 5
+    assert all(code == 0 and "restored: 5" in out for code, out in again), again
+
+    shutil.rmtree(volumes[1])  # node 1 is replaced by a spare with an empty volume
+    refused = _start_ranks(volumes)
+    assert [code for code, _ in refused] == [3, 3], refused
+    assert "rank 0 holds step 5" in refused[0][1] and "some ranks hold none" in refused[0][1]
+    assert "rank 1 holds no checkpoint" in refused[1][1]
+    assert "Traceback" not in refused[0][1] + refused[1][1]

@@ -36,3 +36,19 @@ def test_an_attempt_reported_mid_relaunch_still_counts_when_it_runs() -> None:
     report = summary(watcher)
     assert report["world_size_history"] == [2, 1, 2]
     assert report["restarts"] == 2 and report["state"] == "finished"
+
+
+def test_a_launch_failure_is_not_overwritten_by_the_stop_that_follows_it() -> None:
+    # the order a CI run produced: `run` judged the launch failed and stopped the job; the
+    # controller's restart of the same exit and the stop's status came before it stopped
+    # following, and the summary read "stopped"
+    watcher = JobWatcher(bus=None, job="j", total_steps=10)  # type: ignore[arg-type]
+    crash = schemas.RankExited(job="j", node="node-0", rank=0, pid=7, exit_code=3, attempt=1)
+    watcher._apply(status(1, "running", 1, "job started"))
+    watcher._apply(crash)
+    assert watcher.ended.is_set() and watcher.state == "launch failed"
+    watcher._apply(status(2, "restarting", 1, "in-job restart"))
+    watcher._apply(status(2, "stopped", 1, "goodput run: launch failed: ..."))
+    report = summary(watcher)
+    assert report["state"] == "launch failed" and report["restarts"] == 0
+    assert "exit code 3" in watcher.refusal

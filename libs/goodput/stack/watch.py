@@ -114,6 +114,8 @@ class JobWatcher:
         if not self._in_run:
             self._before_run(event)
             return
+        if self.state == "launch failed":
+            return  # the verdict stands: the stop `run` sends next reports "stopped"
         self.events += 1
         match event:
             case schemas.StepDone():

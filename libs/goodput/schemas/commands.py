@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from goodput.schemas.envelope import Message, Seconds, new_id
+from goodput.warm_path import WARM_PATH
 
 
 class Command(Message, kw_only=True):
@@ -67,7 +68,7 @@ class RestartInProcess(Command, tag="restart_in_process", kw_only=True):
     and join a fresh rendezvous in process; only dead ranks are started again. A survivor
     that has not rejoined within ``deadline_s`` fails the command (then a cold restart)."""
 
-    deadline_s: Seconds = 30.0
+    deadline_s: Seconds = WARM_PATH.rejoin_deadline_s
     #: the dead ranks are taken from their nodes' ready standbys (cold where none is ready)
     standbys: bool = False
 

@@ -43,10 +43,6 @@ from goodput.shim.group_sockets import cut
 
 log = logging.getLogger(__name__)
 
-#: how long a rank waits for its groups' abort before it gives the in-process restart up; well
-#: under ``RestartInProcess.deadline_s`` (30 s), so the actuator hears the reason, not a silence
-ABORT_TIMEOUT_S = 10.0
-
 #: torch >= 2.5. No public call aborts every group of the process *and* forgets them (checked
 #: in torch 2.13): ``ProcessGroup.abort()`` (public, on every backend) aborts one group but
 #: leaves it registered, so ``init_process_group`` refuses the next one, and aborting the NCCL

@@ -10,7 +10,7 @@ training loop is the shim's (:func:`run_in_process`), so the shim can unwind a s
    makes every peer blocked on this rank fail at once; a graceful destroy could wait on a dead
    peer). The ``Rejoin`` itself starts the abort, from the bus link's thread: a rank blocked
    in an NCCL collective whose peer died never fails on its own, the abort frees it. The
-   abort is bounded: one that does not return within ``abort_timeout_s`` (a wedged
+   abort is bounded: one that does not return within its timeout (a wedged
    communicator) answers the Rejoin with that reason and exits, never half-rejoined, and the
    controller decides a cold restart naming it;
 3. the rank waits for the actuator's ``Rejoin`` (bounded: without one it re-raises and exits,
@@ -39,19 +39,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch.distributed as dist
 
 from goodput import schemas
-from goodput.shim.group_abort import ABORT_TIMEOUT_S, GroupAbort
+from goodput.shim.group_abort import GroupAbort
 from goodput.shim.group_sockets import opened_by
 from goodput.shim.rescale import BatchPlan
 from goodput.shim.step_protocol import RestartRequested, end_step
+from goodput.warm_path import WARM_PATH, WarmPathTimeouts
 
 if TYPE_CHECKING:
     from goodput.shim.trainer import TrainerShim
 
 log = logging.getLogger(__name__)
-
-#: how long a rank whose step failed waits for the actuator's Rejoin before it gives up
-#: (re-raises: the process exits and the supervisor restarts it cold)
-REJOIN_WAIT_S = 60.0
 
 
 class ResumableJob(Protocol):
@@ -145,9 +142,7 @@ def run_in_process(
     total_steps: int,
     *,
     stop_at: int | None = None,
-    group_timeout_s: float = 300.0,
-    rejoin_wait_s: float = REJOIN_WAIT_S,
-    abort_timeout_s: float = ABORT_TIMEOUT_S,
+    timeouts: WarmPathTimeouts = WARM_PATH,
     group_sockets: frozenset[int] = frozenset(),
 ) -> RunOutcome:
     """Restore, train to ``total_steps`` (or a stop), checkpoint as agreed, finish; a failed
@@ -171,10 +166,12 @@ def run_in_process(
                 raise  # no group to rejoin, or no supervisor to send a Rejoin
             log.warning("training step abandoned (%s); leaving the process group", exc)
             shim.set_busy("restarting")
-            stuck = _abandon_step(job, exc, abort, abort_timeout_s)
-            command = mailbox.wait(rejoin_wait_s)
+            stuck = _abandon_step(job, exc, abort, timeouts.abort_s)
+            command = mailbox.wait(timeouts.rejoin_wait_s)
             if command is None:
-                log.error("no Rejoin within %.0f s; exiting for a cold restart", rejoin_wait_s)
+                log.error(
+                    "no Rejoin within %.0f s; exiting for a cold restart", timeouts.rejoin_wait_s
+                )
                 raise
             if stuck:
                 # out of the old group it is not, so it must not join the new one: the actuator
@@ -182,7 +179,7 @@ def run_in_process(
                 log.error("cannot rejoin attempt %d: %s", command.attempt, stuck)
                 shim.answer_rejoin(command, ok=False, detail=stuck)
                 raise RuntimeError(f"cannot rejoin: {stuck}") from exc
-            sockets = _rejoin(shim, job, command, backend, group_timeout_s)
+            sockets = _rejoin(shim, job, command, backend, timeouts.group_s)
             abort = mailbox.arm(GroupAbort(sockets=sockets))
             outcome.restarts += 1
     abort.release()  # the job destroys its groups itself at its end, not the interpreter's exit

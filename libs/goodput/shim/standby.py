@@ -30,12 +30,12 @@ import torch
 import torch.distributed as dist
 
 from goodput.rank_env import VARIABLES, RankEnv, nccl_error_handling
-from goodput.shim.group_abort import ABORT_TIMEOUT_S
 from goodput.shim.group_sockets import opened_by
 from goodput.shim.inprocess import ResumableJob, RunOutcome
 from goodput.shim.rescale import RescaleCallback
 from goodput.shim.trainer import TrainerShim
 from goodput.standby_channel import StandbyReleased, receive_assignment
+from goodput.warm_path import WARM_PATH, WarmPathTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,7 @@ def run_job(
     *,
     rescale: Iterable[RescaleCallback] = (),
     backend: str | None = None,
-    group_timeout_s: float = 300.0,
-    abort_timeout_s: float = ABORT_TIMEOUT_S,
+    timeouts: WarmPathTimeouts = WARM_PATH,
     stop_at: int | None = None,
     **shim_options: Any,
 ) -> JobRun:
@@ -63,8 +62,8 @@ def run_job(
 
     An NCCL group is created with :data:`goodput.rank_env.NCCL_ERROR_HANDLING` (a value already
     in the environment wins): a peer's death must fail this rank's collectives, not kill it.
-    ``group_timeout_s`` bounds a collective that neither completes nor fails;
-    ``abort_timeout_s`` bounds leaving a broken group (see :mod:`goodput.shim.group_abort`).
+    ``timeouts`` bound the group's collectives and the in-process restart
+    (:mod:`goodput.warm_path`; their order is checked when they are built).
 
     ``shim_options`` override :class:`~goodput.shim.trainer.ShimConfig` fields read from the
     environment. A standby the actuator releases without an assignment exits 0.
@@ -97,7 +96,7 @@ def run_job(
                 chosen,
                 rank=shim.config.rank,
                 world_size=shim.config.world_size,
-                timeout=timedelta(seconds=group_timeout_s),
+                timeout=timedelta(seconds=timeouts.group_s),
             ),
             sparing=shim.bus_ports(),
         )
@@ -106,8 +105,7 @@ def run_job(
         job,
         total_steps,
         stop_at=stop_at,
-        group_timeout_s=group_timeout_s,
-        abort_timeout_s=abort_timeout_s,
+        timeouts=timeouts,
         group_sockets=sockets,
     )
     return JobRun(shim=shim, job=job, outcome=outcome)

@@ -25,6 +25,7 @@ from goodput.examples.gpt.training import Trainer
 from goodput.rank_env import RankEnv
 from goodput.shim import run_job
 from goodput.shim.rescale import BUILTIN_RULES
+from goodput.warm_path import WarmPathError, WarmPathTimeouts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,6 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--ckpt-every" in argv:
         options["ckpt_every"] = int(argv[argv.index("--ckpt-every") + 1])
     args = train.parse_args(argv)
+    try:
+        timeouts = WarmPathTimeouts(group_s=args.dist_timeout_s)
+    except WarmPathError as exc:
+        print(f"--dist-timeout-s: {exc}", file=sys.stderr)
+        return 2
     env = RankEnv.from_env()
     who = "standby" if env.standby else f"rank{env.rank}"
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {who} %(name)s: %(message)s")
@@ -58,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.steps,
             rescale=BUILTIN_RULES[args.rescale](),
             stop_at=args.exit_at_step,
-            group_timeout_s=args.dist_timeout_s,
+            timeouts=timeouts,
             **options,
         )
         if args.result is not None and run.shim.config.rank == 0:

@@ -103,3 +103,11 @@ def test_every_legitimate_time_is_admitted() -> None:
     assert schemas.decode_event(_step(ts=0, step_time_s=0.0)).ts == 0
     for message in sample_events() + sample_commands():  # what the services publish
         assert schemas.decode_any(schemas.encode(message)) == message
+
+
+def test_a_rank_exit_reports_an_exit_code_or_a_signal_never_both() -> None:
+    fields = {"job": "j", "node": "n", "rank": 0, "pid": 1}
+    exited = schemas.RankExited.from_returncode(3, **fields)
+    assert (exited.exit_code, exited.signal) == (3, None)
+    killed = schemas.RankExited.from_returncode(-9, **fields)
+    assert (killed.exit_code, killed.signal) == (None, 9)

@@ -266,13 +266,12 @@ class HostRanks:
         log.info("rank %d (pid %d) exited %d", entry.rank, entry.process.pid, code)
         self.changed()
         await self.emit(
-            schemas.RankExited(
+            schemas.RankExited.from_returncode(
+                code,
                 job=self.job,
                 node=self.node,
                 rank=entry.rank,
                 pid=entry.process.pid,
-                exit_code=code if code >= 0 else None,
-                signal=-code if code < 0 else None,
                 attempt=entry.attempt,
                 expected_reason=entry.expected_reason,
             )

@@ -6,7 +6,7 @@ every one, and the codec decodes exactly that union.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -35,6 +35,13 @@ class RankExited(Event, tag="rank_exited", kw_only=True):
     attempt: int = 0
     #: why the runner expected it (stop command, restart) or not (``""`` = unexpected)
     expected_reason: str = ""
+
+    @classmethod
+    def from_returncode(cls, returncode: int, **fields: Any) -> RankExited:
+        """A process's ``returncode`` as the event says it: an exit code, or the signal that
+        ended the process (a negative returncode), never both."""
+        code, sig = (returncode, None) if returncode >= 0 else (None, -returncode)
+        return cls(exit_code=code, signal=sig, **fields)
 
 
 #: ``Heartbeat.busy`` of a rank's last beat: it finished (or was told to stop) and is leaving;

@@ -346,13 +346,12 @@ class LocalBackend(MembershipBackend):
         # a "running" status would follow this one: the launch says it instead
         finished = entry in self.ranks and not self._launching and self._finished()
         await self.emit(
-            schemas.RankExited(
+            schemas.RankExited.from_returncode(
+                returncode,
                 job=self.job,
                 node=entry.node,
                 rank=entry.rank,
                 pid=entry.process.pid,
-                exit_code=returncode if returncode >= 0 else None,
-                signal=-returncode if returncode < 0 else None,
                 attempt=entry.attempt,
                 expected_reason=entry.expected_reason,
             )

@@ -18,7 +18,9 @@ from goodput.ckptfmt import (
     read_retention_record,
     write_retention_record,
 )
-from goodput.ckptindex.retention import deletable_steps
+from goodput.ckptindex.index import IndexSnapshot
+from goodput.ckptindex.records import NodeAddressRecord
+from goodput.ckptindex.retention import attainable, deletable_steps
 
 from .helpers import make_state
 
@@ -47,6 +49,20 @@ def test_the_guarded_rule_deletes_only_behind_a_newer_safe_step() -> None:
     for keep in range(4):
         for safe in (None, set(), {1}, {3}, {1, 2, 3}):
             assert 3 not in deletable_steps([1, 2, 3], [3, 2, 1], keep, safe)
+
+
+def test_a_guard_no_copy_can_meet_is_not_applied() -> None:
+    """One node has no peer: under require=peer its volume would keep every checkpoint."""
+
+    def index(*nodes: str) -> IndexSnapshot:
+        records = {n: NodeAddressRecord(node=n, host="h", port=1, ts=0) for n in nodes}
+        return IndexSnapshot(records, [])  # ts 0: every node long dead, still in the job
+
+    require = ("peer", "object_store")
+    assert attainable(require, index("node-0"), has_store=False) == ()
+    assert attainable(require, index("node-0"), has_store=True) == ("object_store",)
+    # a peer that is down is what the guard waits out: it still counts
+    assert attainable(require, index("node-0", "node-1"), has_store=False) == ("peer",)
 
 
 def test_a_checkpoint_not_yet_on_a_peer_is_never_deleted_by_the_engine(tmp_path: Path) -> None:

@@ -62,6 +62,16 @@ def deletable_steps(
     return sorted(step for step in set(present) if step < floor)
 
 
+def attainable(
+    require: Iterable[str], snapshot: IndexSnapshot, *, has_store: bool
+) -> tuple[str, ...]:
+    """The tiers of ``require`` this job can reach at all: a guard no copy can ever meet would
+    keep every checkpoint forever. A peer needs a second node in the job's index (live or not:
+    a peer that is down is what the guard waits out), the object store a configured store."""
+    reachable = {"peer": len(snapshot.nodes) > 1, "object_store": has_store}
+    return tuple(tier for tier in require if reachable.get(tier, True))
+
+
 def safe_steps(snapshot: IndexSnapshot, require: Iterable[str]) -> set[int]:
     """Complete steps that are complete in every tier of ``require`` (live copies only)."""
     return _safe([v for v in snapshot.views() if v.complete], tuple(require))

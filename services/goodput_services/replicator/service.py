@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from goodput.ckptindex.records import (
     copy_key,
     store_namespace,
 )
-from goodput.ckptindex.retention import Retention, safe_steps
+from goodput.ckptindex.retention import Retention, attainable, safe_steps
 from goodput.config import ServiceConfig
 from goodput.telemetry import tracer
 from goodput.tiers.backup import backup_checkpoint, is_backup_complete, listing_key
@@ -254,8 +254,11 @@ class ReplicatorService(Service):
     def _publish_safe_steps(self, snapshot: IndexSnapshot) -> None:
         """The ranks' engines delete old checkpoints from the volume but have no bus: tell
         them, in the volume, behind which steps that is safe (``require`` honoured)."""
-        require = self.retention.require
+        require = self._attainable(snapshot)
         write_retention_record(self.volume, require, safe_steps(snapshot, require))
+
+    def _attainable(self, snapshot: IndexSnapshot) -> tuple[str, ...]:
+        return attainable(self.retention.require, snapshot, has_store=self.store is not None)
 
     def _held(self) -> Held:
         own = [c for c in self.held.values() if c.tier == "local"]
@@ -372,7 +375,7 @@ class ReplicatorService(Service):
             report = await collect_garbage(
                 self.index,
                 snapshot,
-                self.retention,
+                replace(self.retention, require=self._attainable(snapshot)),
                 state_dir=self.state_dir,
                 disks_of={self.node},
                 store=self.store if sweeps_store(snapshot, self.node) else None,

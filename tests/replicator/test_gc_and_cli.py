@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from goodput.ckptfmt import read_retention_record
 from goodput.tiers.object_store import DirectoryObjectStore
 from goodput_services.replicator.holdings import verify_copy
 from tests.replicator.conftest import (
@@ -21,6 +22,19 @@ from tests.replicator.conftest import (
 )
 
 RETENTION = {"keep_local": "1", "keep_peer": "1", "keep_object_store": "1", "gc_interval_s": "1"}
+
+
+async def published_safe_steps(h: Harness, node: str, expected: tuple[int, ...]) -> None:
+    """Wait until ``node``'s replicator has told its engine (in the volume) these steps are
+    safe to delete behind, under the default ``require`` (a peer)."""
+    record = None
+    for _ in range(50):
+        record = read_retention_record(h.replicators.volume(node))
+        if record is not None and record.safe_steps == expected:
+            assert record.require == ("peer",)
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{node}'s retention record is {record}, not safe steps {expected}")
 
 
 def blobs(h: Harness) -> set[str]:
@@ -37,6 +51,7 @@ async def test_gc_keeps_the_newest_complete_step_and_the_cli_sees_it(
     reps.start("node-1", replicas="1", **RETENTION)
     old = write_checkpoint(reps.volume("node-0"), 10, seed=1)
     await h.until(lambda s: peer_copies(s, "node-0", 10) and in_store(s, "node-0", 10))
+    await published_safe_steps(h, "node-0", (10,))
     old_blobs = set(file_checksums(old).values())
     assert old_blobs <= blobs(h)
 
@@ -50,6 +65,7 @@ async def test_gc_keeps_the_newest_complete_step_and_the_cli_sees_it(
             break
         await asyncio.sleep(0.2)
     assert not old.exists()
+    await published_safe_steps(h, "node-0", (20,))
     assert not (reps.node_dir("node-1") / "peer" / JOB / "node-0" / old.name).exists()
     assert not (old_blobs & blobs(h))
     assert set(file_checksums(new).values()) <= blobs(h)

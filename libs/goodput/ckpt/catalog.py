@@ -12,15 +12,18 @@ from goodput.ckpt.events import CheckpointRetentionDeleted, Listener, emit
 from goodput.ckptfmt import (
     TRASH_PREFIX,
     ManifestError,
+    RetentionRecordError,
     VerifyProblem,
     check_file_sizes,
     parse_tmp_step_dir,
     read_manifest,
+    read_retention_record,
     remove_dir_safely,
     step_dir,
     step_dirs,
     verify_files,
 )
+from goodput.ckptindex.retention import deletable_steps
 
 log = logging.getLogger(__name__)
 
@@ -77,31 +80,37 @@ def verify_checkpoint(root: str | os.PathLike, step: int) -> list[VerifyProblem]
 def apply_retention(
     root: str | os.PathLike, keep_last: int, listener: Listener | None = None
 ) -> list[int]:
-    """Keep the newest ``keep_last`` complete checkpoints; delete what is older.
+    """Delete the checkpoints that retention (``goodput.ckptindex.retention``) lets go.
 
-    Deletion renames to a hidden trash name first, so a concurrent reader never sees a
-    half-deleted checkpoint. Stale ``.tmp-`` directories older than the newest complete
-    checkpoint (left by a killed writer) and leftover trash are removed too.
+    The newest ``keep_last`` complete checkpoints are kept; when the node's replicator
+    publishes a retention record in ``root``, older ones go only behind a newer step it says
+    is safe (complete in every ``require`` tier, e.g. on a peer). A record that cannot be
+    read keeps everything. Deletion renames to a hidden trash name first, so a concurrent
+    reader never sees a half-deleted checkpoint. Stale ``.tmp-`` directories older than the
+    newest complete checkpoint (left by a killed writer) and leftover trash are removed too.
     """
     infos = list_checkpoints(root)
-    complete = [info for info in infos if info.complete]
-    if keep_last < 1 or len(complete) <= keep_last:
-        oldest_kept = complete[-1].step if complete else None
+    complete = [info.step for info in infos if info.complete]
+    try:
+        record = read_retention_record(root)
+    except RetentionRecordError as exc:
+        log.warning("retention deletes nothing: %s", exc)
+        doomed: set[int] = set()
     else:
-        oldest_kept = complete[keep_last - 1].step
+        safe = None if record is None else set(record.safe_steps)
+        doomed = set(deletable_steps([info.step for info in infos], complete, keep_last, safe))
     deleted = []
-    if oldest_kept is not None:
-        for info in infos:
-            if info.step >= oldest_kept:
-                continue
-            try:
-                remove_dir_safely(info.path)
-            except OSError as exc:
-                log.warning("retention could not delete %s: %s", info.path, exc)
-                continue
-            deleted.append(info.step)
-            emit(listener, CheckpointRetentionDeleted(step=info.step, path=str(info.path)))
-    newest = complete[0].step if complete else None
+    for info in infos:
+        if info.step not in doomed:
+            continue
+        try:
+            remove_dir_safely(info.path)
+        except OSError as exc:
+            log.warning("retention could not delete %s: %s", info.path, exc)
+            continue
+        deleted.append(info.step)
+        emit(listener, CheckpointRetentionDeleted(step=info.step, path=str(info.path)))
+    newest = complete[0] if complete else None
     for name in os.listdir(root):
         stale_step = parse_tmp_step_dir(name)
         if name.startswith(TRASH_PREFIX) or (

@@ -104,6 +104,8 @@ class CheckpointEngine:
     2 GB faster than four or eight (docs/BENCHMARKS.md); faster storage may want more.
     ``direct_io``: writes take O_DIRECT ("auto": where the filesystem allows it), reads only
     when it is ``True`` (page-cache reads restore faster, see ``goodput.ckpt.fileio``).
+    ``keep_last``: after each save, older checkpoints go as :func:`catalog.apply_retention`
+    allows (never one the node's replicator has not yet made safe); 0 deletes none.
     """
 
     def __init__(

@@ -29,6 +29,7 @@ from goodput.ckpt.events import (
 )
 from goodput.ckpt.restore import NoCheckpointError
 from goodput.ckptfmt import parse_step_dir, step_dir_name
+from goodput.ckptindex.retention import deletable_steps
 
 _SUFFIX = ".pt"
 
@@ -130,7 +131,10 @@ class TorchSaveCheckpointer:
         """Nothing is in flight: every save finished before it returned."""
 
     def _apply_retention(self) -> None:
+        """The plain keep-newest rule: no replicator copies ``.pt`` files, so no record of
+        safe steps can apply to them."""
         if self.keep_last <= 0:
             return
-        for old in self.steps()[: -self.keep_last]:
+        steps = self.steps()
+        for old in deletable_steps(steps, steps, self.keep_last, safe=None):
             checkpoint_path(self.root, old).unlink(missing_ok=True)

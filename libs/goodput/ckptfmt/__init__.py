@@ -8,6 +8,8 @@
   (fsync file and directory, atomic rename), safe deletion.
 - :mod:`~goodput.ckptfmt.sharded`: the shard records of a sharded (DTensor) checkpoint.
 - :mod:`~goodput.ckptfmt.verify`: is a checkpoint directory complete and intact.
+- :mod:`~goodput.ckptfmt.retention_record`: the volume's ``.goodput-retention`` (which steps
+  the replicator says are safe to delete behind).
 
 The engine (``goodput.ckpt``), the tiers (``goodput.tiers``), the replicator and the CLI all
 import these; nothing else formats or parses a step directory or a manifest.
@@ -64,6 +66,13 @@ from goodput.ckptfmt.manifest import (
     read_manifest_bytes,
     write_manifest,
 )
+from goodput.ckptfmt.retention_record import (
+    RETENTION_RECORD_NAME,
+    RetentionRecord,
+    RetentionRecordError,
+    read_retention_record,
+    write_retention_record,
+)
 from goodput.ckptfmt.verify import (
     VerifyProblem,
     check_file_sizes,
@@ -78,6 +87,7 @@ __all__ = [
     "KIND_FILES",
     "KIND_SHARDED",
     "MANIFEST_NAME",
+    "RETENTION_RECORD_NAME",
     "STEP_PREFIX",
     "TMP_PREFIX",
     "TRASH_PREFIX",
@@ -86,6 +96,8 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "NotRegularFile",
+    "RetentionRecord",
+    "RetentionRecordError",
     "TensorEntry",
     "VerifyProblem",
     "build_manifest",
@@ -110,6 +122,7 @@ __all__ = [
     "publish",
     "read_manifest",
     "read_manifest_bytes",
+    "read_retention_record",
     "remove_dir_safely",
     "step_dir",
     "step_dir_name",
@@ -121,4 +134,5 @@ __all__ = [
     "write_all",
     "write_file_durably",
     "write_manifest",
+    "write_retention_record",
 ]

@@ -3,8 +3,9 @@
 Control plane on the bus (the index in ``gp_ckpt_index``, events, ``RestoreToNode``), data
 plane peer to peer: the node's peer server serves its directory (own volume and the copies it
 keeps for peers) over direct TCP. Loops: sync (announce the node, hash and index what its disk
-holds), replicate (newest own checkpoint to chosen peers), back up (every k-th checkpoint or
-every T seconds, to the object store), collect garbage (by the retention policy).
+holds, tell the engine in the volume behind which steps it may delete), replicate (newest own
+checkpoint to chosen peers), back up (every k-th checkpoint or every T seconds, to the object
+store), collect garbage (by the retention policy).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,11 @@ from goodput.ckptfmt import (
     ChecksumMismatch,
     ManifestError,
     node_dir,
+    node_volume,
     peer_root,
     step_dir,
     step_dir_name,
+    write_retention_record,
 )
 from goodput.ckptindex.gc import collect_garbage
 from goodput.ckptindex.index import CheckpointIndex, IndexSnapshot
@@ -36,7 +39,7 @@ from goodput.ckptindex.records import (
     copy_key,
     store_namespace,
 )
-from goodput.ckptindex.retention import Retention
+from goodput.ckptindex.retention import Retention, attainable, safe_steps
 from goodput.config import ServiceConfig
 from goodput.telemetry import tracer
 from goodput.tiers.backup import backup_checkpoint, is_backup_complete, listing_key
@@ -92,6 +95,7 @@ class ReplicatorService(Service):
         self.options = ReplicatorOptions.from_mapping(config.options)
         self.state_dir = Path(config.state_dir).resolve()
         self.node_dir = node_dir(self.state_dir, self.node)
+        self.volume = node_volume(self.state_dir, self.node, self.job)
         self.store_spec = store_spec(self.options, self.state_dir)
         self.store = open_object_store(
             self.store_spec, self.options.gcs_endpoint, self.options.store_retry_s
@@ -245,6 +249,16 @@ class ReplicatorService(Service):
         )
         for fresh in self._fresh:
             fresh.set()
+        await asyncio.to_thread(self._publish_safe_steps, snapshot)
+
+    def _publish_safe_steps(self, snapshot: IndexSnapshot) -> None:
+        """The ranks' engines delete old checkpoints from the volume but have no bus: tell
+        them, in the volume, behind which steps that is safe (``require`` honoured)."""
+        require = self._attainable(snapshot)
+        write_retention_record(self.volume, require, safe_steps(snapshot, require))
+
+    def _attainable(self, snapshot: IndexSnapshot) -> tuple[str, ...]:
+        return attainable(self.retention.require, snapshot, has_store=self.store is not None)
 
     def _held(self) -> Held:
         own = [c for c in self.held.values() if c.tier == "local"]
@@ -361,7 +375,7 @@ class ReplicatorService(Service):
             report = await collect_garbage(
                 self.index,
                 snapshot,
-                self.retention,
+                replace(self.retention, require=self._attainable(snapshot)),
                 state_dir=self.state_dir,
                 disks_of={self.node},
                 store=self.store if sweeps_store(snapshot, self.node) else None,

@@ -18,7 +18,7 @@ from goodput.ckpt import (
     read_manifest,
     verify_files,
 )
-from goodput.ckpt.events import CheckpointRestored, CheckpointRestoreFailed, CheckpointSaveFailed
+from goodput.ckpt.events import CheckpointFailed, CheckpointRestored, CheckpointRestoreFailed
 from goodput.ckptfmt import FileEntry, build_manifest, step_dir, write_manifest
 from tests.conftest import tmpfs_mount
 
@@ -180,7 +180,7 @@ def test_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(small_tmpfs:
         assert engine.save(small, 1).wait().ok
         result = engine.save(big, 2).wait()
         assert result.status == "failed" and "No space left" in (result.error or "")
-        assert any(isinstance(e, CheckpointSaveFailed) and e.step == 2 for e in events)
+        assert any(isinstance(e, CheckpointFailed) and e.step == 2 for e in events)
         assert sorted(os.listdir(small_tmpfs)) == ["step-0000000001"], "temp dir cleaned up"
         step, restored = engine.restore()
         assert step == 1
@@ -200,4 +200,4 @@ def test_read_only_directory_fails_saves_but_restores(small_tmpfs: Path) -> None
         step, restored = engine.restore()
     assert step == 1
     assert_bit_exact(state, restored)
-    assert any(isinstance(e, CheckpointSaveFailed) for e in events)
+    assert any(isinstance(e, CheckpointFailed) for e in events)

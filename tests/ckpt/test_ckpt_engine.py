@@ -18,11 +18,11 @@ from goodput.ckpt import (
 )
 from goodput.ckpt.events import (
     CheckpointDropped,
+    CheckpointFailed,
     CheckpointPersisted,
     CheckpointRestored,
     CheckpointRetentionDeleted,
-    CheckpointSaveFailed,
-    CheckpointSnapshotted,
+    CheckpointSaved,
 )
 from goodput.ckptfmt import file_xxh3_128
 
@@ -89,7 +89,7 @@ def test_events_and_retention(tmp_path: Path) -> None:
         engine.restore()
     assert [info.step for info in list_checkpoints(tmp_path)] == [40, 30]
     kinds = [type(event) for event in events]
-    assert kinds.count(CheckpointSnapshotted) == 4
+    assert kinds.count(CheckpointSaved) == 4
     assert kinds.count(CheckpointPersisted) == 4
     deleted = [event.step for event in events if isinstance(event, CheckpointRetentionDeleted)]
     assert deleted == [10, 20]
@@ -163,7 +163,7 @@ def test_failed_save_is_an_event_and_training_goes_on(tmp_path: Path) -> None:
     with CheckpointEngine(root, listener=events.append) as engine:
         result = engine.save(make_state(1), 1).wait()
     assert result.status == "failed" and "Error" in (result.error or "")
-    failed = [e for e in events if isinstance(e, CheckpointSaveFailed)]
+    failed = [e for e in events if isinstance(e, CheckpointFailed)]
     assert len(failed) == 1 and failed[0].step == 1
 
 
@@ -191,7 +191,7 @@ def test_data_parallel_replicas_each_write_a_slice(tmp_path: Path) -> None:
             engine.close()
     assert all(result.ok for result in results)
     assert [result.committed for result in results] == [True, False]
-    snapshots = [e for e in events if isinstance(e, CheckpointSnapshotted)]
+    snapshots = [e for e in events if isinstance(e, CheckpointSaved)]
     total = read_manifest(tmp_path / "step-0000000003").stream_bytes
     assert all(e.bytes < total * 0.6 for e in snapshots), "each replica copies only its half"
     manifest = read_manifest(tmp_path / "step-0000000003")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from goodput.ckpt import CheckpointEngine, read_manifest, verify_files
-from goodput.ckpt.events import CheckpointSnapshotted
+from goodput.ckpt.events import CheckpointSaved
 from goodput.ckptfmt import step_dirs
 
 from .helpers import assert_bit_exact, make_state
@@ -30,7 +30,7 @@ def _save_until_killed(
     """Save forever; ``persisting`` is set once a second save is being persisted."""
 
     def listener(event: object) -> None:
-        if isinstance(event, CheckpointSnapshotted) and event.step > first_step:
+        if isinstance(event, CheckpointSaved) and event.step > first_step:
             persisting.set()
 
     engine = CheckpointEngine(

@@ -112,4 +112,4 @@ def test_an_overlapped_save_whose_planning_fails_is_a_failed_result(
         result = handle.wait()
         assert result.status == "failed" and "injected planning failure" in (result.error or "")
         assert handle.copy is not None and handle.copy.done()
-    assert [type(event).__name__ for event in events] == ["CheckpointSaveFailed"]
+    assert [type(event).__name__ for event in events] == ["CheckpointFailed"]

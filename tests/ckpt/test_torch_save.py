@@ -28,7 +28,7 @@ def test_saves_block_until_durable_and_restore_the_newest(tmp_path: Path) -> Non
     step, state = reader.restore()
     assert step == 30 and torch.equal(state["model"]["w"], torch.full((256, 256), 30.0))
     assert reader.restore(step=25)[0] == 20
-    snapshots = [e for e in seen if isinstance(e, ckpt_events.CheckpointSnapshotted)]
+    snapshots = [e for e in seen if isinstance(e, ckpt_events.CheckpointSaved)]
     persisted = [e for e in seen if isinstance(e, ckpt_events.CheckpointPersisted)]
     # the whole write is a stall: training waited for it
     assert [e.step for e in snapshots] == [e.step for e in persisted] == [10, 20, 30]

@@ -36,8 +36,8 @@ from goodput.ckpt import catalog
 from goodput.ckpt.buffers import HostBuffer, slice_nbytes
 from goodput.ckpt.events import (
     CheckpointDropped,
-    CheckpointSaveFailed,
-    CheckpointSnapshotted,
+    CheckpointFailed,
+    CheckpointSaved,
     Listener,
     emit,
 )
@@ -239,7 +239,7 @@ class CheckpointEngine:
             if overlapped is not None:
                 raise
             error = f"snapshot failed: {exc}"
-            emit(self.listener, CheckpointSaveFailed(step=step, error=error, dp_rank=dp_rank))
+            emit(self.listener, CheckpointFailed(step=step, error=error, dp_rank=dp_rank))
             handle = SaveHandle(step)
             handle._resolve(SaveResult(step, "failed", error=error))
             return handle
@@ -252,7 +252,7 @@ class CheckpointEngine:
             self._cond.notify_all()
         emit(
             self.listener,
-            CheckpointSnapshotted(
+            CheckpointSaved(
                 step=step,
                 stall_s=time.perf_counter() - started if stall_s is None else stall_s,
                 bytes=plan.slice_bytes,
@@ -280,7 +280,7 @@ class CheckpointEngine:
             assert handle.copy is not None
             handle.copy.fail(exc)
             error = f"snapshot failed: {exc}"
-            emit(self.listener, CheckpointSaveFailed(step=step, error=error, dp_rank=dp_rank))
+            emit(self.listener, CheckpointFailed(step=step, error=error, dp_rank=dp_rank))
             handle._resolve(SaveResult(step, "failed", error=error))
         finally:
             with self._cond:

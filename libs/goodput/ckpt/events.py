@@ -1,8 +1,11 @@
 """What the checkpoint engine reports, as small immutable records.
 
 The engine never talks to the bus itself: it hands these to a listener callback, and the
-trainer shim translates them into bus messages. Listener errors are logged and swallowed so
-that a broken listener can never stop training.
+trainer shim translates them into bus messages (``goodput.shim.ckpt_reports``, the one map).
+A record the bus also carries has the bus event's name (``schemas.CheckpointSaved`` …), so a
+checkpoint event is called one thing wherever it is read; the engine's records add what only
+the engine knows (its data-parallel slice, throughput, commit). Listener errors are logged and
+swallowed so that a broken listener can never stop training.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ def _now_ns() -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CheckpointSnapshotted:
+class CheckpointSaved:
     """State copied into host buffers; training was blocked for ``stall_s``."""
 
     step: int
@@ -47,7 +50,7 @@ class CheckpointPersisted:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CheckpointSaveFailed:
+class CheckpointFailed:
     """A save could not be persisted; earlier checkpoints are untouched and training goes on."""
 
     step: int
@@ -104,9 +107,9 @@ class CheckpointRetentionDeleted:
 
 
 CheckpointEvent = (
-    CheckpointSnapshotted
+    CheckpointSaved
     | CheckpointPersisted
-    | CheckpointSaveFailed
+    | CheckpointFailed
     | CheckpointDropped
     | CheckpointRestored
     | CheckpointRestoreFailed

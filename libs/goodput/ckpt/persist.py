@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from goodput.ckpt.commit import commit, gather_parts, part_path, write_part
-from goodput.ckpt.events import CheckpointPersisted, CheckpointSaveFailed, Listener, emit
+from goodput.ckpt.events import CheckpointFailed, CheckpointPersisted, Listener, emit
 from goodput.ckpt.fileio import DirectIOPolicy, write_data_file
 from goodput.ckpt.handles import SaveResult
 from goodput.ckpt.plan import IO_ALIGN, SavePlan, align_up
@@ -85,7 +85,7 @@ class Persister:
                 shutil.rmtree(tmp, ignore_errors=True)
             error = f"{type(exc).__name__}: {exc}"
             log.warning("checkpoint step %d failed: %s", step, error)
-            emit(self.listener, CheckpointSaveFailed(step=step, error=error, dp_rank=plan.dp_rank))
+            emit(self.listener, CheckpointFailed(step=step, error=error, dp_rank=plan.dp_rank))
             return SaveResult(step, "failed", error=error)
         duration = time.perf_counter() - started
         final = step_dir(self.root, step)

@@ -22,7 +22,7 @@ from goodput.ckpt.events import (
     CheckpointPersisted,
     CheckpointRestored,
     CheckpointRestoreFailed,
-    CheckpointSnapshotted,
+    CheckpointSaved,
     Listener,
     RestoreFallback,
     emit,
@@ -69,7 +69,7 @@ class TorchSaveCheckpointer:
         os.replace(partial, final)
         elapsed = time.perf_counter() - started
         size = final.stat().st_size
-        emit(self.listener, CheckpointSnapshotted(step=step, stall_s=elapsed, bytes=size))
+        emit(self.listener, CheckpointSaved(step=step, stall_s=elapsed, bytes=size))
         emit(
             self.listener,
             CheckpointPersisted(

@@ -15,7 +15,7 @@ def checkpoint_report(
     """The bus event for one engine event of this rank (None: not reported)."""
     common = {"job": job, "node": node, "rank": rank}
     match event:
-        case ckpt_events.CheckpointSnapshotted():
+        case ckpt_events.CheckpointSaved():
             return schemas.CheckpointSaved(
                 **common, step=event.step, stall_s=event.stall_s, bytes=event.bytes
             )
@@ -27,7 +27,7 @@ def checkpoint_report(
                 bytes=event.bytes,
                 duration_s=event.duration_s,
             )
-        case ckpt_events.CheckpointSaveFailed():
+        case ckpt_events.CheckpointFailed():
             return schemas.CheckpointFailed(**common, step=event.step, error=event.error)
         case ckpt_events.CheckpointDropped():
             return schemas.CheckpointDropped(

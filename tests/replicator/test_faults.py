@@ -66,7 +66,9 @@ async def test_corrupt_shards_are_never_counted_and_restore_falls_back(
         what="step 10 replicated and backed up",
     )
 
-    # a committed checkpoint whose shard rotted before the replicator hashed it
+    # a committed checkpoint whose shard rotted after the engine sealed it: trusted by size
+    # at first, found by the first reader that hashes it (the peer receiving it, the backup),
+    # then hashed here, withdrawn, and never replicated, backed up or counted complete
     staging = write_checkpoint(tmp_path / "staging", 20, seed=2)
     flip_a_byte(sorted(staging.glob("data-*.bin"))[0])
     os.replace(staging, reps.volume("node-0") / staging.name)

@@ -32,4 +32,11 @@ def test_bench_restore_reports_every_tier_and_dedup(tmp_path: Path, capsys) -> N
     assert result["size_gb"] == pytest.approx(0.008)
     assert result["dedup_bytes_ratio"] == {"peer_replication": 1.0, "object_store_backup": 1.0}
     assert result["peer_bytes_3_replicas"] == result["replica_bytes"]
+    # the pipeline, before and after event-driven replication that hashes once
+    assert result["persisted_to_peer_s"] > 0 and result["hash_cpu_s_per_gb"] >= 0
+    before, after = (result["replication_pipeline"][m] for m in ("before", "after"))
+    assert (before["owner_check"], before["peer_check"]) == ("hashed", "hashed")
+    assert (after["owner_check"], after["peer_check"]) == ("sealed", "received")
+    assert (before["hashes_per_byte"], after["hashes_per_byte"]) == (4.0, 2.0)
+    assert after["hashed_bytes"]["owner_replicator"] == 0
     assert list(tmp_path.iterdir()) == []  # the work directory is cleaned up

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 import xxhash
 
 from goodput.ckptfmt import ChecksumMismatch, committed_steps, partial_path, read_manifest
-from goodput.tiers.peer import PeerClient, PeerError, PeerServerProcess
+from goodput.tiers.peer import PeerClient, PeerError, PeerServer, PeerServerProcess
 
 
 async def connect(peer: PeerServerProcess) -> PeerClient:
@@ -316,3 +317,24 @@ async def test_pull_with_wrong_expected_checksum_discards_the_partial(
 
 def xxh3(data: bytes) -> str:
     return xxhash.xxh3_128_hexdigest(data)
+
+
+async def test_a_commit_records_the_copy_verified_on_receive_only_if_every_file_was(
+    tmp_path: Path, ckpt
+) -> None:
+    """What lets the holder's scan skip hashing a copy: every file verified as it landed."""
+    source = tmp_path / "node0" / "step-0000000004"
+    ckpt.make(tmp_path / "node0", 4, ckpt.random_files(2, 100_000))
+    seal = read_manifest(source).manifest_xxh3_128
+    committed: list[Path] = []
+    server = PeerServer(tmp_path / "volume", on_commit=committed.append, track_received=True)
+    async with server, await PeerClient.connect(server.host, server.port) as client:
+        await client.push_checkpoint(source, "node0/step-0000000004")
+        # files put in place behind the server's back, then committed: not verified here
+        planted = server.root / "node1" / "step-0000000004"
+        shutil.copytree(source, planted)
+        (planted / "manifest.json").unlink()
+        await client.commit("node1/step-0000000004", (source / "manifest.json").read_bytes())
+    received = server.root / "node0" / "step-0000000004"
+    assert server.received == {received: seal}
+    assert committed == [received, planted]

@@ -4,10 +4,12 @@
   trash names, and the node layout (``<state>/nodes/<node>/…``).
 - :mod:`~goodput.ckptfmt.manifest`: manifest.json (structs, seal, parse, verify its own
   checksum, read, write, committed steps).
-- :mod:`~goodput.ckptfmt.files`: regular-file-only opens, xxh3_128 hashing, durable writes
+- :mod:`~goodput.ckptfmt.hashing`: the xxh3_128 hasher, counting what this process hashed.
+- :mod:`~goodput.ckptfmt.files`: regular-file-only opens, hashing files, durable writes
   (fsync file and directory, atomic rename), safe deletion.
 - :mod:`~goodput.ckptfmt.sharded`: the shard records of a sharded (DTensor) checkpoint.
-- :mod:`~goodput.ckptfmt.verify`: is a checkpoint directory complete and intact.
+- :mod:`~goodput.ckptfmt.verify`: is a checkpoint directory complete (sizes against its
+  sealed manifest) and intact (every byte against its digest).
 - :mod:`~goodput.ckptfmt.retention_record`: the volume's ``.goodput-retention`` (which steps
   the replicator says are safe to delete behind).
 
@@ -18,7 +20,9 @@ import these; nothing else formats or parses a step directory or a manifest.
 from goodput.ckptfmt.files import (
     ChecksumMismatch,
     NotRegularFile,
+    Signature,
     copy_and_hash,
+    file_signature,
     file_xxh3_128,
     fsync_dir,
     hash_file,
@@ -29,6 +33,7 @@ from goodput.ckptfmt.files import (
     write_all,
     write_file_durably,
 )
+from goodput.ckptfmt.hashing import HashTotals, Xxh3, hash_totals
 from goodput.ckptfmt.layout import (
     MANIFEST_NAME,
     STEP_PREFIX,
@@ -76,6 +81,7 @@ from goodput.ckptfmt.retention_record import (
 from goodput.ckptfmt.verify import (
     VerifyProblem,
     check_file_sizes,
+    check_sealed,
     verify_files,
     verify_manifest_and_files,
 )
@@ -93,21 +99,27 @@ __all__ = [
     "TRASH_PREFIX",
     "ChecksumMismatch",
     "FileEntry",
+    "HashTotals",
     "Manifest",
     "ManifestError",
     "NotRegularFile",
     "RetentionRecord",
     "RetentionRecordError",
+    "Signature",
     "TensorEntry",
     "VerifyProblem",
+    "Xxh3",
     "build_manifest",
     "check_file_sizes",
+    "check_sealed",
     "committed_steps",
     "copy_and_hash",
     "encode_manifest",
+    "file_signature",
     "file_xxh3_128",
     "fsync_dir",
     "hash_file",
+    "hash_totals",
     "is_regular_file",
     "is_temp_name",
     "local_root",

@@ -12,10 +12,10 @@ import fcntl
 import os
 import shutil
 import stat
+import time
 from pathlib import Path
 
-import xxhash
-
+from goodput.ckptfmt.hashing import Xxh3, add_read_cpu
 from goodput.ckptfmt.layout import trash_path
 
 CHUNK_BYTES = 8 << 20
@@ -56,17 +56,19 @@ def is_regular_file(path: Path) -> bool:
 
 
 def hash_file(
-    path: str | os.PathLike, hasher: xxhash.xxh3_128 | None = None, limit: int | None = None
-) -> xxhash.xxh3_128:
+    path: str | os.PathLike, hasher: Xxh3 | None = None, limit: int | None = None
+) -> Xxh3:
     """Feed the first ``limit`` bytes (all if None) of ``path`` into ``hasher``; return it."""
-    hasher = hasher if hasher is not None else xxhash.xxh3_128()
+    hasher = hasher if hasher is not None else Xxh3()
     view = memoryview(bytearray(CHUNK_BYTES))
     remaining = limit
     fd = open_regular(path)
     try:
         while remaining is None or remaining > 0:
             want = CHUNK_BYTES if remaining is None else min(CHUNK_BYTES, remaining)
+            started = time.thread_time()
             count = os.readv(fd, [view[:want]])
+            add_read_cpu(time.thread_time() - started)
             if not count:
                 break
             hasher.update(view[:count])
@@ -82,6 +84,16 @@ def file_xxh3_128(path: str | os.PathLike) -> str:
     return hash_file(path).hexdigest()
 
 
+#: what identifies one version of a file without reading it: (inode, mtime ns, size)
+Signature = tuple[int, int, int]
+
+
+def file_signature(path: str | os.PathLike) -> Signature:
+    """The file's :data:`Signature` (raises OSError when it cannot be stat'ed)."""
+    info = os.stat(path)
+    return (info.st_ino, info.st_mtime_ns, info.st_size)
+
+
 def write_all(fd: int, view: memoryview) -> None:
     """os.write may write less than asked (e.g. near a full disk); loop until done."""
     while view:
@@ -91,7 +103,7 @@ def write_all(fd: int, view: memoryview) -> None:
 
 def copy_and_hash(source: Path, dest: Path) -> str:
     """Copy in one pass, hashing what was read, so the copy needs no second read to verify."""
-    hasher = xxhash.xxh3_128()
+    hasher = Xxh3()
     view = memoryview(bytearray(CHUNK_BYTES))
     src = open_regular(source)
     try:

@@ -45,14 +45,13 @@ def check_file_sizes(checkpoint_dir: Path, manifest: Manifest) -> list[VerifyPro
     return problems
 
 
-def verify_manifest_and_files(
-    checkpoint_dir: str | os.PathLike, *, threads: int = 1
-) -> tuple[Manifest | None, list[VerifyProblem]]:
-    """The manifest (None if unusable) and every reason not to trust ``checkpoint_dir``.
+def check_sealed(checkpoint_dir: str | os.PathLike) -> tuple[Manifest | None, list[VerifyProblem]]:
+    """The manifest (None if unusable) and every reason not to trust ``checkpoint_dir``
+    short of reading its data: the manifest verifies against its own seal and names the
+    directory's step, and every file it lists is a regular file of the listed size.
 
-    Reads every data file in full (``threads`` files at once: a disk serves several
-    requests in flight faster than one) and compares its xxh3_128 digest with the manifest;
-    a ``step-N`` directory whose manifest names another step is not trusted either.
+    Enough for a copy whose bytes were hashed against the manifest when they were written
+    or received: a torn or truncated file still fails here; bit rot needs the full check.
     """
     checkpoint_dir = Path(checkpoint_dir)
     try:
@@ -62,7 +61,19 @@ def verify_manifest_and_files(
     named = parse_step_dir(checkpoint_dir.name)
     if named is not None and named != manifest.step:
         return manifest, [VerifyProblem(MANIFEST_NAME, f"manifest says step {manifest.step}")]
-    problems = check_file_sizes(checkpoint_dir, manifest)
+    return manifest, check_file_sizes(checkpoint_dir, manifest)
+
+
+def verify_manifest_and_files(
+    checkpoint_dir: str | os.PathLike, *, threads: int = 1
+) -> tuple[Manifest | None, list[VerifyProblem]]:
+    """:func:`check_sealed`, then every data file read in full (``threads`` files at once:
+    a disk serves several requests in flight faster than one) against its xxh3_128 digest.
+    """
+    checkpoint_dir = Path(checkpoint_dir)
+    manifest, problems = check_sealed(checkpoint_dir)
+    if manifest is None or any(p.name == MANIFEST_NAME for p in problems):
+        return manifest, problems
     broken = {problem.name for problem in problems}
     entries = [entry for entry in manifest.files if entry.name not in broken]
     with ThreadPoolExecutor(max(1, min(threads, len(entries) or 1))) as pool:

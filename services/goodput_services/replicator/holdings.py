@@ -1,32 +1,55 @@
 """What one node's disk holds: its own checkpoints and the copies it keeps for peers.
 
-Every committed checkpoint directory is fully hashed when first seen (and again every
-``scrub_interval_s``) before it is reported; a copy with a missing, short or corrupt file
-is never reported, so the index cannot count it toward a complete step.
+A committed checkpoint directory is reported only once it has been checked, and how it is
+checked depends on what is already known about its bytes:
+
+- ``hashed``: every file read and compared with the manifest's digest. What the start-up
+  pass does (nothing is known about what was on disk before), what every scrub does
+  (``scrub_interval_s``: bit rot, tampering), and the fallback for anything else.
+- ``sealed``: this node's own checkpoint, first seen after the start-up pass: the engine
+  hashed each file as it wrote it and sealed the digests in the manifest, which appears
+  only after the data is durable. The seal and every file's size are checked.
+- ``received``: a copy the node's peer server verified, file by file, as it arrived
+  (``PeerServer.received``) against the manifest it holds now. Sizes are checked again.
+
+A copy with a missing, short or (when hashed) corrupt file is never reported, so the index
+cannot count it toward a complete step.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from goodput.ckptfmt import (
     MANIFEST_NAME,
+    ManifestError,
+    Signature,
+    check_sealed,
     local_root,
     parse_step_dir,
     peer_root,
+    read_manifest,
     step_dir,
     verify_manifest_and_files,
 )
 from goodput.ckptindex.records import CopyRecord, FileRef, copy_key
 from goodput.schemas.events import StorageTier
 
+#: how a copy was checked before it was reported (see the module's docstring)
+Check = Literal["hashed", "sealed", "received"]
 
-def verify_copy(directory: Path) -> tuple[list[FileRef], str]:
-    """(files, "") if every file matches the manifest, else ([], the problems)."""
-    manifest, problems = verify_manifest_and_files(directory)
+
+def verify_copy(directory: Path, *, read_data: bool = True) -> tuple[list[FileRef], str]:
+    """(files, "") if the copy checks out, else ([], the problems). ``read_data``: hash
+    every file; otherwise only the manifest's seal and the files' sizes are checked."""
+    if read_data:
+        manifest, problems = verify_manifest_and_files(directory)
+    else:
+        manifest, problems = check_sealed(directory)
     if manifest is None or problems:
         return [], f"{directory}: " + "; ".join(map(str, problems))
     return [FileRef(e.name, e.size, e.xxh3_128) for e in manifest.files], ""
@@ -34,21 +57,46 @@ def verify_copy(directory: Path) -> tuple[list[FileRef], str]:
 
 @dataclass
 class _Seen:
-    signature: tuple[int, int, int]
+    signature: Signature
     verified_at: float
     record: CopyRecord | None
     problem: str
     first_seen: float
 
 
-class DiskHoldings:
-    """Scans ``<node dir>/checkpoints/<job>`` and ``<node dir>/peer/<job>/<owner>``."""
+@dataclass
+class Scan:
+    """One pass over the disk: what is held, what is wrong, and what was checked now."""
 
-    def __init__(self, directory: Path, job: str, node: str, scrub_interval_s: float) -> None:
+    held: dict[str, CopyRecord] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    checked: list[tuple[CopyRecord, Check]] = field(default_factory=list)
+
+
+class DiskHoldings:
+    """Scans ``<node dir>/checkpoints/<job>`` and ``<node dir>/peer/<job>/<owner>``.
+
+    ``received``: the peer server's copies verified on receive (entries are taken as they
+    are used); ``trust``: False hashes every new copy (the behaviour before issue 26).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        job: str,
+        node: str,
+        scrub_interval_s: float,
+        *,
+        received: dict[Path, str] | None = None,
+        trust: bool = True,
+    ) -> None:
         self.directory = Path(directory)
         self.job = job
         self.node = node
         self.scrub_interval_s = scrub_interval_s
+        self.received = received if received is not None else {}
+        self.trust = trust
+        self._started = False  # the first scan is the start-up pass
         self._seen: dict[Path, _Seen] = {}
 
     def _places(self) -> list[tuple[StorageTier, str, str]]:
@@ -61,11 +109,25 @@ class DiskHoldings:
                     places.append(("peer", owner, peer_root(self.job, owner)))
         return places
 
-    def scan(self) -> tuple[dict[str, CopyRecord], list[str]]:
-        """Verified copies by index key, and the problems found since the last scan."""
+    def _check(self, tier: StorageTier, directory: Path) -> Check:
+        """How a new (or changed) copy is checked: hashed unless its bytes were hashed
+        against this very manifest as they were written (by the engine) or received."""
+        seal = self.received.pop(directory, None)
+        if not self.trust or not self._started:
+            return "hashed"
+        if tier == "local":
+            return "sealed"
+        try:
+            same = seal is not None and read_manifest(directory).manifest_xxh3_128 == seal
+        except ManifestError:
+            same = False  # hashing reports the problem
+        return "received" if same else "hashed"
+
+    def scan(self) -> Scan:
+        """Checked copies by index key, the problems found since the last scan, and the
+        copies checked in this pass."""
         now = time.monotonic()
-        held: dict[str, CopyRecord] = {}
-        problems: list[str] = []
+        result = Scan()
         present: set[Path] = set()
         for tier, owner, root in self._places():
             parent = self.directory / root
@@ -87,7 +149,8 @@ class DiskHoldings:
                 seen = self._seen.get(directory)
                 stale = seen is None or seen.signature != signature
                 if stale or now - seen.verified_at > self.scrub_interval_s:
-                    files, problem = verify_copy(directory)
+                    how = self._check(tier, directory) if stale else "hashed"
+                    files, problem = verify_copy(directory, read_data=how == "hashed")
                     record = None
                     if not problem:
                         record = CopyRecord(
@@ -99,15 +162,27 @@ class DiskHoldings:
                             files=files,
                             verified_ts=time.time_ns(),
                         )
+                        if stale:
+                            result.checked.append((record, how))
                     if problem and (seen is None or seen.problem != problem):
-                        problems.append(problem)
+                        result.problems.append(problem)
                     first = now if seen is None else seen.first_seen
                     seen = self._seen[directory] = _Seen(signature, now, record, problem, first)
                 if seen.record is not None:
-                    held[copy_key(self.job, seen.record)] = seen.record
+                    result.held[copy_key(self.job, seen.record)] = seen.record
         for gone in set(self._seen) - present:
             del self._seen[gone]
-        return held, problems
+        for directory in [d for d in self.received if not d.exists()]:
+            self.received.pop(directory, None)  # deleted before any scan saw it
+        self._started = True
+        return result
+
+    def distrust(self, directory: Path) -> None:
+        """Hash ``directory`` in full at the next scan: a reader found a file that does not
+        match its digest (a peer receiving it, a backup), so the trust by size was wrong."""
+        seen = self._seen.get(directory)
+        if seen is not None:
+            seen.verified_at = float("-inf")
 
     def first_seen(self, record: CopyRecord) -> float | None:
         """When (monotonic) this node first saw the copy: how long it has waited for peers."""

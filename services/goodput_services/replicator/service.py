@@ -2,10 +2,13 @@
 
 Control plane on the bus (the index in ``gp_ckpt_index``, events, ``RestoreToNode``), data
 plane peer to peer: the node's peer server serves its directory (own volume and the copies it
-keeps for peers) over direct TCP. Loops: sync (announce the node, hash and index what its disk
-holds, tell the engine in the volume behind which steps it may delete), replicate (newest own
-checkpoint to chosen peers), back up (every k-th checkpoint or every T seconds, to the object
-store), collect garbage (by the retention policy).
+keeps for peers) over direct TCP. Loops: sync (announce the node, check and index what its
+disk holds: every ``poll_s``, and at once when the engine reports a checkpoint of this node
+persisted or the peer server commits a copy; then tell the engine, in the volume, behind which
+steps it may delete), replicate (newest own checkpoint to chosen peers), back up (every k-th
+checkpoint or every T seconds, to the object store), collect garbage (by the retention
+policy). How a copy is checked before it is indexed (hashed, or trusted after the engine's or
+the peer server's own hashing) is :mod:`.holdings`'s.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +47,9 @@ from goodput.config import ServiceConfig
 from goodput.telemetry import tracer
 from goodput.tiers.backup import backup_checkpoint, is_backup_complete, listing_key
 from goodput.tiers.object_store import ObjectNotFound, open_object_store, store_uri
-from goodput.tiers.peer import PeerClient, PeerError, PeerServer
+from goodput.tiers.peer import PeerClient, PeerError, PeerServer, SourceMismatch
 from goodput_services.base import Service
+from goodput_services.replicator.counters import Counters, hashing_fields
 from goodput_services.replicator.holdings import DiskHoldings
 from goodput_services.replicator.options import ReplicatorOptions, store_spec
 from goodput_services.replicator.planner import (
@@ -59,6 +63,7 @@ from goodput_services.replicator.planner import (
     sweeps_store,
 )
 from goodput_services.replicator.restore import NothingToRestore, restore_to_node
+from goodput_services.replicator.triggers import follow_persisted
 
 #: what a push can fail with: the peer or the network, or a local file that changed under it
 TRANSFER_ERRORS = (OSError, EOFError, PeerError, ChecksumMismatch, ManifestError)
@@ -72,15 +77,6 @@ class BackupIncomplete(RuntimeError):
 BACKUP_ERRORS = (OSError, ChecksumMismatch, ManifestError, ObjectNotFound, BackupIncomplete)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Counters:
-    replicated: int = 0
-    backed_up: int = 0
-    restored: int = 0
-    gc_deleted: int = 0
-    last_error: str = ""
 
 
 class ReplicatorService(Service):
@@ -101,7 +97,11 @@ class ReplicatorService(Service):
             self.store_spec, self.options.gcs_endpoint, self.options.store_retry_s
         )
         self.holdings = DiskHoldings(
-            self.node_dir, self.job, self.node, self.options.scrub_interval_s
+            self.node_dir,
+            self.job,
+            self.node,
+            self.options.scrub_interval_s,
+            trust=not self.options.legacy_scan,
         )
         self.retention = Retention(
             keep={
@@ -119,6 +119,7 @@ class ReplicatorService(Service):
         self._fresh: list[asyncio.Event] = []  # one per transfer loop: a new snapshot
         self._store_lock = asyncio.Lock()  # backups and the store sweep never overlap here
         self._sync_lock = asyncio.Lock()
+        self._sync_asked = asyncio.Event()  # a checkpoint was persisted or received: sync now
         self.memory = Memory()
         self._tracer = tracer("goodput.replicator")
 
@@ -131,18 +132,31 @@ class ReplicatorService(Service):
         assert self.bus is not None
         self.index = CheckpointIndex(self.bus, self.job)
         self.node_dir.mkdir(parents=True, exist_ok=True)
-        self.peer_server = PeerServer(self.node_dir, self.options.host, self.options.port)
+        self.peer_server = PeerServer(
+            self.node_dir,
+            self.options.host,
+            self.options.port,
+            on_commit=None if self.options.legacy_scan else lambda _: self._sync_asked.set(),
+            track_received=not self.options.legacy_scan,
+        )
+        # the scan trusts what the server verified on receive
+        self.holdings.received = self.peer_server.received
         await self.peer_server.start()
         log.info(
             "peer data plane listening",
             extra={"host": self.peer_server.host, "port": self.peer_server.port},
         )
-        await asyncio.gather(
-            self._every(self.options.poll_s, self._sync, "sync"),
+        loops = [
+            self._every(self.options.poll_s, self._sync, "sync", woken_by=self._sync_asked),
             self._on_snapshot(self._replicate, "replicate"),
             self._on_snapshot(self._backup, "backup"),
             self._every(self.options.gc_interval_s, self._collect_garbage, "gc", delay=True),
-        )
+        ]
+        if not self.options.legacy_scan:
+            loops.append(
+                follow_persisted(self.bus, self.job, self.node, self._sync_asked, self.stopping)
+            )
+        await asyncio.gather(*loops)
 
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
         if isinstance(command, schemas.RestoreToNode):
@@ -150,16 +164,10 @@ class ReplicatorService(Service):
         return await super().execute(command)
 
     def health(self) -> tuple[bool, str]:
-        c = self.counters
-        detail = (
-            f"replicated {c.replicated}, backed up {c.backed_up}, restored {c.restored}, "
-            f"gc deleted {c.gc_deleted}"
-        )
-        if c.last_error:
-            detail += f"; last error: {c.last_error}"
-        return self.peer_server is not None, detail
+        return self.peer_server is not None, self.counters.detail()
 
     async def on_stop(self) -> None:
+        log.info("replicator stopping", extra=hashing_fields())
         if self.peer_server is not None:
             await self.peer_server.close()
 
@@ -178,18 +186,33 @@ class ReplicatorService(Service):
         except Exception as exc:
             self._failed(what, exc)
 
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stopping.wait(), seconds)
+    async def _pause(self, seconds: float, woken_by: asyncio.Event | None = None) -> None:
+        """Sleep ``seconds``, less if the service stops or ``woken_by`` is set."""
+        waits = [asyncio.ensure_future(self.stopping.wait())]
+        if woken_by is not None:
+            waits.append(asyncio.ensure_future(woken_by.wait()))
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def _every(
-        self, period_s: float, work: Callable[[], Awaitable[None]], what: str, delay: bool = False
+        self,
+        period_s: float,
+        work: Callable[[], Awaitable[None]],
+        what: str,
+        delay: bool = False,
+        woken_by: asyncio.Event | None = None,
     ) -> None:
+        """Run ``work`` every ``period_s``, and at once whenever ``woken_by`` is set."""
         if delay:
             await self._pause(period_s)
         while not self.stopping.is_set():
+            if woken_by is not None:
+                woken_by.clear()  # what sets it from here on asks for another round
             await self._guarded(what, work())
-            await self._pause(period_s)
+            await self._pause(period_s, woken_by)
 
     async def _on_snapshot(
         self, work: Callable[[IndexSnapshot], Awaitable[None]], what: str
@@ -224,10 +247,24 @@ class ReplicatorService(Service):
                 ts=time.time_ns(),
             )
         )
-        held, problems = await asyncio.to_thread(self.holdings.scan)
-        for problem in problems:
+        scan = await asyncio.to_thread(self.holdings.scan)
+        held = scan.held
+        for problem in scan.problems:
             self.counters.last_error = f"not indexed: {problem}"[:300]
             log.warning("copy fails verification; not indexed", extra={"problem": problem})
+        for record, how in scan.checked:
+            self.counters.checked[how] = self.counters.checked.get(how, 0) + 1
+            log.info(
+                "copy checked",
+                extra={
+                    "step": record.step,
+                    "tier": record.tier,
+                    "owner": record.owner,
+                    "check": how,
+                    "copy_bytes": sum(f.size for f in record.files),
+                    **hashing_fields(),
+                },
+            )
         snapshot = await self.index.snapshot(self.options.node_ttl_s)
         indexed = {
             copy_key(self.job, c): c
@@ -259,6 +296,12 @@ class ReplicatorService(Service):
 
     def _attainable(self, snapshot: IndexSnapshot) -> tuple[str, ...]:
         return attainable(self.retention.require, snapshot, has_store=self.store is not None)
+
+    def _distrust(self, checkpoint_dir: Path) -> None:
+        """A reader hashed a file of this copy and it did not match: hash it all now, and
+        withdraw it from the index if it is damaged."""
+        self.holdings.distrust(checkpoint_dir)
+        self._sync_asked.set()
 
     def _held(self) -> Held:
         own = [c for c in self.held.values() if c.tier == "local"]
@@ -296,6 +339,8 @@ class ReplicatorService(Service):
             # pick another peer for a while; the partial files on this one let a retry resume
             self.memory.cooldown_until[peer.node] = time.monotonic() + self.options.node_ttl_s
             self._failed(f"replicate step {mine.step} to {peer.node}", exc)
+            if isinstance(exc, SourceMismatch | ChecksumMismatch):
+                self._distrust(source)
             return
         self.memory.pushed[(mine.step, peer.node)] = time.monotonic()
         self.counters.replicated += 1
@@ -340,6 +385,8 @@ class ReplicatorService(Service):
         except BACKUP_ERRORS as exc:
             self.memory.backup_retry_at = time.monotonic() + max(2.0, self.options.poll_s)
             self._failed(f"back up step {mine.step}", exc)
+            if isinstance(exc, ChecksumMismatch):
+                self._distrust(source)
             return
         await self.index.put_copy(
             CopyRecord(

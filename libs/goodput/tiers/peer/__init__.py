@@ -1,6 +1,13 @@
 """Peer data plane: files stream node to node over TCP, not through the message bus."""
 
-from goodput.tiers.peer.client import GetResult, PeerClient, PeerError, PushReport, PutResult
+from goodput.tiers.peer.client import (
+    GetResult,
+    PeerClient,
+    PeerError,
+    PushReport,
+    PutResult,
+    SourceMismatch,
+)
 from goodput.tiers.peer.process import PeerServerProcess
 from goodput.tiers.peer.server import PeerServer
 
@@ -12,4 +19,5 @@ __all__ = [
     "PeerServerProcess",
     "PushReport",
     "PutResult",
+    "SourceMismatch",
 ]

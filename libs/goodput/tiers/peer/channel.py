@@ -26,9 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
-import xxhash
 
-from goodput.ckptfmt import open_regular
+from goodput.ckptfmt import Xxh3, open_regular
 from goodput.tiers.peer.protocol import HEADER_LENGTH, MAX_HEADER_BYTES, frame
 
 BUFFER_BYTES = 8 << 20
@@ -182,7 +181,7 @@ class Channel:
             report(sent)
 
     async def receive_to_file(
-        self, fd: int, count: int, hasher: xxhash.xxh3_128, progress: Progress | None = None
+        self, fd: int, count: int, hasher: Xxh3, progress: Progress | None = None
     ) -> None:
         """Append exactly ``count`` bytes from the socket to ``fd``, hashing them.
 
@@ -201,7 +200,7 @@ class Channel:
             self._receive_buffers = [mmap.mmap(-1, BUFFER_BYTES) for _ in range(BUFFER_COUNT)]
         return self._receive_buffers
 
-    def _receive(self, fd: int, count: int, hasher: xxhash.xxh3_128, report: Progress) -> None:
+    def _receive(self, fd: int, count: int, hasher: Xxh3, report: Progress) -> None:
         sink = FileSink(fd)
         free: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
         for buffer in self._buffers():

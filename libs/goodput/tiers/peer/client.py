@@ -9,18 +9,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import xxhash
-
 from goodput.ckptfmt import (
     MANIFEST_NAME,
     ChecksumMismatch,
     Manifest,
+    Xxh3,
     hash_file,
     parse_manifest,
     read_manifest,
 )
 from goodput.tiers.peer.channel import Channel, Progress, ProtocolError, open_channel
 from goodput.tiers.peer.protocol import (
+    CHECKSUM_MISMATCH,
     MAX_HEADER_BYTES,
     Ack,
     CommitRequest,
@@ -39,6 +39,11 @@ PUSH_STREAMS = 2  # connections per push; more did not help on 2 cores (docs/BEN
 
 class PeerError(RuntimeError):
     """The peer refused a request (bad path, missing file, checksum mismatch on its side)."""
+
+
+class SourceMismatch(PeerError):
+    """What the peer received does not hash to the manifest's digest: the source file itself
+    may be damaged (its owner trusted it by size since the engine sealed it)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,8 @@ class PeerClient:
     async def _reply(self, expected: type):
         reply = await self._channel.receive(reply_decoder)
         if isinstance(reply, ErrorReply):
+            if reply.code == CHECKSUM_MISMATCH:
+                raise SourceMismatch(reply.message)
             raise PeerError(reply.message)
         if not isinstance(reply, expected):
             raise ProtocolError(f"expected {expected.__name__}, got {type(reply).__name__}")
@@ -204,7 +211,7 @@ class PeerClient:
         if offset > size:
             offset = 0
         hasher = await asyncio.to_thread(hash_file, partial, None, offset) if offset else None
-        hasher = hasher or xxhash.xxh3_128()
+        hasher = hasher or Xxh3()
         await self._channel.send(GetRequest(remote_path, offset))
         reply: GetReply = await self._reply(GetReply)
         if reply.size != size:

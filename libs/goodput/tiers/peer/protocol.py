@@ -78,8 +78,14 @@ class Ack(msgspec.Struct, tag="ack"):
     pass
 
 
+#: ``ErrorReply.code`` of received bytes that do not hash to the digest the sender offered:
+#: the sender's own file may be damaged (it re-checks it)
+CHECKSUM_MISMATCH = "checksum_mismatch"
+
+
 class ErrorReply(msgspec.Struct, tag="error"):
     message: str
+    code: str = ""
 
 
 Reply = StatReply | PutReply | GetReply | Ack | ErrorReply

@@ -5,6 +5,11 @@ Received files are written under a hidden ``.partial`` name keyed by their check
 verified, then renamed, so a retried transfer resumes from the bytes already on disk and a
 partially-written file is never visible under its final name.
 
+Every file is verified as it lands (hashed while received, or re-hashed when already
+present or linked). A checkpoint whose every file was verified here, unchanged since, is
+remembered at commit as verified on receive (:attr:`PeerServer.received`), so the node's
+own scan need not hash it a second time.
+
 Deduplication: the server indexes the checksums of every committed manifest under its root
 and every file it received. A ``PutRequest`` for content it already holds is answered by
 re-hashing the local copy (verification instead of transfer) and hard-linking it into place.
@@ -19,14 +24,16 @@ import os
 import shutil
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-
-import xxhash
 
 from goodput.ckptfmt import (
     MANIFEST_NAME,
     Manifest,
     ManifestError,
+    Signature,
+    Xxh3,
+    file_signature,
     file_xxh3_128,
     fsync_dir,
     hash_file,
@@ -38,6 +45,7 @@ from goodput.ckptfmt import (
 )
 from goodput.tiers.peer.channel import Channel, ProtocolError, StreamWriteError
 from goodput.tiers.peer.protocol import (
+    CHECKSUM_MISMATCH,
     Ack,
     CommitRequest,
     ErrorReply,
@@ -103,7 +111,14 @@ class ChecksumIndex:
 
 
 class PeerServer:
-    def __init__(self, root: Path, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        on_commit: Callable[[Path], None] | None = None,
+        track_received: bool = False,
+    ) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.host = host
@@ -113,6 +128,17 @@ class PeerServer:
         self._accept_task: asyncio.Task[None] | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._receiving: set[Path] = set()  # partials being written by a connection
+        #: files verified here since they landed: path -> (xxh3_128, signature then)
+        self._verified: dict[Path, tuple[str, Signature]] = {}
+        #: committed checkpoints whose every file was verified here: directory -> the seal
+        #: (``manifest_xxh3_128``) of the manifest they were verified against; recorded
+        #: before the manifest appears, so no scan sees the copy first. Its reader (the
+        #: replicator's scan) takes the entries it uses. Kept only with ``track_received``:
+        #: a server with no such reader would only grow it
+        self.received: dict[Path, str] = {}
+        self._track_received = track_received
+        #: called (in the event loop) after each commit, e.g. to index the copy at once
+        self.on_commit = on_commit
 
     async def start(self) -> None:
         listener = socket.create_server((self.host, self.port), reuse_port=False)
@@ -189,8 +215,11 @@ class PeerServer:
             case GetRequest(path=path, offset=offset):
                 await self._get(channel, self._resolve(path), offset)
             case CommitRequest(path=path, manifest=manifest):
-                await asyncio.to_thread(self._commit, self._resolve(path), manifest)
+                directory = self._resolve(path)
+                await asyncio.to_thread(self._commit, directory, manifest)
                 await channel.send(Ack())
+                if self.on_commit is not None:
+                    self.on_commit(directory)
 
     @staticmethod
     def _stat(path: Path) -> StatReply:
@@ -223,7 +252,7 @@ class PeerServer:
         if offset > request.size:
             offset = 0
         hasher = await asyncio.to_thread(hash_file, partial, None, offset) if offset else None
-        hasher = hasher or xxhash.xxh3_128()
+        hasher = hasher or Xxh3()
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             if os.fstat(fd).st_size != offset:  # ext4 flushes on close after a truncate
@@ -239,15 +268,19 @@ class PeerServer:
             os.close(fd)
         if hasher.hexdigest() != request.xxh3_128:
             partial.unlink(missing_ok=True)
-            await channel.send(ErrorReply(f"checksum mismatch for {request.path}"))
+            await channel.send(
+                ErrorReply(f"checksum mismatch for {request.path}", code=CHECKSUM_MISMATCH)
+            )
             return
         await asyncio.to_thread(publish, partial, final)
+        self._mark_verified(final, request.xxh3_128)
         self.index.add(request.xxh3_128, final)
         await channel.send(Ack())
 
     def _have(self, final: Path, size: int, xxh3_128: str) -> str:
         """Return how the content is already here ("present"/"linked"), or "" to receive it."""
         if final.is_file() and final.stat().st_size == size and file_xxh3_128(final) == xxh3_128:
+            self._mark_verified(final, xxh3_128)
             return "present"
         for candidate in self.index.candidates(xxh3_128, size):
             if candidate == final or file_xxh3_128(candidate) != xxh3_128:
@@ -261,6 +294,7 @@ class PeerServer:
                 shutil.copyfile(candidate, temp)
             os.replace(temp, final)
             fsync_dir(final.parent)
+            self._mark_verified(final, xxh3_128)
             self.index.add(xxh3_128, final)
             return "linked"
         return ""
@@ -283,5 +317,25 @@ class PeerServer:
             path = directory / entry.name
             if not path.is_file() or path.stat().st_size != entry.size:
                 raise RequestRefused(f"cannot commit {directory.name}: {entry.name} missing")
+        if self._track_received and self._all_verified(directory, manifest):
+            self.received[directory] = manifest.manifest_xxh3_128
         write_manifest(directory, manifest)
         self.index.add_manifest(directory, manifest)
+
+    def _mark_verified(self, path: Path, xxh3_128: str) -> None:
+        if self._track_received:
+            self._verified[path] = (xxh3_128, file_signature(path))
+
+    def _all_verified(self, directory: Path, manifest: Manifest) -> bool:
+        """Whether every file of ``directory`` was verified here against ``manifest`` and is
+        unchanged since (the records are used up either way)."""
+        verdict = True
+        for entry in manifest.files:
+            path = directory / entry.name
+            seen = self._verified.pop(path, None)
+            try:
+                unchanged = seen is not None and seen[1] == file_signature(path)
+            except OSError:
+                unchanged = False
+            verdict = verdict and unchanged and seen is not None and seen[0] == entry.xxh3_128
+        return verdict

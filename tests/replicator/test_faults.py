@@ -115,7 +115,9 @@ async def test_scrubbing_withdraws_a_copy_that_rotted_on_disk(dir_harness: Harne
 
 async def test_a_peer_gone_is_replaced_then_rejoins(dir_harness: Harness) -> None:
     h, reps = dir_harness, dir_harness.replicators
-    reps.start("node-0", block="b0", dedup_wait_s="0")
+    # node-0 counts a silent node alive for 10 s, not 4: on a loaded machine writing and
+    # indexing the checkpoint took longer than 4 s, and node-0 never tried the dead peer
+    reps.start("node-0", block="b0", dedup_wait_s="0", node_ttl_s="10")
     reps.start("node-1", block="b0")
     reps.start("node-2", block="b1")
     await h.until(lambda s: len(s.live_nodes()) == 3, what="three nodes announced")

@@ -19,6 +19,8 @@ def run(args: argparse.Namespace) -> int:
             return _sweep(args)
         if args.action == "replay":
             return _replay(args)
+        if args.action == "predict":
+            return _predict(args)
         if args.action == "calibrate":
             return _calibrate(args)
         return _simulate(args)
@@ -125,6 +127,19 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _predict(args: argparse.Namespace) -> int:
+    from goodput.simulate.predict import predict_file
+    from goodput.simulate.profile import load_profile
+    from goodput.simulate.render import print_prediction
+
+    result = predict_file(args.run, load_profile(args.profile), args.checkpoint_gb)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_prediction(result)
+    return 0
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from goodput.simulate.calibrate import calibrate
 
@@ -194,6 +209,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     replayed.add_argument("run", metavar="RUN.json", help="what `goodput demo --json` printed")
     replayed.add_argument("--json", action="store_true", help="machine-readable output")
+    predicted = actions.add_parser(
+        "predict",
+        help="predict a real `goodput demo --json` run's goodput from its shape, step time, "
+        "checkpoint size and fault schedule alone, priced by a cost profile (none of its "
+        "measured remediation costs), and compare with what it measured",
+    )
+    predicted.add_argument("run", metavar="RUN.json", help="what `goodput demo --json` printed")
+    predicted.add_argument(
+        "--profile",
+        default="local-bench",
+        help="cost profile: a shipped name or a TOML file, e.g. from `goodput simulate "
+        "calibrate` on the machine the run ran on (default: local-bench)",
+    )
+    predicted.add_argument(
+        "--checkpoint-gb",
+        type=float,
+        metavar="GB",
+        help="the checkpoint state per rank (default: the size the run's checkpoints reported)",
+    )
+    predicted.add_argument("--json", action="store_true", help="machine-readable output")
     calibrated = actions.add_parser(
         "calibrate",
         help="write a cost profile from this machine's `goodput bench ckpt|restore|recovery "

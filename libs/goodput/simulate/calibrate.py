@@ -170,6 +170,7 @@ def calibrate(directory: str, name: str = "local-bench") -> str:
         ("hot_swap_provision_s", 0.0, "not measured: local spares are already running hosts"),
         ("gpu_reset_s", 0.0, "not measured: no GPU to reset on a machine without one"),
         *_warm(whole_recovery, recovery),
+        ("shutdown_s", 0.0, "not measured: no benchmark stops a job (a demo's ranks: ~1.7 s)"),
         ("detection", None, None),
         (
             "event_latency_s",

@@ -10,7 +10,8 @@ and how long the old attempt went on training after the decision (a scale-up sto
 once the new ranks are ready: 0.7–19 s of a 5–23 s relaunch in the demos). Steps are priced
 per phase (the first attempt, then after each remediation): a job scaled down runs at a
 different step time, and load on a shared machine changes it from one attempt to the next,
-so one mean for the whole run misprices every phase but the average one. Seconds throughout.
+so one mean for the whole run misprices every phase but the average one. Seconds throughout;
+``checkpoint_gb`` (rank 0's state, which ``goodput simulate predict`` prices) is no cost.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def measured_costs(
     }
     #: rank 0's steps per phase: the first attempt's, then those after each remediation
     phases: list[list[schemas.StepDone]] = [[]]
-    stalls, persists = [], []
+    stalls, persists, sizes = [], [], []
     signals: dict[str, int] = {}
     decisions: list[float] = []
     remediations: list[dict] = []
@@ -101,6 +102,7 @@ def measured_costs(
                 current.restore_s, current.restored_step = event.duration_s, event.step
             case schemas.CheckpointSaved(rank=0):
                 stalls.append(event.stall_s)
+                sizes.append(event.bytes / 1e9)
             case schemas.CheckpointPersisted(rank=0):
                 persists.append(event.duration_s)
             case schemas.Signal():
@@ -127,6 +129,8 @@ def measured_costs(
         "first_step_time_s": phase_step_s[0],
         "checkpoint_stall_s": _mean(stalls),
         "checkpoint_persist_s": _mean(persists),
+        # not a cost: the job's state per rank, which a forward prediction prices
+        "checkpoint_gb": round(statistics.fmean(sizes), 6) if sizes else 0.0,
         "first_startup_s": round(first_startup_s or 0.0, 4),
         "shutdown_s": round(max(0, lifecycle_end - steps[-1].ts) / 1e9, 4) if steps else 0.0,
         "decision_s": _mean(decisions),

@@ -2,8 +2,9 @@
 
 A *cost profile* holds what every checkpoint and remediation costs (bandwidths, latencies,
 delays); a *preset* is a job, a fleet, a failure model and the profile to price it with.
-Both are msgspec structs without defaults: a missing field, an unknown one, a wrong type or a
-negative number is refused with the path of the field (``$.checkpoint.object_write_gbps``).
+Both are msgspec structs: a missing field, an unknown one, a wrong type or a negative number
+is refused with the path of the field (``$.checkpoint.object_write_gbps``). Only a field added
+after profiles were shipped has a default (said at the field), so an older profile loads.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class RestartCosts(Strict):
     #: a standby taken for a rank is replaced: its successor is ready after this long
     #: (an interpreter, torch and the job's state built: a cold rank's start-up)
     standby_ready_s: NonNegative
+    #: the job's last step -> its ranks exited (the calculator's window ends there; a demo's
+    #: 2 ranks: 1.7 s). Added after profiles shipped, so 0 where a profile has none
+    shutdown_s: NonNegative = 0.0
 
 
 class DetectionCosts(Strict):

@@ -44,3 +44,36 @@ def print_result(result: dict, console: Console | None = None) -> None:
         f"{result['sensor_events']:,} sensor events in {result['wall_s']:.1f} s "
         f"({result['events_per_s']:,}/s); badput as % of the job's wall time"
     )
+
+
+def print_prediction(result: dict, console: Console | None = None) -> None:
+    """Predicted against measured, per setup: goodput, then each badput category in seconds
+    (the term a miss comes from)."""
+    setups = [s for s in ("goodput", "baseline") if s in result]
+    out = Table(title=f"forward prediction (profile {escape(result['profile'])}) vs the run")
+    out.add_column("")
+    for setup in setups:
+        out.add_column(f"{setup} predicted", justify="right")
+        out.add_column(f"{setup} measured", justify="right")
+    out.add_row(
+        "goodput",
+        *(f"{result[s][k]:.1f} %" for s in setups for k in ("predicted", "actual")),
+    )
+    for key in BADPUT_KEYS:
+        seconds = [
+            (
+                result[s]["predicted_badput_s"].get(key, 0.0),
+                result[s]["actual_badput_s"].get(key, 0.0),
+            )
+            for s in setups
+        ]
+        if any(p or a for p, a in seconds):
+            out.add_row(TITLES[key] + " (s)", *(f"{v:.1f}" for pair in seconds for v in pair))
+    console = console or Console(width=max(Console().width, 120))
+    console.print(out)
+    for setup in setups:
+        r = result[setup]
+        console.print(
+            f"{setup}: predicted {r['predicted']:.1f} %, measured {r['actual']:.1f} % "
+            f"(error {r['error']:.1f} points)"
+        )

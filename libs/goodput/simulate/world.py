@@ -91,13 +91,16 @@ class World(FaultsMixin, DecisionsMixin):
         measured: MeasuredCosts | None = None,
         shutdown_s: float = 0.0,
         follow_every_rank: bool = False,
+        keep_global_batch: bool = False,
     ):
         """``step_faults`` fire at a training step (a replayed run's faults); ``until_step``
         ends the job when it reaches that step instead of at ``job.hours``, ``shutdown_s``
         after it (the ranks' exit); ``measured`` a replayed run's remediation costs;
         ``follow_every_rank``: the sensor gets every node's steps and heartbeats, as a real one
         does (a small job: a straggler is then judged on its whole history, not only from
-        the moment it began)."""
+        the moment it began); ``keep_global_batch``: an attempt on fewer nodes steps as
+        much slower (the job keeps its global batch, as the demo's does by default), instead
+        of at the job's step time."""
         self.job, self.profile, self.strategy, self.trace = job, profile, strategy, trace
         self._step_faults = sorted(step_faults or [], key=lambda f: f.at_step)
         self._repairs_at_step: list[tuple[int, str]] = []
@@ -111,6 +114,7 @@ class World(FaultsMixin, DecisionsMixin):
         #: the run restored
         self._step_marks: dict[int, WorkMark] = {0: WorkMark(0.0, 0.0, 0.0)}
         self._follow_every_rank = follow_every_rank
+        self._keep_global_batch = keep_global_batch
         names = node_names(job)
         spares = names[job.nodes :] if strategy.spares else []
         membership = Membership(
@@ -182,7 +186,11 @@ class World(FaultsMixin, DecisionsMixin):
         self.sensor_events = 0
         self.decisions = 0
         self.interruptions = 0
-        self._beat_ns = int(self.detector.thresholds.heartbeat_timeout_s * NS)
+        # a live rank's heartbeat is sent when a deadline finds it a polling period old: a
+        # real sensor hears them continuously, and takes a quiet of two periods for a stall of
+        # its own, deferring a hang verdict (at one beat per heartbeat timeout a demo's hang
+        # went unseen for the whole job: two ranks' beats never fell within two periods)
+        self._beat_ns = int(self.detector.thresholds.heartbeat_polling_period_s * NS)
         self._latency = int(profile.detection.event_latency_s * NS)
         self._sensor_dirty = True
         self._deadline: int | None = None
@@ -332,6 +340,8 @@ class World(FaultsMixin, DecisionsMixin):
             self._startup_s = self.profile.restart.warm_startup_s
         else:
             self._startup_s = self.profile.restart.startup_s
+        if cost is None and self._keep_global_batch:
+            self._step_s = self.job.step_time_s * self.job.nodes / len(active)
         self._failure_ns = None
         self._flagged.clear()
         self.ledger.set_shape(self.now, len(active), self._ledger_slowdown())
@@ -403,10 +413,12 @@ class World(FaultsMixin, DecisionsMixin):
         if due and not self.ckpt.busy(self.now):
             self.ledger.switch(self.now, "saving")
             self._next_step = None
-            ref = self._fed.get(0)
-            if ref is not None:
-                ref.busy = SAVE
-                self._beat(0, ref)
+            # every rank saves (a rank followed beside the reference one, seen stepping no more
+            # for a long synchronous save, was taken for hung)
+            for rank, fed in self._fed.items():
+                if fed.stepping:
+                    fed.busy = SAVE
+                    self._beat(rank, fed)
             self._at(self.now + int(self.ckpt.stall_s * NS), self._saved, self._gen)
         else:
             self._next_step = self.now + self._step_ns()
@@ -424,12 +436,11 @@ class World(FaultsMixin, DecisionsMixin):
             return
         capture = self.ckpt.capture(self.step, self.now, self.ledger.mark(self.now))
         self.ledger.switch(self.now, "running")
+        for fed in self._fed.values():
+            if fed.busy == SAVE:
+                fed.busy = ""  # its next step tells the sensor
         ref = self._fed.get(0)
-        if ref is not None:
-            ref.busy = ""
-            node = ref.node
-        else:
-            node = self.actuator.membership.active[0]
+        node = ref.node if ref is not None else self.actuator.membership.active[0]
         saved = msg.checkpoint_saved(
             node, self.now, self.step, self.ckpt.stall_s, self.job.state_gb_per_node
         )

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from goodput.shim.restore_result import DpLayout, RestoreResult, UnfilledVolumeError
     from goodput.shim.standby import JobRun, run_job
     from goodput.shim.trainer import TrainerShim
+    from goodput.warm_path import WarmPathTimeouts
 
 #: public name -> the module that defines it
 _EXPORTS = {
@@ -45,6 +46,7 @@ _EXPORTS = {
     "DataPositionError": "goodput.shim.data_position",
     "ResumableSampler": "goodput.shim.data_position",
     "TrainerShim": "goodput.shim.trainer",
+    "WarmPathTimeouts": "goodput.warm_path",
 }
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "ShimConfig",
     "TrainerShim",
     "UnfilledVolumeError",
+    "WarmPathTimeouts",
     "adjust_schedule",
     "keep_global_batch",
     "run_job",

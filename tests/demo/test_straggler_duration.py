@@ -17,9 +17,22 @@ def _straggler() -> DemoFault:
 def test_the_straggler_lasts_its_seconds_and_its_steps() -> None:
     fault = _straggler()
     assert (fault.duration_s, fault.min_slow_steps) == (60.0, 30)
-    assert not fault.slow_played(slowed_s=59.0, slowed_steps=100)  # idle: steps come first
-    assert fault.slow_played(slowed_s=60.0, slowed_steps=100)
-    assert not fault.slow_played(slowed_s=180.0, slowed_steps=29)  # loaded: seconds come first
-    assert fault.slow_played(slowed_s=180.0, slowed_steps=30)
+    assert not fault.slow_played(slowed_s=59.0, slowed_steps=100, flagged=True)  # idle
+    assert fault.slow_played(slowed_s=60.0, slowed_steps=100, flagged=True)
+    assert not fault.slow_played(slowed_s=180.0, slowed_steps=29, flagged=True)  # loaded
+    assert fault.slow_played(slowed_s=180.0, slowed_steps=30, flagged=True)
     # the detector needs more than half of its window slowed, with room to spare
     assert fault.min_slow_steps > Thresholds().straggler_window // 2 + 1
+
+
+def test_an_unflagged_straggler_lasts_on_until_its_cap() -> None:
+    """On a loaded machine the peer a straggler is measured against is slowed too, and the
+    ratio can take longer than the fault's seconds and steps to be judged."""
+    fault = _straggler()
+    assert not fault.slow_played(slowed_s=60.0, slowed_steps=100, flagged=False)
+    assert not fault.slow_played(
+        slowed_s=fault.unflagged_cap_s - 1, slowed_steps=500, flagged=False
+    )
+    assert fault.slow_played(slowed_s=fault.unflagged_cap_s, slowed_steps=500, flagged=False)
+    # room for several of the detector's holds past the played length
+    assert fault.unflagged_cap_s >= fault.duration_s + 4 * Thresholds().straggler_hold_s

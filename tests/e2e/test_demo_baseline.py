@@ -99,7 +99,7 @@ def test_the_full_scenario_against_the_baseline(tmp_path: Path) -> None:
     # (Open defect: with one replica left that stops the job, and the test fails on its state.)
     sizes = run["world_size_history"]
     assert 1 in sizes and 2 in sizes[sizes.index(1) :], sizes
-    assert _rules(baseline) == BASELINE_RULES  # and a fixed checkpoint interval
+    assert _rules(baseline) == BASELINE_RULES, _story(baseline)  # and a fixed ckpt interval
     assert set(baseline["world_size_history"]) == {2}
     # both reports cover the same categories; goodput's is the higher
     assert set(run["badput"]) == set(run["baseline_badput"])

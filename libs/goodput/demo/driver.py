@@ -157,15 +157,25 @@ class Driver:
 
         Counted in steps because the detector judges a straggler over steps: a period set in
         seconds from the pace before it fired came out too short when the machine's load rose
-        during it (seen in CI: too few slowed steps to judge, no straggler found)."""
+        during it (seen in CI: too few slowed steps to judge, no straggler found). It then
+        lasts until the sensor has flagged it (``DemoFault.slow_played``)."""
         spec = faults.SlowRank(rank=fault.rank, factor=fault.factor, duration_s=SLOW_CAP_S)
         started, first_step, attempt = time.monotonic(), self.watcher.step, self.watcher.attempt
+        signals_before = len(self.watcher.signals)
+
+        def flagged() -> bool:
+            return any(
+                s.signal == "straggler" and s.node == entry.node
+                for s in self.watcher.signals[signals_before:]
+            )
 
         def over() -> bool:
             return (
                 slowing.done()
                 or self.watcher.attempt != attempt
-                or fault.slow_played(time.monotonic() - started, self.watcher.step - first_step)
+                or fault.slow_played(
+                    time.monotonic() - started, self.watcher.step - first_step, flagged()
+                )
             )
 
         slowing = asyncio.create_task(fire(spec, self.ctx))
@@ -173,6 +183,8 @@ class Driver:
             await self._wait(over)
         finally:
             entry.fault = replace(fault, duration_s=time.monotonic() - started)
+            if not flagged():
+                entry.detail += f"; not flagged in its {entry.fault.duration_s:.0f} s"
             slowing.cancel()  # the chaos tool's slow-rank sets the rank's pace back as it ends
             await asyncio.gather(slowing, return_exceptions=True)
 

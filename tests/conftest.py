@@ -86,7 +86,7 @@ def goodput_cli(
 ) -> subprocess.CompletedProcess:
     """Run the real `goodput` command line in a subprocess."""
     result = subprocess.run(
-        [sys.executable, "-m", "goodput.cli.main", *args],
+        [sys.executable, "-m", "goodput.tools.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

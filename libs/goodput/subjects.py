@@ -79,7 +79,7 @@ def command(job: str, target: str) -> str:
 
 
 def standby(job: str, name: str) -> str:
-    """Where the pod standby ``name`` takes its assignment (``goodput.standby_channel``)."""
+    """Where the pod standby ``name`` takes its assignment (``goodput.launch.standby_channel``)."""
     return f"gp.{job}.standby.{name}"
 
 

@@ -30,7 +30,7 @@ import msgspec
 from goodput import schemas, subjects
 from goodput.bus import Bus, CommandRunner
 from goodput.config import ServiceConfig, convert_options
-from goodput.stack.exit_reason import report_exit
+from goodput.launch.exit_reason import report_exit
 from goodput.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ def run_service(service_class: type[Service], argv: list[str] | None = None) -> 
 
     Whatever ends the service on its own — a refused option or config file, a policy script
     the controller will not load, a loop that died — leaves one line saying why as its last
-    output (:func:`goodput.stack.exit_reason.report_exit`), for `goodput up` to show.
+    output (:func:`goodput.launch.exit_reason.report_exit`), for `goodput up` to show.
     """
     from goodput.config import load_service_config
     from goodput.logs import setup_logging

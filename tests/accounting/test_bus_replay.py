@@ -9,9 +9,9 @@ import msgspec
 import pytest
 
 from goodput import schemas, subjects
-from goodput.accounting import load_event_log, replay_from_bus
 from goodput.bus import Bus, EmbeddedNats
-from goodput.cli.main import main
+from goodput.measure.accounting import load_event_log, replay_from_bus
+from goodput.tools.cli.main import main
 from tests.accounting.scenario import EXPECTED_BADPUT, EXPECTED_TOTAL, JOB, scenario_events
 from tests.conftest import goodput_cli
 

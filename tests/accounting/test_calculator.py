@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from goodput import schemas
-from goodput.accounting import BADPUT_KEYS, GoodputReport, compute_goodput
+from goodput.measure.accounting import BADPUT_KEYS, GoodputReport, compute_goodput
 from tests.accounting.scenario import (
     EXPECTED_BADPUT,
     EXPECTED_PRODUCTIVE,
@@ -199,7 +199,7 @@ def test_job_without_steps_is_all_badput() -> None:
 def test_a_checkpoint_tier_filling_a_volume_is_not_a_training_restore() -> None:
     """The replicator reports its RestoreToNode work with rank -1; training did not go back."""
     from goodput import schemas
-    from goodput.accounting import compute_goodput
+    from goodput.measure.accounting import compute_goodput
     from tests.accounting.scenario import at, scenario_events
 
     events = scenario_events()

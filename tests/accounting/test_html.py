@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from goodput.accounting import compute_goodput, write_event_log
-from goodput.accounting.html import write_html_report
-from goodput.cli.main import main
+from goodput.measure.accounting import compute_goodput, write_event_log
+from goodput.measure.accounting.html import write_html_report
+from goodput.tools.cli.main import main
 from tests.accounting.scenario import EXPECTED_TOTAL, scenario_events
 from tests.conftest import goodput_cli
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from goodput.accounting import categories as c
-from goodput.accounting.intervals import WORK, Claim, partition
+from goodput.measure.accounting import categories as c
+from goodput.measure.accounting.intervals import WORK, Claim, partition
 
 
 def owners(pieces) -> list[tuple[float, float, object]]:

@@ -10,7 +10,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from goodput import schemas
-from goodput.accounting import ResiliencyEvent, compute_goodput
+from goodput.measure.accounting import ResiliencyEvent, compute_goodput
 from tests.accounting.scenario import JOB, at
 
 START = datetime(2025, 1, 1)

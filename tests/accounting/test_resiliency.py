@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from goodput.accounting import ResiliencyEvent, compute_goodput, load_event_log
+from goodput.measure.accounting import ResiliencyEvent, compute_goodput, load_event_log
 
 START = datetime(2025, 9, 27, 4, 0, 0)
 
@@ -125,7 +125,7 @@ def test_jobs_are_kept_apart_and_zones_respected(tmp_path: Path) -> None:
 
 
 def test_unknown_event_type_is_rejected(tmp_path: Path) -> None:
-    from goodput.accounting import EventLogError
+    from goodput.measure.accounting import EventLogError
 
     path = write(tmp_path / "g.log", [line(0, "job_started"), line(1, "job_exploded")])
     with pytest.raises(EventLogError, match=r"g\.log:2"):

@@ -8,8 +8,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from goodput.accounting import calculator, compute_goodput, iter_event_log, resiliency
-from goodput.accounting.report import (
+from goodput.measure.accounting import calculator, compute_goodput, iter_event_log, resiliency
+from goodput.measure.accounting.report import (
     MAX_MARKERS,
     MAX_SPANS,
     MAX_STEP_POINTS,
@@ -19,7 +19,7 @@ from goodput.accounting.report import (
     bound_markers,
     bound_spans,
 )
-from goodput.bench.report import write_logs
+from goodput.tools.bench.report import write_logs
 
 #: lines per generated log: enough for every bound to bite, small enough for a unit test
 EVENTS = 40_000

@@ -8,7 +8,12 @@ import msgspec
 import pytest
 
 from goodput import schemas
-from goodput.accounting import EventLogError, compute_goodput, load_event_log, write_event_log
+from goodput.measure.accounting import (
+    EventLogError,
+    compute_goodput,
+    load_event_log,
+    write_event_log,
+)
 from tests.accounting.scenario import EXPECTED_TOTAL, scenario_events
 
 

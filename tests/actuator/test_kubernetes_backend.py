@@ -30,7 +30,7 @@ from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_from_env
 from goodput.config import ServiceConfig, load_service_config
-from goodput.membership import MembershipError
+from goodput.supervisor.membership import MembershipError
 from goodput_services.actuator import kubernetes_watch
 from goodput_services.actuator.backend import Backend
 from goodput_services.actuator.kubernetes_backend import IMMEDIATE_GRACE_S, KubernetesBackend

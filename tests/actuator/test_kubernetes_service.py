@@ -4,7 +4,7 @@ FAKE of test_kubernetes_backend (no cluster runs here).
 
 The trainers are stand-ins on the bus (``Survivors``: they answer a Rejoin as the shim does,
 ``RankRejoined``), and one standby pod's process is the real standby side of
-``goodput.standby_channel`` (what the shim's ``run_job`` runs in a pod), so what the
+``goodput.launch.standby_channel`` (what the shim's ``run_job`` runs in a pod), so what the
 backend's unit tests take from fakes is checked here against the real exchange.
 """
 
@@ -20,7 +20,7 @@ import pytest
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.config import ServiceConfig
-from goodput.standby_channel import await_assignment_on_bus
+from goodput.launch.standby_channel import await_assignment_on_bus
 from goodput_services.actuator.kubernetes_backend import KubernetesBackend
 from goodput_services.actuator.service import ActuatorService
 from tests.stack.helpers import EventTap

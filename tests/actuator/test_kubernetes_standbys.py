@@ -1,5 +1,5 @@
 """Standby pods of the Kubernetes backend, against the API FAKE of test_kubernetes_backend, and
-their bus channel (goodput.standby_channel, pod flavour) against a real nats-server.
+their bus channel (goodput.launch.standby_channel, pod flavour) against a real nats-server.
 
 The standbys' assignments go through ``FakeAssignments``, a FAKE of the actuator service's
 bus request (``ActuatorService._assign_standby``): it records what each standby pod is told
@@ -18,8 +18,8 @@ import msgspec
 import pytest
 
 from goodput import schemas, subjects
-from goodput.rank_env import RankEnv
-from goodput.standby_channel import (
+from goodput.launch.rank_env import RankEnv
+from goodput.launch.standby_channel import (
     READY_FILE,
     SUBJECT_ENV,
     assign_on_bus,
@@ -211,7 +211,7 @@ async def test_a_standby_process_with_the_pods_environment_takes_its_rank_over_t
         ),
     }
     script = (
-        "from goodput.standby_channel import receive_assignment\n"
+        "from goodput.launch.standby_channel import receive_assignment\n"
         "env = receive_assignment()\n"
         "print(env.rank, env.world_size, env.master_addr, flush=True)\n"
     )

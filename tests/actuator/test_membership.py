@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from goodput.membership import Membership, MembershipError
+from goodput.supervisor.membership import Membership, MembershipError
 
 
 def test_hot_swap_takes_the_first_spare_into_the_failed_nodes_place() -> None:

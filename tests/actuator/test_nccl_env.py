@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from goodput.rank_env import NCCL_ERROR_HANDLING
+from goodput.launch.rank_env import NCCL_ERROR_HANDLING
 
 from .test_kubernetes_backend import _env, _start, rig  # noqa: F401
 

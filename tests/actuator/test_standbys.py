@@ -2,7 +2,7 @@
 ranks from ready standbys, used ones are replenished once the job steps again, a standby
 that dies is replaced and never waited on, and a script that cannot serve standbys gets none.
 
-The standby here is a light script that speaks the real channel (goodput.standby_channel)
+The standby here is a light script that speaks the real channel (goodput.launch.standby_channel)
 without importing torch; tests/e2e/test_standby_job.py runs the example job's own standbys.
 """
 
@@ -15,15 +15,15 @@ import sys
 from pathlib import Path
 
 from goodput import schemas, subjects
-from goodput.chaos.targets import ChaosContext
+from goodput.tools.chaos.targets import ChaosContext
 
 from .test_local_backend import JOB, RANK_SCRIPT, _status, rig  # noqa: F401
 
 # says ready, takes its assignment, then is a rank like RANK_SCRIPT's
 STANDBY_SCRIPT = (
     "import os, time\n"
-    "from goodput.rank_env import RankEnv\n"
-    "from goodput.standby_channel import await_assignment\n"
+    "from goodput.launch.rank_env import RankEnv\n"
+    "from goodput.launch.standby_channel import await_assignment\n"
     "if RankEnv.from_env().standby:\n"
     "    env = await_assignment()\n"
     "    os.environ.pop('GOODPUT_STANDBY')\n"

@@ -17,9 +17,9 @@ import psutil
 import pytest
 
 from goodput import schemas
-from goodput.agent import registry
 from goodput.bus import Bus, BusSettings
-from goodput.stack.launcher import read_stack
+from goodput.supervisor.agent import registry
+from goodput.tools.stack.launcher import read_stack
 from tests.conftest import goodput_cli
 from tests.stack.helpers import EventTap
 
@@ -44,7 +44,7 @@ def _spawn_agent(node: str, state_dir: Path, url: str, log) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "goodput.cli.main",
+            "goodput.tools.cli.main",
             "agent",
             "--node",
             node,

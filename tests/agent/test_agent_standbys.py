@@ -3,7 +3,7 @@ pool hands a ready standby a launched rank (cold when none is ready) and makes u
 taken once the job steps; under an actuator on the agent backend, a restart and a hot swap
 take their ranks from the agents' standbys.
 
-The standby is a light script that speaks the real channel (``goodput.standby_channel``, the
+The standby is a light script that speaks the real channel (``goodput.launch.standby_channel``, the
 local flavour) without importing torch, as in tests/actuator/test_standbys.py.
 """
 
@@ -23,10 +23,10 @@ import psutil
 import pytest
 
 from goodput import schemas, subjects
-from goodput.agent.node import NodeAgent
 from goodput.bus import Bus, BusSettings
 from goodput.bus.embedded import EmbeddedNats
-from goodput.rank_env import RankEnv
+from goodput.launch.rank_env import RankEnv
+from goodput.supervisor.agent.node import NodeAgent
 from tests.actuator.test_standbys import STANDBY_SCRIPT
 from tests.agent.test_node_agent import JOB, _holder, _running, _until
 from tests.stack.helpers import EventTap

@@ -9,9 +9,9 @@ from pathlib import Path
 import msgspec
 
 from goodput import schemas
-from goodput.agent.host import is_loopback, visible_gpus
 from goodput.bus import BusSettings
-from goodput.membership import Membership
+from goodput.supervisor.agent.host import is_loopback, visible_gpus
+from goodput.supervisor.membership import Membership
 from goodput_services.actuator.agent_backend import AgentBackend, AgentRankEntry
 from goodput_services.actuator.agent_directory import AgentDirectory
 

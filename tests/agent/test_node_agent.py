@@ -17,12 +17,12 @@ import msgspec
 import pytest
 
 from goodput import schemas, subjects
-from goodput.agent import registry
-from goodput.agent.node import NodeAgent
-from goodput.agent.registry import NodeHeld
 from goodput.bus import Bus, BusSettings, DoneLog
 from goodput.bus.embedded import EmbeddedNats
 from goodput.bus.job_events import JobEvents
+from goodput.supervisor.agent import registry
+from goodput.supervisor.agent.node import NodeAgent
+from goodput.supervisor.agent.registry import NodeHeld
 
 JOB = "agentjob"
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from goodput.agent.slurm import SlurmEnvError, agent_node_name, expand_nodelist, read_slurm
+from goodput.supervisor.agent.slurm import (
+    SlurmEnvError,
+    agent_node_name,
+    expand_nodelist,
+    read_slurm,
+)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from goodput import schemas
-from goodput.bench.recovery import newest_held_by_all, rss_mib, survivors_after
+from goodput.tools.bench.recovery import newest_held_by_all, rss_mib, survivors_after
 
 
 def persisted(rank: int, step: int, ts: int) -> schemas.CheckpointPersisted:

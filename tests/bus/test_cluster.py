@@ -24,7 +24,7 @@ from goodput.bus import Bus, BusSettings, DoneLog
 from goodput.bus.cluster import EmbeddedCluster, cluster_size
 from goodput.bus.embedded import EmbeddedNats, read_record
 from goodput.bus.job_events import JobEvents
-from goodput.stack.launcher import check_cluster_request
+from goodput.tools.stack.launcher import check_cluster_request
 from goodput_services.controller.lease import Lease
 from tests.bus.executor_process import TARGET, FileJob, runner
 from tests.bus.samples import JOB

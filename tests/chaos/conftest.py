@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from goodput.bus import Bus, EmbeddedNats
-from goodput.chaos import ChaosContext
-from goodput.stack.launcher import StackRecord, write_stack
+from goodput.tools.chaos import ChaosContext
+from goodput.tools.stack.launcher import StackRecord, write_stack
 from tests.chaos.processes import put_job_status, start_rank, stop
 from tests.conftest import goodput_cli
 

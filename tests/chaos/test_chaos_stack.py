@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from goodput.bus.embedded import pid_alive, read_record
-from goodput.stack.launcher import read_stack
+from goodput.tools.stack.launcher import read_stack
 from tests.conftest import goodput_cli
 from tests.stack.conftest import stack_status
 

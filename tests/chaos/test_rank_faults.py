@@ -11,9 +11,9 @@ import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
-from goodput.chaos import fire
-from goodput.chaos import spec as faults
-from goodput.chaos.straggler import record_path, stop_detached
+from goodput.tools.chaos import fire
+from goodput.tools.chaos import spec as faults
+from goodput.tools.chaos.straggler import record_path, stop_detached
 from tests.chaos.conftest import VictimJob
 from tests.chaos.processes import (
     HealthTap,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from goodput.chaos import ScenarioError, parse_scenario, plan
-from goodput.chaos import spec as faults
-from goodput.chaos.scenario import load_scenario
+from goodput.tools.chaos import ScenarioError, parse_scenario, plan
+from goodput.tools.chaos import spec as faults
+from goodput.tools.chaos.scenario import load_scenario
 from tests.chaos.conftest import VictimJob
 from tests.conftest import goodput_cli
 
@@ -188,7 +188,7 @@ async def test_dry_run_prints_the_plan(victim_job: VictimJob, tmp_path: Path):
 
 
 def test_the_documented_example_is_a_valid_scenario():
-    from goodput.chaos import scenario as scenario_module
+    from goodput.tools.chaos import scenario as scenario_module
 
     doc = scenario_module.__doc__ or ""
     example = doc.split("```toml")[1].split("```")[0]

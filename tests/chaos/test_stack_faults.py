@@ -14,12 +14,12 @@ import torch
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import pid_alive, read_record, stop_recorded
-from goodput.chaos import ChaosContext, fire
-from goodput.chaos import spec as faults
-from goodput.chaos.storage import BALLAST_NAME
-from goodput.ckpt import CheckpointEngine, list_checkpoints, verify_checkpoint
-from goodput.ckptfmt import node_volume
-from goodput.stack.launcher import StackRecord, spawn_service, write_stack
+from goodput.checkpoint.engine import CheckpointEngine, list_checkpoints, verify_checkpoint
+from goodput.checkpoint.format import node_volume
+from goodput.tools.chaos import ChaosContext, fire
+from goodput.tools.chaos import spec as faults
+from goodput.tools.chaos.storage import BALLAST_NAME
+from goodput.tools.stack.launcher import StackRecord, spawn_service, write_stack
 from tests.chaos.conftest import VictimJob
 from tests.chaos.processes import HealthTap, start_hostmon
 from tests.conftest import tmpfs_mount

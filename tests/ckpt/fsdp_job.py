@@ -23,8 +23,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from goodput.ckpt import CheckpointEngine
-from goodput.ckpt.events import CheckpointRestored
+from goodput.checkpoint.engine import CheckpointEngine
+from goodput.checkpoint.engine.events import CheckpointRestored
 from goodput.shim import ShimConfig, TrainerShim
 
 SAVED_STEP = 3

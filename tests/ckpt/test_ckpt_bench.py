@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from goodput.bench import ckpt as bench_ckpt
-from goodput.bench.ckpt import vs_best_peer
-from goodput.bench.ckpt_measure import MethodResult
-from goodput.cli.main import main
+from goodput.tools.bench import ckpt as bench_ckpt
+from goodput.tools.bench.ckpt import vs_best_peer
+from goodput.tools.bench.ckpt_measure import MethodResult
+from goodput.tools.cli.main import main
 from tests.conftest import goodput_cli
 
 FIELDS = {"stall_s", "durable_s", "write_gbps", "restore_s", "restore_gbps", "peak_extra_mem_ratio"}

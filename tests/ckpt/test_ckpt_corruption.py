@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from goodput.ckpt import (
+from goodput.checkpoint.engine import (
     CheckpointEngine,
     ManifestError,
     NoCheckpointError,
@@ -18,8 +18,12 @@ from goodput.ckpt import (
     read_manifest,
     verify_files,
 )
-from goodput.ckpt.events import CheckpointFailed, CheckpointRestored, CheckpointRestoreFailed
-from goodput.ckptfmt import FileEntry, build_manifest, step_dir, write_manifest
+from goodput.checkpoint.engine.events import (
+    CheckpointFailed,
+    CheckpointRestored,
+    CheckpointRestoreFailed,
+)
+from goodput.checkpoint.format import FileEntry, build_manifest, step_dir, write_manifest
 from tests.conftest import tmpfs_mount
 
 from .helpers import assert_bit_exact, make_state

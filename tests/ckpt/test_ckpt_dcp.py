@@ -16,15 +16,19 @@ from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import ReadItem
 
-from goodput.ckpt import (
+from goodput.checkpoint.engine import (
     NoCheckpointError,
     dcp_storage,
     list_checkpoints,
     read_manifest,
     verify_files,
 )
-from goodput.ckpt.dcp_files import DIGEST_SUFFIX
-from goodput.ckpt.dcp_storage import GoodputStorageReader, GoodputStorageWriter, load_verified
+from goodput.checkpoint.engine.dcp_files import DIGEST_SUFFIX
+from goodput.checkpoint.engine.dcp_storage import (
+    GoodputStorageReader,
+    GoodputStorageWriter,
+    load_verified,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from goodput.ckpt import dcp_files
-from goodput.ckpt.dcp_files import DIGEST_SUFFIX, DirectHashingStream, HashingFileSystem
+from goodput.checkpoint.engine import dcp_files
+from goodput.checkpoint.engine.dcp_files import (
+    DIGEST_SUFFIX,
+    DirectHashingStream,
+    HashingFileSystem,
+)
 
 
 def _pieces() -> list[bytes]:

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from goodput.ckpt import (
+from goodput.checkpoint.engine import (
     CheckpointEngine,
     StateMismatchError,
     list_checkpoints,
     read_manifest,
     verify_files,
 )
-from goodput.ckpt.events import (
+from goodput.checkpoint.engine.events import (
     CheckpointDropped,
     CheckpointFailed,
     CheckpointPersisted,
@@ -24,7 +24,7 @@ from goodput.ckpt.events import (
     CheckpointRetentionDeleted,
     CheckpointSaved,
 )
-from goodput.ckptfmt import file_xxh3_128
+from goodput.checkpoint.format import file_xxh3_128
 
 from .helpers import assert_bit_exact, make_state
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from goodput.ckpt import CheckpointEngine, read_manifest, verify_files
-from goodput.ckpt.events import CheckpointSaved
-from goodput.ckptfmt import step_dirs
+from goodput.checkpoint.engine import CheckpointEngine, read_manifest, verify_files
+from goodput.checkpoint.engine.events import CheckpointSaved
+from goodput.checkpoint.format import step_dirs
 
 from .helpers import assert_bit_exact, make_state
 
@@ -45,7 +45,7 @@ def _save_until_killed(
 @pytest.mark.slow
 def test_kill_minus_nine_during_persist_never_yields_a_partial_checkpoint(tmp_path: Path) -> None:
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "goodput.ckpt", __name__])
+    context.set_forkserver_preload(["torch", "goodput.checkpoint.engine", __name__])
     chooser = random.Random(20261121)
     root = tmp_path / "ckpt"
     restored_steps = []

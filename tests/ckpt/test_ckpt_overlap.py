@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from goodput.ckpt import CheckpointEngine, snapshot
-from goodput.ckpt import engine as engine_module
+from goodput.checkpoint.engine import CheckpointEngine, snapshot
+from goodput.checkpoint.engine import engine as engine_module
 
 from .helpers import assert_bit_exact
 

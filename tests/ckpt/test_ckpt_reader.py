@@ -7,12 +7,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from goodput.ckpt import CheckpointEngine, NoCheckpointError, read_manifest
-from goodput.ckpt.buffers import byte_view
-from goodput.ckpt.plan import IO_ALIGN, StreamIndex
-from goodput.ckpt.reader import MIN_DIRECT_BYTES, READ_CHUNK_BYTES, _landing, plan_segments
-from goodput.ckpt.restore import _aligned_like_file
-from goodput.ckptfmt import Manifest
+from goodput.checkpoint.engine import CheckpointEngine, NoCheckpointError, read_manifest
+from goodput.checkpoint.engine.buffers import byte_view
+from goodput.checkpoint.engine.plan import IO_ALIGN, StreamIndex
+from goodput.checkpoint.engine.reader import (
+    MIN_DIRECT_BYTES,
+    READ_CHUNK_BYTES,
+    _landing,
+    plan_segments,
+)
+from goodput.checkpoint.engine.restore import _aligned_like_file
+from goodput.checkpoint.format import Manifest
 
 from .helpers import assert_bit_exact
 

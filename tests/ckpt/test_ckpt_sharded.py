@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import torch
 
-from goodput.ckpt import NoCheckpointError, restore_checkpoint
-from goodput.ckpt.events import CheckpointRestored
-from goodput.ckpt.fileio import CorruptCheckpointError
-from goodput.ckpt.sharded_load import load_sharded
-from goodput.ckptfmt import KIND_SHARDED, read_manifest, step_dir, verify_files
-from goodput.ckptfmt.sharded import shard_record_name
+from goodput.checkpoint.engine import NoCheckpointError, restore_checkpoint
+from goodput.checkpoint.engine.events import CheckpointRestored
+from goodput.checkpoint.engine.fileio import CorruptCheckpointError
+from goodput.checkpoint.engine.sharded_load import load_sharded
+from goodput.checkpoint.format import KIND_SHARDED, read_manifest, step_dir, verify_files
+from goodput.checkpoint.format.sharded import shard_record_name
 from tests.examples.launch import free_port
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from goodput.ckpt.tree import flatten, unflatten
+from goodput.checkpoint.engine.tree import flatten, unflatten
 
 from .helpers import assert_bit_exact
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from goodput.ckpt import CheckpointEngine
-from goodput.ckpt.host_restore import HostRestore, restore_from_host
+from goodput.checkpoint.engine import CheckpointEngine
+from goodput.checkpoint.engine.host_restore import HostRestore, restore_from_host
 
 from .helpers import assert_bit_exact, make_state
 

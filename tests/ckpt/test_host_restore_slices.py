@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from goodput.ckpt import CheckpointEngine
-from goodput.ckpt.host_restore import HostRestore, restore_from_host
-from goodput.ckptfmt import read_manifest, step_dir
+from goodput.checkpoint.engine import CheckpointEngine
+from goodput.checkpoint.engine.host_restore import HostRestore, restore_from_host
+from goodput.checkpoint.format import read_manifest, step_dir
 
 from .helpers import assert_bit_exact, make_state
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from goodput.ckpt.reshard import (
+from goodput.checkpoint.engine.reshard import (
     Box,
     PieceRead,
     ReshardError,

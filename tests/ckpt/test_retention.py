@@ -1,4 +1,4 @@
-"""Local retention has one rule (``goodput.ckptindex.retention``), and the engine asks it with
+"""Local retention has one rule (``goodput.checkpoint.index.retention``), and the engine asks it with
 what the node's replicator published in the volume: real files, a real CheckpointEngine."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from goodput.ckpt import CheckpointEngine, list_checkpoints
-from goodput.ckptfmt import (
+from goodput.checkpoint.engine import CheckpointEngine, list_checkpoints
+from goodput.checkpoint.format import (
     RETENTION_RECORD_NAME,
     RetentionRecordError,
     read_retention_record,
     write_retention_record,
 )
-from goodput.ckptindex.index import IndexSnapshot
-from goodput.ckptindex.records import NodeAddressRecord
-from goodput.ckptindex.retention import attainable, deletable_steps
+from goodput.checkpoint.index.index import IndexSnapshot
+from goodput.checkpoint.index.records import NodeAddressRecord
+from goodput.checkpoint.index.retention import attainable, deletable_steps
 
 from .helpers import make_state
 
@@ -127,5 +127,5 @@ def test_the_record_round_trips_and_refuses_what_it_cannot_trust(tmp_path: Path)
 
 def test_the_engine_still_imports_no_bus() -> None:
     """The ranks ask the retention rule in-process; it must not pull nats into them."""
-    code = "import sys, goodput.ckpt; sys.exit([m for m in sys.modules if 'nats' in m] or None)"
+    code = "import sys, goodput.checkpoint.engine; sys.exit([m for m in sys.modules if 'nats' in m] or None)"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -6,8 +6,8 @@ import msgspec
 import pytest
 import xxhash
 
-from goodput.ckptfmt import FORMAT, KIND_SHARDED, FileEntry, Manifest, ManifestError
-from goodput.ckptfmt.sharded import (
+from goodput.checkpoint.format import FORMAT, KIND_SHARDED, FileEntry, Manifest, ManifestError
+from goodput.checkpoint.format.sharded import (
     SHARD_FORMAT,
     ShardPiece,
     ShardRecord,

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from goodput.ckpt import NoCheckpointError
-from goodput.ckpt import events as ckpt_events
-from goodput.ckpt.torch_save import TorchSaveCheckpointer, checkpoint_path
+from goodput.checkpoint.engine import NoCheckpointError
+from goodput.checkpoint.engine import events as ckpt_events
+from goodput.checkpoint.engine.torch_save import TorchSaveCheckpointer, checkpoint_path
 
 
 def _state(value: float) -> dict:

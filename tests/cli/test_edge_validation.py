@@ -16,7 +16,7 @@ def goodput(
     *args: str, cwd: Path | None = None, timeout: float = 60, **env: str
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "goodput.cli.main", *args],
+        [sys.executable, "-m", "goodput.tools.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

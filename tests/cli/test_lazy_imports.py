@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from goodput.accounting import write_event_log
+from goodput.measure.accounting import write_event_log
 from tests.accounting.scenario import scenario_events
 
 HEAVY = ("torch", "matplotlib")
@@ -19,7 +19,7 @@ def imported_modules(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]
     """Run the real `goodput` entry point under ``-X importtime``; the top-level packages it
     imported."""
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "goodput.cli.main", *args],
+        [sys.executable, "-X", "importtime", "-m", "goodput.tools.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -14,8 +14,8 @@ import pytest
 
 from goodput import schemas
 from goodput.bus.embedded import pid_alive
-from goodput.stack.launcher import read_stack
-from goodput.stack.watch import launch_failure
+from goodput.tools.stack.launcher import read_stack
+from goodput.tools.stack.watch import launch_failure
 from tests.cli.test_edge_validation import goodput as quick_goodput
 from tests.process_sweep import TEST_VAR, tagged_pids
 

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 from goodput.bus import BusSettings
-from goodput.cli.main import main
 from goodput.config import ServiceConfig
+from goodput.tools.cli.main import main
 from goodput_services.hostmon.gpu import GpuProbe
 from goodput_services.hostmon.service import HostMonitorService
 from tests.actuator.test_kubernetes_backend import POOL, FakeKubernetesApi, _node

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from goodput.bus import Bus, BusSettings
-from goodput.cli.main import main
 from goodput.config import ServiceConfig
-from goodput.stack.runs import missing_actuator
+from goodput.tools.cli.main import main
+from goodput.tools.stack.runs import missing_actuator
 from goodput_services.actuator.kubernetes_backend import KubernetesBackend
 from goodput_services.actuator.kubernetes_options import KubernetesOptions
 from goodput_services.actuator.service import ActuatorService

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from goodput import schemas
 from goodput.bus import EmbeddedNats
-from goodput.policy.state import JobState, new_job_state
+from goodput.supervisor.jobstate.folds import new_job_state
+from goodput.supervisor.jobstate.model import JobState
 
 JOB = "job"
 NS = 1_000_000_000

@@ -9,9 +9,9 @@ import itertools
 import msgspec
 
 from goodput import schemas
-from goodput.control.engine import Controller
-from goodput.control.state import observe_status
-from goodput.policy.state import JobState
+from goodput.supervisor.control.engine import Controller
+from goodput.supervisor.jobstate.folds import observe_status
+from goodput.supervisor.jobstate.model import JobState
 
 from .helpers import JOB, at, job, signal
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 
 from goodput import schemas
-from goodput.control.engine import Controller
-from goodput.control.state import observe_status, record_capabilities, record_step_time
-from goodput.policies import cold_restart, restart_whole_job
+from goodput.supervisor.control.engine import Controller
+from goodput.supervisor.jobstate.folds import observe_status, record_capabilities, record_step_time
+from goodput.supervisor.policy.scripts import cold_restart, restart_whole_job
 
 from .helpers import JOB, at, job, signal
 

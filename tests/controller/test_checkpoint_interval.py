@@ -8,13 +8,13 @@ import msgspec
 import pytest
 
 from goodput import schemas
-from goodput.control.checkpoint_interval import (
+from goodput.supervisor.control.checkpoint_interval import (
     IntervalSettings,
     observed_mtbf_s,
     young_interval_s,
 )
-from goodput.control.engine import Controller
-from goodput.control.state import (
+from goodput.supervisor.control.engine import Controller
+from goodput.supervisor.jobstate.folds import (
     STEP_TIME_WINDOW,
     observe_signal,
     record_checkpoint,
@@ -81,7 +81,7 @@ def test_nothing_to_recommend_without_measurements() -> None:
 
 def test_a_relaunch_gets_the_tuned_interval_again() -> None:
     """Ranks started again checkpoint at the launch interval until they are told the tuned one."""
-    from goodput.control.state import apply_command
+    from goodput.supervisor.jobstate.folds import apply_command
 
     controller = Controller()
     restart = schemas.Restart(job=JOB, reason="crash")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from goodput import schemas
-from goodput.control.crash_loop import CrashLoopLimits
-from goodput.control.engine import Controller, ControllerSettings
+from goodput.supervisor.control.crash_loop import CrashLoopLimits
+from goodput.supervisor.control.engine import Controller, ControllerSettings
 
 from .helpers import at, job, signal
 

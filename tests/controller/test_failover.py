@@ -12,7 +12,7 @@ import pytest
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
-from goodput.policies import cold_restart
+from goodput.supervisor.policy.scripts import cold_restart
 from tests.controller.helpers import spawn_service
 from tests.stack.helpers import EventTap
 

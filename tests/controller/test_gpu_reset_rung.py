@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from goodput import schemas
-from goodput.control.engine import Controller
 from goodput.gpu_faults import reset_targets
+from goodput.supervisor.control.engine import Controller
 
 from .helpers import JOB, at, job, signal
 

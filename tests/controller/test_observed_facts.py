@@ -1,17 +1,17 @@
 """The controller folds the actuator's facts: JobStatus is the membership, ActionResult settles.
 
 Pure: the engine and the fold functions with the clock passed in. Commands the controller
-issues are replayed through the actuator's own membership rules (``goodput.membership``) to
+issues are replayed through the actuator's own membership rules (``goodput.supervisor.membership``) to
 show that the actuator can execute them.
 """
 
 from __future__ import annotations
 
 from goodput import schemas
-from goodput.control.engine import Controller, ControllerSettings
-from goodput.control.state import observe_result, observe_status
-from goodput.membership import Membership
 from goodput.policy import JobState
+from goodput.supervisor.control.engine import Controller, ControllerSettings
+from goodput.supervisor.jobstate.folds import observe_result, observe_status
+from goodput.supervisor.membership import Membership
 
 from .helpers import JOB, at, job, signal
 

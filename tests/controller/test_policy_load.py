@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from goodput.control.engine import Controller, ControllerSettings
-from goodput.control.script_policy import ScriptPolicy
+from goodput.supervisor.control.engine import Controller, ControllerSettings
+from goodput.supervisor.control.script_policy import ScriptPolicy
 
 from .helpers import at, job, signal
 

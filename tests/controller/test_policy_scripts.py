@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-import goodput.policies
+import goodput.supervisor.policy.scripts
 from goodput import schemas
-from goodput.control.engine import Controller, ControllerSettings
+from goodput.supervisor.control.engine import Controller, ControllerSettings
 
 from .helpers import at, job, signal
 
-EXAMPLES = Path(goodput.policies.__file__).parent
+EXAMPLES = Path(goodput.supervisor.policy.scripts.__file__).parent
 
 
 def write(tmp_path: Path, body: str, name: str = "policy.py") -> str:

@@ -19,7 +19,7 @@ import pytest
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
-from goodput.policy.state import JobState
+from goodput.supervisor.jobstate.model import JobState
 from tests.controller.helpers import spawn_service
 from tests.stack.helpers import EventTap
 

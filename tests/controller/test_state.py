@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from goodput import schemas
-from goodput.control.state import (
+from goodput.supervisor.jobstate.folds import (
     apply_command,
+    new_job_state,
     observe_signal,
     record_checkpoint,
     record_step_time,
 )
-from goodput.policy.state import decode_state, encode_state, new_job_state
+from goodput.supervisor.jobstate.model import decode_state, encode_state
 
 from .helpers import JOB, T0, at, job, signal
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
-from goodput.demo.driver import Driver
-from goodput.demo.scenarios import SCENARIOS
-from goodput.stack.watch import JobWatcher
+from goodput.tools.demo.driver import Driver
+from goodput.tools.demo.scenarios import SCENARIOS
+from goodput.tools.stack.watch import JobWatcher
 
 
 async def test_faults_the_job_ended_before_are_recorded_as_not_fired() -> None:

@@ -18,12 +18,12 @@ import pytest
 
 from goodput import schemas
 from goodput.config import load_service_config
-from goodput.control.engine import Controller, ControllerSettings, Outcome
-from goodput.control.state import observe_status
-from goodput.demo.scenarios import SCENARIOS, DemoFault, DemoScenario
-from goodput.demo.session import service_flags
-from goodput.membership import Membership, MembershipError
-from goodput.policy.state import JobState, new_job_state
+from goodput.supervisor.control.engine import Controller, ControllerSettings, Outcome
+from goodput.supervisor.jobstate.folds import new_job_state, observe_status
+from goodput.supervisor.jobstate.model import JobState
+from goodput.supervisor.membership import Membership, MembershipError
+from goodput.tools.demo.scenarios import SCENARIOS, DemoFault, DemoScenario
+from goodput.tools.demo.session import service_flags
 
 NS = 1_000_000_000
 STEPS = 800

@@ -6,8 +6,8 @@ seconds from the pace before it fired)."""
 
 from __future__ import annotations
 
-from goodput.demo.scenarios import SCENARIOS, DemoFault
-from goodput.detect.thresholds import Thresholds
+from goodput.supervisor.detect.thresholds import Thresholds
+from goodput.tools.demo.scenarios import SCENARIOS, DemoFault
 
 
 def _straggler() -> DemoFault:

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from goodput import schemas, subjects
-from goodput.accounting.sources import replay_from_bus
 from goodput.bus import Bus
 from goodput.bus.client import retry_transient
-from goodput.rank_env import knobs
+from goodput.launch.rank_env import knobs
+from goodput.measure.accounting.sources import replay_from_bus
 from tests.conftest import goodput_cli
 from tests.stack.helpers import job_on_stack, wait_for_results
 

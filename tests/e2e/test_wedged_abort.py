@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from goodput import schemas
-from goodput.rank_env import knobs
+from goodput.launch.rank_env import knobs
 from tests.examples.launch import TINY_MODEL_ARGS
 from tests.stack.helpers import job_on_stack
 

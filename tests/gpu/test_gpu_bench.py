@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from goodput.cli.main import main
+from goodput.tools.cli.main import main
 from tests.gpu.kit import GPU
 
 pytestmark = [*GPU, pytest.mark.timeout(420)]

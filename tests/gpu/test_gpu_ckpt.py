@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from goodput.ckpt import CheckpointEngine
-from goodput.ckpt.buffers import HostBuffer
+from goodput.checkpoint.engine import CheckpointEngine
+from goodput.checkpoint.engine.buffers import HostBuffer
 from tests.ckpt.helpers import assert_bit_exact, make_state
 from tests.gpu.kit import GPU
 

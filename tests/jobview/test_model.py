@@ -6,9 +6,9 @@ import pytest
 from rich.console import Console
 
 from goodput import schemas
-from goodput.accounting import compute_goodput
-from goodput.jobview.model import JobModel
-from goodput.jobview.render import job_view
+from goodput.measure.accounting import compute_goodput
+from goodput.measure.jobview.model import JobModel
+from goodput.measure.jobview.render import job_view
 from tests.accounting.scenario import EXPECTED_PRODUCTIVE, EXPECTED_TOTAL, scenario_events
 
 JOB = "view"

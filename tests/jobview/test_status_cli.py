@@ -65,7 +65,7 @@ async def test_status_once_json_shows_the_job_from_its_events_and_heartbeats(
     beating = asyncio.create_task(_beat(bus, stop))
     try:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "goodput.cli.main", "status", "--once", "--json",
+            sys.executable, "-m", "goodput.tools.cli.main", "status", "--once", "--json",
             "--job", JOB, "--nats-url", nats_server.url, "--state-dir", str(tmp_path / "none"),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -20,10 +20,10 @@ import torch
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
-from goodput.ckpt import CheckpointEngine
-from goodput.ckptfmt import node_volume, read_manifest
-from goodput.ckptindex.index import CheckpointIndex, IndexSnapshot
-from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
+from goodput.checkpoint.engine import CheckpointEngine
+from goodput.checkpoint.format import node_volume, read_manifest
+from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
+from goodput.checkpoint.tiers.fake_gcs import FakeGcsServer, ensure_bucket
 from tests.conftest import goodput_cli
 from tests.stack.helpers import EventTap
 

@@ -4,7 +4,7 @@ peers verify instead of copying, and the object store gets each unique shard onc
 from __future__ import annotations
 
 from goodput import schemas
-from goodput.ckptfmt import read_manifest
+from goodput.checkpoint.format import read_manifest
 from tests.replicator.conftest import Harness, in_store, peer_copies, write_checkpoint
 
 STEP = 10

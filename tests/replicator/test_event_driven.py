@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from goodput import schemas
-from goodput.ckptfmt import read_manifest
-from goodput.ckptindex.index import CheckpointIndex, IndexSnapshot
+from goodput.checkpoint.format import read_manifest
+from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from tests.replicator.conftest import JOB, Harness, peer_copies, write_checkpoint
 
 pytestmark = pytest.mark.timeout(120)

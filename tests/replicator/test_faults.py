@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from goodput import schemas, subjects
-from goodput.ckpt import CheckpointEngine
+from goodput.checkpoint.engine import CheckpointEngine
 from goodput_services.replicator.holdings import verify_copy
 from tests.ckpt.helpers import assert_bit_exact
 from tests.replicator.conftest import (

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from goodput.ckptfmt import read_retention_record
-from goodput.tiers.object_store import DirectoryObjectStore
+from goodput.checkpoint.format import read_retention_record
+from goodput.checkpoint.tiers.object_store import DirectoryObjectStore
 from goodput_services.replicator.holdings import verify_copy
 from tests.replicator.conftest import (
     JOB,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from goodput.ckptfmt import (
+from goodput.checkpoint.format import (
     FileEntry,
     build_manifest,
     hash_totals,

@@ -9,8 +9,8 @@ import time
 
 import msgspec
 
-from goodput.ckptindex.index import IndexSnapshot
-from goodput.ckptindex.records import CopyRecord, FileRef, NodeAddressRecord
+from goodput.checkpoint.index.index import IndexSnapshot
+from goodput.checkpoint.index.records import CopyRecord, FileRef, NodeAddressRecord
 from goodput_services.replicator.options import ReplicatorOptions
 from goodput_services.replicator.planner import (
     BackUp,

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from goodput.ckptindex.index import IndexSnapshot
-from goodput.ckptindex.records import CopyRecord, FileRef, NodeAddressRecord
-from goodput.ckptindex.retention import Retention, plan_gc
+from goodput.checkpoint.index.index import IndexSnapshot
+from goodput.checkpoint.index.records import CopyRecord, FileRef, NodeAddressRecord
+from goodput.checkpoint.index.retention import Retention, plan_gc
 from goodput_services.replicator.options import ReplicatorOptions
 from goodput_services.replicator.topology import choose_peers
 

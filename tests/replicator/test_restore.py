@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 from goodput import schemas, subjects
-from goodput.ckpt import CheckpointEngine
+from goodput.checkpoint.engine import CheckpointEngine
 from tests.ckpt.helpers import assert_bit_exact
 from tests.replicator.conftest import (
     JOB,

@@ -7,8 +7,8 @@ import random
 from dataclasses import dataclass, field
 
 from goodput import schemas
-from goodput.detect.detector import NS, Detector
-from goodput.detect.thresholds import Thresholds
+from goodput.supervisor.detect.detector import NS, Detector
+from goodput.supervisor.detect.thresholds import Thresholds
 
 JOB = "job"
 T0 = 1_700_000_000 * NS

@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from goodput import schemas
-from goodput.bench.detect import BenchError, _stepping_on
 from goodput.bus.job_events import JobEvents
+from goodput.tools.bench.detect import BenchError, _stepping_on
 
 JOB = "bench"
 

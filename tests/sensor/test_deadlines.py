@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goodput.detect.deadlines import DeadlineQueue
+from goodput.supervisor.detect.deadlines import DeadlineQueue
 
 operations = st.lists(
     st.one_of(

@@ -6,8 +6,8 @@ import msgspec
 import pytest
 
 from goodput import schemas
-from goodput.detect.detector import NS, Detector
-from goodput.detect.thresholds import Thresholds, updated
+from goodput.supervisor.detect.detector import NS, Detector
+from goodput.supervisor.detect.thresholds import Thresholds, updated
 
 from .synthetic import JOB, Run, at, feed, straggler_due
 
@@ -413,8 +413,8 @@ def test_straggler_found_without_world_size_in_step_reports() -> None:
 def test_a_slow_process_start_does_not_stretch_the_heartbeat_timeout() -> None:
     """The first beat of a new process follows its start-up (imports), not a previous beat."""
     from goodput import schemas
-    from goodput.detect.detector import Detector
-    from goodput.detect.thresholds import Thresholds
+    from goodput.supervisor.detect.detector import Detector
+    from goodput.supervisor.detect.thresholds import Thresholds
 
     second = 1_000_000_000
     detector = Detector("job", Thresholds(heartbeat_timeout_s=3.0, heartbeat_polling_period_s=0.5))

@@ -13,8 +13,8 @@ import msgspec
 import pytest
 
 from goodput import schemas
-from goodput.detect.detector import NS, Detector
-from goodput.detect.intervals import RecentIntervals
+from goodput.supervisor.detect.detector import NS, Detector
+from goodput.supervisor.detect.intervals import RecentIntervals
 
 from .synthetic import JOB, Run, feed
 

@@ -12,7 +12,7 @@ step 0 for 0.1 s (timeout 300.0 s)" — and a second restart followed.
 from __future__ import annotations
 
 from goodput import schemas
-from goodput.detect.detector import NS, Detector
+from goodput.supervisor.detect.detector import NS, Detector
 
 from .synthetic import JOB, at
 

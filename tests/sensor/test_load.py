@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from goodput.detect.load import measure_detector
+from goodput.supervisor.detect.load import measure_detector
 
 
 def test_healthy_job_at_scale_raises_nothing() -> None:

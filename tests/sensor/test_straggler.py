@@ -16,8 +16,8 @@ import msgspec
 import pytest
 
 from goodput import schemas
-from goodput.detect.detector import Detector
-from goodput.detect.straggler import StragglerTracker
+from goodput.supervisor.detect.detector import Detector
+from goodput.supervisor.detect.straggler import StragglerTracker
 
 from .synthetic import JOB, at, straggler_due
 

@@ -12,8 +12,8 @@ import pytest
 
 from goodput import schemas
 from goodput.config import ServiceConfig
-from goodput.detect.detector import Detector
-from goodput.detect.thresholds import Thresholds, updated
+from goodput.supervisor.detect.detector import Detector
+from goodput.supervisor.detect.thresholds import Thresholds, updated
 from goodput_services.sensor.options import SensorOptions
 from goodput_services.sensor.service import SensorService
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from goodput.rank_env import (
+from goodput.launch.rank_env import (
     NCCL_ERROR_HANDLING,
     VARIABLES,
     RankEnv,
@@ -13,8 +13,8 @@ from goodput.rank_env import (
     knobs,
     nccl_error_handling,
 )
+from goodput.launch.standby_channel import decode_assignment, encode_assignment
 from goodput.shim.trainer import ShimConfig
-from goodput.standby_channel import decode_assignment, encode_assignment
 
 
 def test_what_is_written_reads_back() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from goodput.rank_env import NCCL_ERROR_HANDLING
+from goodput.launch.rank_env import NCCL_ERROR_HANDLING
 from goodput.shim.standby import group_backend
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from goodput.simulate.calibrate import calibrate
-from goodput.simulate.profile import SimulateError, load_profile
+from goodput.tools.simulate.calibrate import calibrate
+from goodput.tools.simulate.profile import SimulateError, load_profile
 
 # the fields `goodput bench ckpt|restore|recovery --json` print (values: any plausible run)
 CKPT = {

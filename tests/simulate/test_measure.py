@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from goodput import schemas
-from goodput.simulate import messages as msg
-from goodput.simulate.measure import measured_costs
+from goodput.tools.simulate import messages as msg
+from goodput.tools.simulate.measure import measured_costs
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS

@@ -15,9 +15,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from goodput.simulate.predict import predict_file
-from goodput.simulate.profile import SimulateError, load_profile
-from goodput.simulate.replay import replay_file
+from goodput.tools.simulate.predict import predict_file
+from goodput.tools.simulate.profile import SimulateError, load_profile
+from goodput.tools.simulate.replay import replay_file
 from tests.conftest import goodput_cli
 
 DEMO = Path(__file__).parent / "data" / "demo-full.json"

@@ -18,9 +18,9 @@ import os
 
 import pytest
 
-from goodput.simulate.profile import load_preset, load_profile
-from goodput.simulate.run import simulate, with_job
-from goodput.simulate.strategies import pick
+from goodput.tools.simulate.profile import load_preset, load_profile
+from goodput.tools.simulate.run import simulate, with_job
+from goodput.tools.simulate.strategies import pick
 
 FULL = os.environ.get("GOODPUT_SIM_FULL") == "1"
 LLAMA_HOURS = 24.0

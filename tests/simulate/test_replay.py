@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from goodput.simulate.profile import SimulateError
-from goodput.simulate.replay import replay_file
+from goodput.tools.simulate.profile import SimulateError
+from goodput.tools.simulate.replay import replay_file
 
 FAULTS = [
     {"step": 40, "action": "kill-rank", "node": "node-1", "ok": True},

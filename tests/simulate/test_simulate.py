@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from goodput import schemas
-from goodput.accounting.categories import BADPUT_KEYS
-from goodput.detect.detector import Detector
-from goodput.simulate.fleet import make_trace
-from goodput.simulate.profile import SimulateError, load_preset, load_profile
-from goodput.simulate.run import simulate, with_job
-from goodput.simulate.strategies import pick
+from goodput.measure.accounting.categories import BADPUT_KEYS
+from goodput.supervisor.detect.detector import Detector
+from goodput.tools.simulate.fleet import make_trace
+from goodput.tools.simulate.profile import SimulateError, load_preset, load_profile
+from goodput.tools.simulate.run import simulate, with_job
+from goodput.tools.simulate.strategies import pick
 
 NS = 1_000_000_000
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_shipped_inputs_load():
     ],
 )
 def test_a_bad_profile_is_one_line_naming_the_field(tmp_path, text, field):
-    shipped = (ROOT / "libs/goodput/simulate/profiles/large-gpu.toml").read_text()
+    shipped = (ROOT / "libs/goodput/tools/simulate/profiles/large-gpu.toml").read_text()
     lines = [line for line in shipped.splitlines() if not line.startswith("snapshot_gbps")]
     at = lines.index("[checkpoint]") + 1
     lines[at:at] = text.splitlines()
@@ -107,7 +107,7 @@ def test_a_lost_node_returns_when_its_host_reports_healthy():
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {"PYTHONPATH": f"{ROOT}/libs:{ROOT}/services", "PATH": "/usr/bin:/bin"}
     return subprocess.run(
-        [sys.executable, "-m", "goodput.cli.main", "simulate", *args],
+        [sys.executable, "-m", "goodput.tools.cli.main", "simulate", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -148,7 +148,7 @@ def test_cli_html_writes_the_page_and_plot(tmp_path):
 
 
 def test_a_spares_sweep_plots_and_recommends(tmp_path):
-    from goodput.simulate.sweep import plot, recommendation, sweep
+    from goodput.tools.simulate.sweep import plot, recommendation, sweep
 
     preset = short_case_study(4)
     result = sweep(preset, load_profile(preset.profile), "spares", [0, 2], pick(["goodput"]))
@@ -164,8 +164,8 @@ def test_a_spares_sweep_holds_the_job_nodes_faults_fixed():
     """Common random numbers: the job's nodes see the same faults at every spare count (a
     spare draws its own from a stream of its own), so the baseline, which uses no spare,
     scores the same at every point."""
-    from goodput.simulate.fleet import make_trace
-    from goodput.simulate.sweep import sweep
+    from goodput.tools.simulate.fleet import make_trace
+    from goodput.tools.simulate.sweep import sweep
 
     preset = short_case_study(12)
     job = preset.job
@@ -179,9 +179,9 @@ def test_a_spares_sweep_holds_the_job_nodes_faults_fixed():
 
 
 def _one_fault_world(strategy: str, kind: str):
-    from goodput.simulate.fleet import Fault
-    from goodput.simulate.strategies import strategies
-    from goodput.simulate.world import World
+    from goodput.tools.simulate.fleet import Fault
+    from goodput.tools.simulate.strategies import strategies
+    from goodput.tools.simulate.world import World
 
     preset = short_case_study(2)
     trace = [Fault(at_s=1800.0, node="node-5", kind=kind, duration_s=7200.0)]  # type: ignore[arg-type]
@@ -205,9 +205,9 @@ def test_a_correctable_gpu_fault_is_reset_in_place_and_the_node_kept():
 
 
 def _faults_world(strategy: str, *faults: tuple[float, str, str]):
-    from goodput.simulate.fleet import Fault
-    from goodput.simulate.strategies import strategies
-    from goodput.simulate.world import World
+    from goodput.tools.simulate.fleet import Fault
+    from goodput.tools.simulate.strategies import strategies
+    from goodput.tools.simulate.world import World
 
     preset = short_case_study(2)
     trace = [Fault(at, node, kind, 7200.0) for at, node, kind in faults]  # type: ignore[arg-type]

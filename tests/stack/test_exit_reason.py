@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from goodput.bus import EmbeddedNats
-from goodput.stack.exit_reason import EXIT_REASON_ENV, last_line, read_exit_reason
+from goodput.launch.exit_reason import EXIT_REASON_ENV, last_line, read_exit_reason
 
 DYING_SERVICE = Path(__file__).parents[1] / "services" / "dying_service.py"
 

@@ -22,7 +22,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.bus.embedded import pid_alive
-from goodput.stack.launcher import read_stack, services_health
+from goodput.tools.stack.launcher import read_stack, services_health
 from tests.bus.fuzz import Fuzzer
 
 JOB = "job-a"

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from goodput import schemas
-from goodput.stack.runs import running_clash
+from goodput.tools.stack.runs import running_clash
 from tests.conftest import goodput_cli
 
 JOB = "again"
@@ -162,7 +162,7 @@ def test_a_second_run_while_the_first_is_running_is_refused_in_one_line(tmp_path
             [
                 sys.executable,
                 "-m",
-                "goodput.cli.main",
+                "goodput.tools.cli.main",
                 "run",
                 "--nodes=1",
                 "--spares=0",

@@ -12,7 +12,7 @@ import pytest
 from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import pid_alive, read_record
-from goodput.stack.launcher import read_stack
+from goodput.tools.stack.launcher import read_stack
 from tests.conftest import goodput_cli
 from tests.stack.conftest import stack_status
 from tests.stack.helpers import wait_for_results

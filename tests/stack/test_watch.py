@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from goodput import schemas
-from goodput.stack.watch import JobWatcher, summary
+from goodput.tools.stack.watch import JobWatcher, summary
 
 
 def status(attempt: int, state: str, world_size: int, detail: str = "") -> schemas.JobStatus:

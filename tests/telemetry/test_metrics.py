@@ -16,8 +16,9 @@ from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, InMemoryMetr
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from goodput import metrics, schemas
-from goodput.accounting import write_event_log
+from goodput import schemas
+from goodput.measure import metrics
+from goodput.measure.accounting import write_event_log
 from goodput.shim.tracing import RESUME_SPAN, ShimTelemetry
 from goodput.telemetry import metric_exporter_from_env, span_exporter_from_env
 from tests.accounting.scenario import scenario_events
@@ -131,7 +132,7 @@ def test_goodput_report_exports_the_goodput_gauge_with_the_console_exporter(
     log = tmp_path / "events.jsonl"
     write_event_log(log, scenario_events())
     result = subprocess.run(
-        [sys.executable, "-m", "goodput.cli.main", "report", "--events", str(log), "--json"],
+        [sys.executable, "-m", "goodput.tools.cli.main", "report", "--events", str(log), "--json"],
         capture_output=True,
         text=True,
         timeout=120,

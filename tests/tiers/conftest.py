@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import xxhash
 
-from goodput.ckptfmt import (
+from goodput.checkpoint.format import (
     FileEntry,
     Manifest,
     build_manifest,
@@ -20,9 +20,9 @@ from goodput.ckptfmt import (
     step_dir,
     write_manifest,
 )
-from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
-from goodput.tiers.gcs import GcsObjectStore
-from goodput.tiers.peer import PeerServerProcess
+from goodput.checkpoint.tiers.fake_gcs import FakeGcsServer, ensure_bucket
+from goodput.checkpoint.tiers.gcs import GcsObjectStore
+from goodput.checkpoint.tiers.peer import PeerServerProcess
 
 BUCKET = "goodput-test"
 

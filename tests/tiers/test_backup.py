@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from goodput.ckptfmt import ChecksumMismatch
-from goodput.tiers.backup import (
+from goodput.checkpoint.format import ChecksumMismatch
+from goodput.checkpoint.tiers.backup import (
     backed_up_steps,
     backup_checkpoint,
     blob_key,
@@ -15,7 +15,7 @@ from goodput.tiers.backup import (
     listing_key,
     read_listing,
 )
-from goodput.tiers.object_store import DirectoryObjectStore, ObjectStore
+from goodput.checkpoint.tiers.object_store import DirectoryObjectStore, ObjectStore
 
 
 @pytest.fixture(params=["directory", "gcs"])

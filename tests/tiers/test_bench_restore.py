@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from goodput.bench import restore
+from goodput.tools.bench import restore
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from goodput.tiers.peer import PeerClient, PeerError, PeerServerProcess
-from goodput.tiers.restore import LocalSource, RestoreError, restore_to_volume
+from goodput.checkpoint.tiers.peer import PeerClient, PeerError, PeerServerProcess
+from goodput.checkpoint.tiers.restore import LocalSource, RestoreError, restore_to_volume
 from tests.conftest import tmpfs_mount
 
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from goodput.ckptfmt import (
+from goodput.checkpoint.format import (
     FORMAT,
     FileEntry,
     Manifest,

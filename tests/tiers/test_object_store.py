@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from goodput.ckptfmt import ChecksumMismatch
-from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
-from goodput.tiers.gcs import PARTS_PREFIX, GcsObjectStore
-from goodput.tiers.object_store import (
+from goodput.checkpoint.format import ChecksumMismatch
+from goodput.checkpoint.tiers.fake_gcs import FakeGcsServer, ensure_bucket
+from goodput.checkpoint.tiers.gcs import PARTS_PREFIX, GcsObjectStore
+from goodput.checkpoint.tiers.object_store import (
     DirectoryObjectStore,
     ObjectNotFound,
     ObjectStore,

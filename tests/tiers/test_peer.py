@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from goodput.ckptfmt import ChecksumMismatch, committed_steps, partial_path, read_manifest
-from goodput.tiers.peer import PeerClient, PeerError, PeerServer, PeerServerProcess
+from goodput.checkpoint.format import ChecksumMismatch, committed_steps, partial_path, read_manifest
+from goodput.checkpoint.tiers.peer import PeerClient, PeerError, PeerServer, PeerServerProcess
 
 
 async def connect(peer: PeerServerProcess) -> PeerClient:

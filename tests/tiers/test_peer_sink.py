@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from goodput.tiers.peer import channel
-from goodput.tiers.peer.channel import DIRECT_ALIGN, FileSink
+from goodput.checkpoint.tiers.peer import channel
+from goodput.checkpoint.tiers.peer.channel import DIRECT_ALIGN, FileSink
 
 
 def aligned_buffer(data: bytes) -> memoryview:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from goodput.ckptfmt import Manifest, committed_steps, read_manifest
-from goodput.tiers.backup import backup_checkpoint
-from goodput.tiers.fake_gcs import FakeGcsServer, ensure_bucket
-from goodput.tiers.gcs import GcsObjectStore
-from goodput.tiers.peer import PeerClient, PeerServerProcess
-from goodput.tiers.restore import (
+from goodput.checkpoint.format import Manifest, committed_steps, read_manifest
+from goodput.checkpoint.tiers.backup import backup_checkpoint
+from goodput.checkpoint.tiers.fake_gcs import FakeGcsServer, ensure_bucket
+from goodput.checkpoint.tiers.gcs import GcsObjectStore
+from goodput.checkpoint.tiers.peer import PeerClient, PeerServerProcess
+from goodput.checkpoint.tiers.restore import (
     LocalSource,
     ObjectStoreSource,
     PeerSource,

@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from goodput.rank_env import EXIT_TERMINATED
+    from goodput.launch.rank_env import EXIT_TERMINATED
     from goodput.shim.config import ShimConfig
     from goodput.shim.data_position import DataPositionError, ResumableSampler
     from goodput.shim.rescale import (
@@ -41,7 +41,7 @@ _EXPORTS = {
     "UnfilledVolumeError": "goodput.shim.restore_result",
     "JobRun": "goodput.shim.standby",
     "run_job": "goodput.shim.standby",
-    "EXIT_TERMINATED": "goodput.rank_env",
+    "EXIT_TERMINATED": "goodput.launch.rank_env",
     "ShimConfig": "goodput.shim.config",
     "DataPositionError": "goodput.shim.data_position",
     "ResumableSampler": "goodput.shim.data_position",

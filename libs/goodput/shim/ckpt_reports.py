@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 from goodput import schemas
-from goodput.ckpt import events as ckpt_events
+from goodput.checkpoint.engine import events as ckpt_events
 
 
 def checkpoint_report(

@@ -1,5 +1,5 @@
 """What a rank's shim is configured with: the job, its place in it, the bus, the checkpoint
-knobs — read from the environment the actuator wrote (:class:`~goodput.rank_env.RankEnv`)."""
+knobs — read from the environment the actuator wrote (:class:`~goodput.launch.rank_env.RankEnv`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import msgspec
 
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_from_env
-from goodput.ckpt.catalog import DEFAULT_KEEP_LAST
-from goodput.rank_env import VARIABLES, RankEnv, RankEnvError
+from goodput.checkpoint.engine.catalog import DEFAULT_KEEP_LAST
+from goodput.launch.rank_env import VARIABLES, RankEnv, RankEnvError
 from goodput.subjects import DEFAULT_JOB
 
 
@@ -45,7 +45,7 @@ class ShimConfig(msgspec.Struct, kw_only=True):
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ShimConfig:
-        """What the actuator put in the environment (:class:`~goodput.rank_env.RankEnv`, the
+        """What the actuator put in the environment (:class:`~goodput.launch.rank_env.RankEnv`, the
         bus from ``GOODPUT_NATS_*``); a malformed variable raises ``RankEnvError``."""
         env = os.environ
         rank_env = RankEnv.from_env(env)

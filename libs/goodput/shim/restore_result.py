@@ -20,7 +20,7 @@ METADATA_KEY = "__goodput__"
 
 #: where the restored bytes were read: the node's own volume (peers and the object store
 #: fill that volume before the ranks start), the directory every node shares (torch-save), or
-#: the checkpoint engine's host buffer after an in-process restart (``goodput.ckpt.host_restore``)
+#: the checkpoint engine's host buffer after an in-process restart (``goodput.checkpoint.engine.host_restore``)
 RestoreTier = Literal["local", "shared", "host"]
 
 

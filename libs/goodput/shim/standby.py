@@ -6,7 +6,7 @@ optimizer before it can join its peers — most of a recovery when one rank dies
 data: a :class:`~goodput.shim.inprocess.ResumableJob`, no process group yet), so the shim can
 call it ahead of time. Under the actuator a job started with ``StartJob.standbys`` then has
 standby processes on every node: each builds its job and waits for an assignment
-(:mod:`goodput.standby_channel`, a socket pair locally, the bus for a pod: the RankEnv a
+(:mod:`goodput.launch.standby_channel`, a socket pair locally, the bus for a pod: the RankEnv a
 rank started cold would find in its
 environment). Assigned, it is a rank like any other: it joins the rendezvous, restores the
 agreed checkpoint and trains, in the shim's own loop (in-process restart included).
@@ -29,12 +29,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from goodput.rank_env import VARIABLES, RankEnv, nccl_error_handling
+from goodput.launch.rank_env import VARIABLES, RankEnv, nccl_error_handling
+from goodput.launch.standby_channel import StandbyReleased, receive_assignment
 from goodput.shim.group_sockets import opened_by
 from goodput.shim.inprocess import ResumableJob, RunOutcome
 from goodput.shim.rescale import RescaleCallback
 from goodput.shim.trainer import TrainerShim
-from goodput.standby_channel import StandbyReleased, receive_assignment
 from goodput.warm_path import WARM_PATH, WarmPathTimeouts
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def run_job(
     """Build the job, become a rank (a standby first waits for its assignment), join the
     process group (``backend``: nccl where CUDA is, else gloo), then :meth:`TrainerShim.run`.
 
-    An NCCL group is created with :data:`goodput.rank_env.NCCL_ERROR_HANDLING` (a value already
+    An NCCL group is created with :data:`goodput.launch.rank_env.NCCL_ERROR_HANDLING` (a value already
     in the environment wins): a peer's death must fail this rank's collectives, not kill it.
     ``timeouts`` bound the group's collectives and the in-process restart
     (:mod:`goodput.warm_path`; their order is checked when they are built).

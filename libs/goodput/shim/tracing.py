@@ -16,8 +16,8 @@ from __future__ import annotations
 from opentelemetry import context, metrics, trace
 
 from goodput import schemas
-from goodput.metrics import JOB, NODE, RANK, TrainingMetrics
-from goodput.rank_env import RankEnv
+from goodput.launch.rank_env import RankEnv
+from goodput.measure.metrics import JOB, NODE, RANK, TrainingMetrics
 from goodput.telemetry import (
     context_from_traceparent,
     exporter_choice,

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from goodput import schemas
-from goodput.ckpt import CheckpointEngine, NoCheckpointError
-from goodput.ckpt import events as ckpt_events
-from goodput.ckpt.host_restore import HostRestore, restore_from_host
-from goodput.ckpt.torch_save import TorchSaveCheckpointer
-from goodput.rank_env import EXIT_TERMINATED
+from goodput.checkpoint.engine import CheckpointEngine, NoCheckpointError
+from goodput.checkpoint.engine import events as ckpt_events
+from goodput.checkpoint.engine.host_restore import HostRestore, restore_from_host
+from goodput.checkpoint.engine.torch_save import TorchSaveCheckpointer
+from goodput.launch.rank_env import EXIT_TERMINATED
 from goodput.shim.agree import agree_min, all_reduce_min, any_rank, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
 from goodput.shim.config import ShimConfig

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, DoneLog
-from goodput.ckptfmt import node_volume
-from goodput.membership import Membership, check_job_shape
+from goodput.checkpoint.format import node_volume
+from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.agent_directory import AgentDirectory
 from goodput_services.actuator.agent_standbys import AgentStandbys

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import nats.errors
 
 from goodput import schemas, subjects
-from goodput.agent import registry
 from goodput.bus import Bus
+from goodput.supervisor.agent import registry
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The agent backend's standby ranks: each node agent keeps a pool of its host's own
-(``goodput.standby_pool``, as the local backend keeps one for its nodes); the actuator only
+(``goodput.supervisor.standby_pool``, as the local backend keeps one for its nodes); the actuator only
 tells the agents what to keep and reads what they report ready.
 
 Every node of the job (spares included: ``standby_nodes = "all"``) is told the run's

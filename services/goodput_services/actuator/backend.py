@@ -16,8 +16,8 @@ from typing import Any, Literal, NoReturn, Protocol, runtime_checkable
 
 from goodput import schemas
 from goodput.bus import Bus, BusSettings
-from goodput.membership import Membership
-from goodput.rank_env import RankEnv
+from goodput.launch.rank_env import RankEnv
+from goodput.supervisor.membership import Membership
 from goodput.telemetry import tracer
 from goodput_services.actuator.options import ActuatorOptions
 from goodput_services.actuator.rank_environments import RankEnvironments
@@ -98,7 +98,7 @@ class Backend(Protocol):
 class MembershipBackend(RankEnvironments, ABC):
     """The remediation commands both backends share: a membership change, then a relaunch.
 
-    Membership follows :mod:`goodput.membership`, whose refusals the service reports as failed
+    Membership follows :mod:`goodput.supervisor.membership`, whose refusals the service reports as failed
     ActionResults. Subclasses provide ``start_job`` (where the nodes come from), how ranks are
     started and stopped (``_launch``/``_terminate``) and where their pids are (``_pids``), and
     set ``job``, ``emit``, ``spec``, ``ranks`` and ``_lock`` in their constructor.

@@ -39,9 +39,9 @@ from kubernetes import client, watch
 
 from goodput import schemas, subjects
 from goodput.bus import BusSettings
-from goodput.ckptfmt import node_volume
-from goodput.membership import Membership, check_job_shape
-from goodput.standby_channel import READY_FILE
+from goodput.checkpoint.format import node_volume
+from goodput.launch.standby_channel import READY_FILE
+from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus

@@ -5,7 +5,7 @@ is held by a rank pod until that pod is gone: a standby there could hold no GPU 
 never take the dead rank's. So standbys live only on spare nodes, whose GPUs are free: each
 standby pod requests a rank's GPUs, runs the job's argv with ``GOODPUT_STANDBY=1`` (the shim's
 ``run_job`` builds the job, on its GPU), and serves its assignment on the bus
-(``goodput.standby_channel``, bus flavour); its readiness probe turns Ready once the job is
+(``goodput.launch.standby_channel``, bus flavour); its readiness probe turns Ready once the job is
 built, and the pod watch tells this pool. A hot swap (or any launch) onto that node with
 ``standbys`` hands its ready standbys the node's ranks: the pod keeps its name, which becomes
 the rank's DNS name. A standby that exits before it was ever ready means the script does not
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from kubernetes import client
 
 from goodput import subjects
-from goodput.rank_env import VARIABLES
-from goodput.standby_channel import SUBJECT_ENV
+from goodput.launch.rank_env import VARIABLES
+from goodput.launch.standby_channel import SUBJECT_ENV
 from goodput_services.actuator.kubernetes_pods import (
     PodApi,
     is_pod_ready,

@@ -5,7 +5,7 @@ MASTER_ADDR/MASTER_PORT for the rendezvous), plus GOODPUT_* variables for the tr
 Every remediation relaunches the worker group with a fresh rendezvous port: a collective
 group cannot take back a rank that died, so "in-job restart" means new rank processes under
 the same, still-running supervisor — or, for a job started with standbys and a command that
-asks for them, ready standby processes (``goodput.standby_pool``) handed the rank instead.
+asks for them, ready standby processes (``goodput.supervisor.standby_pool``) handed the rank instead.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.embedded import free_port
 from goodput.bus.settings import FILE_FIELDS
-from goodput.ckptfmt import node_volume
-from goodput.membership import Membership, check_job_shape
-from goodput.stack.runs import rank_log_dir, rank_log_name
-from goodput.standby_pool import StandbyPool
+from goodput.checkpoint.format import node_volume
+from goodput.launch.rank_logs import rank_log_dir, rank_log_name
+from goodput.supervisor.membership import Membership, check_job_shape
+from goodput.supervisor.standby_pool import StandbyPool
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
 
@@ -58,7 +58,7 @@ class LocalBackend(MembershipBackend):
     """Launches, watches and replaces rank processes; reports every change as an event."""
 
     name = "local"
-    #: standby processes on every node of the job, spares included (``goodput.standby_pool``)
+    #: standby processes on every node of the job, spares included (``goodput.supervisor.standby_pool``)
     standby_nodes = "all"
     stop_grace_s = STOP_GRACE_S
 

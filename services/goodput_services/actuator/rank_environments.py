@@ -1,7 +1,7 @@
 """What each rank and standby of a run is told: torchrun's variables, the shim's, the bus's.
 
 One place for every backend (local processes, node agents, pods): a rank's own variables
-(:class:`~goodput.rank_env.RankEnv`, also what a standby's assignment carries), the job's
+(:class:`~goodput.launch.rank_env.RankEnv`, also what a standby's assignment carries), the job's
 environment, the bus the shim reaches, and the NCCL error handling an in-process restart needs.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_to_env
-from goodput.membership import Membership
-from goodput.rank_env import VARIABLES, RankEnv, nccl_error_handling
+from goodput.launch.rank_env import VARIABLES, RankEnv, nccl_error_handling
+from goodput.supervisor.membership import Membership
 from goodput.telemetry import current_traceparent
 
 
@@ -37,7 +37,7 @@ class RankEnvironments:
 
     def standby_environment(self) -> dict[str, str]:
         """What a standby of the run is started with: a rank's environment but the rank's own
-        variables, which its assignment brings (``goodput.standby_pool``)."""
+        variables, which its assignment brings (``goodput.supervisor.standby_pool``)."""
         assert self.spec is not None
         return {
             **self.spec.env,

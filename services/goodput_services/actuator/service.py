@@ -11,9 +11,9 @@ from pathlib import Path
 from goodput import schemas, subjects
 from goodput.bus import Bus, DoneLog
 from goodput.config import ServiceConfig
-from goodput.membership import MembershipError
-from goodput.rank_env import RankEnv
-from goodput.standby_channel import assign_on_bus
+from goodput.launch.rank_env import RankEnv
+from goodput.launch.standby_channel import assign_on_bus
+from goodput.supervisor.membership import MembershipError
 from goodput_services.actuator.backend import Backend, create_backend
 from goodput_services.actuator.options import ActuatorOptions
 from goodput_services.base import Service
@@ -146,7 +146,7 @@ class ActuatorService(Service):
         return answers
 
     async def _assign_standby(self, subject: str, env: RankEnv) -> str:
-        """Hand a pod standby its rank over the bus (``goodput.standby_channel``)."""
+        """Hand a pod standby its rank over the bus (``goodput.launch.standby_channel``)."""
         assert self.bus is not None
         return await assign_on_bus(self.bus.nc, subject, env, STANDBY_ASSIGN_TIMEOUT_S)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from goodput.control.engine import ControllerSettings
+from goodput.supervisor.control.engine import ControllerSettings
 
 
 class ControllerOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

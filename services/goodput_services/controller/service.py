@@ -29,14 +29,15 @@ from opentelemetry.context import Context
 from goodput import schemas, subjects
 from goodput.bus import DurableConsumer
 from goodput.config import ServiceConfig
-from goodput.control.engine import Controller, Outcome
-from goodput.control.state import (
+from goodput.supervisor.control.engine import Controller, Outcome
+from goodput.supervisor.jobstate.folds import (
+    new_job_state,
     observe_status,
     record_capabilities,
     record_checkpoint,
     record_step_time,
 )
-from goodput.policy.state import ACTUATOR_COMMANDS, AnyCommand, JobState, new_job_state
+from goodput.supervisor.jobstate.model import ACTUATOR_COMMANDS, AnyCommand, JobState
 from goodput.telemetry import attached, context_from_traceparent, current_traceparent, tracer
 from goodput_services.base import Service
 from goodput_services.controller.lease import Lease

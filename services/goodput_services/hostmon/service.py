@@ -26,7 +26,7 @@ import nats.js.errors
 from goodput import schemas, subjects
 from goodput.bus import BusUnavailableError
 from goodput.bus.client import TRANSIENT_ERRORS
-from goodput.ckptfmt import node_volume
+from goodput.checkpoint.format import node_volume
 from goodput.config import ServiceConfig
 from goodput.telemetry import tracer
 from goodput_services.base import Service

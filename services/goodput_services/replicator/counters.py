@@ -1,6 +1,6 @@
 """What the replicator has done, for its health record and its logs.
 
-Hashing is counted where it happens (:func:`goodput.ckptfmt.hash_totals`, process-wide: the
+Hashing is counted where it happens (:func:`goodput.checkpoint.format.hash_totals`, process-wide: the
 scan, the scrub and the peer server's receive checks); the replicator only reports it.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from goodput.ckptfmt import hash_totals
+from goodput.checkpoint.format import hash_totals
 from goodput_services.replicator.holdings import Check
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from goodput.ckptfmt import (
+from goodput.checkpoint.format import (
     MANIFEST_NAME,
     ManifestError,
     Signature,
@@ -36,7 +36,7 @@ from goodput.ckptfmt import (
     step_dir,
     verify_manifest_and_files,
 )
-from goodput.ckptindex.records import CopyRecord, FileRef, copy_key
+from goodput.checkpoint.index.records import CopyRecord, FileRef, copy_key
 from goodput.schemas.events import StorageTier
 
 #: how a copy was checked before it was reported (see the module's docstring)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import msgspec
 
-from goodput.ckptindex.index import DEFAULT_NODE_TTL_S
-from goodput.ckptindex.retention import DEFAULT_KEEP, DEFAULT_REQUIRE
+from goodput.checkpoint.index.index import DEFAULT_NODE_TTL_S
+from goodput.checkpoint.index.retention import DEFAULT_KEEP, DEFAULT_REQUIRE
 
 
 class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from goodput.ckptindex.index import IndexSnapshot
-from goodput.ckptindex.records import CopyRecord
+from goodput.checkpoint.index.index import IndexSnapshot
+from goodput.checkpoint.index.records import CopyRecord
 from goodput_services.replicator.options import ReplicatorOptions
 from goodput_services.replicator.topology import choose_peers
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from goodput.ckptfmt import (
+from goodput.checkpoint.format import (
     Manifest,
     ManifestError,
     local_root,
@@ -22,12 +22,12 @@ from goodput.ckptfmt import (
     step_dir,
     step_dir_name,
 )
-from goodput.ckptindex.index import TIER_ORDER, IndexSnapshot, StepView
-from goodput.ckptindex.records import CopyRecord, FileRef
-from goodput.tiers.backup import read_listing
-from goodput.tiers.object_store import ObjectStore
-from goodput.tiers.peer import PeerClient, PeerError
-from goodput.tiers.restore import (
+from goodput.checkpoint.index.index import TIER_ORDER, IndexSnapshot, StepView
+from goodput.checkpoint.index.records import CopyRecord, FileRef
+from goodput.checkpoint.tiers.backup import read_listing
+from goodput.checkpoint.tiers.object_store import ObjectStore
+from goodput.checkpoint.tiers.peer import PeerClient, PeerError
+from goodput.checkpoint.tiers.restore import (
     FALLBACK_ERRORS,
     LocalSource,
     ObjectStoreSource,

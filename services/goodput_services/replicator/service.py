@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput import schemas, subjects
-from goodput.ckptfmt import (
+from goodput.checkpoint.format import (
     ChecksumMismatch,
     ManifestError,
     node_dir,
@@ -33,21 +33,21 @@ from goodput.ckptfmt import (
     step_dir_name,
     write_retention_record,
 )
-from goodput.ckptindex.gc import collect_garbage
-from goodput.ckptindex.index import CheckpointIndex, IndexSnapshot
-from goodput.ckptindex.records import (
+from goodput.checkpoint.index.gc import collect_garbage
+from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
+from goodput.checkpoint.index.records import (
     STORE_HOLDER,
     CopyRecord,
     NodeAddressRecord,
     copy_key,
     store_namespace,
 )
-from goodput.ckptindex.retention import Retention, attainable, safe_steps
+from goodput.checkpoint.index.retention import Retention, attainable, safe_steps
+from goodput.checkpoint.tiers.backup import backup_checkpoint, is_backup_complete, listing_key
+from goodput.checkpoint.tiers.object_store import ObjectNotFound, open_object_store, store_uri
+from goodput.checkpoint.tiers.peer import PeerClient, PeerError, PeerServer, SourceMismatch
 from goodput.config import ServiceConfig
 from goodput.telemetry import tracer
-from goodput.tiers.backup import backup_checkpoint, is_backup_complete, listing_key
-from goodput.tiers.object_store import ObjectNotFound, open_object_store, store_uri
-from goodput.tiers.peer import PeerClient, PeerError, PeerServer, SourceMismatch
 from goodput_services.base import Service
 from goodput_services.replicator.counters import Counters, hashing_fields
 from goodput_services.replicator.holdings import DiskHoldings

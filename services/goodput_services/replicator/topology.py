@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from goodput.ckptindex.records import NodeAddressRecord
+from goodput.checkpoint.index.records import NodeAddressRecord
 
 
 def block_of(record: NodeAddressRecord, label: str) -> str:

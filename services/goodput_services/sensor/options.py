@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from goodput.detect.thresholds import Thresholds
+from goodput.supervisor.detect.thresholds import Thresholds
 
 
 class SensorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

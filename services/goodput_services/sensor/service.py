@@ -19,8 +19,8 @@ from opentelemetry.context import Context
 from goodput import schemas, subjects
 from goodput.bus import DurableConsumer
 from goodput.config import ServiceConfig
-from goodput.detect.detector import Detector
-from goodput.detect.thresholds import Thresholds, updated
+from goodput.supervisor.detect.detector import Detector
+from goodput.supervisor.detect.thresholds import Thresholds, updated
 from goodput.telemetry import link_to_current, tracer
 from goodput_services.base import Service
 from goodput_services.sensor.options import SensorOptions

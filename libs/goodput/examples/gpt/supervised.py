@@ -22,7 +22,7 @@ import torch
 from goodput.examples.gpt import train
 from goodput.examples.gpt.loop import LoopResult
 from goodput.examples.gpt.training import Trainer
-from goodput.rank_env import RankEnv
+from goodput.launch.rank_env import RankEnv
 from goodput.shim import run_job
 from goodput.shim.rescale import BUILTIN_RULES
 from goodput.warm_path import WarmPathError, WarmPathTimeouts

@@ -27,7 +27,7 @@ from goodput.examples.gpt.local_hooks import LocalFileHooks
 from goodput.examples.gpt.loop import LoopResult, run_training
 from goodput.examples.gpt.model import ModelConfig
 from goodput.examples.gpt.training import TrainConfig, Trainer, params_sha256
-from goodput.rank_env import RankEnv
+from goodput.launch.rank_env import RankEnv
 from goodput.shim.rescale import BUILTIN_RULES, BatchPlan
 
 

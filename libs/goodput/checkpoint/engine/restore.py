@@ -1,0 +1,312 @@
+"""Restore: newest complete checkpoint first, every byte verified, fall back on any problem.
+
+Data files are read ``io_threads`` at a time (each with a read ahead in flight), front to
+back each, straight into the destination tensors (``goodput.checkpoint.engine.reader``);
+the digest is computed on the way, so verification costs no second read. For O_DIRECT reads,
+tensors the restore allocates are placed so that they are aligned like the file. When loading
+into an existing state, CPU tensors are filled in place and CUDA tensors through pinned host
+staging with non-blocking copies and one synchronize at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from goodput.checkpoint.engine.buffers import HostBuffer, byte_view
+from goodput.checkpoint.engine.events import (
+    CheckpointRestored,
+    CheckpointRestoreFailed,
+    Listener,
+    RestoreFallback,
+    emit,
+)
+from goodput.checkpoint.engine.fileio import CorruptCheckpointError, DirectIOPolicy
+from goodput.checkpoint.engine.plan import IO_ALIGN, StreamIndex
+from goodput.checkpoint.engine.reader import MIN_DIRECT_BYTES, READ_CHUNK_BYTES, read_data_file
+from goodput.checkpoint.engine.tree import TensorRef, dtype_from_name, dtype_name, unflatten
+from goodput.checkpoint.format import (
+    KIND_DCP,
+    KIND_ENGINE,
+    KIND_SHARDED,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    read_manifest,
+    step_dirs,
+)
+
+
+class NoCheckpointError(Exception):
+    """No complete, intact checkpoint could be restored; ``fallbacks`` says why for each."""
+
+    def __init__(self, message: str, fallbacks: tuple[RestoreFallback, ...]) -> None:
+        detail = "".join(f"\n  step {f.step}: {f.reason}" for f in fallbacks)
+        super().__init__(message + detail)
+        self.fallbacks = fallbacks
+
+
+class StateMismatchError(ValueError):
+    """The state to load into has a tensor whose shape or dtype differs from the checkpoint."""
+
+
+def _bind_targets(into: Any, restored: Any, manifest: Manifest, targets: list[Any]) -> None:
+    """Record which existing tensors of ``into`` receive which checkpoint tensors."""
+    if isinstance(restored, TensorRef):
+        if isinstance(into, torch.Tensor):
+            entry = manifest.tensors[restored.index]
+            if list(into.shape) != entry.shape or dtype_name(into.dtype) != entry.dtype:
+                raise StateMismatchError(
+                    f"tensor {restored.index}: have {dtype_name(into.dtype)}{list(into.shape)},"
+                    f" checkpoint has {entry.dtype}{entry.shape}"
+                )
+            targets[restored.index] = into
+        return
+    if isinstance(restored, dict) and isinstance(into, dict):
+        for key, value in restored.items():
+            if key in into:
+                _bind_targets(into[key], value, manifest, targets)
+    elif (
+        isinstance(restored, list | tuple)
+        and isinstance(into, list | tuple)
+        and len(restored) == len(into)
+    ):
+        for into_item, restored_item in zip(into, restored, strict=True):
+            _bind_targets(into_item, restored_item, manifest, targets)
+
+
+def _merge(into: Any, restored: Any) -> Any:
+    """Put every restored value into ``into`` (mutable containers are updated in place)."""
+    if isinstance(into, dict) and isinstance(restored, dict):
+        for key, value in restored.items():
+            into[key] = _merge(into[key], value) if key in into else value
+        return into
+    if isinstance(into, list) and isinstance(restored, list) and len(into) == len(restored):
+        into[:] = [_merge(a, b) for a, b in zip(into, restored, strict=True)]
+        return into
+    return restored
+
+
+def _check_coverage(manifest: Manifest) -> None:
+    """The data files must tile the byte stream exactly, or some tensor would go unread."""
+    position = 0
+    for entry in sorted(manifest.files, key=lambda entry: entry.offset):
+        if entry.offset != position:
+            raise CorruptCheckpointError(f"data files leave a gap or overlap at byte {position}")
+        position += entry.size
+    if position != manifest.stream_bytes:
+        raise CorruptCheckpointError(f"data files end at {position}, not {manifest.stream_bytes}")
+
+
+@dataclass
+class LoadTargets:
+    """Where a manifest's tensors land: the tensors the restored state holds, the CPU byte
+    views their bytes are written to, and the staged copies still to make into CUDA or
+    non-contiguous targets (``finish``)."""
+
+    tensors: list[torch.Tensor]
+    views: list[torch.Tensor | None]
+    late_copies: list[tuple[torch.Tensor, torch.Tensor]]
+
+    def finish(self) -> None:
+        """Copy the staged bytes into their targets (one synchronize for all CUDA copies)."""
+        for target, staging in self.late_copies:
+            target.copy_(staging, non_blocking=target.is_cuda)
+        if any(target.is_cuda for target, _ in self.late_copies):
+            torch.cuda.synchronize()
+
+    def state(self, manifest: Manifest) -> Any:
+        """The checkpoint's structure holding the loaded tensors."""
+        return unflatten(manifest.tree, lambda i: self.tensors[i])
+
+
+def prepare_targets(
+    manifest: Manifest,
+    into: Any,
+    policy: DirectIOPolicy,
+    *,
+    whole: frozenset[int] = frozenset(),
+) -> LoadTargets:
+    """Bind the tensors of ``into`` that match the checkpoint's, allocate the others.
+
+    A CUDA or non-contiguous target gets a host staging tensor to receive its bytes, except
+    the ``whole`` ones: tensors whose bytes are copied in one piece from host memory, which a
+    contiguous target (CUDA included) takes directly."""
+    targets: list[torch.Tensor | None] = [None] * len(manifest.tensors)
+    if into is not None:
+        _bind_targets(into, unflatten(manifest.tree), manifest, targets)
+    tensors: list[torch.Tensor] = []
+    views: list[torch.Tensor | None] = []
+    late_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for index, entry in enumerate(manifest.tensors):
+        dtype = dtype_from_name(entry.dtype)
+        target = targets[index]
+        if target is None:
+            target = (
+                _aligned_like_file(entry.shape, dtype, entry.offset)
+                if policy.wanted_for_reads
+                else torch.empty(entry.shape, dtype=dtype)
+            )
+        tensors.append(target)
+        fill = target
+        direct = target.is_contiguous() and (index in whole or not target.is_cuda)
+        if not direct:
+            fill = torch.empty(entry.shape, dtype=dtype, pin_memory=target.is_cuda)
+            late_copies.append((target, fill))
+        views.append(byte_view(fill) if entry.nbytes else None)
+    return LoadTargets(tensors, views, late_copies)
+
+
+def read_files(
+    path: Path,
+    files: list[FileEntry],
+    index: StreamIndex,
+    views: list[torch.Tensor | None],
+    io_threads: int,
+    policy: DirectIOPolicy,
+) -> None:
+    """Read and verify ``files`` of the checkpoint at ``path`` into the byte ``views``,
+    ``io_threads`` files at a time; raises CorruptCheckpointError on any bad byte."""
+    if not files:
+        return
+    workers = max(1, min(io_threads, len(files)))
+    stagings = [HostBuffer(2 * READ_CHUNK_BYTES) for _ in range(workers)]
+    try:
+        with (
+            ThreadPoolExecutor(workers, thread_name_prefix="goodput-ckpt-read") as pool,
+            ThreadPoolExecutor(workers, thread_name_prefix="goodput-ckpt-readahead") as ahead,
+        ):
+            futures = [
+                pool.submit(
+                    _read_files,
+                    path,
+                    files[w::workers],
+                    index,
+                    views,
+                    (
+                        stagings[w].data[:READ_CHUNK_BYTES],
+                        stagings[w].data[READ_CHUNK_BYTES:],
+                    ),
+                    ahead,
+                    policy,
+                )
+                for w in range(workers)
+            ]
+            errors = [exc for future in futures if (exc := future.exception()) is not None]
+    finally:
+        for staging in stagings:
+            staging.release()
+    if errors:
+        raise errors[0]
+
+
+def load_checkpoint(
+    path: Path,
+    manifest: Manifest,
+    *,
+    into: Any = None,
+    io_threads: int = 2,
+    policy: DirectIOPolicy | None = None,
+) -> Any:
+    """Load one verified checkpoint; raises CorruptCheckpointError on any bad byte."""
+    policy = policy or DirectIOPolicy()
+    _check_coverage(manifest)
+    targets = prepare_targets(manifest, into, policy)
+    index = StreamIndex(manifest.tensors)
+    read_files(path, manifest.files, index, targets.views, io_threads, policy)
+    targets.finish()
+    restored = targets.state(manifest)
+    return restored if into is None else _merge(into, restored)
+
+
+def _read_files(
+    path: Path,
+    entries: list[FileEntry],
+    index: StreamIndex,
+    views: list[torch.Tensor | None],
+    stagings: tuple[torch.Tensor, torch.Tensor],
+    ahead: ThreadPoolExecutor,
+    policy: DirectIOPolicy,
+) -> None:
+    for entry in entries:
+        read_data_file(path / entry.name, entry, index, views, stagings, ahead, policy)
+
+
+def _aligned_like_file(shape: list[int], dtype: torch.dtype, offset: int) -> torch.Tensor:
+    """A new tensor whose address is ``offset`` modulo the page size, so that O_DIRECT reads
+    its bytes straight into it (large tensors only: this costs up to a page per tensor)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes < MIN_DIRECT_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.empty(nbytes + IO_ALIGN, dtype=torch.uint8)
+    skip = (offset - raw.data_ptr()) % IO_ALIGN
+    return raw[skip : skip + nbytes].view(dtype).view(shape)
+
+
+def restore_checkpoint(
+    root: str | os.PathLike,
+    *,
+    step: int | None = None,
+    into: Any = None,
+    io_threads: int = 2,
+    policy: DirectIOPolicy | None = None,
+    listener: Listener | None = None,
+) -> tuple[int, Any]:
+    """Load the newest intact checkpoint at or before ``step`` (any step if None).
+
+    Every candidate that is incomplete, corrupt or of another kind is skipped and reported
+    as a fallback. Raises NoCheckpointError when nothing can be loaded (``into`` may then
+    hold partial data and should not be trained on).
+    """
+    started = time.perf_counter()
+    fallbacks: list[RestoreFallback] = []
+    for candidate, path in step_dirs(root):
+        if step is not None and candidate > step:
+            continue
+        try:
+            manifest = read_manifest(path)
+            if manifest.kind == KIND_DCP:
+                raise CorruptCheckpointError(
+                    "written by 'dcp'; load it with dcp.load and GoodputStorageReader"
+                )
+            if manifest.kind not in (KIND_ENGINE, KIND_SHARDED):
+                raise CorruptCheckpointError(f"written by {manifest.kind!r}, not the engine")
+            if manifest.step != candidate:
+                raise CorruptCheckpointError(f"manifest says step {manifest.step}")
+            if manifest.kind == KIND_SHARDED:  # DTensor state, resharded to the target's
+                from goodput.checkpoint.engine.sharded_load import (
+                    load_sharded,  # it builds on this module
+                )
+
+                state, read = load_sharded(
+                    path, manifest, into=into, io_threads=io_threads, policy=policy
+                )
+            else:
+                state = load_checkpoint(
+                    path, manifest, into=into, io_threads=io_threads, policy=policy
+                )
+                read = manifest.total_bytes
+        except (ManifestError, CorruptCheckpointError) as exc:
+            fallbacks.append(RestoreFallback(step=candidate, reason=str(exc)))
+            continue
+        emit(
+            listener,
+            CheckpointRestored(
+                step=candidate,
+                path=str(path),
+                bytes=read,
+                duration_s=time.perf_counter() - started,
+                fallbacks=tuple(fallbacks),
+            ),
+        )
+        return candidate, state
+    message = f"no intact checkpoint under {root}" + (f" at or before step {step}" if step else "")
+    emit(listener, CheckpointRestoreFailed(error=message, fallbacks=tuple(fallbacks)))
+    raise NoCheckpointError(message, tuple(fallbacks))

@@ -1,0 +1,98 @@
+"""``<volume>/.goodput-retention``: which local checkpoints the replicator says are safe.
+
+The ranks' checkpoint engine deletes old checkpoints from its volume but has no bus, so the
+node's replicator tells it through the volume: after each index sync it writes this record
+(atomically: temp file, fsync, rename) with the ``require`` tiers and the steps complete in
+every one of them. The engine then deletes only behind a safe step
+(:func:`goodput.checkpoint.index.retention.deletable_steps`). No record: no replicator serves the
+volume, and the plain keep-newest rule applies. This module is the only reader and writer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import msgspec
+
+from goodput.checkpoint.format.files import open_regular, write_file_durably
+
+RETENTION_RECORD_NAME = ".goodput-retention"
+RETENTION_RECORD_VERSION = 1
+#: a record lists a handful of steps; anything bigger is garbage (and is not read whole)
+MAX_RECORD_BYTES = 1 << 20
+
+
+class RetentionRecordError(ValueError):
+    """The record exists but is unreadable, malformed or of another version."""
+
+
+class RetentionRecord(msgspec.Struct, frozen=True, kw_only=True):
+    version: int
+    #: the tiers a step must be complete in to be safe (the replicator's ``gc_require``)
+    require: tuple[str, ...]
+    #: steps complete in every ``require`` tier, newest first
+    safe_steps: tuple[int, ...]
+
+
+def retention_record_path(volume: str | os.PathLike) -> Path:
+    return Path(volume) / RETENTION_RECORD_NAME
+
+
+def encode_retention_record(require: Iterable[str], safe_steps: Iterable[int]) -> bytes:
+    record = RetentionRecord(
+        version=RETENTION_RECORD_VERSION,
+        require=tuple(require),
+        safe_steps=tuple(sorted(set(safe_steps), reverse=True)),
+    )
+    return msgspec.json.encode(record)
+
+
+def write_retention_record(
+    volume: str | os.PathLike, require: Iterable[str], safe_steps: Iterable[int]
+) -> bool:
+    """Publish the record unless the volume already holds exactly it; True when written."""
+    data = encode_retention_record(require, safe_steps)
+    path = retention_record_path(volume)
+    try:
+        if _read(path) == data:
+            return False
+    except OSError:
+        pass  # absent (a new or wiped volume) or damaged: write it
+    write_file_durably(path, data)
+    return True
+
+
+def read_retention_record(volume: str | os.PathLike) -> RetentionRecord | None:
+    """The volume's record, or None when there is none; RetentionRecordError when it exists
+    but cannot be trusted (its reader must then delete nothing)."""
+    path = retention_record_path(volume)
+    try:
+        data = _read(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise RetentionRecordError(f"retention record {path}: {exc}") from exc
+    try:
+        record = msgspec.json.decode(data, type=RetentionRecord)
+    except msgspec.DecodeError as exc:
+        raise RetentionRecordError(f"retention record {path}: {exc}") from exc
+    if record.version != RETENTION_RECORD_VERSION:
+        raise RetentionRecordError(
+            f"retention record {path}: version {record.version}, "
+            f"this build reads {RETENTION_RECORD_VERSION}"
+        )
+    return record
+
+
+def _read(path: Path) -> bytes:
+    """The whole file (never blocking on a FIFO); OSError when it is absent or too big."""
+    fd = open_regular(path)
+    try:
+        data = os.read(fd, MAX_RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_RECORD_BYTES:
+        raise OSError(f"larger than {MAX_RECORD_BYTES} bytes")
+    return data

@@ -1,0 +1,95 @@
+"""Garbage collection across tiers: carry out what :func:`~goodput.checkpoint.index.retention.plan_gc`
+decides, on node disks and in the object store, and withdraw the deleted copies from the index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from goodput.checkpoint.format import node_dir, remove_dir_safely, step_dir
+from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
+from goodput.checkpoint.index.records import CopyRecord
+from goodput.checkpoint.index.retention import Retention, plan_gc
+from goodput.checkpoint.tiers.backup import DEFAULT_PREFIX, listing_key, listing_step, read_listing
+from goodput.checkpoint.tiers.object_store import ObjectNotFound, ObjectStore
+
+
+def delete_from_disk(node_dir: Path, copy: CopyRecord) -> None:
+    """Remove one local or peer copy from a node directory (gone already is fine)."""
+    remove_dir_safely(step_dir(node_dir / copy.root, copy.step))
+
+
+def delete_from_store(store: ObjectStore, copies: list[CopyRecord], in_use: set[str]) -> int:
+    """Delete the listings of ``copies``, then every blob that no remaining listing names and
+    that is not ``in_use`` (checksums of checkpoints the index knows of, which may be being
+    backed up right now). Returns the number of blobs deleted.
+
+    A backup racing with this sweep can still lose a blob it found present; its completeness
+    check afterwards catches that, and it uploads again.
+    """
+    for copy in copies:
+        store.delete(listing_key(copy.root, copy.step))
+    referenced: set[str] = set()
+    listings_prefix = f"{DEFAULT_PREFIX}/checkpoints/"
+    for key in store.list(listings_prefix):
+        namespace = key.removeprefix(listings_prefix).rpartition("/")[0]
+        step = listing_step(key)
+        if step is None:
+            continue
+        try:
+            referenced |= {f.xxh3_128 for f in read_listing(store, namespace, step).files}
+        except ObjectNotFound:
+            continue
+    referenced |= in_use
+    deleted = 0
+    for key in list(store.list(f"{DEFAULT_PREFIX}/blobs/")):
+        if key.rsplit("/", 1)[-1] not in referenced:
+            store.delete(key)
+            deleted += 1
+    return deleted
+
+
+@dataclass
+class GcReport:
+    deleted: list[CopyRecord]
+    blobs_deleted: int = 0
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for c in self.deleted:
+            counts[c.tier] = counts.get(c.tier, 0) + 1
+        parts = [f"{n} {tier} cop{'y' if n == 1 else 'ies'}" for tier, n in sorted(counts.items())]
+        return ", ".join([*parts, f"{self.blobs_deleted} blob(s)"])
+
+
+async def collect_garbage(
+    index: CheckpointIndex,
+    snapshot: IndexSnapshot,
+    retention: Retention,
+    *,
+    state_dir: Path,
+    disks_of: set[str],
+    store: ObjectStore | None,
+) -> GcReport:
+    """Apply :func:`plan_gc` to the node disks in ``disks_of`` (under ``state_dir``) and, when
+    ``store`` is given, to the object store; withdraw the deleted copies from the index."""
+    doomed = plan_gc(snapshot, retention)
+    report = GcReport([])
+    for copy in doomed:
+        if copy.tier != "object_store" and copy.holder in disks_of:
+            await asyncio.to_thread(delete_from_disk, node_dir(state_dir, copy.holder), copy)
+            await index.delete_copy(copy)
+            report.deleted.append(copy)
+    if store is not None:
+        listings = [c for c in doomed if c.tier == "object_store"]
+        if listings:
+            in_use = {f.xxh3_128 for c in snapshot.all_copies for f in c.files if c not in doomed}
+            report.blobs_deleted = await asyncio.to_thread(
+                delete_from_store, store, listings, in_use
+            )
+            for copy in listings:
+                await index.delete_copy(copy)
+            report.deleted += listings
+    return report

@@ -1,8 +1,0 @@
-"""The checkpoint index (``gp_ckpt_index``): which node and tier holds which step's files.
-
-The replicators write it; the replicators and ``goodput ckpt`` read it. Records and keys
-(:mod:`~goodput.ckptindex.records`), reading a consistent snapshot and deciding what is
-complete (:mod:`~goodput.ckptindex.index`), retention as a pure decision
-(:mod:`~goodput.ckptindex.retention`, which the checkpoint engine asks too) and carrying it
-out (:mod:`~goodput.ckptindex.gc`).
-"""

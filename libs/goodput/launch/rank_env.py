@@ -1,0 +1,146 @@
+"""The environment of a rank process: the one contract between the actuator, which writes it,
+and the shim, the checkpointer and training scripts, which read it.
+
+torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``…) plus goodput's own
+(``GOODPUT_JOB``, ``GOODPUT_NODE``, ``GOODPUT_ATTEMPT``…), each spelled once, in
+:data:`VARIABLES`. The knobs a user may set for a job (``GOODPUT_CKPT_EVERY`` and the like,
+``None`` when unset) are written only when set, so the reader's own default applies otherwise.
+The bus a rank reaches (``GOODPUT_NATS_*``) is not here: :mod:`goodput.bus.settings` reads
+and writes it, for services and ranks alike. torch's NCCL error handling a rank needs to outlive
+a peer's death is (:data:`NCCL_ERROR_HANDLING`): the actuator writes it under the job's own
+``StartJob.env``, :func:`goodput.shim.run_job` sets it where it creates an NCCL group.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from goodput.subjects import DEFAULT_JOB
+from goodput.telemetry import TRACEPARENT_ENV
+
+#: a rank that saved and left on SIGTERM (the node is going away) exits 128 + 15
+EXIT_TERMINATED = 143
+
+#: field -> environment variable
+VARIABLES: dict[str, str] = {
+    "rank": "RANK",
+    "local_rank": "LOCAL_RANK",
+    "group_rank": "GROUP_RANK",
+    "world_size": "WORLD_SIZE",
+    "local_world_size": "LOCAL_WORLD_SIZE",
+    "master_addr": "MASTER_ADDR",
+    "master_port": "MASTER_PORT",
+    "restart_count": "TORCHELASTIC_RESTART_COUNT",
+    "job": "GOODPUT_JOB",
+    "node": "GOODPUT_NODE",
+    "attempt": "GOODPUT_ATTEMPT",
+    "num_dp_replicas": "GOODPUT_NUM_DP_REPLICAS",
+    "num_nodes_per_dp": "GOODPUT_NUM_NODES_PER_DP",
+    "traceparent": TRACEPARENT_ENV,
+    "ckpt_dir": "GOODPUT_CKPT_DIR",
+    "ckpt_every": "GOODPUT_CKPT_EVERY",
+    "ckpt_mode": "GOODPUT_CKPT_MODE",
+    "heartbeat_period_s": "GOODPUT_HEARTBEAT_PERIOD_S",
+    "enable_fault_injection": "GOODPUT_ENABLE_FAULT_INJECTION",
+    "standby": "GOODPUT_STANDBY",
+}
+
+#: torch's NCCL error handling for a rank that must outlive a peer's death (the names of torch
+#: 2.13, read when a group is created). A dead peer leaves an NCCL collective spinning; the
+#: in-process restart aborts the communicators (:mod:`goodput.shim.group_abort`) and the rank
+#: unwinds. torch's default error handling (3, "SkipCleanUp") instead makes its watchdog kill
+#: the rank (SIGABRT) when it sees the peer's error or a collective passes the group's
+#: ``timeout``: every survivor would die with its peer, leaving only a cold restart. With 2
+#: ("CleanUpOnly") the watchdog aborts the communicators and the rank's calls raise, which the
+#: shim's loop unwinds; an abort that is already done is not repeated. Left at torch's default:
+#: ``TORCH_NCCL_BLOCKING_WAIT`` (a blocking ``wait()`` busy-waits the CPU on every collective,
+#: serialising DDP's overlapped reductions; goodput ends a hang by aborting instead),
+#: ``TORCH_NCCL_ENABLE_MONITORING`` with ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`` (kills a rank
+#: whose watchdog itself is stuck, minutes later: the backstop behind the bounded abort) and
+#: ``TORCH_NCCL_DUMP_ON_TIMEOUT`` (the flight recorder's dump on a timeout).
+NCCL_ERROR_HANDLING: dict[str, str] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+
+_TRUE = ("1", "true", "yes")
+_FLAGS = ("enable_fault_injection", "standby")
+
+
+class RankEnvError(ValueError):
+    """A variable of the rank environment does not parse; the message names it."""
+
+
+class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # torchrun's
+    rank: int = 0
+    local_rank: int = 0
+    #: the node's index among the active nodes
+    group_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    master_addr: str = ""
+    master_port: int = 0
+    restart_count: int = 0
+    # goodput's
+    job: str = DEFAULT_JOB
+    node: str = "local"
+    #: the actuator's launch number of the worker group, from 1
+    attempt: int = 1
+    num_dp_replicas: int = 1
+    num_nodes_per_dp: int = 1
+    #: W3C traceparent of the launch span: the rank's restore and first step continue it
+    traceparent: str = ""
+    # the job's knobs (StartJob.env); None: unset, the reader's default applies
+    ckpt_dir: str | None = None
+    ckpt_every: int | None = None
+    ckpt_mode: Literal["async", "torch-save"] | None = None
+    heartbeat_period_s: float | None = None
+    enable_fault_injection: bool | None = None
+    #: this process is a standby: it builds the job's state, then waits for an assignment (a
+    #: RankEnv, :mod:`goodput.launch.standby_channel`) before it is a rank; None/False: a rank
+    standby: bool | None = None
+
+    def to_env(self) -> dict[str, str]:
+        """The variables to put in a rank's environment (unset knobs left out)."""
+        env: dict[str, str] = {}
+        for field, variable in VARIABLES.items():
+            value = getattr(self, field)
+            if value is None:
+                continue
+            env[variable] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        return env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RankEnv:
+        """The rank environment in ``env`` (default: this process's); missing variables take
+        the defaults, a malformed one raises :class:`RankEnvError` naming it."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for field, variable in VARIABLES.items():
+            raw = env.get(variable)
+            if raw is None or (raw == "" and field not in ("master_addr", "traceparent")):
+                continue
+            values[field] = raw.strip().lower() in _TRUE if field in _FLAGS else raw
+            try:
+                msgspec.convert({field: values[field]}, cls, strict=False)
+            except msgspec.ValidationError as exc:
+                raise RankEnvError(f"{variable}={raw!r}: {str(exc).split(' - at ')[0]}") from None
+        return msgspec.convert(values, cls, strict=False)
+
+
+def nccl_error_handling(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of :data:`NCCL_ERROR_HANDLING` that ``env`` leaves unset: a value the user
+    chose (``StartJob.env``, their launcher's environment) wins."""
+    return {name: value for name, value in NCCL_ERROR_HANDLING.items() if name not in env}
+
+
+def knobs(**values: Any) -> dict[str, str]:
+    """Variables for ``StartJob.env`` (``knobs(ckpt_every=20)``), only those given; an unknown
+    name or a wrong type raises :class:`RankEnvError`."""
+    try:
+        env = msgspec.convert(values, RankEnv).to_env()
+    except msgspec.ValidationError as exc:
+        raise RankEnvError(str(exc)) from None
+    return {VARIABLES[f]: env[VARIABLES[f]] for f in values if VARIABLES[f] in env}

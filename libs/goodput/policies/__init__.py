@@ -1,5 +1,0 @@
-"""Example remediation policy scripts, passed to the controller by path (``--policy FILE``).
-
-See :mod:`goodput.policy` for the interface: a file defining
-``decide(signal, state)`` that returns a ``Plan`` or a list of commands.
-"""

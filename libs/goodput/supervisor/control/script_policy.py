@@ -1,0 +1,135 @@
+"""Loading and running a user's policy script, time-limited; the API is :mod:`goodput.supervisor.policy`.
+
+The script is imported, and later called, in daemon threads of the controller with a time
+limit. A thread rather than a subprocess: the script must run in the controller afterwards
+(its ``decide`` is called there with the live state), and a subprocess that vetted the import
+would run the script's top level twice and could still not bound the second import. Python
+cannot kill a thread, so a script that never returns keeps its thread busy for good: an
+import that overruns is a load error (the controller refuses to start and exits, taking the
+thread with it); a call that overruns makes further calls fail fast (and the built-in policy
+decides) rather than pile up more threads. Whatever the script raises in those threads is its
+own doing, ``SystemExit`` and ``KeyboardInterrupt`` included (a real Ctrl-C reaches the main
+thread), so every ``BaseException`` is caught and described in one line. A script that fails to
+load, raises, overruns, or returns anything that does not pass :func:`goodput.supervisor.policy.validate`
+is reported in ``Decision.error`` and the built-in policy decides instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+
+from goodput import schemas
+from goodput.supervisor.policy import JobState, Plan, PolicyError, validate
+from goodput.supervisor.policy.plan import Decide
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+class ScriptPolicy:
+    """A user's policy file, loaded once by path and run with a time limit."""
+
+    def __init__(self, path: str | Path, timeout_s: float = 2.0, load_timeout_s: float = 20.0):
+        self.path = Path(path)
+        self.name = self.path.stem
+        self.timeout_s = timeout_s
+        self.load_error = ""
+        self._decide: Decide | None = None
+        self._running: threading.Thread | None = None
+        outcome: dict[str, object] = {}
+
+        def load() -> None:
+            try:
+                outcome["value"] = _load(self.path)
+            except BaseException as exc:  # the script's own exit or interrupt, too
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=load, name=f"policy-load-{self.name}", daemon=True)
+        thread.start()
+        thread.join(load_timeout_s)
+        if thread.is_alive():
+            problem = f"its import did not finish within {load_timeout_s:g} s (a loop at import?)"
+        elif "error" in outcome:
+            problem = _describe(outcome["error"], self.path)  # type: ignore[arg-type]
+        else:
+            self._decide = outcome["value"]  # type: ignore[assignment]
+            return
+        self.load_error = f"policy script {self.path} failed to load: {problem}"
+
+    def decide(self, signal: schemas.Signal, state: JobState) -> Plan:
+        """The script's validated plan; raises :class:`PolicyError` on any problem."""
+        if self._decide is None:
+            raise PolicyError(self.load_error)
+        if self._running is not None and self._running.is_alive():
+            raise PolicyError(
+                f"policy script {self.name}: an earlier call is still running "
+                f"(past its {self.timeout_s} s limit); not called again"
+            )
+        outcome: dict[str, object] = {}
+        decide = self._decide
+
+        def call() -> None:
+            try:
+                outcome["value"] = decide(_copy(signal), _copy(state))
+            except BaseException as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=call, name=f"policy-{self.name}", daemon=True)
+        self._running = thread
+        thread.start()
+        thread.join(self.timeout_s)
+        if thread.is_alive():
+            raise PolicyError(f"policy script {self.name} did not return within {self.timeout_s} s")
+        if "error" in outcome:
+            raise PolicyError(
+                f"policy script {self.name} raised {_describe(outcome['error'], self.path)}"  # type: ignore[arg-type]
+            )
+        return validate(outcome.get("value"), state, default_rule="script")
+
+
+class _Refused(Exception):
+    """The file is not a policy script; the message says why."""
+
+
+def _load(path: Path) -> Decide:
+    if not path.is_file():
+        raise _Refused("no such file")
+    module_name = f"goodput_policy_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise _Refused("not loadable as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    decide = getattr(module, "decide", None)
+    if not callable(decide):
+        raise _Refused("it defines no function decide(signal, state)")
+    return decide
+
+
+def _copy(value: S) -> S:
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(value), type=type(value))
+
+
+def _describe(exc: BaseException, script: Path) -> str:
+    """One line: what was raised, where in the script, and its message."""
+    if isinstance(exc, _Refused):
+        return str(exc)
+    where = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == script]
+    line = f" at line {where[-1].lineno}" if where else ""
+    if isinstance(exc, SyntaxError):
+        line = f" at line {exc.lineno}"
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r}){line}"
+    message = " ".join((exc.msg if isinstance(exc, SyntaxError) else str(exc)).split())
+    return f"{type(exc).__name__}{line}: {message}" if message else f"{type(exc).__name__}{line}"

@@ -1,0 +1,113 @@
+"""`goodput up`, `goodput down`: the supervisor stack (:mod:`goodput.tools.stack.launcher`) from the
+command line; its health: `goodput status`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from rich.console import Console
+
+from goodput.config import (
+    add_bus_arguments,
+    add_state_dir_argument,
+    count_at_least,
+    job_name,
+)
+from goodput.subjects import DEFAULT_JOB
+from goodput.tools.stack.launcher import (
+    ServiceExited,
+    add_embedded_nats_arguments,
+    add_service_set_argument,
+    check_policy_options,
+    read_stack,
+    service_flags_from_args,
+    start_stack,
+    stop_stack,
+    undo_start,
+    wait_healthy,
+)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    state_dir = args.state_dir
+    service_flags = service_flags_from_args(args.service_set)
+    check_policy_options(service_flags)
+    before = read_stack(state_dir)
+    stack, settings = start_stack(args, state_dir, args.job, args.nodes, console, service_flags)
+    if args.wait <= 0:
+        return 0
+    try:
+        report = asyncio.run(wait_healthy(settings, stack.job, stack.services, args.wait, console))
+    except ServiceExited as exc:
+        undo_start(state_dir, before)
+        print(f"goodput up: {exc.code} (stopped what this command started)", file=sys.stderr)
+        return 1
+    unhealthy = [s["name"] for s in report if not s["healthy"]]
+    if unhealthy:
+        console.print(f"[red]not healthy after {args.wait:.0f} s:[/] {', '.join(unhealthy)}")
+        console.print(f"logs: {state_dir / 'logs'}", soft_wrap=True)
+        return 1
+    console.print(
+        f"[green]all {len(report)} services healthy[/]; bus {stack.url}; state {state_dir}"
+    )
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    stopped = stop_stack(args.state_dir)
+    print(
+        f"stopped {stopped} service process(es) and the embedded server, if any "
+        f"(stack state: {args.state_dir})",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    up = subparsers.add_parser(
+        "up",
+        help="start the supervisor stack (embedded NATS + every service as its own process)",
+        description=(
+            "Start NATS (embedded, loopback only, unless --nats-url is given) and every goodput "
+            "service as a separate OS process, so any one can be killed, restarted or replaced. "
+            "Running `up` again starts only what is missing."
+        ),
+    )
+    add_stack_arguments(up)
+    up.add_argument(
+        "--nodes",
+        type=count_at_least(1),
+        default=1,
+        help="local nodes (one host monitor and one checkpoint tier each)",
+    )
+    up.add_argument(
+        "--nats-port",
+        type=int,
+        default=None,
+        help="port of the embedded server (default: a free one)",
+    )
+    add_embedded_nats_arguments(up)
+    up.add_argument(
+        "--wait",
+        type=float,
+        default=20.0,
+        help="seconds to wait for every service to be healthy (0: don't)",
+    )
+    add_service_set_argument(up)
+    add_bus_arguments(up)
+    up.set_defaults(func=cmd_up)
+
+    down = subparsers.add_parser("down", help="stop the stack started by `goodput up`")
+    add_stack_arguments(down)
+    down.set_defaults(func=cmd_down)
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--state-dir`` and ``--job`` of the commands that start or stop a stack."""
+    add_state_dir_argument(parser, "where the stack keeps its state")
+    parser.add_argument(
+        "--job", type=job_name, default=DEFAULT_JOB, help=f"job name (default: {DEFAULT_JOB!r})"
+    )

@@ -1,0 +1,205 @@
+"""A cost profile from this project's own benchmarks, measured on the machine at hand.
+
+``goodput simulate calibrate --from-bench DIR`` reads ``ckpt.json``, ``restore.json`` and
+``recovery.json`` (what ``goodput bench ckpt|restore|recovery --json`` print) and writes a
+profile TOML in which every number names the benchmark field it came from. What no benchmark
+measures is said so in its comment. Restart figures are the cold path's (``recovery.json``
+``cold``: every rank started again), the one a profile prices; the header names the machine,
+the date and the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+
+import msgspec
+
+from goodput.tools.simulate.profile import CostProfile, SimulateError
+
+FILES = ("ckpt.json", "restore.json", "recovery.json")
+
+
+def _load(directory: Path, name: str) -> dict:
+    path = directory / name
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SimulateError(
+            f"{path}: {exc.strerror or exc} (write it with `goodput bench "
+            f"{name.removesuffix('.json')} --json > {path}`)"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise SimulateError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise SimulateError(f"{path}: not a benchmark result")
+    return data
+
+
+def _get(data: dict, name: str, *keys: str) -> float:
+    value: object = data
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            raise SimulateError(f"{name}: no field {'.'.join(keys)}")
+        value = value[key]
+    if not isinstance(value, int | float) or value < 0:
+        raise SimulateError(f"{name}: {'.'.join(keys)} is not a non-negative number")
+    return float(value)
+
+
+def _machine() -> str:
+    """This machine in words: CPU model and count, memory."""
+    model = platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as info:
+        model = next(
+            (line.split(":", 1)[1].strip() for line in info if line.startswith("model name")),
+            model,
+        )
+    memory = ""
+    with contextlib.suppress(ValueError, OSError):
+        memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    return f"{platform.node() or 'this host'}: {os.cpu_count()} x {model}{memory}"
+
+
+def _warm(whole: dict, cold: dict) -> list[tuple[str, float, str]]:
+    """The warm-restart figures: from ``bench recovery --mode warm`` (``warm``) where it ran,
+    else the cold path's, said so (a profile without them would price warm as cold anyway)."""
+    startup = round(
+        _get(cold, "recovery.json", "startup_s") + _get(cold, "recovery.json", "first_step_s"), 4
+    )
+    ready = (startup, "not measured apart: a cold rank's start-up (cold startup_s + first_step_s)")
+    warm = whole.get("warm")
+    if not isinstance(warm, dict):
+        why = "no warm mode in recovery.json (bench recovery --mode warm): the cold figure"
+        return [
+            ("rejoin_s", _get(cold, "recovery.json", "relaunch_s"), why),
+            ("warm_startup_s", startup, why),
+            ("standby_ready_s", *ready),
+        ]
+    return [
+        ("rejoin_s", _get(warm, "recovery.json", "relaunch_s"), "recovery.json warm.relaunch_s"),
+        (
+            "warm_startup_s",
+            round(
+                _get(warm, "recovery.json", "startup_s")
+                + _get(warm, "recovery.json", "first_step_s"),
+                4,
+            ),
+            "recovery.json warm.startup_s + first_step_s",
+        ),
+        ("standby_ready_s", *ready),
+    ]
+
+
+def calibrate(directory: str, name: str = "local-bench") -> str:
+    """The profile TOML text (checked by loading it back)."""
+    where = Path(directory)
+    ckpt, restore, whole_recovery = (_load(where, f) for f in FILES)
+    # `goodput bench recovery` reports each mode it ran under its name; the cold one is priced
+    recovery = whole_recovery.get("cold", whole_recovery)
+    if not isinstance(recovery, dict):
+        raise SimulateError("recovery.json: 'cold' is not a benchmark result")
+    size = _get(ckpt, "ckpt.json", "size_gb")
+    stall = max(_get(ckpt, "ckpt.json", "methods", "goodput", "stall_s"), 1e-6)
+    peer_size = _get(restore, "restore.json", "size_gb")
+
+    def per_s(gb: float, seconds: float) -> float:
+        return round(gb / max(seconds, 1e-6), 4)
+
+    object_write = (
+        per_s(peer_size, _get(restore, "restore.json", "object_store_backup_s"))
+        if "object_store_backup_s" in restore
+        else _get(ckpt, "ckpt.json", "methods", "torch_save", "write_gbps")
+    )
+    object_write_source = (
+        "restore.json size_gb / object_store_backup_s"
+        if "object_store_backup_s" in restore
+        else "ckpt.json methods.torch_save.write_gbps (no object-store backup measured)"
+    )
+    values = [
+        ("checkpoint", None, None),
+        ("snapshot_gbps", per_s(size, stall), "ckpt.json size_gb / methods.goodput.stall_s"),
+        (
+            "local_write_gbps",
+            _get(ckpt, "ckpt.json", "methods", "goodput", "write_gbps"),
+            "ckpt.json methods.goodput.write_gbps (size / durable_s)",
+        ),
+        (
+            "local_read_gbps",
+            _get(ckpt, "ckpt.json", "methods", "goodput", "restore_gbps"),
+            "ckpt.json methods.goodput.restore_gbps",
+        ),
+        (
+            "peer_gbps",
+            _get(restore, "restore.json", "replication_gbps"),
+            "restore.json replication_gbps",
+        ),
+        (
+            "peer_read_gbps",
+            per_s(peer_size, _get(restore, "restore.json", "peer_s")),
+            "restore.json size_gb / peer_s",
+        ),
+        ("object_write_gbps", object_write, object_write_source),
+        (
+            "object_read_gbps",
+            per_s(peer_size, _get(restore, "restore.json", "object_store_s")),
+            "restore.json size_gb / object_store_s",
+        ),
+        ("latency_s", 0.0, "not measured separately: inside the bandwidths above"),
+        ("object_every", 6, "a choice, not a measurement: every 6th checkpoint to the store"),
+        ("restart", None, None),
+        ("stop_s", 0.0, "inside recovery.json relaunch_s (SIGKILL of the group)"),
+        (
+            "launch_s",
+            _get(recovery, "recovery.json", "relaunch_s"),
+            "recovery.json cold.relaunch_s (decision -> new group spawned)",
+        ),
+        (
+            "startup_s",
+            round(
+                _get(recovery, "recovery.json", "startup_s")
+                + _get(recovery, "recovery.json", "first_step_s"),
+                4,
+            ),
+            "recovery.json cold.startup_s + first_step_s",
+        ),
+        ("hot_swap_provision_s", 0.0, "not measured: local spares are already running hosts"),
+        ("gpu_reset_s", 0.0, "not measured: no GPU to reset on a machine without one"),
+        *_warm(whole_recovery, recovery),
+        ("shutdown_s", 0.0, "not measured: no benchmark stops a job (a demo's ranks: ~1.7 s)"),
+        ("detection", None, None),
+        (
+            "event_latency_s",
+            _get(recovery, "recovery.json", "detect_s"),
+            "recovery.json cold.detect_s (kill -9 -> crash signal)",
+        ),
+        ("decision_s", _get(recovery, "recovery.json", "decide_s"), "recovery.json cold.decide_s"),
+        ("host_probe_s", 1.0, "not measured: the host monitor's probe period (assumption)"),
+    ]
+    load = whole_recovery.get("load_1m_before")
+    lines = [
+        f"# Generated by `goodput simulate calibrate --from-bench {directory}` on "
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d} (UTC)",
+        "# from `goodput bench ckpt|restore|recovery --json` run on the machine at hand:",
+        f"# {_machine()}"
+        + (f"; 1-minute load average {load} before recovery." if load is not None else "."),
+        f'name = "{name}"',
+        'description = "calibrated from goodput bench ckpt, restore and recovery on this machine"',
+    ]
+    for key, value, source in values:
+        if value is None:
+            lines += ["", f"[{key}]"]
+        else:
+            lines.append(f"{key} = {value!r}  # {source}")
+    text = "\n".join(lines) + "\n"
+    try:
+        import tomllib
+
+        msgspec.convert(tomllib.loads(text), CostProfile)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise SimulateError(f"the benchmarks in {directory} make no valid profile: {exc}") from None
+    return text

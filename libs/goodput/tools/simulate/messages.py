@@ -1,0 +1,84 @@
+"""The messages the simulated ranks, host monitors and trainers send, as the real ones would.
+
+One constructor per kind keeps the event loop (:mod:`goodput.tools.simulate.world`) about *when*
+things are sent; every message is a real ``goodput.schemas`` event for job ``sim``. A rank's
+pid is its rank + 1 (any unique number serves the sensor).
+"""
+
+from __future__ import annotations
+
+from goodput import schemas
+from goodput.gpu_faults import XID_FAULT_PREFIX
+
+JOB = "sim"
+
+
+def heartbeat(node: str, rank: int, now: int, busy: str = "") -> schemas.Heartbeat:
+    # step 0 always: a lazily sent beat would report a step as progress at the beat's time,
+    # seconds after the step (its StepDone already said it, on time)
+    return schemas.Heartbeat(job=JOB, ts=now, node=node, rank=rank, pid=rank + 1, step=0, busy=busy)
+
+
+def step_done(
+    node: str, rank: int, now: int, step: int, step_time_s: float, compute_s: float, world: int
+) -> schemas.StepDone:
+    return schemas.StepDone(
+        job=JOB, ts=now, node=node, rank=rank, step=step, step_time_s=step_time_s, tokens=0,
+        loss=0.0, world_size=world, compute_time_s=compute_s,
+    )  # fmt: skip
+
+
+def rank_started(node: str, rank: int, now: int, world: int, attempt: int) -> schemas.RankStarted:
+    return schemas.RankStarted(
+        job=JOB, ts=now, node=node, rank=rank, local_rank=0, world_size=world, pid=rank + 1,
+        attempt=attempt,
+    )  # fmt: skip
+
+
+def rank_exited(
+    node: str,
+    rank: int,
+    now: int,
+    attempt: int,
+    *,
+    exit_code: int | None = None,
+    signal: int | None = None,
+    reason: str = "",
+) -> schemas.RankExited:
+    return schemas.RankExited(
+        job=JOB, ts=now, node=node, rank=rank, pid=rank + 1, exit_code=exit_code, signal=signal,
+        attempt=attempt, expected_reason=reason,
+    )  # fmt: skip
+
+
+def host_report(
+    node: str, now: int, attempt: int, *, xid: int | None = None, faults: tuple[str, ...] = ()
+) -> schemas.HostHealth:
+    """A host monitor's report: healthy, a GPU XID on GPU 0 (named as the host monitor names
+    it), or named faults."""
+    gpus = []
+    if xid is not None:
+        gpus = [schemas.GpuHealth(index=0, uuid=f"{node}-gpu0", xid_errors=[xid])]
+        faults = (*faults, f"{XID_FAULT_PREFIX}{xid}")
+    return schemas.HostHealth(
+        job=JOB, ts=now, node=node, healthy=not faults, gpu_available=True, gpus=gpus,
+        faults=list(faults), attempt=attempt,
+    )  # fmt: skip
+
+
+def checkpoint_saved(node: str, now: int, step: int, stall_s: float, size_gb: float):
+    return schemas.CheckpointSaved(
+        job=JOB, ts=now, node=node, rank=0, step=step, stall_s=stall_s, bytes=int(size_gb * 1e9)
+    )
+
+
+def checkpoint_persisted(node: str, now: int, step: int, duration_s: float):
+    return schemas.CheckpointPersisted(
+        job=JOB, ts=now, node=node, rank=0, step=step, path="", bytes=0, duration_s=duration_s
+    )
+
+
+def checkpoint_restored(node: str, now: int, step: int, tier: str, duration_s: float):
+    return schemas.CheckpointRestored(
+        job=JOB, ts=now, node=node, rank=0, step=step, tier=tier, duration_s=duration_s,  # type: ignore[arg-type]
+    )  # fmt: skip

@@ -1,0 +1,140 @@
+"""Replay a real `goodput demo` run in the simulator: its faults at the steps they fired, priced
+with the costs the run measured, decided by the same policy — and compare the goodputs.
+
+It checks the simulator's decisions and accounting against a real run (its cost model is
+checked by :mod:`.predict`, which uses none of the run's measured remediation costs): the
+prediction is made without the run's goodput or badput, only from its setup (nodes, spares,
+steps, checkpoint interval), its faults, unit costs (step time, checkpoint stall and persist,
+decision, the first start-up and the final shutdown) and what each remediation cost (relaunch,
+restore, start-up, the step restored, the step time of the phase it started) measured from its
+events (:mod:`goodput.tools.simulate.measure`); a straggler slows the job's steps by the factor
+measured while it ran.
+"""
+
+from __future__ import annotations
+
+from goodput.tools.simulate.demo_run import (
+    HOST_PROBE_S,
+    compare,
+    job_spec,
+    load_run,
+    simulate_setup,
+    step_fault,
+)
+from goodput.tools.simulate.profile import (
+    CheckpointCosts,
+    CostProfile,
+    DetectionCosts,
+    RestartCosts,
+    SimulateError,
+)
+from goodput.tools.simulate.records import MeasuredCosts, RemediationCost
+
+
+def replay_file(path: str) -> dict:
+    """Replay ``goodput demo --json`` output: the goodput run, and the baseline's if present."""
+    return compare(load_run(path), _replay)
+
+
+def _replay(run: dict, setup: str) -> dict:
+    try:
+        info = run["replay"]
+        costs = info["costs"]
+        step_time = float(costs["step_time_s"])
+        if step_time <= 0:
+            raise SimulateError(f"the {setup} run has no step time to replay")
+        job = job_spec(info, step_time, state_gb=1.0)
+        slowdowns = iter(costs.get("slowdowns") or [])
+        delays = costs.get("fault_delays_s") or [0.0] * len(info["faults"])
+        faults = [
+            step_fault(
+                f,
+                setup,
+                slowdown=next(slowdowns, 0.0) if f["action"] == "slow-rank" else 0.0,
+                delay_s=delay,
+            )
+            for f, delay in zip(info["faults"], delays, strict=True)
+            if f["ok"]
+        ]
+        measured = _measured(costs)
+        profile = _profile(costs, measured)
+        first = MeasuredCosts(
+            measured, float(costs["first_startup_s"]), _seconds(costs.get("first_step_time_s"))
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SimulateError(f"the {setup} run's replay section is incomplete: {exc}") from None
+    return simulate_setup(
+        run,
+        setup,
+        job,
+        profile,
+        faults,
+        measured=first,
+        shutdown_s=float(costs.get("shutdown_s") or 0.0),
+    )
+
+
+def _measured(costs: dict) -> dict[str, list[RemediationCost]]:
+    by_action: dict[str, list[RemediationCost]] = {}
+    for entry in costs["remediations"]:
+        step = entry.get("restored_step")
+        by_action.setdefault(entry["action"], []).append(
+            RemediationCost(
+                relaunch_s=float(entry["relaunch_s"]),
+                restore_s=float(entry["restore_s"]),
+                startup_s=float(entry["startup_s"]),
+                restored_step=None if step is None else int(step),
+                step_time_s=_seconds(entry.get("step_time_s")),
+                trained_on_s=float(entry.get("trained_on_s") or 0.0),
+                trained_on_steps=int(entry.get("trained_on_steps") or 0),
+            )
+        )
+    return by_action
+
+
+def _seconds(value: object) -> float | None:
+    """A measured step time, None where the run has none (a phase without steps)."""
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _profile(costs: dict, measured: dict[str, list[RemediationCost]]) -> CostProfile:
+    """Measured seconds as a profile of 1 GB states (GB/s = 1 / seconds); what a remediation
+    costs comes from its own measurement (``measured``), these are the fallbacks."""
+
+    def rate(seconds: float) -> float:
+        return 1.0 / max(float(seconds), 1e-3)
+
+    every = [c for cs in measured.values() for c in cs]
+    restore = max((c.restore_s for c in every), default=0.0)
+    restart = max((c.relaunch_s for c in every), default=0.0)
+    stall = costs["checkpoint_stall_s"]
+    persist = costs["checkpoint_persist_s"] or stall
+    return CostProfile(
+        name="measured",
+        description="costs measured from a goodput demo run",
+        checkpoint=CheckpointCosts(
+            snapshot_gbps=rate(stall),
+            local_write_gbps=rate(persist),
+            peer_gbps=rate(persist),
+            object_write_gbps=rate(stall),
+            local_read_gbps=rate(restore),
+            peer_read_gbps=rate(restore),
+            object_read_gbps=rate(restore),
+            latency_s=0.0,
+            object_every=1,
+        ),
+        restart=RestartCosts(
+            stop_s=0.0,
+            launch_s=restart,
+            startup_s=costs["first_startup_s"],
+            hot_swap_provision_s=0.0,
+            gpu_reset_s=0.0,  # the demo's nodes have no GPU
+            # a replay's warm restarts cost what the run measured for each (MeasuredCosts)
+            rejoin_s=restart,
+            warm_startup_s=costs["first_startup_s"],
+            standby_ready_s=costs["first_startup_s"],
+        ),
+        detection=DetectionCosts(
+            event_latency_s=0.01, decision_s=costs["decision_s"], host_probe_s=HOST_PROBE_S
+        ),
+    )

@@ -1,0 +1,458 @@
+"""One simulated job: a discrete-event loop in which the real sensor and controller decide.
+
+The decision path is goodput's own code, driven on a simulated clock (epoch ns):
+
+* the sensor's :class:`goodput.supervisor.detect.Detector` gets the events the ranks and host monitors
+  would send and its deadlines are served by :meth:`Detector.next_deadline` / ``poll``;
+* the controller's :class:`goodput.supervisor.control.engine.Controller` (the built-in policy or a policy
+  script, crash-loop rules, Young's checkpoint interval) turns its signals into commands, and
+  folds results, statuses, steps and checkpoints with :mod:`goodput.supervisor.jobstate.folds`;
+* the simulated actuator executes the commands with the real membership rules.
+
+What is simulated is the world around them: the clock, the failures, the time each
+checkpoint and remediation takes (the cost profile) and which events reach the sensor.
+
+**Node granularity.** The sensor is per rank and a real job sends it thousands of heartbeats a
+second; the simulator sends only the events that can change a decision. One rank per node
+stands for the node (rank = position × GPUs per node). The *reference rank* (position 0)
+stands for the job's progress: its steps, heartbeats and checkpoint events are sent as the
+shim would send them. A node joins the sensor's view when something happens to it: its
+rank's exit (crash), its last step before it hangs, its silence (a lost host), its host
+monitor's reports (GPU XID, repair), its slow steps (straggler). Heartbeats of live ranks are
+sent lazily, when a heartbeat deadline comes due, so the sensor never sees a live rank as
+silent. A relaunch stops every rank it knows of and starts the reference rank again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from goodput import schemas
+from goodput.supervisor.control.engine import Controller, ControllerSettings
+from goodput.supervisor.detect.detector import Detector
+from goodput.supervisor.detect.thresholds import Thresholds
+from goodput.supervisor.jobstate.folds import (
+    FAILURE_KINDS,
+    new_job_state,
+    observe_status,
+    record_checkpoint,
+    record_step_time,
+)
+from goodput.supervisor.membership import Membership
+from goodput.tools.simulate import messages as msg
+from goodput.tools.simulate.actuator import Execution, SimActuator
+from goodput.tools.simulate.checkpoints import CheckpointSystem
+from goodput.tools.simulate.decisions import DecisionsMixin
+from goodput.tools.simulate.faults import FaultsMixin
+from goodput.tools.simulate.fleet import Fault, StepFault, node_names
+from goodput.tools.simulate.ledger import Ledger, WorkMark
+from goodput.tools.simulate.profile import CostProfile, JobSpec, SimulateError
+from goodput.tools.simulate.records import NS, T0, FedRank, MeasuredCosts
+from goodput.tools.simulate.strategies import Strategy
+
+JOB = msg.JOB
+SAVE, LOAD = "checkpoint-save", "checkpoint-load"
+POLICY_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Result:
+    strategy: str
+    goodput_pct: float
+    seconds: dict[str, float]
+    badput: dict[str, float]
+    interruptions: int
+    rules: dict[str, int]
+    sensor_events: int
+    decisions: int
+    steps: int
+    wall_s: float
+    final_interval_steps: int
+
+
+class World(FaultsMixin, DecisionsMixin):
+    def __init__(
+        self,
+        job: JobSpec,
+        profile: CostProfile,
+        strategy: Strategy,
+        trace: list[Fault],
+        *,
+        settings: ControllerSettings | None = None,
+        thresholds: Thresholds | None = None,
+        step_faults: list[StepFault] | None = None,
+        until_step: int | None = None,
+        measured: MeasuredCosts | None = None,
+        shutdown_s: float = 0.0,
+        follow_every_rank: bool = False,
+        keep_global_batch: bool = False,
+    ):
+        """``step_faults`` fire at a training step (a replayed run's faults); ``until_step``
+        ends the job when it reaches that step instead of at ``job.hours``, ``shutdown_s``
+        after it (the ranks' exit); ``measured`` a replayed run's remediation costs;
+        ``follow_every_rank``: the sensor gets every node's steps and heartbeats, as a real one
+        does (a small job: a straggler is then judged on its whole history, not only from
+        the moment it began); ``keep_global_batch``: an attempt on fewer nodes steps as
+        much slower (the job keeps its global batch, as the demo's does by default), instead
+        of at the job's step time."""
+        self.job, self.profile, self.strategy, self.trace = job, profile, strategy, trace
+        self._step_faults = sorted(step_faults or [], key=lambda f: f.at_step)
+        self._repairs_at_step: list[tuple[int, str]] = []
+        self._until_step = until_step
+        self._shutdown_ns = int(shutdown_s * NS)
+        self.measured = measured
+        self._startup_s = profile.restart.startup_s
+        #: this attempt's healthy step time: a replayed run's phases each ran at their own
+        self._step_s = job.step_time_s
+        #: a replay: the work done when each step was (last) done, to roll back to the step
+        #: the run restored
+        self._step_marks: dict[int, WorkMark] = {0: WorkMark(0.0, 0.0, 0.0)}
+        self._follow_every_rank = follow_every_rank
+        self._keep_global_batch = keep_global_batch
+        names = node_names(job)
+        spares = names[job.nodes :] if strategy.spares else []
+        membership = Membership(
+            active=names[: job.nodes], spares=spares, procs_per_node=job.gpus_per_node
+        )
+        self.now = T0
+        self.end = T0 + int(job.hours * 3600 * NS)
+        self.detector = Detector(JOB, thresholds)
+        settings = msgspec.structs.replace(
+            settings or ControllerSettings(),
+            # a wall-clock limit would make results depend on the machine's load; a policy that
+            # never returns still stops the simulation (one line naming the script)
+            policy_timeout_s=POLICY_TIMEOUT_S,
+            checkpoint_interval=msgspec.structs.replace(
+                (settings or ControllerSettings()).checkpoint_interval,
+                enabled=strategy.interval_tuning,
+            ),
+        )
+        self.controller = Controller(strategy.policy, settings)
+        if self.controller.script is not None and self.controller.script.load_error:
+            raise SimulateError(self.controller.script.load_error)
+        self.actuator = SimActuator(
+            JOB,
+            membership,
+            profile.restart,
+            measured,
+            standbys_per_node=job.gpus_per_node if strategy.standbys else 0,
+            start_ns=T0,
+        )
+        every = max(1, round(job.checkpoint_interval_s / job.step_time_s))
+        if strategy.multi_tier:
+            # the object store keeps the job's cadence; the cheap local tier saves k× as often
+            every = max(1, every // profile.checkpoint.object_every)
+        state = new_job_state(
+            JOB,
+            list(membership.active),
+            num_nodes_per_dp=job.num_nodes_per_dp,
+            spares=spares,
+            procs_per_node=job.gpus_per_node,
+            now=T0,
+        )
+        state = observe_status(state, self.actuator.status(T0), T0)
+        self.state = msgspec.structs.replace(state, checkpoint_interval_steps=every)
+        self.ckpt = CheckpointSystem(
+            profile.checkpoint,
+            job.state_gb_per_node,
+            asynchronous=strategy.asynchronous,
+            multi_tier=strategy.multi_tier,
+            every_steps=every,
+        )
+        self.ledger = Ledger(T0, job.nodes)
+        self._start_mark = WorkMark(0.0, 0.0, 0.0)
+        self._heap: list[tuple[int, int, Callable[..., None], tuple]] = []
+        self._seq = 0
+        self._fed: dict[int, FedRank] = {}
+        self._broken: dict[str, str] = {}
+        #: straggling nodes: how much slower the job steps with each, and its compute factor
+        self._straggling: dict[str, float] = {}
+        self._compute_factor: dict[str, float] = {}
+        #: stragglers the sensor flagged in this attempt: from then on, slow time is badput
+        self._flagged: set[str] = set()
+        self._failure_ns: int | None = None
+        self._gen = 0
+        self._next_step: int | None = None
+        self._last_active = set(membership.active)
+        self._stopped = False
+        self.step = 0
+        self.rules: Counter[str] = Counter()
+        self.sensor_events = 0
+        self.decisions = 0
+        self.interruptions = 0
+        # a live rank's heartbeat is sent when a deadline finds it a polling period old: a
+        # real sensor hears them continuously, and takes a quiet of two periods for a stall of
+        # its own, deferring a hang verdict (at one beat per heartbeat timeout a demo's hang
+        # went unseen for the whole job: two ranks' beats never fell within two periods)
+        self._beat_ns = int(self.detector.thresholds.heartbeat_polling_period_s * NS)
+        self._latency = int(profile.detection.event_latency_s * NS)
+        self._sensor_dirty = True
+        self._deadline: int | None = None
+        self._slow_key: tuple = ()
+        self._straggle_changes = 0
+        self._slow = 1.0
+        self.actuator.broken = self._broken
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> Result:
+        started = time.perf_counter()
+        for fault in self.trace:
+            self._at(T0 + int(fault.at_s * NS), self._fault, fault)
+        self._feed(schemas.RunStarted(job=JOB, ts=T0, run_id="sim", command_id="sim"))
+        self._launch(None)
+        if self.actuator.ready_at:
+            self._at(min(self.actuator.ready_at.values()), self._standbys_ready)
+        heap = self._heap
+        end = self.end
+        while not self._stopped:
+            # the sensor's next deadline changes only when it is fed: recomputed only then
+            if self._sensor_dirty:
+                self._deadline = self.detector.next_deadline()
+                self._sensor_dirty = False
+            t = end
+            kind = 0
+            if heap and heap[0][0] < t:
+                t, kind = heap[0][0], 1
+            if self._deadline is not None and self._deadline <= t:
+                t, kind = self._deadline, 2
+            if self._next_step is not None and self._next_step <= t:
+                t, kind = self._next_step, 3
+            if kind == 0:
+                break
+            self.now = t
+            if kind == 3:
+                self._step()
+            elif kind == 2:
+                self._wake_sensor()
+            else:
+                _, _, action, args = heapq.heappop(heap)
+                action(*args)
+        self.now = self.end
+        self.ledger.book(self.end)
+        return Result(
+            strategy=self.strategy.name,
+            goodput_pct=self.ledger.goodput_pct(),
+            seconds=dict(self.ledger.seconds),
+            badput=self.ledger.badput(),
+            interruptions=self.interruptions,
+            rules=dict(self.rules),
+            sensor_events=self.sensor_events,
+            decisions=self.decisions,
+            steps=self.step,
+            wall_s=time.perf_counter() - started,
+            final_interval_steps=self.ckpt.every_steps,
+        )
+
+    def _at(self, when: int, action: Callable[..., None], *args: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (max(when, self.now), self._seq, action, args))
+
+    # ---- the sensor -------------------------------------------------------------------------
+
+    def _feed(self, event: schemas.Event) -> None:
+        self.sensor_events += 1
+        self._sensor_dirty = True
+        for signal in self.detector.on_event(event, self.now):
+            self._signalled(signal)
+
+    def _feed_step(self, event: schemas.StepDone) -> None:
+        """The hottest path: straight to the detector's step handler (what ``on_event`` calls)."""
+        self.sensor_events += 1
+        self._sensor_dirty = True
+        for signal in self.detector.on_step(event, self.now):
+            self._signalled(signal)
+
+    def _feed_later(self, delay_ns: int, event: schemas.Event) -> None:
+        self._at(self.now + delay_ns, self._deliver, event)
+
+    def _deliver(self, event: schemas.Event) -> None:
+        self._feed(msgspec.structs.replace(event, ts=self.now))
+
+    def _wake_sensor(self) -> None:
+        """A deadline came due: live ranks' heartbeats first (lazily sent), then the poll."""
+        for rank, fed in self._fed.items():
+            if fed.heartbeating and self.now - fed.last_beat >= self._beat_ns:
+                self._beat(rank, fed)
+        self.sensor_events += 1
+        self._sensor_dirty = True
+        for signal in self.detector.poll(self.now):
+            self._signalled(signal)
+
+    def _beat(self, rank: int, fed: FedRank) -> None:
+        fed.last_beat = self.now
+        self._feed(msg.heartbeat(fed.node, rank, self.now, fed.busy))
+
+    def _signalled(self, signal: schemas.Signal) -> None:
+        if self.ledger.phase == "detect" and signal.signal in FAILURE_KINDS:
+            self.ledger.switch(self.now, "decide")
+        if signal.signal == "straggler" and signal.node in self._straggling:
+            # `goodput report` counts a straggler's excess from its flag on
+            self._flagged.add(signal.node)
+            self._reshape()
+        self._at(self.now + int(self.profile.detection.decision_s * NS), self._decide, signal)
+
+    # ---- training -----------------------------------------------------------------------------
+
+    def _launch(self, execution: Execution | None) -> None:
+        """Ranks started on the current membership: restore, start up, then train."""
+        active = self.actuator.membership.active
+        fresh = any(n not in self._last_active for n in active)
+        self._last_active = set(active)
+        self._gen += 1
+        gen = self._gen
+        cost = execution.cost if execution is not None else None
+        if execution is not None:
+            capture, tier, restore_s = (
+                self.ckpt.restore_from_host()
+                if execution.in_process and cost is None
+                else self.ckpt.restore(
+                    self._failure_ns or self.now,
+                    fresh_node=fresh,
+                    at_most_step=cost.restored_step if cost is not None else None,
+                )
+            )
+            mark = capture.work if capture else self._start_mark
+            self.step = capture.step if capture else 0
+            restored = capture is not None
+            if cost is not None and cost.restored_step in self._step_marks:
+                # what the run lost is measured: the step every rank restored
+                self.step = cost.restored_step
+                mark = self._step_marks[cost.restored_step]
+                restore_s, restored = cost.restore_s, True
+                tier = tier if capture is not None else "local"
+            self.ledger.roll_back(self.now, mark)
+        else:
+            capture, tier, restore_s, restored = None, "none", 0.0, False
+        if cost is not None:
+            self._startup_s = cost.startup_s
+            self._step_s = cost.step_time_s or self.job.step_time_s
+        elif execution is None and self.measured is not None:
+            self._startup_s = self.measured.first_startup_s
+            self._step_s = self.measured.first_step_time_s or self.job.step_time_s
+        elif execution is not None and execution.warm:
+            self._startup_s = self.profile.restart.warm_startup_s
+        else:
+            self._startup_s = self.profile.restart.startup_s
+        if cost is None and self._keep_global_batch:
+            self._step_s = self.job.step_time_s * self.job.nodes / len(active)
+        self._failure_ns = None
+        self._flagged.clear()
+        self.ledger.set_shape(self.now, len(active), self._ledger_slowdown())
+        self.ledger.switch(self.now, "restore" if restore_s else "startup")
+        ref = FedRank(active[0], busy=LOAD if restore_s else "", last_beat=self.now)
+        self._fed = {0: ref}
+        world = len(active) * self.job.gpus_per_node
+        self._feed(msg.rank_started(active[0], 0, self.now, world, self.actuator.attempt))
+        self._beat(0, ref)
+        if self._follow_every_rank:
+            for position, node in enumerate(active[1:], 1):
+                self._register(position * self.job.gpus_per_node, FedRank(node))
+        for position, node in enumerate(active):
+            if node in self._straggling:
+                self._watch_straggler(position, node)
+        broken = [(p, n) for p, n in enumerate(active) if n in self._broken]
+        if broken:
+            self._fail()
+            for position, node in broken:
+                self._manifest(position, node, self._broken[node])
+            return
+        self._at(
+            self.now + int(restore_s * NS),
+            self._restored,
+            gen,
+            tier,
+            restore_s,
+            restored,
+        )
+
+    def _restored(self, gen: int, tier: str, restore_s: float, restored: bool) -> None:
+        if gen != self._gen:
+            return
+        ref = self._fed.get(0)
+        if restored and ref is not None:
+            ref.busy = ""
+            self._feed(msg.checkpoint_restored(ref.node, self.now, self.step, tier, restore_s))
+        self.ledger.switch(self.now, "startup")
+        startup = int(self._startup_s * NS)
+        self._at(self.now + startup, self._resume, gen)
+
+    def _resume(self, gen: int) -> None:
+        if gen != self._gen:
+            return
+        self.ledger.switch(self.now, "running")
+        self._next_step = self.now + self._step_ns()
+
+    def _step_ns(self) -> int:
+        return int(self._step_s * self._slowdown() * NS)
+
+    def _step(self) -> None:
+        self.step += 1
+        step_time = self._step_s * self._slowdown()
+        world = len(self._fed)
+        for rank, fed in self._fed.items():
+            if fed.stepping:
+                compute = self._step_s * fed.compute_factor
+                self._feed_step(
+                    msg.step_done(fed.node, rank, self.now, self.step, step_time, compute, world)
+                )
+        if self.measured is not None:
+            self._step_marks[self.step] = self.ledger.mark(self.now)
+        if self._until_step is not None and self.step >= self._until_step:
+            self._finish()
+            return
+        self.state = record_step_time(self.state, step_time, self.now)
+        solo = len(self.actuator.membership.active) * self.job.gpus_per_node == 1
+        due = self.ckpt.due(self.step, solo=solo)
+        if due and not self.ckpt.busy(self.now):
+            self.ledger.switch(self.now, "saving")
+            self._next_step = None
+            # every rank saves (a rank followed beside the reference one, seen stepping no more
+            # for a long synchronous save, was taken for hung)
+            for rank, fed in self._fed.items():
+                if fed.stepping:
+                    fed.busy = SAVE
+                    self._beat(rank, fed)
+            self._at(self.now + int(self.ckpt.stall_s * NS), self._saved, self._gen)
+        else:
+            self._next_step = self.now + self._step_ns()
+        if self._step_faults or self._repairs_at_step:
+            self._step_events()
+
+    def _finish(self) -> None:
+        """The job did its steps; its ranks exit (a replayed run's measured shutdown)."""
+        self._next_step = None
+        self.ledger.switch(self.now, "down")
+        self.end, self._stopped = self.now + self._shutdown_ns, True
+
+    def _saved(self, gen: int) -> None:
+        if gen != self._gen:
+            return
+        capture = self.ckpt.capture(self.step, self.now, self.ledger.mark(self.now))
+        self.ledger.switch(self.now, "running")
+        for fed in self._fed.values():
+            if fed.busy == SAVE:
+                fed.busy = ""  # its next step tells the sensor
+        ref = self._fed.get(0)
+        node = ref.node if ref is not None else self.actuator.membership.active[0]
+        saved = msg.checkpoint_saved(
+            node, self.now, self.step, self.ckpt.stall_s, self.job.state_gb_per_node
+        )
+        self._feed(saved)
+        self.state = record_checkpoint(self.state, saved, self.now)
+        durable = CheckpointSystem.first_durable_ns(capture)
+        self._at(durable, self._persisted, capture.step, (durable - capture.taken_ns) / NS, node)
+        self._next_step = self.now + self._step_ns()
+
+    def _persisted(self, step: int, duration_s: float, node: str) -> None:
+        persisted = msg.checkpoint_persisted(
+            node, self.now, step, max(duration_s, self.ckpt.stall_s)
+        )
+        self.state = record_checkpoint(self.state, persisted, self.now)
+        self._apply(self.controller.recommend_checkpoint_interval(self.state, self.now))

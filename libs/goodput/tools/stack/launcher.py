@@ -1,0 +1,411 @@
+"""The supervisor stack as separate OS processes: start what is missing, stop all, health.
+
+Used by `goodput up/down/run/status` (:mod:`goodput.tools.cli.stack`), the demo, the benchmarks
+and the chaos tool. The stack's record (``stack.json``) lives in its state directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import nats.js.errors
+from rich.console import Console
+
+from goodput import schemas, subjects
+from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.cluster import EmbeddedCluster, cluster_size
+from goodput.bus.embedded import pid_alive, read_record, stop_recorded, terminate_pid
+from goodput.config import bus_settings_from_args, parse_option
+from goodput.launch.exit_reason import EXIT_REASON_ENV, read_exit_reason
+from goodput.subjects import check_token
+
+#: central services, one each
+CENTRAL_SERVICES = ("sensor", "controller", "actuator")
+#: per-node services, one per node
+NODE_SERVICES = ("hostmon", "replicator")
+
+#: the actuator lets ranks checkpoint before it exits (its own grace period, plus margin)
+ACTUATOR_STOP_S = 75.0
+STACK_RECORD = "stack.json"
+
+
+class ServiceProcess(msgspec.Struct, kw_only=True):
+    name: str
+    node: str
+    pid: int
+    log: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.node}" if self.node else self.name
+
+
+class StackRecord(msgspec.Struct, kw_only=True):
+    job: str
+    url: str
+    embedded: bool
+    nodes: list[str]
+    services: list[ServiceProcess]
+
+
+def read_stack(state_dir: Path) -> StackRecord | None:
+    path = state_dir / STACK_RECORD
+    if not path.exists():
+        return None
+    return msgspec.json.decode(path.read_bytes(), type=StackRecord)
+
+
+def write_stack(state_dir: Path, record: StackRecord) -> None:
+    tmp = state_dir / (STACK_RECORD + ".tmp")
+    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(record)))
+    os.replace(tmp, state_dir / STACK_RECORD)
+
+
+def resolve_url(args: argparse.Namespace, state_dir: Path) -> tuple[str, bool]:
+    """The bus URL: explicit flag/env, else the embedded server recorded in the state dir."""
+    explicit = args.nats_url or os.environ.get("GOODPUT_NATS_URL")
+    if explicit:
+        return explicit, False
+    record = read_record(state_dir)
+    if record is not None and any(pid_alive(pid) for pid in record.pids):
+        return record.url, True
+    return "", True
+
+
+def start_embedded(args: argparse.Namespace, state_dir: Path) -> tuple[str, str]:
+    """Start the embedded server, or cluster (``--nats-cluster N``); its URL(s) and a line
+    saying what started."""
+    size = getattr(args, "nats_cluster", 1) or 1
+    if size == 1:
+        server = EmbeddedNats(state_dir, port=getattr(args, "nats_port", None), detach=True)
+        record = server.start()
+        return record.url, f"embedded nats-server on {record.url} (store {record.store_dir})"
+    cluster = EmbeddedCluster(state_dir, size, detach=True)
+    url = cluster.start().url
+    return url, f"embedded NATS cluster of {size} on {url} (stores {state_dir}/nats-store-*)"
+
+
+def check_cluster_request(
+    args: argparse.Namespace, state_dir: Path, url: str, embedded: bool
+) -> None:
+    """``--nats-cluster N`` only where it can be honoured: not with a server of the caller's
+    (``--nats-url``), not against a running embedded bus of another size (one line each)."""
+    size = getattr(args, "nats_cluster", 1) or 1
+    if size == 1:
+        return
+    if not embedded:
+        raise SystemExit(f"--nats-cluster {size} starts embedded servers; drop it or --nats-url")
+    record = read_record(state_dir) if url else None
+    if record is not None and len(record.servers) != size:
+        raise SystemExit(
+            f"the stack in {state_dir} already runs {len(record.servers)} embedded NATS "
+            f"server(s), not {size}: `goodput down` first"
+        )
+
+
+def add_embedded_nats_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the commands that may start the embedded server."""
+    parser.add_argument(
+        "--nats-cluster",
+        type=cluster_size,
+        default=1,
+        metavar="N",
+        help="start N embedded nats-servers as one JetStream cluster on loopback (streams R3, "
+        "any one server may die); default 1 server",
+    )
+
+
+def spawn_service(
+    name: str,
+    node: str,
+    *,
+    job: str,
+    url: str,
+    state_dir: Path,
+    extra: list[str],
+    secrets: dict[str, str] | None = None,
+) -> ServiceProcess:
+    """Start one service process; ``secrets`` go into its environment, never its command line
+    (which every user of the host can read)."""
+    logs = state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / (f"{name}-{node}.log" if node else f"{name}.log")
+    reason_path = exit_reason_path(log_path)
+    reason_path.unlink(missing_ok=True)  # an earlier process's reason is not this one's
+    argv = [
+        sys.executable,
+        "-m",
+        f"goodput_services.{name}",
+        "--job",
+        job,
+        "--nats-url",
+        url,
+        "--state-dir",
+        str(state_dir),
+        *(["--node", node] if node else []),
+        *extra,
+    ]
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(secrets or {}), EXIT_REASON_ENV: str(reason_path)},
+        )
+    return ServiceProcess(name=name, node=node, pid=process.pid, log=str(log_path))
+
+
+def start_stack(
+    args: argparse.Namespace,
+    state_dir: Path,
+    job: str,
+    node_count: int,
+    console: Console,
+    service_flags: dict[str, list[str]] | None = None,
+) -> tuple[StackRecord, BusSettings]:
+    """Start what is missing of the stack (NATS, services); return its record and bus settings.
+
+    ``service_flags`` adds command-line flags per service name (e.g. ``--set`` options).
+    """
+    state_dir.mkdir(parents=True, exist_ok=True)
+    check_token(job, "job name")
+    nodes = [f"node-{i}" for i in range(node_count)]
+    url, embedded = resolve_url(args, state_dir)
+    check_cluster_request(args, state_dir, url, embedded)
+    started: list[str] = []  # what this call started, said in one line
+    if embedded and not url:
+        url, what = start_embedded(args, state_dir)
+        started.append(what)
+    settings = msgspec.structs.replace(bus_settings_from_args(args), url=url)
+    settings.check_security()
+    asyncio.run(_provision(settings))
+
+    previous = read_stack(state_dir)
+    running = {p.key: p for p in (previous.services if previous else []) if pid_alive(p.pid)}
+    wanted = [(name, "") for name in CENTRAL_SERVICES] + [
+        (name, node) for node in nodes for name in NODE_SERVICES
+    ]
+    alive_before = set(running)
+    bus_flags = _bus_flags(args)
+    services: list[ServiceProcess] = []
+    for name, node in wanted:
+        key = f"{name}@{node}" if node else name
+        if key in running:
+            services.append(running.pop(key))
+            continue
+        extra = bus_flags + (service_flags or {}).get(name, [])
+        services.append(
+            spawn_service(
+                name,
+                node,
+                job=job,
+                url=url,
+                state_dir=state_dir,
+                extra=extra,
+                secrets=_bus_secrets(settings),
+            )
+        )
+    started += [s.key for s in services if s.key not in alive_before]
+    # one line, whatever started: a failure after it must still fit in a few lines
+    what = f"[green]started[/] {'; '.join(started)}" if started else "already running"
+    console.print(f"stack state: {state_dir}: {what}", soft_wrap=True)
+    # what an earlier `up` started and still runs stays recorded (a `run --nodes 1` against a
+    # 2-node stack uses fewer nodes, it does not disown node-1's services): `down` stops it
+    services += running.values()
+    recorded_nodes = previous.nodes if previous else []
+    nodes += [node for node in recorded_nodes if node not in nodes]
+    stack = StackRecord(job=job, url=url, embedded=embedded, nodes=nodes, services=services)
+    write_stack(state_dir, stack)
+    return stack, settings
+
+
+def stop_stack(state_dir: Path) -> int:
+    """Stop every service process, any rank left running, then the embedded server.
+
+    The actuator is asked first and given time: it lets running ranks save and exit.
+    """
+    stack = read_stack(state_dir)
+    services = stack.services if stack else []
+    stopped = sum(
+        terminate_pid(s.pid, timeout_s=ACTUATOR_STOP_S if s.name == "actuator" else 10)
+        for s in sorted(services, key=lambda s: s.name != "actuator")
+    )
+    for ranks_file in state_dir.glob("ranks-*.json"):
+        for pids in msgspec.json.decode(
+            ranks_file.read_bytes(), type=dict[str, list[int]]
+        ).values():
+            for pid in pids:
+                terminate_pid(pid, timeout_s=5)
+        ranks_file.unlink()
+    stop_recorded(state_dir)
+    (state_dir / STACK_RECORD).unlink(missing_ok=True)
+    return stopped
+
+
+def add_service_set_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--service-set",
+        action="append",
+        default=[],
+        metavar="SERVICE:KEY=VALUE",
+        help='an option for one service, e.g. controller:policy="my_policy.py" or '
+        "sensor:thresholds={heartbeat_timeout_s=3.0} (repeatable; VALUE is TOML)",
+    )
+
+
+def service_flags_from_args(items: list[str]) -> dict[str, list[str]]:
+    """``SERVICE:KEY=VALUE`` items as per-service ``--set`` flags."""
+    flags: dict[str, list[str]] = {}
+    for item in items:
+        service, sep, option = item.partition(":")
+        if not sep or "=" not in option or service not in CENTRAL_SERVICES + NODE_SERVICES:
+            raise SystemExit(
+                f"--service-set {item!r}: expected SERVICE:KEY=VALUE with SERVICE one of "
+                f"{', '.join(CENTRAL_SERVICES + NODE_SERVICES)}"
+            )
+        flags.setdefault(service, []).extend(["--set", option])
+    return flags
+
+
+def check_policy_options(service_flags: dict[str, list[str]]) -> None:
+    """A controller policy script that does not exist stops `up`/`run` before anything starts
+    (the controller would refuse it too, but only once the stack is half up)."""
+    options = service_flags.get("controller", [])
+    for key, value in (parse_option(item) for item in options[1::2]):
+        if key == "policy" and value and not Path(str(value)).is_file():
+            raise SystemExit(f"policy script {value} not found (controller:policy)")
+
+
+def _bus_flags(args: argparse.Namespace) -> list[str]:
+    """Authentication flags handed on to the service processes."""
+    pairs = [
+        ("--nats-creds", args.nats_creds),
+        ("--nats-nkey", args.nats_nkey),
+        ("--nats-user", args.nats_user),
+        ("--nats-tls-ca", args.nats_tls_ca),
+        ("--nats-tls-cert", args.nats_tls_cert),
+        ("--nats-tls-key", args.nats_tls_key),
+    ]
+    flags = [item for flag, value in pairs if value for item in (flag, value)]
+    return flags + (["--insecure"] if args.insecure else [])
+
+
+def _bus_secrets(settings: BusSettings) -> dict[str, str]:
+    """The password or token the services need, for their environment (not their flags)."""
+    secrets = {"GOODPUT_NATS_PASSWORD": settings.password, "GOODPUT_NATS_TOKEN": settings.token}
+    return {key: value for key, value in secrets.items() if value}
+
+
+async def _provision(settings) -> None:
+    bus = await Bus.connect(settings, name="goodput-cli", initial_timeout_s=15)
+    try:
+        await bus.provision()
+    finally:
+        await bus.close()
+
+
+class ServiceExited(SystemExit):
+    """A service of the stack ended while it was awaited (its options refused, its policy
+    script not loadable…): one line naming it and its reason. A ``SystemExit``, so a caller
+    that does not catch it still ends with that one line (and runs its ``finally``)."""
+
+
+async def wait_healthy(settings, job, services, timeout_s, console) -> list[dict]:
+    """The services' health once all are healthy or ``timeout_s`` passed; raises
+    :class:`ServiceExited` as soon as one of them is found gone."""
+    deadline = time.monotonic() + timeout_s
+    with console.status("waiting for services to report healthy…"):
+        while True:
+            check_running(services)
+            report = await service_report(settings, job, services)
+            if all(s["healthy"] for s in report) or time.monotonic() > deadline:
+                check_running(services)  # a service that said healthy, then left
+                return report
+            await asyncio.sleep(0.5)
+
+
+def check_running(services: list[ServiceProcess]) -> None:
+    """Raise :class:`ServiceExited` with the first gone service's own reason."""
+    gone = [s for s in services if not pid_alive(s.pid)]
+    if not gone:
+        return
+    first = gone[0]
+    log = Path(first.log)
+    reason = read_exit_reason(exit_reason_path(log), log) or "no reason given"
+    more = f" ({len(gone)} services exited)" if len(gone) > 1 else ""
+    raise ServiceExited(f"{first.key} exited: {reason}{more}; log {log}")
+
+
+def exit_reason_path(log: Path) -> Path:
+    """Where the service logging to ``log`` writes why it ended (beside its log)."""
+    return log.with_suffix(".exit")
+
+
+def undo_start(state_dir: Path, before: StackRecord | None) -> int:
+    """Stop what was started since ``before`` (the stack record read before starting): all of
+    it, embedded server included, if there was no stack; else the services it did not list
+    alive. How many processes were stopped."""
+    if before is None:
+        return stop_stack(state_dir)
+    current = read_stack(state_dir)
+    if current is None:
+        return 0
+    kept = {p.key for p in before.services if pid_alive(p.pid)}
+    extra = [p for p in current.services if p.key not in kept]
+    stopped = sum(terminate_pid(p.pid, timeout_s=10) for p in extra)
+    services = [p for p in current.services if p.key in kept]
+    nodes = [node for node in current.nodes if any(p.node == node for p in services)]
+    write_stack(state_dir, msgspec.structs.replace(current, nodes=nodes, services=services))
+    return stopped
+
+
+async def service_report(settings, job: str, services: list[ServiceProcess]) -> list[dict]:
+    """One entry per expected service (see :func:`services_health`), on a connection of its own."""
+    bus = await Bus.connect(settings, name="goodput-status", initial_timeout_s=5)
+    try:
+        return await services_health(bus, job, services)
+    finally:
+        await bus.close()
+
+
+def record_is_fresh(record: schemas.ServiceHealth, now_ns: int) -> bool:
+    """A health record refreshed within a few of its periods: its service is still there."""
+    return (now_ns - record.ts) / 1e9 < max(3 * record.period_s, 3.0)
+
+
+async def services_health(bus: Bus, job: str, services: list[ServiceProcess]) -> list[dict]:
+    """One entry per expected service: healthy only if its record is fresh and says so."""
+    kv = await bus.kv(subjects.SERVICES_BUCKET)
+    now = time.time_ns()
+    report = []
+    for service in services:
+        key = subjects.kv_key(job, service.name, *([service.node] if service.node else []))
+        entry: dict = {"name": service.key, "pid": service.pid, "healthy": False}
+        try:
+            record = schemas.decode_event((await kv.get(key)).value or b"")
+        except nats.js.errors.KeyNotFoundError:
+            entry["detail"] = "no health record yet"
+            report.append(entry)
+            continue
+        assert isinstance(record, schemas.ServiceHealth)
+        age_s = (now - record.ts) / 1e9
+        fresh = record_is_fresh(record, now)
+        entry.update(
+            healthy=record.healthy and fresh and pid_alive(service.pid),
+            pid=record.pid,
+            instance=record.instance,
+            age_s=round(age_s, 2),
+            uptime_s=round((now - record.started_ts) / 1e9, 1),
+            detail=record.detail if fresh else f"stale health record ({age_s:.0f} s old)",
+        )
+        report.append(entry)
+    return report

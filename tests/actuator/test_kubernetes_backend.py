@@ -16,6 +16,7 @@ import signal
 import time
 import tomllib
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from goodput.bus.settings import settings_from_env
 from goodput.config import ServiceConfig, load_service_config
 from goodput.supervisor.membership import MembershipError
 from goodput_services.actuator import kubernetes_watch
-from goodput_services.actuator.backend import Backend
+from goodput_services.actuator.backend import Backend, BusPorts
 from goodput_services.actuator.kubernetes_backend import IMMEDIATE_GRACE_S, KubernetesBackend
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
 from goodput_services.actuator.kubernetes_pods import run_tag
@@ -616,7 +617,7 @@ async def test_a_reset_is_not_asked_while_a_rank_pod_of_the_node_is_terminating(
         asked.append(node)
         return True, "reset"
 
-    backend.gpu_resetter = resetter
+    backend.ports = replace(backend.ports, reset_gpus=resetter)
     await backend.start_job(_start(nodes=2, spares=0))
     api.kill_node("gpu-b")  # nobody has declared it failed: its pods stay Terminating
     with pytest.raises(RuntimeError, match="GPU reset not asked") as refused:
@@ -664,7 +665,8 @@ async def _crash(api: FakeKubernetesApi, recorder: Recorder, rank: int) -> None:
 @pytest.mark.parametrize("dead", [2, 0], ids=["rank-2-dies", "rank-0-dies"])
 async def test_in_process_restart_across_pods_on_two_nodes(rig, dead: int) -> None:
     backend, api, recorder = rig
-    backend.rejoin = rejoin = FakeRejoinRound()
+    rejoin = FakeRejoinRound()
+    backend.ports = replace(backend.ports, rejoin=rejoin)
     await backend.start_job(_start(nodes=2, spares=0, procs=2))  # 2 nodes x 2 ranks
     await _crash(api, recorder, dead)
 
@@ -700,7 +702,8 @@ async def test_in_process_restart_across_pods_on_two_nodes(rig, dead: int) -> No
 
 async def test_in_process_restart_that_misses_its_deadline_stops_every_pod(rig) -> None:
     backend, api, recorder = rig
-    backend.rejoin = FakeRejoinRound(answering={0, 1})  # rank 3 is stuck in a native call
+    # rank 3 is stuck in a native call
+    backend.ports = replace(backend.ports, rejoin=FakeRejoinRound(answering={0, 1}))
     await backend.start_job(_start(nodes=2, spares=0, procs=2))
     await _crash(api, recorder, 2)
     with pytest.raises(RuntimeError, match=r"rank 3 did not rejoin within 0\.3 s"):
@@ -717,7 +720,7 @@ async def test_in_process_restart_is_refused_without_a_live_rank_or_a_bus(rig) -
     await backend.start_job(_start(nodes=1, spares=0, procs=2))
     with pytest.raises(RuntimeError, match="no bus"):
         await backend.restart_in_process("?", deadline_s=1.0)
-    backend.rejoin = FakeRejoinRound()
+    backend.ports = replace(backend.ports, rejoin=FakeRejoinRound())
     await _crash(api, recorder, 0)
     await _crash(api, recorder, 1)
     with pytest.raises(RuntimeError, match="no rank is alive"):
@@ -734,12 +737,13 @@ def _backend(
     recorder: Recorder,
     settings: BusSettings = CLUSTER_BUS,
     options: KubernetesOptions = OPTIONS,
+    ports: BusPorts | None = None,
 ) -> KubernetesBackend:
     """A backend on the API fake, its pod watch fed by the same fake."""
     return KubernetesBackend(
         job=JOB,
         bus_settings=settings,
-        emit=recorder,
+        ports=ports or BusPorts(emit=recorder),
         options=options,
         api=api,
         watch_factory=lambda: FakePodWatch(api),
@@ -866,13 +870,13 @@ def test_credentials_come_from_the_kubeconfig_outside_a_cluster(tmp_path: Path, 
     )
     options = KubernetesOptions(image="t:1", kubeconfig=str(kubeconfig))
     backend = KubernetesBackend.connect(
-        job=JOB, bus_settings=BusSettings(), emit=Recorder(), options=options
+        job=JOB, bus_settings=BusSettings(), ports=BusPorts(emit=Recorder()), options=options
     )
     assert backend.api.api_client.configuration.host == "https://10.1.2.3:6443"
     missing = KubernetesOptions(image="t:1", kubeconfig=str(tmp_path / "absent"))
     with pytest.raises(SystemExit, match="no Kubernetes credentials"):
         KubernetesBackend.connect(
-            job=JOB, bus_settings=BusSettings(), emit=Recorder(), options=missing
+            job=JOB, bus_settings=BusSettings(), ports=BusPorts(emit=Recorder()), options=missing
         )
 
 
@@ -884,7 +888,9 @@ def test_the_actuator_refuses_an_unknown_backend_by_name(tmp_path: Path) -> None
 
 def test_both_backends_satisfy_the_protocol_the_service_uses(rig, tmp_path: Path) -> None:
     backend, _, recorder = rig
-    local = LocalBackend(job=JOB, state_dir=tmp_path, bus_settings=BusSettings(), emit=recorder)
+    local = LocalBackend(
+        job=JOB, state_dir=tmp_path, bus_settings=BusSettings(), ports=BusPorts(emit=recorder)
+    )
     assert isinstance(local, Backend) and isinstance(backend, Backend)
 
 
@@ -895,12 +901,12 @@ def test_each_backend_declares_what_it_can_do_once_the_service_wires_it(
     membership rung; the local one keeps standbys on every node, the Kubernetes one on the
     spares only; an in-process restart and a GPU reset need the service's routes to the
     trainers and the host monitors, which a bare backend lacks."""
-    kubernetes, _, _ = rig
+    kubernetes, api, recorder = rig
     bare = kubernetes.capabilities()
     assert not bare.in_process_restart and not bare.gpu_reset
     service = ActuatorService(ServiceConfig(job=JOB, state_dir=str(tmp_path)))
     local = service.backend
-    service.attach(kubernetes)
+    kubernetes = _backend(api, recorder, ports=service.ports)
     declared = {b.name: b.status().capabilities for b in (local, kubernetes)}
     everything = {"in_process_restart": True, "gpu_reset": True, "hot_swap": True, "scale": True}
     assert declared == {
@@ -959,7 +965,7 @@ def test_the_deployed_actuator_options_fit_the_node_daemons_and_rbac() -> None:
 
 async def test_a_second_run_on_the_same_actuator_has_only_its_own_ranks(rig) -> None:
     backend, api, recorder = rig
-    backend.rejoin = FakeRejoinRound()
+    backend.ports = replace(backend.ports, rejoin=FakeRejoinRound())
     await backend.start_job(_start(nodes=1, spares=0))
     for rank in (0, 1):
         api.exit(f"job-k8s-{RUN}-a1-r{rank}", 0)

@@ -74,15 +74,13 @@ async def stack(
             job=JOB, state_dir=str(tmp_path), bus=settings, options={"restore_timeout_s": 0}
         )
     )
-    service.attach(
-        KubernetesBackend(
-            job=JOB,
-            bus_settings=settings,
-            emit=service._emit,
-            options=OPTIONS,
-            api=api,
-            watch_factory=lambda: FakePodWatch(api),
-        )
+    service.backend = KubernetesBackend(
+        job=JOB,
+        bus_settings=settings,
+        ports=service.ports,
+        options=OPTIONS,
+        api=api,
+        watch_factory=lambda: FakePodWatch(api),
     )
     bus = await Bus.connect(settings, name="test")
     await bus.provision()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import msgspec
@@ -107,7 +108,8 @@ async def test_standby_pods_live_on_the_spare_with_its_gpus_and_are_reported_rea
 
 async def test_a_hot_swap_hands_the_spares_standbys_the_failed_nodes_ranks(rig) -> None:  # noqa: F811
     backend, api, recorder = rig
-    backend.assign_standby = told = FakeAssignments()
+    told = FakeAssignments()
+    backend.ports = replace(backend.ports, assign_standby=told)
     await backend.start_job(_with_standbys(2))
     standbys = await _ready_standbys(backend, api, recorder, 2)
     created = len(api.created)
@@ -151,7 +153,8 @@ async def test_a_standby_that_does_not_take_its_rank_is_deleted_and_the_rank_sta
     first, second = await _ready_standbys(backend, api, recorder, 2)
     # rank 0's standby (the first created is taken first) is gone from the bus: rank 0 starts cold, and the
     # other standby is told the cold rank 0's address
-    backend.assign_standby = told = FakeAssignments(absent={first})
+    told = FakeAssignments(absent={first})
+    backend.ports = replace(backend.ports, assign_standby=told)
     await backend.hot_swap("gpu-a", "", "XID 79", standbys=True)
     assert first not in api.pods and second in api.pods
     assert list(told.told) == [second] and told.told[second].rank == 1

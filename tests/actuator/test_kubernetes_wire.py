@@ -32,6 +32,7 @@ import pytest
 
 from goodput import schemas
 from goodput.bus import BusSettings
+from goodput_services.actuator.backend import BusPorts
 from goodput_services.actuator.kubernetes_backend import KubernetesBackend, KubernetesOptions
 
 JOB = "wire"
@@ -240,7 +241,7 @@ async def wired(
     backend = KubernetesBackend.connect(
         job=JOB,
         bus_settings=BusSettings(url="nats://bus:4222"),
-        emit=recorder,
+        ports=BusPorts(emit=recorder),
         options=options,
     )
     yield backend, server, recorder

@@ -14,6 +14,7 @@ from goodput.supervisor.agent.host import is_loopback, visible_gpus
 from goodput.supervisor.membership import Membership
 from goodput_services.actuator.agent_backend import AgentBackend, AgentRankEntry
 from goodput_services.actuator.agent_directory import AgentDirectory
+from goodput_services.actuator.backend import BusPorts
 
 
 def _record(node: str, *ranks: schemas.AgentRank, run_id: str = "r1") -> schemas.AgentRecord:
@@ -58,7 +59,9 @@ async def test_a_rank_restarted_in_process_is_matched_by_its_pid_and_its_exit_en
     async def emit(event: schemas.Event) -> None:
         emitted.append(event)
 
-    backend = AgentBackend(job="j", bus_settings=BusSettings(url="nats://x:4222"), emit=emit)
+    backend = AgentBackend(
+        job="j", bus_settings=BusSettings(url="nats://x:4222"), ports=BusPorts(emit=emit)
+    )
     declared = backend.capabilities()
     assert (declared.backend, declared.standbys, declared.hot_swap) == ("agent", "all", True)
     backend.run_id, backend.state, backend.attempt = "r1", "running", 3
@@ -101,7 +104,9 @@ async def test_the_job_status_shows_the_ready_standbys_the_agents_of_the_job_rep
     async def emit(event: schemas.Event) -> None:
         emitted.append(event)
 
-    backend = AgentBackend(job="j", bus_settings=BusSettings(url="nats://x:4222"), emit=emit)
+    backend = AgentBackend(
+        job="j", bus_settings=BusSettings(url="nats://x:4222"), ports=BusPorts(emit=emit)
+    )
     backend.spec = schemas.StartJob(
         job="j", argv=["train"], nodes=1, procs_per_node=1, spares=1, standbys=1
     )

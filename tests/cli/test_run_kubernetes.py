@@ -47,7 +47,7 @@ def _actuator(settings: BusSettings, state: Path, api: FakeKubernetesApi) -> Act
     service.backend = KubernetesBackend(
         job=JOB,
         bus_settings=settings,
-        emit=service._emit,
+        ports=service.ports,
         options=KubernetesOptions(
             namespace=NAMESPACE, gpus_per_rank=1, nats_auth_secret="goodput-nats-auth"
         ),

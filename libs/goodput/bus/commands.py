@@ -75,6 +75,31 @@ async def until_stored(operation: Callable[[], Awaitable[T]], what: str) -> T:
             delay = min(delay * 2, 1.0)
 
 
+async def request(
+    bus: Bus,
+    target: str,
+    command: schemas.Command,
+    timeout_s: float,
+    *,
+    poll_s: float = 0.1,
+    abandon: Callable[[], bool] = lambda: False,
+) -> schemas.ActionResult | None:
+    """Send ``command`` to ``target``'s executor and wait for the result it records (by id, in
+    the done log, so an executor that ran it before a redelivery answers the same): None when
+    none came within ``timeout_s``, or sooner once ``abandon()`` says the executor is gone."""
+    await bus.send_command(target, command)
+    done = DoneLog(bus, command.job, target)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = await done.result(command.command_id)
+        if result is not None:
+            return result
+        if abandon():
+            return None
+        await asyncio.sleep(poll_s)
+    return None
+
+
 class DoneLog:
     """Which command ids an executor has begun and run, kept in JetStream KV."""
 

@@ -103,20 +103,23 @@ class StandbyPool:
         return None
 
     async def assign(self, standby: Standby, env: RankEnv) -> bool:
-        """Hand ``env`` to ``standby``; False if its channel is broken (it died meanwhile)."""
+        """Hand ``env`` to ``standby``; False if it died meanwhile (its channel broke, or the
+        write reached the socket of a process already exited), said in the log either way."""
         try:
             standby.writer.write(encode_assignment(env))
             await standby.writer.drain()
+            problem = "" if _alive(standby) else f"exit {standby.process.returncode}"
         except (ConnectionError, OSError) as exc:
+            problem = str(exc)
+        if problem:
             log.warning(
                 "standby %d of %s died before its assignment (%s): starting rank %d cold",
                 standby.process.pid,
                 standby.node,
-                exc,
+                problem,
                 env.rank,
             )
-            return False
-        return _alive(standby)
+        return not problem
 
     async def replenish(self, nodes: list[str]) -> int:
         """Stop the standbys of nodes no longer in the job; start what ``nodes`` lack."""

@@ -29,13 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, BusSettings, DoneLog
+from goodput.bus import Bus, BusSettings
+from goodput.bus.commands import request
 from goodput.checkpoint.format import node_volume
 from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.agent_directory import AgentDirectory
 from goodput_services.actuator.agent_standbys import AgentStandbys
-from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
+from goodput_services.actuator.backend import BusPorts, MembershipBackend
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +78,12 @@ class AgentBackend(MembershipBackend):
         *,
         job: str,
         bus_settings: BusSettings,
-        emit: EventSink,
-        prepare_node: NodePreparer | None = None,
+        ports: BusPorts,
     ):
         self.job = job
         self.bus_settings = bus_settings
-        self.emit = emit
-        self.prepare_node = prepare_node
+        self.ports = ports
+        self.emit = ports.emit
         self.spec: schemas.StartJob | None = None
         self.membership: Membership | None = None
         self.attempt = 0
@@ -315,16 +315,17 @@ class AgentBackend(MembershipBackend):
         assert self.bus is not None, "the agent backend has no bus yet"
         node = command.node  # type: ignore[attr-defined]
         target = subjects.node_target(subjects.AGENT, node)
-        await self.bus.send_command(target, command)
-        done = DoneLog(self.bus, self.job, target)
-        deadline = time.monotonic() + COMMAND_TIMEOUT_S
-        while time.monotonic() < deadline:
-            result = await done.result(command.command_id)
-            if result is not None:
-                return result.ok, f"{node}: {result.detail}"
-            if not self.agents.is_live(node, time.monotonic()):
-                return False, f"{node}: its agent is gone"
-            await asyncio.sleep(0.05)
+
+        def gone() -> bool:
+            return not self.agents.is_live(node, time.monotonic())
+
+        result = await request(
+            self.bus, target, command, COMMAND_TIMEOUT_S, poll_s=0.05, abandon=gone
+        )
+        if result is not None:
+            return result.ok, f"{node}: {result.detail}"
+        if gone():
+            return False, f"{node}: its agent is gone"
         return False, f"{node}: no answer from its agent within {COMMAND_TIMEOUT_S:.0f} s"
 
     async def _terminate(self, *, graceful: bool, why: str) -> None:

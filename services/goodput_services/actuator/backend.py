@@ -11,7 +11,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal, NoReturn, Protocol, runtime_checkable
 
 from goodput import schemas
@@ -19,7 +19,6 @@ from goodput.bus import Bus, BusSettings
 from goodput.launch.rank_env import RankEnv
 from goodput.supervisor.membership import Membership
 from goodput.telemetry import tracer
-from goodput_services.actuator.options import ActuatorOptions
 from goodput_services.actuator.rank_environments import RankEnvironments
 
 EventSink = Callable[[schemas.Event], Awaitable[None]]
@@ -41,6 +40,25 @@ AssignStandby = Callable[[str, RankEnv], Awaitable[str]]
 NextStep = Callable[[], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class BusPorts:
+    """What a backend reaches the rest of the system through, given when it is built: the
+    sink of its events, and each request it may make of another part over the bus (None where
+    the deployment has no such part: its capabilities then say it cannot)."""
+
+    emit: EventSink
+    #: the node's checkpoint tier fills its volume before a launch (None: no restore step)
+    prepare_node: NodePreparer | None = None
+    #: the host monitors' GPU reset, between stopping and launching ranks
+    reset_gpus: GpuResetter | None = None
+    #: how Rejoin commands reach the ranks (None: no warm restart)
+    rejoin: RejoinRound | None = None
+    #: when the job trains again (None: standbys start right away)
+    next_step: NextStep | None = None
+    #: how a pod standby is handed its rank (None: pod standbys start cold)
+    assign_standby: AssignStandby | None = None
+
+
 log = logging.getLogger(__name__)
 
 _tracer = tracer("goodput.actuator")
@@ -54,8 +72,7 @@ class Backend(Protocol):
     attempt: int
     run_id: str
     membership: Membership | None
-    prepare_node: NodePreparer | None
-    gpu_resetter: GpuResetter | None
+    ports: BusPorts
     #: how long stopping the ranks gracefully may take (SIGTERM, then SIGKILL)
     stop_grace_s: float
 
@@ -107,16 +124,9 @@ class MembershipBackend(RankEnvironments, ABC):
     job: str
     #: the bus as the actuator reaches it (URL, credentials, TLS)
     bus_settings: BusSettings
+    ports: BusPorts
+    #: ``ports.emit``: every change, as an event
     emit: EventSink
-    prepare_node: NodePreparer | None
-    #: the host monitors' GPU reset, between stopping and launching ranks (None: unavailable)
-    gpu_resetter: GpuResetter | None = None
-    #: how Rejoin commands reach the ranks (set by the service; None: no warm restart)
-    rejoin: RejoinRound | None = None
-    #: when the job trains again (set by the service; None: standbys start right away)
-    next_step: NextStep | None = None
-    #: how a pod standby is handed its rank (set by the service; None: pod standbys start cold)
-    assign_standby: AssignStandby | None = None
     #: the backend's name, as ``ActuatorOptions.backend`` selects it
     name: str
     #: where this backend keeps ready standby ranks (``BackendCapabilities.standbys``)
@@ -171,9 +181,9 @@ class MembershipBackend(RankEnvironments, ABC):
         needs the service's bus to the trainers, a GPU reset its route to the host monitors."""
         return schemas.BackendCapabilities(
             backend=self.name,
-            in_process_restart=self.rejoin is not None,
+            in_process_restart=self.ports.rejoin is not None,
             standbys=self.standby_nodes,
-            gpu_reset=self.gpu_resetter is not None,
+            gpu_reset=self.ports.reset_gpus is not None,
             hot_swap=True,
             scale=True,
         )
@@ -252,7 +262,7 @@ class MembershipBackend(RankEnvironments, ABC):
         controller decides next starts from a clean slate."""
         async with self._lock:
             membership = self._require_job()
-            if self.rejoin is None:
+            if self.ports.rejoin is None:
                 raise RuntimeError("the actuator has no bus to reach the trainers")
             live, dead = self._survivors()
             if not live:
@@ -269,7 +279,7 @@ class MembershipBackend(RankEnvironments, ABC):
                 reason=reason,
             )
             answers = asyncio.ensure_future(
-                self.rejoin(command, {r.rank for r in live}, deadline_s)
+                self.ports.rejoin(command, {r.rank for r in live}, deadline_s)
             )
             try:
                 await self._start_again(dead, master_addr, master_port, standbys)
@@ -395,11 +405,11 @@ class MembershipBackend(RankEnvironments, ABC):
 
     async def _prepare_volumes(self) -> None:
         """Before a relaunch: a swapped-in or returning node has an empty or stale volume."""
-        if self.attempt <= 1 or self.prepare_node is None or self.membership is None:
+        if self.attempt <= 1 or self.ports.prepare_node is None or self.membership is None:
             return
         nodes = self.membership.active
         outcomes = await asyncio.gather(
-            *(self.prepare_node(node) for node in nodes), return_exceptions=True
+            *(self.ports.prepare_node(node) for node in nodes), return_exceptions=True
         )
         for node, outcome in zip(nodes, outcomes, strict=True):
             log.info("volume of %s prepared: %s", node, outcome)
@@ -416,11 +426,11 @@ class MembershipBackend(RankEnvironments, ABC):
             await self._report(f"GPU reset not asked, ranks stay stopped: {why}")
             raise RuntimeError(f"GPU reset not asked, ranks not relaunched: {why}")
         await self._report(f"ranks stopped; resetting the GPUs of {', '.join(reset)}")
-        if self.gpu_resetter is None:
+        if self.ports.reset_gpus is None:
             raise RuntimeError("GPU reset asked for, but this actuator reaches no host monitor")
         outcomes = await asyncio.gather(
             *(
-                self.gpu_resetter(node, gpus, self.run_id, self.attempt)
+                self.ports.reset_gpus(node, gpus, self.run_id, self.attempt)
                 for node, gpus in reset.items()
             )
         )
@@ -475,33 +485,3 @@ def not_rejoined(
         elif not answer.ok:
             problems.append(f"rank {rank} cannot: {answer.detail}")
     return "; ".join(problems)
-
-
-def create_backend(
-    options: ActuatorOptions,
-    *,
-    job: str,
-    state_dir: Path,
-    bus_settings: BusSettings,
-    emit: EventSink,
-) -> Backend:
-    """The backend ``options.backend`` names (the options struct admits only known names)."""
-    name = options.backend
-    if name == "local":
-        from goodput_services.actuator.local_backend import LocalBackend
-
-        return LocalBackend(job=job, state_dir=state_dir, bus_settings=bus_settings, emit=emit)
-    if name == "agent":
-        from goodput_services.actuator.agent_backend import AgentBackend
-
-        return AgentBackend(job=job, bus_settings=bus_settings, emit=emit)
-    if name == "kubernetes":
-        # imported here: the kubernetes client is slow to import and only this backend needs it
-        from goodput_services.actuator.kubernetes_backend import KubernetesBackend
-        from goodput_services.actuator.kubernetes_options import KubernetesOptions
-
-        settings = KubernetesOptions.from_mapping(options.kubernetes)
-        return KubernetesBackend.connect(
-            job=job, bus_settings=bus_settings, emit=emit, options=settings
-        )
-    raise ValueError(f"unknown actuator backend {name!r}")

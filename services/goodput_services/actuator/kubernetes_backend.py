@@ -43,7 +43,7 @@ from goodput.checkpoint.format import node_volume
 from goodput.launch.standby_channel import READY_FILE
 from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.telemetry import untraced_task
-from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
+from goodput_services.actuator.backend import BusPorts, MembershipBackend
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
 from goodput_services.actuator.kubernetes_pods import (
     LABEL_ATTEMPT,
@@ -87,19 +87,18 @@ class KubernetesBackend(MembershipBackend):
         *,
         job: str,
         bus_settings: BusSettings,
-        emit: EventSink,
+        ports: BusPorts,
         options: KubernetesOptions,
         api: PodApi,
         watch_factory: Callable[[], PodWatch],
-        prepare_node: NodePreparer | None = None,
     ):
         self.job = job
         self.bus_settings = bus_settings
-        self.emit = emit
+        self.ports = ports
+        self.emit = ports.emit
         self.options = options
         self.stop_grace_s = options.stop_grace_s + options.delete_margin_s
         self.api = api
-        self.prepare_node = prepare_node
         self.spec: schemas.StartJob | None = None
         self.membership: Membership | None = None
         self.attempt = 0
@@ -119,7 +118,7 @@ class KubernetesBackend(MembershipBackend):
 
     @classmethod
     def connect(
-        cls, *, job: str, bus_settings: BusSettings, emit: EventSink, options: KubernetesOptions
+        cls, *, job: str, bus_settings: BusSettings, ports: BusPorts, options: KubernetesOptions
     ) -> KubernetesBackend:
         """A backend talking to the cluster: in-cluster credentials in a pod, else kubeconfig."""
         RankBus.of(bus_settings, options)  # a refusal before the cluster is asked anything
@@ -127,7 +126,7 @@ class KubernetesBackend(MembershipBackend):
         return cls(
             job=job,
             bus_settings=bus_settings,
-            emit=emit,
+            ports=ports,
             options=options,
             api=client.CoreV1Api(api_client),
             watch_factory=watch.Watch,
@@ -339,7 +338,7 @@ class KubernetesBackend(MembershipBackend):
     async def _assign(self, entry: RankPod, standby: str, rank0: str, port: int) -> str:
         """Tell the pod standby ``standby`` to be ``entry``'s rank; "" when it took it."""
         assert self.membership is not None
-        if self.assign_standby is None:
+        if self.ports.assign_standby is None:
             return "the actuator has no bus to reach standbys"
         env = self.rank_env(
             node=entry.node,
@@ -350,7 +349,7 @@ class KubernetesBackend(MembershipBackend):
             master_port=port,
             volume=self.volume(entry.node),
         )
-        return await self.assign_standby(subjects.standby(self.job, standby), env)
+        return await self.ports.assign_standby(subjects.standby(self.job, standby), env)
 
     def _new_rank(self, node: str, rank: int, local_rank: int) -> RankPod:
         return RankPod(

@@ -30,7 +30,7 @@ from goodput.launch.rank_logs import rank_log_dir, rank_log_name
 from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.supervisor.standby_pool import StandbyPool
 from goodput.telemetry import untraced_task
-from goodput_services.actuator.backend import EventSink, MembershipBackend, NodePreparer
+from goodput_services.actuator.backend import BusPorts, MembershipBackend
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,9 @@ class LocalBackend(MembershipBackend):
         job: str,
         state_dir: Path,
         bus_settings: BusSettings,
-        emit: EventSink,
-        prepare_node: NodePreparer | None = None,
+        ports: BusPorts,
     ):
         self.job = job
-        self.prepare_node = prepare_node
         self.state_dir = Path(state_dir)
         # ranks run on this machine and see the same credential files; absolute paths, since a
         # rank's working directory is the job's, not the actuator's
@@ -84,7 +82,8 @@ class LocalBackend(MembershipBackend):
                 if getattr(bus_settings, f)
             },
         )
-        self.emit = emit
+        self.ports = ports
+        self.emit = ports.emit
         self.spec: schemas.StartJob | None = None
         self.membership: Membership | None = None
         self.attempt = 0
@@ -157,8 +156,8 @@ class LocalBackend(MembershipBackend):
         death: started together with the ranks they would slow their start-up down."""
         while True:
             await self.standbys.wanted.wait()
-            if self.next_step is not None:
-                await self.next_step()
+            if self.ports.next_step is not None:
+                await self.ports.next_step()
             else:
                 await asyncio.sleep(1.0)
             async with self._lock:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from pathlib import Path
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, DoneLog
+from goodput.bus import Bus, BusSettings
+from goodput.bus.commands import request
 from goodput.config import ServiceConfig
 from goodput.launch.rank_env import RankEnv
 from goodput.launch.standby_channel import assign_on_bus
 from goodput.supervisor.membership import MembershipError
-from goodput_services.actuator.backend import Backend, create_backend
+from goodput_services.actuator.backend import Backend, BusPorts
 from goodput_services.actuator.options import ActuatorOptions
 from goodput_services.base import Service
 
@@ -22,6 +22,36 @@ log = logging.getLogger(__name__)
 
 #: how long a pod standby may take to answer its assignment before its rank starts cold
 STANDBY_ASSIGN_TIMEOUT_S = 10.0
+
+
+def create_backend(
+    options: ActuatorOptions,
+    *,
+    job: str,
+    state_dir: Path,
+    bus_settings: BusSettings,
+    ports: BusPorts,
+) -> Backend:
+    """The backend ``options.backend`` names (the options struct admits only known names)."""
+    name = options.backend
+    if name == "local":
+        from goodput_services.actuator.local_backend import LocalBackend
+
+        return LocalBackend(job=job, state_dir=state_dir, bus_settings=bus_settings, ports=ports)
+    if name == "agent":
+        from goodput_services.actuator.agent_backend import AgentBackend
+
+        return AgentBackend(job=job, bus_settings=bus_settings, ports=ports)
+    if name == "kubernetes":
+        # imported here: the kubernetes client is slow to import and only this backend needs it
+        from goodput_services.actuator.kubernetes_backend import KubernetesBackend
+        from goodput_services.actuator.kubernetes_options import KubernetesOptions
+
+        settings = KubernetesOptions.from_mapping(options.kubernetes)
+        return KubernetesBackend.connect(
+            job=job, bus_settings=bus_settings, ports=ports, options=settings
+        )
+    raise ValueError(f"unknown actuator backend {name!r}")
 
 
 class ActuatorService(Service):
@@ -33,26 +63,22 @@ class ActuatorService(Service):
 
     def __init__(self, config: ServiceConfig):
         super().__init__(config)
-        self.restore_timeout_s = self.options.restore_timeout_s
-        self.attach(
-            create_backend(
-                self.options,
-                job=self.job,
-                state_dir=Path(config.state_dir),
-                bus_settings=config.bus,
-                emit=self._emit,
-            )
+        #: what the backend asks of the other parts, over this service's bus
+        self.ports = BusPorts(
+            emit=self._emit,
+            prepare_node=self._restore_to_node if self.options.restore_timeout_s > 0 else None,
+            reset_gpus=self._reset_gpus,
+            rejoin=self._rejoin_round,
+            next_step=self._next_step,
+            assign_standby=self._assign_standby,
         )
-
-    def attach(self, backend: Backend) -> None:
-        """Run the job on ``backend``, reaching the bus through this service."""
-        self.backend = backend
-        if self.restore_timeout_s > 0:
-            backend.prepare_node = self._restore_to_node
-        backend.gpu_resetter = self._reset_gpus
-        backend.rejoin = self._rejoin_round
-        backend.next_step = self._next_step
-        backend.assign_standby = self._assign_standby
+        self.backend = create_backend(
+            self.options,
+            job=self.job,
+            state_dir=Path(config.state_dir),
+            bus_settings=config.bus,
+            ports=self.ports,
+        )
 
     async def start_bus(self) -> Bus:
         bus = await super().start_bus()
@@ -76,15 +102,11 @@ class ActuatorService(Service):
         assert self.bus is not None
         target = subjects.node_target(subjects.REPLICATOR, node)
         command = schemas.RestoreToNode(job=self.job, node=node, reason="before launch")
-        await self.bus.send_command(target, command)
-        done = DoneLog(self.bus, self.job, target)
-        deadline = time.monotonic() + self.restore_timeout_s
-        while time.monotonic() < deadline:
-            result = await done.result(command.command_id)
-            if result is not None:
-                return result.detail if result.ok else f"failed: {result.detail}"
-            await asyncio.sleep(0.1)
-        return f"no answer from {target} within {self.restore_timeout_s:.0f} s; launching anyway"
+        timeout_s = self.options.restore_timeout_s
+        result = await request(self.bus, target, command, timeout_s)
+        if result is None:
+            return f"no answer from {target} within {timeout_s:.0f} s; launching anyway"
+        return result.detail if result.ok else f"failed: {result.detail}"
 
     async def _reset_gpus(
         self, node: str, gpus: list[int], run_id: str, attempt: int
@@ -100,16 +122,11 @@ class ActuatorService(Service):
             run_id=run_id,
             reason="ranks stopped",
         )
-        await self.bus.send_command(target, command)
-        done = DoneLog(self.bus, self.job, target)
         timeout_s = self.options.gpu_reset_timeout_s
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            result = await done.result(command.command_id)
-            if result is not None:
-                return result.ok, result.detail
-            await asyncio.sleep(0.1)
-        return False, f"no answer from {target} within {timeout_s:.0f} s"
+        result = await request(self.bus, target, command, timeout_s)
+        if result is None:
+            return False, f"no answer from {target} within {timeout_s:.0f} s"
+        return result.ok, result.detail
 
     async def _rejoin_round(
         self, command: schemas.Rejoin, ranks: set[int], deadline_s: float

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from goodput import schemas
 from goodput.supervisor.jobstate.folds import (
     apply_command,
     new_job_state,
+    observe_event,
     observe_signal,
     record_checkpoint,
     record_step_time,
@@ -90,3 +92,27 @@ def test_state_round_trips_and_rejects_garbage() -> None:
         decode_state(b"\x81\xa3job\x01")
     with pytest.raises(schemas.SchemaError):
         decode_state(b"not msgpack at all \xff")
+
+
+def test_one_fold_takes_every_event_the_controller_learns_from() -> None:
+    """``observe_event``: what the controller service and the simulator both fold a job's
+    events with — the actuator's membership, rank 0's steps and loop, rank 0's checkpoints;
+    any other event (another rank's step, a signal) leaves the state as it was."""
+    state = job(active=2, spares=1, per_dp=1)
+    status = schemas.JobStatus(
+        job=JOB, state="running", attempt=2, world_size=16, procs_per_node=8,
+        active_nodes=["n0", "s0"], spare_nodes=[], failed_nodes=["n1"],
+    )  # fmt: skip
+    observed = observe_event(state, status, at(1))
+    assert observed.active == ["n0", "s0"] and observed.role_of("n1") == "failed"
+    step = schemas.StepDone(
+        job=JOB, node="n0", rank=0, step=5, step_time_s=0.5, tokens=1, loss=1.0,
+        in_process_restart=True,
+    )  # fmt: skip
+    stepped = observe_event(observed, step, at(2))
+    assert stepped.recent_step_times_s[-1] == 0.5 and stepped.in_process_restart is True
+    other_rank = msgspec.structs.replace(step, rank=1, node="s0", step_time_s=9.0)
+    assert observe_event(stepped, other_rank, at(3)) is stepped
+    saved = schemas.CheckpointSaved(job=JOB, node="n0", rank=0, step=5, stall_s=0.2, bytes=10)
+    assert observe_event(stepped, saved, at(4)).checkpoints[-1].stall_s == 0.2
+    assert observe_event(stepped, signal("crash", "n0"), at(5)) is stepped

@@ -575,3 +575,15 @@ def test_a_node_reported_hung_and_then_found_lost_is_reported_lost() -> None:
         ("hang", "node-1", "correctable"),
         ("missed_heartbeat", "node-1", "uncorrectable"),
     ]
+
+
+def test_the_supervisors_own_output_is_not_news_of_the_job() -> None:
+    """The detector takes every event of the job's stream (the sensor service hands it all, the
+    simulator what it makes) and learns only from ``OBSERVED_EVENTS``: a decision or a signal
+    says nothing of the ranks, and must not make a stalled sensor think it still hears them."""
+    detector = Detector(JOB)
+    decision = schemas.Decision(job=JOB, signal_id="s", policy="builtin", rule="r", reason="")
+    assert detector.on_event(decision, at(1)) == []
+    assert detector._run.last_heard_ns == 0
+    assert detector.on_event(heartbeat(0, "n0", 1), at(2)) == []
+    assert detector._run.last_heard_ns == at(2)

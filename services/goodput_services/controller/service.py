@@ -30,13 +30,7 @@ from goodput import schemas, subjects
 from goodput.bus import DurableConsumer
 from goodput.config import ServiceConfig
 from goodput.supervisor.control.engine import Controller, Outcome
-from goodput.supervisor.jobstate.folds import (
-    new_job_state,
-    observe_status,
-    record_capabilities,
-    record_checkpoint,
-    record_step_time,
-)
+from goodput.supervisor.jobstate.folds import new_job_state, observe_event
 from goodput.supervisor.jobstate.model import ACTUATOR_COMMANDS, AnyCommand, JobState
 from goodput.telemetry import attached, context_from_traceparent, current_traceparent, tracer
 from goodput_services.base import Service
@@ -239,7 +233,7 @@ class ControllerService(Service):
                 await self._start(event, now)
             case schemas.JobStatus() if state is not None:
                 # membership is what the actuator reports, never what the controller predicted
-                self._set_state(observe_status(state, event, now))
+                self._set_state(observe_event(state, event, now))
                 await self._store()
             case schemas.ActionResult() if state is not None:
                 outcome = self.controller.settle(state, event, now)
@@ -251,12 +245,11 @@ class ControllerService(Service):
             case schemas.Signal() if state is not None:
                 await self._decide(state, event, now)
             case schemas.StepDone(rank=0) if state is not None:
-                state = record_capabilities(state, event)
-                self._set_state(record_step_time(state, event.step_time_s, now))
+                self._set_state(observe_event(state, event, now))
             case schemas.CheckpointSaved(rank=0) | schemas.CheckpointPersisted(rank=0) if (
                 state is not None
             ):
-                self._set_state(record_checkpoint(state, event, now))
+                self._set_state(observe_event(state, event, now))
                 if isinstance(event, schemas.CheckpointPersisted):
                     await self._apply(
                         self.controller.recommend_checkpoint_interval(self.record.state, now)
@@ -292,7 +285,7 @@ class ControllerService(Service):
             await self._store()
             await self._flush_outbox()
             return
-        self._set_state(observe_status(state, status, now))
+        self._set_state(observe_event(state, status, now))
         await self._store()
 
     @staticmethod

@@ -27,18 +27,6 @@ from goodput_services.sensor.options import SensorOptions
 
 log = logging.getLogger(__name__)
 
-#: the event kinds the detector learns from (signals, decisions… are the sensor's own output)
-OBSERVED = (
-    schemas.RankStarted,
-    schemas.RankRejoined,
-    schemas.RankExited,
-    schemas.StepDone,
-    schemas.CheckpointSaved,
-    schemas.CheckpointRestored,
-    schemas.HostHealth,
-    schemas.RunStarted,
-)
-
 
 class SensorService(Service):
     name = "sensor"
@@ -109,8 +97,7 @@ class SensorService(Service):
         assert self.bus is not None
 
         async def handle(event: schemas.Event, msg: Msg) -> None:
-            if isinstance(event, OBSERVED):
-                await self._publish(self.detector.on_event(event, time.time_ns()))
+            await self._publish(self.detector.on_event(event, time.time_ns()))
 
         consumer = DurableConsumer(
             self.bus,

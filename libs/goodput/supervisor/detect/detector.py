@@ -35,6 +35,22 @@ from goodput.supervisor.detect.timeouts import (
 FINISHING_REASONS = frozenset({"", "stop"})
 
 
+#: the event kinds the detector learns from; any other (signals, decisions, results: the
+#: supervisor's own output) says nothing of the job, and ``on_event`` ignores it. The sensor
+#: service hands it every event of the job's stream, the simulator every event it makes.
+OBSERVED_EVENTS = (
+    schemas.Heartbeat,
+    schemas.RankStarted,
+    schemas.RankRejoined,
+    schemas.RankExited,
+    schemas.StepDone,
+    schemas.CheckpointSaved,
+    schemas.CheckpointRestored,
+    schemas.HostHealth,
+    schemas.RunStarted,
+)
+
+
 class Detector:
     """One job's failure detector. Every ``on_*`` returns the signals it concludes at once."""
 
@@ -62,7 +78,9 @@ class Detector:
     # ---- events --------------------------------------------------------------------------------
 
     def on_event(self, event: schemas.Event, now: int) -> list[schemas.Signal]:
-        """Dispatch any event the sensor cares about; others are ignored."""
+        """Fold in an event of the job: one of ``OBSERVED_EVENTS``; others are ignored."""
+        if not isinstance(event, OBSERVED_EVENTS):
+            return []
         if now > self._run.last_heard_ns:
             self._run.last_heard_ns = now
         match event:

@@ -49,6 +49,21 @@ def _remember(ids: list[str], new: str) -> list[str]:
     return [*ids[-(MEMORY - 1) :], new]
 
 
+def observe_event(state: JobState, event: schemas.Event, now: int) -> JobState:
+    """What the controller learns from a job event that is neither a signal nor a result
+    (those it decides on and settles): the membership the actuator reports (``JobStatus``),
+    rank 0's step time and loop (``StepDone``) and its checkpoints' costs. The controller
+    service and the simulator fold events with this one function; others leave ``state``."""
+    match event:
+        case schemas.JobStatus():
+            return observe_status(state, event, now)
+        case schemas.StepDone(rank=0):
+            return record_step_time(record_capabilities(state, event), event.step_time_s, now)
+        case schemas.CheckpointSaved(rank=0) | schemas.CheckpointPersisted(rank=0):
+            return record_checkpoint(state, event, now)
+    return state
+
+
 def observe_signal(state: JobState, signal: schemas.Signal, now: int) -> JobState:
     """Record the health facts a signal carries, before any policy acts on it."""
     nodes = state.nodes

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from goodput import schemas
 from goodput.supervisor.control.engine import Outcome
-from goodput.supervisor.jobstate.folds import observe_status
+from goodput.supervisor.jobstate.folds import observe_event
 from goodput.tools.simulate import messages as msg
 from goodput.tools.simulate.actuator import Execution
 from goodput.tools.simulate.profile import SimulateError
@@ -76,14 +76,14 @@ class DecisionsMixin:
 
     def _standbys_ready(self) -> None:
         """Standbys became ready: the actuator reports the job's status, as the real one does."""
-        self.state = observe_status(self.state, self.actuator.status(self.now), self.now)
+        self.state = observe_event(self.state, self.actuator.status(self.now), self.now)
 
     def _executed(self, execution: Execution) -> None:
         if execution.killed:
             self._stop_group(execution)  # a failed in-process restart stops every rank
         if execution.relaunch:
             self.ckpt.relaunched()  # the ranks start before the actuator answers
-        self.state = observe_status(self.state, self.actuator.status(self.now), self.now)
+        self.state = observe_event(self.state, self.actuator.status(self.now), self.now)
         self._apply(self.controller.settle(self.state, execution.result, self.now))
         if execution.stopped:
             self._stopped = True

@@ -22,9 +22,10 @@ def heartbeat(node: str, rank: int, now: int, busy: str = "") -> schemas.Heartbe
 def step_done(
     node: str, rank: int, now: int, step: int, step_time_s: float, compute_s: float, world: int
 ) -> schemas.StepDone:
+    # the simulated job runs the shim's loop, as the demo's example does: it restarts in process
     return schemas.StepDone(
         job=JOB, ts=now, node=node, rank=rank, step=step, step_time_s=step_time_s, tokens=0,
-        loss=0.0, world_size=world, compute_time_s=compute_s,
+        loss=0.0, world_size=world, compute_time_s=compute_s, in_process_restart=True,
     )  # fmt: skip
 
 

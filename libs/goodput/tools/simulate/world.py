@@ -37,13 +37,7 @@ from goodput import schemas
 from goodput.supervisor.control.engine import Controller, ControllerSettings
 from goodput.supervisor.detect.detector import Detector
 from goodput.supervisor.detect.thresholds import Thresholds
-from goodput.supervisor.jobstate.folds import (
-    FAILURE_KINDS,
-    new_job_state,
-    observe_status,
-    record_checkpoint,
-    record_step_time,
-)
+from goodput.supervisor.jobstate.folds import FAILURE_KINDS, new_job_state, observe_event
 from goodput.supervisor.membership import Membership
 from goodput.tools.simulate import messages as msg
 from goodput.tools.simulate.actuator import Execution, SimActuator
@@ -156,7 +150,7 @@ class World(FaultsMixin, DecisionsMixin):
             procs_per_node=job.gpus_per_node,
             now=T0,
         )
-        state = observe_status(state, self.actuator.status(T0), T0)
+        state = observe_event(state, self.actuator.status(T0), T0)
         self.state = msgspec.structs.replace(state, checkpoint_interval_steps=every)
         self.ckpt = CheckpointSystem(
             profile.checkpoint,
@@ -396,18 +390,20 @@ class World(FaultsMixin, DecisionsMixin):
         self.step += 1
         step_time = self._step_s * self._slowdown()
         world = len(self._fed)
+        reported: schemas.StepDone | None = None
         for rank, fed in self._fed.items():
             if fed.stepping:
                 compute = self._step_s * fed.compute_factor
-                self._feed_step(
-                    msg.step_done(fed.node, rank, self.now, self.step, step_time, compute, world)
-                )
+                done = msg.step_done(fed.node, rank, self.now, self.step, step_time, compute, world)
+                self._feed_step(done)
+                reported = done if rank == 0 else reported
         if self.measured is not None:
             self._step_marks[self.step] = self.ledger.mark(self.now)
         if self._until_step is not None and self.step >= self._until_step:
             self._finish()
             return
-        self.state = record_step_time(self.state, step_time, self.now)
+        if reported is not None:  # the controller hears rank 0's steps, as the service does
+            self.state = observe_event(self.state, reported, self.now)
         solo = len(self.actuator.membership.active) * self.job.gpus_per_node == 1
         due = self.ckpt.due(self.step, solo=solo)
         if due and not self.ckpt.busy(self.now):
@@ -445,7 +441,7 @@ class World(FaultsMixin, DecisionsMixin):
             node, self.now, self.step, self.ckpt.stall_s, self.job.state_gb_per_node
         )
         self._feed(saved)
-        self.state = record_checkpoint(self.state, saved, self.now)
+        self.state = observe_event(self.state, saved, self.now)
         durable = CheckpointSystem.first_durable_ns(capture)
         self._at(durable, self._persisted, capture.step, (durable - capture.taken_ns) / NS, node)
         self._next_step = self.now + self._step_ns()
@@ -454,5 +450,5 @@ class World(FaultsMixin, DecisionsMixin):
         persisted = msg.checkpoint_persisted(
             node, self.now, step, max(duration_s, self.ckpt.stall_s)
         )
-        self.state = record_checkpoint(self.state, persisted, self.now)
+        self.state = observe_event(self.state, persisted, self.now)
         self._apply(self.controller.recommend_checkpoint_interval(self.state, self.now))

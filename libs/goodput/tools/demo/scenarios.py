@@ -23,9 +23,14 @@ from typing import Literal
 #: the sensor's straggler threshold in the demo (the replay sets the same). A dozen processes
 #: share this machine's cores: for ten steps a healthy rank is often 1.4× its peer, and once
 #: 1.81× (a quiet full demo, before the sensor's 20 s hold, whose false eviction took the spare
-#: its node loss then lacked), while the scenario's 3× straggler measures about 2.6×. It is 3×,
-#: not more: the hang rule takes a rank suddenly over 3 × its own p95 step for hung
+#: its node loss then lacked), while the scenario's 3× straggler measures about 2.6×
 STRAGGLER_RATIO = 2.0
+#: the sensor's hang margin in the demo: no progress for 4 × a rank's own p95 step (the default
+#: 3). The 3× straggler's first slowed steps take about 3 × the p95 of the steps before them,
+#: and more under load: a clean-clone CI baseline took it for hung (2.4 s without progress past
+#: a 2.3 s timeout, 3 × p95 0.77 s), restarted the job, which ended the straggler, and never
+#: saw one. The demo's hang is still found within about 3 s at its step times
+HANG_SAFETY_FACTOR = 4.0
 
 DemoAction = Literal["kill-rank", "hang-rank", "slow-rank", "fail-node", "terminate-node"]
 
@@ -44,8 +49,7 @@ class DemoFault:
     #: training steps, whichever ends later (a straggler is judged over steps: on a loaded
     #: machine 60 s can be too few of them to judge at all), then on until the sensor has
     #: flagged it, for ``unflagged_cap_s`` in all at most (on a loaded machine the peer a
-    #: straggler is measured against is slowed too: a clean-clone CI baseline's 3× straggler
-    #: ended unflagged after its 60 s, and the run never showed what ignoring one costs)
+    #: straggler is measured against is slowed too, and its ratio can take longer to hold)
     factor: float = 3.0
     duration_s: float = 60.0
     min_slow_steps: int = 30

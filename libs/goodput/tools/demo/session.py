@@ -28,7 +28,7 @@ from goodput.measure.accounting import GoodputReport, compute_goodput, replay_fr
 from goodput.supervisor.policy.scripts import restart_whole_job
 from goodput.tools.chaos.targets import ChaosContext
 from goodput.tools.demo.driver import Driver
-from goodput.tools.demo.scenarios import STRAGGLER_RATIO, DemoScenario
+from goodput.tools.demo.scenarios import HANG_SAFETY_FACTOR, STRAGGLER_RATIO, DemoScenario
 from goodput.tools.simulate.measure import measured_costs
 from goodput.tools.stack.launcher import start_stack, stop_stack, wait_healthy
 from goodput.tools.stack.watch import JobWatcher
@@ -61,13 +61,16 @@ class RunPlan:
     rescale: str = "keep-global-batch"
 
 
-STRAGGLER = f"thresholds={{straggler_ratio={STRAGGLER_RATIO}}}"
+#: the demo's sensor thresholds (``goodput.tools.demo.scenarios`` says why each)
+SENSOR_THRESHOLDS = (
+    f"thresholds={{straggler_ratio={STRAGGLER_RATIO},hang_safety_factor={HANG_SAFETY_FACTOR}}}"
+)
 
 
 def service_flags(setup: Setup) -> dict[str, list[str]]:
     flags = {
         "hostmon": ["--set", "enable_fault_injection=true"],
-        "sensor": ["--set", STRAGGLER],
+        "sensor": ["--set", SENSOR_THRESHOLDS],
     }
     if setup == "goodput":
         settings = f"settings={{checkpoint_interval={{{COMPRESSED_TIME}}},{CRASH_LOOP}}}"

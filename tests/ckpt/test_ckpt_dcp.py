@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -142,6 +143,17 @@ def test_retention_keeps_last_k(tmp_path: Path) -> None:
     assert [info.step for info in list_checkpoints(tmp_path)] == [4, 3]
 
 
+def _exit_before_finalization() -> None:
+    """A rank that passed leaves without the interpreter's finalization. Its DeviceMesh and
+    DTensors still hold the gloo group after ``destroy_process_group``; a gloo thread that
+    frees their work's tensors during finalization takes the GIL of an interpreter being torn
+    down, is unwound through C++ code that cannot be, and aborts the rank ("terminate called
+    without an active exception": the clean-clone run ci13, once)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _save_sharded(rank: int, world: int, root: str, rendezvous: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -160,6 +172,7 @@ def _save_sharded(rank: int, world: int, root: str, rendezvous: str) -> None:
         dcp.save(state, storage_writer=GoodputStorageWriter(root, 7))
     finally:
         torch.distributed.destroy_process_group()
+    _exit_before_finalization()
 
 
 def test_checkpoint_from_two_ranks_loads_onto_one(tmp_path: Path) -> None:
@@ -265,6 +278,7 @@ def _load_after_rank_1s_file_rots(rank: int, world: int, root: str, rendezvous: 
         torch.distributed.barrier()  # neither rank tears gloo down under the other's last read
     finally:
         torch.distributed.destroy_process_group()
+    _exit_before_finalization()
 
 
 def _flip_bytes_of(path: Path) -> None:

@@ -31,6 +31,11 @@ STRAGGLER_RATIO = 2.0
 #: a 2.3 s timeout, 3 × p95 0.77 s), restarted the job, which ended the straggler, and never
 #: saw one. The demo's hang is still found within about 3 s at its step times
 HANG_SAFETY_FACTOR = 4.0
+#: and the floor under it: at the baseline's 0.3 s steps 4 × p95 is under the default 1.5 s
+#: floor, and a 3× straggler's slowed step, 0.9 s on a quiet machine, took 1.6 s under load:
+#: ci14's baseline took it for a hang at the floor. 3 s is twice that, and the demo's hang is
+#: found in 3 s
+HANG_MIN_TIMEOUT_S = 3.0
 
 DemoAction = Literal["kill-rank", "hang-rank", "slow-rank", "fail-node", "terminate-node"]
 

@@ -28,7 +28,12 @@ from goodput.measure.accounting import GoodputReport, compute_goodput, replay_fr
 from goodput.supervisor.policy.scripts import restart_whole_job
 from goodput.tools.chaos.targets import ChaosContext
 from goodput.tools.demo.driver import Driver
-from goodput.tools.demo.scenarios import HANG_SAFETY_FACTOR, STRAGGLER_RATIO, DemoScenario
+from goodput.tools.demo.scenarios import (
+    HANG_MIN_TIMEOUT_S,
+    HANG_SAFETY_FACTOR,
+    STRAGGLER_RATIO,
+    DemoScenario,
+)
 from goodput.tools.simulate.measure import measured_costs
 from goodput.tools.stack.launcher import start_stack, stop_stack, wait_healthy
 from goodput.tools.stack.watch import JobWatcher
@@ -63,7 +68,8 @@ class RunPlan:
 
 #: the demo's sensor thresholds (``goodput.tools.demo.scenarios`` says why each)
 SENSOR_THRESHOLDS = (
-    f"thresholds={{straggler_ratio={STRAGGLER_RATIO},hang_safety_factor={HANG_SAFETY_FACTOR}}}"
+    f"thresholds={{straggler_ratio={STRAGGLER_RATIO},hang_safety_factor={HANG_SAFETY_FACTOR},"
+    f"hang_min_timeout_s={HANG_MIN_TIMEOUT_S}}}"
 )
 
 

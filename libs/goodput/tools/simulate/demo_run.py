@@ -17,7 +17,7 @@ from goodput.supervisor.control.checkpoint_interval import IntervalSettings
 from goodput.supervisor.control.crash_loop import CrashLoopLimits
 from goodput.supervisor.control.engine import ControllerSettings
 from goodput.supervisor.detect.thresholds import Thresholds
-from goodput.tools.demo.scenarios import HANG_SAFETY_FACTOR, STRAGGLER_RATIO
+from goodput.tools.demo.scenarios import HANG_MIN_TIMEOUT_S, HANG_SAFETY_FACTOR, STRAGGLER_RATIO
 from goodput.tools.simulate.fleet import StepFault
 from goodput.tools.simulate.profile import CostProfile, JobSpec, SimulateError
 from goodput.tools.simulate.records import MeasuredCosts
@@ -36,7 +36,11 @@ DEMO_SETTINGS = ControllerSettings(
     checkpoint_interval=IntervalSettings(prior_mtbf_s=120.0),
     crash_loop=CrashLoopLimits(window_s=20.0, max_restarts=3, backoff_s=5.0, max_backoffs=3),
 )
-DEMO_THRESHOLDS = Thresholds(straggler_ratio=STRAGGLER_RATIO, hang_safety_factor=HANG_SAFETY_FACTOR)
+DEMO_THRESHOLDS = Thresholds(
+    straggler_ratio=STRAGGLER_RATIO,
+    hang_safety_factor=HANG_SAFETY_FACTOR,
+    hang_min_timeout_s=HANG_MIN_TIMEOUT_S,
+)
 #: the host monitor's probe period on the demo's nodes (seconds)
 HOST_PROBE_S = 1.0
 #: the simulated horizon, in multiples of the run's fault-free length: the job ends at its

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +79,21 @@ class Replicators:
 
     def volume(self, node: str) -> Path:
         return node_volume(self.state_dir, node, JOB)
+
+    def lose_volume(self, node: str) -> None:
+        """The node's disk is lost: its volume and all in it gone, while its replicator lives
+        and may be writing there (its retention record, a temporary file renamed into place:
+        ci15's plain rmtree failed on one that vanished under it)."""
+        volume = self.volume(node)
+
+        def vanished(function, path, exc_info) -> None:
+            if not issubclass(exc_info[0], FileNotFoundError | OSError):
+                raise exc_info[1]
+
+        deadline = time.monotonic() + 10
+        while volume.exists():
+            assert time.monotonic() < deadline, f"{volume} could not be removed"
+            shutil.rmtree(volume, onerror=vanished)
 
     def node_dir(self, node: str) -> Path:
         return self.state_dir / "nodes" / node

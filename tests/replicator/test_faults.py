@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 
 import psutil
@@ -81,7 +80,7 @@ async def test_corrupt_shards_are_never_counted_and_restore_falls_back(
 
     # node-0 loses its volume, and one shard of the peer's copy is corrupt: that file falls
     # through to the object store, the others come from the peer
-    shutil.rmtree(reps.volume("node-0"))
+    reps.lose_volume("node-0")
     peer_copy = reps.node_dir("node-1") / "peer" / JOB / "node-0" / good.name
     flip_a_byte(sorted(peer_copy.glob("data-*.bin"))[-1])
     result = await h.restore("node-0")
@@ -180,7 +179,7 @@ async def test_object_store_outage_delays_backups_but_loses_nothing(
         assert "back up step 10" in await wait_health(h, "node-0", "last error")
         assert not in_store(await h.snapshot(), "node-0", 10)
         # meanwhile a lost volume is refilled from the peer
-        shutil.rmtree(reps.volume("node-0"))
+        reps.lose_volume("node-0")
         result = await h.restore("node-0")
         assert result.ok and h.restored_event("node-0").tier == "peer", result.detail
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 
 import pytest
 
@@ -93,7 +92,7 @@ async def test_gc_keeps_the_newest_complete_step_and_the_cli_sees_it(
     assert [(c["tier"], c["holder"]) for c in problems] == [("peer", "node-1")]
 
     # restore by hand, through node-0's replicator
-    shutil.rmtree(reps.volume("node-0"))
+    reps.lose_volume("node-0")
     restored = ckpt_cli(h, "restore", "--node", "node-0")
     assert "step 20 restored from" in restored.stdout
     files, problem = verify_copy(reps.volume("node-0") / new.name)

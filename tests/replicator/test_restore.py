@@ -44,7 +44,7 @@ async def test_restore_from_peer_then_from_object_store(gcs_harness: Harness) ->
     assert "newest complete: 100" in table and "node-1←node-0" in table
 
     # the node loses its volume: the close peer (same block) refills it
-    shutil.rmtree(reps.volume("node-0"))
+    reps.lose_volume("node-0")
     result = await h.restore("node-0")
     assert result.ok, result.detail
     assert "from peer" in result.detail
@@ -59,7 +59,7 @@ async def test_restore_from_peer_then_from_object_store(gcs_harness: Harness) ->
     for peer in ("node-1", "node-2"):
         reps.kill(peer)
         shutil.rmtree(reps.node_dir(peer))
-    shutil.rmtree(reps.volume("node-0"))
+    reps.lose_volume("node-0")
     result = await h.restore("node-0")
     assert result.ok, result.detail
     event = h.restored_event("node-0")

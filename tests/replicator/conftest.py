@@ -86,14 +86,16 @@ class Replicators:
         ci15's plain rmtree failed on one that vanished under it)."""
         volume = self.volume(node)
 
-        def vanished(function, path, exc_info) -> None:
-            if not issubclass(exc_info[0], FileNotFoundError | OSError):
+        def raced(function, path, exc_info) -> None:
+            # a file renamed away (FileNotFoundError), or one written after the listing so its
+            # directory is not empty yet (OSError): the loop below goes round again
+            if not issubclass(exc_info[0], OSError):
                 raise exc_info[1]
 
         deadline = time.monotonic() + 10
         while volume.exists():
             assert time.monotonic() < deadline, f"{volume} could not be removed"
-            shutil.rmtree(volume, onerror=vanished)
+            shutil.rmtree(volume, onerror=raced)
 
     def node_dir(self, node: str) -> Path:
         return self.state_dir / "nodes" / node

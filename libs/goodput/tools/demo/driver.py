@@ -26,6 +26,9 @@ from goodput.tools.stack.watch import JobWatcher
 RANKS_WAIT_S = 15.0
 #: how often the driver looks at the job while it waits for a fault's moment
 POLL_S = 0.1
+#: how many times a fault looks for its rank, each after the job stepped again, before it is
+#: recorded as not applied (a relaunch can take every rank away just as the fault's step comes)
+RANK_LOOKUPS = 3
 #: a slow-rank's bound: the driver ends it once its steps are played (``Driver._slow``)
 SLOW_CAP_S = 3600.0
 
@@ -118,12 +121,10 @@ class Driver:
 
     async def _inject(self, fault: DemoFault) -> Callable[[], bool]:
         """Fire ``fault``; returns when the job will have played it out."""
-        attempt = self.watcher.attempt
-        try:
-            node = (await self.ctx.rank(fault.rank)).node
-        except ChaosError as exc:
-            self._record(fault, "", False, str(exc))
+        node = await self._node_of(fault)
+        if node is None:
             return self._job_stepping_since(time.monotonic(), attempt_after=0)
+        attempt = self.watcher.attempt
         match fault.action:
             case "slow-rank":
                 entry = self._record(fault, node, True, fault.describe().split(", ", 1)[1])
@@ -187,6 +188,23 @@ class Driver:
                 entry.detail += f"; not flagged in its {entry.fault.duration_s:.0f} s"
             slowing.cancel()  # the chaos tool's slow-rank sets the rank's pace back as it ends
             await asyncio.gather(slowing, return_exceptions=True)
+
+    async def _node_of(self, fault: DemoFault) -> str | None:
+        """The node of the fault's rank; None (recorded as not applied) when it cannot be found.
+
+        A fault strikes a running job. Its step can come just as a relaunch stops every rank
+        (CI, under load: a straggler's hot swap at the step of the next fault, which found no
+        live rank and was lost): then it waits until the job steps again and looks again."""
+        error = ""
+        for _ in range(RANK_LOOKUPS):
+            try:
+                return (await self.ctx.rank(fault.rank)).node
+            except ChaosError as exc:
+                error = str(exc)
+            if not await self._wait(self._job_stepping_since(time.monotonic(), attempt_after=0)):
+                break  # the job ended
+        self._record(fault, "", False, error)
+        return None
 
     async def _rank_pids(self, node: str) -> list[int]:
         """The live ranks of ``node``: looked for again for a while, since the job status the

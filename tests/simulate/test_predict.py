@@ -70,7 +70,8 @@ def test_the_checkpoint_size_is_priced() -> None:
     profile = load_profile("local-bench")
     small = predict_file(str(DEMO), profile)
     large = predict_file(str(DEMO), profile, checkpoint_gb=1.0)
-    # the baseline saves synchronously to the object store: a 100x larger state stalls it
+    # the baseline saves synchronously (to its node's disk, as the demo's does): a 100x larger
+    # state stalls it
     save = "checkpoint_save"
     assert large["baseline"]["predicted_badput_s"][save] > (
         10 * small["baseline"]["predicted_badput_s"][save]

@@ -1,10 +1,11 @@
 """The simulated checkpoint system: when a save stalls training, when each tier holds it, and
 which copy a restart restores from (the newest one a surviving tier held when the fault hit).
 
-Three ways to save, as the strategies combine them: synchronous to the object store (training
-waits for the whole write, the baseline's ``torch.save``), asynchronous to the object store
-(training waits for the snapshot only), and multi-tier (snapshot, local volume, a peer's
-volume, and every k-th checkpoint the object store), priced by the cost profile.
+Three ways to save, as the strategies combine them: synchronous to one tier (training waits
+for the whole write, the baseline's ``torch.save``: to the object store, or for the demo's
+baseline to the node's disk), asynchronous to that tier (training waits for the snapshot
+only), and multi-tier (snapshot, local volume, a peer's volume, and every k-th checkpoint the
+object store), priced by the cost profile.
 
 Which steps save is the shim's own schedule (:class:`goodput.shim.schedule.CheckpointSchedule`),
 as every rank runs it: an interval command takes effect after the vote at the next agreement
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 
 from goodput.schemas.events import STORAGE_TIERS
 from goodput.shim.schedule import CheckpointSchedule
-from goodput.tools.simulate.ledger import WorkMark
 from goodput.tools.simulate.profile import CheckpointCosts
 
 NS = 1_000_000_000
@@ -28,7 +28,6 @@ class Capture:
     step: int
     #: when training resumed after the snapshot (ns)
     taken_ns: int
-    work: WorkMark
     #: when each tier held it durably (ns); absent: never
     durable_ns: dict[str, int]
 
@@ -42,11 +41,17 @@ class CheckpointSystem:
         asynchronous: bool,
         multi_tier: bool,
         every_steps: int,
+        single_tier: str = "object_store",
     ):
+        """``single_tier``: where a strategy that is not multi-tier saves (object_store, local)."""
         self.costs = costs
         self.gb = state_gb
         self.asynchronous = asynchronous
         self.multi_tier = multi_tier
+        self.single_tier = single_tier
+        self._single_write_gbps = (
+            costs.local_write_gbps if single_tier == "local" else costs.object_write_gbps
+        )
         self.launch_every_steps = max(1, every_steps)
         self.schedule = CheckpointSchedule(self.launch_every_steps)
         self._command_ts = 0
@@ -76,7 +81,7 @@ class CheckpointSystem:
         if self.asynchronous:
             # the copy into host memory; the manifest and barrier happen in the background
             return self.gb / self.costs.snapshot_gbps
-        return self._seconds(self.costs.object_write_gbps)
+        return self._seconds(self._single_write_gbps)
 
     def due(self, step: int, *, solo: bool) -> bool:
         """Whether the ranks checkpoint ``step`` (called once per step, as the shim does).
@@ -90,14 +95,16 @@ class CheckpointSystem:
         """An asynchronous save still persisting: the next one is dropped, not queued."""
         return bool(self.captures) and self.first_durable_ns(self.captures[-1]) > now
 
-    def capture(self, step: int, resumed_ns: int, work: WorkMark) -> Capture:
+    def capture(self, step: int, resumed_ns: int) -> Capture:
         """A save whose snapshot ended at ``resumed_ns``; its tiers' durable times follow."""
         c = self.costs
         durable: dict[str, int] = {}
         if not self.asynchronous:
-            durable["object_store"] = resumed_ns
+            durable[self.single_tier] = resumed_ns
         elif not self.multi_tier:
-            durable["object_store"] = resumed_ns + int(self._seconds(c.object_write_gbps) * NS)
+            durable[self.single_tier] = resumed_ns + int(
+                self._seconds(self._single_write_gbps) * NS
+            )
         else:
             local = resumed_ns + int(self._seconds(c.local_write_gbps) * NS)
             durable["local"] = local
@@ -105,7 +112,7 @@ class CheckpointSystem:
             if self._count % c.object_every == 0:
                 durable["object_store"] = local + int(self._seconds(c.object_write_gbps) * NS)
         self._count += 1
-        captured = Capture(step, resumed_ns, work, durable)
+        captured = Capture(step, resumed_ns, durable)
         self.captures = [*self.captures[-63:], captured]
         return captured
 
@@ -127,7 +134,7 @@ class CheckpointSystem:
         ``fault_ns``; a node new to the job has no local copy. (None, "none", 0) restarts from
         scratch. ``at_most_step``: a replayed run restored this step (every rank must hold a
         copy, which one reference rank does not tell), so nothing newer is restored."""
-        usable = ["object_store"]
+        usable = [self.single_tier]
         if self.multi_tier:
             usable = ["peer", "object_store"] if fresh_node else list(STORAGE_TIERS)
         speed = {

@@ -29,6 +29,7 @@ class DecisionsMixin:
             return
         self.decisions += 1
         self.rules[decision.rule] += 1
+        self.stream.append(decision)
         if decision.error and self.strategy.policy and self.controller.script is not None:
             raise SimulateError(decision.error)
         relaunching = False
@@ -47,8 +48,8 @@ class DecisionsMixin:
             self._at(execution.done_ns, self._executed, execution)
             if execution.standbys_ready_ns is not None:
                 self._at(execution.standbys_ready_ns, self._standbys_ready)
-        if not relaunching and decision.signal_id and self.ledger.phase in ("detect", "decide"):
-            self.ledger.switch(self.now, "down")  # stalled and nobody restarts it: job down
+        if not relaunching and decision.signal_id and self.phase in ("detect", "decide"):
+            self.phase = "down"  # stalled and nobody restarts it: job down
         if self.state.deferred:
             self._at(min(d.until_ts for d in self.state.deferred), self._due)
 
@@ -60,8 +61,8 @@ class DecisionsMixin:
 
     def _stop_group(self, execution: Execution) -> None:
         """The worker group stops: a running job saves first (SIGTERM), a failed one is lost."""
-        if self._failure_ns is None and self.ledger.phase in ("running", "saving"):
-            self.ckpt.capture(self.step, self.now, self.ledger.mark(self.now))
+        if self._failure_ns is None and self.phase in ("running", "saving"):
+            self.ckpt.capture(self.step, self.now)
         self._gen += 1
         self._next_step = None
         reason = schemas.kind_of(type(execution.command))
@@ -72,7 +73,7 @@ class DecisionsMixin:
                 )
             )
         self._fed.clear()
-        self.ledger.switch(self.now, "restart")
+        self.phase = "restart"
 
     def _standbys_ready(self) -> None:
         """Standbys became ready: the actuator reports the job's status, as the real one does."""
@@ -87,8 +88,7 @@ class DecisionsMixin:
         self._apply(self.controller.settle(self.state, execution.result, self.now))
         if execution.stopped:
             self._stopped = True
-            self.ledger.switch(self.now, "down")
-            self.ledger.book(self.end)
+            self.phase = "down"
         elif execution.relaunch:
             if isinstance(execution.command, schemas.Restart):
                 self._gpus_reset(list(execution.command.reset_gpus))

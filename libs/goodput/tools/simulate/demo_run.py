@@ -9,6 +9,7 @@ measurements (:mod:`.replay`) or a cost profile (:mod:`.predict`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -149,10 +150,13 @@ def simulate_setup(
     actual = run.get("goodput_pct")
     if not isinstance(actual, int | float):
         raise SimulateError(f"the {setup} run has no measured goodput to compare with")
+    strategy = strategies()["goodput"]
+    if setup != "goodput":  # the demo's baseline torch.saves to its node's directory
+        strategy = dataclasses.replace(strategies()["baseline"], single_tier="local")
     world = World(
         job,
         profile,
-        strategies()["goodput" if setup == "goodput" else "baseline"],
+        strategy,
         [],
         settings=DEMO_SETTINGS,
         thresholds=DEMO_THRESHOLDS,

@@ -47,7 +47,7 @@ class FaultsMixin:
             self._compute_factor[node] = fault.factor
             self._straggle_changes += 1
             self._at(self.now + int(fault.duration_s * NS), self._straggler_ends, node)
-            if node in active and self.ledger.phase in ("running", "saving"):
+            if node in active and self.phase in ("running", "saving"):
                 self._watch_straggler(active.index(node), node)
             return
         if fault.kind in BREAKING:
@@ -59,9 +59,9 @@ class FaultsMixin:
                 self._manifest(-1, node, fault.kind)
             return
         self.interruptions += 1
-        if self.ledger.phase == "restart":
+        if self.phase == "restart":
             return  # the relaunch meets it (a broken node) or replaces the crashed process
-        if self.ledger.phase in ("running", "saving", "restore", "startup"):
+        if self.phase in ("running", "saving", "restore", "startup"):
             self._fail()
         self._manifest(active.index(node), node, fault.kind)
 
@@ -73,7 +73,7 @@ class FaultsMixin:
         self._next_step = None
         for fed in self._fed.values():
             fed.stepping = False
-        self.ledger.switch(self.now, "detect")
+        self.phase = "detect"
 
     def _manifest(self, position: int, node: str, kind: str) -> None:
         """What the sensor gets from a fault on ``node`` (the rank at ``position``)."""
@@ -83,9 +83,9 @@ class FaultsMixin:
         if kind == "crash":
             self.actuator.dead.add(node)
             self._fed.pop(rank, None)
-            self._feed_later(
-                self._latency, msg.rank_exited(node, rank, self.now, attempt, exit_code=1)
-            )
+            exited = msg.rank_exited(node, rank, self.now, attempt, exit_code=1)
+            self.stream.append(exited)  # the agent's report, with the time of the exit
+            self._feed_later(self._latency, exited)
         elif kind == "hang":
             if rank not in self._fed:
                 # its last finished step is one behind the peers that wait for it
@@ -101,9 +101,9 @@ class FaultsMixin:
             self._fed.pop(rank, None)
             down = msg.host_report(node, self.now, attempt, faults=("node_down",))
             self._feed_later(self._latency, down)
-            self._feed_later(
-                2 * self._latency, msg.rank_exited(node, rank, self.now, attempt, signal=9)
-            )
+            exited = msg.rank_exited(node, rank, self.now, attempt, signal=9)
+            self.stream.append(exited)
+            self._feed_later(2 * self._latency, exited)
         elif kind == "lost_host":
             fed = self._fed.get(rank) or self._register(rank, FedRank(node))
             fed.heartbeating = fed.stepping = False
@@ -121,19 +121,6 @@ class FaultsMixin:
         fed = self._fed.get(rank) or self._register(rank, FedRank(node))
         fed.compute_factor = self._compute_factor.get(node, 1.0)
 
-    def _ledger_slowdown(self) -> float:
-        """The slowdown `goodput report` books as straggler time: flagged stragglers only."""
-        active = self.actuator.membership.active
-        return max(
-            (f for n, f in self._straggling.items() if n in self._flagged and n in active),
-            default=1.0,
-        )
-
-    def _reshape(self) -> None:
-        if self.ledger.phase in ("running", "saving"):
-            active = self.actuator.membership.active
-            self.ledger.set_shape(self.now, len(active), self._ledger_slowdown())
-
     def _slowdown(self) -> float:
         """How much slower the job steps: its slowest active node (cached per change)."""
         key = (self.actuator.attempt, self._straggle_changes)
@@ -147,15 +134,12 @@ class FaultsMixin:
         if self._straggling.pop(node, None) is None:
             return
         self._compute_factor.pop(node, None)
-        self._flagged.discard(node)
         self._straggle_changes += 1
         for fed in self._fed.values():
             if fed.node == node:
                 fed.compute_factor = 1.0
-        if self.ledger.phase in ("running", "saving"):
-            self._reshape()
-            if self._next_step is not None:
-                self._next_step = self.now + self._step_ns()
+        if self.phase in ("running", "saving") and self._next_step is not None:
+            self._next_step = self.now + self._step_ns()
 
     def _gpus_reset(self, nodes: list[str]) -> None:
         """A restart reset these nodes' GPUs: a fault a reset clears is gone."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from goodput.tools.simulate.profile import SimulateError
 
@@ -29,6 +30,9 @@ class Strategy:
     #: keep a ready standby for every rank of every node, spares included
     #: (``StartJob.standbys`` = ranks per node), so a launch on ready nodes is warm
     standbys: bool = False
+    #: where a single-tier strategy's checkpoints go: the object store (a fleet job's), or
+    #: the node's own disk (``goodput demo``'s baseline ``torch.save``s to a local directory)
+    single_tier: Literal["object_store", "local"] = "object_store"
 
 
 def _policy(package: str, name: str) -> str:

@@ -34,6 +34,9 @@ from dataclasses import dataclass
 import msgspec
 
 from goodput import schemas
+from goodput.measure.accounting.calculator import compute_events_goodput
+from goodput.measure.accounting.categories import PRODUCTIVE
+from goodput.measure.accounting.report import GoodputReport
 from goodput.supervisor.control.engine import Controller, ControllerSettings
 from goodput.supervisor.detect.detector import Detector
 from goodput.supervisor.detect.thresholds import Thresholds
@@ -45,7 +48,6 @@ from goodput.tools.simulate.checkpoints import CheckpointSystem
 from goodput.tools.simulate.decisions import DecisionsMixin
 from goodput.tools.simulate.faults import FaultsMixin
 from goodput.tools.simulate.fleet import Fault, StepFault, node_names
-from goodput.tools.simulate.ledger import Ledger, WorkMark
 from goodput.tools.simulate.profile import CostProfile, JobSpec, SimulateError
 from goodput.tools.simulate.records import NS, T0, FedRank, MeasuredCosts
 from goodput.tools.simulate.strategies import Strategy
@@ -104,9 +106,8 @@ class World(FaultsMixin, DecisionsMixin):
         self._startup_s = profile.restart.startup_s
         #: this attempt's healthy step time: a replayed run's phases each ran at their own
         self._step_s = job.step_time_s
-        #: a replay: the work done when each step was (last) done, to roll back to the step
-        #: the run restored
-        self._step_marks: dict[int, WorkMark] = {0: WorkMark(0.0, 0.0, 0.0)}
+        #: the highest step done so far (a replay restores the run's step only once reached)
+        self._highest_step = 0
         self._follow_every_rank = follow_every_rank
         self._keep_global_batch = keep_global_batch
         names = node_names(job)
@@ -157,10 +158,18 @@ class World(FaultsMixin, DecisionsMixin):
             job.state_gb_per_node,
             asynchronous=strategy.asynchronous,
             multi_tier=strategy.multi_tier,
+            single_tier=strategy.single_tier,
             every_steps=every,
         )
-        self.ledger = Ledger(T0, job.nodes)
-        self._start_mark = WorkMark(0.0, 0.0, 0.0)
+        #: what the job is doing: startup, restore, running, saving, detect, decide, restart, down
+        self.phase = "startup"
+        #: the events ``goodput report`` reads of a real job (the reference rank's, the signals
+        #: and decisions): the Result is the real calculator's account of them
+        self.stream: list[schemas.Event] = []
+        self._last_step_ns = T0
+        #: the running attempt's world size (a scale-up changes the membership before its stop:
+        #: the old attempt trains on at its own size meanwhile)
+        self._world_gpus = job.nodes * job.gpus_per_node
         self._heap: list[tuple[int, int, Callable[..., None], tuple]] = []
         self._seq = 0
         self._fed: dict[int, FedRank] = {}
@@ -168,8 +177,6 @@ class World(FaultsMixin, DecisionsMixin):
         #: straggling nodes: how much slower the job steps with each, and its compute factor
         self._straggling: dict[str, float] = {}
         self._compute_factor: dict[str, float] = {}
-        #: stragglers the sensor flagged in this attempt: from then on, slow time is badput
-        self._flagged: set[str] = set()
         self._failure_ns: int | None = None
         self._gen = 0
         self._next_step: int | None = None
@@ -229,12 +236,12 @@ class World(FaultsMixin, DecisionsMixin):
                 _, _, action, args = heapq.heappop(heap)
                 action(*args)
         self.now = self.end
-        self.ledger.book(self.end)
+        report = self._account()
         return Result(
             strategy=self.strategy.name,
-            goodput_pct=self.ledger.goodput_pct(),
-            seconds=dict(self.ledger.seconds),
-            badput=self.ledger.badput(),
+            goodput_pct=report.goodput_pct,
+            seconds={PRODUCTIVE: report.productive_s, **report.badput},
+            badput=dict(report.badput),
             interruptions=self.interruptions,
             rules=dict(self.rules),
             sensor_events=self.sensor_events,
@@ -243,6 +250,17 @@ class World(FaultsMixin, DecisionsMixin):
             wall_s=time.perf_counter() - started,
             final_interval_steps=self.ckpt.every_steps,
         )
+
+    def _account(self) -> GoodputReport:
+        """The calculator's report on the job's events, closed by the reference rank's exit:
+        at the horizon a running job's window ends with its last step (the horizon cuts it,
+        it did not stop), a stopped or finished one's at its end."""
+        running = self.phase in ("running", "saving") and not self._stopped
+        close_ns = self._last_step_ns if running else self.end
+        ref = self.actuator.membership.active[0]
+        self.stream.append(msg.rank_exited(ref, 0, close_ns, self.actuator.attempt, exit_code=0))
+        nominal = self.job.nodes * self.job.gpus_per_node
+        return compute_events_goodput(self.stream, job=JOB, nominal_world_size=nominal)
 
     def _at(self, when: int, action: Callable[..., None], *args: object) -> None:
         self._seq += 1
@@ -284,12 +302,9 @@ class World(FaultsMixin, DecisionsMixin):
         self._feed(msg.heartbeat(fed.node, rank, self.now, fed.busy))
 
     def _signalled(self, signal: schemas.Signal) -> None:
-        if self.ledger.phase == "detect" and signal.signal in FAILURE_KINDS:
-            self.ledger.switch(self.now, "decide")
-        if signal.signal == "straggler" and signal.node in self._straggling:
-            # `goodput report` counts a straggler's excess from its flag on
-            self._flagged.add(signal.node)
-            self._reshape()
+        if self.phase == "detect" and signal.signal in FAILURE_KINDS:
+            self.phase = "decide"
+        self.stream.append(signal)
         self._at(self.now + int(self.profile.detection.decision_s * NS), self._decide, signal)
 
     # ---- training -----------------------------------------------------------------------------
@@ -312,16 +327,14 @@ class World(FaultsMixin, DecisionsMixin):
                     at_most_step=cost.restored_step if cost is not None else None,
                 )
             )
-            mark = capture.work if capture else self._start_mark
             self.step = capture.step if capture else 0
             restored = capture is not None
-            if cost is not None and cost.restored_step in self._step_marks:
+            restored_step = cost.restored_step if cost is not None else None
+            if restored_step is not None and restored_step <= self._highest_step:
                 # what the run lost is measured: the step every rank restored
-                self.step = cost.restored_step
-                mark = self._step_marks[cost.restored_step]
-                restore_s, restored = cost.restore_s, True
+                self.step = restored_step
+                restore_s, restored = cost.restore_s, True  # type: ignore[union-attr]
                 tier = tier if capture is not None else "local"
-            self.ledger.roll_back(self.now, mark)
         else:
             capture, tier, restore_s, restored = None, "none", 0.0, False
         if cost is not None:
@@ -337,13 +350,13 @@ class World(FaultsMixin, DecisionsMixin):
         if cost is None and self._keep_global_batch:
             self._step_s = self.job.step_time_s * self.job.nodes / len(active)
         self._failure_ns = None
-        self._flagged.clear()
-        self.ledger.set_shape(self.now, len(active), self._ledger_slowdown())
-        self.ledger.switch(self.now, "restore" if restore_s else "startup")
+        self.phase = "restore" if restore_s else "startup"
         ref = FedRank(active[0], busy=LOAD if restore_s else "", last_beat=self.now)
         self._fed = {0: ref}
-        world = len(active) * self.job.gpus_per_node
-        self._feed(msg.rank_started(active[0], 0, self.now, world, self.actuator.attempt))
+        world = self._world_gpus = len(active) * self.job.gpus_per_node
+        started = msg.rank_started(active[0], 0, self.now, world, self.actuator.attempt)
+        self.stream.append(started)
+        self._feed(started)
         self._beat(0, ref)
         if self._follow_every_rank:
             for position, node in enumerate(active[1:], 1):
@@ -372,15 +385,17 @@ class World(FaultsMixin, DecisionsMixin):
         ref = self._fed.get(0)
         if restored and ref is not None:
             ref.busy = ""
-            self._feed(msg.checkpoint_restored(ref.node, self.now, self.step, tier, restore_s))
-        self.ledger.switch(self.now, "startup")
+            restored_event = msg.checkpoint_restored(ref.node, self.now, self.step, tier, restore_s)
+            self.stream.append(restored_event)
+            self._feed(restored_event)
+        self.phase = "startup"
         startup = int(self._startup_s * NS)
         self._at(self.now + startup, self._resume, gen)
 
     def _resume(self, gen: int) -> None:
         if gen != self._gen:
             return
-        self.ledger.switch(self.now, "running")
+        self.phase = "running"
         self._next_step = self.now + self._step_ns()
 
     def _step_ns(self) -> int:
@@ -397,8 +412,10 @@ class World(FaultsMixin, DecisionsMixin):
                 done = msg.step_done(fed.node, rank, self.now, self.step, step_time, compute, world)
                 self._feed_step(done)
                 reported = done if rank == 0 else reported
-        if self.measured is not None:
-            self._step_marks[self.step] = self.ledger.mark(self.now)
+        self._highest_step = max(self._highest_step, self.step)
+        if reported is not None:  # the reference rank's step, with its attempt's world size
+            self.stream.append(msgspec.structs.replace(reported, world_size=self._world_gpus))
+            self._last_step_ns = self.now
         if self._until_step is not None and self.step >= self._until_step:
             self._finish()
             return
@@ -407,7 +424,7 @@ class World(FaultsMixin, DecisionsMixin):
         solo = len(self.actuator.membership.active) * self.job.gpus_per_node == 1
         due = self.ckpt.due(self.step, solo=solo)
         if due and not self.ckpt.busy(self.now):
-            self.ledger.switch(self.now, "saving")
+            self.phase = "saving"
             self._next_step = None
             # every rank saves (a rank followed beside the reference one, seen stepping no more
             # for a long synchronous save, was taken for hung)
@@ -424,14 +441,14 @@ class World(FaultsMixin, DecisionsMixin):
     def _finish(self) -> None:
         """The job did its steps; its ranks exit (a replayed run's measured shutdown)."""
         self._next_step = None
-        self.ledger.switch(self.now, "down")
+        self.phase = "down"
         self.end, self._stopped = self.now + self._shutdown_ns, True
 
     def _saved(self, gen: int) -> None:
         if gen != self._gen:
             return
-        capture = self.ckpt.capture(self.step, self.now, self.ledger.mark(self.now))
-        self.ledger.switch(self.now, "running")
+        capture = self.ckpt.capture(self.step, self.now)
+        self.phase = "running"
         for fed in self._fed.values():
             if fed.busy == SAVE:
                 fed.busy = ""  # its next step tells the sensor
@@ -440,6 +457,7 @@ class World(FaultsMixin, DecisionsMixin):
         saved = msg.checkpoint_saved(
             node, self.now, self.step, self.ckpt.stall_s, self.job.state_gb_per_node
         )
+        self.stream.append(saved)
         self._feed(saved)
         self.state = observe_event(self.state, saved, self.now)
         durable = CheckpointSystem.first_durable_ns(capture)
@@ -450,5 +468,6 @@ class World(FaultsMixin, DecisionsMixin):
         persisted = msg.checkpoint_persisted(
             node, self.now, step, max(duration_s, self.ckpt.stall_s)
         )
+        self.stream.append(persisted)
         self.state = observe_event(self.state, persisted, self.now)
         self._apply(self.controller.recommend_checkpoint_interval(self.state, self.now))

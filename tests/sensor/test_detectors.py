@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import pytest
 
@@ -498,6 +500,14 @@ def test_a_hang_is_blamed_on_the_rank_that_did_not_finish_the_step() -> None:
     signals = [s for s in feed(detector, events, until=at(45)) if s.signal == "hang"]
     assert [(s.node, s.rank) for s in signals] == [("node-0", 0)]
     assert "node-1" not in signals[0].detail.split(";")[0]
+    # the wait that crossed a timeout is said: the demo's operators read "no progress for
+    # 2.8 s (timeout 3.0 s)" of the laggard, whose heartbeat named the step after its peer's
+    waited = re.search(
+        r"node-1 finished step 6 and has waited ([\d.]+) s for it \(timeout ([\d.]+) s\)",
+        signals[0].detail,
+    )
+    assert waited is not None, signals[0].detail
+    assert float(waited[1]) >= float(waited[2])
 
 
 def test_a_host_count_against_an_older_attempt_is_no_crash_of_the_new_one() -> None:

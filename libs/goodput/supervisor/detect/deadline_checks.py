@@ -100,8 +100,14 @@ def check_hang(
     behind = laggard(run, rank)
     if behind is not None:
         # in synchronous training the ranks that finished a step wait in the next
-        # collective for the one that did not: that one hangs, the others only wait
-        waiting = f"; rank {rank_id} on {rank.node} finished step {rank.done_step} and waits"
+        # collective for the one that did not: that one hangs, the others only wait. The
+        # deadline that came due is the waiting rank's: its wait is what crossed a timeout
+        # (the laggard's own quiet can still be under its own, when it last reported later)
+        waited_s = (now - rank.last_progress_ns) / NS
+        waiting = (
+            f"; rank {rank_id} on {rank.node} finished step {rank.done_step} and has waited "
+            f"{waited_s:.1f} s for it (timeout {(deadline - rank.last_progress_ns) / NS:.1f} s)"
+        )
         rank_id, rank = behind, run.ranks[behind]
         rank.hang_reported = True
         run.hang_deadlines.disarm(rank_id)

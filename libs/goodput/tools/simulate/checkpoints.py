@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from goodput.schemas.events import STORAGE_TIERS
+from goodput.schemas.events import STORAGE_TIERS, StorageTier
 from goodput.shim.schedule import CheckpointSchedule
 from goodput.tools.simulate.profile import CheckpointCosts
 
@@ -41,7 +41,7 @@ class CheckpointSystem:
         asynchronous: bool,
         multi_tier: bool,
         every_steps: int,
-        single_tier: str = "object_store",
+        single_tier: StorageTier = "object_store",
     ):
         """``single_tier``: where a strategy that is not multi-tier saves (object_store, local)."""
         self.costs = costs

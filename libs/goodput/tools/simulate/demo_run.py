@@ -150,9 +150,10 @@ def simulate_setup(
     actual = run.get("goodput_pct")
     if not isinstance(actual, int | float):
         raise SimulateError(f"the {setup} run has no measured goodput to compare with")
-    strategy = strategies()["goodput"]
+    known = strategies()
+    strategy = known["goodput"]
     if setup != "goodput":  # the demo's baseline torch.saves to its node's directory
-        strategy = dataclasses.replace(strategies()["baseline"], single_tier="local")
+        strategy = dataclasses.replace(known["baseline"], single_tier="local")
     world = World(
         job,
         profile,

@@ -106,7 +106,7 @@ class World(FaultsMixin, DecisionsMixin):
         self._startup_s = profile.restart.startup_s
         #: this attempt's healthy step time: a replayed run's phases each ran at their own
         self._step_s = job.step_time_s
-        #: the highest step done so far (a replay restores the run's step only once reached)
+        #: a replay: the highest step done so far (it restores the run's step once reached)
         self._highest_step = 0
         self._follow_every_rank = follow_every_rank
         self._keep_global_batch = keep_global_batch
@@ -274,6 +274,12 @@ class World(FaultsMixin, DecisionsMixin):
         for signal in self.detector.on_event(event, self.now):
             self._signalled(signal)
 
+    def _tell(self, event: schemas.Event) -> None:
+        """An event of the reference rank that the sensor hears at once and ``goodput report``
+        reads too."""
+        self.stream.append(event)
+        self._feed(event)
+
     def _feed_step(self, event: schemas.StepDone) -> None:
         """The hottest path: straight to the detector's step handler (what ``on_event`` calls)."""
         self.sensor_events += 1
@@ -354,9 +360,7 @@ class World(FaultsMixin, DecisionsMixin):
         ref = FedRank(active[0], busy=LOAD if restore_s else "", last_beat=self.now)
         self._fed = {0: ref}
         world = self._world_gpus = len(active) * self.job.gpus_per_node
-        started = msg.rank_started(active[0], 0, self.now, world, self.actuator.attempt)
-        self.stream.append(started)
-        self._feed(started)
+        self._tell(msg.rank_started(active[0], 0, self.now, world, self.actuator.attempt))
         self._beat(0, ref)
         if self._follow_every_rank:
             for position, node in enumerate(active[1:], 1):
@@ -385,9 +389,7 @@ class World(FaultsMixin, DecisionsMixin):
         ref = self._fed.get(0)
         if restored and ref is not None:
             ref.busy = ""
-            restored_event = msg.checkpoint_restored(ref.node, self.now, self.step, tier, restore_s)
-            self.stream.append(restored_event)
-            self._feed(restored_event)
+            self._tell(msg.checkpoint_restored(ref.node, self.now, self.step, tier, restore_s))
         self.phase = "startup"
         startup = int(self._startup_s * NS)
         self._at(self.now + startup, self._resume, gen)
@@ -412,7 +414,8 @@ class World(FaultsMixin, DecisionsMixin):
                 done = msg.step_done(fed.node, rank, self.now, self.step, step_time, compute, world)
                 self._feed_step(done)
                 reported = done if rank == 0 else reported
-        self._highest_step = max(self._highest_step, self.step)
+        if self.measured is not None:  # only a replay restores a step it names
+            self._highest_step = max(self._highest_step, self.step)
         if reported is not None:  # the reference rank's step, with its attempt's world size
             self.stream.append(msgspec.structs.replace(reported, world_size=self._world_gpus))
             self._last_step_ns = self.now
@@ -457,8 +460,7 @@ class World(FaultsMixin, DecisionsMixin):
         saved = msg.checkpoint_saved(
             node, self.now, self.step, self.ckpt.stall_s, self.job.state_gb_per_node
         )
-        self.stream.append(saved)
-        self._feed(saved)
+        self._tell(saved)
         self.state = observe_event(self.state, saved, self.now)
         durable = CheckpointSystem.first_durable_ns(capture)
         self._at(durable, self._persisted, capture.step, (durable - capture.taken_ns) / NS, node)

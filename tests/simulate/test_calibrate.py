@@ -13,7 +13,8 @@ from goodput.tools.simulate.profile import SimulateError, load_profile
 CKPT = {
     "size_gb": 2.0,
     "methods": {
-        "goodput": {"stall_s": 0.25, "write_gbps": 2.0, "restore_gbps": 1.25},
+        "goodput": {"stall_s": 0.001, "write_gbps": 2.0, "restore_gbps": 1.25},
+        "goodput_blocking": {"stall_s": 0.25},
         "torch_save": {"write_gbps": 0.4},
     },
 }
@@ -25,6 +26,9 @@ RECOVERY = {
         "first_step_s": 1.0,
         "detect_s": 0.3,
         "decide_s": 0.01,
+        "checkpoint_stall_s": 0.0125,
+        "checkpoint_gb": 0.02,
+        "shutdown_s": 1.5,
     },
     "load_1m_before": 9.5,
 }
@@ -42,7 +46,11 @@ def test_calibrated_profile_loads_and_cites_its_sources(tmp_path):
     path = tmp_path / "local.toml"
     path.write_text(text)
     profile = load_profile(str(path))
-    assert profile.checkpoint.snapshot_gbps == pytest.approx(8.0)  # 2 GB / 0.25 s
+    # the shim's blocking save: 2 GB / 0.25 s, and the example job's 0.02 GB save took
+    # 12.5 ms, 2.5 ms of it its copy at 8 GB/s
+    assert profile.checkpoint.snapshot_gbps == pytest.approx(8.0)
+    assert profile.checkpoint.snapshot_latency_s == pytest.approx(0.01)
+    assert profile.restart.shutdown_s == pytest.approx(1.5)
     assert profile.checkpoint.object_write_gbps == pytest.approx(0.4)
     assert profile.restart.startup_s == pytest.approx(21.0)
     assert "# recovery.json cold.relaunch_s" in text

@@ -4,7 +4,10 @@ For one state (a model plus its Adam optimizer, about --size-gb, on the CPU or, 
 --device cuda, on a GPU) each method saves inside a real training loop (see
 goodput.tools.bench.ckpt_measure for what is timed and how every method's restored state is
 checked against the state at save time). By default it compares
-goodput's CheckpointEngine with torch.save, dcp.save and dcp.async_save; --peers adds each
+goodput's CheckpointEngine — overlapped (``goodput``: the copy runs on during the next
+forward/backward, the optimizer step waits for it) and blocking (``goodput_blocking``: the
+copy inside the call, as ``TrainerShim.save`` and the integrations save) — with torch.save,
+dcp.save and dcp.async_save; --peers adds each
 peer at its best options (goodput.tools.bench.ckpt_savers) and reports goodput / best safe peer.
 The raw sequential write/read bandwidth of the same directory (dd, direct IO) is measured
 before and after, so every figure is also a fraction of what the disk can do. Restores are
@@ -52,7 +55,7 @@ from goodput.tools.bench.ckpt_savers import (
     unavailable_peers,
 )
 
-METHODS = ("torch_save", "dcp_save", "dcp_async_save", "goodput")
+METHODS = ("torch_save", "dcp_save", "dcp_async_save", "goodput", "goodput_blocking")
 PEERS = (
     "torch_save",
     "dcp_async_save",
@@ -69,6 +72,7 @@ def _factories(training: Training, writer_threads: int) -> dict[str, Callable[[P
     cuda = training.device.type == "cuda"
     return {
         "goodput": lambda d: goodput_saver(state, d, writer_threads, training.optimizer),
+        "goodput_blocking": lambda d: goodput_saver(state, d, writer_threads, None),
         "torch_save": lambda d: torch_save_saver(state, d),
         "dcp_save": lambda d: dcp_saver(state, d, asynchronous=False),
         "dcp_async_save": lambda d: dcp_saver(state, d, asynchronous=True),
@@ -190,7 +194,8 @@ def run_benchmark(
     samples.append((write_gbps, read_gbps))
     _console.log(f"raw ({dd_mode}): write {write_gbps:.2f} GB/s, read {read_gbps:.2f} GB/s")
     skipped = unavailable_peers() if peers else {}
-    names = ["goodput", *(name for name in PEERS if name not in skipped)] if peers else METHODS
+    own_methods = ("goodput", "goodput_blocking")
+    names = [*own_methods, *(name for name in PEERS if name not in skipped)] if peers else METHODS
     factories = _factories(training, writer_threads)
     results: dict[str, MethodResult] = {}
     for name in names:
@@ -204,7 +209,7 @@ def run_benchmark(
             try:
                 results[name] = measure(factories[name](method_dir), training, saves, cache)
             except Exception as error:
-                if name == "goodput" or not peers:
+                if name in own_methods or not peers:
                     raise
                 # a peer this torch breaks (torch 2.11's DCP staging of CUDA state, say) is
                 # reported as such; the others' figures still stand

@@ -190,14 +190,19 @@ def _stop_dcp_checkpoint_process() -> None:
 
 
 def goodput_saver(
-    state: dict, directory: Path, writer_threads: int, optimizer: torch.optim.Optimizer
+    state: dict,
+    directory: Path,
+    writer_threads: int,
+    optimizer: torch.optim.Optimizer | None,
 ) -> Saver:
-    """The engine with overlapped snapshots: the optimizer-step guard is the only wait."""
+    """The engine with overlapped snapshots, the optimizer-step guard the only wait; without
+    an ``optimizer``, blocking snapshots (the copy inside the call), as ``TrainerShim.save``
+    and the integrations save, which hold no optimizer to guard."""
     engine = CheckpointEngine(directory, keep_last=1, writer_threads=writer_threads)
-    hook = engine.guard(optimizer)
+    hook = engine.guard(optimizer) if optimizer is not None else None
 
     def save(step: int) -> Callable[[], Path]:
-        handle = engine.save(state, step, overlap=True)
+        handle = engine.save(state, step, overlap=hook is not None)
 
         def durable() -> Path:
             result = handle.wait()
@@ -212,7 +217,8 @@ def goodput_saver(
         return state
 
     def close() -> None:
-        hook.remove()
+        if hook is not None:
+            hook.remove()
         engine.close()
 
     # Like the baselines' pruning, retention finishes between saves (outside the timings),

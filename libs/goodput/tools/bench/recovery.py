@@ -54,6 +54,7 @@ from goodput.bus.job_events import JobEvents
 from goodput.config import add_bus_arguments, count_at_least
 from goodput.launch.rank_env import knobs
 from goodput.supervisor.policy.scripts import cold_restart
+from goodput.tools.simulate.measure import measured_costs
 from goodput.tools.stack.launcher import start_stack, stop_stack, wait_healthy
 
 NS = 1e9
@@ -61,6 +62,8 @@ PARTS = ("detect_s", "decide_s", "restart_s", "load_s", "first_step_s")
 #: restart_s split: decision → new group spawned (stop the old one, fill volumes, spawn), and
 #: spawned → loading (Python start, imports, rendezvous: what a loaded machine slows most)
 RESTART_PARTS = ("relaunch_s", "startup_s")
+#: the job's own figures reported beside the trials (:func:`steady_costs`)
+STEADY = ("step_time_s", "checkpoint_stall_s", "checkpoint_gb", "shutdown_s")
 #: how long each awaited event may take before the job counts as not recovering
 WAIT_S = 120.0
 #: events that show the ranks starting or training (service health events do not count)
@@ -275,7 +278,7 @@ async def _measure(
     console: Console,
     warm: bool,
     procs_per_node: int = 1,
-) -> list[dict]:
+) -> tuple[list[dict], dict]:
     bus = await Bus.connect(settings, name="goodput-bench-recovery")
     log = await JobEvents(bus, job).start()
     results = []
@@ -322,10 +325,29 @@ async def _measure(
                 f"{result['restore_tiers']}, survivors {result['survivors']}"
             )
             results.append(result)
+        stopping_ts = schemas.now_ns()
         await bus.send_command(subjects.ACTUATOR, schemas.Stop(job=job, reason="benchmark done"))
+        with console.status("stopping the job: its ranks save, persist and exit…"):
+            await log.wait_for(
+                lambda e: isinstance(e, schemas.JobStatus) and e.state == "stopped",
+                WAIT_S,
+                "the job stopped",
+                after_ts=stopping_ts,
+            )
+        steady = steady_costs(log.events[:])
     finally:
         await bus.close()
-    return results
+    return results, steady
+
+
+def steady_costs(events: list[schemas.Event]) -> dict:
+    """What the job's own events say of its steady state and its end, as ``goodput demo``
+    measures a run (:func:`measured_costs`, one owner): its healthy step time, each save's
+    stall (the shim's save of the example job's state, walking its tensors included) and
+    size, and the shutdown, from its last step to its ranks exited (the stop's final save,
+    its persist and the exit: what a job that reaches its last step also pays)."""
+    costs = measured_costs(events)
+    return {key: costs[key] for key in STEADY}
 
 
 def bare_start_s() -> float:
@@ -374,7 +396,7 @@ def _run_mode(args: argparse.Namespace, mode: str, console: Console) -> dict:
         try:
             stack, settings = start_stack(args, state_dir, "bench", 3, console, flags)
             asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
-            trials = asyncio.run(
+            trials, steady = asyncio.run(
                 _measure(
                     settings,
                     stack.job,
@@ -387,7 +409,7 @@ def _run_mode(args: argparse.Namespace, mode: str, console: Console) -> dict:
             )
         finally:
             stop_stack(state_dir)
-    return _summary(trials)
+    return _summary(trials) | steady
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,10 @@
 profile TOML in which every number names the benchmark field it came from. What no benchmark
 measures is said so in its comment. Restart figures are the cold path's (``recovery.json``
 ``cold``: every rank started again), the one a profile prices; the header names the machine,
-the date and the command.
+the date and the command. A save is priced as the shim makes it, a blocking snapshot: its
+bandwidth from ``bench ckpt``'s ``goodput_blocking`` method, its fixed part (walking and
+planning the state's tensors, which a state of hundreds of small tensors pays more than its
+bytes) from the example job's own saves in ``bench recovery``, as is the job's shutdown.
 """
 
 from __future__ import annotations
@@ -104,11 +107,16 @@ def calibrate(directory: str, name: str = "local-bench") -> str:
     if not isinstance(recovery, dict):
         raise SimulateError("recovery.json: 'cold' is not a benchmark result")
     size = _get(ckpt, "ckpt.json", "size_gb")
-    stall = max(_get(ckpt, "ckpt.json", "methods", "goodput", "stall_s"), 1e-6)
+    # the shim saves with blocking snapshots (it holds no optimizer to guard an overlap with)
+    stall = max(_get(ckpt, "ckpt.json", "methods", "goodput_blocking", "stall_s"), 1e-6)
     peer_size = _get(restore, "restore.json", "size_gb")
 
     def per_s(gb: float, seconds: float) -> float:
         return round(gb / max(seconds, 1e-6), 4)
+
+    snapshot_gbps = per_s(size, stall)
+    job_stall = _get(recovery, "recovery.json", "checkpoint_stall_s")
+    job_gb = _get(recovery, "recovery.json", "checkpoint_gb")
 
     object_write = (
         per_s(peer_size, _get(restore, "restore.json", "object_store_backup_s"))
@@ -122,7 +130,11 @@ def calibrate(directory: str, name: str = "local-bench") -> str:
     )
     values = [
         ("checkpoint", None, None),
-        ("snapshot_gbps", per_s(size, stall), "ckpt.json size_gb / methods.goodput.stall_s"),
+        (
+            "snapshot_gbps",
+            snapshot_gbps,
+            "ckpt.json size_gb / methods.goodput_blocking.stall_s (the shim's blocking save)",
+        ),
         (
             "local_write_gbps",
             _get(ckpt, "ckpt.json", "methods", "goodput", "write_gbps"),
@@ -151,6 +163,12 @@ def calibrate(directory: str, name: str = "local-bench") -> str:
         ),
         ("latency_s", 0.0, "not measured separately: inside the bandwidths above"),
         ("object_every", 6, "a choice, not a measurement: every 6th checkpoint to the store"),
+        (
+            "snapshot_latency_s",
+            round(max(0.0, job_stall - job_gb / snapshot_gbps), 4),
+            f"recovery.json cold.checkpoint_stall_s (the example job's {job_gb:.4f} GB state)"
+            " less its copy at snapshot_gbps: walking and planning its tensors",
+        ),
         ("restart", None, None),
         ("stop_s", 0.0, "inside recovery.json relaunch_s (SIGKILL of the group)"),
         (
@@ -170,7 +188,11 @@ def calibrate(directory: str, name: str = "local-bench") -> str:
         ("hot_swap_provision_s", 0.0, "not measured: local spares are already running hosts"),
         ("gpu_reset_s", 0.0, "not measured: no GPU to reset on a machine without one"),
         *_warm(whole_recovery, recovery),
-        ("shutdown_s", 0.0, "not measured: no benchmark stops a job (a demo's ranks: ~1.7 s)"),
+        (
+            "shutdown_s",
+            _get(recovery, "recovery.json", "shutdown_s"),
+            "recovery.json cold.shutdown_s (the job's last step -> its ranks saved and exited)",
+        ),
         ("detection", None, None),
         (
             "event_latency_s",

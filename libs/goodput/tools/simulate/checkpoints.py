@@ -79,8 +79,9 @@ class CheckpointSystem:
     def stall_s(self) -> float:
         """Training time one save blocks."""
         if self.asynchronous:
-            # the copy into host memory; the manifest and barrier happen in the background
-            return self.gb / self.costs.snapshot_gbps
+            # walking the state and the copy into host memory; the manifest and barrier
+            # happen in the background
+            return self.costs.snapshot_latency_s + self.gb / self.costs.snapshot_gbps
         return self._seconds(self._single_write_gbps)
 
     def due(self, step: int, *, solo: bool) -> bool:

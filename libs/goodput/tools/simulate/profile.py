@@ -48,6 +48,10 @@ class CheckpointCosts(Strict):
     latency_s: NonNegative
     #: multi-tier: every k-th checkpoint also goes to the object store
     object_every: PositiveCount
+    #: an asynchronous save's fixed stall beside its copy: walking the state's tensors,
+    #: planning the files, launching the copy (a state of hundreds of small tensors pays it
+    #: more than its bytes). Added after profiles shipped, so 0 where a profile has none
+    snapshot_latency_s: NonNegative = 0.0
 
 
 class RestartCosts(Strict):

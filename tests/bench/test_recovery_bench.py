@@ -1,4 +1,5 @@
-"""The recovery benchmark's reading of the events: the newest step every rank persisted."""
+"""The recovery benchmark's reading of the events: the newest step every rank persisted, and
+the job's steady figures (its saves' stall, its shutdown)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import subprocess
 import sys
 
 from goodput import schemas
-from goodput.tools.bench.recovery import newest_held_by_all, rss_mib, survivors_after
+from goodput.tools.bench.recovery import (
+    STEADY,
+    newest_held_by_all,
+    rss_mib,
+    steady_costs,
+    survivors_after,
+)
+from goodput.tools.simulate import messages as msg
+
+NS = 1_000_000_000
 
 
 def persisted(rank: int, step: int, ts: int) -> schemas.CheckpointPersisted:
@@ -38,3 +48,22 @@ def test_survivors_are_the_ranks_that_rejoined_in_process_after_the_decision():
 
     events = [rejoined(0, 1), rejoined(1, 5), rejoined(2, 6, ok=False), rejoined(3, 7)]
     assert survivors_after(events, after_ts=2) == [1, 3]  # rank 0's is an earlier trial's
+
+
+def test_the_jobs_steady_figures_come_from_its_own_events():
+    """Two saves of 10 and 30 ms; the last step at 4 s, the last rank out at 5.5 s (the stop's
+    final save and persist in between)."""
+    events = [
+        msg.rank_started("node-0", 0, 0, 2, 1),
+        *(msg.step_done("node-0", 0, k * NS, k, 0.5, 0.5, 2) for k in (1, 2, 3, 4)),
+        msg.checkpoint_saved("node-0", 2 * NS, 2, 0.01, 0.008),
+        msg.checkpoint_saved("node-0", 4 * NS, 4, 0.03, 0.008),
+        msg.checkpoint_persisted("node-0", 5 * NS, 4, 0.4),
+        msg.rank_exited("node-1", 1, 5_500_000_000, 1, exit_code=0, reason="stop"),
+    ]
+    steady = steady_costs(events)
+    assert set(steady) == set(STEADY)
+    assert steady["checkpoint_stall_s"] == 0.02
+    assert steady["checkpoint_gb"] == 0.008
+    assert steady["shutdown_s"] == 1.5
+    assert steady["step_time_s"] == 0.5

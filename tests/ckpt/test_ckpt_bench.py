@@ -28,7 +28,13 @@ def _bench(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> d
 @pytest.mark.slow
 def test_bench_ckpt_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = _bench(tmp_path, capsys)
-    assert set(report["methods"]) == {"torch_save", "dcp_save", "dcp_async_save", "goodput"}
+    assert set(report["methods"]) == {
+        "torch_save",
+        "dcp_save",
+        "dcp_async_save",
+        "goodput",
+        "goodput_blocking",
+    }
     for figures in report["methods"].values():
         assert set(figures) >= FIELDS
         assert all(figures[name] >= 0 for name in FIELDS)
@@ -44,6 +50,7 @@ def test_bench_ckpt_peers_json(tmp_path: Path, capsys: pytest.CaptureFixture[str
     measured = set(report["methods"]) | set(report["peers_not_measured"])
     assert measured >= {
         "goodput",
+        "goodput_blocking",
         "torch_save",
         "dcp_async_thread_staged",
         "dcp_async_process_staged",

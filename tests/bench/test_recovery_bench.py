@@ -10,12 +10,14 @@ import sys
 from goodput import schemas
 from goodput.tools.bench.recovery import (
     STEADY,
+    most_trials,
     newest_held_by_all,
     rss_mib,
     steady_costs,
     survivors_after,
 )
 from goodput.tools.simulate import messages as msg
+from tests.conftest import goodput_cli
 
 NS = 1_000_000_000
 
@@ -65,5 +67,15 @@ def test_the_jobs_steady_figures_come_from_its_own_events():
     assert set(steady) == set(STEADY)
     assert steady["checkpoint_stall_s"] == 0.02
     assert steady["checkpoint_gb"] == 0.008
+    assert steady["checkpoint_persist_s"] == 0.4
     assert steady["shutdown_s"] == 1.5
     assert steady["step_time_s"] == 0.5
+
+
+def test_more_kills_than_a_job_takes_are_refused_in_one_line():
+    """Five warm trials struck node-0 a third time: a repeat offender, replaced by the spare,
+    and the benchmark then waited 120 s for a restore that was not the one it measures."""
+    assert (most_trials(warm=True), most_trials(warm=False)) == (3, 4)
+    refused = goodput_cli("bench", "recovery", "--trials", "4", check=False)
+    assert refused.returncode == 2
+    assert "repeat offender" in refused.stderr and "Traceback" not in refused.stderr

@@ -84,7 +84,7 @@ def test_a_peer_that_fails_is_reported_and_the_others_still_measured(
     monkeypatch.setattr(bench_ckpt, "PEERS", ("torch_save", "dcp_async_thread_staged"))
     monkeypatch.setattr(bench_ckpt, "_factories", factories_with_a_failing_peer)
     report = _bench(tmp_path, capsys, "--peers")
-    assert set(report["methods"]) == {"goodput", "torch_save"}
+    assert set(report["methods"]) == {"goodput", "goodput_blocking", "torch_save"}
     assert report["peers_not_measured"]["dcp_async_thread_staged"] == (
         "failed: KeyError: <class 'type'>"
     )

@@ -29,6 +29,11 @@ checkpoint into slices (one per rank). Every trial reports where each rank's res
 from (``restore_tiers``) and which ranks survived in process (``survivors``): a warm trial
 should show every survivor on tier "host" (``survivors_from_host``), the other ranks'
 slices read from the node's volume, and the rank that replaced the victim on "local".
+
+Each mode's job ends with a ``Stop`` (its ranks save, persist and exit), and the mode also
+reports what the job's own events say of it, as a demo run's costs are read: its step time,
+its saves' stall, persist and size, and its shutdown (last step → ranks exited). They are
+what ``goodput simulate calibrate`` prices a save's fixed parts and a job's end with.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
 from goodput.config import add_bus_arguments, count_at_least
 from goodput.launch.rank_env import knobs
+from goodput.policy import REPEAT_FAILURES
 from goodput.supervisor.policy.scripts import cold_restart
 from goodput.tools.simulate.measure import measured_costs
 from goodput.tools.stack.launcher import start_stack, stop_stack, wait_healthy
@@ -63,7 +69,13 @@ PARTS = ("detect_s", "decide_s", "restart_s", "load_s", "first_step_s")
 #: spawned → loading (Python start, imports, rendezvous: what a loaded machine slows most)
 RESTART_PARTS = ("relaunch_s", "startup_s")
 #: the job's own figures reported beside the trials (:func:`steady_costs`)
-STEADY = ("step_time_s", "checkpoint_stall_s", "checkpoint_gb", "shutdown_s")
+STEADY = (
+    "step_time_s",
+    "checkpoint_stall_s",
+    "checkpoint_persist_s",
+    "checkpoint_gb",
+    "shutdown_s",
+)
 #: how long each awaited event may take before the job counts as not recovering
 WAIT_S = 120.0
 #: events that show the ranks starting or training (service health events do not count)
@@ -343,8 +355,8 @@ async def _measure(
 def steady_costs(events: list[schemas.Event]) -> dict:
     """What the job's own events say of its steady state and its end, as ``goodput demo``
     measures a run (:func:`measured_costs`, one owner): its healthy step time, each save's
-    stall (the shim's save of the example job's state, walking its tensors included) and
-    size, and the shutdown, from its last step to its ranks exited (the stop's final save,
+    stall (the shim's save of the example job's state, walking its tensors included), persist
+    and size, and the shutdown, from its last step to its ranks exited (the stop's final save,
     its persist and the exit: what a job that reaches its last step also pays)."""
     costs = measured_costs(events)
     return {key: costs[key] for key in STEADY}
@@ -412,8 +424,23 @@ def _run_mode(args: argparse.Namespace, mode: str, console: Console) -> dict:
     return _summary(trials) | steady
 
 
+def most_trials(warm: bool) -> int:
+    """The kills one job can take: its two nodes are struck in turn (and the warm job's hang
+    after them), and a node's ``REPEAT_FAILURES``-th failure is judged a repeat offender and
+    replaced by the spare, not the recovery measured here."""
+    return 2 * (REPEAT_FAILURES - 1) - (1 if warm else 0)
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
+    most = most_trials(args.mode == "warm")
+    if args.trials > most:
+        console.print(
+            f"[red]bench recovery: --trials {args.trials} is more than one job takes in "
+            f"{args.mode} mode ({most}): a node's {REPEAT_FAILURES}th failure is judged a "
+            "repeat offender[/]"
+        )
+        return 2
     load_before = round(os.getloadavg()[0], 2)
     bare_before = bare_start_s()
     modes = ("warm", "cold") if args.mode == "warm" else ("cold",)
@@ -468,7 +495,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--trials", type=int, default=3, help="kills in one job (default 3)")
+    parser.add_argument(
+        "--trials",
+        type=count_at_least(1),
+        default=3,
+        help="kills in one job (default 3; at most 3 in warm mode, 4 in cold: a node's third "
+        "failure would be judged a repeat offender)",
+    )
     parser.add_argument(
         "--procs-per-node",
         type=count_at_least(1),

@@ -237,8 +237,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     calibrated.add_argument(
         "--from-bench",
         required=True,
+        nargs="+",
         metavar="DIR",
-        help="directory with ckpt.json, restore.json, recovery.json",
+        help="directory with ckpt.json, restore.json, recovery.json; several (the benches "
+        "repeated: the machine is noisy) give each field their median",
     )
     calibrated.add_argument("--name", default="local-bench", help="the profile's name")
     calibrated.add_argument("--out", metavar="FILE", help="write here (default: stdout)")

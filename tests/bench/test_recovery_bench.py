@@ -79,3 +79,4 @@ def test_more_kills_than_a_job_takes_are_refused_in_one_line():
     refused = goodput_cli("bench", "recovery", "--trials", "4", check=False)
     assert refused.returncode == 2
     assert "repeat offender" in refused.stderr and "Traceback" not in refused.stderr
+    assert refused.stderr.count("\n") == 1

@@ -55,7 +55,9 @@ from goodput.tools.bench.ckpt_savers import (
     unavailable_peers,
 )
 
-METHODS = ("torch_save", "dcp_save", "dcp_async_save", "goodput", "goodput_blocking")
+#: goodput's own methods: overlapped, and blocking as the shim saves (both always measured)
+OWN_METHODS = ("goodput", "goodput_blocking")
+METHODS = ("torch_save", "dcp_save", "dcp_async_save", *OWN_METHODS)
 PEERS = (
     "torch_save",
     "dcp_async_save",
@@ -194,8 +196,7 @@ def run_benchmark(
     samples.append((write_gbps, read_gbps))
     _console.log(f"raw ({dd_mode}): write {write_gbps:.2f} GB/s, read {read_gbps:.2f} GB/s")
     skipped = unavailable_peers() if peers else {}
-    own_methods = ("goodput", "goodput_blocking")
-    names = [*own_methods, *(name for name in PEERS if name not in skipped)] if peers else METHODS
+    names = [*OWN_METHODS, *(name for name in PEERS if name not in skipped)] if peers else METHODS
     factories = _factories(training, writer_threads)
     results: dict[str, MethodResult] = {}
     for name in names:
@@ -209,7 +210,7 @@ def run_benchmark(
             try:
                 results[name] = measure(factories[name](method_dir), training, saves, cache)
             except Exception as error:
-                if name in own_methods or not peers:
+                if name in OWN_METHODS or not peers:
                     raise
                 # a peer this torch breaks (torch 2.11's DCP staging of CUDA state, say) is
                 # reported as such; the others' figures still stand

@@ -68,6 +68,8 @@ PARTS = ("detect_s", "decide_s", "restart_s", "load_s", "first_step_s")
 #: restart_s split: decision → new group spawned (stop the old one, fill volumes, spawn), and
 #: spawned → loading (Python start, imports, rendezvous: what a loaded machine slows most)
 RESTART_PARTS = ("relaunch_s", "startup_s")
+#: the job's active nodes (it has one spare beside them); each trial strikes the next in turn
+NODES = 2
 #: the job's own figures reported beside the trials (:func:`steady_costs`)
 STEADY = (
     "step_time_s",
@@ -306,7 +308,7 @@ async def _measure(
                 "--log-every",
                 "0",
             ],
-            nodes=2,
+            nodes=NODES,
             procs_per_node=procs_per_node,
             spares=1,
             env=knobs(ckpt_every=10, enable_fault_injection=warm),
@@ -425,10 +427,10 @@ def _run_mode(args: argparse.Namespace, mode: str, console: Console) -> dict:
 
 
 def most_trials(warm: bool) -> int:
-    """The kills one job can take: its two nodes are struck in turn (and the warm job's hang
+    """The kills one job can take: its nodes are struck in turn (and the warm job's hang
     after them), and a node's ``REPEAT_FAILURES``-th failure is judged a repeat offender and
     replaced by the spare, not the recovery measured here."""
-    return 2 * (REPEAT_FAILURES - 1) - (1 if warm else 0)
+    return NODES * (REPEAT_FAILURES - 1) - (1 if warm else 0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -437,8 +439,9 @@ def run(args: argparse.Namespace) -> int:
     if args.trials > most:
         console.print(
             f"[red]bench recovery: --trials {args.trials} is more than one job takes in "
-            f"{args.mode} mode ({most}): a node's {REPEAT_FAILURES}th failure is judged a "
-            "repeat offender[/]"
+            f"{args.mode} mode ({most}): a node that fails {REPEAT_FAILURES} times is judged "
+            "a repeat offender[/]",
+            soft_wrap=True,
         )
         return 2
     load_before = round(os.getloadavg()[0], 2)
@@ -499,8 +502,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--trials",
         type=count_at_least(1),
         default=3,
-        help="kills in one job (default 3; at most 3 in warm mode, 4 in cold: a node's third "
-        "failure would be judged a repeat offender)",
+        help=f"kills in one job (default 3; at most {most_trials(warm=True)} in warm mode, "
+        f"{most_trials(warm=False)} in cold: a node that fails {REPEAT_FAILURES} times is "
+        "judged a repeat offender)",
     )
     parser.add_argument(
         "--procs-per-node",

@@ -6,11 +6,11 @@ profile TOML in which every number names the benchmark field it came from. What 
 measures is said so in its comment. Restart figures are the cold path's (``recovery.json``
 ``cold``: every rank started again), the one a profile prices; the header names the machine,
 the date and the command. The machine is noisy: given several directories (the benches
-repeated), each field is their median, its range in the comment. A save is priced as the shim makes it, a blocking snapshot: its
-bandwidth from ``bench ckpt``'s ``goodput_blocking`` method, its fixed part (walking and
-planning the state's tensors, which a state of hundreds of small tensors pays more than its
-bytes) from the example job's own saves in ``bench recovery``, as are the fixed part of its
-persist (``latency_s``) and the job's shutdown.
+repeated), each field is their median, its range in the comment. A save is priced as the
+shim makes it, a blocking snapshot: its bandwidth from ``bench ckpt``'s ``goodput_blocking``
+method, its fixed part (walking and planning the state's tensors, which a state of hundreds
+of small tensors pays more than its bytes) from the example job's own saves in ``bench
+recovery``, as are the fixed part of its persist (``latency_s``) and the job's shutdown.
 """
 
 from __future__ import annotations
@@ -148,12 +148,12 @@ def calibrate(directories: str | list[str], name: str = "local-bench") -> str:
 def _median(fields: tuple[Field, ...]) -> Field:
     """One field over every run: the median, and the runs' range where they differ."""
     key, value, source = fields[0]
-    if value is None or len(fields) == 1:
+    if value is None:
         return fields[0]
-    every = sorted(float(f[1]) for f in fields if f[1] is not None)
-    middle = statistics.median(every)
+    every = sorted(float(f[1]) for f in fields)  # type: ignore[arg-type]
     if every[0] == every[-1]:
-        return key, value, source
+        return fields[0]
+    middle = statistics.median(every)
     median = round(middle) if isinstance(value, int) else round(middle, 4)
     return key, median, f"{source}; median of {len(every)}: {every[0]:g}-{every[-1]:g}"
 

@@ -3,19 +3,16 @@ the job's steady figures (its saves' stall, its shutdown)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 
 from goodput import schemas
-from goodput.tools.bench.recovery import (
-    STEADY,
-    most_trials,
-    newest_held_by_all,
-    rss_mib,
-    steady_costs,
-    survivors_after,
-)
+from goodput.bus.job_events import JobEvents
+from goodput.tools.bench import job_waits
+from goodput.tools.bench.job_waits import newest_held_by_all, survivors_after
+from goodput.tools.bench.recovery import STEADY, most_trials, rss_mib, steady_costs
 from goodput.tools.simulate import messages as msg
 from tests.conftest import goodput_cli
 
@@ -80,3 +77,33 @@ def test_more_kills_than_a_job_takes_are_refused_in_one_line():
     assert refused.returncode == 2
     assert "repeat offender" in refused.stderr and "Traceback" not in refused.stderr
     assert refused.stderr.count("\n") == 1
+
+
+async def test_the_pace_is_the_median_step_once_nothing_else_happens(monkeypatch):
+    """Steps before the job is steady (no checkpoint held by every rank yet, a standby still
+    being built) do not count; of those after, the median: one slow step is a burst."""
+    monkeypatch.setattr(job_waits, "PACE_S", 0.3)
+    log = JobEvents(None, "j")  # type: ignore[arg-type]  # fed by hand: no bus
+
+    def status(standbys: dict[str, list[int]]) -> schemas.JobStatus:
+        return schemas.JobStatus(
+            job="j", state="running", attempt=1, world_size=2, procs_per_node=1,
+            active_nodes=["node-0", "node-1"], standbys=standbys,
+        )  # fmt: skip
+
+    async def job() -> None:
+        log.events.append(status({"node-0": [7]}))
+        for rank in (0, 1):
+            log.events.append(persisted(rank, 10, schemas.now_ns()))
+        log.events.append(msg.step_done("node-0", 0, schemas.now_ns(), 11, 2.0, 2.0, 2))
+        await asyncio.sleep(0.1)  # node-1's standby still importing torch
+        log.events.append(status({"node-0": [7], "node-1": [8]}))
+        await asyncio.sleep(0.05)
+        for step, seconds in enumerate((0.2, 0.25, 0.9, 0.21, 0.22)):
+            log.events.append(
+                msg.step_done("node-0", 0, schemas.now_ns(), 12 + step, seconds, seconds, 2)
+            )
+
+    feeding = asyncio.create_task(job())
+    assert await job_waits.pace_step_s(log, standbys=True) == 0.22
+    await feeding

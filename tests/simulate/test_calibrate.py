@@ -30,6 +30,7 @@ RECOVERY = {
         "checkpoint_persist_s": 0.05,
         "checkpoint_gb": 0.02,
         "shutdown_s": 1.5,
+        "pace_step_s": 0.2,
     },
     "load_1m_before": 9.5,
 }
@@ -71,6 +72,22 @@ def test_warm_restart_costs_come_from_the_warm_mode(tmp_path):
     restart = load_profile(str(path)).restart
     assert (restart.rejoin_s, restart.warm_startup_s) == pytest.approx((0.8, 0.5))
     assert restart.standby_ready_s == pytest.approx(21.0)  # a cold rank's start-up
+
+
+def test_the_profile_records_the_pace_it_was_measured_at(tmp_path):
+    """The example job's step time in both modes: what a prediction measures a run's load
+    against. A cold-only recovery has no reference for a run beside standbys: no pace."""
+    cold_only = tmp_path / "cold.toml"
+    cold_only.write_text(calibrate(str(bench_dir(tmp_path))))
+    assert load_profile(str(cold_only)).pace is None
+    warm = {"relaunch_s": 0.8, "startup_s": 0.1, "first_step_s": 0.4, "pace_step_s": 0.3}
+    (tmp_path / "recovery.json").write_text(json.dumps({**RECOVERY, "warm": warm}))
+    text = calibrate(str(tmp_path))
+    (tmp_path / "warm.toml").write_text(text)
+    pace = load_profile(str(tmp_path / "warm.toml")).pace
+    assert pace is not None
+    assert (pace.warm_median_step_s, pace.cold_median_step_s) == pytest.approx((0.3, 0.2))
+    assert "cold_median_step_s = 0.2  # recovery.json cold.pace_step_s" in text
 
 
 def test_repeated_benches_give_each_field_its_median_and_range(tmp_path):

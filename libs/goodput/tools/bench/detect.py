@@ -36,7 +36,7 @@ from goodput.bus.job_events import JobEvents
 from goodput.config import add_bus_arguments
 from goodput.launch.rank_env import knobs
 from goodput.supervisor.detect.thresholds import Thresholds
-from goodput.tools.bench.recovery import WAIT_S
+from goodput.tools.bench.job_waits import WAIT_S
 from goodput.tools.stack.launcher import start_stack, stop_stack, wait_healthy
 
 NS = 1e9

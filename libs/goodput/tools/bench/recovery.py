@@ -33,7 +33,9 @@ slices read from the node's volume, and the rank that replaced the victim on "lo
 Each mode's job ends with a ``Stop`` (its ranks save, persist and exit), and the mode also
 reports what the job's own events say of it, as a demo run's costs are read: its step time,
 its saves' stall, persist and size, and its shutdown (last step → ranks exited). They are
-what ``goodput simulate calibrate`` prices a save's fixed parts and a job's end with.
+what ``goodput simulate calibrate`` prices a save's fixed parts and a job's end with. Before
+its first trial the job steps undisturbed for a few seconds (``pace_step_s``, its median
+step then: the machine's pace, which the profile records it was measured at).
 """
 
 from __future__ import annotations
@@ -60,6 +62,16 @@ from goodput.config import add_bus_arguments, count_at_least
 from goodput.launch.rank_env import knobs
 from goodput.policy import REPEAT_FAILURES
 from goodput.supervisor.policy.scripts import cold_restart
+from goodput.tools.bench.job_waits import (
+    PACE_S,
+    WAIT_S,
+    held_after,
+    newest_held_by_all,
+    newest_status,
+    pace_step_s,
+    restores_after,
+    survivors_after,
+)
 from goodput.tools.simulate.measure import measured_costs
 from goodput.tools.stack.launcher import start_stack, stop_stack, wait_healthy
 
@@ -78,75 +90,6 @@ STEADY = (
     "checkpoint_gb",
     "shutdown_s",
 )
-#: how long each awaited event may take before the job counts as not recovering
-WAIT_S = 120.0
-#: events that show the ranks starting or training (service health events do not count)
-PROGRESS = (schemas.RankStarted, schemas.StepDone, schemas.CheckpointSaved)
-
-
-def newest_held_by_all(events: list[schemas.Event], world_size: int, before_ts: int) -> int:
-    """The newest step every rank reported persisted at or before ``before_ts`` (-1: none)."""
-    ranks_by_step: dict[int, set[int]] = {}
-    for event in events:
-        if isinstance(event, schemas.CheckpointPersisted) and event.ts <= before_ts:
-            ranks_by_step.setdefault(event.step, set()).add(event.rank)
-    full = [step for step, ranks in ranks_by_step.items() if len(ranks) >= world_size]
-    return max(full, default=-1)
-
-
-async def _held_after(log: JobEvents, world_size: int, after_ts: int) -> int:
-    """The newest step persisted by every rank in events stamped after ``after_ts``.
-
-    Starting ranks and their first steps take minutes on a loaded machine: the wait gives up
-    only after ``WAIT_S`` without the ranks making progress, not after a fixed time."""
-    deadline, seen = time.monotonic() + WAIT_S, 0
-    while time.monotonic() < deadline:
-        events = log.events[:]
-        progress = sum(isinstance(e, PROGRESS) for e in events)
-        if progress > seen:
-            deadline, seen = time.monotonic() + WAIT_S, progress
-        step = newest_held_by_all([e for e in events if e.ts > after_ts], world_size, 2**63)
-        if step >= 0:
-            return step
-        await asyncio.sleep(0.02)
-    raise TimeoutError(
-        f"no checkpoint persisted by all {world_size} ranks, and no progress for {WAIT_S:g} s"
-    )
-
-
-async def _restores_after(log: JobEvents, world_size: int, after_ts: int) -> dict[int, str]:
-    """The tier each rank restored from in events stamped after ``after_ts``, once every rank
-    has restored (its first restore after that moment). A node's volume filled before its
-    ranks start reports rank -1: not a rank's restore."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        tiers: dict[int, str] = {}
-        for event in log.events[:]:
-            if (
-                isinstance(event, schemas.CheckpointRestored)
-                and event.ts > after_ts
-                and 0 <= event.rank < world_size
-            ):
-                tiers.setdefault(event.rank, event.tier)
-        if len(tiers) >= world_size:
-            return dict(sorted(tiers.items()))
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"not every one of {world_size} ranks restored within {WAIT_S:g} s")
-
-
-def survivors_after(events: list[schemas.Event], after_ts: int) -> list[int]:
-    """The ranks that restarted in process (kept their process and memory) after ``after_ts``."""
-    return sorted(
-        {e.rank for e in events if isinstance(e, schemas.RankRejoined) and e.ok and e.ts > after_ts}
-    )
-
-
-def _newest_status(log: JobEvents) -> schemas.JobStatus:
-    return next(
-        e
-        for e in reversed(log.events[:])
-        if isinstance(e, schemas.JobStatus) and e.state == "running"
-    )
 
 
 def rss_mib(pid: int) -> float | None:
@@ -183,8 +126,8 @@ async def _trial(
         after_ts=restarted_ts,
     )
     assert isinstance(status, schemas.JobStatus)
-    await _held_after(log, status.world_size, max(resumed_ts, status.ts))
-    latest = _newest_status(log)
+    await held_after(log, status.world_size, max(resumed_ts, status.ts))
+    latest = newest_status(log)
     victim_node = latest.active_nodes[turn % len(latest.active_nodes)]
     # with several ranks per node, successive trials kill different local ranks
     victim_index = turn % len(latest.pids[victim_node])
@@ -195,7 +138,7 @@ async def _trial(
             f"a ready standby on {victim_node}",
             after_ts=latest.ts,
         )
-        latest = _newest_status(log)
+        latest = newest_status(log)
     memory = {
         "rank_rss_mib": rss_mib(latest.pids[victim_node][victim_index]),
         "standby_rss_mib": rss_mib(latest.standbys[victim_node][0]) if standbys else None,
@@ -241,7 +184,7 @@ async def _trial(
         "the first step after resume",
         after_ts=restored.ts,
     )
-    tiers = await _restores_after(log, status.world_size, decision.ts)
+    tiers = await restores_after(log, status.world_size, decision.ts)
     survivors = survivors_after(log.events[:], decision.ts)
     held = newest_held_by_all(log.events[:], status.world_size, killed_ts)
     load_started = restored.ts - int(restored.duration_s * NS)
@@ -316,6 +259,8 @@ async def _measure(
         )
         restarted_ts = resumed_ts = schemas.now_ns()
         await bus.send_command(subjects.ACTUATOR, start)
+        with console.status(f"the job's pace: {PACE_S:g} s of steps, nothing else happening…"):
+            pace = await pace_step_s(log, standbys=warm)
         faults = ["kill"] * trials + (["hang"] if warm else [])
         for trial, fault in enumerate(faults):
             with console.status(
@@ -348,7 +293,7 @@ async def _measure(
                 "the job stopped",
                 after_ts=stopping_ts,
             )
-        steady = steady_costs(log.events[:])
+        steady = steady_costs(log.events[:]) | {"pace_step_s": pace}
     finally:
         await bus.close()
     return results, steady

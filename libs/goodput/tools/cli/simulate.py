@@ -132,7 +132,12 @@ def _predict(args: argparse.Namespace) -> int:
     from goodput.tools.simulate.profile import load_profile
     from goodput.tools.simulate.render import print_prediction
 
-    result = predict_file(args.run, load_profile(args.profile), args.checkpoint_gb)
+    result = predict_file(
+        args.run,
+        load_profile(args.profile),
+        args.checkpoint_gb,
+        follow_load=not args.at_profile_pace,
+    )
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -227,6 +232,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         metavar="GB",
         help="the checkpoint state per rank (default: the size the run's checkpoints reported)",
+    )
+    predicted.add_argument(
+        "--at-profile-pace",
+        action="store_true",
+        help="price the run at the load the profile was measured at (default: where the "
+        "profile records its pace, a run whose median step was slower met more load, and the "
+        "costs this machine's CPUs pay are priced that many times dearer)",
     )
     predicted.add_argument("--json", action="store_true", help="machine-readable output")
     calibrated = actions.add_parser(

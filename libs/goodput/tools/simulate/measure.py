@@ -10,7 +10,8 @@ and how long the old attempt went on training after the decision (a scale-up sto
 once the new ranks are ready: 0.7–19 s of a 5–23 s relaunch in the demos). Steps are priced
 per phase (the first attempt, then after each remediation): a job scaled down runs at a
 different step time, and load on a shared machine changes it from one attempt to the next,
-so one mean for the whole run misprices every phase but the average one. Seconds throughout;
+so one mean for the whole run misprices every phase but the average one; the median step
+says the machine's pace (its load) apart from the job's own bursts. Seconds throughout;
 ``checkpoint_gb`` (rank 0's state, which ``goodput simulate predict`` prices) is no cost.
 """
 
@@ -126,6 +127,7 @@ def measured_costs(
     lifecycle_end = max((e.ts for e in ordered if _ends_run(e)), default=0)
     return {
         "step_time_s": healthy,
+        "median_step_time_s": _median_step_s(steps, windows),
         "first_step_time_s": phase_step_s[0],
         "checkpoint_stall_s": _mean(stalls),
         "checkpoint_persist_s": _mean(persists),
@@ -181,6 +183,13 @@ def _healthy_step_s(steps: list[schemas.StepDone], slow: Sequence[tuple[int, int
     None without such a step."""
     times = [s.step_time_s for s in steps if not _inside(s.ts, slow)]
     return round(statistics.fmean(times), 4) if times else None
+
+
+def _median_step_s(steps: list[schemas.StepDone], slow: Sequence[tuple[int, int]]) -> float:
+    """The median step time outside stragglers' windows: the machine's pace, which the job's
+    own bursts (a standby built beside it, the first steps after a restart) do not move."""
+    times = [s.step_time_s for s in steps if not _inside(s.ts, slow)]
+    return round(statistics.median(times), 4) if times else 0.0
 
 
 def _phase_of(

@@ -9,6 +9,10 @@ with the profile: detection and decision, relaunch, restore, start-up (the first
 warm restarts and standby readiness, checkpoint stalls and persists, and the ranks' exit.
 A scaled-down attempt steps nodes/active times slower: the demo's job keeps its global batch
 (its default ``--rescale keep-global-batch``), so fewer ranks do the same work per step.
+
+A profile calibrated on the run's machine knows the pace it was measured at; a run whose median
+step was slower met more load, and its machine-bound costs are priced that much dearer
+(:mod:`.pace`; ``follow_load=False``: at the profile's pace, whatever the run's).
 """
 
 from __future__ import annotations
@@ -16,20 +20,31 @@ from __future__ import annotations
 from goodput.tools.demo.scenarios import SCENARIOS
 from goodput.tools.simulate.demo_run import compare, job_spec, load_run, simulate_setup, step_fault
 from goodput.tools.simulate.fleet import StepFault
+from goodput.tools.simulate.pace import at_pace, pace_factor
 from goodput.tools.simulate.profile import CostProfile, SimulateError
 
 
-def predict_file(path: str, profile: CostProfile, checkpoint_gb: float | None = None) -> dict:
+def predict_file(
+    path: str,
+    profile: CostProfile,
+    checkpoint_gb: float | None = None,
+    *,
+    follow_load: bool = True,
+) -> dict:
     """Predict both setups of ``goodput demo --json`` output; ``checkpoint_gb``: the state per
-    rank (None: the size the run's checkpoints reported)."""
+    rank (None: the size the run's checkpoints reported); ``follow_load``: price each setup at
+    the pace its steps ran (where the profile knows its own)."""
     run = load_run(path)
     result = compare(
-        run, lambda setup_run, setup: _predict(setup_run, setup, profile, checkpoint_gb)
+        run,
+        lambda setup_run, setup: _predict(setup_run, setup, profile, checkpoint_gb, follow_load),
     )
     return result | {"profile": profile.name}
 
 
-def _predict(run: dict, setup: str, profile: CostProfile, checkpoint_gb: float | None) -> dict:
+def _predict(
+    run: dict, setup: str, profile: CostProfile, checkpoint_gb: float | None, follow_load: bool
+) -> dict:
     try:
         info = run["replay"]
         step_time = float(info["costs"]["step_time_s"])
@@ -45,18 +60,21 @@ def _predict(run: dict, setup: str, profile: CostProfile, checkpoint_gb: float |
                 f"the {setup} run does not say its checkpoint size: give --checkpoint-gb"
             )
         job = job_spec(info, step_time, size)
-        faults = _faults(run, setup, step_time, profile.detection.event_latency_s)
+        median = info["costs"].get("median_step_time_s")
+        factor = pace_factor(profile, setup, median) if follow_load else 1.0
+        priced = at_pace(profile, factor)
+        faults = _faults(run, setup, step_time, priced.detection.event_latency_s)
     except (KeyError, TypeError, ValueError) as exc:
         raise SimulateError(f"the {setup} run's replay section is incomplete: {exc}") from None
     return simulate_setup(
         run,
         setup,
         job,
-        profile,
+        priced,
         faults,
-        shutdown_s=profile.restart.shutdown_s,
+        shutdown_s=priced.restart.shutdown_s,
         keep_global_batch=True,
-    ) | {"checkpoint_gb": size}
+    ) | {"checkpoint_gb": size, "pace": round(factor, 3)}
 
 
 def _faults(run: dict, setup: str, step_time_s: float, latency_s: float) -> list[StepFault]:

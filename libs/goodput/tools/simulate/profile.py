@@ -88,12 +88,26 @@ class DetectionCosts(Strict):
     host_probe_s: NonNegative
 
 
+class Pace(Strict):
+    """The machine's pace while the profile was measured: the example job's median step time
+    with a standby per node (``bench recovery``'s warm job, as the demo's goodput setup runs)
+    and without one (its cold job, as the demo's baseline runs). A machine under load slows a
+    step and everything else its CPUs do alike, so a run's median step over these says how
+    much dearer that run's costs were than the profile's (:mod:`.pace`)."""
+
+    warm_median_step_s: Positive
+    cold_median_step_s: Positive
+
+
 class CostProfile(Strict):
     name: str
     description: str
     checkpoint: CheckpointCosts
     restart: RestartCosts
     detection: DetectionCosts
+    #: added after profiles shipped; None (a profile of another machine, or one calibrated
+    #: before it): the costs are taken as they are, at whatever load a run meets
+    pace: Pace | None = None
 
 
 class JobSpec(Strict):

@@ -73,7 +73,9 @@ def print_prediction(result: dict, console: Console | None = None) -> None:
     console.print(out)
     for setup in setups:
         r = result[setup]
+        pace = r.get("pace", 1.0)
         console.print(
             f"{setup}: predicted {r['predicted']:.1f} %, measured {r['actual']:.1f} % "
             f"(error {r['error']:.1f} points)"
+            + (f"; costs at {pace:.2f}x the profile's (its steps' pace)" if pace != 1.0 else "")
         )

@@ -8,10 +8,10 @@ volume and to a peer, the bus hops, the ranks' exit. What happens elsewhere does
 object store, a scheduler's provisioning, a GPU reset, the host monitor's probe period.
 
 The run's step time is what a user knows before it runs; its median's ratio to the median step
-of the same setup while the profile was measured (:class:`~.profile.Pace`) is the factor (a
-median: the job's own bursts, a standby built beside it or the first steps after a restart,
-say nothing of the machine's load, and a short bench job has more of them than a long run). A profile
-without a pace (one of another machine, as ``large-gpu``) is taken as it is.
+of the same setup while the profile was measured (:class:`~.profile.Pace`, taken while the
+bench's job stepped undisturbed) is the factor. A median, because the job's own bursts (a
+standby built beside it, the first steps after a restart) say nothing of the machine's load.
+A profile without a pace (one of another machine, as ``large-gpu``) is taken as it is.
 """
 
 from __future__ import annotations

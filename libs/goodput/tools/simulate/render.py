@@ -77,5 +77,10 @@ def print_prediction(result: dict, console: Console | None = None) -> None:
         console.print(
             f"{setup}: predicted {r['predicted']:.1f} %, measured {r['actual']:.1f} % "
             f"(error {r['error']:.1f} points)"
-            + (f"; costs at {pace:.2f}x the profile's (its steps' pace)" if pace != 1.0 else "")
+            + (
+                f"; this machine's costs at {pace:.2f}x the profile's (the run's median step "
+                "over the profile's)"
+                if pace != 1.0
+                else ""
+            )
         )

@@ -120,14 +120,18 @@ def measured_costs(
         (start, min([end, *(t for t in relaunched if t > start)])) for start, end in slow_windows
     ]
     steps = [step for phase in phases for step in phase]
-    healthy = _healthy_step_s(steps, windows) or 0.0
+    healthy_times = _healthy_times(steps, windows)
+    healthy = round(statistics.fmean(healthy_times), 4) if healthy_times else 0.0
+    # the median says the machine's pace, which the job's own bursts (a standby built beside
+    # it, the first steps after a restart) do not move
+    median = round(statistics.median(healthy_times), 4) if healthy_times else 0.0
     phase_step_s = [_healthy_step_s(phase, windows) for phase in phases]
     for remediation, step_s in zip(remediations, phase_step_s[1:], strict=True):
         remediation["step_time_s"] = step_s
     lifecycle_end = max((e.ts for e in ordered if _ends_run(e)), default=0)
     return {
         "step_time_s": healthy,
-        "median_step_time_s": _median_step_s(steps, windows),
+        "median_step_time_s": median,
         "first_step_time_s": phase_step_s[0],
         "checkpoint_stall_s": _mean(stalls),
         "checkpoint_persist_s": _mean(persists),
@@ -178,18 +182,15 @@ def _inside(ts: int, windows: Sequence[tuple[int, int]]) -> bool:
     return any(start <= ts <= end for start, end in windows)
 
 
+def _healthy_times(steps: list[schemas.StepDone], slow: Sequence[tuple[int, int]]) -> list[float]:
+    """The step times outside stragglers' windows (the job's time per step, load included)."""
+    return [s.step_time_s for s in steps if not _inside(s.ts, slow)]
+
+
 def _healthy_step_s(steps: list[schemas.StepDone], slow: Sequence[tuple[int, int]]) -> float | None:
-    """The mean step time outside stragglers' windows (the job's time per step, load included);
-    None without such a step."""
-    times = [s.step_time_s for s in steps if not _inside(s.ts, slow)]
+    """The mean of :func:`_healthy_times`; None without such a step."""
+    times = _healthy_times(steps, slow)
     return round(statistics.fmean(times), 4) if times else None
-
-
-def _median_step_s(steps: list[schemas.StepDone], slow: Sequence[tuple[int, int]]) -> float:
-    """The median step time outside stragglers' windows: the machine's pace, which the job's
-    own bursts (a standby built beside it, the first steps after a restart) do not move."""
-    times = [s.step_time_s for s in steps if not _inside(s.ts, slow)]
-    return round(statistics.median(times), 4) if times else 0.0
 
 
 def _phase_of(

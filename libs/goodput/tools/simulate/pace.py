@@ -63,9 +63,9 @@ def at_pace(profile: CostProfile, factor: float) -> CostProfile:
     if factor == 1.0:
         return profile
     sections = {}
-    for section in ("checkpoint", "restart", "detection"):
+    for section in SECONDS:  # every section with a paced cost: BANDWIDTHS' is among them
         costs = getattr(profile, section)
-        changes = {key: getattr(costs, key) * factor for key in SECONDS.get(section, ())}
+        changes = {key: getattr(costs, key) * factor for key in SECONDS[section]}
         changes |= {key: getattr(costs, key) / factor for key in BANDWIDTHS.get(section, ())}
         sections[section] = msgspec.structs.replace(costs, **changes)
     return msgspec.structs.replace(profile, **sections)

@@ -1,7 +1,8 @@
 """The demo's fault scenarios: which fault hits which rank, at which point of training.
 
 A fault fires once training has done ``at`` of its steps *and* the job has played out the
-fault before it (restarted and stepping again; a straggler runs alongside what follows), so
+fault before it (restarted and stepping again; a straggler once the sensor has flagged it, or
+its slowing ended unflagged: it runs on alongside what follows), so
 every run of a scenario meets the same faults at the same training progress, however quickly
 it recovers — which is what makes goodput's remediation and the baseline comparable. Node
 faults name the node that runs ``rank`` when they fire.

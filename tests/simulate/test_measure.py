@@ -83,3 +83,16 @@ def test_a_straggler_slows_the_phase_it_ran_in_not_the_run_mean() -> None:
     costs = measured_costs(events, slow_windows=[window])
     assert costs["slowdowns"] == [4.0]
     assert costs["remediations"][-1]["step_time_s"] == 0.25
+
+
+def test_a_straggler_that_fades_is_measured_step_by_step() -> None:
+    """Under a moving load the demo's 3× straggler faded while its window ran: its mean
+    alone slowed every replayed step to the window's end (17.4 s of straggler badput against
+    the run's 8.4 s)."""
+    events = _scale_down_run()
+    last = [e for e in events if isinstance(e, schemas.StepDone)][-4:]
+    for event, seconds in zip(last, (1.0, 0.75, 0.5, 0.25), strict=True):
+        event.step_time_s = seconds
+    costs = measured_costs(events, slow_windows=[(last[0].ts - 1, last[-1].ts)])
+    assert costs["slowed_steps"] == [[4.0, 3.0, 2.0, 1.0]]
+    assert costs["slowdowns"] == [2.5]

@@ -150,3 +150,36 @@ def test_an_old_attempt_that_trained_on_is_replayed_training(tmp_path):
     idle = {k: v["scaled_down_idle"] for k, v in booked.items()}
     assert idle[8.0] - idle[0.0] == pytest.approx(4.0, abs=0.5)
     assert booked[8.0]["wasted_progress"] == pytest.approx(booked[0.0]["wasted_progress"], abs=0.5)
+
+
+def _straggler_run(slowed_steps: list[list[float]]) -> dict:
+    """The baseline (it ignores stragglers) meets a 4× straggler for 60 s at step 140."""
+    replay = demo_run(0, 50.0)["replay"] | {"faults": [FAULTS[2]]}
+    replay["costs"] = COSTS | {
+        "remediations": [],
+        "slowdowns": [4.0],
+        "slowed_steps": slowed_steps,
+        "fault_delays_s": [0.0],
+    }
+    run = {"goodput_pct": 50.0, "badput": {}, "replay": replay}
+    return run | {"baseline": run}
+
+
+def test_a_straggler_is_replayed_step_by_step_as_it_was_measured(tmp_path):
+    """A straggler whose slowdown faded (under a moving load) costs what its slowed steps did:
+    the calculator stops counting it at the first step back near the healthy median, and the
+    window's mean alone slowed every replayed step to its end."""
+    straggling = {}
+    for name, steps in (
+        ("mean", []),
+        ("steady", [[4.0] * 75]),
+        ("fading", [[4.0] * 45 + [1.0] * 40]),
+    ):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(_straggler_run(steps)))
+        baseline = replay_file(str(path))["baseline"]
+        assert baseline["rules"].keys() == {"baseline-ignore-straggler"}
+        straggling[name] = baseline["predicted_badput_s"]["straggler_slowdown"]
+    assert straggling["steady"] == pytest.approx(straggling["mean"], abs=1.0)
+    # flagged about 30 s into its 36 s at 4×: a few seconds, not the rest of its 60
+    assert straggling["fading"] < straggling["mean"] - 10

@@ -107,12 +107,15 @@ def step_fault(
     setup: str,
     *,
     slowdown: float = 0.0,
+    slowed_steps: tuple[float, ...] = (),
     delay_s: float = 0.0,
     duration_s: float | None = None,
 ) -> StepFault:
     """One fault of the run at the step it fired. A node loss is repaired at the step the
     scenario names where the job trains on without it (goodput), else after its seconds;
-    ``duration_s``: a straggler's length (None: the run's entry's)."""
+    ``duration_s``: a straggler's length (None: the run's entry's); ``slowdown`` and
+    ``slowed_steps``: how much slower the job stepped while it ran, on the whole and step by
+    step (a replay's measures)."""
     kind = KINDS.get(entry["action"])
     if kind is None:
         raise SimulateError(f"cannot simulate a {entry['action']!r} fault")
@@ -130,6 +133,7 @@ def step_fault(
         duration_s=duration,
         factor=float(entry.get("factor") or 1.0),
         slowdown=float(slowdown),
+        slowed_steps=tuple(float(f) for f in slowed_steps),
         repair_at_step=int(repair_step) if by_step else None,
         delay_s=float(delay_s),
     )

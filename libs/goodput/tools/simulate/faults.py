@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from goodput.tools.simulate import messages as msg
 from goodput.tools.simulate.fleet import BREAKING, XIDS, Fault
-from goodput.tools.simulate.records import NS, T0, FedRank
+from goodput.tools.simulate.records import NS, T0, FedRank, Slowing
 
 
 class FaultsMixin:
@@ -29,6 +29,7 @@ class FaultsMixin:
                 fault.duration_s,
                 fault.factor,
                 fault.slowdown,
+                fault.slowed_steps,
             )
             if at_ns > self.now:
                 self._at(at_ns, self._fault, strikes)
@@ -43,7 +44,9 @@ class FaultsMixin:
             return  # already down: a broken node cannot fail again
         active = self.actuator.membership.active
         if fault.kind == "straggler":
-            self._straggling[node] = fault.slowdown or fault.factor
+            # its first slowed step is the next one
+            mean = fault.slowdown or fault.factor
+            self._straggling[node] = Slowing(mean, fault.slowed_steps, self.step + 1)
             self._compute_factor[node] = fault.factor
             self._straggle_changes += 1
             self._at(self.now + int(fault.duration_s * NS), self._straggler_ends, node)
@@ -121,13 +124,17 @@ class FaultsMixin:
         fed = self._fed.get(rank) or self._register(rank, FedRank(node))
         fed.compute_factor = self._compute_factor.get(node, 1.0)
 
-    def _slowdown(self) -> float:
-        """How much slower the job steps: its slowest active node (cached per change)."""
+    def _slowdown(self, step: int) -> float:
+        """How much slower the job does ``step``: its slowest active node (cached per change,
+        but for a replay's step-by-step slowdown)."""
         key = (self.actuator.attempt, self._straggle_changes)
         if key != self._slow_key:
             active = set(self.actuator.membership.active)
             self._slow_key = key
-            self._slow = max((f for n, f in self._straggling.items() if n in active), default=1.0)
+            self._slowing = [s for n, s in self._straggling.items() if n in active]
+            self._slow = max((s.mean for s in self._slowing), default=1.0)
+        if any(s.steps for s in self._slowing):
+            return max(s.at(step) for s in self._slowing)
         return self._slow
 
     def _straggler_ends(self, node: str) -> None:

@@ -61,7 +61,9 @@ def measured_costs(
     """The run's costs. ``faults``: when each injected fault struck (epoch ns) and the step it
     was fired at, whose ``fault_delays_s`` say how long after that step was done;
     ``slow_windows``: (start, end) epoch ns of each injected straggler, whose measured
-    ``slowdown`` is the job's mean step time inside it over the healthy one."""
+    ``slowdowns`` are the job's mean step time inside it over the healthy one, and
+    ``slowed_steps`` each of its steps' (a slowdown is not steady: under a moving load a 3×
+    straggler faded to 1.3-1.6× while its window still ran)."""
     ordered = sorted(events, key=lambda e: e.ts)
     actions = {
         e.command_id: e.action
@@ -126,6 +128,14 @@ def measured_costs(
     # it, the first steps after a restart) do not move
     median = round(statistics.median(healthy_times), 4) if healthy_times else 0.0
     phase_step_s = [_healthy_step_s(phase, windows) for phase in phases]
+    #: each straggler's steps, and the healthy step time of the phase it struck
+    slowed = [
+        (
+            [s.step_time_s for s in steps if w[0] <= s.ts <= w[1]],
+            _phase_of(w[0], phases, phase_step_s) or healthy,
+        )
+        for w in windows
+    ]
     for remediation, step_s in zip(remediations, phase_step_s[1:], strict=True):
         remediation["step_time_s"] = step_s
     lifecycle_end = max((e.ts for e in ordered if _ends_run(e)), default=0)
@@ -141,9 +151,8 @@ def measured_costs(
         "shutdown_s": round(max(0, lifecycle_end - steps[-1].ts) / 1e9, 4) if steps else 0.0,
         "decision_s": _mean(decisions),
         "remediations": remediations,
-        "slowdowns": [
-            _slowdown(steps, w, _phase_of(w[0], phases, phase_step_s) or healthy) for w in windows
-        ],
+        "slowdowns": [_slowdown(inside, healthy) for inside, healthy in slowed],
+        "slowed_steps": [_factors(inside, healthy) for inside, healthy in slowed],
         "fault_delays_s": [_delay(steps, at_ns, step) for at_ns, step in faults],
     }
 
@@ -204,8 +213,12 @@ def _phase_of(
     return running
 
 
-def _slowdown(steps: list[schemas.StepDone], window: tuple[int, int], healthy: float) -> float:
-    inside = [s.step_time_s for s in steps if window[0] <= s.ts <= window[1]]
+def _factors(inside: list[float], healthy: float) -> list[float]:
+    """Each step's time over the healthy one (none without a healthy step to compare with)."""
+    return [round(t / healthy, 3) for t in inside] if healthy > 0 else []
+
+
+def _slowdown(inside: list[float], healthy: float) -> float:
     if not inside or healthy <= 0:
         return 1.0
     return round(max(1.0, statistics.fmean(inside) / healthy), 4)

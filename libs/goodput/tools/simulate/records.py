@@ -22,6 +22,22 @@ class FedRank:
 
 
 @dataclass(frozen=True, slots=True)
+class Slowing:
+    """How much slower the job steps while a node straggles: ``mean`` throughout, or a
+    replay's measured ``steps``, one factor per step from ``from_step`` on (a straggler's
+    slowdown is not steady: on a loaded machine a 3× one faded to 1.3-1.6× while its window
+    still ran, and the calculator stopped counting it at the first step back within 10 %)."""
+
+    mean: float
+    steps: tuple[float, ...] = ()
+    from_step: int = 0
+
+    def at(self, step: int) -> float:
+        offset = step - self.from_step
+        return self.steps[offset] if 0 <= offset < len(self.steps) else self.mean
+
+
+@dataclass(frozen=True, slots=True)
 class RemediationCost:
     """What one remediation of a replayed run cost, measured from its events (seconds)."""
 

@@ -7,8 +7,8 @@ prediction is made without the run's goodput or badput, only from its setup (nod
 steps, checkpoint interval), its faults, unit costs (step time, checkpoint stall and persist,
 decision, the first start-up and the final shutdown) and what each remediation cost (relaunch,
 restore, start-up, the step restored, the step time of the phase it started) measured from its
-events (:mod:`goodput.tools.simulate.measure`); a straggler slows the job's steps by the factor
-measured while it ran.
+events (:mod:`goodput.tools.simulate.measure`); a straggler slows the job's steps as they were
+measured while it ran, step by step (a run measured before they were: by their mean).
 """
 
 from __future__ import annotations
@@ -45,12 +45,14 @@ def _replay(run: dict, setup: str) -> dict:
             raise SimulateError(f"the {setup} run has no step time to replay")
         job = job_spec(info, step_time, state_gb=1.0)
         slowdowns = iter(costs.get("slowdowns") or [])
+        slowed_steps = iter(costs.get("slowed_steps") or [])
         delays = costs.get("fault_delays_s") or [0.0] * len(info["faults"])
         faults = [
             step_fault(
                 f,
                 setup,
                 slowdown=next(slowdowns, 0.0) if f["action"] == "slow-rank" else 0.0,
+                slowed_steps=next(slowed_steps, ()) if f["action"] == "slow-rank" else (),
                 delay_s=delay,
             )
             for f, delay in zip(info["faults"], delays, strict=True)

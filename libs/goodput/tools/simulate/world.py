@@ -49,7 +49,7 @@ from goodput.tools.simulate.decisions import DecisionsMixin
 from goodput.tools.simulate.faults import FaultsMixin
 from goodput.tools.simulate.fleet import Fault, StepFault, node_names
 from goodput.tools.simulate.profile import CostProfile, JobSpec, SimulateError
-from goodput.tools.simulate.records import NS, T0, FedRank, MeasuredCosts
+from goodput.tools.simulate.records import NS, T0, FedRank, MeasuredCosts, Slowing
 from goodput.tools.simulate.strategies import Strategy
 
 JOB = msg.JOB
@@ -175,7 +175,7 @@ class World(FaultsMixin, DecisionsMixin):
         self._fed: dict[int, FedRank] = {}
         self._broken: dict[str, str] = {}
         #: straggling nodes: how much slower the job steps with each, and its compute factor
-        self._straggling: dict[str, float] = {}
+        self._straggling: dict[str, Slowing] = {}
         self._compute_factor: dict[str, float] = {}
         self._failure_ns: int | None = None
         self._gen = 0
@@ -198,6 +198,7 @@ class World(FaultsMixin, DecisionsMixin):
         self._slow_key: tuple = ()
         self._straggle_changes = 0
         self._slow = 1.0
+        self._slowing: list[Slowing] = []
         self.actuator.broken = self._broken
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -401,11 +402,12 @@ class World(FaultsMixin, DecisionsMixin):
         self._next_step = self.now + self._step_ns()
 
     def _step_ns(self) -> int:
-        return int(self._step_s * self._slowdown() * NS)
+        """How long the next step takes."""
+        return int(self._step_s * self._slowdown(self.step + 1) * NS)
 
     def _step(self) -> None:
         self.step += 1
-        step_time = self._step_s * self._slowdown()
+        step_time = self._step_s * self._slowdown(self.step)
         world = len(self._fed)
         reported: schemas.StepDone | None = None
         for rank, fed in self._fed.items():

@@ -166,6 +166,57 @@ def test_a_rollback_without_new_steps_throws_work_away() -> None:
     assert report.badput["job_down"] == pytest.approx(1)
 
 
+def _evicted_at_its_flag(flag_s: float) -> list[schemas.Event]:
+    """Two ranks step at 1 s, then at 3 s (a straggler) from step 6 to step 10 (done at 20);
+    the straggler is flagged at ``flag_s`` and evicted: both ranks stop at 21 and start again
+    at 22; the new attempt steps at 2.5 s (a standby rebuilt beside it), then at 1 s."""
+    flag = schemas.Signal(job=JOB, ts=at(flag_s), signal="straggler", node="n1", severity="info")
+    events: list[schemas.Event] = [started(0, 0, 2), started(0, 1, 2)]
+    for number in range(1, 6):
+        events += step(number, number, 1.0, 2)
+    for number in range(6, 11):
+        events += step(5 + 3 * (number - 5), number, 3.0, 2)
+    events += [
+        flag,
+        schemas.Decision(
+            job=JOB,
+            ts=at(flag_s + 0.01),
+            signal_id=flag.signal_id,
+            policy="p",
+            rule="evict-straggler-hot-swap",
+            reason="slow",
+            command_ids=["swap"],
+        ),
+        schemas.CheckpointSaved(
+            job=JOB, ts=at(20.5), node="n0", rank=0, step=10, stall_s=0.0, bytes=1
+        ),
+    ]
+    for rank in (0, 1):
+        events.append(
+            schemas.RankExited(
+                job=JOB, ts=at(21), node=f"n{rank}", rank=rank, pid=100 + rank, exit_code=0,
+                expected_reason="hot_swap",
+            )
+        )  # fmt: skip
+    events += [started(22, 0, 2), started(22, 1, 2)]
+    for number in range(11, 16):
+        events += step(22 + 2.5 * (number - 10), number, 2.5, 2)
+    for number in range(16, 21):
+        events += step(34.5 + (number - 15), number, 1.0, 2)
+    return events
+
+
+def test_a_straggler_flag_covers_the_attempt_it_was_raised_in() -> None:
+    """A flag raised while its attempt still steps covers its slow steps; one raised after that
+    attempt's last step (the eviction stopped training as it came) covers nothing: the next
+    attempt's slow steps are not the evicted straggler's. (Such a flag once covered the new
+    attempt's steps, or not, by whether its first step's kept time was slow.)"""
+    during = compute_goodput(_evicted_at_its_flag(13.5)).badput["straggler_slowdown"]
+    assert during == pytest.approx(3 * (3 - 1), abs=1e-6)  # steps 8-10, each 2 s over 1 s
+    after = compute_goodput(_evicted_at_its_flag(20.2)).badput["straggler_slowdown"]
+    assert after == 0
+
+
 def test_several_jobs_need_a_choice() -> None:
     other = [msgspec.structs.replace(e, job="other") for e in scenario_events()]
     with pytest.raises(ValueError, match="several jobs"):

@@ -325,12 +325,12 @@ class _Accounting:
             if e.signal == "straggler"
         )
         ends = [x.end for x in executions]
+        firsts = (_flagged_from(flagged, ends, executions, runs) for flagged in flags)
+        covered = [first for first in firsts if first is not None]
         # the most a flag can cover: from the first step ending after it to the end of its run
         suspect: set[int] = set()
-        for flagged in flags:
-            first = bisect.bisect_right(ends, flagged)
-            if first < len(executions):
-                suspect.update(range(first, runs[executions[first].run].last + 1))
+        for first in covered:
+            suspect.update(range(first, runs[executions[first].run].last + 1))
         healthy_by_size: dict[int, list[float]] = defaultdict(list)
         for index, x in enumerate(executions):
             if index not in suspect and x.kept > 0:
@@ -340,10 +340,7 @@ class _Accounting:
         fallback = statistics.median(everything) if everything else None
 
         excess: dict[int, float] = {}
-        for flagged in flags:
-            index = bisect.bisect_right(ends, flagged)
-            if index >= len(executions):
-                continue
+        for index in covered:
             run_last = runs[executions[index].run].last
             while index <= run_last:
                 x = executions[index]
@@ -463,3 +460,19 @@ def compute_events_goodput(
     nominal_world_size: int | None = None,
 ) -> GoodputReport:
     return _Accounting(select_job(events, job), nominal_world_size).report()
+
+
+def _flagged_from(
+    flagged: float, ends: list[float], executions: list[Execution], runs: list[Run]
+) -> int | None:
+    """The first execution a straggler flag at ``flagged`` covers: the next one of the run it
+    was raised in (``ends``: the executions' ends, in order). None when that run had ended (the
+    eviction stopped training as the flag came): the next run is another attempt, whose slow
+    steps (a standby rebuilt beside it) are not the evicted straggler's, and whose own
+    straggler a new flag would mark."""
+    index = bisect.bisect_right(ends, flagged)
+    if index >= len(executions):
+        return None
+    if executions[runs[executions[index].run].first].start > flagged:
+        return None
+    return index

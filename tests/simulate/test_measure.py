@@ -96,3 +96,27 @@ def test_a_straggler_that_fades_is_measured_step_by_step() -> None:
     costs = measured_costs(events, slow_windows=[(last[0].ts - 1, last[-1].ts)])
     assert costs["slowed_steps"] == [[4.0, 3.0, 2.0, 1.0]]
     assert costs["slowdowns"] == [2.5]
+
+
+def test_a_straggler_splits_its_phase_into_the_pace_before_and_after_it() -> None:
+    """The load around a straggler changes: a loaded demo's phase stepped at 0.52 s on average
+    and at 0.40 s after the window, and a replay stepping on at the mean took those steps for
+    the straggler's excess until the next fault."""
+    events = _scale_down_run()
+    last = [e for e in events if isinstance(e, schemas.StepDone)][-8:]
+    for event in last[2:4]:
+        event.step_time_s = 1.0  # 4× the 0.25 s before
+    for event in last[4:]:
+        event.step_time_s = 0.5  # and the load doubled after
+    costs = measured_costs(events, slow_windows=[(last[2].ts - 1, last[3].ts + 1)])
+    assert costs["remediations"][-1]["step_time_s"] == 0.25  # its pace before the straggler
+    assert costs["slowed_steps"] == [[4.0, 4.0]]
+    assert costs["slowed_after_step_s"] == [0.5]
+
+
+def test_a_straggler_ended_by_a_relaunch_has_no_pace_after_it() -> None:
+    events = _scale_down_run()
+    steps = [e for e in events if isinstance(e, schemas.StepDone)]
+    window = (steps[8].ts, steps[14].ts)  # from the first phase into the scale-down
+    costs = measured_costs(events, slow_windows=[window])
+    assert costs["slowed_after_step_s"] == [None]

@@ -152,13 +152,15 @@ def test_an_old_attempt_that_trained_on_is_replayed_training(tmp_path):
     assert booked[8.0]["wasted_progress"] == pytest.approx(booked[0.0]["wasted_progress"], abs=0.5)
 
 
-def _straggler_run(slowed_steps: list[list[float]]) -> dict:
-    """The baseline (it ignores stragglers) meets a 4× straggler for 60 s at step 140."""
+def _straggler_run(slowed_steps: list[list[float]], after_s: float | None = None) -> dict:
+    """The baseline (it ignores stragglers) meets a 4× straggler for 60 s at step 140, and
+    steps at ``after_s`` once it ended (None: at the run's pace)."""
     replay = demo_run(0, 50.0)["replay"] | {"faults": [FAULTS[2]]}
     replay["costs"] = COSTS | {
         "remediations": [],
         "slowdowns": [4.0],
         "slowed_steps": slowed_steps,
+        "slowed_after_step_s": [after_s],
         "fault_delays_s": [0.0],
     }
     run = {"goodput_pct": 50.0, "badput": {}, "replay": replay}
@@ -183,3 +185,16 @@ def test_a_straggler_is_replayed_step_by_step_as_it_was_measured(tmp_path):
     assert straggling["steady"] == pytest.approx(straggling["mean"], abs=1.0)
     # flagged about 30 s into its 36 s at 4×: a few seconds, not the rest of its 60
     assert straggling["fading"] < straggling["mean"] - 10
+
+
+def test_after_a_straggler_the_job_steps_at_the_pace_its_run_kept(tmp_path):
+    """Slower steps after the window, as the run measured them, are what the calculator then
+    counts (here: 0.4 s steps past the 0.2 s median, a straggler's excess to the run's end)."""
+    straggling = {}
+    for after_s in (None, 0.4):
+        path = tmp_path / f"after-{after_s}.json"
+        path.write_text(json.dumps(_straggler_run([[4.0] * 75], after_s)))
+        baseline = replay_file(str(path))["baseline"]
+        straggling[after_s] = baseline["predicted_badput_s"]["straggler_slowdown"]
+    # about 185 steps after it, each 0.2 s over the healthy median
+    assert straggling[0.4] == pytest.approx(straggling[None] + 185 * 0.2, rel=0.2)

@@ -108,6 +108,7 @@ def step_fault(
     *,
     slowdown: float = 0.0,
     slowed_steps: tuple[float, ...] = (),
+    after_step_s: float | None = None,
     delay_s: float = 0.0,
     duration_s: float | None = None,
 ) -> StepFault:
@@ -115,7 +116,7 @@ def step_fault(
     scenario names where the job trains on without it (goodput), else after its seconds;
     ``duration_s``: a straggler's length (None: the run's entry's); ``slowdown`` and
     ``slowed_steps``: how much slower the job stepped while it ran, on the whole and step by
-    step (a replay's measures)."""
+    step, and ``after_step_s`` its step time once it ended (a replay's measures)."""
     kind = KINDS.get(entry["action"])
     if kind is None:
         raise SimulateError(f"cannot simulate a {entry['action']!r} fault")
@@ -134,6 +135,7 @@ def step_fault(
         factor=float(entry.get("factor") or 1.0),
         slowdown=float(slowdown),
         slowed_steps=tuple(float(f) for f in slowed_steps),
+        after_step_s=None if after_step_s is None else float(after_step_s),
         repair_at_step=int(repair_step) if by_step else None,
         delay_s=float(delay_s),
     )

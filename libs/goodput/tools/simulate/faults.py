@@ -30,6 +30,7 @@ class FaultsMixin:
                 fault.factor,
                 fault.slowdown,
                 fault.slowed_steps,
+                fault.after_step_s,
             )
             if at_ns > self.now:
                 self._at(at_ns, self._fault, strikes)
@@ -45,8 +46,13 @@ class FaultsMixin:
         active = self.actuator.membership.active
         if fault.kind == "straggler":
             # its first slowed step is the next one
-            mean = fault.slowdown or fault.factor
-            self._straggling[node] = Slowing(mean, fault.slowed_steps, self.step + 1)
+            self._straggling[node] = Slowing(
+                fault.slowdown or fault.factor,
+                fault.slowed_steps,
+                self.step + 1,
+                fault.after_step_s,
+                self.actuator.attempt,
+            )
             self._compute_factor[node] = fault.factor
             self._straggle_changes += 1
             self._at(self.now + int(fault.duration_s * NS), self._straggler_ends, node)
@@ -138,8 +144,11 @@ class FaultsMixin:
         return self._slow
 
     def _straggler_ends(self, node: str) -> None:
-        if self._straggling.pop(node, None) is None:
+        slowing = self._straggling.pop(node, None)
+        if slowing is None:
             return
+        if slowing.after_step_s and slowing.attempt == self.actuator.attempt:
+            self._step_s = slowing.after_step_s  # a replay: the pace its run kept after it
         self._compute_factor.pop(node, None)
         self._straggle_changes += 1
         for fed in self._fed.values():

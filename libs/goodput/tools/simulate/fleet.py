@@ -50,10 +50,12 @@ class Fault:
     #: broken kinds: repaired after this long; straggler: how long it lasts
     duration_s: float = 0.0
     #: straggler: how much slower its compute is (what the sensor sees), and the job's steps
-    #: (0: as much; a replay measures it), and a replay's measured slowdown step by step
+    #: (0: as much; a replay measures it), and a replay's measured slowdown step by step and
+    #: step time once it ended
     factor: float = 1.0
     slowdown: float = 0.0
     slowed_steps: tuple[float, ...] = ()
+    after_step_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +66,12 @@ class StepFault:
     node: str
     kind: FaultKind
     #: straggler: how long it lasts (s), its compute factor and the job's measured slowdown,
-    #: as a mean and step by step
+    #: as a mean and step by step, and its step time once it ended
     duration_s: float = 0.0
     factor: float = 1.0
     slowdown: float = 0.0
     slowed_steps: tuple[float, ...] = ()
+    after_step_s: float | None = None
     #: broken kinds: repaired when training reaches this step (None: by ``duration_s``)
     repair_at_step: int | None = None
     #: it strikes this long after the step is done (and saved, if it is a checkpoint step)

@@ -26,11 +26,14 @@ class Slowing:
     """How much slower the job steps while a node straggles: ``mean`` throughout, or a
     replay's measured ``steps``, one factor per step from ``from_step`` on (a straggler's
     slowdown is not steady: on a loaded machine a 3× one faded to 1.3-1.6× while its window
-    still ran, and the calculator stopped counting it at the first step back within 10 %)."""
+    still ran, and the calculator stopped counting it at the first step back within 10 %);
+    and a replay's step time once it ends (``after_step_s``) in the attempt it struck."""
 
     mean: float
     steps: tuple[float, ...] = ()
     from_step: int = 0
+    after_step_s: float | None = None
+    attempt: int = 0
 
     def at(self, step: int) -> float:
         offset = step - self.from_step

@@ -8,7 +8,8 @@ steps, checkpoint interval), its faults, unit costs (step time, checkpoint stall
 decision, the first start-up and the final shutdown) and what each remediation cost (relaunch,
 restore, start-up, the step restored, the step time of the phase it started) measured from its
 events (:mod:`goodput.tools.simulate.measure`); a straggler slows the job's steps as they were
-measured while it ran, step by step (a run measured before they were: by their mean).
+measured while it ran, step by step (a run measured before they were: by their mean), and the
+job steps at the pace it kept after it once it ends.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def _replay(run: dict, setup: str) -> dict:
         job = job_spec(info, step_time, state_gb=1.0)
         slowdowns = iter(costs.get("slowdowns") or [])
         slowed_steps = iter(costs.get("slowed_steps") or [])
+        after_step_s = iter(costs.get("slowed_after_step_s") or [])
         delays = costs.get("fault_delays_s") or [0.0] * len(info["faults"])
         faults = [
             step_fault(
@@ -53,6 +55,7 @@ def _replay(run: dict, setup: str) -> dict:
                 setup,
                 slowdown=next(slowdowns, 0.0) if f["action"] == "slow-rank" else 0.0,
                 slowed_steps=next(slowed_steps, ()) if f["action"] == "slow-rank" else (),
+                after_step_s=next(after_step_s, None) if f["action"] == "slow-rank" else None,
                 delay_s=delay,
             )
             for f, delay in zip(info["faults"], delays, strict=True)

@@ -51,6 +51,23 @@ async def count_events(bus: Bus, job: str) -> int:
     return sum((info.state.subjects or {}).values())
 
 
+async def next_step(bus: Bus, job: str) -> None:
+    """Return once ``job`` publishes a step after this call (it trains again): a node agent
+    and the local backend start the standbys a launch took only then, not beside it."""
+    stepped = asyncio.Event()
+
+    async def on_step(_: Msg) -> None:
+        stepped.set()
+
+    subject = subjects.event(job, schemas.kind_of(schemas.StepDone))
+    subscription = await bus.nc.subscribe(subject, cb=on_step)
+    try:
+        await stepped.wait()
+    finally:
+        with contextlib.suppress(Exception):  # the connection may be closing under it
+            await subscription.unsubscribe()
+
+
 async def newest_run(bus: Bus, job: str) -> tuple[int, schemas.RunStarted] | None:
     """The stream sequence and event of the newest run start of ``job``; None: no run yet.
 

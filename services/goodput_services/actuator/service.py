@@ -10,6 +10,7 @@ from pathlib import Path
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.bus.commands import request
+from goodput.bus.job_events import next_step
 from goodput.config import ServiceConfig
 from goodput.launch.rank_env import RankEnv
 from goodput.launch.standby_channel import assign_on_bus
@@ -168,19 +169,8 @@ class ActuatorService(Service):
         return await assign_on_bus(self.bus.nc, subject, env, STANDBY_ASSIGN_TIMEOUT_S)
 
     async def _next_step(self) -> None:
-        """Return once the job publishes a step after this call (it trains again)."""
         assert self.bus is not None
-        stepped = asyncio.Event()
-
-        async def on_step(msg) -> None:
-            stepped.set()
-
-        subject = subjects.event(self.job, schemas.kind_of(schemas.StepDone))
-        subscription = await self.bus.nc.subscribe(subject, cb=on_step)
-        try:
-            await stepped.wait()
-        finally:
-            await subscription.unsubscribe()
+        await next_step(self.bus, self.job)
 
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
         """Run a membership or lifecycle command; a refusal is a result, logged like a success,

@@ -24,6 +24,7 @@ from pathlib import Path
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, CommandRunner
 from goodput.bus.commands import until_stored
+from goodput.bus.job_events import next_step
 from goodput.supervisor.agent import registry
 from goodput.supervisor.agent.host import free_port
 from goodput.supervisor.agent.ranks import HostRanks
@@ -174,7 +175,7 @@ class NodeAgent:
         while True:
             await wanted.wait()
             try:
-                await _next_step(bus, self.job)
+                await next_step(bus, self.job)
             except Exception as exc:  # the bus is away: wait again once it is back
                 log.debug("no step awaited: %r", exc)
                 await asyncio.sleep(REFRESH_S)
@@ -223,19 +224,3 @@ async def _cancelled(tasks: list[asyncio.Task]) -> None:
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=1.0)
-
-
-async def _next_step(bus: Bus, job: str) -> None:
-    """Return once the job publishes a step after this call (it trains again)."""
-    stepped = asyncio.Event()
-
-    async def on_step(msg) -> None:
-        stepped.set()
-
-    subject = subjects.event(job, schemas.kind_of(schemas.StepDone))
-    subscription = await bus.nc.subscribe(subject, cb=on_step)
-    try:
-        await stepped.wait()
-    finally:
-        with contextlib.suppress(Exception):
-            await subscription.unsubscribe()

@@ -266,7 +266,11 @@ async def fail_node(spec: faults.FailNode, ctx: ChaosContext) -> FaultOutcome:
     ranks = await ctx.ranks(node)
     for process in ranks:
         _kill_process_group(process.pid)
-    killed = ", ".join(f"rank {p.rank} (pid {p.pid})" for p in ranks) or "no live rank"
+    # none left is common under a fast supervisor: the host's fault was reported first, and
+    # the ranks of a lost node may be stopped for its replacement before they are looked for
+    killed = ", ".join(f"rank {p.rank} (pid {p.pid})" for p in ranks) or (
+        f"no live rank left on {node} (already exited or stopped)"
+    )
     return FaultOutcome(spec.kind, node, ok, f"SIGKILL: {killed}; {answer}", applied)
 
 

@@ -137,10 +137,11 @@ class FaultsMixin:
         if key != self._slow_key:
             active = set(self.actuator.membership.active)
             self._slow_key = key
-            self._slowing = [s for n, s in self._straggling.items() if n in active]
-            self._slow = max((s.mean for s in self._slowing), default=1.0)
-        if any(s.steps for s in self._slowing):
-            return max(s.at(step) for s in self._slowing)
+            slowing = [s for n, s in self._straggling.items() if n in active]
+            self._slow = max((s.mean for s in slowing), default=1.0)
+            self._stepwise = slowing if any(s.steps for s in slowing) else []
+        if self._stepwise:
+            return max(s.at(step) for s in self._stepwise)
         return self._slow
 
     def _straggler_ends(self, node: str) -> None:

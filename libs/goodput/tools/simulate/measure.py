@@ -131,7 +131,7 @@ def measured_costs(
     # it, the first steps after a restart) do not move
     median = round(statistics.median(healthy_times), 4) if healthy_times else 0.0
     # a phase a straggler struck is priced at its pace until then: the load around a window
-    # changes (a loaded demo's phase stepped at 0.52 s on average and 0.40 s after the window,
+    # changes (a loaded demo's phase stepped at 0.52 s on average and 0.44 s after the window,
     # and a replay stepping on at the mean counted them a straggler's excess to the next fault)
     phase_step_s = [
         _healthy_step_s(_before(phase, windows), windows) or _healthy_step_s(phase, windows)

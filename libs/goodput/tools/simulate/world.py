@@ -198,7 +198,8 @@ class World(FaultsMixin, DecisionsMixin):
         self._slow_key: tuple = ()
         self._straggle_changes = 0
         self._slow = 1.0
-        self._slowing: list[Slowing] = []
+        #: the active stragglers when one of them slows step by step (a replay's), else none
+        self._stepwise: list[Slowing] = []
         self.actuator.broken = self._broken
 
     # ---- the loop -----------------------------------------------------------------------------

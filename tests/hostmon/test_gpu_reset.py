@@ -88,21 +88,24 @@ def _running_fakes() -> list[psutil.Process]:
     return running
 
 
-async def _xid_reported(bus: Bus, xids: Path) -> HealthTap:
-    health = await HealthTap(bus, JOB).start()
+async def _xid_reported(health: HealthTap, xids: Path) -> None:
+    """The monitor's first report (two healthy GPUs), then XID 48 on GPU 1 reported."""
     await health.wait_for(lambda r: r.gpu_available and len(r.gpus) == 2)
     add_xid(xids, 1, 48)
     report = await health.wait_for(lambda r: "gpu_xid:48" in r.faults)
     assert report.gpus[1].xid_errors == [48] and not report.gpus[0].xid_errors
-    return health
 
 
 async def test_a_reset_clears_the_gpu_fault(bus: Bus, node) -> None:
     xids, smi_log, start = node
+    # subscribed before the monitor starts: its first report is its only one for 600 s, and a
+    # tap that subscribed after it (the rank's start and stop take long on a loaded machine)
+    # waited 20 s for nothing
+    health = await HealthTap(bus, JOB).start()
     start("ok")
     await _stopped_rank_status(bus)
     tap = await EventTap(bus, JOB).start()
-    health = await _xid_reported(bus, xids)
+    await _xid_reported(health, xids)
 
     result, event = await _reset(bus, tap, [1])
     assert result.ok and "GPU reset succeeded" in result.detail
@@ -115,10 +118,11 @@ async def test_a_reset_clears_the_gpu_fault(bus: Bus, node) -> None:
 
 async def test_a_failed_reset_keeps_the_fault_and_says_why(bus: Bus, node) -> None:
     xids, _, start = node
+    health = await HealthTap(bus, JOB).start()
     start("fail", period_s=0.5)
     await _stopped_rank_status(bus)
     tap = await EventTap(bus, JOB).start()
-    health = await _xid_reported(bus, xids)
+    await _xid_reported(health, xids)
 
     result, event = await _reset(bus, tap, [])  # every GPU: it stops at the first failure
     assert not result.ok and event.outcome == "failed" and event.gpus == [0, 1]

@@ -11,7 +11,8 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, CommandRunner, DurableConsumer
-from goodput.bus.client import STREAMS
+from goodput.bus.client import stream_configs
+from goodput.bus.store_sizing import DEFAULT_SCALE, store_limits
 from tests.bus.samples import JOB
 
 
@@ -82,7 +83,11 @@ def test_a_dead_letter_entry_is_cut_to_the_limit_whatever_the_reason(reason_char
 
 async def test_a_letter_that_cannot_be_stored_does_not_stop_the_consumer(bus: Bus) -> None:
     """GP_DLQ refusing every letter (max_msg_size) is logged; the next command still runs."""
-    config = next(s for s in STREAMS if s.name == subjects.DEAD_LETTER_STREAM)
+    config = next(
+        s
+        for s in stream_configs(store_limits(DEFAULT_SCALE))
+        if s.name == subjects.DEAD_LETTER_STREAM
+    )
     await bus.js.update_stream(dataclasses.replace(config, max_msg_size=64))
     executed: list[str] = []
     runner = _runner(bus, executed)

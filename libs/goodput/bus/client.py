@@ -19,11 +19,19 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, PubAck, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, KeyValueConfig, PubAck, StorageType, StreamConfig
 from nats.js.kv import KeyValue
 
 from goodput import schemas, subjects
 from goodput.bus.settings import BusSettings, stream_replicas
+from goodput.bus.store_sizing import (
+    DEFAULT_SCALE,
+    DONE_TTL_S,
+    StoreLimits,
+    StoreScale,
+    scale_from_env,
+    store_limits,
+)
 from goodput.telemetry import inject_headers
 
 log = logging.getLogger(__name__)
@@ -51,45 +59,75 @@ class BusUnavailableError(RuntimeError):
     """The bus stayed unreachable longer than the caller was willing to wait."""
 
 
-STREAMS = (
-    StreamConfig(
-        name=subjects.EVENTS_STREAM,
-        subjects=[subjects.EVENTS_WILDCARD],
-        storage=StorageType.FILE,
-        max_age=14 * DAY_S,
-        duplicate_window=300.0,
-        description="goodput facts, replayed by the goodput calculator",
-    ),
-    StreamConfig(
-        name=subjects.COMMANDS_STREAM,
-        subjects=[subjects.COMMANDS_WILDCARD],
-        storage=StorageType.FILE,
-        max_age=14 * DAY_S,
-        # long enough to absorb retries through a server restart without a duplicate
-        duplicate_window=900.0,
-        description="goodput commands; durable consumers ack after execution",
-    ),
-    StreamConfig(
-        name=subjects.DEAD_LETTER_STREAM,
-        subjects=[subjects.DEAD_LETTER_WILDCARD],
-        storage=StorageType.FILE,
-        max_age=14 * DAY_S,
-        description="input a goodput service could not decode, with the reason",
-    ),
-)
+class StoreTooSmallError(RuntimeError):
+    """The server's JetStream store cannot hold the byte limits the bus is sized for."""
 
-BUCKETS = (
-    KeyValueConfig(bucket=subjects.SERVICES_BUCKET, history=1, storage=StorageType.FILE),
-    KeyValueConfig(bucket=subjects.STATE_BUCKET, history=5, storage=StorageType.FILE),
-    KeyValueConfig(bucket=subjects.CKPT_INDEX_BUCKET, history=1, storage=StorageType.FILE),
-    KeyValueConfig(bucket=subjects.LEASES_BUCKET, history=1, storage=StorageType.FILE),
-    KeyValueConfig(
-        bucket=subjects.AGENTS_BUCKET, history=1, storage=StorageType.FILE, ttl=subjects.AGENT_TTL_S
-    ),
-    KeyValueConfig(
-        bucket=subjects.DONE_BUCKET, history=1, storage=StorageType.FILE, ttl=14 * DAY_S
-    ),
-)
+
+#: JetStream's "insufficient storage resources" and "storage resources exceeded" errors
+STORE_FULL_CODES = frozenset({10023, 10047})
+
+
+def stream_configs(limits: StoreLimits) -> tuple[StreamConfig, ...]:
+    """The streams, each with its byte limit; past it the oldest messages are discarded (a
+    full stream refusing new ones would stop the control plane: ``store_sizing`` keeps the
+    history recovery and `goodput report` need under the limit)."""
+    bytes_of = limits.streams
+    return (
+        StreamConfig(
+            name=subjects.EVENTS_STREAM,
+            subjects=[subjects.EVENTS_WILDCARD],
+            storage=StorageType.FILE,
+            max_age=14 * DAY_S,
+            max_bytes=bytes_of[subjects.EVENTS_STREAM],
+            discard=DiscardPolicy.OLD,
+            duplicate_window=300.0,
+            description="goodput facts, replayed by the goodput calculator",
+        ),
+        StreamConfig(
+            name=subjects.COMMANDS_STREAM,
+            subjects=[subjects.COMMANDS_WILDCARD],
+            storage=StorageType.FILE,
+            max_age=14 * DAY_S,
+            max_bytes=bytes_of[subjects.COMMANDS_STREAM],
+            discard=DiscardPolicy.OLD,
+            # long enough to absorb retries through a server restart without a duplicate
+            duplicate_window=900.0,
+            description="goodput commands; durable consumers ack after execution",
+        ),
+        StreamConfig(
+            name=subjects.DEAD_LETTER_STREAM,
+            subjects=[subjects.DEAD_LETTER_WILDCARD],
+            storage=StorageType.FILE,
+            max_age=14 * DAY_S,
+            max_bytes=bytes_of[subjects.DEAD_LETTER_STREAM],
+            discard=DiscardPolicy.OLD,
+            description="input a goodput service could not decode, with the reason",
+        ),
+    )
+
+
+def bucket_configs(limits: StoreLimits) -> tuple[KeyValueConfig, ...]:
+    """The KV buckets, each with its byte limit (JetStream refuses a write past it: their
+    keys are bounded by the fleet, and ``store_sizing`` leaves twice the live records)."""
+    bytes_of = limits.buckets
+
+    def bucket(name: str, history: int = 1, ttl: float | None = None) -> KeyValueConfig:
+        return KeyValueConfig(
+            bucket=name,
+            history=history,
+            ttl=ttl,
+            max_bytes=bytes_of[name],
+            storage=StorageType.FILE,
+        )
+
+    return (
+        bucket(subjects.SERVICES_BUCKET),
+        bucket(subjects.STATE_BUCKET, history=5),
+        bucket(subjects.CKPT_INDEX_BUCKET),
+        bucket(subjects.LEASES_BUCKET),
+        bucket(subjects.AGENTS_BUCKET, ttl=subjects.AGENT_TTL_S),
+        bucket(subjects.DONE_BUCKET, ttl=DONE_TTL_S),
+    )
 
 
 async def retry_transient(
@@ -202,47 +240,95 @@ class Bus:
         info: dict[str, Any] = self.nc._server_info
         return stream_replicas(self.settings.replicas, clustered=bool(info.get("cluster")))
 
-    async def provision(self, *, retry_for_s: float = 60.0) -> None:
+    async def provision(
+        self, *, scale: StoreScale | None = None, retry_for_s: float = 60.0
+    ) -> StoreLimits:
         """Create the streams and KV buckets if missing (idempotent, safe to race), with
-        :attr:`replicas` copies each; existing ones converge to that count (a server that
-        joined a cluster takes its R1 streams to R3).
+        :attr:`replicas` copies each and the byte limits of ``scale`` (else the scale of
+        ``GOODPUT_STORE_SCALE``, else the default: :mod:`goodput.bus.store_sizing`).
+
+        Existing ones converge to the replica count (a server that joined a cluster takes its
+        R1 streams to R3) and, when a scale was given here or in the environment, to its
+        limits. A process told no scale leaves limits already set alone (a node agent started
+        without the variable must not shrink the history the job was sized for) and only gives
+        a stream without one (an older release's) the default's.
 
         Retried while JetStream is unavailable: a cluster that just started, or lost its meta
         leader, answers "unavailable" until its members elect one.
         """
+        told = scale or scale_from_env()
+        limits = store_limits(told or DEFAULT_SCALE)
         replicas = self.replicas
-        for config in STREAMS:
+        for config in stream_configs(limits):
             wanted = dataclasses.replace(config, num_replicas=replicas)
             await retry_transient(
-                lambda wanted=wanted: self._converge_stream(wanted),
+                lambda wanted=wanted: self._converge_stream(wanted, enforce=told is not None),
                 deadline_s=retry_for_s,
                 what=f"create stream {config.name}",
             )
-        for bucket in BUCKETS:
+        for bucket in bucket_configs(limits):
             wanted = dataclasses.replace(bucket, replicas=replicas)
             self._kv[bucket.bucket] = await retry_transient(
-                lambda wanted=wanted: self._converge_bucket(wanted),
+                lambda wanted=wanted: self._converge_bucket(wanted, enforce=told is not None),
                 deadline_s=retry_for_s,
                 what=f"create bucket {bucket.bucket}",
             )
+        return limits
 
-    async def _converge_stream(self, config: StreamConfig) -> None:
-        try:
-            await self.js.add_stream(config)
-        except nats.js.errors.BadRequestError:
-            # exists with another configuration (an older release, another replica count)
-            await self.js.update_stream(config)
+    async def _converge_stream(self, config: StreamConfig, *, enforce: bool) -> None:
+        current = await self._stream_config(config.name)
+        if current is None:
+            try:
+                await self._stored_config(self.js.add_stream, config)
+                return
+            except nats.js.errors.BadRequestError:
+                # another process created it meanwhile, perhaps otherwise: converge to ours
+                current = (await self.js.stream_info(config.name)).config
+        # An existing stream is updated, never added again: the server reserves the limit of
+        # a stream "added" again on top of its own, and refuses it once the store is sized to
+        # the sum. A limit a sizing process set is kept unless this one was told a scale.
+        if not enforce and (current.max_bytes or -1) > 0:
+            config = dataclasses.replace(config, max_bytes=current.max_bytes)
+        await self._stored_config(self.js.update_stream, config)
 
-    async def _converge_bucket(self, config: KeyValueConfig) -> KeyValue:
+    async def _converge_bucket(self, config: KeyValueConfig, *, enforce: bool) -> KeyValue:
+        stream = await self._stream_config(f"KV_{config.bucket}")
+        if stream is None:
+            try:
+                return await self.js.create_key_value(config)
+            except nats.js.errors.BadRequestError:
+                stream = (await self.js.stream_info(f"KV_{config.bucket}")).config
+        # change only the replica count and the limit, keep the bucket's other settings
+        keep_limit = not enforce and (stream.max_bytes or -1) > 0
+        wanted = dataclasses.replace(
+            stream,
+            num_replicas=config.replicas,
+            max_bytes=stream.max_bytes if keep_limit else config.max_bytes,
+        )
+        if wanted != stream:
+            await self._stored_config(self.js.update_stream, wanted)
+        return await self.js.key_value(config.bucket)
+
+    async def _stream_config(self, name: str) -> StreamConfig | None:
         try:
-            return await self.js.create_key_value(config)
-        except nats.js.errors.BadRequestError:
-            # exists with another replica count: change only that, keep its other settings
-            stream = (await self.js.stream_info(f"KV_{config.bucket}")).config
-            if stream.num_replicas == config.replicas:
+            return (await self.js.stream_info(name)).config
+        except nats.js.errors.NotFoundError:
+            return None
+
+    async def _stored_config(
+        self, call: Callable[[StreamConfig], Awaitable[Any]], config: StreamConfig
+    ) -> None:
+        """``call(config)``; a server whose store cannot hold the limit says so in one line."""
+        try:
+            await call(config)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code not in STORE_FULL_CODES:
                 raise
-            await self.js.update_stream(dataclasses.replace(stream, num_replicas=config.replicas))
-            return await self.js.key_value(config.bucket)
+            raise StoreTooSmallError(
+                f"the NATS server cannot reserve {config.max_bytes} bytes for {config.name} "
+                f"({exc.description}): raise its JetStream max_file_store to what `goodput "
+                "bench store` prints for the scale, or lower GOODPUT_STORE_SCALE"
+            ) from None
 
     async def kv(self, bucket: str) -> KeyValue:
         if bucket not in self._kv:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import msgspec
 
+from goodput.bus.store_sizing import server_store_bytes
+
 
 class EmbeddedNatsError(RuntimeError):
     pass
@@ -101,9 +103,11 @@ class EmbeddedNats:
         detach: bool = False,
         member: int = -1,
         cluster_ports: list[int] | None = None,
+        store_bytes: int | None = None,
     ):
         """``member`` (0, 1, …) of a cluster whose routes listen on ``cluster_ports``; by
-        default a server on its own."""
+        default a server on its own. ``store_bytes``: its JetStream store's limit (default:
+        what every stream and bucket of the bus's scale needs, ``store_sizing``)."""
         self.state_dir = Path(state_dir)
         self.port = port or free_port()
         self.detach = detach
@@ -113,6 +117,7 @@ class EmbeddedNats:
         self.store_dir = self.state_dir / f"nats-store{suffix}"
         self.log_path = self.state_dir / f"nats-server{suffix}.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.store_bytes = store_bytes or server_store_bytes()
 
     @property
     def url(self) -> str:
@@ -142,6 +147,8 @@ class EmbeddedNats:
             str(self.port),
             "--server_name",
             f"goodput-embedded{f'-{self.member}' if self.cluster_ports else ''}",
+            "--config",
+            str(self.store_dir.with_suffix(".conf")),
         ]
         if self.cluster_ports:
             routes = ",".join(f"nats-route://127.0.0.1:{port}" for port in self.cluster_ports)
@@ -154,6 +161,10 @@ class EmbeddedNats:
         """Start the process without waiting (cluster members start together: none of them
         serves JetStream before a quorum is up)."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        # the store's limit has no flag: a config file with only that (the flags set the rest)
+        self.store_dir.with_suffix(".conf").write_text(
+            f"jetstream {{\n  max_file_store: {self.store_bytes}\n}}\n"
+        )
         log = open(self.log_path, "ab")  # noqa: SIM115 - child keeps it
         self.process = subprocess.Popen(
             self.arguments(),

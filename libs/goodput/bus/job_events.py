@@ -88,6 +88,44 @@ async def newest_run(bus: Bus, job: str) -> tuple[int, schemas.RunStarted] | Non
     return message.seq, event
 
 
+class HistoryRolledOffError(RuntimeError):
+    """The start of a job's newest run is no longer in GP_EVENTS: it rolled off the stream's
+    byte or age limit (``goodput.bus.store_sizing``), so a replay would miss its beginning."""
+
+
+async def rolled_off(bus: Bus) -> int:
+    """How many of GP_EVENTS's first sequences it no longer holds (discarded past its byte
+    or age limit); 0 when it still holds everything it stored, or does not exist."""
+    try:
+        info = await bus.js.stream_info(subjects.EVENTS_STREAM)
+    except nats.js.errors.NotFoundError:
+        return 0
+    return max(0, info.state.first_seq - 1) if info.state.messages else info.state.last_seq
+
+
+async def check_history(bus: Bus, job: str, *, all_runs: bool = False) -> str:
+    """Raise :class:`HistoryRolledOffError` when ``job``'s newest run began before the oldest
+    event stored (its start rolled off); with ``all_runs``, return the one-line warning that
+    earlier events are gone ("" when none are). A run whose start is stored is whole: the
+    stream discards its oldest messages first."""
+    lost = await rolled_off(bus)
+    if not lost:
+        return ""
+    if all_runs:
+        return (
+            f"GP_EVENTS no longer holds its first {lost} events (rolled off its byte or age "
+            f"limit): the report of job {job}'s runs covers only what is left"
+        )
+    if await newest_run(bus, job) is None and await count_events(bus, job):
+        raise HistoryRolledOffError(
+            f"the start of job {job}'s newest run has rolled off GP_EVENTS (its first {lost} "
+            "events are gone past its byte or age limit): a report would miss its beginning; "
+            "size the stream for longer runs (GOODPUT_STORE_SCALE keep_h) or export runs with "
+            "`goodput report --export` while they are stored"
+        )
+    return ""
+
+
 async def deliver_from(bus: Bus, job: str, *, all_runs: bool = False) -> ConsumerConfig:
     """Where a follower of ``job`` starts: its newest run's start, or the first event stored."""
     run = None if all_runs else await newest_run(bus, job)

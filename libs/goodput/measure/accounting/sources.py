@@ -17,7 +17,7 @@ import msgspec
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
-from goodput.bus.job_events import count_events, deliver_from
+from goodput.bus.job_events import check_history, count_events, deliver_from
 from goodput.measure.accounting.resiliency import ResiliencyEvent
 
 log = logging.getLogger(__name__)
@@ -137,12 +137,17 @@ async def replay_from_bus(
 
     Reads until the consumer reports nothing pending. An undecodable message is logged and
     skipped: a report should not die on one bad record. ``progress(done, total)`` is called
-    as messages arrive.
+    as messages arrive. A newest run whose start rolled off the stream raises
+    :class:`~goodput.bus.job_events.HistoryRolledOffError` (its figures would be wrong); with
+    ``all_runs``, events gone from the stream's head are one logged line.
     """
     subjects.check_token(job, "job name")
     total = await count_events(bus, job)
     if total == 0:
         return []
+    warning = await check_history(bus, job, all_runs=all_runs)
+    if warning:
+        log.warning(warning)
     subscription = await bus.js.subscribe(
         subjects.events_of(job),
         stream=subjects.EVENTS_STREAM,

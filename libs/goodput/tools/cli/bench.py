@@ -14,6 +14,7 @@ BENCH_MODULES: list[str] = [
     "goodput.tools.bench.detect",
     "goodput.tools.bench.control_plane",
     "goodput.tools.bench.report",
+    "goodput.tools.bench.store",
 ]
 
 

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from goodput import schemas
 from goodput.bus import Bus, BusUnavailableError, InsecureBusError
+from goodput.bus.job_events import HistoryRolledOffError
 from goodput.config import (
     add_bus_arguments,
     add_state_dir_argument,
@@ -116,6 +117,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
     except (
         ReportError,
+        HistoryRolledOffError,
         EventLogError,
         ValueError,
         BusUnavailableError,

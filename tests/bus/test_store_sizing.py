@@ -1,0 +1,119 @@
+"""The stores' sizing formula (goodput.bus.store_sizing): by hand, and against a real server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from goodput.bus.store_sizing import (
+    MIB,
+    PUBLISH_HEADERS,
+    SCALE_ENV,
+    StoreScale,
+    StoreScaleError,
+    command_bytes,
+    event_bytes,
+    events_rate,
+    parse_scale,
+    sample_commands,
+    sample_events,
+    scale_from_env,
+    scale_to_env,
+    store_limits,
+)
+from goodput.tools.bench.store import measure
+
+SMALL = StoreScale(
+    nodes=2,
+    ranks_per_node=4,
+    step_s=2.0,
+    checkpoint_s=100.0,
+    host_report_s=4.0,
+    restarts_per_hour=2.0,
+    keep_h=10.0,
+)
+
+
+def test_the_publish_headers_are_counted_as_nats_py_writes_them() -> None:
+    # "NATS/1.0\r\n" + "Nats-Msg-Id: <32>\r\n" + "traceparent: <55>\r\n" + "\r\n"
+    assert PUBLISH_HEADERS == 10 + (13 + 32 + 2) + (13 + 55 + 2) + 2 == 129
+
+
+def test_the_formula_by_hand() -> None:
+    """A schema that grows changes these sizes: then update docs/BENCHMARKS.md's table too."""
+    sizes = {kind: event_bytes(event) for kind, event in sample_events(SMALL).items()}
+    assert sizes == {
+        "step": 382,
+        "host_health": 998,
+        "ckpt_saved": 319,
+        "ckpt_persisted": 389,
+        "ckpt_replicated": 371,
+        "ckpt_backed_up": 438,
+        "rank_exited": 338,
+        "rank_started": 321,
+        "ckpt_restored": 349,
+        "training_plan": 406,
+        "run_started": 428,
+    }
+    # 8 ranks / 2 s x 382 + 2 nodes / 4 s x 998
+    # + (8 x (319 + 389) + 2 x (371 + 438)) / 100 s
+    # + 2 restarts / 3600 s x (8 x (338 + 321 + 349 + 406) + 428)
+    by_hand = 1528 + 499 + 7282 / 100 + 2 * 11740 / 3600
+    assert events_rate(SMALL) == pytest.approx(by_hand) == pytest.approx(2106.3422)
+    limits = store_limits(SMALL)
+    # 2106.34 B/s x 10 h x 3600 s x 1.25 = 94,785,400 B: 90.4 MiB, rounded up to 91
+    assert limits.streams["GP_EVENTS"] == 91 * MIB
+    # 2 restarts/h x 10 h x 2 nodes x (15,932 + 493 + 4,407) B = 0.8 MB: the 64 MiB floor
+    commands = {kind: command_bytes(*sent) for kind, sent in sample_commands(SMALL).items()}
+    assert commands == {"launch_ranks": 15932, "signal_ranks": 493, "keep_standbys": 4407}
+    assert limits.streams["GP_CMDS"] == 64 * MIB
+    assert limits.streams["GP_DLQ"] == 256 * MIB
+    assert set(limits.buckets.values()) == {8 * MIB}  # every bucket at its floor
+    # (91 + 64 + 256 + 6 x 8) MiB = 459 MiB x 1.10 = 504.9: 505 MiB
+    assert limits.server_bytes == 505 * MIB
+
+
+def test_the_fleet_of_issue_36() -> None:
+    """2,048 nodes x 8 ranks stepping every second: 7.98 MB/s, 689 GB a day."""
+    big = StoreScale(nodes=2048, ranks_per_node=8)
+    step = event_bytes(sample_events(big)["step"])
+    assert step == 389
+    # 16,384 x 389 + 1,024 x 1,537 + (16,384 x 718 + 2,048 x 821) / 600
+    # + (16,384 x 1,440 + 430) / 3600
+    by_hand = 16_384 * 389 + 1_024 * 1_537 + 13_445_120 / 600 + 23_593_390 / 3600
+    assert events_rate(big) == pytest.approx(by_hand)
+    limits = store_limits(big)
+    assert limits.streams["GP_EVENTS"] >= by_hand * 24 * 3600  # a day at least
+    assert limits.server_bytes >= sum(limits.streams.values()) + sum(limits.buckets.values())
+
+
+async def test_every_size_is_what_a_real_server_accounts(tmp_path: Path) -> None:
+    """`goodput bench store`'s measurement: the formula's bytes are the server's, to the byte."""
+    result = await measure(SMALL, tmp_path)
+    assert len(result["messages"]) == 14
+    for kind, sizes in result["messages"].items():
+        assert sizes["server"] == sizes["formula"], kind
+
+
+def test_the_scale_travels_in_the_environment() -> None:
+    assert scale_from_env({}) is None
+    assert scale_from_env(scale_to_env(SMALL)) == SMALL
+    assert parse_scale("nodes=64, keep_h=6") == StoreScale(nodes=64, keep_h=6.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("nodes=0", "nodes"),
+        ("nodez=4", "nodez"),
+        ("nodes", "KEY=VALUE"),
+        ("keep_h=-1", "keep_h"),
+        ("step_s=nan", "step_s"),
+        ("ranks_per_node=eight", "ranks_per_node"),
+    ],
+)
+def test_a_bad_scale_is_one_line_naming_the_field(text: str, names: str) -> None:
+    with pytest.raises(StoreScaleError, match=names) as caught:
+        scale_from_env({SCALE_ENV: text})
+    assert "\n" not in str(caught.value)

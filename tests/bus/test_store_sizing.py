@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from goodput.bus.store_sizing import (
+    DEFAULT_SCALE,
     MIB,
     PUBLISH_HEADERS,
     SCALE_ENV,
@@ -117,3 +119,14 @@ def test_a_bad_scale_is_one_line_naming_the_field(text: str, names: str) -> None
     with pytest.raises(StoreScaleError, match=names) as caught:
         scale_from_env({SCALE_ENV: text})
     assert "\n" not in str(caught.value)
+
+
+def test_the_kubernetes_nats_store_holds_the_default_scale() -> None:
+    """deploy/k8s/base/nats/nats.conf's max_file_store is what `goodput bench store` prints for
+    the default scale (services there are told none), and its volume is larger."""
+    root = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "base"
+    conf = (root / "nats" / "nats.conf").read_text()
+    [mib] = re.findall(r"^\s*max_file_store:\s*(\d+)M\s*$", conf, re.MULTILINE)
+    assert int(mib) * MIB == store_limits(DEFAULT_SCALE).server_bytes
+    [gib] = re.findall(r"storage:\s*(\d+)Gi", (root / "nats.yaml").read_text())
+    assert int(gib) * 1024 * MIB > int(mib) * MIB

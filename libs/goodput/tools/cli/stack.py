@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 from rich.console import Console
 
+from goodput.bus.store_sizing import SCALE_ENV, StoreScaleError, parse_scale
 from goodput.config import (
     add_bus_arguments,
     add_state_dir_argument,
@@ -35,6 +37,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     state_dir = args.state_dir
     service_flags = service_flags_from_args(args.service_set)
     check_policy_options(service_flags)
+    if args.store_scale:
+        # the embedded server, the provisioning and every service started read it from here
+        os.environ[SCALE_ENV] = args.store_scale
     before = read_stack(state_dir)
     stack, settings = start_stack(args, state_dir, args.job, args.nodes, console, service_flags)
     if args.wait <= 0:
@@ -91,6 +96,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_embedded_nats_arguments(up)
     up.add_argument(
+        "--store-scale",
+        type=store_scale,
+        help="the job the bus's streams, buckets and embedded store are sized for, e.g. "
+        "nodes=64,ranks_per_node=8,keep_h=24 (default: $GOODPUT_STORE_SCALE, else 16 nodes "
+        "of 8 ranks; `goodput bench store` prints the limits)",
+    )
+    up.add_argument(
         "--wait",
         type=float,
         default=20.0,
@@ -103,6 +115,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     down = subparsers.add_parser("down", help="stop the stack started by `goodput up`")
     add_stack_arguments(down)
     down.set_defaults(func=cmd_down)
+
+
+def store_scale(text: str) -> str:
+    """argparse type of ``--store-scale``: checked here, passed on as the variable's text."""
+    try:
+        parse_scale(text, "--store-scale")
+    except StoreScaleError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def add_stack_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,9 @@ import dataclasses
 import logging
 from pathlib import Path
 
+import nats.js.errors
 import pytest
+from nats.js.api import DiscardPolicy
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, CommandRunner, DoneLog, EmbeddedNats
@@ -168,3 +170,19 @@ async def test_a_run_whose_start_rolled_off_is_not_reported(
     await bus.emit(second)
     await bus.emit_many(steps[:5])
     assert await replay_from_bus(bus, JOB) == [second, *steps[:5]]
+
+
+async def test_command_results_drop_their_oldest_past_the_limit(bus: Bus) -> None:
+    """gp_done never refuses a result (an executor would wait on it forever); the buckets of
+    a bounded key set keep JetStream's refusal."""
+    done = await bus.js.stream_info(f"KV_{subjects.DONE_BUCKET}")
+    assert done.config.discard == DiscardPolicy.OLD
+    services = await bus.js.stream_info(f"KV_{subjects.SERVICES_BUCKET}")
+    assert services.config.discard == DiscardPolicy.NEW
+    await bus.js.update_stream(dataclasses.replace(done.config, max_bytes=64 * 1024))
+    kv = await bus.kv(subjects.DONE_BUCKET)
+    for i in range(200):
+        await kv.put(subjects.kv_key(JOB, "sensor", f"c{i}"), b"r" * 1024)
+    assert (await kv.get(subjects.kv_key(JOB, "sensor", "c199"))).value == b"r" * 1024
+    with pytest.raises(nats.js.errors.KeyNotFoundError):
+        await kv.get(subjects.kv_key(JOB, "sensor", "c0"))

@@ -8,6 +8,7 @@ exactly once (the stream's duplicate window absorbs the retries).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -106,9 +107,16 @@ def stream_configs(limits: StoreLimits) -> tuple[StreamConfig, ...]:
     )
 
 
+#: buckets that drop their oldest records past their limit: ``gp_done``'s keys grow with the
+#: commands executed, and a full bucket refusing a result would hold every executor at its
+#: next command (a redelivery finds its result: only commands in flight redeliver, the newest)
+OLDEST_DROPPED = frozenset({subjects.DONE_BUCKET})
+
+
 def bucket_configs(limits: StoreLimits) -> tuple[KeyValueConfig, ...]:
-    """The KV buckets, each with its byte limit (JetStream refuses a write past it: their
-    keys are bounded by the fleet, and ``store_sizing`` leaves twice the live records)."""
+    """The KV buckets, each with its byte limit. Past it JetStream refuses a write, except to
+    :data:`OLDEST_DROPPED`: the others' keys are bounded by the fleet, and ``store_sizing``
+    leaves twice their live records."""
     bytes_of = limits.buckets
 
     def bucket(name: str, history: int = 1, ttl: float | None = None) -> KeyValueConfig:
@@ -292,18 +300,20 @@ class Bus:
         await self._stored_config(self.js.update_stream, config)
 
     async def _converge_bucket(self, config: KeyValueConfig, *, enforce: bool) -> KeyValue:
-        stream = await self._stream_config(f"KV_{config.bucket}")
+        name = f"KV_{config.bucket}"
+        stream = await self._stream_config(name)
         if stream is None:
-            try:
-                return await self.js.create_key_value(config)
-            except nats.js.errors.BadRequestError:
-                stream = (await self.js.stream_info(f"KV_{config.bucket}")).config
-        # change only the replica count and the limit, keep the bucket's other settings
+            # created, or by another process meanwhile (perhaps otherwise): converged below
+            with contextlib.suppress(nats.js.errors.BadRequestError):
+                await self.js.create_key_value(config)
+            stream = (await self.js.stream_info(name)).config
+        # change only the replica count, the limit and the discard policy, keep the rest
         keep_limit = not enforce and (stream.max_bytes or -1) > 0
         wanted = dataclasses.replace(
             stream,
             num_replicas=config.replicas,
             max_bytes=stream.max_bytes if keep_limit else config.max_bytes,
+            discard=DiscardPolicy.OLD if config.bucket in OLDEST_DROPPED else stream.discard,
         )
         if wanted != stream:
             await self._stored_config(self.js.update_stream, wanted)

@@ -186,3 +186,19 @@ async def test_command_results_drop_their_oldest_past_the_limit(bus: Bus) -> Non
     assert (await kv.get(subjects.kv_key(JOB, "sensor", "c199"))).value == b"r" * 1024
     with pytest.raises(nats.js.errors.KeyNotFoundError):
         await kv.get(subjects.kv_key(JOB, "sensor", "c0"))
+
+
+def test_the_embedded_store_is_sized_for_the_scale_of_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `goodput up --store-scale` sets for the server it starts and every service."""
+    monkeypatch.setenv(SCALE_ENV, "nodes=64,keep_h=6")
+    server = EmbeddedNats(tmp_path)
+    assert server.store_bytes == store_limits(StoreScale(nodes=64, keep_h=6.0)).server_bytes
+    monkeypatch.delenv(SCALE_ENV)
+    assert EmbeddedNats(tmp_path).store_bytes == store_limits(DEFAULT_SCALE).server_bytes
+    refused = goodput_cli(
+        "up", "--state-dir", str(tmp_path), "--store-scale", "nodes=0", check=False
+    )
+    assert refused.returncode == 2
+    assert "--store-scale='nodes=0': store scale nodes must be at least 1" in refused.stderr

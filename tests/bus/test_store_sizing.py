@@ -7,19 +7,24 @@ from pathlib import Path
 
 import pytest
 
+from goodput import subjects
+from goodput.bus import Bus
+from goodput.bus.message_sizes import (
+    PUBLISH_HEADERS,
+    command_bytes,
+    event_bytes,
+    kv_bytes,
+    sample_commands,
+    sample_events,
+)
 from goodput.bus.store_sizing import (
     DEFAULT_SCALE,
     MIB,
-    PUBLISH_HEADERS,
     SCALE_ENV,
     StoreScale,
     StoreScaleError,
-    command_bytes,
-    event_bytes,
     events_rate,
     parse_scale,
-    sample_commands,
-    sample_events,
     scale_from_env,
     scale_to_env,
     store_limits,
@@ -44,7 +49,7 @@ def test_the_publish_headers_are_counted_as_nats_py_writes_them() -> None:
 
 def test_the_formula_by_hand() -> None:
     """A schema that grows changes these sizes: then update docs/BENCHMARKS.md's table too."""
-    sizes = {kind: event_bytes(event) for kind, event in sample_events(SMALL).items()}
+    sizes = {kind: event_bytes(event) for kind, event in sample_events(SMALL.widths).items()}
     assert sizes == {
         "step": 382,
         "host_health": 998,
@@ -67,7 +72,7 @@ def test_the_formula_by_hand() -> None:
     # 2106.34 B/s x 10 h x 3600 s x 1.25 = 94,785,400 B: 90.4 MiB, rounded up to 91
     assert limits.streams["GP_EVENTS"] == 91 * MIB
     # 2 restarts/h x 10 h x 2 nodes x (15,932 + 493 + 4,407) B = 0.8 MB: the 64 MiB floor
-    commands = {kind: command_bytes(*sent) for kind, sent in sample_commands(SMALL).items()}
+    commands = {kind: command_bytes(*sent) for kind, sent in sample_commands(SMALL.widths).items()}
     assert commands == {"launch_ranks": 15932, "signal_ranks": 493, "keep_standbys": 4407}
     assert limits.streams["GP_CMDS"] == 64 * MIB
     assert limits.streams["GP_DLQ"] == 256 * MIB
@@ -79,7 +84,7 @@ def test_the_formula_by_hand() -> None:
 def test_the_fleet_of_issue_36() -> None:
     """2,048 nodes x 8 ranks stepping every second: 7.98 MB/s, 689 GB a day."""
     big = StoreScale(nodes=2048, ranks_per_node=8)
-    step = event_bytes(sample_events(big)["step"])
+    step = event_bytes(sample_events(big.widths)["step"])
     assert step == 389
     # 16,384 x 389 + 1,024 x 1,537 + (16,384 x 718 + 2,048 x 821) / 600
     # + (16,384 x 1,440 + 430) / 3600
@@ -130,3 +135,12 @@ def test_the_kubernetes_nats_store_holds_the_default_scale() -> None:
     assert int(mib) * MIB == store_limits(DEFAULT_SCALE).server_bytes
     [gib] = re.findall(r"storage:\s*(\d+)Gi", (root / "nats.yaml").read_text())
     assert int(gib) * 1024 * MIB > int(mib) * MIB
+
+
+async def test_a_kv_record_is_what_the_server_accounts(bus: Bus) -> None:
+    stream = f"KV_{subjects.DONE_BUCKET}"
+    key = subjects.kv_key("job", "agent-node-7", "c" * 32)
+    before = (await bus.js.stream_info(stream)).state.bytes
+    await (await bus.kv(subjects.DONE_BUCKET)).put(key, b"v" * 300)
+    after = (await bus.js.stream_info(stream)).state.bytes
+    assert after - before == kv_bytes(subjects.DONE_BUCKET, key, b"v" * 300)

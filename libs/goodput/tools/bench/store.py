@@ -22,16 +22,13 @@ from rich.table import Table
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.message_sizes import command_bytes, event_bytes, sample_commands, sample_events
 from goodput.bus.store_sizing import (
     DEFAULT_SCALE,
     MIB,
     StoreScale,
     StoreScaleError,
-    command_bytes,
-    event_bytes,
     parse_scale,
-    sample_commands,
-    sample_events,
     scale_from_env,
     scale_to_env,
     store_limits,
@@ -61,12 +58,12 @@ async def measure(scale: StoreScale, state_dir: Path) -> dict:
         bus = await Bus.connect(BusSettings(url=server.url), name="goodput-bench-store")
         try:
             await bus.provision(scale=scale)
-            for kind, event in sample_events(scale).items():
+            for kind, event in sample_events(scale.widths).items():
                 measured = await _stored_size(
                     bus, subjects.EVENTS_STREAM, subjects.event_for(event), event
                 )
                 kinds[f"event {kind}"] = {"formula": event_bytes(event), "server": measured}
-            for kind, (target, command) in sample_commands(scale).items():
+            for kind, (target, command) in sample_commands(scale.widths).items():
                 subject = subjects.command(command.job, target)
                 measured = await _stored_size(bus, subjects.COMMANDS_STREAM, subject, command)
                 kinds[f"command {kind}"] = {

@@ -62,9 +62,10 @@ SERVER_HEADROOM = 1.10
 #: a KV record of a bucket whose values are not one of the schemas' messages (the checkpoint
 #: index's copy record lists its files: a rank's shards and the metadata), per file listed
 INDEX_BYTES_PER_FILE = 96
-#: checkpoint copies the index keeps per node: local, peer and object-store copies of the
-#: last few checkpoints (retention keeps three; a fourth is being written)
-INDEX_COPIES_PER_NODE = 3 * 4
+#: checkpoint copies the index lists per node: a copy in each of the three tiers (local, peer,
+#: object store) of the checkpoints retention keeps (``catalog.DEFAULT_KEEP_LAST`` = 3) and
+#: of the one being written
+INDEX_COPIES_PER_NODE = 3 * (3 + 1)
 #: the controller's and actuator's records per node in ``gp_state`` (membership, spares)
 STATE_BYTES_PER_NODE = 512
 #: the services that are not per node (sensor, controller, actuator, stack launcher)
@@ -160,7 +161,8 @@ def scale_to_env(scale: StoreScale) -> dict[str, str]:
 
 def _bucket_bytes(scale: StoreScale) -> dict[str, int]:
     record = record_bytes(scale.widths)
-    commands_in_ttl = scale.restarts_per_hour * DONE_TTL_S / 3600 * scale.nodes * 3
+    per_restart = scale.nodes * len(sample_commands(scale.widths))
+    commands_in_ttl = scale.restarts_per_hour * DONE_TTL_S / 3600 * per_restart
     index_record = 256 + INDEX_BYTES_PER_FILE * (scale.ranks_per_node + 2)
     raw = {
         subjects.SERVICES_BUCKET: (CENTRAL_SERVICES + PER_NODE_SERVICES * scale.nodes)

@@ -26,7 +26,7 @@ from goodput.instance_id import instance_id
 
 pytestmark = pytest.mark.slow
 JOB = "job-lead"
-TTL_S = 1.0
+TTL_S = 2.0
 
 
 def test_an_identity_is_unique_even_for_equal_hosts_pids_and_labels(monkeypatch) -> None:
@@ -96,19 +96,19 @@ async def test_two_controllers_with_one_host_and_label_have_one_leader(
         # several lease periods after both are up: still exactly one leader, named by the lease
         await _until(lambda: all(c.logged("service started") for c in controllers), "both up")
         await asyncio.sleep(4 * TTL_S)
+        # (a loop stalled past the TTL on a loaded machine may hand the lease over: still one)
         leaders = [c for c in controllers if c.leading]
         assert len(leaders) == 1, [c.logged("leading") for c in controllers]
         (leader,) = leaders
         (standby,) = [c for c in controllers if c is not leader]
         holder = await _holder(bus)
-        assert holder == leader.logged("leading")[0]["instance"]
+        assert holder == leader.logged("leading")[-1]["instance"]
         assert holder.startswith(f"controller-{leader.process.pid}-")
-        assert not standby.logged("leading")
 
         leader.process.kill()
         leader.process.wait(30)
         await _until(lambda: standby.leading, "the standby to take over", timeout_s=30)
-        assert await _holder(bus) == standby.logged("leading")[0]["instance"] != holder
+        assert await _holder(bus) == standby.logged("leading")[-1]["instance"] != holder
     finally:
         await bus.close()
         for controller in controllers:

@@ -9,8 +9,9 @@ where the script runs. One persistent worker (``policy_worker``) imports the scr
 before) and answers each decide call over a pipe (``policy_wire``) within
 ``policy_timeout_s``. A worker that dies, overruns or answers garbage is killed — a process,
 unlike a thread, can be — and a new one is started at once; it imports the script again (its
-top level runs once per worker) while the controller goes on, and the next call waits for it
-up to ``policy_load_timeout_s``. Calls are serialized (one worker, one call at a time).
+top level runs once per worker) while the controller goes on, and the next call waits for its
+start and then its import (up to ``policy_load_timeout_s``). Calls are serialized (one
+worker, one call at a time); the caller keeps them off its event loop.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ import faulthandler
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -30,6 +29,7 @@ import msgspec
 from goodput import schemas, subjects
 from goodput.bus import Bus, CommandRunner
 from goodput.config import ServiceConfig, convert_options
+from goodput.instance_id import instance_id
 from goodput.launch.exit_reason import report_exit
 from goodput.telemetry import setup_tracing
 
@@ -55,7 +55,8 @@ class Service:
         if self.options_type is not None:
             self.options: Any = convert_options(self.options_type, config.options, self.name)
         self.job = config.job
-        self.instance = config.instance or f"{socket.gethostname()}-{os.getpid()}"
+        #: unique to this process (lease holder, health record), whatever ``--instance`` says
+        self.instance = instance_id(config.instance)
         self.started_ts = schemas.now_ns()
         self.bus: Bus | None = None
         self.commands: CommandRunner | None = None

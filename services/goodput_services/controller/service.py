@@ -36,6 +36,7 @@ from goodput.telemetry import attached, context_from_traceparent, current_tracep
 from goodput_services.base import Service
 from goodput_services.controller.lease import Lease
 from goodput_services.controller.options import ControllerOptions
+from goodput_services.controller.policy_process import PolicyProcess
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +60,18 @@ class ControllerService(Service):
 
     def __init__(self, config: ServiceConfig):
         super().__init__(config)
-        self.controller = Controller(self.options.policy or None, self.options.settings)
-        if self.controller.script is not None and self.controller.script.load_error:
-            raise SystemExit(self.controller.script.load_error)  # not "healthy" until a fault
+        settings = self.options.settings
+        #: the user's script, in a worker process: it cannot take the controller down
+        self.policy: PolicyProcess | None = None
+        if self.options.policy:
+            self.policy = PolicyProcess(
+                self.options.policy,
+                timeout_s=settings.policy_timeout_s,
+                load_timeout_s=settings.policy_load_timeout_s,
+            )
+            if self.policy.load_error:
+                raise SystemExit(self.policy.load_error)  # not "healthy" until a fault
+        self.controller = Controller(settings=settings, script=self.policy)
         self.lease_ttl_s = self.options.lease_ttl_s
         self.pause_before_send_s = self.options.inject_pause_before_send_s
         self.record = ControllerRecord()
@@ -71,6 +81,9 @@ class ControllerService(Service):
         self._dirty = False
         self._leader_tasks: list[asyncio.Task[None]] = []
         self._consumer: DurableConsumer | None = None
+        #: held from reading the state to storing what a decision made of it: the policy runs
+        #: off the event loop (the lease and health go on), and events and timers take turns
+        self._deciding = asyncio.Lock()
         self._tracer = tracer("goodput.controller")
 
     @property
@@ -82,7 +95,13 @@ class ControllerService(Service):
 
     def health(self) -> tuple[bool, str]:
         role = "leader" if self.leading else "standby"
-        return True, f"{role}, policy {self.controller.policy_name}, {self.decisions} decision(s)"
+        restarts = f" (worker restarted {self.policy.restarts}x)" if self.policy else ""
+        policy = f"policy {self.controller.policy_name}{restarts}"
+        return True, f"{role}, {policy}, {self.decisions} decision(s)"
+
+    async def on_stop(self) -> None:
+        if self.policy is not None:
+            await asyncio.to_thread(self.policy.close)
 
     # ---- leadership --------------------------------------------------------------------------
 
@@ -221,6 +240,10 @@ class ControllerService(Service):
     # ---- inputs ------------------------------------------------------------------------------
 
     async def _on_event(self, event: schemas.Event, msg: Msg) -> None:
+        async with self._deciding:
+            await self._handle_event(event)
+
+    async def _handle_event(self, event: schemas.Event) -> None:
         if not self.leading:
             raise RuntimeError("not leading any more; leave the event to the leader")
         now = time.time_ns()
@@ -236,7 +259,7 @@ class ControllerService(Service):
                 self._set_state(observe_event(state, event, now))
                 await self._store()
             case schemas.ActionResult() if state is not None:
-                outcome = self.controller.settle(state, event, now)
+                outcome = await asyncio.to_thread(self.controller.settle, state, event, now)
                 if outcome.state is not state:
                     self._log_settled(event)
                 await self._apply(outcome)
@@ -312,7 +335,7 @@ class ControllerService(Service):
             f"controller decide {signal.signal}",
             attributes={"goodput.signal_id": signal.signal_id, "goodput.node": signal.node},
         ) as span:
-            outcome = self.controller.handle(state, signal, now)
+            outcome = await asyncio.to_thread(self.controller.handle, state, signal, now)
             if outcome.decision is not None:
                 span.set_attribute("goodput.rule", outcome.decision.rule)
                 span.set_attribute("goodput.commands", len(outcome.commands))
@@ -350,7 +373,7 @@ class ControllerService(Service):
 
     async def _decide_due(self, state: JobState) -> None:
         """Decide the signals whose back-off is over, each in its own remediation's trace."""
-        outcomes = self.controller.due(state, time.time_ns())
+        outcomes = await asyncio.to_thread(self.controller.due, state, time.time_ns())
         contexts = {
             o.decision.signal_id: self._stored_context(o.decision.signal_id)
             for o in outcomes
@@ -370,12 +393,13 @@ class ControllerService(Service):
         """Deferred (backed-off) signals when they come due; soft state saved now and then."""
         last_save = time.monotonic()
         while self.leading and not self.stopping.is_set():
-            state = self.record.state
-            if state is not None:
-                await self._decide_due(state)
-            if self._dirty and time.monotonic() - last_save > 5.0:
-                await self._store()
-                last_save = time.monotonic()
+            async with self._deciding:
+                state = self.record.state
+                if state is not None:
+                    await self._decide_due(state)
+                if self._dirty and time.monotonic() - last_save > 5.0:
+                    await self._store()
+                    last_save = time.monotonic()
             await asyncio.sleep(0.5)
 
 

@@ -1,8 +1,10 @@
 """The controller's logic: a signal and the job state in, a decision, commands and a new state out.
 
-Pure apart from running the policy script (in a thread, with a time limit); time is passed
-in. The service publishes the decision and the commands and stores the returned state; a
-signal already handled (its id is in the state) yields nothing, so a standby controller or a
+Pure apart from running the policy script, where the caller chooses: in this process (threads
+with a time limit, :class:`ScriptPolicy`: the simulator) or anywhere keeping its contract
+(:class:`PolicyScript`; the controller service's worker process); time is passed in. The
+service publishes the decision and the commands and stores the returned state; a signal
+already handled (its id is in the state) yields nothing, so a standby controller or a
 redelivered signal never acts twice. Decision and command ids are derived from the signal id,
 so even a decision taken twice by two controllers carries the same command ids, which the
 bus and the executors deduplicate.
@@ -23,7 +25,7 @@ import xxhash
 
 from goodput import schemas
 from goodput.supervisor.control import checkpoint_interval, crash_loop
-from goodput.supervisor.control.script_policy import ScriptPolicy
+from goodput.supervisor.control.script_policy import PolicyScript, ScriptPolicy
 from goodput.supervisor.jobstate.folds import (
     FAILURE_KINDS,
     RESTARTING,
@@ -69,17 +71,22 @@ class Outcome:
 class Controller:
     """Decides remediations with a user's policy script, or the built-in policy."""
 
-    def __init__(self, policy_path: str | None = None, settings: ControllerSettings | None = None):
+    def __init__(
+        self,
+        policy_path: str | None = None,
+        settings: ControllerSettings | None = None,
+        *,
+        script: PolicyScript | None = None,
+    ):
+        """``policy_path`` is run in this process; a ``script`` given instead runs as it runs."""
         self.settings = settings or ControllerSettings()
-        self.script = (
-            ScriptPolicy(
+        self.script: PolicyScript | None = script
+        if script is None and policy_path:
+            self.script = ScriptPolicy(
                 policy_path,
                 timeout_s=self.settings.policy_timeout_s,
                 load_timeout_s=self.settings.policy_load_timeout_s,
             )
-            if policy_path
-            else None
-        )
 
     @property
     def policy_name(self) -> str:

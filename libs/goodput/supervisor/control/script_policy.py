@@ -1,17 +1,18 @@
-"""Loading and running a user's policy script, time-limited; the API is :mod:`goodput.supervisor.policy`.
+"""Loading and running a user's policy script in this process, time-limited; the API is :mod:`goodput.supervisor.policy`.
 
-The script is imported, and later called, in daemon threads of the controller with a time
-limit. A thread rather than a subprocess: the script must run in the controller afterwards
-(its ``decide`` is called there with the live state), and a subprocess that vetted the import
-would run the script's top level twice and could still not bound the second import. Python
-cannot kill a thread, so a script that never returns keeps its thread busy for good: an
-import that overruns is a load error (the controller refuses to start and exits, taking the
-thread with it); a call that overruns makes further calls fail fast (and the built-in policy
-decides) rather than pile up more threads. Whatever the script raises in those threads is its
-own doing, ``SystemExit`` and ``KeyboardInterrupt`` included (a real Ctrl-C reaches the main
-thread), so every ``BaseException`` is caught and described in one line. A script that fails to
-load, raises, overruns, or returns anything that does not pass :func:`goodput.supervisor.policy.validate`
-is reported in ``Decision.error`` and the built-in policy decides instead.
+This is how the simulator (and any in-process use of the engine) runs a script; the controller
+service runs it in a worker process instead (``goodput_services.controller.policy_process``),
+where ``os._exit`` or a hang costs one decision, with :func:`load_script` and
+:func:`describe_failure` from here. In this process the script is imported, and later called,
+in daemon threads with a time limit: the caller's own work (a simulation) must not stop for a
+script that never returns. Python cannot kill a thread, so such a script keeps its thread busy
+for good: an import that overruns is a load error; a call that overruns makes further calls
+fail fast (and the built-in policy decides) rather than pile up more threads. Whatever the
+script raises in those threads is its own doing, ``SystemExit`` and ``KeyboardInterrupt``
+included (a real Ctrl-C reaches the main thread), so every ``BaseException`` is caught and
+described in one line. A script that fails to load, raises, overruns, or returns anything that
+does not pass :func:`goodput.supervisor.policy.validate` is reported in ``Decision.error`` and
+the built-in policy decides instead.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
 
@@ -30,6 +31,19 @@ from goodput.supervisor.policy import JobState, Plan, PolicyError, validate
 from goodput.supervisor.policy.plan import Decide
 
 S = TypeVar("S", bound=msgspec.Struct)
+
+
+class PolicyScript(Protocol):
+    """What the engine asks of a user's script, wherever it runs (this process or a worker)."""
+
+    #: the script's file name without ``.py``: the ``Decision.policy`` it decides as
+    name: str
+    #: why the script did not load ("": it did), one line
+    load_error: str
+
+    def decide(self, signal: schemas.Signal, state: JobState) -> Plan:
+        """The script's validated plan; raises :class:`PolicyError` on any problem."""
+        ...
 
 
 class ScriptPolicy:
@@ -46,7 +60,7 @@ class ScriptPolicy:
 
         def load() -> None:
             try:
-                outcome["value"] = _load(self.path)
+                outcome["value"] = load_script(self.path)
             except BaseException as exc:  # the script's own exit or interrupt, too
                 outcome["error"] = exc
 
@@ -54,13 +68,13 @@ class ScriptPolicy:
         thread.start()
         thread.join(load_timeout_s)
         if thread.is_alive():
-            problem = f"its import did not finish within {load_timeout_s:g} s (a loop at import?)"
+            problem = import_overran(load_timeout_s)
         elif "error" in outcome:
-            problem = _describe(outcome["error"], self.path)  # type: ignore[arg-type]
+            problem = describe_failure(outcome["error"], self.path)  # type: ignore[arg-type]
         else:
             self._decide = outcome["value"]  # type: ignore[assignment]
             return
-        self.load_error = f"policy script {self.path} failed to load: {problem}"
+        self.load_error = load_failure(self.path, problem)
 
     def decide(self, signal: schemas.Signal, state: JobState) -> Plan:
         """The script's validated plan; raises :class:`PolicyError` on any problem."""
@@ -85,25 +99,26 @@ class ScriptPolicy:
         thread.start()
         thread.join(self.timeout_s)
         if thread.is_alive():
-            raise PolicyError(f"policy script {self.name} did not return within {self.timeout_s} s")
+            raise PolicyError(call_overran(self.path, self.timeout_s))
         if "error" in outcome:
-            raise PolicyError(
-                f"policy script {self.name} raised {_describe(outcome['error'], self.path)}"  # type: ignore[arg-type]
-            )
+            raise PolicyError(call_failure(self.path, outcome["error"]))  # type: ignore[arg-type]
         return validate(outcome.get("value"), state, default_rule="script")
 
 
-class _Refused(Exception):
+class NotAPolicyScript(Exception):
     """The file is not a policy script; the message says why."""
 
 
-def _load(path: Path) -> Decide:
+def load_script(path: Path) -> Decide:
+    """Import the script at ``path`` (its top level runs) and return its ``decide``.
+
+    Raises :class:`NotAPolicyScript`, or whatever the script's import raised."""
     if not path.is_file():
-        raise _Refused("no such file")
+        raise NotAPolicyScript("no such file")
     module_name = f"goodput_policy_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise _Refused("not loadable as a Python module")
+        raise NotAPolicyScript("not loadable as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
@@ -113,7 +128,7 @@ def _load(path: Path) -> Decide:
         raise
     decide = getattr(module, "decide", None)
     if not callable(decide):
-        raise _Refused("it defines no function decide(signal, state)")
+        raise NotAPolicyScript("it defines no function decide(signal, state)")
     return decide
 
 
@@ -121,9 +136,27 @@ def _copy(value: S) -> S:
     return msgspec.msgpack.decode(msgspec.msgpack.encode(value), type=type(value))
 
 
-def _describe(exc: BaseException, script: Path) -> str:
+def load_failure(script: Path, problem: str) -> str:
+    """The one line that refuses a script: its path and what went wrong."""
+    return f"policy script {script} failed to load: {problem}"
+
+
+def import_overran(limit_s: float) -> str:
+    return f"its import did not finish within {limit_s:g} s (a loop at import?)"
+
+
+def call_overran(script: Path, limit_s: float) -> str:
+    return f"policy script {script.stem} did not return within {limit_s:g} s"
+
+
+def call_failure(script: Path, exc: BaseException) -> str:
+    """The one line recorded when ``decide`` raised ``exc``."""
+    return f"policy script {script.stem} raised {describe_failure(exc, script)}"
+
+
+def describe_failure(exc: BaseException, script: Path) -> str:
     """One line: what was raised, where in the script, and its message."""
-    if isinstance(exc, _Refused):
+    if isinstance(exc, NotAPolicyScript):
         return str(exc)
     where = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == script]
     line = f" at line {where[-1].lineno}" if where else ""

@@ -30,6 +30,16 @@ from goodput.telemetry import inject_headers
 
 log = logging.getLogger(__name__)
 
+
+def _not_tls_eof_noise(record: logging.LogRecord) -> bool:
+    """nats-py's protocol asks asyncio to keep a connection open at EOF, which asyncio's TLS
+    transport cannot and says so as a warning each time a TLS server closes on the client
+    (a refused sign-in): a line of noise beside the one line that says why."""
+    return not record.getMessage().startswith("returning true from eof_received()")
+
+
+logging.getLogger("asyncio").addFilter(_not_tls_eof_noise)
+
 DAY_S = 24 * 3600.0
 
 #: errors that mean "the server is not reachable right now": retry, don't fail

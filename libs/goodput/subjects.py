@@ -106,6 +106,7 @@ def health_key(job: str, service: str, node: str, instance: str) -> str:
     return kv_key(job, service, *([node] if node else []), token)
 
 
-def health_keys_of(job: str) -> str:
-    """Every health record of ``job`` (a KV key filter)."""
-    return f"{job}.>"
+def health_keys_of(job: str, service: str = "", node: str = "") -> str:
+    """Every health record of ``job`` (of one ``service``, and ``node``, if named): a KV key
+    filter. A central service's and a per-node service's names differ, so no filter mixes them."""
+    return ".".join((job, *([service] if service else []), *([node] if node else []), ">"))

@@ -30,6 +30,7 @@ import msgspec
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettingsError, BusUnavailableError, CommandRunner
+from goodput.bus.service_health import forget_replaced
 from goodput.config import ServiceConfig, convert_options
 from goodput.launch.exit_reason import report_exit
 from goodput.telemetry import setup_tracing
@@ -191,18 +192,35 @@ class Service:
         log.info("service stopped")
 
     async def _health_loop(self) -> None:
+        forgot_replaced = False
         while not self._stopping.is_set():
             healthy, detail = self.health()
-            await self._publish_health(healthy=healthy, detail=detail)
+            record = await self._publish_health(healthy=healthy, detail=detail)
+            if record is not None and not forgot_replaced:
+                forgot_replaced = await self._forget_replaced(record)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.config.health_period_s)
+
+    async def _forget_replaced(self, own: schemas.ServiceHealth) -> bool:
+        """Once, when this replica's record is written: delete the records of the replicas
+        it replaced (keys would pile up with every restart; readers drop them meanwhile)."""
+        assert self.bus is not None
+        try:
+            forgotten = await forget_replaced(self.bus, own, time.time_ns())
+        except Exception as exc:  # the bus being down must not kill the service
+            log.debug("replaced health records not deleted: %r", exc)
+            return False
+        if forgotten:
+            log.info("deleted %d health record(s) of replaced replicas", forgotten)
+        return True
 
     @property
     def health_key(self) -> str:
         """This process's own record: replicas of one service never overwrite each other."""
         return subjects.health_key(self.job, self.name, self.config.node, self.instance)
 
-    async def _publish_health(self, *, healthy: bool, detail: str) -> None:
+    async def _publish_health(self, *, healthy: bool, detail: str) -> schemas.ServiceHealth | None:
+        """Write this replica's record; the record, or None if the bus did not take it."""
         assert self.bus is not None
         record = schemas.ServiceHealth(
             job=self.job,
@@ -220,6 +238,8 @@ class Service:
             await asyncio.wait_for(kv.put(self.health_key, schemas.encode(record)), timeout=2)
         except Exception as exc:  # the bus being down must not kill the service
             log.debug("health record not written: %r", exc)
+            return None
+        return record
 
 
 def run_service(service_class: type[Service], argv: list[str] | None = None) -> int:

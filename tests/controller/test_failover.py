@@ -12,8 +12,8 @@ import pytest
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.service_health import read_records
 from goodput.supervisor.policy.scripts import cold_restart
-from goodput.tools.stack.health import read_records
 from tests.controller.helpers import spawn_service
 from tests.stack.helpers import EventTap
 

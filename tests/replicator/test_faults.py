@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from goodput import schemas
+from goodput.bus.service_health import read_records
 from goodput.checkpoint.engine import CheckpointEngine
-from goodput.tools.stack.health import read_records
 from goodput_services.replicator.holdings import verify_copy
 from tests.ckpt.helpers import assert_bit_exact
 from tests.replicator.conftest import (

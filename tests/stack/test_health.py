@@ -10,8 +10,9 @@ import msgspec
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
+from goodput.bus.service_health import read_records
 from goodput.config import ServiceConfig
-from goodput.tools.stack.health import Slot, judge, read_records
+from goodput.tools.stack.health import Slot, judge
 from goodput_services.base import Service
 from tests.telemetry.helpers import running
 
@@ -27,8 +28,8 @@ def _record(service: str, instance: str, *, started_s: float, seen_s: float, **f
         instance=instance,
         pid=fields.pop("pid", 100),
         healthy=fields.pop("healthy", True),
-        started_ts=NOW - int(started_s * S),
-        ts=NOW - int(seen_s * S),
+        started_ts=fields.pop("started_ts", NOW - int(started_s * S)),
+        ts=fields.pop("ts", NOW - int(seen_s * S)),
         **fields,
     )
 
@@ -68,7 +69,11 @@ def test_a_replaced_replica_is_dropped_a_lost_one_is_stale() -> None:
 
 
 def test_expected_services_without_a_record_and_exited_processes_are_unhealthy() -> None:
-    records = [_record("hostmon", "h", started_s=10, seen_s=0.1, node="node-0", pid=7)]
+    records = [
+        _record("hostmon", "h", started_s=10, seen_s=0.1, node="node-0", pid=7),
+        # the same pid on another host, of a service the stack record does not hold
+        _record("sensor", "k8s-pod", started_s=10, seen_s=0.1, pid=7),
+    ]
     report = judge(
         records,
         NOW,
@@ -79,6 +84,7 @@ def test_expected_services_without_a_record_and_exited_processes_are_unhealthy()
     assert rows["actuator"]["state"] == "missing"
     assert rows["hostmon@node-0"]["state"] == "stale"
     assert rows["hostmon@node-0"]["detail"] == "process 7 is gone"
+    assert rows["sensor"]["state"] == "healthy"
     assert not report.healthy
 
 
@@ -122,3 +128,32 @@ async def test_each_replica_of_a_service_keeps_its_own_record(bus: Bus, nats_ser
     assert sorted(r.instance for r in records) == ["a", "b"]
     report = judge(records, time.time_ns())
     assert [e["name"] for e in report.entries] == ["controller", "controller"]
+
+
+async def test_a_new_replica_deletes_the_records_of_those_it_replaced(bus: Bus) -> None:
+    kv = await bus.kv(subjects.SERVICES_BUCKET)
+    now = time.time_ns()
+    left = [
+        # a controller that died a minute ago: replaced by the replica started below
+        _record(
+            "controller", "dead", started_s=0, seen_s=0, started_ts=now - 90 * S, ts=now - 60 * S
+        ),
+        # another service's stale record: not the new replica's to delete
+        _record("sensor", "dead", started_s=0, seen_s=0, started_ts=now - 90 * S, ts=now - 60 * S),
+    ]
+    for record in left:
+        key = subjects.health_key(JOB, record.service, record.node, record.instance)
+        await kv.put(key, schemas.encode(record))
+    async with running(_Probe(ServiceConfig(job=JOB, instance="new", bus=bus.settings))):
+        for _ in range(100):
+            records, _ = await read_records(bus, JOB)
+            if {(r.service, r.instance) for r in records} == {
+                ("controller", "new"),
+                ("sensor", "dead"),
+            }:
+                break
+            await asyncio.sleep(0.1)
+    assert {(r.service, r.instance) for r in records} == {
+        ("controller", "new"),
+        ("sensor", "dead"),
+    }

@@ -90,6 +90,18 @@ def test_status_with_a_credential_the_server_does_not_know_says_so_in_one_line(
     assert len(lines) == 1 and "refused" in lines[0] and "Authorization Violation" in lines[0]
 
 
+def test_up_with_a_credential_the_server_does_not_know_stops_in_one_line(
+    secure_nats: SecureNats, tmp_path: Path
+) -> None:
+    state = tmp_path / "stack"
+    result = goodput_cli("up", "--state-dir", str(state), "--job", JOB, "--wait", "10",
+                         *secure_nats.flags(secure_nats.stranger), check=False)  # fmt: skip
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("goodput up: the NATS server"), lines
+    assert read_stack(state) is None  # refused before any service started
+
+
 def test_a_service_with_a_credential_the_server_does_not_know_exits_with_one_line(
     secure_nats: SecureNats, tmp_path: Path
 ) -> None:

@@ -1,12 +1,11 @@
-"""The health of a job's services, read from the bus alone: every replica's record.
+"""The health of a job's services as `goodput status` shows it: every replica's record
+(:mod:`goodput.bus.service_health`), judged.
 
-Each service process keeps its own record in ``gp_services`` (``subjects.health_key``: the
-job, the service, its node, its instance), so `goodput status` shows any stack, whoever
-started it — `goodput up`, Kubernetes, Slurm — and two replicas of one service are two rows.
-A replica whose record stopped being refreshed is *stale*: shown as such and unhealthy,
-unless a replica of the same service (and node) started after that record's last refresh —
-the process that replaced it — and then it is dropped. A record whose key does not match its
-content (an older goodput's, or forged: anything on the bus may be) is ignored and counted.
+The records come from the bus alone, so any stack shows, whoever started it — `goodput up`,
+Kubernetes, Slurm — and two replicas of one service are two rows. A replica whose record
+stopped being refreshed is *stale*: shown as such and unhealthy, unless a newer replica of
+the same service (and node) replaced it, and then it is dropped. Records whose key does not
+match their content are ignored and counted.
 """
 
 from __future__ import annotations
@@ -14,12 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import msgspec
-import nats.errors
-import nats.js.errors
 
-from goodput import schemas, subjects
+from goodput import schemas
 from goodput.bus import Bus
-from goodput.bus.kv_scan import current_entries
+from goodput.bus.service_health import read_records, record_is_fresh, replaced
 
 
 class Slot(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,7 +34,8 @@ class ServicesHealth(msgspec.Struct, kw_only=True):
     """One row per replica (and per expected service without one); healthy only if all are."""
 
     entries: list[dict]
-    #: stale records of replicas that a newer replica of the same service replaced
+    #: stale records of replicas a newer replica of the same service replaced (and has not
+    #: deleted yet)
     superseded: int = 0
     #: records under a key that does not match their content
     ignored: int = 0
@@ -45,34 +43,6 @@ class ServicesHealth(msgspec.Struct, kw_only=True):
     @property
     def healthy(self) -> bool:
         return all(entry["healthy"] for entry in self.entries)
-
-
-def record_is_fresh(record: schemas.ServiceHealth, now_ns: int) -> bool:
-    """A health record refreshed within a few of its periods: its service is still there."""
-    return (now_ns - record.ts) / 1e9 < max(3 * record.period_s, 3.0)
-
-
-async def read_records(bus: Bus, job: str) -> tuple[list[schemas.ServiceHealth], int]:
-    """Every health record of ``job`` whose key matches its content, and how many did not."""
-    try:
-        entries = await current_entries(bus, subjects.SERVICES_BUCKET, subjects.health_keys_of(job))
-    except (nats.js.errors.NotFoundError, nats.errors.NoRespondersError):
-        return [], 0  # a bus no service has provisioned yet
-    records, ignored = [], 0
-    for key, payload in entries.items():
-        try:
-            record = schemas.decode_event(payload)
-        except schemas.SchemaError:
-            record = None
-        if (
-            isinstance(record, schemas.ServiceHealth)
-            and record.job == job
-            and key == subjects.health_key(job, record.service, record.node, record.instance)
-        ):
-            records.append(record)
-        else:
-            ignored += 1
-    return records, ignored
 
 
 def judge(
@@ -86,6 +56,7 @@ def judge(
     stack has (its record), each a row even without a record; ``gone_pids``: processes of that
     record known to have exited, whose fresh-looking records no longer count."""
     by_slot: dict[Slot, list[schemas.ServiceHealth]] = {slot: [] for slot in expected}
+    known = set(by_slot)  # the pids of the caller's record say nothing of other processes
     for record in records:
         by_slot.setdefault(Slot(service=record.service, node=record.node), []).append(record)
     entries: list[dict] = []
@@ -101,13 +72,14 @@ def judge(
                 }
             )
             continue
-        live_starts = [r.started_ts for r in replicas if _live(r, now_ns, gone_pids)]
+        gone = gone_pids if slot in known else frozenset()
+        live_starts = [r.started_ts for r in replicas if _live(r, now_ns, gone)]
         for record in sorted(replicas, key=lambda r: r.started_ts):
-            live = _live(record, now_ns, gone_pids)
-            if not live and any(start > record.ts for start in live_starts):
+            live = _live(record, now_ns, gone)
+            if not live and replaced(record, live_starts, now_ns):
                 superseded += 1
                 continue
-            entries.append(_entry(slot, record, live, now_ns, gone_pids))
+            entries.append(_entry(slot, record, live, now_ns, gone))
     return ServicesHealth(entries=entries, superseded=superseded)
 
 

@@ -15,7 +15,7 @@ import nats.js.errors
 from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.job_events import newest_run
-from goodput.tools.stack.health import read_records, record_is_fresh
+from goodput.bus.service_health import read_records, record_is_fresh
 
 ACTIVE_STATES = ("starting", "running", "restarting")
 
@@ -72,8 +72,7 @@ async def find_clash(bus: Bus, job: str) -> str | None:
 async def _newest_actuator(bus: Bus, job: str) -> schemas.ServiceHealth | None:
     """The actuator record refreshed last: the running one's, if any runs (a replaced
     actuator's record stays behind, stale)."""
-    records, _ = await read_records(bus, job)
-    actuators = [r for r in records if r.service == subjects.ACTUATOR and not r.node]
+    actuators, _ = await read_records(bus, job, subjects.ACTUATOR)
     return max(actuators, key=lambda record: record.ts, default=None)
 
 

@@ -3,8 +3,8 @@
 A service is one OS process. It connects to the bus (retrying until the server is up),
 provisions streams idempotently, runs its loops, refreshes its health record (its own key,
 ``subjects.health_key``: one per replica) in the ``gp_services`` KV bucket every
-``health_period_s``, and on SIGTERM stops its consumers,
-finishes the message in hand and exits 0. A loop that dies stops the service too, with exit
+``health_period_s``, and on SIGTERM stops its consumers, finishes the message in hand,
+deletes its health record and exits 0. A loop that dies stops the service too, with exit
 status 1 and the cause in the log: a supervisor (Kubernetes, systemd) must not read it as done.
 A stop that has not finished within ``stop_deadline_s`` (a client library stuck closing a dead
 connection, a hook that never returns) ends the process with exit status 1 and every thread's
@@ -186,7 +186,7 @@ class Service:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.on_stop()
-        await self._publish_health(healthy=False, detail="stopped")
+        await self._withdraw_health()
         assert self.bus is not None
         await self.bus.close()
         log.info("service stopped")
@@ -218,6 +218,17 @@ class Service:
     def health_key(self) -> str:
         """This process's own record: replicas of one service never overwrite each other."""
         return subjects.health_key(self.job, self.name, self.config.node, self.instance)
+
+    async def _withdraw_health(self) -> None:
+        """A replica stopped on request takes its record with it: a node drained from the pool,
+        a scaled-down replica is no failure, and its record would read as one forever. A
+        replica that dies leaves its record, which goes stale: that is the failure to show."""
+        assert self.bus is not None
+        try:
+            kv = await self.bus.kv(subjects.SERVICES_BUCKET)
+            await asyncio.wait_for(kv.delete(self.health_key), timeout=2)
+        except Exception as exc:  # the bus being down: the record goes stale instead
+            log.debug("health record not withdrawn: %r", exc)
 
     async def _publish_health(self, *, healthy: bool, detail: str) -> schemas.ServiceHealth | None:
         """Write this replica's record; the record, or None if the bus did not take it."""

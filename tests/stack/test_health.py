@@ -115,7 +115,7 @@ class _Probe(Service):
     name = "controller"
 
 
-async def test_each_replica_of_a_service_keeps_its_own_record(bus: Bus, nats_server) -> None:
+async def test_each_replica_keeps_its_own_record_until_stopped(bus: Bus, nats_server) -> None:
     replicas = [
         _Probe(ServiceConfig(job=JOB, instance=name, bus=bus.settings)) for name in ("a", "b")
     ]
@@ -128,6 +128,8 @@ async def test_each_replica_of_a_service_keeps_its_own_record(bus: Bus, nats_ser
     assert sorted(r.instance for r in records) == ["a", "b"]
     report = judge(records, time.time_ns())
     assert [e["name"] for e in report.entries] == ["controller", "controller"]
+    # stopped on request (SIGTERM): no failure to show, so no record left behind
+    assert await read_records(bus, JOB) == ([], 0)
 
 
 async def test_a_new_replica_deletes_the_records_of_those_it_replaced(bus: Bus) -> None:

@@ -15,6 +15,7 @@ import pytest
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusCredentialsError, BusSettings
 from goodput.bus.credentials import NKEYS_MISSING
+from goodput.shim.link import BusLink
 from tests.nats_auth import Operator, new_key
 from tests.secure_nats import SecureNats
 
@@ -124,3 +125,27 @@ def test_without_the_nkeys_package_a_process_ends_with_one_line(
 def _seed(path: Path) -> str:
     text = path.read_text()
     return text.split("NKEY SEED-----\n")[1].split("\n")[0] if "SEED" in text else text.strip()
+
+
+def test_without_the_nkeys_package_a_rank_says_why_it_is_not_supervised(
+    secure_nats: SecureNats, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The shim's connect path (its bus thread, as a rank runs it): one logged line."""
+    monkeypatch.setitem(sys.modules, "nkeys", None)
+    link = BusLink(
+        settings=secure_nats.settings(),
+        job=JOB,
+        node="node-0",
+        rank=0,
+        heartbeat_period_s=1.0,
+        on_command=lambda command: None,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not link.failure and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        link.close()
+    assert link.failure == NKEYS_MISSING and not link.connected.is_set()
+    refusals = [r.getMessage() for r in caplog.records if "NOT supervised" in r.getMessage()]
+    assert len(refusals) == 1 and NKEYS_MISSING in refusals[0]

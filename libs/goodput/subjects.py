@@ -97,3 +97,16 @@ def dead_letter(job: str, service: str) -> str:
 
 def kv_key(job: str, *parts: str) -> str:
     return ".".join((job, *parts))
+
+
+def health_key(job: str, service: str, node: str, instance: str) -> str:
+    """A service replica's health record in SERVICES_BUCKET: ``<job>.<service>[.<node>].<id>``,
+    one per process (two controller replicas once wrote one key, so each hid the other)."""
+    token = re.sub(r"[^A-Za-z0-9_-]", "_", instance) or "_"
+    return kv_key(job, service, *([node] if node else []), token)
+
+
+def health_keys_of(job: str, service: str = "", node: str = "") -> str:
+    """Every health record of ``job`` (of one ``service``, and ``node``, if named): a KV key
+    filter. A central service's and a per-node service's names differ, so no filter mixes them."""
+    return ".".join((job, *([service] if service else []), *([node] if node else []), ">"))

@@ -1,9 +1,10 @@
 """What every goodput service shares: configuration, the bus, health records, graceful SIGTERM.
 
 A service is one OS process. It connects to the bus (retrying until the server is up),
-provisions streams idempotently, runs its loops, refreshes its health record in the
-``gp_services`` KV bucket every ``health_period_s``, and on SIGTERM stops its consumers,
-finishes the message in hand and exits 0. A loop that dies stops the service too, with exit
+provisions streams idempotently, runs its loops, refreshes its health record (its own key,
+``subjects.health_key``: one per replica) in the ``gp_services`` KV bucket every
+``health_period_s``, and on SIGTERM stops its consumers, finishes the message in hand,
+deletes its health record and exits 0. A loop that dies stops the service too, with exit
 status 1 and the cause in the log: a supervisor (Kubernetes, systemd) must not read it as done.
 A stop that has not finished within ``stop_deadline_s`` (a client library stuck closing a dead
 connection, a hook that never returns) ends the process with exit status 1 and every thread's
@@ -27,7 +28,8 @@ from typing import Any, ClassVar
 import msgspec
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, CommandRunner
+from goodput.bus import Bus, BusSettingsError, BusUnavailableError, CommandRunner
+from goodput.bus.service_health import forget_replaced
 from goodput.config import ServiceConfig, convert_options
 from goodput.instance_id import instance_id
 from goodput.launch.exit_reason import report_exit
@@ -127,7 +129,12 @@ class Service:
         os._exit(1)
 
     async def start_bus(self) -> Bus:
-        self.bus = await Bus.connect(self.config.bus, name=f"goodput-{self.name}")
+        """Connect and provision; settings that cannot work, or a bus that stays away, stop
+        the service with one line (no traceback: the cause is the operator's to fix)."""
+        try:
+            self.bus = await Bus.connect(self.config.bus, name=f"goodput-{self.name}")
+        except (BusSettingsError, BusUnavailableError) as exc:
+            raise SystemExit(f"{self.name}: cannot use the bus: {exc}") from None
         await self.bus.provision()
         return self.bus
 
@@ -180,28 +187,57 @@ class Service:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.on_stop()
-        await self._publish_health(healthy=False, detail="stopped")
+        await self._withdraw_health()
         assert self.bus is not None
         await self.bus.close()
         log.info("service stopped")
 
     async def _health_loop(self) -> None:
+        forgot_replaced = False
         while not self._stopping.is_set():
             healthy, detail = self.health()
-            await self._publish_health(healthy=healthy, detail=detail)
+            record = await self._publish_health(healthy=healthy, detail=detail)
+            if record is not None and not forgot_replaced:
+                forgot_replaced = await self._forget_replaced(record)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.config.health_period_s)
 
+    async def _forget_replaced(self, own: schemas.ServiceHealth) -> bool:
+        """Once, when this replica's record is written: delete the records of the replicas
+        it replaced (keys would pile up with every restart; readers drop them meanwhile)."""
+        assert self.bus is not None
+        try:
+            forgotten = await forget_replaced(self.bus, own, time.time_ns())
+        except Exception as exc:  # the bus being down must not kill the service
+            log.debug("replaced health records not deleted: %r", exc)
+            return False
+        if forgotten:
+            log.info("deleted %d health record(s) of replaced replicas", forgotten)
+        return True
+
     @property
     def health_key(self) -> str:
-        node = [self.config.node] if self.config.node else []
-        return subjects.kv_key(self.job, self.name, *node)
+        """This process's own record: replicas of one service never overwrite each other."""
+        return subjects.health_key(self.job, self.name, self.config.node, self.instance)
 
-    async def _publish_health(self, *, healthy: bool, detail: str) -> None:
+    async def _withdraw_health(self) -> None:
+        """A replica stopped on request takes its record with it: a node drained from the pool,
+        a scaled-down replica is no failure, and its record would read as one forever. A
+        replica that dies leaves its record, which goes stale: that is the failure to show."""
+        assert self.bus is not None
+        try:
+            kv = await self.bus.kv(subjects.SERVICES_BUCKET)
+            await asyncio.wait_for(kv.delete(self.health_key), timeout=2)
+        except Exception as exc:  # the bus being down: the record goes stale instead
+            log.debug("health record not withdrawn: %r", exc)
+
+    async def _publish_health(self, *, healthy: bool, detail: str) -> schemas.ServiceHealth | None:
+        """Write this replica's record; the record, or None if the bus did not take it."""
         assert self.bus is not None
         record = schemas.ServiceHealth(
             job=self.job,
             service=self.name,
+            node=self.config.node,
             instance=self.instance,
             pid=os.getpid(),
             healthy=healthy,
@@ -214,6 +250,8 @@ class Service:
             await asyncio.wait_for(kv.put(self.health_key, schemas.encode(record)), timeout=2)
         except Exception as exc:  # the bus being down must not kill the service
             log.debug("health record not written: %r", exc)
+            return None
+        return record
 
 
 def run_service(service_class: type[Service], argv: list[str] | None = None) -> int:

@@ -22,7 +22,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.bus.embedded import pid_alive
-from goodput.tools.stack.launcher import read_stack, services_health
+from goodput.tools.stack.health import services_health
+from goodput.tools.stack.launcher import expected_slots, read_stack
 from tests.bus.fuzz import Fuzzer
 
 JOB = "job-a"
@@ -160,8 +161,11 @@ async def test_ten_thousand_malformed_messages_leave_the_stack_healthy(stack: Pa
         assert await _executed(bus, ids, timeout_s=60) == dict.fromkeys(ids, 1)
 
         # the health records `goodput status` reads (its CLI would also replay the fuzz events)
-        services = await services_health(bus, JOB, record.services)
-        assert all(s["healthy"] for s in services), services
+        report = await services_health(
+            bus, JOB, time.time_ns(), expected=expected_slots(record.services)
+        )
+        services = report.entries
+        assert report.healthy and len(services) == len(record.services), services
         sensor = next(s for s in services if s["name"] == "sensor")
         assert "undecodable" in sensor["detail"], sensor
     finally:

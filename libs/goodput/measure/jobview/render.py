@@ -43,14 +43,15 @@ def _number(value: float | None, fmt: str = "{:.3g}") -> str:
 
 
 def services_table(report: list[dict], title: str) -> Table:
-    """Health of every service of the stack (what `goodput status` always showed)."""
+    """Health of every service replica (``goodput.tools.stack.health``'s rows)."""
     table = Table(title=escape(title), title_justify="left")
-    for column in ("service", "healthy", "pid", "uptime s", "detail"):
+    for column in ("service", "healthy", "instance", "pid", "uptime s", "detail"):
         table.add_column(column)
     for entry in report:
         table.add_row(
             escape(entry["name"]),
             "[green]yes[/]" if entry["healthy"] else "[red]no[/]",
+            escape(entry.get("instance", "")),
             str(entry.get("pid", "")),
             str(entry.get("uptime_s", "")),
             escape(entry.get("detail", "")),

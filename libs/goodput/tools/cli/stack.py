@@ -24,10 +24,9 @@ from goodput.tools.stack.launcher import (
     read_stack,
     service_flags_from_args,
     start_stack,
-    stop_stack,
-    undo_start,
     wait_healthy,
 )
+from goodput.tools.stack.stop import stop_stack, undo_start
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -57,10 +56,15 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    stopped = stop_stack(args.state_dir)
+    report = stop_stack(args.state_dir)
+    for line in report.unreadable:
+        print(f"goodput down: {line}", file=sys.stderr)
+    if report.stale:
+        print(f"goodput down: stale record, not signalled: {'; '.join(report.stale)}",
+              file=sys.stderr)  # fmt: skip
     print(
-        f"stopped {stopped} service process(es) and the embedded server, if any "
-        f"(stack state: {args.state_dir})",
+        f"stopped {report.stopped} process(es) of the stack (services, ranks left running, "
+        f"the embedded server) (stack state: {args.state_dir})",
         file=sys.stderr,
     )
     return 0

@@ -73,16 +73,18 @@ def spawned(process: subprocess.Popen) -> ProcessIdentity:
 
 
 def standing(identity: ProcessIdentity) -> Standing:
-    """Whether the recorded process still holds its pid."""
+    """Whether the recorded process still holds its pid: same start time and command line. An
+    empty command line (read while the kernel finishes an exec: its arguments are not mapped
+    yet) leaves the start time to decide."""
     try:
         process = psutil.Process(identity.pid)
         with process.oneshot():
             if process.status() == psutil.STATUS_ZOMBIE:
                 _reap(identity.pid)
                 return "gone"
-            same = (
-                abs(process.create_time() - identity.started) < START_TOLERANCE_S
-                and tuple(process.cmdline()) == identity.cmdline
+            cmdline = tuple(process.cmdline())
+            same = abs(process.create_time() - identity.started) < START_TOLERANCE_S and (
+                cmdline == identity.cmdline or not (cmdline and identity.cmdline)
             )
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return "gone"

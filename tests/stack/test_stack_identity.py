@@ -54,7 +54,9 @@ def test_a_pid_held_by_another_process_is_never_signalled() -> None:
     sleeper = subprocess.Popen(["sleep", "300"])
     try:
         real = spawned(sleeper)
-        assert standing(real) == "running"
+        assert standing(real) == "running"  # even while its exec is finishing
+        while not psutil.Process(sleeper.pid).cmdline():  # its command line decides from now
+            time.sleep(0.01)
         earlier = ProcessIdentity(pid=real.pid, started=real.started - 3600, cmdline=real.cmdline)
         other = ProcessIdentity(pid=real.pid, started=real.started, cmdline=("nats-server",))
         for stale in (earlier, other):
@@ -117,6 +119,38 @@ def test_a_stale_record_is_never_signalled_and_up_starts_the_stack_again(tmp_pat
         assert marked_processes(state) == [] and nats_servers_of(state) == []
     finally:
         goodput_cli("down", "--state-dir", str(state), check=False)
+        for sleeper in sleepers:
+            sleeper.kill()
+
+
+def test_down_never_signals_a_process_that_took_a_recorded_pid(tmp_path: Path) -> None:
+    state = tmp_path / "stack"
+    state.mkdir()
+    sleepers = [subprocess.Popen(["sleep", "300"]) for _ in range(2)]
+    try:
+        command = [sys.executable, "-m", "goodput_services.sensor"]
+        sensor = ServiceProcess(
+            name="sensor",
+            node="",
+            process=reused(sleepers[0], keeper_command("sensor", command)),
+            log=str(state / "sensor.log"),
+        )
+        url = "nats://127.0.0.1:1"
+        write_stack(
+            state, StackRecord(job=JOB, url=url, embedded=True, nodes=[], services=[sensor])
+        )
+        server = ServerRecord(
+            process=reused(sleepers[1], ["nats-server"]), port=1, url=url, store_dir=str(state)
+        )
+        (state / EmbeddedNats.RECORD_NAME).write_bytes(
+            msgspec.json.encode(EmbeddedRecord(servers=[server]))
+        )
+        down = goodput_cli("down", "--state-dir", str(state))
+        assert all(s.poll() is None for s in sleepers), "down signalled a process it did not start"
+        assert "stale record, not signalled: sensor: pid" in down.stderr, down.stderr
+        assert "nats-server on nats://127.0.0.1:1" in down.stderr
+        assert "stopped 0 process(es)" in down.stderr
+    finally:
         for sleeper in sleepers:
             sleeper.kill()
 

@@ -266,7 +266,8 @@ def read_record(state_dir: Path) -> EmbeddedRecord | None:
             old = msgspec.json.decode(data, type=_PidOnlyRecord)
         except msgspec.DecodeError:
             raise RecordUnreadable(
-                f"the embedded server's record {path} is unreadable: {exc}"
+                f"the embedded server's record {path} is unreadable ({exc}); `goodput down "
+                f"--state-dir {state_dir}` finds and stops the stack's processes without it"
             ) from None
         # a server an older release started: its bare pid cannot be checked, so it is never
         # signalled (an identity no process matches)

@@ -48,6 +48,8 @@ def stop_stack(state_dir: Path) -> StopReport:
     The actuator is asked first and given time: it lets running ranks save and exit. Every
     recorded process is checked before it is signalled. Holds the state directory's lock.
     """
+    if not state_dir.is_dir():  # nothing recorded, nothing to lock: only what is marked
+        return _stop_stack(state_dir)
     with stack_lock(state_dir):
         return _stop_stack(state_dir)
 

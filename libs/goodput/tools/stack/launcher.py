@@ -1,9 +1,9 @@
-"""The supervisor stack as separate OS processes: start what is missing, stop all, health.
+"""The supervisor stack as separate OS processes: start what is missing, wait for its health.
 
 Used by `goodput up/down/run/status` (:mod:`goodput.tools.cli.stack`), the demo, the benchmarks
 and the chaos tool. The stack's record (``stack.json``, :mod:`.record`) lives in its state
-directory; starting, undoing and stopping hold its lock (:mod:`.lock`). Each service runs under
-a keeper (:mod:`.keeper`) that restarts it if it crashes.
+directory; starting holds its lock (:mod:`.lock`); stopping is :mod:`.stop`. Each service runs
+under a keeper (:mod:`.keeper`) that restarts it if it crashes.
 """
 
 from __future__ import annotations

@@ -90,9 +90,22 @@ def test_the_backoff_doubles_up_to_its_cap() -> None:
 def test_a_second_holder_of_the_state_directory_waits_then_gives_up_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with stack_lock(tmp_path), pytest.raises(StackBusy) as busy, stack_lock(tmp_path, wait_s=0.3):
-        pass
-    assert "still in use by" in str(busy.value.code)
-    assert "waiting up to 0 s" in capsys.readouterr().err
-    with stack_lock(tmp_path, wait_s=0.3):  # released by its holder
+    holds = (
+        "import sys, time; from pathlib import Path; from goodput.tools.stack.lock import "
+        "stack_lock\nwith stack_lock(Path(sys.argv[1])):\n    print('held', flush=True)\n"
+        "    time.sleep(300)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", holds, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(StackBusy) as busy, stack_lock(tmp_path, wait_s=0.3):
+            pass
+        assert "still in use by" in str(busy.value.code)
+        assert f"(pid {holder.pid}): waiting up to 0 s" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    with stack_lock(tmp_path, wait_s=5), stack_lock(tmp_path, wait_s=0):  # freed; reentrant
         pass

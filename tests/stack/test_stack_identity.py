@@ -186,6 +186,7 @@ def test_two_concurrent_ups_leave_one_stack_and_no_orphan(tmp_path: Path) -> Non
         errors = [process.communicate(timeout=240)[1] for process in ups]
         assert [p.returncode for p in ups] == [0, 0], errors
         assert len(nats_servers_of(state)) == 1, errors
+        assert any("is in use by goodput up (pid" in error for error in errors), errors
         keepers = [p for p in marked_processes(state) if KEEPER_MODULE in p.cmdline]
         assert len(keepers) == 5, errors
         record = read_stack(state)

@@ -26,6 +26,7 @@ from goodput.tools.stack.launcher import (
     start_stack,
     wait_healthy,
 )
+from goodput.tools.stack.lock import stack_lock
 from goodput.tools.stack.stop import stop_stack, undo_start
 
 
@@ -34,16 +35,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     state_dir = args.state_dir
     service_flags = service_flags_from_args(args.service_set)
     check_policy_options(service_flags)
-    before = read_stack(state_dir)
-    stack, settings = start_stack(args, state_dir, args.job, args.nodes, console, service_flags)
-    if args.wait <= 0:
-        return 0
-    try:
-        report = asyncio.run(wait_healthy(settings, stack.job, stack.services, args.wait, console))
-    except ServiceExited as exc:
-        undo_start(state_dir, before)
-        print(f"goodput up: {exc.code} (stopped what this command started)", file=sys.stderr)
-        return 1
+    # held until the stack is healthy: a second `up` then finds it whole, and what this one
+    # undoes on a failure is what it started, not what a concurrent `up` did
+    with stack_lock(state_dir):
+        before = read_stack(state_dir)
+        stack, settings = start_stack(args, state_dir, args.job, args.nodes, console, service_flags)
+        if args.wait <= 0:
+            return 0
+        try:
+            report = asyncio.run(
+                wait_healthy(settings, stack.job, stack.services, args.wait, console)
+            )
+        except ServiceExited as exc:
+            undo_start(state_dir, before)
+            print(f"goodput up: {exc.code} (stopped what this command started)", file=sys.stderr)
+            return 1
     unhealthy = [s["name"] for s in report if not s["healthy"]]
     if unhealthy:
         console.print(f"[red]not healthy after {args.wait:.0f} s:[/] {', '.join(unhealthy)}")

@@ -26,10 +26,19 @@ class StackBusy(SystemExit):
     """Another command kept the state directory past the wait: one line, no traceback."""
 
 
+#: the state directories this process holds the lock of (taken again inside: no wait)
+_held: set[Path] = set()
+
+
 @contextlib.contextmanager
 def stack_lock(state_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """Hold the state directory's lock, waiting up to ``wait_s`` for another holder."""
+    """Hold the state directory's lock, waiting up to ``wait_s`` for another holder. Taken
+    again by its holder (`up` holds it around the launcher's start), it is simply held."""
     state_dir.mkdir(parents=True, exist_ok=True)
+    key = state_dir.resolve()
+    if key in _held:
+        yield
+        return
     with open(state_dir / LOCK_NAME, "a+") as handle:
         if not _try_lock(handle):
             holder = _holder(handle)
@@ -49,7 +58,11 @@ def stack_lock(state_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
         handle.truncate(0)
         handle.write(f"{' '.join(['goodput', *sys.argv[1:2]])} (pid {os.getpid()})")
         handle.flush()
-        yield
+        _held.add(key)
+        try:
+            yield
+        finally:
+            _held.discard(key)
 
 
 def _try_lock(handle) -> bool:

@@ -67,6 +67,7 @@ def test_a_pid_held_by_another_process_is_never_signalled() -> None:
         assert standing(real) == "gone"  # stopped (and reaped: it was this process's child)
     finally:
         sleeper.kill()
+        sleeper.wait()
 
 
 def test_a_stale_record_is_never_signalled_and_up_starts_the_stack_again(tmp_path: Path) -> None:
@@ -121,6 +122,7 @@ def test_a_stale_record_is_never_signalled_and_up_starts_the_stack_again(tmp_pat
         goodput_cli("down", "--state-dir", str(state), check=False)
         for sleeper in sleepers:
             sleeper.kill()
+            sleeper.wait()
 
 
 def test_down_never_signals_a_process_that_took_a_recorded_pid(tmp_path: Path) -> None:
@@ -153,6 +155,7 @@ def test_down_never_signals_a_process_that_took_a_recorded_pid(tmp_path: Path) -
     finally:
         for sleeper in sleepers:
             sleeper.kill()
+            sleeper.wait()
 
 
 def test_a_corrupt_record_is_one_line_and_down_still_stops_everything(stack: Path) -> None:

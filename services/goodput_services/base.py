@@ -32,7 +32,7 @@ from goodput.bus import Bus, BusSettingsError, BusUnavailableError, CommandRunne
 from goodput.bus.service_health import forget_replaced
 from goodput.config import ServiceConfig, convert_options
 from goodput.instance_id import instance_id
-from goodput.launch.exit_reason import report_exit
+from goodput.launch.exit_reason import REFUSED_EXIT_CODE, report_exit
 from goodput.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,8 @@ def run_service(service_class: type[Service], argv: list[str] | None = None) -> 
 
     Whatever ends the service on its own — a refused option or config file, a policy script
     the controller will not load, a loop that died — leaves one line saying why as its last
-    output (:func:`goodput.launch.exit_reason.report_exit`), for `goodput up` to show.
+    output (:func:`goodput.launch.exit_reason.report_exit`), for `goodput up` to show. A
+    refusal exits with ``REFUSED_EXIT_CODE`` (not restarted by `up`'s keeper), a crash with 1.
     """
     from goodput.config import load_service_config
     from goodput.logs import setup_logging
@@ -274,7 +275,7 @@ def run_service(service_class: type[Service], argv: list[str] | None = None) -> 
         if not isinstance(exc.code, str):
             raise  # argparse's usage error (code 2) has printed its own line
         report_exit(exc.code)
-        return 1
+        return REFUSED_EXIT_CODE
     service.exit_when_stop_hangs = True
     try:
         asyncio.run(service.run())
@@ -282,7 +283,7 @@ def run_service(service_class: type[Service], argv: list[str] | None = None) -> 
         if not isinstance(exc.code, str):
             raise
         report_exit(exc.code)
-        return 1
+        return REFUSED_EXIT_CODE
     except ServiceLoopDied as exc:
         uptime = {"uptime_s": round(time.monotonic() - started, 3)}
         log.error("service failed: %s", exc, extra=uptime)

@@ -67,7 +67,8 @@ def test_a_cluster_is_refused_where_it_cannot_be_honoured(tmp_path: Path) -> Non
     check_cluster_request(args, tmp_path, "", True)  # nothing running: it will be started
     with pytest.raises(SystemExit, match="starts embedded servers; drop it or --nats-url"):
         check_cluster_request(args, tmp_path, "nats://elsewhere:4222", False)
-    alone = {"servers": [{"pid": 1, "port": 1, "url": "nats://127.0.0.1:1", "store_dir": "s"}]}
+    server = {"port": 1, "url": "nats://127.0.0.1:1", "store_dir": "s"}
+    alone = {"servers": [{"process": {"pid": 1, "started": 0.0, "cmdline": []}, **server}]}
     (tmp_path / EmbeddedNats.RECORD_NAME).write_bytes(msgspec.json.encode(alone))
     with pytest.raises(SystemExit, match="already runs 1 embedded NATS server"):
         check_cluster_request(args, tmp_path, "nats://127.0.0.1:1", True)

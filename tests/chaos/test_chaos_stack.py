@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from goodput.bus.embedded import pid_alive, read_record
+from goodput.bus.embedded import read_record
+from goodput.owned_process import is_running
+from goodput.tools.stack.keeper import kept_service
 from goodput.tools.stack.launcher import read_stack
 from tests.conftest import goodput_cli
 from tests.stack.conftest import stack_status
@@ -35,15 +37,20 @@ def wait_healthy(state_dir: Path, timeout_s: float = 60) -> dict:
 
 @pytest.mark.slow
 def test_kill_service_and_restart_nats_on_a_real_stack(stack: Path):
-    sensor = next(s for s in read_stack(stack).services if s.name == "sensor")
+    keeper = next(s for s in read_stack(stack).services if s.name == "sensor").process
+    sensor = kept_service(keeper)
+    assert sensor is not None
     result = goodput_cli("chaos", "kill-service", "sensor", "--state-dir", str(stack), "--json")
     assert json.loads(result.stdout)["ok"]
     deadline = time.monotonic() + 10
-    while pid_alive(sensor.pid) and time.monotonic() < deadline:
+    while is_running(sensor) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not pid_alive(sensor.pid)
-    # `up` again starts what is missing
-    goodput_cli("up", "--state-dir", str(stack), "--job", "job-a", "--wait", "30")
+    assert not is_running(sensor)
+    # its keeper starts it again
+    status = wait_healthy(stack)
+    assert all(s["healthy"] for s in status["services"]), status
+    restarted = kept_service(keeper)
+    assert restarted is not None and restarted.pid != sensor.pid
 
     before = read_record(stack)
     assert before is not None

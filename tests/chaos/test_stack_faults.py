@@ -16,9 +16,11 @@ from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import pid_alive, read_record, stop_recorded
 from goodput.checkpoint.engine import CheckpointEngine, list_checkpoints, verify_checkpoint
 from goodput.checkpoint.format import node_volume
+from goodput.owned_process import is_running, terminate
 from goodput.tools.chaos import ChaosContext, fire
 from goodput.tools.chaos import spec as faults
 from goodput.tools.chaos.storage import BALLAST_NAME
+from goodput.tools.stack.keeper import kept_service
 from goodput.tools.stack.launcher import StackRecord, spawn_service, write_stack
 from tests.chaos.conftest import VictimJob
 from tests.chaos.processes import HealthTap, start_hostmon
@@ -103,19 +105,23 @@ async def test_kill_service_kills_a_real_service_of_the_stack(
     try:
         unknown = await fire(faults.KillService(service="sensor"), ctx)
         assert not unknown.ok and "hostmon@node-0" in unknown.detail
+        hostmon = kept_service(service.process)
+        assert hostmon is not None
         outcome = await fire(faults.KillService(service="hostmon", node="node-0"), ctx)
         assert outcome.ok and outcome.target == "hostmon@node-0"
+        assert f"pid {hostmon.pid}" in outcome.detail
         for _ in range(500):
-            if not pid_alive(service.pid):
+            if not is_running(hostmon):
                 break
             await asyncio.sleep(0.01)
-        assert not pid_alive(service.pid)
+        assert not is_running(hostmon)
+        assert is_running(service.process), "its keeper stays, to start it again"
+        terminate(service.process, group=True)
         again = await fire(faults.KillService(service="hostmon", node="node-0"), ctx)
         assert not again.ok and "not running" in again.detail
     finally:
         await ctx.close()
-        if pid_alive(service.pid):
-            subprocess.run(["kill", "-9", str(service.pid)], check=False)
+        terminate(service.process, group=True)
 
 
 async def test_restart_nats_keeps_port_and_store(tmp_path: Path):

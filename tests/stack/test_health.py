@@ -78,7 +78,7 @@ def test_expected_services_without_a_record_and_exited_processes_are_unhealthy()
         records,
         NOW,
         expected=[Slot(service="actuator"), Slot(service="hostmon", node="node-0")],
-        gone_pids=frozenset({7}),
+        running_pids=frozenset({8}),  # the stack's hostmon runs as pid 8 now
     )
     rows = {e["name"]: e for e in report.entries}
     assert rows["actuator"]["state"] == "missing"

@@ -8,10 +8,8 @@ own store, so one can be killed while the bus stays up.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +20,16 @@ from pathlib import Path
 import msgspec
 
 from goodput.bus.store_sizing import server_store_bytes
+from goodput.owned_process import (
+    ProcessIdentity,
+    RecordUnreadable,
+    is_running,
+    spawned,
+    stack_marker,
+    stale_line,
+    standing,
+    terminate,
+)
 
 
 class EmbeddedNatsError(RuntimeError):
@@ -52,6 +60,20 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ServerRecord(msgspec.Struct, kw_only=True):
     """What a running embedded server left in its state directory, for other processes."""
 
+    #: checked before the server is signalled or called running (its pid may be reused)
+    process: ProcessIdentity
+    port: int
+    url: str
+    store_dir: str
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+class _PidOnlyRecord(msgspec.Struct):
+    """``nats.json`` of a release before clusters and before identities: one bare pid."""
+
     pid: int
     port: int
     url: str
@@ -73,6 +95,19 @@ class EmbeddedRecord(msgspec.Struct, kw_only=True):
     @property
     def pids(self) -> list[int]:
         return [server.pid for server in self.servers]
+
+    def running(self) -> bool:
+        """Whether any recorded server still runs (itself, not a process that took its pid)."""
+        return any(is_running(server.process) for server in self.servers)
+
+    def stale(self) -> list[str]:
+        """One entry per recorded server that is gone or whose pid another process holds."""
+        found = [(server, standing(server.process)) for server in self.servers]
+        return [
+            stale_line(f"nats-server on {server.url}", server.process, state)
+            for server, state in found
+            if state != "running"
+        ]
 
     def server(self, member: int) -> ServerRecord:
         if not 0 <= member < len(self.servers):
@@ -172,10 +207,14 @@ class EmbeddedNats:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=self.detach,
+            env={**os.environ, **stack_marker(self.state_dir)},
         )
         log.close()
         return ServerRecord(
-            pid=self.process.pid, port=self.port, url=self.url, store_dir=str(self.store_dir)
+            process=spawned(self.process),
+            port=self.port,
+            url=self.url,
+            store_dir=str(self.store_dir),
         )
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -225,15 +264,31 @@ class EmbeddedNats:
 
 
 def read_record(state_dir: Path) -> EmbeddedRecord | None:
+    """``nats.json``, or None; raises :class:`RecordUnreadable` (one line) if it is corrupt."""
     path = Path(state_dir) / EmbeddedNats.RECORD_NAME
     if not path.exists():
         return None
     data = path.read_bytes()
     try:
         return msgspec.json.decode(data, type=EmbeddedRecord)
-    except msgspec.ValidationError:
-        # a server started by a release before clusters recorded itself alone
-        return EmbeddedRecord(servers=[msgspec.json.decode(data, type=ServerRecord)])
+    except msgspec.DecodeError as exc:
+        try:
+            old = msgspec.json.decode(data, type=_PidOnlyRecord)
+        except msgspec.DecodeError:
+            raise RecordUnreadable(
+                f"the embedded server's record {path} is unreadable ({exc}); `goodput down "
+                f"--state-dir {state_dir}` finds and stops the stack's processes without it"
+            ) from None
+        # a server an older release started: its bare pid cannot be checked, so it is never
+        # signalled (an identity no process matches)
+        unverifiable = ProcessIdentity(pid=old.pid, started=0.0, cmdline=())
+        return EmbeddedRecord(
+            servers=[
+                ServerRecord(
+                    process=unverifiable, port=old.port, url=old.url, store_dir=old.store_dir
+                )
+            ]
+        )
 
 
 def write_record(state_dir: Path, record: EmbeddedRecord) -> None:
@@ -242,29 +297,19 @@ def write_record(state_dir: Path, record: EmbeddedRecord) -> None:
     os.replace(tmp, Path(state_dir) / EmbeddedNats.RECORD_NAME)
 
 
-def stop_recorded(state_dir: Path, timeout_s: float = 10.0) -> bool:
-    """Stop the detached embedded server(s) found through the record; True if one was running."""
+def stop_recorded(state_dir: Path, timeout_s: float = 10.0) -> list[str]:
+    """Stop the detached embedded server(s) found through the record, each only if its pid
+    still holds it; the recorded servers that were not (one line each, never signalled)."""
     record = read_record(state_dir)
     if record is None:
-        return False
+        return []
     (Path(state_dir) / EmbeddedNats.RECORD_NAME).unlink(missing_ok=True)
-    return any([terminate_pid(pid, timeout_s) for pid in record.pids])
-
-
-def terminate_pid(pid: int, timeout_s: float = 10.0) -> bool:
-    """SIGTERM, wait, SIGKILL. True if the process existed."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    return True
+    stale = []
+    for server in record.servers:
+        found = terminate(server.process, timeout_s)
+        if found == "replaced":
+            stale.append(stale_line(f"nats-server on {server.url}", server.process, found))
+    return stale
 
 
 def pid_alive(pid: int) -> bool:

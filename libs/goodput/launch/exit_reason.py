@@ -6,6 +6,10 @@ service writes the reason as its last line on stderr (its log; on Kubernetes the
 log line, which ``terminationMessagePolicy: FallbackToLogsOnError`` makes the termination
 message) and, when :data:`EXIT_REASON_ENV` names a file, into that file. The launcher names
 one file per service process and reads it back when the process is found gone.
+
+A service that refused its configuration exits with :data:`REFUSED_EXIT_CODE`, not 1: the
+keeper that restarts a crashed service under `goodput up` (``tools/stack/keeper.py``) must not
+restart one that will refuse again.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from pathlib import Path
 
 #: environment variable naming the file a service writes its exit reason to
 EXIT_REASON_ENV = "GOODPUT_EXIT_REASON_FILE"
+#: exit status of a service that refused its configuration (options, config file, policy
+#: script): sysexits' EX_CONFIG; starting it again changes nothing
+REFUSED_EXIT_CODE = 78
 #: a reason longer than this is cut (it is shown as one line of a terminal)
 MAX_REASON_CHARS = 400
 

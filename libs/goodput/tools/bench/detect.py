@@ -37,7 +37,8 @@ from goodput.config import add_bus_arguments
 from goodput.launch.rank_env import knobs
 from goodput.supervisor.detect.thresholds import Thresholds
 from goodput.tools.bench.job_waits import WAIT_S
-from goodput.tools.stack.launcher import start_stack, stop_stack, wait_healthy
+from goodput.tools.stack.launcher import start_stack, wait_healthy
+from goodput.tools.stack.stop import stop_stack
 
 NS = 1e9
 STRAGGLER_FACTOR = 1.5

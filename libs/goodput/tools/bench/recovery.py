@@ -73,7 +73,8 @@ from goodput.tools.bench.job_waits import (
     survivors_after,
 )
 from goodput.tools.simulate.measure import measured_costs
-from goodput.tools.stack.launcher import start_stack, stop_stack, wait_healthy
+from goodput.tools.stack.launcher import start_stack, wait_healthy
+from goodput.tools.stack.stop import stop_stack
 
 NS = 1e9
 PARTS = ("detect_s", "decide_s", "restart_s", "load_s", "first_step_s")

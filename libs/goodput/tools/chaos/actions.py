@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-import psutil
 
 from goodput import schemas, subjects
 from goodput.bus.cluster import EmbeddedCluster
-from goodput.bus.embedded import EmbeddedNats, EmbeddedNatsError, pid_alive, read_record
+from goodput.bus.embedded import EmbeddedNats, EmbeddedNatsError, read_record
+from goodput.owned_process import is_running, stale_line, standing
 from goodput.tools.chaos import spec as faults
 from goodput.tools.chaos.storage import clear_volume, corrupt_newest_checkpoint, fill_volume
 from goodput.tools.chaos.straggler import StragglerRecord, duty_cycle, record_path, stop_detached
 from goodput.tools.chaos.targets import ChaosContext, ChaosError, RankTarget
+from goodput.tools.stack.keeper import kept_service
 
 #: how long to wait for a host monitor to say whether it applied an injected fault
 HOSTMON_ANSWER_S = 5.0
@@ -341,14 +342,18 @@ async def kill_service(spec: faults.KillService, ctx: ChaosContext) -> FaultOutc
             f"(give --node for per-node services); the stack has: {known}"
         )
     service = matches[0]
-    try:
-        cmdline = psutil.Process(service.pid).cmdline()
-    except psutil.NoSuchProcess as exc:
-        raise ChaosError(f"{service.key} (pid {service.pid}) is not running") from exc
-    if f"goodput_services.{service.name}" not in cmdline:
-        raise ChaosError(f"pid {service.pid} is no longer {service.key}; not killing it")
-    os.kill(service.pid, signal.SIGKILL)
-    return FaultOutcome(spec.kind, service.key, True, f"SIGKILL sent to pid {service.pid}", spec)
+    keeper = standing(service.process)
+    if keeper != "running":
+        raise ChaosError(
+            stale_line(f"{service.key} is not running: its keeper", service.process, keeper)
+        )
+    process = kept_service(service.process)
+    if process is None or f"goodput_services.{service.name}" not in process.cmdline:
+        raise ChaosError(f"{service.key} is not running now (its keeper is between restarts)")
+    if is_running(process):  # the keeper's child, checked just before the signal
+        os.kill(process.pid, signal.SIGKILL)
+    detail = f"SIGKILL sent to pid {process.pid} (its keeper starts it again)"
+    return FaultOutcome(spec.kind, service.key, True, detail, spec)
 
 
 async def restart_nats(spec: faults.RestartNats, ctx: ChaosContext) -> FaultOutcome:
@@ -365,12 +370,13 @@ async def restart_nats(spec: faults.RestartNats, ctx: ChaosContext) -> FaultOutc
         start = server.start
     if Path(record.store_dir).resolve() != server.store_dir.resolve():
         raise ChaosError(f"the recorded store {record.store_dir} is not under {ctx.state_dir}")
-    if pid_alive(record.pid):
-        if Path(psutil.Process(record.pid).cmdline()[0]).name != "nats-server":
-            raise ChaosError(f"pid {record.pid} is no longer the nats-server; not killing it")
+    found = standing(record.process)
+    if found == "replaced":
+        raise ChaosError(stale_line("the recorded nats-server", record.process, found))
+    if found == "running":
         os.kill(record.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while pid_alive(record.pid):
+        while is_running(record.process):
             if time.monotonic() > deadline:
                 raise ChaosError(f"nats-server pid {record.pid} survived SIGKILL")
             await asyncio.sleep(0.02)

@@ -4,8 +4,8 @@ Rank processes come from the actuator's job status (KV ``gp_state``, ``<job>.job
 its ranks file in the state directory when the bus is away), and every pid is checked
 against the process's own environment (``GOODPUT_JOB``, ``RANK``, ``GOODPUT_NODE``, set by
 the actuator) before it is signalled, so a recycled pid is never hit. Services and the
-embedded NATS server come from ``stack.json`` / ``nats.json``, checked against their
-command lines.
+embedded NATS server come from ``stack.json`` / ``nats.json``, checked against their recorded
+identities (pid, start time, command line; :mod:`goodput.owned_process`).
 """
 
 from __future__ import annotations

@@ -37,11 +37,10 @@ from goodput.tools.stack.launcher import (
     resolve_url,
     service_flags_from_args,
     start_stack,
-    stop_stack,
-    undo_start,
     wait_healthy,
 )
 from goodput.tools.stack.runs import find_clash, missing_actuator
+from goodput.tools.stack.stop import stop_stack, undo_start
 from goodput.tools.stack.watch import JobWatcher, summary
 
 

@@ -26,10 +26,10 @@ from goodput.tools.stack.launcher import (
     read_stack,
     service_flags_from_args,
     start_stack,
-    stop_stack,
-    undo_start,
     wait_healthy,
 )
+from goodput.tools.stack.lock import stack_lock
+from goodput.tools.stack.stop import stop_stack, undo_start
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -40,16 +40,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.store_scale:
         # the embedded server, the provisioning and every service started read it from here
         os.environ[SCALE_ENV] = args.store_scale
-    before = read_stack(state_dir)
-    stack, settings = start_stack(args, state_dir, args.job, args.nodes, console, service_flags)
-    if args.wait <= 0:
-        return 0
-    try:
-        report = asyncio.run(wait_healthy(settings, stack.job, stack.services, args.wait, console))
-    except ServiceExited as exc:
-        undo_start(state_dir, before)
-        print(f"goodput up: {exc.code} (stopped what this command started)", file=sys.stderr)
-        return 1
+    # held until the stack is healthy: a second `up` then finds it whole, and what this one
+    # undoes on a failure is what it started, not what a concurrent `up` did
+    with stack_lock(state_dir):
+        before = read_stack(state_dir)
+        stack, settings = start_stack(args, state_dir, args.job, args.nodes, console, service_flags)
+        if args.wait <= 0:
+            return 0
+        try:
+            report = asyncio.run(
+                wait_healthy(settings, stack.job, stack.services, args.wait, console)
+            )
+        except ServiceExited as exc:
+            undo_start(state_dir, before)
+            print(f"goodput up: {exc.code} (stopped what this command started)", file=sys.stderr)
+            return 1
     unhealthy = [s["name"] for s in report if not s["healthy"]]
     if unhealthy:
         console.print(f"[red]not healthy after {args.wait:.0f} s:[/] {', '.join(unhealthy)}")
@@ -62,10 +67,15 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    stopped = stop_stack(args.state_dir)
+    report = stop_stack(args.state_dir)
+    for line in report.unreadable:
+        print(f"goodput down: {line}", file=sys.stderr)
+    if report.stale:
+        print(f"goodput down: stale record, not signalled: {'; '.join(report.stale)}",
+              file=sys.stderr)  # fmt: skip
     print(
-        f"stopped {stopped} service process(es) and the embedded server, if any "
-        f"(stack state: {args.state_dir})",
+        f"stopped {report.stopped} process(es) of the stack (services, ranks left running, "
+        f"the embedded server) (stack state: {args.state_dir})",
         file=sys.stderr,
     )
     return 0

@@ -37,9 +37,9 @@ from goodput.tools.stack.health import ServicesHealth, services_health
 from goodput.tools.stack.launcher import (
     StackRecord,
     expected_slots,
-    gone,
     read_stack,
     resolve_url,
+    running_pids,
 )
 
 #: service health is a KV read per service: refreshed less often than the job panels
@@ -104,7 +104,7 @@ async def _services(bus: Bus, target: _Target) -> ServicesHealth:
         target.job,
         time.time_ns(),
         expected=expected_slots(processes),
-        gone_pids=gone(processes),
+        running_pids=running_pids(processes),
     )
 
 

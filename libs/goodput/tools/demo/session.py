@@ -35,7 +35,8 @@ from goodput.tools.demo.scenarios import (
     DemoScenario,
 )
 from goodput.tools.simulate.measure import measured_costs
-from goodput.tools.stack.launcher import start_stack, stop_stack, wait_healthy
+from goodput.tools.stack.launcher import start_stack, wait_healthy
+from goodput.tools.stack.stop import stop_stack
 from goodput.tools.stack.watch import JobWatcher
 from goodput.tools.stack.watch import summary as job_summary
 

@@ -50,11 +50,12 @@ def judge(
     now_ns: int,
     *,
     expected: Iterable[Slot] = (),
-    gone_pids: frozenset[int] = frozenset(),
+    running_pids: frozenset[int] | None = None,
 ) -> ServicesHealth:
     """The rows `goodput status` shows (pure). ``expected``: the services the caller knows the
-    stack has (its record), each a row even without a record; ``gone_pids``: processes of that
-    record known to have exited, whose fresh-looking records no longer count."""
+    stack has (its record), each a row even without a record; ``running_pids``: where given, the
+    processes that run those services now — a record of theirs from any other pid was written by
+    a process that has exited, and its fresh look no longer counts."""
     by_slot: dict[Slot, list[schemas.ServiceHealth]] = {slot: [] for slot in expected}
     known = set(by_slot)  # the pids of the caller's record say nothing of other processes
     for record in records:
@@ -72,28 +73,32 @@ def judge(
                 }
             )
             continue
-        gone = gone_pids if slot in known else frozenset()
-        live_starts = [r.started_ts for r in replicas if _live(r, now_ns, gone)]
+        running = running_pids if slot in known else None
+        live_starts = [r.started_ts for r in replicas if _live(r, now_ns, running)]
         for record in sorted(replicas, key=lambda r: r.started_ts):
-            live = _live(record, now_ns, gone)
+            live = _live(record, now_ns, running)
             if not live and replaced(record, live_starts, now_ns):
                 superseded += 1
                 continue
-            entries.append(_entry(slot, record, live, now_ns, gone))
+            entries.append(_entry(slot, record, live, now_ns, running))
     return ServicesHealth(entries=entries, superseded=superseded)
 
 
-def _live(record: schemas.ServiceHealth, now_ns: int, gone_pids: frozenset[int]) -> bool:
-    return record_is_fresh(record, now_ns) and record.pid not in gone_pids
+def _live(record: schemas.ServiceHealth, now_ns: int, running: frozenset[int] | None) -> bool:
+    return record_is_fresh(record, now_ns) and (running is None or record.pid in running)
 
 
 def _entry(
-    slot: Slot, record: schemas.ServiceHealth, live: bool, now_ns: int, gone: frozenset[int]
+    slot: Slot,
+    record: schemas.ServiceHealth,
+    live: bool,
+    now_ns: int,
+    running: frozenset[int] | None,
 ) -> dict:
     age_s = (now_ns - record.ts) / 1e9
     if live:
         state, detail = ("healthy" if record.healthy else "unhealthy"), record.detail
-    elif record.pid in gone:
+    elif running is not None and record.pid not in running:
         state, detail = "stale", f"process {record.pid} is gone"
     else:
         last = f" (last: {record.detail})" if record.detail else ""
@@ -116,10 +121,10 @@ async def services_health(
     now_ns: int,
     *,
     expected: Iterable[Slot] = (),
-    gone_pids: frozenset[int] = frozenset(),
+    running_pids: frozenset[int] | None = None,
 ) -> ServicesHealth:
     """:func:`judge` over what the bus holds now."""
     records, ignored = await read_records(bus, job)
-    report = judge(records, now_ns, expected=expected, gone_pids=gone_pids)
+    report = judge(records, now_ns, expected=expected, running_pids=running_pids)
     report.ignored = ignored
     return report

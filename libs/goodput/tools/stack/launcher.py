@@ -1,7 +1,9 @@
-"""The supervisor stack as separate OS processes: start what is missing, stop all, health.
+"""The supervisor stack as separate OS processes: start what is missing, wait for its health.
 
 Used by `goodput up/down/run/status` (:mod:`goodput.tools.cli.stack`), the demo, the benchmarks
-and the chaos tool. The stack's record (``stack.json``) lives in its state directory.
+and the chaos tool. The stack's record (``stack.json``, :mod:`.record`) lives in its state
+directory; starting holds its lock (:mod:`.lock`); stopping is :mod:`.stop`. Each service runs
+under a keeper (:mod:`.keeper`) that restarts it if it crashes.
 """
 
 from __future__ import annotations
@@ -19,52 +21,31 @@ from rich.console import Console
 
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.cluster import EmbeddedCluster, cluster_size
-from goodput.bus.embedded import pid_alive, read_record, stop_recorded, terminate_pid
+from goodput.bus.embedded import read_record
 from goodput.config import bus_settings_from_args, parse_option
 from goodput.launch.exit_reason import EXIT_REASON_ENV, read_exit_reason
+from goodput.owned_process import (
+    is_running,
+    spawned,
+    stack_marker,
+    stale_line,
+    standing,
+)
 from goodput.subjects import check_token
 from goodput.tools.stack.health import Slot, services_health
+from goodput.tools.stack.keeper import keeper_command, kept_service
+from goodput.tools.stack.lock import stack_lock
+from goodput.tools.stack.record import (
+    ServiceProcess,
+    StackRecord,
+    read_stack,
+    write_stack,
+)
 
 #: central services, one each
 CENTRAL_SERVICES = ("sensor", "controller", "actuator")
 #: per-node services, one per node
 NODE_SERVICES = ("hostmon", "replicator")
-
-#: the actuator lets ranks checkpoint before it exits (its own grace period, plus margin)
-ACTUATOR_STOP_S = 75.0
-STACK_RECORD = "stack.json"
-
-
-class ServiceProcess(msgspec.Struct, kw_only=True):
-    name: str
-    node: str
-    pid: int
-    log: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}@{self.node}" if self.node else self.name
-
-
-class StackRecord(msgspec.Struct, kw_only=True):
-    job: str
-    url: str
-    embedded: bool
-    nodes: list[str]
-    services: list[ServiceProcess]
-
-
-def read_stack(state_dir: Path) -> StackRecord | None:
-    path = state_dir / STACK_RECORD
-    if not path.exists():
-        return None
-    return msgspec.json.decode(path.read_bytes(), type=StackRecord)
-
-
-def write_stack(state_dir: Path, record: StackRecord) -> None:
-    tmp = state_dir / (STACK_RECORD + ".tmp")
-    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(record)))
-    os.replace(tmp, state_dir / STACK_RECORD)
 
 
 def resolve_url(args: argparse.Namespace, state_dir: Path) -> tuple[str, bool]:
@@ -73,7 +54,7 @@ def resolve_url(args: argparse.Namespace, state_dir: Path) -> tuple[str, bool]:
     if explicit:
         return explicit, False
     record = read_record(state_dir)
-    if record is not None and any(pid_alive(pid) for pid in record.pids):
+    if record is not None and record.running():
         return record.url, True
     return "", True
 
@@ -131,14 +112,15 @@ def spawn_service(
     extra: list[str],
     secrets: dict[str, str] | None = None,
 ) -> ServiceProcess:
-    """Start one service process; ``secrets`` go into its environment, never its command line
-    (which every user of the host can read)."""
+    """Start one service process under its keeper (:mod:`.keeper`), marked as the stack's;
+    ``secrets`` go into its environment, never its command line (which every user of the host
+    can read)."""
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / (f"{name}-{node}.log" if node else f"{name}.log")
     reason_path = exit_reason_path(log_path)
     reason_path.unlink(missing_ok=True)  # an earlier process's reason is not this one's
-    argv = [
+    service = [
         sys.executable,
         "-m",
         f"goodput_services.{name}",
@@ -151,16 +133,23 @@ def spawn_service(
         *(["--node", node] if node else []),
         *extra,
     ]
+    key = f"{name}@{node}" if node else name
+    env = {
+        **os.environ,
+        **(secrets or {}),
+        **stack_marker(state_dir),
+        EXIT_REASON_ENV: str(reason_path),
+    }
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            argv,
+            keeper_command(key, service),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, **(secrets or {}), EXIT_REASON_ENV: str(reason_path)},
+            env=env,
         )
-    return ServiceProcess(name=name, node=node, pid=process.pid, log=str(log_path))
+    return ServiceProcess(name=name, node=node, process=spawned(process), log=str(log_path))
 
 
 def start_stack(
@@ -173,15 +162,32 @@ def start_stack(
 ) -> tuple[StackRecord, BusSettings]:
     """Start what is missing of the stack (NATS, services); return its record and bus settings.
 
-    ``service_flags`` adds command-line flags per service name (e.g. ``--set`` options).
+    ``service_flags`` adds command-line flags per service name (e.g. ``--set`` options). A
+    recorded process that is gone or whose pid another process holds is said in one line,
+    never signalled, and started again. Holds the state directory's lock.
     """
-    state_dir.mkdir(parents=True, exist_ok=True)
     check_token(job, "job name")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with stack_lock(state_dir):
+        return _start_stack(args, state_dir, job, node_count, console, service_flags)
+
+
+def _start_stack(
+    args: argparse.Namespace,
+    state_dir: Path,
+    job: str,
+    node_count: int,
+    console: Console,
+    service_flags: dict[str, list[str]] | None,
+) -> tuple[StackRecord, BusSettings]:
     nodes = [f"node-{i}" for i in range(node_count)]
     url, embedded = resolve_url(args, state_dir)
     check_cluster_request(args, state_dir, url, embedded)
     started: list[str] = []  # what this call started, said in one line
+    stale: list[str] = []  # recorded processes that are not running any more
     if embedded and not url:
+        recorded = read_record(state_dir)
+        stale += recorded.stale() if recorded else []
         url, what = start_embedded(args, state_dir)
         started.append(what)
     settings = msgspec.structs.replace(bus_settings_from_args(args), url=url)
@@ -189,7 +195,13 @@ def start_stack(
     asyncio.run(_provision(settings))
 
     previous = read_stack(state_dir)
-    running = {p.key: p for p in (previous.services if previous else []) if pid_alive(p.pid)}
+    running: dict[str, ServiceProcess] = {}
+    for recorded_service in previous.services if previous else []:
+        found = standing(recorded_service.process)
+        if found == "running":
+            running[recorded_service.key] = recorded_service
+        else:
+            stale.append(stale_line(recorded_service.key, recorded_service.process, found))
     wanted = [(name, "") for name in CENTRAL_SERVICES] + [
         (name, node) for node in nodes for name in NODE_SERVICES
     ]
@@ -214,6 +226,8 @@ def start_stack(
             )
         )
     started += [s.key for s in services if s.key not in alive_before]
+    if stale:  # one line, however many
+        console.print(f"stale record, not signalled: {'; '.join(stale)}", soft_wrap=True)
     # one line, whatever started: a failure after it must still fit in a few lines
     what = f"[green]started[/] {'; '.join(started)}" if started else "already running"
     console.print(f"stack state: {state_dir}: {what}", soft_wrap=True)
@@ -225,29 +239,6 @@ def start_stack(
     stack = StackRecord(job=job, url=url, embedded=embedded, nodes=nodes, services=services)
     write_stack(state_dir, stack)
     return stack, settings
-
-
-def stop_stack(state_dir: Path) -> int:
-    """Stop every service process, any rank left running, then the embedded server.
-
-    The actuator is asked first and given time: it lets running ranks save and exit.
-    """
-    stack = read_stack(state_dir)
-    services = stack.services if stack else []
-    stopped = sum(
-        terminate_pid(s.pid, timeout_s=ACTUATOR_STOP_S if s.name == "actuator" else 10)
-        for s in sorted(services, key=lambda s: s.name != "actuator")
-    )
-    for ranks_file in state_dir.glob("ranks-*.json"):
-        for pids in msgspec.json.decode(
-            ranks_file.read_bytes(), type=dict[str, list[int]]
-        ).values():
-            for pid in pids:
-                terminate_pid(pid, timeout_s=5)
-        ranks_file.unlink()
-    stop_recorded(state_dir)
-    (state_dir / STACK_RECORD).unlink(missing_ok=True)
-    return stopped
 
 
 def add_service_set_argument(parser: argparse.ArgumentParser) -> None:
@@ -334,7 +325,7 @@ async def wait_healthy(settings, job, services, timeout_s, console) -> list[dict
 
 def check_running(services: list[ServiceProcess]) -> None:
     """Raise :class:`ServiceExited` with the first gone service's own reason."""
-    gone = [s for s in services if not pid_alive(s.pid)]
+    gone = [s for s in services if not is_running(s.process)]
     if not gone:
         return
     first = gone[0]
@@ -349,31 +340,17 @@ def exit_reason_path(log: Path) -> Path:
     return log.with_suffix(".exit")
 
 
-def undo_start(state_dir: Path, before: StackRecord | None) -> int:
-    """Stop what was started since ``before`` (the stack record read before starting): all of
-    it, embedded server included, if there was no stack; else the services it did not list
-    alive. How many processes were stopped."""
-    if before is None:
-        return stop_stack(state_dir)
-    current = read_stack(state_dir)
-    if current is None:
-        return 0
-    kept = {p.key for p in before.services if pid_alive(p.pid)}
-    extra = [p for p in current.services if p.key not in kept]
-    stopped = sum(terminate_pid(p.pid, timeout_s=10) for p in extra)
-    services = [p for p in current.services if p.key in kept]
-    nodes = [node for node in current.nodes if any(p.node == node for p in services)]
-    write_stack(state_dir, msgspec.structs.replace(current, nodes=nodes, services=services))
-    return stopped
-
-
 async def service_report(settings, job: str, services: list[ServiceProcess]) -> list[dict]:
     """One row per expected service and per replica on the bus
     (:func:`goodput.tools.stack.health.services_health`), on a connection of its own."""
     bus = await Bus.connect(settings, name="goodput-status", initial_timeout_s=5)
     try:
         report = await services_health(
-            bus, job, time.time_ns(), expected=expected_slots(services), gone_pids=gone(services)
+            bus,
+            job,
+            time.time_ns(),
+            expected=expected_slots(services),
+            running_pids=running_pids(services),
         )
     finally:
         await bus.close()
@@ -384,6 +361,9 @@ def expected_slots(services: list[ServiceProcess]) -> list[Slot]:
     return [Slot(service=process.name, node=process.node) for process in services]
 
 
-def gone(services: list[ServiceProcess]) -> frozenset[int]:
-    """The recorded processes that have exited: their records no longer count as fresh."""
-    return frozenset(process.pid for process in services if not pid_alive(process.pid))
+def running_pids(services: list[ServiceProcess]) -> frozenset[int]:
+    """The processes that run the recorded services now: each keeper's current child, found
+    through the keeper's checked identity (a service being restarted has none)."""
+    return frozenset(
+        child.pid for process in services if (child := kept_service(process.process)) is not None
+    )

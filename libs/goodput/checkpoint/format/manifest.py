@@ -114,7 +114,8 @@ def _check_name(name: str) -> None:
 
 
 def parse_manifest(data: bytes, source: str = "manifest") -> Manifest:
-    """Decode and verify a manifest: format, its own checksum, safe file names."""
+    """Decode and verify a manifest: format, its own checksum, safe file names, and a tensor
+    layout that fits the file sizes it seals (``tensor_layout``)."""
     try:
         manifest = msgspec.json.decode(data, type=Manifest)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -125,6 +126,12 @@ def parse_manifest(data: bytes, source: str = "manifest") -> Manifest:
         raise ManifestError(f"{source}: manifest checksum mismatch (edited or corrupt)")
     for entry in manifest.files:
         _check_name(entry.name)
+    from goodput.checkpoint.format.tensor_layout import check_manifest_layout  # builds on this
+
+    try:
+        check_manifest_layout(manifest)
+    except ManifestError as exc:
+        raise ManifestError(f"{source}: {exc}") from exc
     return manifest
 
 

@@ -107,6 +107,23 @@ def create_key_file(path: str | os.PathLike) -> Path:
     return path
 
 
+def stack_key_env(state_dir: str | os.PathLike) -> dict[str, str]:
+    """What a stack hands its services (and they their ranks): the key the environment
+    already names, else the state directory's own, created when its stack first starts."""
+    configured = key_file_from_env()
+    return key_env(configured or create_key_file(Path(state_dir) / KEY_FILE_NAME))
+
+
+def adopt_stack_key(state_dir: str | os.PathLike) -> str | None:
+    """For a tool run beside a stack (``goodput ckpt``): the configured key file, else the
+    stack's in ``state_dir`` if there is one, now configured for this process."""
+    configured = key_file_from_env()
+    if configured is None and (Path(state_dir) / KEY_FILE_NAME).is_file():
+        configured = key_env(Path(state_dir) / KEY_FILE_NAME)[KEY_FILE_ENV]
+        os.environ[KEY_FILE_ENV] = configured
+    return configured
+
+
 def sign(body: bytes, key: bytes) -> str:
     """The MAC of ``body`` under ``key`` (hex HMAC-SHA256)."""
     return hmac.new(key, body, hashlib.sha256).hexdigest()

@@ -77,6 +77,7 @@ def test_a_pickle_node_is_never_unpickled_and_restore_falls_back(tmp_path: Path)
         (lambda s: [2**62, 2**62], "implausibly many elements"),
         (lambda s: [-1, *s[1:]], "invalid shape"),
     ],
+    ids=["x4-same-bytes", "2**40", "numel-overflow", "negative"],
 )
 def test_a_shape_that_does_not_match_its_bytes_falls_back(tmp_path: Path, shape, reason) -> None:  # type: ignore[no-untyped-def]
     events: list[object] = []

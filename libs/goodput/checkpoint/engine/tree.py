@@ -22,6 +22,10 @@ import torch
 from goodput.checkpoint.format.tensor_layout import DTYPE_ITEMSIZE
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+#: the torch dtypes a checkpoint may hold: those of the format's layout table this torch has
+_DTYPES = frozenset(
+    dtype for name in DTYPE_ITEMSIZE if isinstance(dtype := getattr(torch, name, None), torch.dtype)
+)
 _PLAIN_KINDS = "None, bool, int, float, str, bytes, or a list, tuple or dict of them"
 
 
@@ -87,7 +91,7 @@ def flatten(state: Any) -> FlatState:
     def add_tensor(tensor: torch.Tensor) -> int:
         if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_meta:
             raise _Refused(f"a {tensor.layout} / quantized / meta tensor")
-        if dtype_name(tensor.dtype) not in DTYPE_ITEMSIZE:
+        if tensor.dtype not in _DTYPES:
             raise _Refused(f"a tensor of dtype {tensor.dtype}")
         tensors.append(tensor.detach() if tensor.requires_grad else tensor)
         return len(tensors) - 1
@@ -205,6 +209,6 @@ def dtype_name(dtype: torch.dtype) -> str:
 def dtype_from_name(name: str) -> torch.dtype:
     """The torch dtype a checkpoint names; TreeError for one no checkpoint may hold."""
     dtype = getattr(torch, name, None) if name in DTYPE_ITEMSIZE else None
-    if not isinstance(dtype, torch.dtype):
+    if dtype not in _DTYPES:
         raise TreeError(f"unknown dtype {name!r} in checkpoint")
     return dtype

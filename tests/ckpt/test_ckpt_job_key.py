@@ -21,10 +21,13 @@ from goodput.checkpoint.format import (
 )
 from goodput.checkpoint.format.job_key import (
     KEY_FILE_ENV,
+    KEY_FILE_NAME,
     JobKeyError,
+    adopt_stack_key,
     create_key_file,
     key_env,
     load_key,
+    stack_key_env,
 )
 from goodput.checkpoint.format.manifest import is_authenticated
 
@@ -101,3 +104,24 @@ def test_a_configured_key_that_cannot_be_read_restores_nothing(
     monkeypatch.setenv(KEY_FILE_ENV, os.fspath(tmp_path / "missing.key"))
     with pytest.raises(NoCheckpointError, match=r"checkpoint key .*missing\.key"):
         engine.restore()
+
+
+def test_a_stack_makes_its_key_once_and_tools_beside_it_adopt_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    state = tmp_path / "state"
+    env = stack_key_env(state)
+    assert env == {KEY_FILE_ENV: str(state / KEY_FILE_NAME)}
+    assert stack_key_env(state) == env and load_key(env[KEY_FILE_ENV])
+    assert adopt_stack_key(tmp_path / "elsewhere") is None and KEY_FILE_ENV not in os.environ
+    assert adopt_stack_key(state) == env[KEY_FILE_ENV] == os.environ[KEY_FILE_ENV]
+    mine = create_key_file(tmp_path / "mine.key")  # a key the user configured wins
+    monkeypatch.setenv(KEY_FILE_ENV, str(mine))
+    assert stack_key_env(state) == key_env(mine) and adopt_stack_key(state) == str(mine)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / KEY_FILE_NAME).write_text("short\n")
+    monkeypatch.delenv(KEY_FILE_ENV)
+    with pytest.raises(SystemExit, match=r"^cannot set up the checkpoint key: .*ckpt\.key"):
+        stack_key_env(broken)

@@ -109,9 +109,13 @@ def create_key_file(path: str | os.PathLike) -> Path:
 
 def stack_key_env(state_dir: str | os.PathLike) -> dict[str, str]:
     """What a stack hands its services (and they their ranks): the key the environment
-    already names, else the state directory's own, created when its stack first starts."""
+    already names, else the state directory's own, created when its stack first starts
+    (SystemExit, one line, when that key cannot be made or read)."""
     configured = key_file_from_env()
-    return key_env(configured or create_key_file(Path(state_dir) / KEY_FILE_NAME))
+    try:
+        return key_env(configured or create_key_file(Path(state_dir) / KEY_FILE_NAME))
+    except (JobKeyError, OSError) as exc:  # the stack cannot start without it: one line
+        raise SystemExit(f"cannot set up the checkpoint key: {exc}") from None
 
 
 def adopt_stack_key(state_dir: str | os.PathLike) -> str | None:

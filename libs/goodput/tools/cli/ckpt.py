@@ -22,7 +22,9 @@ from goodput.checkpoint.format import ManifestError, node_dir, step_dir_name
 from goodput.checkpoint.format.job_key import (
     KEY_FILE_ENV,
     KEY_FILE_NAME,
+    JobKeyError,
     adopt_stack_key,
+    configured_key,
     key_file_from_env,
 )
 from goodput.checkpoint.index.gc import collect_garbage
@@ -320,6 +322,10 @@ ACTIONS = {"ls": _ls, "verify": _verify, "restore": _restore, "gc": _gc}
 
 def cmd_ckpt(args: argparse.Namespace) -> int:
     adopt_stack_key(args.state_dir)  # the stack's own key, unless one is configured
+    try:
+        configured_key()
+    except JobKeyError as exc:
+        raise SystemExit(f"goodput ckpt: {exc}") from None
 
     async def run() -> int:
         bus = await _connect(args)

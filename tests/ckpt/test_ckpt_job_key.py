@@ -109,7 +109,9 @@ def test_a_configured_key_that_cannot_be_read_restores_nothing(
 def test_a_stack_makes_its_key_once_and_tools_beside_it_adopt_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    # recorded first, so that what adopt_stack_key sets is undone after the test
+    monkeypatch.setenv(KEY_FILE_ENV, "")
+    monkeypatch.delenv(KEY_FILE_ENV)
     state = tmp_path / "state"
     env = stack_key_env(state)
     assert env == {KEY_FILE_ENV: str(state / KEY_FILE_NAME)}

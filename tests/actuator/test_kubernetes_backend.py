@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_from_env
+from goodput.checkpoint.format.job_key import KEY_FILE_ENV
 from goodput.config import ServiceConfig, load_service_config
 from goodput.supervisor.membership import MembershipError
 from goodput_services.actuator import kubernetes_watch
@@ -827,14 +828,20 @@ def _serialize(pod: client.V1Pod) -> dict:
     return client.ApiClient().sanitize_for_serialization(pod)
 
 
-def test_the_deployed_actuator_hands_its_own_credential_paths_to_the_rank_pods() -> None:
-    """The rank pods see the Secrets where the deployed actuator sees them, from the same names."""
+def test_the_deployed_actuator_hands_its_own_credential_paths_to_the_rank_pods(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rank pods see the Secrets where the deployed actuator sees them, from the same names
+    (the NATS credentials and the job's checkpoint key)."""
     bus = msgspec.convert(tomllib.loads((DEPLOY / "goodput.toml").read_text())["bus"], BusSettings)
     config, spec = _container_config("supervisor.yaml", "goodput-actuator", "actuator")
+    deployed_env = {e["name"]: e["value"] for e in spec["containers"][0]["env"] if "value" in e}
+    monkeypatch.setenv(KEY_FILE_ENV, deployed_env[KEY_FILE_ENV])
     options = KubernetesOptions.from_mapping(config.options["kubernetes"])
     rank_bus = RankBus.of(bus, options)
     assert rank_bus.env["GOODPUT_NATS_CREDS"] == bus.creds_file
     assert rank_bus.env["GOODPUT_NATS_TLS_CA"] == bus.tls_ca_file
+    assert rank_bus.env[KEY_FILE_ENV] == deployed_env[KEY_FILE_ENV]
     # the same Secret at the same path as in the actuator's own pod
     secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
     deployed = {

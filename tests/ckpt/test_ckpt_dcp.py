@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
+import xxhash
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import ReadItem
@@ -30,6 +31,7 @@ from goodput.checkpoint.engine.dcp_storage import (
     GoodputStorageWriter,
     load_verified,
 )
+from goodput.checkpoint.format import write_manifest
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -295,3 +297,40 @@ def test_every_rank_falls_back_when_one_ranks_file_is_bad(tmp_path: Path) -> Non
         join=True,
         start_method="spawn",
     )
+
+
+class _Exploit:
+    """Unpickling this runs ``touch <path>``: the marker proves whether code ran."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_a_forged_metadata_pickle_never_runs_and_load_verified_falls_back(tmp_path: Path) -> None:
+    """A forger replaces step 2's .metadata and re-seals the manifest with its digest (no
+    key here): the reader unpickles DCP's metadata types only, so the step is corrupt."""
+    for step in (1, 2):
+        dcp.save(_state(step), storage_writer=GoodputStorageWriter(tmp_path, step))
+    marker = tmp_path / "code-ran"
+    newest = tmp_path / "step-0000000002"
+    forged = pickle.dumps(_Exploit(marker))
+    (newest / ".metadata").write_bytes(forged)
+    manifest = read_manifest(newest)
+    entry = next(e for e in manifest.files if e.name == ".metadata")
+    entry.size, entry.xxh3_128 = len(forged), xxhash.xxh3_128_hexdigest(forged)
+    write_manifest(newest, manifest)
+    target = _zeros()
+    loaded = load_verified(target, tmp_path)
+    assert loaded.step == 1 and [f.step for f in loaded.fallbacks] == [2]
+    assert "posix.system, not DCP metadata" in loaded.fallbacks[0].reason
+    assert torch.equal(target["model"]["w"], _state(1)["model"]["w"])
+    # a checkpoint of DCP's own writer (no manifest, no digest) is read as data too
+    plain = tmp_path / "plain"
+    dcp.save(_state(3), storage_writer=dcp.FileSystemWriter(plain))
+    (plain / ".metadata").write_bytes(forged)
+    with pytest.raises(CheckpointException, match="not DCP metadata"):
+        dcp.load(_zeros(), storage_reader=GoodputStorageReader(plain))
+    assert not marker.exists()

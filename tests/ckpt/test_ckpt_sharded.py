@@ -16,15 +16,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import torch
+import xxhash
 
 from goodput.checkpoint.engine import NoCheckpointError, restore_checkpoint
 from goodput.checkpoint.engine.events import CheckpointRestored
 from goodput.checkpoint.engine.fileio import CorruptCheckpointError
 from goodput.checkpoint.engine.sharded_load import load_sharded
-from goodput.checkpoint.format import KIND_SHARDED, read_manifest, step_dir, verify_files
-from goodput.checkpoint.format.sharded import shard_record_name
+from goodput.checkpoint.format import (
+    KIND_SHARDED,
+    read_manifest,
+    step_dir,
+    verify_files,
+    write_manifest,
+)
+from goodput.checkpoint.format.sharded import ShardRecord, encode_record, shard_record_name
 from tests.examples.launch import free_port
 
 pytestmark = pytest.mark.slow
@@ -156,6 +164,28 @@ def test_a_bad_block_or_a_missing_record_is_refused(
         load_sharded(path, manifest)
     (path / shard_record_name(1)).unlink()
     with pytest.raises(NoCheckpointError, match=r"shards-r00001\.json: missing"):
+        restore_checkpoint(root)
+
+
+def test_a_shard_whose_shape_does_not_match_its_bytes_is_refused_before_allocating(
+    saved: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A forged record (re-sealed with the unkeyed digests anyone can compute) claims four
+    times the rows for the same bytes: refused by the format's rule, not read as garbage."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(saved[0], root)
+    path = step_dir(root, STEP)
+    manifest = read_manifest(path)
+    name = shard_record_name(1)
+    record = msgspec.json.decode((path / name).read_bytes(), type=ShardRecord)
+    piece = next(p for p in record.pieces if p.nbytes)
+    piece.shape = [piece.shape[0] * 4, *piece.shape[1:]]
+    body = encode_record(record)
+    (path / name).write_bytes(body)
+    entry = next(e for e in manifest.files if e.name == name)
+    entry.size, entry.xxh3_128 = len(body), xxhash.xxh3_128_hexdigest(body)
+    write_manifest(path, manifest)
+    with pytest.raises(NoCheckpointError, match=r"shards-r00001\.json: shard \d+: "):
         restore_checkpoint(root)
 
 

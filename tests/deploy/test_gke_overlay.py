@@ -19,7 +19,7 @@ import yaml
 
 from goodput.bus.embedded import nats_server_binary
 from goodput.config import load_service_config
-from goodput_services.actuator.kubernetes_options import KubernetesOptions
+from goodput_services.actuator.kubernetes_options import CKPT_KEY_ITEM, KubernetesOptions
 from goodput_services.hostmon.gpu import GKE_DRIVER_HOST_DIR, GKE_DRIVER_MOUNT_DIR
 from goodput_services.hostmon.options import HostMonitorOptions
 from goodput_services.sensor.options import SensorOptions
@@ -125,6 +125,7 @@ def test_every_secret_a_pod_mounts_is_made_by_the_credentials_step(objects, secr
     # and what the actuator mounts into every rank pod
     mounted.add((options.nats_creds_secret, ""))
     mounted.add((options.nats_tls_secret, options.nats_tls_ca_key))
+    mounted.add((options.ckpt_key_secret, CKPT_KEY_ITEM))
     for name, key in mounted:
         assert name in secrets, f"{name} is mounted but the credentials step does not make it"
         assert not key or key in secrets[name]["data"], f"{name} has no key {key}"

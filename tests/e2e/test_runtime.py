@@ -93,6 +93,9 @@ def test_a_failed_node_is_hot_swapped_for_the_spare(tmp_path: Path) -> None:
     assert run["world_size_history"] == [2, 2]
     assert "node-1" in run["failed_nodes"]
     assert any(d["rule"] == "hot-swap" for d in run["decisions"])
+    # the ranks got the stack's checkpoint key: every manifest they or a peer wrote is signed
+    manifests = list((tmp_path / "hot-swap" / "nodes").glob("*/*/*/**/manifest.json"))
+    assert manifests and all(b'"manifest_hmac_sha256"' in m.read_bytes() for m in manifests)
 
 
 #: rescale rule -> (global batch, accumulation steps, LR) at data-parallel sizes 2, 1, 2; the

@@ -76,8 +76,11 @@ async def test_gc_keeps_the_newest_complete_step_and_the_cli_sees_it(
     assert {f["xxh3_128"] for f in step["files"]} == set(file_checksums(new).values())
     assert {n["node"] for n in listing["nodes"] if n["alive"]} == {"node-0", "node-1"}
 
-    verified = json.loads(ckpt_cli(h, "verify", "--deep", "--json").stdout)
+    run = ckpt_cli(h, "verify", "--deep", "--json")
+    verified = json.loads(run.stdout)
     assert [c["ok"] for c in verified["copies"]] == [True, True, True]
+    # no key in this stack: checked for damage, and said to be unauthenticated
+    assert verified["authenticated"] is False and "unauthenticated" in run.stderr
 
     dry = json.loads(ckpt_cli(h, "gc", "--dry-run", "--json").stdout)
     assert dry["deleted"] == []

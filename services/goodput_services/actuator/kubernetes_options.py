@@ -3,6 +3,7 @@
 The shim reaches the bus as the actuator does: the Secrets holding the actuator's NATS
 credential files and TLS CA are mounted read-only into every rank pod and ``GOODPUT_NATS_*``
 point at them; a password or token is never written into a pod spec (``secretKeyRef`` only).
+The job's checkpoint key likewise: its Secret is mounted and ``GOODPUT_CKPT_KEY_FILE`` names it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from kubernetes import client, config
 
 from goodput.bus import BusSettings
 from goodput.bus.settings import ENV_VARS, FILE_FIELDS, SECRET_FIELDS, settings_to_env
+from goodput.checkpoint.format.job_key import key_env, key_file_from_env
+
+#: the key of the checkpoint-key Secret, and the file's name where it is mounted
+CKPT_KEY_ITEM = "key"
 
 
 class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -61,6 +66,11 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     #: a Secret with key ``password`` (and/or ``token``) when the actuator authenticates with
     #: a password or token: rank pods read it through ``secretKeyRef``, never in clear text
     nats_auth_secret: str = ""
+    #: the Secret holding the job's checkpoint key (key ``key``), mounted read-only here in each
+    #: rank pod with ``GOODPUT_CKPT_KEY_FILE`` pointing at it; used only when the actuator has
+    #: a key (its own ``GOODPUT_CKPT_KEY_FILE``, from the same Secret)
+    ckpt_key_secret: str = "goodput-ckpt-key"
+    ckpt_key_mount_path: str = "/etc/goodput/ckpt-key"
     #: how long ranks asked to stop (SIGTERM: save and exit) may take
     stop_grace_s: int = 60
     #: how long past its grace period a deleted pod may take to go; a pod still there then
@@ -164,7 +174,17 @@ class RankBus:
             token="",
             **paths,
         )
-        return cls(settings_to_env(rank_settings), secret_env, volumes, mounts)
+        env = settings_to_env(rank_settings)
+        if key_file_from_env():
+            if not options.ckpt_key_secret:
+                raise SystemExit(
+                    "the actuator has a checkpoint key (GOODPUT_CKPT_KEY_FILE); rank pods need it"
+                    " too: name the Secret holding it (key 'key') with kubernetes.ckpt_key_secret"
+                )
+            volumes.append(_secret_volume("ckpt-key", options.ckpt_key_secret, [CKPT_KEY_ITEM]))
+            mounts.append(_read_only_mount("ckpt-key", options.ckpt_key_mount_path))
+            env.update(key_env(f"{options.ckpt_key_mount_path.rstrip('/')}/{CKPT_KEY_ITEM}"))
+        return cls(env, secret_env, volumes, mounts)
 
 
 def _secret_volume(name: str, secret: str, keys: list[str] | None) -> client.V1Volume:

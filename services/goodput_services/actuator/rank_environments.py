@@ -1,4 +1,5 @@
-"""What each rank and standby of a run is told: torchrun's variables, the shim's, the bus's.
+"""What each rank and standby of a run is told: torchrun's variables, the shim's, the bus's
+and the checkpoint key's.
 
 One place for every backend (local processes, node agents, pods): a rank's own variables
 (:class:`~goodput.launch.rank_env.RankEnv`, also what a standby's assignment carries), the job's
@@ -13,6 +14,7 @@ from typing import Any
 from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_to_env
+from goodput.checkpoint.format.job_key import key_env, key_file_from_env
 from goodput.launch.rank_env import VARIABLES, RankEnv, nccl_error_handling
 from goodput.supervisor.membership import Membership
 from goodput.telemetry import current_traceparent
@@ -29,11 +31,14 @@ class RankEnvironments:
     attempt: int
 
     def rank_bus_environment(self) -> dict[str, str]:
-        """The ``GOODPUT_NATS_*`` variables with which the shim reaches the bus like the actuator.
+        """The ``GOODPUT_NATS_*`` variables with which the shim reaches the bus like the
+        actuator, and the job's checkpoint key the actuator was given (``GOODPUT_CKPT_KEY_FILE``:
+        the rank signs and checks its manifests with it).
 
         A backend whose ranks see files elsewhere (pods) translates the paths.
         """
-        return settings_to_env(self.bus_settings)
+        key_file = key_file_from_env()
+        return {**settings_to_env(self.bus_settings), **(key_env(key_file) if key_file else {})}
 
     def standby_environment(self) -> dict[str, str]:
         """What a standby of the run is started with: a rank's environment but the rank's own

@@ -33,6 +33,7 @@ from goodput.checkpoint.format import (
     step_dir_name,
     write_retention_record,
 )
+from goodput.checkpoint.format.job_key import JobKeyError, configured_key
 from goodput.checkpoint.index.gc import collect_garbage
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from goodput.checkpoint.index.records import (
@@ -89,6 +90,10 @@ class ReplicatorService(Service):
         self.node = config.node
         self.command_target = subjects.node_target(subjects.REPLICATOR, self.node)
         self.options = ReplicatorOptions.from_mapping(config.options)
+        try:  # a key that is configured but unusable stops the service here, in one line
+            self.keyed = configured_key() is not None
+        except JobKeyError as exc:
+            raise SystemExit(str(exc)) from None
         self.state_dir = Path(config.state_dir).resolve()
         self.node_dir = node_dir(self.state_dir, self.node)
         self.volume = node_volume(self.state_dir, self.node, self.job)
@@ -146,6 +151,11 @@ class ReplicatorService(Service):
             "peer data plane listening",
             extra={"host": self.peer_server.host, "port": self.peer_server.port},
         )
+        if not self.keyed:
+            log.warning(
+                "no checkpoint key (GOODPUT_CKPT_KEY_FILE): manifests and the peer data plane"
+                " are unauthenticated"
+            )
         loops = [
             self._every(self.options.poll_s, self._sync, "sync", woken_by=self._sync_asked),
             self._on_snapshot(self._replicate, "replicate"),

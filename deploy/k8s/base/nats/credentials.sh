@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The credentials step: makes the NATS operator, account and user (nsc), a CA and the server's
-# certificate (openssl), and the three Secrets the manifests mount, in namespace goodput:
+# certificate (openssl), the checkpoint key (openssl), and the four Secrets the manifests
+# mount, in namespace goodput:
 #   goodput-nats-server  nats.conf (this folder's), resolver.conf (operator + account JWTs)
 #   goodput-nats-tls     tls.crt, tls.key, ca.crt
 #   goodput-nats-creds   goodput.creds (the services' and ranks' user: JWT + nkey seed)
+#   goodput-ckpt-key     key (signs checkpoint manifests, authenticates the peer data plane)
 #
 # Usage: deploy/k8s/nats/credentials.sh OUT_DIR [--dry-run]
 #   OUT_DIR keeps the keys (operator, account and user seeds, CA key): keep it private; its
@@ -54,6 +56,11 @@ if [ ! -f "$out/tls.crt" ]; then
     -CAcreateserial -days 825 -extfile "$out/tls.ext" -out "$out/tls.crt" 2>/dev/null
 fi
 
+# ---- the checkpoint key: 32 random bytes, hex (GOODPUT_CKPT_KEY_FILE of services and ranks) ----
+if [ ! -f "$out/ckpt.key" ]; then
+  (umask 077 && openssl rand -hex 32 > "$out/ckpt.key")
+fi
+
 # ---- the Secrets ----
 secrets() {
   local create=(kubectl create secret generic --namespace "$namespace" --dry-run=client -o yaml)
@@ -64,6 +71,8 @@ secrets() {
     --from-file=tls.key="$out/tls.key" --from-file=ca.crt="$out/ca.crt"
   echo "---"
   "${create[@]}" goodput-nats-creds --from-file=goodput.creds="$out/goodput.creds"
+  echo "---"
+  "${create[@]}" goodput-ckpt-key --from-file=key="$out/ckpt.key"
 }
 if [ "$dry_run" = "--dry-run" ]; then
   secrets > "$out/secrets.yaml"

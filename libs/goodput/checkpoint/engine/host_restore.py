@@ -25,7 +25,7 @@ import xxhash
 from goodput.checkpoint.engine.engine import CheckpointEngine
 from goodput.checkpoint.engine.fileio import CorruptCheckpointError
 from goodput.checkpoint.engine.plan import SavePlan, StreamIndex
-from goodput.checkpoint.engine.restore import _check_coverage, prepare_targets, read_files
+from goodput.checkpoint.engine.restore import prepare_targets, read_files
 from goodput.checkpoint.format import (
     KIND_ENGINE,
     FileEntry,
@@ -110,7 +110,6 @@ def restore_from_host(engine: CheckpointEngine, step: int, into: Any) -> HostRes
         # a sharded checkpoint's buffer holds one rank's shards: the volume serves it
         if manifest.kind != KIND_ENGINE or manifest.step != step:
             return f"step {step}'s manifest is not the engine's checkpoint of that step"
-        _check_coverage(manifest)
     except (ManifestError, OSError, ValueError) as exc:
         return f"step {step}'s manifest: {exc}"
     mine = _in_memory(manifest, plan, data)

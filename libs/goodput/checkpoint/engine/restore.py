@@ -31,7 +31,13 @@ from goodput.checkpoint.engine.events import (
 from goodput.checkpoint.engine.fileio import CorruptCheckpointError, DirectIOPolicy
 from goodput.checkpoint.engine.plan import IO_ALIGN, StreamIndex
 from goodput.checkpoint.engine.reader import MIN_DIRECT_BYTES, READ_CHUNK_BYTES, read_data_file
-from goodput.checkpoint.engine.tree import TensorRef, dtype_from_name, dtype_name, unflatten
+from goodput.checkpoint.engine.tree import (
+    TensorRef,
+    TreeError,
+    dtype_from_name,
+    dtype_name,
+    unflatten,
+)
 from goodput.checkpoint.format import (
     KIND_DCP,
     KIND_ENGINE,
@@ -94,17 +100,6 @@ def _merge(into: Any, restored: Any) -> Any:
     return restored
 
 
-def _check_coverage(manifest: Manifest) -> None:
-    """The data files must tile the byte stream exactly, or some tensor would go unread."""
-    position = 0
-    for entry in sorted(manifest.files, key=lambda entry: entry.offset):
-        if entry.offset != position:
-            raise CorruptCheckpointError(f"data files leave a gap or overlap at byte {position}")
-        position += entry.size
-    if position != manifest.stream_bytes:
-        raise CorruptCheckpointError(f"data files end at {position}, not {manifest.stream_bytes}")
-
-
 @dataclass
 class LoadTargets:
     """Where a manifest's tensors land: the tensors the restored state holds, the CPU byte
@@ -124,7 +119,9 @@ class LoadTargets:
 
     def state(self, manifest: Manifest) -> Any:
         """The checkpoint's structure holding the loaded tensors."""
-        return unflatten(manifest.tree, lambda i: self.tensors[i])
+        return unflatten(
+            manifest.tree, lambda i: self.tensors[i], tensor_count=len(manifest.tensors)
+        )
 
 
 def prepare_targets(
@@ -140,8 +137,9 @@ def prepare_targets(
     the ``whole`` ones: tensors whose bytes are copied in one piece from host memory, which a
     contiguous target (CUDA included) takes directly."""
     targets: list[torch.Tensor | None] = [None] * len(manifest.tensors)
+    skeleton = unflatten(manifest.tree, tensor_count=len(manifest.tensors))  # before allocating
     if into is not None:
-        _bind_targets(into, unflatten(manifest.tree), manifest, targets)
+        _bind_targets(into, skeleton, manifest, targets)
     tensors: list[torch.Tensor] = []
     views: list[torch.Tensor | None] = []
     late_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -217,7 +215,6 @@ def load_checkpoint(
 ) -> Any:
     """Load one verified checkpoint; raises CorruptCheckpointError on any bad byte."""
     policy = policy or DirectIOPolicy()
-    _check_coverage(manifest)
     targets = prepare_targets(manifest, into, policy)
     index = StreamIndex(manifest.tensors)
     read_files(path, manifest.files, index, targets.views, io_threads, policy)
@@ -293,7 +290,7 @@ def restore_checkpoint(
                     path, manifest, into=into, io_threads=io_threads, policy=policy
                 )
                 read = manifest.total_bytes
-        except (ManifestError, CorruptCheckpointError) as exc:
+        except (ManifestError, CorruptCheckpointError, TreeError) as exc:
             fallbacks.append(RestoreFallback(step=candidate, reason=str(exc)))
             continue
         emit(

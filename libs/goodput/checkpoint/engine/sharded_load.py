@@ -36,6 +36,7 @@ from goodput.checkpoint.format.sharded import (
     MAX_RECORD_BYTES,
     ShardPiece,
     ShardRecord,
+    check_record_layout,
     data_entries,
     parse_record,
     record_entries,
@@ -66,14 +67,17 @@ def _read_exact(path: Path, offset: int, length: int, out: memoryview) -> None:
 
 
 def read_records(path: Path, manifest: Manifest) -> list[ShardRecord]:
-    """Every rank's shard record, each checked against its manifest entry."""
+    """Every rank's shard record, each checked against its manifest entry and its layout
+    against the data files' sealed sizes (before anything is allocated)."""
     records = []
     for entry in record_entries(manifest):
         if entry.size > MAX_RECORD_BYTES:
             raise CorruptCheckpointError(f"{entry.name}: implausibly large ({entry.size} bytes)")
         data = bytearray(entry.size)
         _read_exact(path / entry.name, 0, entry.size, memoryview(data))
-        records.append(parse_record(bytes(data), entry, manifest.dp_world))
+        record = parse_record(bytes(data), entry, manifest.dp_world)
+        check_record_layout(record, manifest)
+        records.append(record)
     return records
 
 
@@ -164,8 +168,9 @@ def load_sharded(
                 raise CorruptCheckpointError(f"rank {record.rank}: shard of unknown tensor")
             pieces[piece.tensor].append((record.rank, piece))
     targets: list[Any] = [None] * count
+    skeleton = unflatten(manifest.tree, tensor_count=count)  # before allocating
     if into is not None:
-        _bind_targets(into, unflatten(manifest.tree), manifest, targets)
+        _bind_targets(into, skeleton, manifest, targets)
     block_bytes = records[0].block_bytes
     if any(record.block_bytes != block_bytes for record in records):
         raise CorruptCheckpointError("ranks' shard records use different block sizes")
@@ -199,6 +204,6 @@ def load_sharded(
         raise errors[0]
     if any(target.is_cuda for target in targets):
         torch.cuda.synchronize()
-    restored = unflatten(manifest.tree, lambda i: targets[i])
+    restored = unflatten(manifest.tree, lambda i: targets[i], tensor_count=count)
     read = sum(task.read.byte_hi - task.read.byte_lo for task in tasks)
     return (restored if into is None else _merge(into, restored)), read

@@ -4,7 +4,8 @@ What a training script does without goodput: rank 0 writes ``step-<n>.pt`` and t
 waits until the file is on disk (written to a temporary name, fsynced, renamed, so a crash
 leaves no half file under the real name); every rank loads the newest file on restart. It
 offers the methods of :class:`~goodput.checkpoint.engine.CheckpointEngine` the trainer shim uses and
-reports the same events, so the goodput calculator charges its stall like the engine's.
+reports the same events, so the goodput calculator charges its stall like the engine's. Files
+are loaded with torch's safe unpickler (``weights_only=True``): a forged file runs no code.
 ``goodput demo --compare-baseline`` runs the job with it (``GOODPUT_CKPT_MODE=torch-save``).
 """
 
@@ -28,6 +29,8 @@ from goodput.checkpoint.engine.events import (
     emit,
 )
 from goodput.checkpoint.engine.restore import NoCheckpointError
+from goodput.checkpoint.engine.sharded_save import is_dtensor
+from goodput.checkpoint.engine.tree import flatten
 from goodput.checkpoint.format import parse_step_dir, step_dir_name
 from goodput.checkpoint.index.retention import deletable_steps
 
@@ -55,7 +58,15 @@ class TorchSaveCheckpointer:
         self.listener = listener
 
     def save(self, state: Any, step: int, *, dp_rank: int = 0, dp_world: int = 1) -> None:
-        """Write the checkpoint and return once it is durable (non-writers return at once)."""
+        """Write the checkpoint and return once it is durable (non-writers return at once).
+
+        Every rank refuses a state holding DTensors: one file of rank 0's view is all this
+        mode keeps, so rank 1 would silently restore rank 0's shard."""
+        if any(is_dtensor(tensor) for tensor in flatten(state).tensors):
+            raise ValueError(
+                "torch-save mode cannot save DTensors: rank 1 would silently restore rank 0's"
+                " shard; use the engine mode (GOODPUT_CKPT_MODE=async)"
+            )
         if not self.writer:
             return
         started = time.perf_counter()
@@ -106,7 +117,8 @@ class TorchSaveCheckpointer:
             path = checkpoint_path(self.root, candidate)
             started = time.perf_counter()
             try:
-                state = torch.load(path, map_location="cpu", weights_only=False)
+                # torch's safe unpickler: tensors and plain values, never arbitrary code
+                state = torch.load(path, map_location="cpu", weights_only=True)
             except Exception as exc:  # a truncated or corrupt file: try the one before
                 fallbacks.append(
                     RestoreFallback(step=candidate, reason=f"{type(exc).__name__}: {exc}")

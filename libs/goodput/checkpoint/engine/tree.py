@@ -2,14 +2,16 @@
 
 Containers and scalars become tagged JSON nodes (floats as hex so every bit survives);
 tensors and numpy arrays become references into a tensor table, whose bytes go to the data
-files. Only values of no known kind fall back to pickle, and the skeleton lives in the
-manifest, which is checksum-verified before any of it is decoded.
+files. A checkpoint is data: there is no pickle, so restoring one runs no code. A value of no
+known kind is refused when it is saved, naming where it sits in the state; a node of no
+known kind on restore (an old or forged "pickle" node among them) makes the checkpoint
+corrupt, and restore falls back to an older one.
 """
 
 from __future__ import annotations
 
 import base64
-import pickle
+import binascii
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +19,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from goodput.checkpoint.format.tensor_layout import DTYPE_ITEMSIZE
+
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+#: the torch dtypes a checkpoint may hold: those of the format's layout table this torch has
+_DTYPES = frozenset(
+    dtype for name in DTYPE_ITEMSIZE if isinstance(dtype := getattr(torch, name, None), torch.dtype)
+)
+_PLAIN_KINDS = "None, bool, int, float, str, bytes, or a list, tuple or dict of them"
+
+
+class UnsupportedValueError(TypeError):
+    """A state value that a checkpoint cannot hold as data (raised at save)."""
+
+
+class TreeError(ValueError):
+    """A skeleton that does not decode: damaged, forged, or of a kind this reader refuses."""
 
 
 @dataclass(frozen=True)
@@ -43,15 +60,48 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"), validate=True)
 
 
+class _Refused(Exception):
+    """Raised where a value is refused; each container on the way up adds its key, so the
+    path costs nothing unless a save is refused."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str] = []
+
+    def error(self) -> UnsupportedValueError:
+        where = "state" + "".join(reversed(self.path))
+        return UnsupportedValueError(f"cannot checkpoint {where}: {self.problem}")
+
+
+def _unsupported(value: Any) -> _Refused:
+    kind = type(value)
+    return _Refused(
+        f"a {kind.__module__}.{kind.__qualname__} is neither a tensor nor a plain value"
+        f" ({_PLAIN_KINDS}); save its state instead: a tensor (e.g. generator.get_state())"
+        " or plain values (e.g. obj.state_dict(), enum.value)"
+    )
+
+
 def flatten(state: Any) -> FlatState:
-    """Encode ``state``; tensors are collected in visiting order."""
+    """Encode ``state``; tensors are collected in visiting order. Raises
+    UnsupportedValueError (one line, naming the value's path) for a value of no known kind."""
     tensors: list[torch.Tensor] = []
 
     def add_tensor(tensor: torch.Tensor) -> int:
         if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_meta:
-            raise TypeError(f"cannot checkpoint a {tensor.layout} / quantized / meta tensor")
+            raise _Refused(f"a {tensor.layout} / quantized / meta tensor")
+        if tensor.dtype not in _DTYPES:
+            raise _Refused(f"a tensor of dtype {tensor.dtype}")
         tensors.append(tensor.detach() if tensor.requires_grad else tensor)
         return len(tensors) - 1
+
+    def within(key: Any, value: Any, *, is_key: bool = False) -> Any:
+        try:
+            return encode(value)
+        except _Refused as refused:
+            refused.path.append(f"[{key!r}]" + (" (the key)" if is_key else ""))
+            raise
 
     def encode(value: Any) -> Any:
         if value is None or isinstance(value, bool | str):
@@ -71,11 +121,11 @@ def flatten(state: Any) -> FlatState:
             return {"t": "npscalar", "dtype": value.dtype.str, "v": _b64(value.tobytes())}
         if type(value) in (dict, OrderedDict):
             tag = "dict" if type(value) is dict else "odict"
-            return {"t": tag, "items": [[encode(k), encode(v)] for k, v in value.items()]}
-        if type(value) is list:
-            return {"t": "list", "v": [encode(item) for item in value]}
-        if type(value) is tuple:
-            return {"t": "tuple", "v": [encode(item) for item in value]}
+            items = [[within(k, k, is_key=True), within(k, v)] for k, v in value.items()]
+            return {"t": tag, "items": items}
+        if type(value) in (list, tuple):
+            tag = type(value).__name__
+            return {"t": tag, "v": [within(i, item) for i, item in enumerate(value)]}
         if isinstance(value, torch.Size):
             return {"t": "size", "v": list(value)}
         if isinstance(value, bytes | bytearray):
@@ -84,17 +134,30 @@ def flatten(state: Any) -> FlatState:
             return {"t": "dtype", "v": str(value).removeprefix("torch.")}
         if isinstance(value, torch.device):
             return {"t": "device", "v": str(value)}
-        return {"t": "pickle", "v": _b64(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))}
+        raise _unsupported(value)
 
-    tree = encode(state)
+    try:
+        tree = encode(state)
+    except _Refused as refused:
+        raise refused.error() from None
     return FlatState(tree=tree, tensors=tensors)
 
 
-def unflatten(tree: Any, resolve: Any = TensorRef) -> Any:
-    """Rebuild a state from its skeleton; ``resolve(index)`` supplies each tensor.
+def unflatten(tree: Any, resolve: Any = TensorRef, *, tensor_count: int) -> Any:
+    """Rebuild a state from its skeleton; ``resolve(index)`` supplies each of the
+    ``tensor_count`` tensors. Raises TreeError for a node of no known kind or malformed."""
 
-    Call only on a skeleton from a verified manifest: a "pickle" node is unpickled.
-    """
+    def tensor(node: dict[str, Any]) -> Any:
+        index = node["i"]
+        if type(index) is not int or not 0 <= index < tensor_count:
+            raise TreeError(f"tensor reference {index!r} outside the {tensor_count} tensors")
+        return resolve(index)
+
+    def npscalar(node: dict[str, Any]) -> Any:
+        dtype = np.dtype(node["dtype"])
+        if dtype.kind not in "biufc":
+            raise TreeError(f"numpy scalar of dtype {dtype} in checkpoint tree")
+        return np.frombuffer(_unb64(node["v"]), dtype=dtype)[0]
 
     def decode(node: Any) -> Any:
         if node is None or isinstance(node, bool | str | int):
@@ -105,12 +168,12 @@ def unflatten(tree: Any, resolve: Any = TensorRef) -> Any:
         if tag == "bigint":
             return int(node["v"])
         if tag == "tensor":
-            return resolve(node["i"])
+            return tensor(node)
         if tag == "ndarray":
-            tensor = resolve(node["i"])
-            return tensor.numpy() if isinstance(tensor, torch.Tensor) else tensor
+            value = tensor(node)
+            return value.numpy() if isinstance(value, torch.Tensor) else value
         if tag == "npscalar":
-            return np.frombuffer(_unb64(node["v"]), dtype=np.dtype(node["dtype"]))[0]
+            return npscalar(node)
         if tag == "dict":
             return {decode(k): decode(v) for k, v in node["items"]}
         if tag == "odict":
@@ -120,20 +183,23 @@ def unflatten(tree: Any, resolve: Any = TensorRef) -> Any:
         if tag == "tuple":
             return tuple(decode(item) for item in node["v"])
         if tag == "size":
-            return torch.Size(node["v"])
+            return torch.Size(int(dim) for dim in node["v"])
         if tag == "bytes":
             return _unb64(node["v"])
         if tag == "bytearray":
             return bytearray(_unb64(node["v"]))
         if tag == "dtype":
-            return getattr(torch, node["v"])
+            return dtype_from_name(node["v"])
         if tag == "device":
             return torch.device(node["v"])
-        if tag == "pickle":
-            return pickle.loads(_unb64(node["v"]))
-        raise ValueError(f"unknown node tag {tag!r} in checkpoint tree")
+        raise TreeError(f"node of unknown kind {tag!r} in checkpoint tree")
 
-    return decode(tree)
+    try:
+        return decode(tree)
+    except TreeError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, binascii.Error) as exc:
+        raise TreeError(f"malformed checkpoint tree ({type(exc).__name__}: {exc})") from exc
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -141,7 +207,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r} in checkpoint")
+    """The torch dtype a checkpoint names; TreeError for one no checkpoint may hold."""
+    dtype = getattr(torch, name, None) if name in DTYPE_ITEMSIZE else None
+    if dtype not in _DTYPES:
+        raise TreeError(f"unknown dtype {name!r} in checkpoint")
     return dtype

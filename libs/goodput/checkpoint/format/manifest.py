@@ -4,7 +4,9 @@ The manifest lists every data file with its size and xxh3_128 digest, so that ot
 (the replicator, the peer data plane, the CLI) can copy and verify checkpoints without
 understanding tensors. It carries its own digest (over its canonical encoding without that
 field): one rule, checked by every reader, so a torn or edited manifest is rejected before
-anything in it is trusted, wherever it is read.
+anything in it is trusted, wherever it is read. The digest catches damage, not forgery: with
+the job's key configured (``job_key``) a manifest also carries an HMAC-SHA256 over its
+canonical encoding, which the sealer adds and every reader requires.
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ import msgspec
 import xxhash
 
 from goodput.checkpoint.format.files import NotRegularFile, open_regular, write_file_durably
+from goodput.checkpoint.format.job_key import (
+    FROM_ENV,
+    JobKeyError,
+    Key,
+    is_signed_by,
+    resolve_key,
+    sign,
+)
 from goodput.checkpoint.format.layout import MANIFEST_NAME, is_temp_name, step_dirs
 
 FORMAT = "goodput-ckpt/1"
@@ -67,13 +77,17 @@ class Manifest(msgspec.Struct, kw_only=True):
     created_ns: int = 0
     metadata: dict[str, Any] = {}
     manifest_xxh3_128: str = ""
+    #: HMAC-SHA256 under the job's key; absent (not even encoded) when no key is configured,
+    #: so an unkeyed manifest is byte for byte what it was before keys existed
+    manifest_hmac_sha256: str | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def total_bytes(self) -> int:
         return sum(entry.size for entry in self.files)
 
     def to_bytes(self) -> bytes:
-        """The sealed encoding: what manifest.json holds (identical for a parsed manifest)."""
+        """The sealed encoding: what manifest.json holds (identical for a parsed manifest
+        signed with the configured key, if any)."""
         return encode_manifest(self)
 
 
@@ -90,14 +104,36 @@ def build_manifest(
     )
 
 
+def _resolve(key: Key) -> bytes | None:
+    try:
+        return resolve_key(key)
+    except JobKeyError as exc:
+        raise ManifestError(str(exc)) from None
+
+
 def _self_digest(manifest: Manifest) -> str:
     body = msgspec.structs.replace(manifest, manifest_xxh3_128="")
     return xxhash.xxh3_128_hexdigest(msgspec.json.encode(body))
 
 
-def encode_manifest(manifest: Manifest) -> bytes:
-    """Seal (compute the self digest) and encode."""
-    sealed = msgspec.structs.replace(manifest, manifest_xxh3_128=_self_digest(manifest))
+def _mac_body(manifest: Manifest) -> bytes:
+    unsigned = msgspec.structs.replace(
+        manifest, manifest_xxh3_128="", manifest_hmac_sha256=msgspec.UNSET
+    )
+    return msgspec.json.encode(unsigned)
+
+
+def is_authenticated(manifest: Manifest) -> bool:
+    """Whether ``manifest`` carries a MAC (checked on parse when a key is configured)."""
+    return manifest.manifest_hmac_sha256 is not msgspec.UNSET
+
+
+def encode_manifest(manifest: Manifest, key: Key = FROM_ENV) -> bytes:
+    """Seal (the MAC under ``key`` if any, then the self digest) and encode."""
+    secret = _resolve(key)
+    mac = msgspec.UNSET if secret is None else sign(_mac_body(manifest), secret)
+    signed = msgspec.structs.replace(manifest, manifest_hmac_sha256=mac)
+    sealed = msgspec.structs.replace(signed, manifest_xxh3_128=_self_digest(signed))
     return msgspec.json.format(msgspec.json.encode(sealed), indent=1)
 
 
@@ -113,8 +149,10 @@ def _check_name(name: str) -> None:
         raise ManifestError(f"unsafe file name in manifest: {name!r}")
 
 
-def parse_manifest(data: bytes, source: str = "manifest") -> Manifest:
-    """Decode and verify a manifest: format, its own checksum, safe file names."""
+def parse_manifest(data: bytes, source: str = "manifest", key: Key = FROM_ENV) -> Manifest:
+    """Decode and verify a manifest: format, its own checksum, its MAC under ``key`` (the
+    job's, by default) if there is one, safe file names, and a tensor layout that fits the
+    file sizes it seals (``tensor_layout``)."""
     try:
         manifest = msgspec.json.decode(data, type=Manifest)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -123,8 +161,20 @@ def parse_manifest(data: bytes, source: str = "manifest") -> Manifest:
         raise ManifestError(f"{source}: unknown format {manifest.format!r}, expected {FORMAT!r}")
     if manifest.manifest_xxh3_128 != _self_digest(manifest):
         raise ManifestError(f"{source}: manifest checksum mismatch (edited or corrupt)")
+    secret = _resolve(key)
+    if secret is not None:
+        if not is_authenticated(manifest):
+            raise ManifestError(f"{source}: manifest not signed with the job's key (forged?)")
+        if not is_signed_by(_mac_body(manifest), str(manifest.manifest_hmac_sha256), secret):
+            raise ManifestError(f"{source}: manifest MAC mismatch (forged, or another job's key)")
     for entry in manifest.files:
         _check_name(entry.name)
+    from goodput.checkpoint.format.tensor_layout import check_manifest_layout  # builds on this
+
+    try:
+        check_manifest_layout(manifest)
+    except ManifestError as exc:
+        raise ManifestError(f"{source}: {exc}") from exc
     return manifest
 
 
@@ -151,15 +201,17 @@ def read_manifest_bytes(path: str | os.PathLike) -> bytes:
     return b"".join(chunks)
 
 
-def read_manifest(path: str | os.PathLike) -> Manifest:
+def read_manifest(path: str | os.PathLike, key: Key = FROM_ENV) -> Manifest:
     """Read and verify a manifest; ``path`` is a checkpoint directory or the file itself."""
     path = Path(path)
-    return parse_manifest(read_manifest_bytes(path), str(path))
+    return parse_manifest(read_manifest_bytes(path), str(path), key)
 
 
-def write_manifest(checkpoint_dir: str | os.PathLike, manifest: Manifest) -> None:
+def write_manifest(
+    checkpoint_dir: str | os.PathLike, manifest: Manifest, key: Key = FROM_ENV
+) -> None:
     """Commit a checkpoint: the sealed manifest appears atomically, after every data file."""
-    write_file_durably(Path(checkpoint_dir) / MANIFEST_NAME, encode_manifest(manifest))
+    write_file_durably(Path(checkpoint_dir) / MANIFEST_NAME, encode_manifest(manifest, key))
 
 
 def committed_steps(root: str | os.PathLike) -> Iterator[tuple[int, Path]]:

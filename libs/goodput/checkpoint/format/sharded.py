@@ -22,6 +22,7 @@ import msgspec
 import xxhash
 
 from goodput.checkpoint.format.manifest import FileEntry, Manifest, ManifestError
+from goodput.checkpoint.format.tensor_layout import check_ranges, check_tiling, shape_nbytes
 
 SHARD_FORMAT = "goodput-shards/1"
 #: digest granularity of a shard's bytes: a resharded read over-reads at most one block per end
@@ -111,3 +112,28 @@ def data_entries(manifest: Manifest, rank: int) -> list[FileEntry]:
         (e for e in manifest.files if e.dp_rank == rank and not is_shard_record(e.name)),
         key=lambda entry: entry.offset,
     )
+
+
+def check_record_layout(record: ShardRecord, manifest: Manifest) -> None:
+    """Every piece of ``record`` lies inside its global tensor, is ``numel x itemsize`` bytes,
+    and those bytes lie inside the rank's data files (as sealed), apart from each other."""
+    files = data_entries(manifest, record.rank)
+    stream_bytes = sum(entry.size for entry in files)
+    what = shard_record_name(record.rank)
+    check_tiling(files, stream_bytes, what)
+    ranges = []
+    for index, piece in enumerate(record.pieces):
+        where = f"{what}: shard {index}"
+        if not 0 <= piece.tensor < len(manifest.tensors):
+            raise ManifestError(f"{where}: of unknown tensor {piece.tensor}")
+        tensor = manifest.tensors[piece.tensor]
+        dims = len(tensor.shape)
+        if len(piece.offsets) != dims or len(piece.shape) != dims:
+            raise ManifestError(f"{where}: rank differs from tensor {piece.tensor}'s")
+        if shape_nbytes(tensor.dtype, piece.shape, where) != piece.nbytes:
+            raise ManifestError(f"{where}: shape {piece.shape} is not its {piece.nbytes} bytes")
+        for offset, size, whole in zip(piece.offsets, piece.shape, tensor.shape, strict=True):
+            if offset < 0 or offset + size > whole:
+                raise ManifestError(f"{where}: outside tensor {piece.tensor}'s {tensor.shape}")
+        ranges.append((piece.stream_offset, piece.nbytes, where))
+    check_ranges(ranges, stream_bytes)

@@ -18,7 +18,15 @@ from rich.table import Table
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
-from goodput.checkpoint.format import node_dir, step_dir_name
+from goodput.checkpoint.format import ManifestError, node_dir, step_dir_name
+from goodput.checkpoint.format.job_key import (
+    KEY_FILE_ENV,
+    KEY_FILE_NAME,
+    JobKeyError,
+    adopt_stack_key,
+    configured_key,
+    key_file_from_env,
+)
 from goodput.checkpoint.index.gc import collect_garbage
 from goodput.checkpoint.index.index import (
     DEFAULT_NODE_TTL_S,
@@ -28,9 +36,9 @@ from goodput.checkpoint.index.index import (
 )
 from goodput.checkpoint.index.records import CopyRecord
 from goodput.checkpoint.index.retention import DEFAULT_KEEP, DEFAULT_REQUIRE, Retention, plan_gc
-from goodput.checkpoint.tiers.backup import DEFAULT_PREFIX, blob_key
+from goodput.checkpoint.tiers.backup import DEFAULT_PREFIX, blob_key, read_listing
 from goodput.checkpoint.tiers.object_store import ObjectStore, open_object_store
-from goodput.checkpoint.tiers.peer import PeerClient
+from goodput.checkpoint.tiers.peer import PeerClient, PeerError
 from goodput.config import (
     add_bus_arguments,
     add_state_dir_argument,
@@ -157,6 +165,10 @@ async def _verify_copy(
     problems = []
     try:
         async with await PeerClient.connect(holder.host, holder.port, timeout_s=5) as client:
+            try:  # its seal, and with the job's key its MAC: a forged manifest is refused
+                await client.fetch_manifest(directory)
+            except (ManifestError, PeerError) as exc:
+                problems.append(f"manifest: {exc}")
             for f in copy.files:
                 stat = await client.stat(f"{directory}/{f.name}")
                 if not stat.exists:
@@ -170,6 +182,10 @@ async def _verify_copy(
 
 def _verify_in_store(store: ObjectStore, copy: CopyRecord, deep: bool) -> list[str]:
     problems = []
+    try:
+        read_listing(store, copy.root, copy.step)
+    except (OSError, ValueError) as exc:  # ManifestError included
+        problems.append(f"manifest: {exc}")
     with tempfile.TemporaryDirectory(prefix="goodput-verify-") as scratch:
         for f in copy.files:
             key = blob_key(f.xxh3_128, DEFAULT_PREFIX)
@@ -201,8 +217,10 @@ async def _verify(args: argparse.Namespace, bus: Bus) -> int:
             results.append(
                 {**_copy_json(copy), "step": step, "ok": not problems, "problems": problems}
             )
+    authenticated = key_file_from_env() is not None
     if args.json:
-        print(json.dumps({"job": args.job, "steps": steps, "copies": results}, indent=2))
+        report = {"job": args.job, "authenticated": authenticated, "steps": steps}
+        print(json.dumps({**report, "copies": results}, indent=2))
     elif not results:
         print("no checkpoint copies to verify", file=sys.stderr)
     else:
@@ -211,6 +229,12 @@ async def _verify(args: argparse.Namespace, bus: Bus) -> int:
             print(
                 f"{mark} step {r['step']} {r['tier']}:{r['holder']} (of {r['owner']}) {'; '.join(r['problems'])}"
             )
+    if not authenticated:
+        print(
+            f"unauthenticated: no checkpoint key ({KEY_FILE_ENV}, or {KEY_FILE_NAME} in the state"
+            " directory): manifests were checked for damage, not for forgery",
+            file=sys.stderr,
+        )
     return 0 if results and all(r["ok"] for r in results) else 1
 
 
@@ -297,6 +321,12 @@ ACTIONS = {"ls": _ls, "verify": _verify, "restore": _restore, "gc": _gc}
 
 
 def cmd_ckpt(args: argparse.Namespace) -> int:
+    adopt_stack_key(args.state_dir)  # the stack's own key, unless one is configured
+    try:
+        configured_key()
+    except JobKeyError as exc:
+        raise SystemExit(f"goodput ckpt: {exc}") from None
+
     async def run() -> int:
         bus = await _connect(args)
         try:

@@ -1,5 +1,6 @@
 """Peer data plane: files stream node to node over TCP, not through the message bus."""
 
+from goodput.checkpoint.tiers.peer.auth import PeerAuthError
 from goodput.checkpoint.tiers.peer.client import (
     GetResult,
     PeerClient,
@@ -13,6 +14,7 @@ from goodput.checkpoint.tiers.peer.server import PeerServer
 
 __all__ = [
     "GetResult",
+    "PeerAuthError",
     "PeerClient",
     "PeerError",
     "PeerServer",

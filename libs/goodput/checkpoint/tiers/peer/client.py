@@ -18,6 +18,8 @@ from goodput.checkpoint.format import (
     parse_manifest,
     read_manifest,
 )
+from goodput.checkpoint.format.job_key import FROM_ENV, Key, resolve_key
+from goodput.checkpoint.tiers.peer.auth import authenticate_to_server
 from goodput.checkpoint.tiers.peer.channel import Channel, Progress, ProtocolError, open_channel
 from goodput.checkpoint.tiers.peer.protocol import (
     CHECKSUM_MISMATCH,
@@ -78,8 +80,20 @@ class PeerClient:
         self._channel = channel
 
     @classmethod
-    async def connect(cls, host: str, port: int, timeout_s: float = 10.0) -> PeerClient:
-        return cls(await open_channel(host, port, timeout_s))
+    async def connect(
+        cls, host: str, port: int, timeout_s: float = 10.0, key: Key = FROM_ENV
+    ) -> PeerClient:
+        """Connect and, with the job's key (configured by default), prove it and have the
+        peer prove it (PeerAuthError, a ConnectionError, otherwise)."""
+        channel = await open_channel(host, port, timeout_s)
+        secret = resolve_key(key)
+        if secret is not None:
+            try:
+                await asyncio.wait_for(authenticate_to_server(channel, secret), timeout_s)
+            except BaseException:
+                channel.close()
+                raise
+        return cls(channel)
 
     async def close(self) -> None:
         self._channel.close()

@@ -6,6 +6,8 @@ is always stated in a header first: after ``PutReply(have=False)`` the client se
 ``size - offset`` bytes; after ``GetReply`` the server sends ``size - offset`` bytes.
 
     client                         server
+    AuthHello               ->     AuthChallenge | ErrorReply   (first, when a key is set:
+    AuthProof               ->     Ack | ErrorReply              ``goodput.checkpoint.tiers.peer.auth``)
     StatRequest             ->     StatReply | ErrorReply
     PutRequest              ->     PutReply | ErrorReply
       [raw bytes]           ->     Ack | ErrorReply        (only when PutReply.have is False)
@@ -51,7 +53,19 @@ class CommitRequest(msgspec.Struct, tag="commit"):
     manifest: bytes
 
 
-Request = StatRequest | PutRequest | GetRequest | CommitRequest
+class AuthHello(msgspec.Struct, tag="auth_hello"):
+    """The client's challenge: the server proves it holds the job's key over this nonce."""
+
+    nonce: bytes
+
+
+class AuthProof(msgspec.Struct, tag="auth_proof"):
+    """The client's proof over the server's challenge (and its own nonce)."""
+
+    proof: bytes
+
+
+Request = StatRequest | PutRequest | GetRequest | CommitRequest | AuthHello | AuthProof
 
 
 class StatReply(msgspec.Struct, tag="stat_reply"):
@@ -78,6 +92,13 @@ class Ack(msgspec.Struct, tag="ack"):
     pass
 
 
+class AuthChallenge(msgspec.Struct, tag="auth_challenge"):
+    """The server's proof over the client's nonce, and its own challenge."""
+
+    nonce: bytes
+    proof: bytes
+
+
 #: ``ErrorReply.code`` of received bytes that do not hash to the digest the sender offered:
 #: the sender's own file may be damaged (it re-checks it)
 CHECKSUM_MISMATCH = "checksum_mismatch"
@@ -88,7 +109,7 @@ class ErrorReply(msgspec.Struct, tag="error"):
     code: str = ""
 
 
-Reply = StatReply | PutReply | GetReply | Ack | ErrorReply
+Reply = StatReply | PutReply | GetReply | Ack | ErrorReply | AuthChallenge
 
 _encoder = msgspec.msgpack.Encoder()
 request_decoder = msgspec.msgpack.Decoder(Request)

@@ -1,6 +1,8 @@
 """The peer data-plane server: serves one node's checkpoint volume to other nodes.
 
-Paths in requests are relative to ``root`` and may not escape it or name hidden files.
+Paths in requests are relative to ``root`` and may not escape it or name hidden files. With
+the job's key configured, a connection must prove it holds the key before its first request
+(``goodput.checkpoint.tiers.peer.auth``), and a manifest committed here must carry its MAC.
 Received files are written under a hidden ``.partial`` name keyed by their checksum,
 verified, then renamed, so a retried transfer resumes from the bytes already on disk and a
 partially-written file is never visible under its final name.
@@ -43,10 +45,14 @@ from goodput.checkpoint.format import (
     read_manifest,
     write_manifest,
 )
+from goodput.checkpoint.format.job_key import FROM_ENV, Key, resolve_key
+from goodput.checkpoint.tiers.peer.auth import authenticate_client
 from goodput.checkpoint.tiers.peer.channel import Channel, ProtocolError, StreamWriteError
 from goodput.checkpoint.tiers.peer.protocol import (
     CHECKSUM_MISMATCH,
     Ack,
+    AuthHello,
+    AuthProof,
     CommitRequest,
     ErrorReply,
     GetReply,
@@ -118,6 +124,7 @@ class PeerServer:
         port: int = 0,
         on_commit: Callable[[Path], None] | None = None,
         track_received: bool = False,
+        key: Key = FROM_ENV,
     ) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -139,6 +146,8 @@ class PeerServer:
         self._track_received = track_received
         #: called (in the event loop) after each commit, e.g. to index the copy at once
         self.on_commit = on_commit
+        #: the job's key, which every connection must prove first (None: loopback, dev)
+        self._key = resolve_key(key)
 
     async def start(self) -> None:
         listener = socket.create_server((self.host, self.port), reuse_port=False)
@@ -180,6 +189,11 @@ class PeerServer:
 
     async def _serve(self, channel: Channel, address: object) -> None:
         try:
+            if self._key is not None:
+                refused = await authenticate_client(channel, self._key)
+                if refused is not None:
+                    log.warning("peer connection from %s refused: %s", address, refused)
+                    return
             while True:
                 try:
                     request = await channel.receive(request_decoder)
@@ -214,6 +228,10 @@ class PeerServer:
                 await self._put(channel, request)
             case GetRequest(path=path, offset=offset):
                 await self._get(channel, self._resolve(path), offset)
+            case AuthHello() | AuthProof():
+                raise RequestRefused(
+                    "this peer has no checkpoint key (GOODPUT_CKPT_KEY_FILE): it cannot prove one"
+                )
             case CommitRequest(path=path, manifest=manifest):
                 directory = self._resolve(path)
                 await asyncio.to_thread(self._commit, directory, manifest)

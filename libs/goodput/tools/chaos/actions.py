@@ -20,6 +20,7 @@ import psutil
 from goodput import schemas, subjects
 from goodput.bus.cluster import EmbeddedCluster
 from goodput.bus.embedded import EmbeddedNats, EmbeddedNatsError, pid_alive, read_record
+from goodput.bus.routing import decode_event_on
 from goodput.tools.chaos import spec as faults
 from goodput.tools.chaos.storage import clear_volume, corrupt_newest_checkpoint, fill_volume
 from goodput.tools.chaos.straggler import StragglerRecord, duty_cycle, record_path, stop_detached
@@ -231,7 +232,7 @@ async def inject_host_fault(
 
     async def on_result(msg) -> None:
         with contextlib.suppress(schemas.SchemaError):
-            event = schemas.decode_event(msg.data)
+            event = decode_event_on(msg.subject, msg.data)
             if (
                 isinstance(event, schemas.ActionResult)
                 and event.command_id == command.command_id

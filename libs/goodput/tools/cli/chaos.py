@@ -12,7 +12,12 @@ from typing import Any
 
 import msgspec
 
-from goodput.config import add_bus_arguments, add_state_dir_argument, bus_settings_from_args
+from goodput.config import (
+    add_bus_arguments,
+    add_state_dir_argument,
+    bus_settings_from_args,
+    job_name,
+)
 from goodput.gpu_faults import RESET_CORRECTABLE_XIDS
 from goodput.tools.chaos import scenario as scenario_format
 from goodput.tools.chaos import spec as faults
@@ -187,7 +192,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     add_state_dir_argument(parser, "the stack's state directory")
-    parser.add_argument("--job", default="", help="job name (default: the stack's job)")
+    parser.add_argument(
+        "--job", type=job_name, default="", help="job name (default: the stack's job)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON lines")
     add_bus_arguments(parser)
 

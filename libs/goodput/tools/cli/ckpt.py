@@ -18,6 +18,7 @@ from rich.table import Table
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
+from goodput.bus.routing import decode_event_on
 from goodput.checkpoint.format import node_dir, step_dir_name
 from goodput.checkpoint.index.gc import collect_garbage
 from goodput.checkpoint.index.index import (
@@ -232,7 +233,10 @@ async def _restore(args: argparse.Namespace, bus: Bus) -> int:
                 msg = await subscription.next_msg(timeout=max(deadline - time.monotonic(), 0.1))
             except TimeoutError:
                 break
-            result = schemas.decode_event(msg.data)
+            try:
+                result = decode_event_on(msg.subject, msg.data)
+            except schemas.SchemaError:
+                continue  # not an answer: forged, or another build's
             if isinstance(result, schemas.ActionResult) and result.command_id == command.command_id:
                 if args.json:
                     print(json.dumps(msgspec.to_builtins(result), indent=2))

@@ -17,13 +17,18 @@ from goodput.config import (
     add_state_dir_argument,
     bus_settings_from_args,
     job_name,
+    node_name,
 )
 from goodput.gpu_faults import RESET_CORRECTABLE_XIDS
 from goodput.tools.chaos import scenario as scenario_format
 from goodput.tools.chaos import spec as faults
 
 #: per fault kind: (flag, keyword, argparse options) beyond the common ones
-_NODE = ("--node", "node", {"default": "node-0", "help": "node (default: node-0)"})
+_NODE = (
+    "--node",
+    "node",
+    {"type": node_name, "default": "node-0", "help": "node (default: node-0)"},
+)
 _RANK = ("--rank", "rank", {"type": int, "default": 0, "help": "global rank (default: 0)"})
 _CLEAR = ("--clear", "clear", {"action": "store_true", "help": "undo the fault"})
 FAULT_ARGUMENTS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {

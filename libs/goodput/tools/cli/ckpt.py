@@ -37,6 +37,7 @@ from goodput.config import (
     add_state_dir_argument,
     bus_settings_from_args,
     job_name,
+    node_name,
 )
 from goodput.schemas.events import STORAGE_TIERS
 from goodput.subjects import DEFAULT_JOB
@@ -362,7 +363,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     restore = actions.add_parser(
         "restore", help="fill a node's local volume from the nearest tier (via its replicator)"
     )
-    restore.add_argument("--node", required=True, help="the node whose volume to fill")
+    restore.add_argument(
+        "--node", type=node_name, required=True, help="the node whose volume to fill"
+    )
     restore.add_argument("--step", type=int, help="this step (default: the newest complete one)")
     restore.add_argument("--timeout", type=float, default=300.0, help="seconds to wait")
     _common(restore)

@@ -37,13 +37,16 @@ def _actuator(server: EmbeddedNats, state_dir: Path) -> subprocess.Popen:
 
 
 def _starve_threads(pid: int) -> None:
-    """No new mapping of 8 MiB fits in ``pid`` any more (a thread's stack is one); fork
-    copies what is mapped and is not refused."""
+    """No new thread fits in ``pid`` any more: its address space may grow by 2 MiB less than
+    a thread's stack (glibc's default: ``RLIMIT_STACK``, 32 MiB when unlimited); fork copies
+    what is mapped and is not refused."""
+    stack, _ = resource.prlimit(pid, resource.RLIMIT_STACK)
+    stack = 32 * 2**20 if stack == resource.RLIM_INFINITY else stack
     status = Path(f"/proc/{pid}/status").read_text()
     mapped_kib = int(
         next(line for line in status.splitlines() if line.startswith("VmSize:")).split()[1]
     )
-    limit = (mapped_kib + 4096) * 1024
+    limit = mapped_kib * 1024 + stack - 2 * 2**20
     resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
 
 

@@ -198,7 +198,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     add_state_dir_argument(parser, "the stack's state directory")
     parser.add_argument(
-        "--job", type=job_name, default="", help="job name (default: the stack's job)"
+        "--job", type=job_name, default=None, help="job name (default: the stack's job)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON lines")
     add_bus_arguments(parser)
@@ -222,7 +222,7 @@ def _context(args: argparse.Namespace, seed: int | None = None):
     settings = bus_settings_from_args(args)
     url = args.nats_url or os.environ.get("GOODPUT_NATS_URL", "")
     return ChaosContext.open(
-        Path(args.state_dir), job=args.job, url=url, settings=settings, seed=seed
+        Path(args.state_dir), job=args.job or "", url=url, settings=settings, seed=seed
     )
 
 

@@ -30,10 +30,11 @@ MAX_LOCAL_PROCESSES = 256
 MAX_LOCAL_NODES = 64
 #: service processes a local node adds to the stack (host monitor, checkpoint tier)
 SERVICES_PER_LOCAL_NODE = 2
-#: local processes per CPU: one rank per CPU is what training wants; past 8 per CPU the ranks'
-#: collectives and heartbeats time out against each other instead of training
+#: local processes per CPU: one rank per CPU is what training wants; 8 is as far as a test or
+#: demo oversubscribes before its ranks wait on the scheduler more than they train
 PROCESSES_PER_CPU = 8
-#: what one local rank (Python with torch imported, a small model) needs in memory, an estimate
+#: what one local rank needs in memory, an estimate: importing torch (CPU) alone is ~220 MiB
+#: resident, and the rank adds its model, optimizer and the shim's host-memory checkpoint
 RANK_MEMORY_BYTES = 512 * 2**20
 #: threads one local rank runs (torch's intra-op pool, gloo, the shim's bus client): what it
 #: takes from the per-user process limit, which counts threads

@@ -225,12 +225,15 @@ class LocalBackend(MembershipBackend):
 
     async def _report(self, detail: str) -> None:
         status = self.status(detail)
+        self._record_pids(status)
+        await self.emit(status)
+
+    def _record_pids(self, status: schemas.JobStatus) -> None:
         # standbys too: `goodput down` stops whatever the actuator started if it is gone
         processes = {n: [*status.pids.get(n, []), *p] for n, p in self.standbys.pids().items()}
         tmp = self.ranks_file.with_suffix(".tmp")
         tmp.write_bytes(msgspec.json.encode({**status.pids, **processes}))
         os.replace(tmp, self.ranks_file)
-        await self.emit(status)
 
     async def _terminate(self, *, graceful: bool, why: str) -> None:
         ranks, self.ranks = self.ranks, []
@@ -273,19 +276,29 @@ class LocalBackend(MembershipBackend):
     async def _abandon_launch(self, cause: BaseException) -> str:
         """A launch that could not start every rank (no thread, no fork, no log file) stops
         what it started, strays of the failed spawn included, so no rank is left that
-        `goodput down` would not know of; the job fails. Says why, for the ActionResult."""
+        `goodput down` would not know of; the job fails. Says why, for the command's
+        ActionResult, which reports it: a "failed" JobStatus before it would end `goodput
+        run` as a failed job, not as the launch failure it is."""
         assert self.membership is not None
         started = len(self.ranks)
         await self._terminate(graceful=False, why="launch failed")
         # the pool's processes, live or not yet reaped, are its own to wait for
         strays = stop_strays({standby.process.pid for standby in self.standbys.standbys})
         self.state = "failed"
+        stopped = " and ".join(
+            part
+            for part in (
+                f"{started} started" * bool(started),
+                f"{len(strays)} half-started" * bool(strays),
+            )
+            if part
+        )
         why = (
             f"launch of attempt {self.attempt} failed after starting {started} of "
-            f"{self.membership.world_size} rank(s) ({type(cause).__name__}: {cause}); "
-            f"stopped them{f' and {len(strays)} half-started' if strays else ''}"
+            f"{self.membership.world_size} rank(s): {type(cause).__name__}: {cause}"
+            + (f"; stopped {stopped}" if stopped else "")
         )
-        await self._report(why)
+        self._record_pids(self.status(why))
         return why
 
     async def _start_rank(

@@ -83,6 +83,14 @@ def job_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def node_name(text: str) -> str:
+    """argparse type of ``--node``: a subject token, as ``--job`` (:func:`job_name`)."""
+    try:
+        return check_token(text, "node name")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def count_at_least(minimum: int):
     """argparse type: an integer ``>= minimum`` (``--nodes 0`` would wait forever)."""
 

@@ -45,12 +45,11 @@ REPLICATOR = "replicator"
 #: the job a command, service or rank serves when none is named
 DEFAULT_JOB = "default"
 
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
-
 
 def check_token(value: str, what: str = "name") -> str:
-    """Job, node and service names become subject tokens: no dots, spaces or wildcards."""
-    if not _TOKEN.match(value):
+    """Job, node and service names become subject tokens: no dots, spaces or wildcards
+    (the rule is ``schemas.TOKEN_PATTERN``, which decoding applies to messages' names)."""
+    if not schemas.TOKEN_RE.match(value):
         raise ValueError(
             f"invalid {what} {value!r}: use letters, digits, '-' and '_' only (it is a NATS subject token)"
         )
@@ -110,3 +109,26 @@ def health_keys_of(job: str, service: str = "", node: str = "") -> str:
     """Every health record of ``job`` (of one ``service``, and ``node``, if named): a KV key
     filter. A central service's and a per-node service's names differ, so no filter mixes them."""
     return ".".join((job, *([service] if service else []), *([node] if node else []), ">"))
+
+
+def mismatch(subject: str, message: schemas.Message) -> str:
+    """Why ``message`` cannot have come on ``subject`` (``""``: it can).
+
+    Subscriptions filter by subject, and handlers trust the message's fields: a message whose
+    job (or, on an event or heartbeat subject, whose kind, node or rank) differs from its
+    subject's would be acted on for a job or node it was not routed as. String compares only:
+    this runs for every message, heartbeats included.
+    """
+    prefix = f"gp.{message.job}."
+    if not subject.startswith(prefix):
+        return f"job {message.job!r} is not the job of its subject {subject}"
+    rest = subject[len(prefix) :]
+    if rest.startswith("evt.") and isinstance(message, schemas.Event):
+        expected = event_for(message)
+    elif rest.startswith("hb.") and isinstance(message, schemas.Heartbeat):
+        expected = heartbeat(message.job, message.node, message.rank)
+    else:
+        return ""
+    if subject != expected:
+        return f"a {schemas.kind_of(type(message))} message belongs on {expected}, not {subject}"
+    return ""

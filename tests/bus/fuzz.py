@@ -16,7 +16,6 @@ from typing import Any
 import msgspec
 
 from goodput import schemas
-from goodput.bus.commands import decode_executable_command
 from tests.bus.samples import sample_commands, sample_events
 
 KINDS = (
@@ -60,7 +59,7 @@ class Fuzzer:
     def payload(self, family: str) -> tuple[str, bytes]:
         """(kind, payload) that ``family``'s decoder rejects."""
         decode: Callable[[bytes], Any] = (
-            schemas.decode_event if family == "event" else decode_executable_command
+            schemas.decode_event if family == "event" else schemas.decode_command
         )
         while True:
             kind = self.rng.choice(KINDS)

@@ -67,3 +67,40 @@ async def test_a_process_that_never_closes_its_link_still_exits(bus: Bus) -> Non
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_a_command_for_another_job_on_the_trainers_subject_is_dead_lettered(
+    bus: Bus,
+) -> None:
+    """Issue 41: a trainer acted on a command naming another job than its subject's."""
+    commands: list[schemas.Command] = []
+    link = BusLink(
+        settings=bus.settings,
+        job="j",
+        node="node-0",
+        rank=0,
+        heartbeat_period_s=1.0,
+        on_command=commands.append,
+    )
+    assert await asyncio.to_thread(link.connected.wait, 30)
+    try:
+        forged = schemas.CheckpointNow(job="other")
+        await bus.js.publish(subjects.command("j", subjects.TRAINER), schemas.encode(forged))
+        good = schemas.CheckpointNow(job="j")
+        await bus.send_command(subjects.TRAINER, good)
+        for _ in range(600):  # a bound on waiting, not a speed requirement
+            if commands:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # the forged one, delivered first, would be here by now
+        assert commands == [good]
+        letters = await bus.js.pull_subscribe(
+            subjects.dead_letter("j", "trainer-0"), stream=subjects.DEAD_LETTER_STREAM
+        )
+        [letter] = [schemas.decode_event(m.data) for m in await letters.fetch(1, timeout=5)]
+        assert (
+            letter.reason
+            == "wrong subject: job 'other' is not the job of its subject gp.j.cmd.trainer"
+        )
+    finally:
+        await asyncio.to_thread(link.close)

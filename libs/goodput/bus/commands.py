@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -39,8 +38,6 @@ from goodput.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
-#: a command id becomes a KV key token in ``gp_done``
-_COMMAND_ID = re.compile(r"^[-/_=A-Za-z0-9]{1,256}$")
 
 #: an executor returns (ok, detail)
 Executor = Callable[[schemas.Command], Awaitable[tuple[bool, str]]]
@@ -147,17 +144,6 @@ class DoneLog:
         await kv.put(self._key(command_id), schemas.encode(result))
 
 
-def decode_executable_command(payload: bytes) -> schemas.Command:
-    """A command whose id can be recorded in ``gp_done``; otherwise :class:`SchemaError`."""
-    command = schemas.decode_command(payload)
-    if not _COMMAND_ID.match(command.command_id):
-        raise schemas.SchemaError(
-            f"command_id {command.command_id[:64]!r} is not an id "
-            "(1-256 letters, digits, '-', '_', '=', '/')"
-        )
-    return command
-
-
 class CommandRunner:
     """A durable consumer of ``gp.<job>.cmd.<target>`` that runs each command once."""
 
@@ -190,7 +176,7 @@ class CommandRunner:
             stream=subjects.COMMANDS_STREAM,
             durable=f"{job}-{target}",
             subject=subjects.command(job, target),
-            decode=decode_executable_command,
+            decode=schemas.decode_command,
             handler=self._handle,
             service=service,
             job=job,

@@ -1,4 +1,5 @@
-"""Durable pull consumers: decode strictly, dead-letter what cannot be decoded, ack after handling.
+"""Durable pull consumers: decode strictly, dead-letter what cannot be decoded or came on
+another job's (or kind's) subject (``subjects.mismatch``), ack after handling.
 
 A message is acked only after its handler returned, so a service killed mid-handling gets the
 message again when it restarts; the consumer's position lives in the server, so a restarted
@@ -18,7 +19,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from goodput import schemas
+from goodput import schemas, subjects
 from goodput.bus.client import TRANSIENT_ERRORS, Bus, BusUnavailableError
 from goodput.telemetry import TRACEPARENT, extract_context, tracer
 
@@ -115,6 +116,10 @@ class DurableConsumer:
             return
         except Exception as exc:  # a decoder's own defect must not stop the stream either
             await self._dead_letter(msg, f"undecodable ({type(exc).__name__}): {exc}")
+            return
+        misrouted = subjects.mismatch(msg.subject, decoded)
+        if misrouted:
+            await self._dead_letter(msg, f"wrong subject: {misrouted}")
             return
         delivered = msg.metadata.num_delivered if msg.metadata else 1
         if delivered > self.max_deliver:

@@ -30,6 +30,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
 from goodput.bus.client import Bus
+from goodput.bus.routing import decode_event_on
 
 log = logging.getLogger(__name__)
 E = TypeVar("E", bound=schemas.Event)
@@ -79,7 +80,7 @@ async def newest_run(bus: Bus, job: str) -> tuple[int, schemas.RunStarted] | Non
     except nats.js.errors.NotFoundError:
         return None  # no such stream, or no run started on it
     try:
-        event = schemas.decode_event(message.data or b"")
+        event = decode_event_on(message.subject, message.data or b"")
     except schemas.SchemaError as exc:
         log.warning("newest run start of %s does not decode (%s); following all", job, exc)
         return None
@@ -254,7 +255,7 @@ class JobEvents:
             return  # delivered again by a consumer made anew: applied already
         self._seq = seq
         try:
-            event = schemas.decode_event(msg.data)
+            event = decode_event_on(msg.subject, msg.data)
         except schemas.SchemaError as exc:
             self.undecodable += 1  # the sensor dead-letters it; a follower just skips it
             log.warning("skipping undecodable event on %s: %s", msg.subject, exc)

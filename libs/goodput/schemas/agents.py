@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from goodput.schemas.envelope import EpochNs, Message
+from goodput.schemas.envelope import EpochNs, Message, Token, TokenOrEmpty
 
 
 class AgentRank(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -27,7 +27,7 @@ class AgentRank(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class AgentRecord(Message, tag="agent_record", kw_only=True):
-    node: str
+    node: Token
     #: the address other hosts reach this one at (a rendezvous there is never loopback)
     address: str
     #: the agent process (on its host) and this start of it
@@ -42,7 +42,7 @@ class AgentRecord(Message, tag="agent_record", kw_only=True):
     #: (the actuator takes one no earlier attempt of the run used)
     free_ports: list[int] = msgspec.field(default_factory=list)
     #: the run its ranks belong to (``StartJob.run_id``; "" before the first launch)
-    run_id: str = ""
+    run_id: TokenOrEmpty = ""
     ranks: list[AgentRank] = msgspec.field(default_factory=list)
     #: pids of the ready standby ranks it keeps for the run (``KeepStandbys``; schema 8)
     standbys: list[int] = msgspec.field(default_factory=list)

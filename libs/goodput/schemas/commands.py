@@ -10,12 +10,15 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from goodput.schemas.envelope import Message, Seconds, new_id
+from goodput.schemas.envelope import CommandId, Message, Seconds, Token, TokenOrEmpty, new_id
 from goodput.warm_path import WARM_PATH
+
+#: the most standby ranks a job may keep per node (``StartJob.standbys``)
+MAX_STANDBYS_PER_NODE = 8
 
 
 class Command(Message, kw_only=True):
-    command_id: str = msgspec.field(default_factory=new_id)
+    command_id: CommandId = msgspec.field(default_factory=new_id)
     #: the decision that caused it, for tracing a remediation end to end
     decision_id: str = ""
     reason: str = ""
@@ -28,7 +31,7 @@ class CheckpointNow(Command, tag="checkpoint_now", kw_only=True):
 class Stop(Command, tag="stop", kw_only=True):
     """Save a checkpoint and exit cleanly."""
 
-    nodes: list[str] = msgspec.field(default_factory=list)
+    nodes: list[Token] = msgspec.field(default_factory=list)
 
 
 class StartJob(Command, tag="start_job", kw_only=True):
@@ -40,7 +43,7 @@ class StartJob(Command, tag="start_job", kw_only=True):
     env: dict[str, str] = msgspec.field(default_factory=dict)
     workdir: str = ""
     #: names this run of the job: a second StartJob of the same job name is a new run
-    run_id: str = msgspec.field(default_factory=new_id)
+    run_id: Token = msgspec.field(default_factory=new_id)
     #: container backends (kubernetes): the image the ranks run, and the GPUs each rank's pod
     #: requests; "" / None: the actuator's defaults (``kubernetes.image``, ``gpus_per_rank``).
     #: The local backend refuses both: its ranks are processes on its own machine.
@@ -49,16 +52,16 @@ class StartJob(Command, tag="start_job", kw_only=True):
     #: standby rank processes the actuator keeps per node, spares included (0: none). Each runs
     #: ``argv`` and must be served by ``goodput.shim.run_job``, which builds the job's state
     #: and waits for an assignment; a script that does not would train on its own.
-    standbys: Annotated[int, msgspec.Meta(ge=0, le=8)] = 0
+    standbys: Annotated[int, msgspec.Meta(ge=0, le=MAX_STANDBYS_PER_NODE)] = 0
 
 
 class Restart(Command, tag="restart", kw_only=True):
     """In-job restart: restart the worker group (all ranks) from the newest checkpoint."""
 
-    nodes: list[str] = msgspec.field(default_factory=list)
+    nodes: list[Token] = msgspec.field(default_factory=list)
     #: GPUs to reset (node → GPU indexes, ``[]``: all of the node's) once the ranks are
     #: stopped and before they are launched again; a reset that fails fails the restart
-    reset_gpus: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    reset_gpus: dict[Token, list[int]] = msgspec.field(default_factory=dict)
     #: take the ranks from the nodes' ready standbys (those of a node with none start cold)
     standbys: bool = False
 
@@ -85,8 +88,8 @@ class Rejoin(Command, tag="rejoin", kw_only=True):
 
 
 class HotSwap(Command, tag="hot_swap", kw_only=True):
-    failed_node: str
-    spare_node: str = ""
+    failed_node: Token
+    spare_node: TokenOrEmpty = ""
     #: take the ranks from the nodes' ready standbys, the spare's included
     standbys: bool = False
 
@@ -95,8 +98,8 @@ class ScaleTo(Command, tag="scale_to", kw_only=True):
     """Change the data-parallel dimension: run on exactly these nodes (scale down or up)."""
 
     num_dp_replicas: int
-    nodes: list[str] = msgspec.field(default_factory=list)
-    drop_nodes: list[str] = msgspec.field(default_factory=list)
+    nodes: list[Token] = msgspec.field(default_factory=list)
+    drop_nodes: list[Token] = msgspec.field(default_factory=list)
     #: take the ranks from the nodes' ready standbys
     standbys: bool = False
 
@@ -118,7 +121,7 @@ class SetThresholds(Command, tag="set_thresholds", kw_only=True):
 
 
 class InjectFault(Command, tag="inject_fault", kw_only=True):
-    node: str
+    node: Token
     fault: str
     detail: str = ""
     clear: bool = False
@@ -131,7 +134,7 @@ class InjectFault(Command, tag="inject_fault", kw_only=True):
 class RestoreToNode(Command, tag="restore_to_node", kw_only=True):
     """Fill a node's local checkpoint volume from the nearest tier before its ranks start."""
 
-    node: str
+    node: Token
     #: the checkpoint step to restore; None: the newest complete one
     step: int | None = None
 
@@ -139,19 +142,19 @@ class RestoreToNode(Command, tag="restore_to_node", kw_only=True):
 class ResetGpu(Command, tag="reset_gpu", kw_only=True):
     """Told to a node's host monitor by the actuator, whose ranks no longer use the GPUs."""
 
-    node: str
+    node: Token
     #: GPU indexes (empty: every GPU of the node)
     gpus: list[int] = msgspec.field(default_factory=list)
     #: the attempt whose ranks were stopped: a newer attempt's ranks may use the GPU again
     attempt: int
     #: the run of that attempt (attempts count from 1 again in every run)
-    run_id: str = ""
+    run_id: TokenOrEmpty = ""
 
 
 class ReturnNode(Command, tag="return_node", kw_only=True):
     """A previously failed node is healthy again and rejoins the spare pool."""
 
-    node: str
+    node: Token
 
 
 class RankLaunch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -170,8 +173,8 @@ class LaunchRanks(Command, tag="launch_ranks", kw_only=True):
     """To a node agent (``gp.<job>.cmd.agent-<node>``): start these ranks of ``attempt``.
     A rank of that attempt the agent already runs is not started twice."""
 
-    node: str
-    run_id: str = ""
+    node: Token
+    run_id: TokenOrEmpty = ""
     attempt: int
     argv: list[str]
     workdir: str = ""
@@ -183,8 +186,8 @@ class KeepStandbys(Command, tag="keep_standbys", kw_only=True):
     (``argv`` in ``workdir`` with ``env`` and ``GOODPUT_STANDBY=1``), made up after the job's
     next step whenever one is taken or dies; ``count`` 0 stops them (schema 8)."""
 
-    node: str
-    run_id: str = ""
+    node: Token
+    run_id: TokenOrEmpty = ""
     count: int
     argv: list[str] = msgspec.field(default_factory=list)
     workdir: str = ""
@@ -201,7 +204,7 @@ class SignalRanks(Command, tag="signal_ranks", kw_only=True):
     — ``term`` (save and exit) or ``kill``. Their exits are reported as ``RankExited`` with
     ``expected_reason``, as the local backend reports those it stops."""
 
-    node: str
+    node: Token
     attempt: int
     signal: Literal["term", "kill"]
     ranks: list[int] = msgspec.field(default_factory=list)
@@ -217,7 +220,7 @@ class CommandClaim(Message, tag="command_claim", kw_only=True):
     command took effect (the state moved: not run again) or not (the same: run it).
     """
 
-    command_id: str
+    command_id: CommandId
     #: the executor instance and runner that began it
     claimant: str
     fence: str = ""

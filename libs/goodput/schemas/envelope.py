@@ -4,6 +4,7 @@ payload raises. The event and command families (``events``, ``commands``) build 
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -57,6 +58,22 @@ MAX_STEP_TIME_S = 86_400.0
 #: a training step's duration in seconds (``StepDone``)
 StepSeconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_STEP_TIME_S)]
 
+#: the one rule for a name that becomes a NATS subject token, a KV key part or a path part
+#: (job, node, service, run id…): no dot, space, wildcard or separator can reach a
+#: subject. ``goodput.subjects.check_token`` applies it to names typed by a person; the types
+#: below apply it at decoding, so a forged name is dead-lettered, never acted on. Narrowing a
+#: ``str`` to it needs no new ``SCHEMA_VERSION``: every name a build sends was a token already.
+_TOKEN_CHARS = "A-Za-z0-9_-"
+TOKEN_PATTERN = f"^[{_TOKEN_CHARS}]+$"
+TOKEN_RE = re.compile(TOKEN_PATTERN)
+#: a subject token (never empty)
+Token = Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN)]
+#: a subject token, or ``""`` where the field is optional (a signal about no node, no run yet)
+TokenOrEmpty = Annotated[str, msgspec.Meta(pattern=f"^[{_TOKEN_CHARS}]*$")]
+#: a command id: a KV key token in ``gp_done`` (never a subject token), so ``/`` and ``=``
+#: are allowed as NATS allows them in keys
+CommandId = Annotated[str, msgspec.Meta(pattern="^[-/_=A-Za-z0-9]+$", max_length=256)]
+
 
 class SchemaError(ValueError):
     """A payload that is not a valid message of the expected family."""
@@ -83,6 +100,6 @@ class Message(
 ):
     """Base of every message: the job it belongs to, when it happened, and its schema version."""
 
-    job: str
+    job: Token
     ts: EpochNs = msgspec.field(default_factory=now_ns)
     schema: int = SCHEMA_VERSION

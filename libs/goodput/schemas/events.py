@@ -10,7 +10,16 @@ from typing import Any, Literal
 
 import msgspec
 
-from goodput.schemas.envelope import EpochNs, Message, Seconds, StepSeconds, new_id
+from goodput.schemas.envelope import (
+    CommandId,
+    EpochNs,
+    Message,
+    Seconds,
+    StepSeconds,
+    Token,
+    TokenOrEmpty,
+    new_id,
+)
 
 
 class Event(Message, kw_only=True):
@@ -18,7 +27,7 @@ class Event(Message, kw_only=True):
 
 
 class RankStarted(Event, tag="rank_started", kw_only=True):
-    node: str
+    node: Token
     rank: int
     local_rank: int
     world_size: int
@@ -27,7 +36,7 @@ class RankStarted(Event, tag="rank_started", kw_only=True):
 
 
 class RankExited(Event, tag="rank_exited", kw_only=True):
-    node: str
+    node: Token
     rank: int
     pid: int
     exit_code: int | None
@@ -50,7 +59,7 @@ BUSY_EXITING = "exiting"
 
 
 class Heartbeat(Event, tag="heartbeat", kw_only=True):
-    node: str
+    node: Token
     rank: int
     pid: int
     step: int
@@ -60,7 +69,7 @@ class Heartbeat(Event, tag="heartbeat", kw_only=True):
 
 
 class StepDone(Event, tag="step", kw_only=True):
-    node: str
+    node: Token
     rank: int
     step: int
     step_time_s: StepSeconds
@@ -79,7 +88,7 @@ class StepDone(Event, tag="step", kw_only=True):
 class CheckpointSaved(Event, tag="ckpt_saved", kw_only=True):
     """The state was snapshotted into host memory; training resumed after ``stall_s``."""
 
-    node: str
+    node: Token
     rank: int
     step: int
     stall_s: Seconds
@@ -87,7 +96,7 @@ class CheckpointSaved(Event, tag="ckpt_saved", kw_only=True):
 
 
 class CheckpointPersisted(Event, tag="ckpt_persisted", kw_only=True):
-    node: str
+    node: Token
     rank: int
     step: int
     path: str
@@ -96,7 +105,7 @@ class CheckpointPersisted(Event, tag="ckpt_persisted", kw_only=True):
 
 
 class CheckpointFailed(Event, tag="ckpt_failed", kw_only=True):
-    node: str
+    node: Token
     rank: int
     step: int
     error: str
@@ -105,15 +114,15 @@ class CheckpointFailed(Event, tag="ckpt_failed", kw_only=True):
 class CheckpointDropped(Event, tag="ckpt_dropped", kw_only=True):
     """A pending snapshot was superseded by a newer one before it was persisted."""
 
-    node: str
+    node: Token
     rank: int
     step: int
     superseded_by: int
 
 
 class CheckpointReplicated(Event, tag="ckpt_replicated", kw_only=True):
-    node: str
-    peer: str
+    node: Token
+    peer: Token
     step: int
     bytes_sent: int
     bytes_deduplicated: int
@@ -121,7 +130,7 @@ class CheckpointReplicated(Event, tag="ckpt_replicated", kw_only=True):
 
 
 class CheckpointBackedUp(Event, tag="ckpt_backed_up", kw_only=True):
-    node: str
+    node: Token
     step: int
     uri: str
     bytes_uploaded: int
@@ -135,7 +144,7 @@ STORAGE_TIERS: tuple[StorageTier, ...] = ("local", "peer", "object_store")
 
 
 class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
-    node: str
+    node: Token
     rank: int
     step: int
     #: "host": a survivor of an in-process restart, from the engine's host buffers
@@ -150,7 +159,7 @@ class TrainingPlan(Event, tag="training_plan", kw_only=True):
     at every restore that knows its plan; after a change of data-parallel size it says which
     rescale callbacks made it."""
 
-    node: str
+    node: Token
     rank: int
     step: int
     world_size: int
@@ -177,7 +186,7 @@ class GpuHealth(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class HostHealth(Event, tag="host_health", kw_only=True):
-    node: str
+    node: Token
     healthy: bool
     gpu_available: bool
     gpus: list[GpuHealth] = msgspec.field(default_factory=list)
@@ -204,7 +213,7 @@ class Signal(Event, tag="signal", kw_only=True):
 
     signal_id: str = msgspec.field(default_factory=new_id)
     signal: SignalKind
-    node: str = ""
+    node: TokenOrEmpty = ""
     rank: int | None = None
     #: ``correctable`` faults (a rank crash) allow an in-job restart; ``uncorrectable`` (a lost
     #: host, a GPU XID) need the node replaced or dropped.
@@ -234,7 +243,7 @@ class Decision(Event, tag="decision", kw_only=True):
 
 
 class ActionResult(Event, tag="action_result", kw_only=True):
-    command_id: str
+    command_id: CommandId
     action: str
     ok: bool
     detail: str = ""
@@ -246,8 +255,8 @@ class ActionResult(Event, tag="action_result", kw_only=True):
 class GpuReset(Event, tag="gpu_reset", kw_only=True):
     """A host monitor's answer to ``ResetGpu``: what became of the reset, and how long it took."""
 
-    node: str
-    command_id: str
+    node: Token
+    command_id: CommandId
     #: the GPU indexes the command named (empty: every GPU of the node)
     gpus: list[int] = msgspec.field(default_factory=list)
     #: the attempt whose ranks were stopped for it
@@ -287,17 +296,17 @@ class JobStatus(Event, tag="job_status", kw_only=True):
     attempt: int
     world_size: int
     procs_per_node: int
-    active_nodes: list[str] = msgspec.field(default_factory=list)
-    spare_nodes: list[str] = msgspec.field(default_factory=list)
-    failed_nodes: list[str] = msgspec.field(default_factory=list)
+    active_nodes: list[Token] = msgspec.field(default_factory=list)
+    spare_nodes: list[Token] = msgspec.field(default_factory=list)
+    failed_nodes: list[Token] = msgspec.field(default_factory=list)
     #: rank process ids per node (in rank order), for operators and the chaos tool
-    pids: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    pids: dict[Token, list[int]] = msgspec.field(default_factory=dict)
     detail: str = ""
     #: the run this status belongs to (``StartJob.run_id``; empty before any run)
-    run_id: str = ""
+    run_id: TokenOrEmpty = ""
     #: process ids of the ready standby ranks per node (torch imported, the job's state built,
     #: waiting for an assignment); not ranks: absent from ``pids``
-    standbys: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    standbys: dict[Token, list[int]] = msgspec.field(default_factory=dict)
     #: what the backend can do (None: an actuator that does not say; every rung is tried)
     capabilities: BackendCapabilities | None = None
 
@@ -306,7 +315,7 @@ class RankRejoined(Event, tag="rank_rejoined", kw_only=True):
     """A surviving rank restarts in process: it left the broken process group and is joining
     the fresh rendezvous of ``attempt`` (same process, model and optimizer kept)."""
 
-    node: str
+    node: Token
     rank: int
     pid: int
     attempt: int
@@ -326,9 +335,9 @@ class RunStarted(Event, tag="run_started", kw_only=True):
     and nothing of earlier runs of the same job name.
     """
 
-    run_id: str
+    run_id: Token
     #: the StartJob that began it
-    command_id: str
+    command_id: CommandId
     argv: list[str] = msgspec.field(default_factory=list)
     nodes: int = 0
     procs_per_node: int = 0
@@ -338,7 +347,7 @@ class ServiceHealth(Event, tag="service_health", kw_only=True):
     """One replica's health, refreshed every ``period_s`` under
     ``subjects.health_key(job, service, node, instance)``."""
 
-    service: str
+    service: Token
     instance: str
     pid: int
     healthy: bool
@@ -354,7 +363,7 @@ class DeadLetter(Event, tag="dead_letter", kw_only=True):
     """Input a service could not use. ``payload`` is cut to fit the server's max payload; ``size``
     is the original's length and ``stream_seq`` its sequence in its stream (0: core NATS)."""
 
-    service: str
+    service: Token
     subject: str
     reason: str
     payload: bytes

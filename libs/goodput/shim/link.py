@@ -174,12 +174,16 @@ class BusLink:
         async def handle(msg) -> None:
             try:
                 command = schemas.decode_command(msg.data)
+                misrouted = subjects.mismatch(msg.subject, command)
+                reason = f"wrong subject: {misrouted}" if misrouted else ""
             except schemas.SchemaError as exc:
+                reason = f"undecodable: {exc}"
+            if reason:
                 await bus.dead_letter(
                     job=self.job,
                     service=f"trainer-{self.rank}",
                     subject=msg.subject,
-                    reason=f"undecodable: {exc}",
+                    reason=reason,
                     payload=msg.data,
                 )
                 return

@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from goodput import schemas
+from goodput.launch import capacity
 
 
 class MembershipError(ValueError):
@@ -138,7 +139,8 @@ class Membership(msgspec.Struct, kw_only=True):
 
 
 def check_job_shape(spec: schemas.StartJob) -> None:
-    """Refuse a job no membership can run (no nodes, no ranks, partial replicas)."""
+    """Refuse a job no membership can run (no nodes, no ranks, partial replicas) or past
+    the documented maxima (``goodput.launch.capacity``: a StartJob may come from anyone)."""
     per_dp = spec.num_nodes_per_dp
     if spec.nodes < 1 or spec.procs_per_node < 1 or spec.spares < 0 or per_dp < 1:
         raise MembershipError(
@@ -146,6 +148,14 @@ def check_job_shape(spec: schemas.StartJob) -> None:
             f"node per data-parallel replica (got {spec.nodes} node(s), {spec.procs_per_node} "
             f"rank(s) per node, {spec.spares} spare(s), {per_dp} node(s) per replica)"
         )
+    too_big = capacity.job_problems(
+        nodes=spec.nodes,
+        procs_per_node=spec.procs_per_node,
+        spares=spec.spares,
+        standbys=spec.standbys,
+    )
+    if too_big:
+        raise MembershipError("; ".join(too_big))
     if spec.nodes % per_dp:
         raise MembershipError(
             f"{spec.nodes} node(s) do not form whole replicas of {per_dp} node(s)"

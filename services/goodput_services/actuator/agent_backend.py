@@ -32,6 +32,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.bus.commands import request
 from goodput.checkpoint.format import node_volume
+from goodput.launch import capacity
 from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.agent_directory import AgentDirectory
@@ -122,6 +123,12 @@ class AgentBackend(MembershipBackend):
                     + (f" ({', '.join(live)})" if live else "")
                     + ": start `goodput agent` on each host"
                 )
+            chosen = live[:wanted]
+            records = self.agents.live(time.monotonic())
+            gpus = {node: len(records[node].gpus) for node in chosen if node in records}
+            short = capacity.gpu_problems(spec.procs_per_node, gpus)
+            if short:
+                raise RuntimeError("; ".join(short))
             await self._begin_run(spec)
             await self._terminate(graceful=False, why="new run")
             self._used_ports.clear()
@@ -132,7 +139,6 @@ class AgentBackend(MembershipBackend):
                 spec.workdir,
                 self.standby_environment(),
             )
-            chosen = live[:wanted]
             self.membership = Membership(
                 active=chosen[: spec.nodes],
                 spares=chosen[spec.nodes :],

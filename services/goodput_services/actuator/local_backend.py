@@ -26,11 +26,13 @@ from goodput.bus import BusSettings
 from goodput.bus.embedded import free_port
 from goodput.bus.settings import FILE_FIELDS
 from goodput.checkpoint.format import node_volume
+from goodput.launch import capacity
 from goodput.launch.rank_logs import rank_log_dir, rank_log_name
 from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.supervisor.standby_pool import StandbyPool
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import BusPorts, MembershipBackend
+from goodput_services.actuator.strays import stop_strays
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,16 @@ class LocalBackend(MembershipBackend):
                     "the local backend runs ranks as processes on its own machine: a job "
                     "naming an image or GPUs per rank needs --set backend=kubernetes"
                 )
+            # `goodput run` checked the shape; a StartJob from the bus may come from anyone
+            problems = capacity.local_job_problems(
+                nodes=spec.nodes,
+                procs_per_node=spec.procs_per_node,
+                spares=spec.spares,
+                standbys=spec.standbys,
+                host=capacity.read_host_facts(),
+            )
+            if problems:
+                raise RuntimeError(f"this machine cannot run the job: {'; '.join(problems)}")
             await self._begin_run(spec)
             # the previous run's ranks have all exited, but they would still count as this
             # run's: in its pids (a host monitor would miss them) and in "every rank exited 0"
@@ -213,12 +225,15 @@ class LocalBackend(MembershipBackend):
 
     async def _report(self, detail: str) -> None:
         status = self.status(detail)
+        self._record_pids(status)
+        await self.emit(status)
+
+    def _record_pids(self, status: schemas.JobStatus) -> None:
         # standbys too: `goodput down` stops whatever the actuator started if it is gone
         processes = {n: [*status.pids.get(n, []), *p] for n, p in self.standbys.pids().items()}
         tmp = self.ranks_file.with_suffix(".tmp")
         tmp.write_bytes(msgspec.json.encode({**status.pids, **processes}))
         os.replace(tmp, self.ranks_file)
-        await self.emit(status)
 
     async def _terminate(self, *, graceful: bool, why: str) -> None:
         ranks, self.ranks = self.ranks, []
@@ -251,10 +266,40 @@ class LocalBackend(MembershipBackend):
                 for local_rank in range(membership.procs_per_node):
                     rank = node_index * membership.procs_per_node + local_rank
                     await self._start_rank(node, node_index, rank, local_rank, port, logs, standbys)
+        except (OSError, RuntimeError) as exc:
+            raise RuntimeError(await self._abandon_launch(exc)) from exc
         finally:
             self._launching = False
         if await self._launched(state, "every rank exited 0"):
             await self._report(detail)
+
+    async def _abandon_launch(self, cause: BaseException) -> str:
+        """A launch that could not start every rank (no thread, no fork, no log file) stops
+        what it started, strays of the failed spawn included, so no rank is left that
+        `goodput down` would not know of; the job fails. Says why, for the command's
+        ActionResult, which reports it: a "failed" JobStatus before it would end `goodput
+        run` as a failed job, not as the launch failure it is."""
+        assert self.membership is not None
+        started = len(self.ranks)
+        await self._terminate(graceful=False, why="launch failed")
+        # the pool's processes, live or not yet reaped, are its own to wait for
+        strays = stop_strays({standby.process.pid for standby in self.standbys.standbys})
+        self.state = "failed"
+        stopped = " and ".join(
+            part
+            for part in (
+                f"{started} started" * bool(started),
+                f"{len(strays)} half-started" * bool(strays),
+            )
+            if part
+        )
+        why = (
+            f"launch of attempt {self.attempt} failed after starting {started} of "
+            f"{self.membership.world_size} rank(s): {type(cause).__name__}: {cause}"
+            + (f"; stopped {stopped}" if stopped else "")
+        )
+        self._record_pids(self.status(why))
+        return why
 
     async def _start_rank(
         self,

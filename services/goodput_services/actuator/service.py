@@ -11,6 +11,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.bus.commands import request
 from goodput.bus.job_events import next_step
+from goodput.bus.routing import decode_event_on
 from goodput.config import ServiceConfig
 from goodput.launch.rank_env import RankEnv
 from goodput.launch.standby_channel import assign_on_bus
@@ -140,7 +141,7 @@ class ActuatorService(Service):
 
         async def on_answer(msg) -> None:
             try:
-                event = schemas.decode_event(msg.data)
+                event = decode_event_on(msg.subject, msg.data)
             except schemas.SchemaError:
                 return  # the sensor's consumer dead-letters it
             # only the ranks asked: one started into this attempt is not rejoining

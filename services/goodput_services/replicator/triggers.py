@@ -9,6 +9,7 @@ from nats.aio.msg import Msg
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
+from goodput.bus.routing import decode_event_on
 
 
 async def follow_persisted(
@@ -24,7 +25,7 @@ async def follow_persisted(
 
     async def on_event(msg: Msg) -> None:
         try:
-            event = schemas.decode_event(msg.data)
+            event = decode_event_on(msg.subject, msg.data)
         except schemas.SchemaError:
             return  # the sensor's consumer dead-letters it
         if isinstance(event, schemas.CheckpointPersisted) and event.node == node:

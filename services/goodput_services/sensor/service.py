@@ -18,6 +18,7 @@ from opentelemetry.context import Context
 
 from goodput import schemas, subjects
 from goodput.bus import DurableConsumer
+from goodput.bus.routing import decode_event_on
 from goodput.config import ServiceConfig
 from goodput.supervisor.detect.detector import Detector
 from goodput.supervisor.detect.thresholds import Thresholds, updated
@@ -126,7 +127,7 @@ class SensorService(Service):
 
         async def handle(msg: Msg) -> None:
             try:
-                beat = schemas.decode_event(msg.data)
+                beat = decode_event_on(msg.subject, msg.data)
                 if not isinstance(beat, schemas.Heartbeat):
                     raise schemas.SchemaError(f"{type(beat).__name__} is not a heartbeat")
             except schemas.SchemaError:

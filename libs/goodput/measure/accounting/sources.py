@@ -18,6 +18,7 @@ import msgspec
 from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.job_events import check_history, count_events, deliver_from
+from goodput.bus.routing import decode_event_on
 from goodput.measure.accounting.resiliency import ResiliencyEvent
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ async def replay_from_bus(
             message = await subscription.next_msg(timeout=idle_timeout_s)
             seen += 1
             try:
-                events.append(schemas.decode_event(message.data))
+                events.append(decode_event_on(message.subject, message.data))
             except schemas.SchemaError as exc:
                 log.warning("skipping undecodable event on %s: %s", message.subject, exc)
             if progress is not None:

@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
+from goodput.bus.routing import decode_event_on
 from goodput.measure.jobview.model import JobModel
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class JobFeed:
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
-            beat = schemas.decode_event(msg.data)
+            beat = decode_event_on(msg.subject, msg.data)
         except schemas.SchemaError:
             self.undecodable_heartbeats += 1  # high-rate and unstored: counted, as the sensor does
             return

@@ -25,6 +25,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, CommandRunner
 from goodput.bus.commands import until_stored
 from goodput.bus.job_events import next_step
+from goodput.bus.routing import decode_event_on
 from goodput.supervisor.agent import registry
 from goodput.supervisor.agent.host import free_port
 from goodput.supervisor.agent.ranks import HostRanks
@@ -157,7 +158,7 @@ class NodeAgent:
 
     async def _rejoined(self, msg) -> None:
         try:
-            event = schemas.decode_event(msg.data)
+            event = decode_event_on(msg.subject, msg.data)
         except schemas.SchemaError:
             return  # the sensor's consumer dead-letters it
         if isinstance(event, schemas.RankRejoined) and event.node == self.node:

@@ -80,8 +80,9 @@ async def live_agents(bus: Bus, job: str) -> dict[str, schemas.AgentRecord]:
     """Every live agent of ``job`` by node name, read in one complete pass."""
     entries = await current_entries(bus, subjects.AGENTS_BUCKET, f"{job}.*")
     agents: dict[str, schemas.AgentRecord] = {}
-    for value in entries.values():
+    for key, value in entries.items():
         record = decode(value)
-        if record is not None:
+        # a record stored under another node's key is forged or misfiled: not that node's agent
+        if record is not None and key == agent_key(job, record.node) and record.job == job:
             agents[record.node] = record
     return agents

@@ -19,6 +19,7 @@ import msgspec
 from goodput import schemas, subjects
 from goodput.bus.cluster import EmbeddedCluster
 from goodput.bus.embedded import EmbeddedNats, EmbeddedNatsError, read_record
+from goodput.bus.routing import decode_event_on
 from goodput.owned_process import is_running, stale_line, standing
 from goodput.tools.chaos import spec as faults
 from goodput.tools.chaos.storage import clear_volume, corrupt_newest_checkpoint, fill_volume
@@ -232,7 +233,7 @@ async def inject_host_fault(
 
     async def on_result(msg) -> None:
         with contextlib.suppress(schemas.SchemaError):
-            event = schemas.decode_event(msg.data)
+            event = decode_event_on(msg.subject, msg.data)
             if (
                 isinstance(event, schemas.ActionResult)
                 and event.command_id == command.command_id

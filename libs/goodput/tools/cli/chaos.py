@@ -12,13 +12,23 @@ from typing import Any
 
 import msgspec
 
-from goodput.config import add_bus_arguments, add_state_dir_argument, bus_settings_from_args
+from goodput.config import (
+    add_bus_arguments,
+    add_state_dir_argument,
+    bus_settings_from_args,
+    job_name,
+    node_name,
+)
 from goodput.gpu_faults import RESET_CORRECTABLE_XIDS
 from goodput.tools.chaos import scenario as scenario_format
 from goodput.tools.chaos import spec as faults
 
 #: per fault kind: (flag, keyword, argparse options) beyond the common ones
-_NODE = ("--node", "node", {"default": "node-0", "help": "node (default: node-0)"})
+_NODE = (
+    "--node",
+    "node",
+    {"type": node_name, "default": "node-0", "help": "node (default: node-0)"},
+)
 _RANK = ("--rank", "rank", {"type": int, "default": 0, "help": "global rank (default: 0)"})
 _CLEAR = ("--clear", "clear", {"action": "store_true", "help": "undo the fault"})
 FAULT_ARGUMENTS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
@@ -187,7 +197,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     add_state_dir_argument(parser, "the stack's state directory")
-    parser.add_argument("--job", default="", help="job name (default: the stack's job)")
+    parser.add_argument(
+        "--job", type=job_name, default=None, help="job name (default: the stack's job)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON lines")
     add_bus_arguments(parser)
 
@@ -210,7 +222,7 @@ def _context(args: argparse.Namespace, seed: int | None = None):
     settings = bus_settings_from_args(args)
     url = args.nats_url or os.environ.get("GOODPUT_NATS_URL", "")
     return ChaosContext.open(
-        Path(args.state_dir), job=args.job, url=url, settings=settings, seed=seed
+        Path(args.state_dir), job=args.job or "", url=url, settings=settings, seed=seed
     )
 
 

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
+from goodput.bus.routing import decode_event_on
 from goodput.checkpoint.format import ManifestError, node_dir, step_dir_name
 from goodput.checkpoint.format.job_key import (
     KEY_FILE_ENV,
@@ -44,6 +45,7 @@ from goodput.config import (
     add_state_dir_argument,
     bus_settings_from_args,
     job_name,
+    node_name,
 )
 from goodput.schemas.events import STORAGE_TIERS
 from goodput.subjects import DEFAULT_JOB
@@ -256,7 +258,10 @@ async def _restore(args: argparse.Namespace, bus: Bus) -> int:
                 msg = await subscription.next_msg(timeout=max(deadline - time.monotonic(), 0.1))
             except TimeoutError:
                 break
-            result = schemas.decode_event(msg.data)
+            try:
+                result = decode_event_on(msg.subject, msg.data)
+            except schemas.SchemaError:
+                continue  # not an answer: forged, or another build's
             if isinstance(result, schemas.ActionResult) and result.command_id == command.command_id:
                 if args.json:
                     print(json.dumps(msgspec.to_builtins(result), indent=2))
@@ -388,7 +393,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     restore = actions.add_parser(
         "restore", help="fill a node's local volume from the nearest tier (via its replicator)"
     )
-    restore.add_argument("--node", required=True, help="the node whose volume to fill")
+    restore.add_argument(
+        "--node", type=node_name, required=True, help="the node whose volume to fill"
+    )
     restore.add_argument("--step", type=int, help="this step (default: the newest complete one)")
     restore.add_argument("--timeout", type=float, default=300.0, help="seconds to wait")
     _common(restore)

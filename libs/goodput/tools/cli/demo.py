@@ -21,13 +21,21 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from goodput.config import add_bus_arguments
+from goodput.config import add_bus_arguments, count_at_least, job_name
+from goodput.launch import capacity
 from goodput.measure.accounting import GoodputReport
 from goodput.measure.accounting.html import write_html_report
 from goodput.measure.accounting.table import render as render_report
 from goodput.shim.rescale import BUILTIN_RULES
 from goodput.tools.demo.scenarios import SCENARIOS
-from goodput.tools.demo.session import RunOutcome, RunPlan, Setup, run_once
+from goodput.tools.demo.session import (
+    DEMO_PROCS_PER_NODE,
+    DEMO_STANDBYS,
+    RunOutcome,
+    RunPlan,
+    Setup,
+    run_once,
+)
 
 DEFAULT_STEPS = {"full": 800}
 
@@ -41,6 +49,16 @@ def run(args: argparse.Namespace) -> int:
             "could never finish it. Compare with a scenario whose nodes come back (full, "
             "scale-down-up, none)."
         )
+        return 2
+    problems = capacity.local_job_problems(
+        nodes=args.nodes,
+        procs_per_node=DEMO_PROCS_PER_NODE,
+        spares=_spares("goodput", args.spares, scenario.spares),
+        standbys=DEMO_STANDBYS,
+        host=capacity.read_host_facts(),
+    )
+    if problems:
+        print(f"goodput demo: {'; '.join(problems)}", file=sys.stderr)
         return 2
     steps = args.steps or DEFAULT_STEPS.get(args.scenario, 200)
     setups: list[Setup] = ["goodput", "baseline"] if args.compare_baseline else ["goodput"]
@@ -168,8 +186,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         + "; ".join(f"{k}: {v.description}" for k, v in SCENARIOS.items()),
     )
     parser.add_argument("--steps", type=int, help="training steps (default 800 for full, else 200)")
-    parser.add_argument("--nodes", type=int, default=2, help="active local nodes (default 2)")
-    parser.add_argument("--spares", type=int, help="spare nodes (default: what the scenario needs)")
+    parser.add_argument(
+        "--nodes", type=count_at_least(1), default=2, help="active local nodes (default 2)"
+    )
+    parser.add_argument(
+        "--spares", type=count_at_least(0), help="spare nodes (default: what the scenario needs)"
+    )
     parser.add_argument(
         "--ckpt-every", type=int, default=20, help="initial checkpoint interval in steps"
     )
@@ -192,7 +214,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--timeout", type=float, default=900.0, help="give up on a run after this many seconds"
     )
     parser.add_argument("--state-dir", help="keep the demo's state here (default: a temp dir)")
-    parser.add_argument("--job", default="demo", help="job name (default: demo)")
+    parser.add_argument("--job", type=job_name, default="demo", help="job name (default: demo)")
     parser.add_argument(
         "--html",
         default="goodput-demo-report",

@@ -24,6 +24,7 @@ from rich.console import Console
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, BusSettingsError, BusUnavailableError
 from goodput.config import add_bus_arguments, bus_settings_from_args, count_at_least
+from goodput.launch import capacity
 from goodput.launch.exit_reason import last_line
 from goodput.launch.rank_env import knobs
 from goodput.launch.rank_logs import rank_log
@@ -91,6 +92,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not argv:
         print("goodput run: give the training command after --", file=sys.stderr)
         return 2
+    problems = shape_problems(args)
+    if problems:
+        print(f"goodput run: {'; '.join(problems)}", file=sys.stderr)
+        return 2
     console = Console(stderr=True)
     if args.backend == "kubernetes":
         return run_in_cluster(args, argv, console)
@@ -123,6 +128,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         if before is None and not args.keep_stack:
             stop_stack(state_dir)
     return report(args, watcher, console)
+
+
+def shape_problems(args: argparse.Namespace) -> list[str]:
+    """Why the job's shape is refused before anything starts: past the documented maxima on
+    any backend; on the local one, past what this machine can run (ranks and the stack's
+    per-node services)."""
+    shape = {
+        "nodes": args.nodes,
+        "procs_per_node": args.procs_per_node,
+        "spares": args.spares,
+        "standbys": args.standbys,
+    }
+    if args.backend != "local":
+        return capacity.job_problems(**shape)
+    host = capacity.read_host_facts()
+    return capacity.local_job_problems(**shape, host=host) or capacity.local_stack_problems(
+        nodes=args.nodes + args.spares, host=host
+    )
 
 
 def start_command(

@@ -17,6 +17,7 @@ from goodput.config import (
     count_at_least,
     job_name,
 )
+from goodput.launch import capacity
 from goodput.subjects import DEFAULT_JOB
 from goodput.tools.stack.launcher import (
     ServiceExited,
@@ -33,6 +34,10 @@ from goodput.tools.stack.stop import stop_stack, undo_start
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    problems = capacity.local_stack_problems(nodes=args.nodes, host=capacity.read_host_facts())
+    if problems:
+        print(f"goodput up: {'; '.join(problems)}", file=sys.stderr)
+        return 2
     console = Console(stderr=True)
     state_dir = args.state_dir
     service_flags = service_flags_from_args(args.service_set)

@@ -46,6 +46,9 @@ BASELINE_DESCRIPTION = (
     "job restarted on any fault, a lost node waited for, stragglers ignored, no spare"
 )
 
+#: the demo's job: one rank per local node, and (goodput's run) one ready standby per node
+DEMO_PROCS_PER_NODE = 1
+DEMO_STANDBYS = 1
 #: failures are compressed into minutes here, so are the MTBF the checkpoint interval starts
 #: from and the window in which repeated failures look like a crash loop
 COMPRESSED_TIME = "prior_mtbf_s=120.0"
@@ -110,11 +113,11 @@ def start_command(plan: RunPlan, job: str, state_dir: Path) -> schemas.StartJob:
             *("--rescale", plan.rescale),
         ],
         nodes=plan.nodes,
-        procs_per_node=1,
+        procs_per_node=DEMO_PROCS_PER_NODE,
         spares=plan.spares,
         env=env,
         # a pre-warmed standby rank per node: the baseline starts every rank cold
-        standbys=1 if plan.setup == "goodput" else 0,
+        standbys=DEMO_STANDBYS if plan.setup == "goodput" else 0,
     )
 
 

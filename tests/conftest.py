@@ -15,7 +15,7 @@ from hypothesis import settings
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 
 # processes a test leaves running are killed with their process groups when it ends
-pytest_plugins = ["tests.process_sweep"]
+pytest_plugins = ["tests.process_sweep", "tests.secure_nats"]
 
 # Property tests draw the same examples on every run: the suite gates every landing, and a
 # failing draw must not depend on the seed of the day (a clean-clone run once drew an ETTR

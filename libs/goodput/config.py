@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from goodput.bus.credentials import BusSettingsError
 from goodput.bus.settings import BusSettings, settings_from_env
 from goodput.subjects import DEFAULT_JOB, check_token
 
@@ -174,7 +175,7 @@ def bus_settings_from_args(
     if getattr(args, "insecure", None):
         flags["insecure"] = True
     settings = msgspec.structs.replace(settings, **flags)
-    settings.check_files()
+    settings.check_credentials()
     return settings
 
 
@@ -236,6 +237,10 @@ def config_from_args(args: argparse.Namespace, service: str = "") -> ServiceConf
     options = dict(file_config.options)
     options.update(getattr(file_config.services, service, None) or {})
     options.update(dict(getattr(args, "options", []) or []))
+    try:
+        bus = bus_settings_from_args(args, file_config.bus)
+    except BusSettingsError as exc:
+        raise SystemExit(str(exc)) from exc
     config = ServiceConfig(
         job=pick("job", file_config.job),
         node=pick("node", file_config.node),
@@ -243,7 +248,7 @@ def config_from_args(args: argparse.Namespace, service: str = "") -> ServiceConf
         state_dir=pick("state_dir", file_config.state_dir),
         log_level=pick("log_level", file_config.log_level),
         health_period_s=float(file_config.health_period_s),
-        bus=bus_settings_from_args(args, file_config.bus),
+        bus=bus,
         options=options,
     )
     try:

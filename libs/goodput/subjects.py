@@ -97,3 +97,15 @@ def dead_letter(job: str, service: str) -> str:
 
 def kv_key(job: str, *parts: str) -> str:
     return ".".join((job, *parts))
+
+
+def health_key(job: str, service: str, node: str, instance: str) -> str:
+    """A service replica's health record in SERVICES_BUCKET: ``<job>.<service>[.<node>].<id>``,
+    one per process (two controller replicas once wrote one key, so each hid the other)."""
+    token = re.sub(r"[^A-Za-z0-9_-]", "_", instance) or "_"
+    return kv_key(job, service, *([node] if node else []), token)
+
+
+def health_keys_of(job: str) -> str:
+    """Every health record of ``job`` (a KV key filter)."""
+    return f"{job}.>"

@@ -1,8 +1,9 @@
 """What every goodput service shares: configuration, the bus, health records, graceful SIGTERM.
 
 A service is one OS process. It connects to the bus (retrying until the server is up),
-provisions streams idempotently, runs its loops, refreshes its health record in the
-``gp_services`` KV bucket every ``health_period_s``, and on SIGTERM stops its consumers,
+provisions streams idempotently, runs its loops, refreshes its health record (its own key,
+``subjects.health_key``: one per replica) in the ``gp_services`` KV bucket every
+``health_period_s``, and on SIGTERM stops its consumers,
 finishes the message in hand and exits 0. A loop that dies stops the service too, with exit
 status 1 and the cause in the log: a supervisor (Kubernetes, systemd) must not read it as done.
 A stop that has not finished within ``stop_deadline_s`` (a client library stuck closing a dead
@@ -28,7 +29,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, CommandRunner
+from goodput.bus import Bus, BusSettingsError, BusUnavailableError, CommandRunner
 from goodput.config import ServiceConfig, convert_options
 from goodput.launch.exit_reason import report_exit
 from goodput.telemetry import setup_tracing
@@ -126,7 +127,12 @@ class Service:
         os._exit(1)
 
     async def start_bus(self) -> Bus:
-        self.bus = await Bus.connect(self.config.bus, name=f"goodput-{self.name}")
+        """Connect and provision; settings that cannot work, or a bus that stays away, stop
+        the service with one line (no traceback: the cause is the operator's to fix)."""
+        try:
+            self.bus = await Bus.connect(self.config.bus, name=f"goodput-{self.name}")
+        except (BusSettingsError, BusUnavailableError) as exc:
+            raise SystemExit(f"{self.name}: cannot use the bus: {exc}") from None
         await self.bus.provision()
         return self.bus
 
@@ -193,14 +199,15 @@ class Service:
 
     @property
     def health_key(self) -> str:
-        node = [self.config.node] if self.config.node else []
-        return subjects.kv_key(self.job, self.name, *node)
+        """This process's own record: replicas of one service never overwrite each other."""
+        return subjects.health_key(self.job, self.name, self.config.node, self.instance)
 
     async def _publish_health(self, *, healthy: bool, detail: str) -> None:
         assert self.bus is not None
         record = schemas.ServiceHealth(
             job=self.job,
             service=self.name,
+            node=self.config.node,
             instance=self.instance,
             pid=os.getpid(),
             healthy=healthy,

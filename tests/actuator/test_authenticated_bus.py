@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from goodput.bus.settings import ENV_VARS
 from goodput.config import ServiceConfig
 from goodput_services.actuator.service import ActuatorService
 from tests.conftest import goodput_cli
+from tests.secure_nats import make_certificates
 from tests.stack.helpers import EventTap
 from tests.telemetry.helpers import running
 
@@ -52,31 +52,11 @@ sys.exit(shim.exit_code)
 """
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """A CA, and a server certificate for 127.0.0.1 it signed: (ca, cert, key)."""
-    directory.mkdir()
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
-             "-subj", "/CN=goodput test CA", cwd=directory)  # fmt: skip
-    _openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr",
-             "-subj", "/CN=127.0.0.1", cwd=directory)  # fmt: skip
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-             "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "san.ext",
-             cwd=directory)  # fmt: skip
-    return directory / "ca.crt", directory / "server.crt", directory / "server.key"
-
-
 @pytest.fixture
 def secure_bus(tmp_path: Path) -> Iterator[BusSettings]:
     """A nats-server with JetStream that requires TLS and a user/password; the settings to use."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make the test certificates")
-    ca, cert, key = _certificates(tmp_path / "tls")
+    tls = make_certificates(tmp_path / "tls")
+    ca, cert, key = tls.ca, tls.server_cert, tls.server_key
     port = free_port()
     config = tmp_path / "auth.conf"
     config.write_text(

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from goodput.bus import BusSettings
+from goodput.bus import BusCredentialsError, BusSettings
 from goodput.bus.settings import ENV_VARS, settings_from_env, settings_to_env, stream_replicas
 from goodput.config import add_bus_arguments, bus_settings_from_args
+from tests.nats_auth import Operator
 
 FULL = BusSettings(
     url="tls://nats-a:4222,tls://nats-b:4222",
@@ -57,7 +58,7 @@ def test_flags_override_the_environment_which_overrides_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     creds = tmp_path / "x.creds"
-    creds.write_text("creds")
+    creds.write_text(Operator.create().user_creds())
     parser = argparse.ArgumentParser()
     add_bus_arguments(parser)
     monkeypatch.setenv("GOODPUT_NATS_URL", "nats://from-env:4222")
@@ -77,7 +78,7 @@ def test_flags_override_the_environment_which_overrides_the_file(
         tls_ca_file=str(creds),
     )
     assert bus_settings_from_args(parser.parse_args(["--insecure"])).insecure
-    with pytest.raises(FileNotFoundError, match="creds file"):
+    with pytest.raises(BusCredentialsError, match="creds file"):
         bus_settings_from_args(parser.parse_args(["--nats-creds", str(tmp_path / "absent")]))
 
 

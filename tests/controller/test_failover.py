@@ -13,6 +13,7 @@ import pytest
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.supervisor.policy.scripts import cold_restart
+from goodput.tools.stack.health import read_records
 from tests.controller.helpers import spawn_service
 from tests.stack.helpers import EventTap
 
@@ -24,9 +25,10 @@ COLD = f"policy={cold_restart.__file__}"
 
 
 async def _leader(bus: Bus) -> str:
-    kv = await bus.kv(subjects.SERVICES_BUCKET)
-    entry = await kv.get(subjects.kv_key(JOB, "controller"))
-    return schemas.decode_event(entry.value).detail
+    """The health detail of the controller replica that leads ("" while none does)."""
+    records, _ = await read_records(bus, JOB)
+    details = [r.detail for r in records if r.service == "controller"]
+    return next((detail for detail in details if detail.startswith("leader")), "")
 
 
 async def test_standby_finishes_the_remediation_and_nothing_runs_twice(

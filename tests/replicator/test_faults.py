@@ -10,8 +10,9 @@ import signal
 import psutil
 import pytest
 
-from goodput import schemas, subjects
+from goodput import schemas
 from goodput.checkpoint.engine import CheckpointEngine
+from goodput.tools.stack.health import read_records
 from goodput_services.replicator.holdings import verify_copy
 from tests.ckpt.helpers import assert_bit_exact
 from tests.replicator.conftest import (
@@ -35,10 +36,10 @@ def flip_a_byte(path) -> None:
 
 
 async def health_detail(h: Harness, node: str) -> str:
-    kv = await h.bus.kv(subjects.SERVICES_BUCKET)
-    record = schemas.decode_event((await kv.get(subjects.kv_key(JOB, "replicator", node))).value)
-    assert isinstance(record, schemas.ServiceHealth)
-    return record.detail
+    """The health detail of the node's replicator (its newest record)."""
+    records, _ = await read_records(h.bus, JOB)
+    ours = [r for r in records if (r.service, r.node) == ("replicator", node)]
+    return max(ours, key=lambda record: record.ts).detail
 
 
 async def wait_health(h: Harness, node: str, text: str) -> str:

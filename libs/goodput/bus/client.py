@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,10 +24,21 @@ from nats.js.api import KeyValueConfig, PubAck, StorageType, StreamConfig
 from nats.js.kv import KeyValue
 
 from goodput import schemas, subjects
+from goodput.bus.credentials import BusCredentialsError
 from goodput.bus.settings import BusSettings, stream_replicas
 from goodput.telemetry import inject_headers
 
 log = logging.getLogger(__name__)
+
+
+def _not_tls_eof_noise(record: logging.LogRecord) -> bool:
+    """nats-py's protocol asks asyncio to keep a connection open at EOF, which asyncio's TLS
+    transport cannot and says so as a warning each time a TLS server closes on the client
+    (a refused sign-in): a line of noise beside the one line that says why."""
+    return not record.getMessage().startswith("returning true from eof_received()")
+
+
+logging.getLogger("asyncio").addFilter(_not_tls_eof_noise)
 
 DAY_S = 24 * 3600.0
 
@@ -155,8 +167,15 @@ class Bus:
     async def connect(
         cls, settings: BusSettings, *, name: str, initial_timeout_s: float = 30.0
     ) -> Bus:
-        """Connect (retrying until the server is up), reconnecting forever afterwards."""
+        """Connect (retrying until the server is up), reconnecting forever afterwards.
+
+        Settings that cannot work raise at once, in one line: an unauthenticated remote bus
+        (``InsecureBusError``), and credentials or TLS files that are missing, unusable, or
+        refused by the server (``BusCredentialsError``); retrying would not change them.
+        """
         settings.check_security()
+        settings.check_credentials()
+        options = settings.connect_options()
         closing = asyncio.Event()
 
         async def on_disconnect() -> None:
@@ -172,8 +191,30 @@ class Bus:
         async def attempt() -> NatsClient:
             # The first connection fails fast (so a wrong password is an error, not a hang);
             # once connected, the client reconnects forever.
+            try:
+                return await connect_once()
+            except nats.errors.Error as exc:
+                # the server's -ERR during the handshake ('Authorization Violation',
+                # 'Authentication Expired'…) reaches the client as a plain nats error
+                if not isinstance(exc, nats.errors.AuthorizationError) and not any(
+                    word in str(exc).lower() for word in ("authorization", "authentication")
+                ):
+                    raise
+                reason = str(exc).removeprefix("nats: ").strip("'")
+                raise BusCredentialsError(
+                    f"the NATS server at {settings.url} refused {settings.describe_auth()}: "
+                    f"{reason}"
+                ) from None
+            except (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError):
+                raise  # the connection dropped mid-handshake (a server restarting): retried
+            except ssl.SSLError as exc:  # a refused certificate: no retry makes it verify
+                raise BusCredentialsError(
+                    f"TLS with the NATS server at {settings.url} failed: {exc}"
+                ) from None
+
+        async def connect_once() -> NatsClient:
             client = await nats.connect(
-                **settings.connect_options(),
+                **options,
                 name=name,
                 connect_timeout=2,
                 allow_reconnect=False,

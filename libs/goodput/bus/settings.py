@@ -13,8 +13,10 @@ from urllib.parse import SplitResult, urlsplit
 
 import msgspec
 
+from goodput.bus.credentials import BusCredentialsError, BusSettingsError, check_signing_files
 
-class InsecureBusError(RuntimeError):
+
+class InsecureBusError(BusSettingsError):
     """Refusal to talk to a non-loopback bus without authentication."""
 
 
@@ -81,27 +83,31 @@ class BusSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 "--nats-tls-ca, or --insecure if this network is trusted."
             )
 
-    def check_files(self) -> None:
-        """Refuse credential paths that do not exist (a clear error, early)."""
+    def check_credentials(self) -> None:
+        """Refuse credential paths that do not exist, and a creds file or nkey seed that
+        cannot sign in (:mod:`goodput.bus.credentials`): one line, early."""
         for field in FILE_FIELDS:
             path = getattr(self, field)
             if path and not Path(path).is_file():
-                raise FileNotFoundError(f"{field.replace('_', ' ')} {path!r} does not exist")
+                raise BusCredentialsError(f"{field.replace('_', ' ')} {path!r} does not exist")
+        check_signing_files(self.creds_file, self.nkey_seed_file)
 
     def describe(self) -> str:
         """How this connects, without secrets: for log lines."""
-        if self.creds_file:
-            auth = f"creds file {self.creds_file}"
-        elif self.nkey_seed_file:
-            auth = f"nkey seed {self.nkey_seed_file}"
-        elif self.user:
-            auth = f"user {self.user!r}" + ("" if self.password else " without a password")
-        elif self.token:
-            auth = "a token"
-        else:
-            auth = "no credentials"
         tls = f", TLS CA {self.tls_ca_file}" if self.tls_ca_file else ""
-        return f"{self.url} with {auth}{tls}"
+        return f"{self.url} with {self.describe_auth()}{tls}"
+
+    def describe_auth(self) -> str:
+        """The credentials this signs in with, without secrets."""
+        if self.creds_file:
+            return f"creds file {self.creds_file}"
+        if self.nkey_seed_file:
+            return f"nkey seed {self.nkey_seed_file}"
+        if self.user:
+            return f"user {self.user!r}" + ("" if self.password else " without a password")
+        if self.token:
+            return "a token"
+        return "no credentials"
 
     def _servers(self) -> list[SplitResult]:
         return [urlsplit(u.strip()) for u in self.url.split(",") if u.strip()]
@@ -114,11 +120,16 @@ class BusSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return frozenset(server.port or NATS_PORT for server in self._servers())
 
     def tls_context(self) -> ssl.SSLContext | None:
+        """The client's TLS context; a CA or certificate file it cannot load is one line."""
         if not (self.tls_ca_file or self.tls_cert_file):
             return None
-        context = ssl.create_default_context(cafile=self.tls_ca_file or None)
-        if self.tls_cert_file:
-            context.load_cert_chain(self.tls_cert_file, self.tls_key_file or None)
+        try:
+            context = ssl.create_default_context(cafile=self.tls_ca_file or None)
+            if self.tls_cert_file:
+                context.load_cert_chain(self.tls_cert_file, self.tls_key_file or None)
+        except ssl.SSLError as exc:
+            files = ", ".join(f for f in (self.tls_ca_file, self.tls_cert_file) if f)
+            raise BusCredentialsError(f"cannot load the TLS files {files}: {exc}") from None
         return context
 
     def connect_options(self) -> dict[str, Any]:
@@ -159,7 +170,7 @@ def settings_from_env(
 ) -> BusSettings:
     """``base`` (default: the defaults) with every ``GOODPUT_NATS_*`` variable set in ``env``.
 
-    Empty variables count as unset. Files are not checked here (see :meth:`check_files`).
+    Empty variables count as unset. Files are not checked here (see :meth:`check_credentials`).
     """
     env = os.environ if env is None else env
     base = base or BusSettings()

@@ -33,7 +33,10 @@ import msgspec
 #: 8: standby ranks on node agents (``KeepStandbys`` to ``agent-<node>``,
 #: ``RankLaunch.standby``, ``AgentRecord.standbys``): the agent backend keeps them as the
 #: local one does
-SCHEMA_VERSION = 8
+#: 9: a service's health record names the node it serves (``ServiceHealth.node``) and is
+#: kept per replica (its key ends with the instance), so replicas no longer overwrite one
+#: record and `goodput status` reads any stack from the bus alone
+SCHEMA_VERSION = 9
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

@@ -335,6 +335,9 @@ class RunStarted(Event, tag="run_started", kw_only=True):
 
 
 class ServiceHealth(Event, tag="service_health", kw_only=True):
+    """One replica's health, refreshed every ``period_s`` under
+    ``subjects.health_key(job, service, node, instance)``."""
+
     service: str
     instance: str
     pid: int
@@ -343,6 +346,8 @@ class ServiceHealth(Event, tag="service_health", kw_only=True):
     #: how often the record is refreshed; a record older than a few periods means "not running"
     period_s: Seconds = 1.0
     detail: str = ""
+    #: the node a per-node service serves (host monitor, checkpoint tier); "" for the others
+    node: str = ""
 
 
 class DeadLetter(Event, tag="dead_letter", kw_only=True):

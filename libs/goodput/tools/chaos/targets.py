@@ -20,7 +20,7 @@ import nats.js.errors
 import psutil
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, BusSettings, InsecureBusError
+from goodput.bus import Bus, BusSettings, BusSettingsError
 from goodput.bus.client import TRANSIENT_ERRORS, BusUnavailableError
 from goodput.bus.embedded import read_record
 from goodput.checkpoint.format import node_volume
@@ -96,7 +96,7 @@ class ChaosContext:
                 self._bus = await Bus.connect(
                     self.settings, name="goodput-chaos", initial_timeout_s=10
                 )
-            except (BusUnavailableError, InsecureBusError) as exc:  # one line, no traceback
+            except (BusUnavailableError, BusSettingsError) as exc:  # one line, no traceback
                 self._bus_error = str(exc)
                 raise ChaosError(self._bus_error) from exc
         return self._bus

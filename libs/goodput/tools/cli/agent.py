@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 import msgspec
 
-from goodput.bus import BusUnavailableError, InsecureBusError
+from goodput.bus import BusSettingsError, BusUnavailableError
 from goodput.config import (
     add_bus_arguments,
     add_state_dir_argument,
@@ -51,7 +51,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     try:
         settings = msgspec.structs.replace(bus_settings_from_args(args), url=url)
         settings.check_security()
-    except (InsecureBusError, FileNotFoundError) as exc:
+    except BusSettingsError as exc:
         print(f"goodput agent: {exc}", file=sys.stderr)
         return 2
     bus_host = urlparse(url.split(",")[0]).hostname or ""

@@ -102,7 +102,21 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except Exception as exc:
+        if _is_bus_refusal(exc):
+            print(f"goodput {args.command}: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+def _is_bus_refusal(exc: Exception) -> bool:
+    """Bus settings that cannot work (an unauthenticated remote bus, credentials missing,
+    unusable or refused) or a bus that stayed away: one line for any command, whichever
+    step met it. Only a command that got as far as the bus has imported ``goodput.bus``."""
+    bus = sys.modules.get("goodput.bus")
+    return bus is not None and isinstance(exc, bus.BusSettingsError | bus.BusUnavailableError)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from goodput import schemas
-from goodput.bus import Bus, BusUnavailableError, InsecureBusError
+from goodput.bus import Bus, BusSettingsError, BusUnavailableError
 from goodput.config import (
     add_bus_arguments,
     add_state_dir_argument,
@@ -119,7 +119,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         EventLogError,
         ValueError,
         BusUnavailableError,
-        InsecureBusError,
+        BusSettingsError,
         nats.errors.Error,
         OSError,
     ) as exc:

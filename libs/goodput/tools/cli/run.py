@@ -22,7 +22,7 @@ import msgspec
 from rich.console import Console
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, BusSettings, BusUnavailableError, InsecureBusError
+from goodput.bus import Bus, BusSettings, BusSettingsError, BusUnavailableError
 from goodput.config import add_bus_arguments, bus_settings_from_args, count_at_least
 from goodput.launch.exit_reason import last_line
 from goodput.launch.rank_env import knobs
@@ -178,7 +178,7 @@ def run_in_cluster(args: argparse.Namespace, argv: list[str], console: Console) 
     try:
         settings = bus_settings_from_args(args)
         settings.check_security()
-    except (InsecureBusError, FileNotFoundError) as exc:
+    except BusSettingsError as exc:
         print(f"goodput run: {exc}", file=sys.stderr)
         return 2
     start = start_command(args, args.job, argv, workdir=args.workdir or "")
@@ -202,7 +202,7 @@ def run_on_agents(args: argparse.Namespace, argv: list[str], console: Console) -
     try:
         settings = msgspec.structs.replace(bus_settings_from_args(args), url=url)
         settings.check_security()
-    except (InsecureBusError, FileNotFoundError) as exc:
+    except BusSettingsError as exc:
         print(f"goodput run: {exc}", file=sys.stderr)
         return 2
     start = start_command(args, args.job, argv, workdir=args.workdir or os.getcwd())

@@ -1,6 +1,8 @@
 """`goodput status`: the stack's service health and a view of the job, live or one snapshot.
 
-The job view is a fold of the job's whole event history (read from the first stored event,
+Service health comes from the bus alone (every replica's record, :mod:`goodput.tools.stack.
+health`), so any stack shows, whoever started it; a stack `goodput up` started here adds the
+services it must have and the processes it knows have exited. The job view is a fold of the job's whole event history (read from the first stored event,
 then followed), so opening it in the middle of a run shows what watching from the start
 would have shown; heartbeats are live only (they are never stored).
 """
@@ -21,7 +23,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from goodput.bus import Bus, BusUnavailableError, InsecureBusError
+from goodput.bus import Bus, BusSettingsError, BusUnavailableError
 from goodput.config import (
     add_bus_arguments,
     add_state_dir_argument,
@@ -31,8 +33,14 @@ from goodput.config import (
 from goodput.measure.jobview.feed import JobFeed
 from goodput.measure.jobview.model import JobModel
 from goodput.measure.jobview.render import job_view, services_table
-from goodput.tools.stack.launcher import StackRecord, read_stack, resolve_url
-from goodput.tools.stack.launcher import services_health as fetch_services_health
+from goodput.tools.stack.health import ServicesHealth, services_health
+from goodput.tools.stack.launcher import (
+    StackRecord,
+    expected_slots,
+    gone,
+    read_stack,
+    resolve_url,
+)
 
 #: service health is a KV read per service: refreshed less often than the job panels
 SERVICES_EVERY_S = 2.0
@@ -70,13 +78,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     if isinstance(target, str):
         print(target, file=sys.stderr)
         return 1
-    settings = msgspec.structs.replace(bus_settings_from_args(args), url=target.url)
     live = not (args.json or args.once) and sys.stdout.isatty()
     try:
+        settings = msgspec.structs.replace(bus_settings_from_args(args), url=target.url)
         return asyncio.run(_live(settings, target, args) if live else _once(settings, target, args))
     except KeyboardInterrupt:
         return 0
-    except (BusUnavailableError, InsecureBusError, nats.errors.Error) as exc:
+    except (BusUnavailableError, BusSettingsError, nats.errors.Error) as exc:
         print(f"goodput status: cannot read the bus at {target.url}: {exc}", file=sys.stderr)
         return 1
 
@@ -87,20 +95,33 @@ async def _open(settings, target: _Target) -> tuple[Bus, JobModel, JobFeed]:
     return bus, model, await JobFeed(bus, model).start()
 
 
-async def _services(bus: Bus, target: _Target) -> list[dict]:
-    if target.stack is None:
-        return []
-    return await fetch_services_health(bus, target.stack.job, target.stack.services)
-
-
-def _services_renderable(report: list[dict], target: _Target) -> RenderableType | None:
-    if target.stack is None:
-        return None
-    return services_table(
-        report,
-        f"goodput services — job {target.stack.job}, bus {target.stack.url}, "
-        f"state {target.state_dir}",
+async def _services(bus: Bus, target: _Target) -> ServicesHealth:
+    """Every replica the bus shows, and each service of a stack started here for this job."""
+    stack = target.stack
+    processes = stack.services if stack is not None and stack.job == target.job else []
+    return await services_health(
+        bus,
+        target.job,
+        time.time_ns(),
+        expected=expected_slots(processes),
+        gone_pids=gone(processes),
     )
+
+
+def _services_renderable(report: ServicesHealth, target: _Target) -> RenderableType:
+    where = f", state {target.state_dir}" if target.stack is not None else ""
+    title = f"goodput services — job {target.job}, bus {target.url}{where}"
+    notes = [
+        f"{report.superseded} stale record(s) of replaced processes not shown"
+        if report.superseded
+        else "",
+        f"{report.ignored} record(s) ignored: key and content disagree" if report.ignored else "",
+    ]
+    if not report.entries:
+        notes.insert(0, f"no service of job {target.job} reports on this bus")
+    table = services_table(report.entries, title)
+    table.caption = "; ".join(note for note in notes if note) or None
+    return table
 
 
 async def _once(settings, target: _Target, args: argparse.Namespace) -> int:
@@ -115,12 +136,14 @@ async def _once(settings, target: _Target, args: argparse.Namespace) -> int:
     finally:
         await bus.close()
     snapshot = model.snapshot(time.time_ns())
-    healthy = all(entry["healthy"] for entry in report)
+    healthy = report.healthy
     if args.json:
         document = {
             "job": target.job,
             "bus": target.url,
-            "services": report,
+            "services": report.entries,
+            "services_superseded": report.superseded,
+            "services_ignored": report.ignored,
             "job_view": msgspec.to_builtins(snapshot),
             "caught_up": complete,
         }
@@ -137,7 +160,7 @@ async def _live(settings, target: _Target, args: argparse.Namespace) -> int:
     """Redraw the view every ``--refresh`` seconds until interrupted."""
     bus, model, feed = await _open(settings, target)
     console = Console()
-    report: list[dict] = []
+    report = ServicesHealth(entries=[])
     services_at = 0.0
     try:
         with Live(console=console, auto_refresh=False, screen=False) as live:
@@ -169,14 +192,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="live view of the job (nodes, ranks, step rate, checkpoints, signals, goodput) "
         "and the health of the stack's services",
         description=(
-            "Show the health of every service of the stack started by `goodput up` and a view "
-            "of the job: state and attempt, world size, nodes (active / spare / failed, ranks, "
+            "Show the health of every service of the job — every replica that reports on the "
+            "bus, whoever started it, and each service of a stack `goodput up` started in "
+            "--state-dir — and a view of the job: state and attempt, world size, nodes (active / spare / failed, ranks, "
             "pids, last heartbeat, host health), step and step rate, the last checkpoint per "
             "tier (host memory, local volume, peer, object store), recent signals, decisions "
             "and actions, and the running goodput. The job's events are read from the first "
             "one stored, then followed. On a terminal the view refreshes until Ctrl-C; "
             "otherwise, or with --once, one snapshot is printed; --json prints it as JSON. "
-            "Exits 1 when a service of the stack is not healthy."
+            "Exits 1 when a service is unhealthy, stale (its record no longer refreshed, and "
+            "no newer replica replaced it) or, for a stack started here, missing."
         ),
     )
     add_state_dir_argument(status, "where the stack keeps its state")

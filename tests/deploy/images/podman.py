@@ -26,6 +26,8 @@ DEBIAN = f"localhost/goodput-test/debian:{SUITE}"
 PYTHON = f"localhost/goodput-test/python:{SUITE}"
 TRAINING = f"localhost/goodput-test/training:{SUITE}"
 SERVICE = "localhost/goodput-test/service:dev"
+#: the uid and gid the service image and the manifests run the services as
+SERVICE_UID = 10001
 RANK = "localhost/goodput-test/rank:dev"
 
 #: the test's training image only (users bring their own torch): a CPU build, from the wheel
@@ -68,9 +70,8 @@ def ensure_tools() -> list[str]:
         raise Failed("test-images: needs root (podman's rootful store, debootstrap, apt-get)")
     missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
     if missing:
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
-        subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, env=env)
+        sh("apt-get", "update", "-q")
+        sh("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q", *missing)
     return missing
 
 

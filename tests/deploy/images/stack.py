@@ -23,7 +23,7 @@ from pathlib import Path
 from goodput.bus import Bus, BusSettings
 from goodput.bus.embedded import free_port, nats_server_binary
 from goodput.tools.stack.health import Slot, services_health
-from tests.deploy.images.podman import ROOT, Failed, sh
+from tests.deploy.images.podman import ROOT, SERVICE_UID, Failed, sh
 from tests.nats_auth import Operator
 from tests.secure_nats import make_certificates
 
@@ -32,8 +32,6 @@ JOB = "train"
 NODE = "node-0"
 #: the services of a node (a DaemonSet each), keyed by node in gp_services
 NODE_SERVICES = ("hostmon", "replicator")
-#: the uid and gid the images and manifests run the services as
-SERVICE_UID = 10001
 #: where the manifests mount them
 CONFIG, CREDS, TLS_CA, STATE, OBJECTS = (
     "/etc/goodput/goodput.toml",
@@ -49,6 +47,7 @@ SERVICES: dict[str, tuple[list[str], bool]] = {
     # node agents run the ranks here; Kubernetes needs a kubelet (the manifests' backend)
     "actuator": (["--set", 'backend="agent"'], False),
     "hostmon": (["--state-dir", STATE], True),
+    # a directory off the state directory stands for the bucket the GKE overlay names
     "replicator": (["--state-dir", STATE, "--set", f'object_store="dir:{OBJECTS}"'], False),
 }
 

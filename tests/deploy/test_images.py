@@ -70,6 +70,17 @@ def test_the_service_requirements_are_goodputs_without_torch() -> None:
     assert sorted(out) == sorted(d for d in dependencies if not d.startswith("torch"))
 
 
+def test_the_dependency_layer_holds_the_build_backend() -> None:
+    """goodput's own layer builds with --no-build-isolation: the backend must be in the list."""
+    out = subprocess.run(
+        [sys.executable, str(REQUIREMENTS), "--pyproject", str(ROOT / "pyproject.toml"),
+         "--without", "torch", "--build-requires"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert out == [d for d in _dependencies()["runtime"] if not d.startswith("torch")] + build
+
+
 def test_both_images_install_goodput_without_its_torch_requirement() -> None:
     stages = _stages()
     assert set(stages) == {"service", "rank"}
@@ -78,9 +89,11 @@ def test_both_images_install_goodput_without_its_torch_requirement() -> None:
         installs = _pip_installs(stage)
         assert installs == [
             "--no-cache-dir -r /opt/goodput/build/requirements.txt",
-            "--no-cache-dir --no-deps /opt/goodput/src",
+            "--no-cache-dir --no-deps --no-build-isolation /opt/goodput/src",
         ]
-        assert "--without torch > /opt/goodput/build/requirements.txt" in " ".join(stage.split())
+        assert "--without torch --build-requires > /opt/goodput/build/requirements.txt" in " ".join(
+            stage.split()
+        )
     # the service image's build fails if torch slipped in anyway
     assert "find_spec('torch') is not None" in stages["service"]
 

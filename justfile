@@ -25,6 +25,11 @@ test-gpu:
     {{bin}}/python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "just test-gpu: torch " + torch.__version__ + " sees no CUDA device here")'
     {{bin}}/pytest -q -rs -p no:cacheprovider --durations=10 tests/gpu tests/shim/test_collectives.py
 
+# Root; installs podman once; not part of `test` (README "Container images": needs, times).
+# build both images with podman on a Debian base made here; run the services and a rank from them
+test-images:
+    {{bin}}/python -m tests.deploy.images
+
 # the quick loop: skip tests marked slow
 test-quick:
     {{bin}}/pytest -q -m "not slow"

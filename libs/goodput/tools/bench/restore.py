@@ -83,6 +83,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the object-store leg runs fake-gcs-server (the dev extra): without it, say so now, not
+    # after minutes of the other legs
+    from goodput.checkpoint.tiers.fake_gcs import binary_path
+
+    binary_path()
     console = Console(stderr=True)
     if args.dir is None:
         with tempfile.TemporaryDirectory(prefix="goodput-bench-restore-") as tmp:

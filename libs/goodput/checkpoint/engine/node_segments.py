@@ -32,6 +32,7 @@ import mmap
 import os
 import stat
 import struct
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +100,8 @@ class SharedBuffer:
                 os.unlink(hidden)
             raise
         self.path = directory / name
-        self._fd = fd
+        # unlinked at release, or when the buffer is collected or the interpreter exits
+        self._remove = weakref.finalize(self, _remove, self.path, fd)
         # the tensor keeps the mapping alive: it is unmapped only once no view of it is left
         self.data = torch.frombuffer(self._map, dtype=torch.uint8, offset=HEADER_BYTES)
         self.pin_requested = pin_memory
@@ -117,11 +119,13 @@ class SharedBuffer:
             torch.cuda.cudart().cudaHostUnregister(self.data.data_ptr())
             self.pinned = False
         self.data = torch.empty(0, dtype=torch.uint8)
-        if self._fd >= 0:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-            os.close(self._fd)
-            self._fd = -1
+        self._remove()
+
+
+def _remove(path: Path, fd: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    os.close(fd)  # drops the lock
 
 
 @dataclass

@@ -191,3 +191,15 @@ def test_where_no_segment_can_be_made_the_buffer_is_private(tmp_path: Path) -> N
         outcome = restore_from_host(alone, 1, {"w": torch.zeros(10)})
         assert isinstance(outcome, HostRestore) and outcome.volume_bytes == 0
     assert os.listdir(tmp_path / "step-0000000001")
+
+
+def test_a_reused_buffer_no_longer_claims_the_step_it_held(tmp_path: Path) -> None:
+    with engine(tmp_path) as owner, engine(tmp_path) as reader:
+        assert owner.save({"w": torch.arange(10.0)}, 5).wait().ok
+        with reader.node_peers(5, sharded=False) as peers:
+            assert [p.header.step for p in peers] == [5]
+        assert owner.save({"w": torch.arange(10.0) + 1}, 6).wait().ok
+        with reader.node_peers(5, sharded=False) as peers:
+            assert peers == []
+        with reader.node_peers(6, sharded=False) as peers:
+            assert len(peers) == 1 and peers[0].covers(0, 40)

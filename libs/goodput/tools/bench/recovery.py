@@ -239,6 +239,7 @@ async def _measure(
     warm: bool,
     procs_per_node: int = 1,
 ) -> tuple[list[dict], dict]:
+    batch = shared_global_batch(NODES * procs_per_node)
     bus = await Bus.connect(settings, name="goodput-bench-recovery")
     log = await JobEvents(bus, job).start()
     results = []
@@ -253,6 +254,8 @@ async def _measure(
                 str(steps),
                 "--log-every",
                 "0",
+                "--global-batch",
+                str(batch),
             ],
             nodes=NODES,
             procs_per_node=procs_per_node,
@@ -300,6 +303,15 @@ async def _measure(
     finally:
         await bus.close()
     return results, steady
+
+
+def shared_global_batch(world: int) -> int:
+    """The example job's global batch, rounded up to a multiple of ``world``: its 12
+    micro-batches cannot be shared by 8 ranks (``--procs-per-node 4``), 16 can."""
+    from goodput.examples.gpt.training import TrainConfig  # imports torch: only when run
+
+    default = TrainConfig().plan.global_batch
+    return -(-default // world) * world
 
 
 def steady_costs(events: list[schemas.Event]) -> dict:

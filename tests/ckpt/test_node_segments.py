@@ -203,3 +203,19 @@ def test_a_reused_buffer_no_longer_claims_the_step_it_held(tmp_path: Path) -> No
             assert peers == []
         with reader.node_peers(6, sharded=False) as peers:
             assert len(peers) == 1 and peers[0].covers(0, 40)
+
+
+def test_a_fifo_or_link_under_a_segment_name_is_skipped_not_waited_on(
+    node: list[CheckpointEngine],
+) -> None:
+    prefix = segment_prefix(node[0].root)
+    fifo, link = SHM / f"{prefix}fifo", SHM / f"{prefix}link"
+    os.mkfifo(fifo)
+    link.symlink_to(segment_holding(node[0].root, 1))
+    try:
+        outcome = restore_from_host(node[0], 5, make_state(2, scale=8))
+        assert isinstance(outcome, HostRestore) and outcome.volume_bytes == 0
+        assert_bit_exact(make_state(1, scale=8), outcome.state)
+    finally:
+        fifo.unlink()
+        link.unlink()

@@ -52,6 +52,8 @@ SEGMENT_FORMAT = "goodput-segment/1"
 HEADER_BYTES = IO_ALIGN
 _LENGTH = struct.Struct("<I")
 _counter = itertools.count()
+#: a name in /dev/shm may be anything: never follow a link, never block on a FIFO
+_OPEN_UNTRUSTED = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 class SegmentHeader(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -198,7 +200,7 @@ class NodeSegments:
                 if name in exclude:
                     continue
                 try:
-                    fd = os.open(self.directory / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                    fd = os.open(self.directory / name, _OPEN_UNTRUSTED)
                 except OSError:
                     continue  # swept meanwhile
                 header = None
@@ -220,7 +222,7 @@ class NodeSegments:
         for name in self._names():
             path = self.directory / name
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                fd = os.open(path, _OPEN_UNTRUSTED)
             except OSError:
                 continue
             try:

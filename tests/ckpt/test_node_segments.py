@@ -7,6 +7,7 @@ share its volume), real ``/dev/shm``, and a real rank process killed with SIGKIL
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -219,3 +220,24 @@ def test_a_fifo_or_link_under_a_segment_name_is_skipped_not_waited_on(
     finally:
         fifo.unlink()
         link.unlink()
+
+
+def test_a_second_segment_claiming_the_same_slice_serves_it_when_the_first_is_corrupt(
+    node: list[CheckpointEngine],
+) -> None:
+    """Two claimants (a killed rank's segment and its copy, say): the corrupt one is passed
+    over for the intact one, whichever the listing gives first; no volume read."""
+    original = segment_holding(node[0].root, 2)
+    copy = SHM / f"{segment_prefix(node[0].root)}copy"
+    shutil.copyfile(original, copy)
+    try:
+        with open(original, "r+b") as segment:
+            segment.seek(HEADER_BYTES + 100)
+            byte = segment.read(1)[0]
+            segment.seek(HEADER_BYTES + 100)
+            segment.write(bytes([byte ^ 0xFF]))
+        outcome = restore_from_host(node[0], 5, make_state(2, scale=8))
+        assert isinstance(outcome, HostRestore) and outcome.volume_bytes == 0, outcome
+        assert_bit_exact(make_state(1, scale=8), outcome.state)
+    finally:
+        copy.unlink(missing_ok=True)

@@ -132,17 +132,17 @@ def _peer_files(
     index: StreamIndex,
     views: list[torch.Tensor | None],
 ) -> list[FileEntry]:
-    """Fill the ``files`` that a segment of the node holds intact; returns the others."""
-    claimed = [
-        (entry, next((p for p in peers if p.covers(entry.offset, entry.offset + entry.size)), None))
-        for entry in files
+    """Fill the ``files`` that a segment of the node holds intact (each segment claiming a
+    file tried in turn); returns the others."""
+    claims = [
+        [p for p in peers if p.covers(entry.offset, entry.offset + entry.size)] for entry in files
     ]
-    wanted = max((entry.size for entry, peer in claimed if peer is not None), default=0)
+    wanted = max((e.size for e, c in zip(files, claims, strict=True) if c), default=0)
     staging = torch.empty(min(READ_CHUNK_BYTES, max(wanted, 1)), dtype=torch.uint8)
     return [
         entry
-        for entry, peer in claimed
-        if peer is None or not _from_peer(peer, entry, index, views, staging)
+        for entry, claimants in zip(files, claims, strict=True)
+        if not any(_from_peer(peer, entry, index, views, staging) for peer in claimants)
     ]
 
 

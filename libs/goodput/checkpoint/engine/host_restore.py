@@ -202,13 +202,13 @@ def _restore_sharded(
 ) -> tuple[Any, int, int] | str:
     """A sharded checkpoint into the template's shards, each saving rank's ranges from host
     memory where it holds them intact; returns the state, memory and volume bytes."""
-    sources: dict[int, StreamSource] = {}
+    sources: dict[int, list[StreamSource]] = {}
     if own is not None and own[0].dp_world == manifest.dp_world:
         plan, data = own
-        sources[plan.dp_rank] = BufferSource(data, plan.slice_start, plan.slice_bytes)
+        sources[plan.dp_rank] = [BufferSource(data, plan.slice_start, plan.slice_bytes)]
     for peer in peers:
         if peer.header.dp_world == manifest.dp_world:
-            sources.setdefault(peer.header.dp_rank, peer)
+            sources.setdefault(peer.header.dp_rank, []).append(peer)
     try:
         loaded = load_shards(
             path, manifest, into=into, sources=sources, io_threads=engine.read_threads

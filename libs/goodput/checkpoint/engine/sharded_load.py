@@ -17,7 +17,7 @@ straight into its bytes, with no staging copy.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,10 +135,14 @@ def _read_volume(path: Path, manifest: Manifest, task: _Task, view: memoryview) 
 
 
 def _run(
-    path: Path, manifest: Manifest, task: _Task, block_bytes: int, source: StreamSource | None
+    path: Path,
+    manifest: Manifest,
+    task: _Task,
+    block_bytes: int,
+    sources: Sequence[StreamSource],
 ) -> bool:
-    """Fill the task's overlap, from ``source`` when it holds the bytes intact, else from the
-    volume; True if from memory."""
+    """Fill the task's overlap from the first of ``sources`` that holds the bytes intact,
+    else from the volume; True if from memory."""
     piece, read = task.piece, task.read
     saved = Box(tuple(piece.offsets), tuple(piece.shape))
     target = task.target
@@ -152,11 +156,11 @@ def _run(
         staging = torch.empty(read.byte_hi - read.byte_lo, dtype=torch.uint8)
     view = memoryview(staging.numpy())
     start = piece.stream_offset + read.byte_lo
-    from_memory = (
-        source is not None
-        and source.covers(start, start + len(view))
+    from_memory = any(
+        source.covers(start, start + len(view))
         and source.read(start, view)
         and _blocks_match(view, task, block_bytes) is None
+        for source in sources
     )
     if not from_memory:
         _read_volume(path, manifest, task, view)
@@ -220,12 +224,13 @@ def load_shards(
     manifest: Manifest,
     *,
     into: Any = None,
-    sources: Mapping[int, StreamSource] | None = None,
+    sources: Mapping[int, Sequence[StreamSource]] | None = None,
     io_threads: int = 4,
     max_read_bytes: int = MAX_READ_BYTES,
 ) -> ShardedLoad:
-    """``load_sharded``'s work, each saving rank's bytes taken from ``sources[rank]`` where it
-    holds them intact; the state has the checkpoint's structure (``into``'s tensors in it)."""
+    """``load_sharded``'s work, each saving rank's bytes taken from the first of
+    ``sources[rank]`` that holds them intact; the state has the checkpoint's structure
+    (``into``'s tensors in it)."""
     sources = sources or {}
     try:
         records = read_records(path, manifest)
@@ -269,7 +274,7 @@ def load_shards(
     tasks.sort(key=lambda task: task.read.byte_hi - task.read.byte_lo, reverse=True)
     with ThreadPoolExecutor(max(1, min(io_threads, len(tasks) or 1))) as pool:
         futures = [
-            pool.submit(_run, path, manifest, task, block_bytes, sources.get(task.rank))
+            pool.submit(_run, path, manifest, task, block_bytes, sources.get(task.rank, ()))
             for task in tasks
         ]
         errors = [exc for future in futures if (exc := future.exception()) is not None]

@@ -236,7 +236,9 @@ class TrainerShim:
         if not isinstance(self.engine, CheckpointEngine):
             return (*self.engine.restore(step=step, into=template_state), self._volume_tier)
         own, self._memory_intact = self._memory_intact, False
-        outcome = restore_from_host(self.engine, step, template_state, own=own)
+        # after an in-process restart not merged into the live state: what the checkpoint
+        # lacks (the optimizer's moments of later steps) would survive the restore
+        outcome = restore_from_host(self.engine, step, template_state, own=own, merge=not own)
         if isinstance(outcome, HostRestore):
             tier: Literal["host", "local"] = "host" if outcome.host_bytes else "local"
             log.info(
@@ -253,8 +255,6 @@ class TrainerShim:
             )
             return outcome.step, outcome.state, tier
         log.info("restoring from the volume: %s", outcome)
-        # after an in-process restart not merged into the live state: what the checkpoint
-        # lacks (the optimizer's moments of later steps) would survive the restore
         restored = self.engine.restore(step=step, into=template_state, merge=not own)
         return (*restored, self._volume_tier)
 

@@ -39,6 +39,7 @@ from goodput.checkpoint.engine.plan import SavePlan, StreamIndex
 from goodput.checkpoint.engine.reader import READ_CHUNK_BYTES
 from goodput.checkpoint.engine.restore import (
     _check_coverage,
+    _merge,
     prepare_targets,
     read_files,
 )
@@ -219,14 +220,14 @@ def _restore_sharded(
 
 
 def restore_from_host(
-    engine: CheckpointEngine, step: int, into: Any, *, own: bool = True
+    engine: CheckpointEngine, step: int, into: Any, *, own: bool = True, merge: bool = False
 ) -> HostRestore | str:
     """Load ``step`` from host memory where it is held intact (with ``own``, this rank's
     buffer: only a process that saved it and restarted in process has one; the node's
     segments in any case), the rest from the volume; a string says why not (nothing of the
     step in memory, or a bad byte: the caller restores from the volume alone). Tensors of
     ``into`` (DTensors: their local shards) are filled in place; the state returned has
-    exactly the checkpoint's structure."""
+    exactly the checkpoint's structure (``merge``: ``into`` updated, as a cold restore's)."""
     started = time.perf_counter()
     snapshot = engine.host_snapshot(step) if own else None
     path = step_dir(engine.root, step)
@@ -253,6 +254,8 @@ def restore_from_host(
                 return plain
             state, volume = plain
             memory = sum(entry.size for entry in manifest.files) - volume
+    if merge and into is not None:
+        state = _merge(into, state)
     return HostRestore(
         step, state, memory + volume, time.perf_counter() - started, host_bytes=memory
     )

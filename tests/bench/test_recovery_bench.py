@@ -12,7 +12,13 @@ from goodput import schemas
 from goodput.bus.job_events import JobEvents
 from goodput.tools.bench import job_waits
 from goodput.tools.bench.job_waits import newest_held_by_all, survivors_after
-from goodput.tools.bench.recovery import STEADY, most_trials, rss_mib, steady_costs
+from goodput.tools.bench.recovery import (
+    STEADY,
+    most_trials,
+    rss_mib,
+    shared_global_batch,
+    steady_costs,
+)
 from goodput.tools.simulate import messages as msg
 from tests.conftest import goodput_cli
 
@@ -107,3 +113,8 @@ async def test_the_pace_is_the_median_step_once_nothing_else_happens(monkeypatch
     feeding = asyncio.create_task(job())
     assert await job_waits.pace_step_s(log, standbys=True) == 0.22
     await feeding
+
+
+def test_the_example_jobs_batch_is_shared_by_four_ranks_per_node():
+    """12 micro-batches cannot be shared by 8 ranks: every rank of that job failed at start."""
+    assert [shared_global_batch(world) for world in (2, 4, 6, 8)] == [12, 12, 12, 16]

@@ -15,6 +15,7 @@ import torch
 
 from goodput.checkpoint.engine import CheckpointEngine, verify_files
 from goodput.checkpoint.engine.events import CheckpointRestored
+from goodput.checkpoint.engine.host_restore import restore_from_host
 from goodput.checkpoint.engine.torch_save import TorchSaveCheckpointer, checkpoint_path
 from goodput.checkpoint.format import Manifest, read_manifest_bytes, step_dir, write_manifest
 
@@ -142,3 +143,23 @@ def test_torch_save_refuses_dtensors_on_every_rank(tmp_path: Path) -> None:
         assert ckpt.steps() == []
     finally:
         dist.destroy_process_group()
+
+
+def test_a_forged_tree_in_host_memory_s_step_is_a_reason_not_a_crash(tmp_path: Path) -> None:
+    """The warm path (the rank's own buffer) reads the same manifest: a pickle node there
+    makes the host restore say why it cannot serve the step, so the caller's volume restore
+    falls back; it never raises out of the restarted rank, nor runs the payload."""
+    events: list[object] = []
+    engine = _two_steps(tmp_path / "ckpt", events)
+    marker = tmp_path / "code-ran"
+    payload = base64.b64encode(pickle.dumps(_Exploit(marker))).decode()
+
+    def add_pickle(manifest: Manifest) -> Manifest:
+        manifest.tree["items"].append(["evil", {"t": "pickle", "v": payload}])
+        return manifest
+
+    _forge(tmp_path / "ckpt", add_pickle)
+    outcome = restore_from_host(engine, 2, make_state(2, scale=4))
+    assert isinstance(outcome, str) and "unknown kind 'pickle'" in outcome, outcome
+    assert not marker.exists()
+    _assert_fell_back(engine, events, "unknown kind 'pickle'")

@@ -63,8 +63,9 @@ async def test_a_killed_rank_is_replaced_by_its_nodes_standby(tmp_path: Path) ->
             lambda e: isinstance(e, schemas.RankStarted) and e.ts > killed_ts, WAIT_S
         )
         assert (started.node, started.pid) == ("node-1", standby)
-        # the standby reads the volume (the survivor host memory, unless it saved a newer step
-        # since the agreed one), and both train on
+        # both restore from host memory — the standby from the killed rank's segment, which
+        # outlives it (node_segments) — unless that rank (or the survivor) had begun a save of
+        # a newer step since the agreed one: then from the volume; and both train on
         restored = {
             e.rank: e.tier
             for e in [
@@ -80,7 +81,7 @@ async def test_a_killed_rank_is_replaced_by_its_nodes_standby(tmp_path: Path) ->
                 for r in (0, 1)
             ]
         }
-        assert restored[1] == "local" and restored[0] in ("host", "local")
+        assert restored[1] in ("host", "local") and restored[0] in ("host", "local")
         resumed = await tap.wait_for(
             lambda e: isinstance(e, schemas.StepDone) and e.rank == 1 and e.ts > killed_ts,
             WAIT_S,

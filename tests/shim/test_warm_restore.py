@@ -54,8 +54,11 @@ def _node_rank(tmp_path: Path, local_rank: int) -> TrainerShim:
 def test_with_two_ranks_per_node_the_survivor_restores_its_slice_from_host_memory(
     tmp_path: Path,
 ) -> None:
-    """Each rank saves half of the state; rank 1 dies and comes back as a new process (reads
-    the volume), rank 0 survives in process: tier "host", bit-exact, into its live tensors."""
+    """Each rank saves half of the state; rank 1 exits and comes back as a new process, rank 0
+    survives in process: tier "host", bit-exact, into its live tensors. The new rank 1 has no
+    buffer of its own, but rank 0's is a segment of the node: it reads that half from shared
+    memory and only its own half (its predecessor's segment went with its close) from the
+    volume."""
     saved = {"w": torch.arange(300_000, dtype=torch.float32), "b": torch.ones(5000)}
     ranks = [_node_rank(tmp_path, r) for r in range(2)]
     for shim in ranks:
@@ -77,7 +80,7 @@ def test_with_two_ranks_per_node_the_survivor_restores_its_slice_from_host_memor
         assert warm.state["w"] is live["w"] and torch.equal(live["w"], saved["w"])
         assert torch.equal(warm.state["b"], saved["b"])
         cold = respawned.restore({"w": torch.zeros(300_000), "b": torch.zeros(5000)})
-        assert cold is not None and cold.tier == "local" and cold.step == 4
+        assert cold is not None and cold.tier == "host" and cold.step == 4
         assert torch.equal(cold.state["w"], saved["w"]) and torch.equal(cold.state["b"], saved["b"])
     finally:
         survivor.finish(saved, 4)

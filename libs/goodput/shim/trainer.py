@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from goodput import schemas
 from goodput.checkpoint.engine import CheckpointEngine, NoCheckpointError
@@ -80,8 +80,12 @@ class TrainerShim:
                 listener=self._on_ckpt_event,
             )
         else:
+            # node_shared: the node's ranks read each other's buffers after a restart
             self.engine = CheckpointEngine(
-                Path(config.ckpt_dir), keep_last=config.keep_last, listener=self._on_ckpt_event
+                Path(config.ckpt_dir),
+                keep_last=config.keep_last,
+                listener=self._on_ckpt_event,
+                node_shared=True,
             )
         self.telemetry = ShimTelemetry.from_env(
             job=config.job, node=config.node, rank=config.rank, attempt=config.attempt
@@ -224,39 +228,35 @@ class TrainerShim:
         return "shared" if self.config.ckpt_mode == "torch-save" else "local"
 
     def _load(self, step: int, template_state: dict[str, Any]) -> tuple[int, Any, RestoreTier]:
-        """``step`` from host memory after an in-process restart when the buffer still holds
-        it intact, otherwise from the volume (newest intact at or before ``step``). The ranks
-        of a node save one slice each (``save``): a survivor takes its own from memory and
-        the other ranks' from the volume, and reports tier "host"."""
-        if not self._memory_intact:
+        """``step`` from host memory where it is held intact: this rank's own buffer after an
+        in-process restart, the node's other ranks' segments (survivors', and a killed rank's
+        until the next save) in any case; what memory lacks or holds corrupt comes from the
+        volume (newest intact at or before ``step`` if ``step`` itself cannot be read).
+        A DTensor template's local shards are what is restored, never full tensors."""
+        if not isinstance(self.engine, CheckpointEngine):
             return (*self.engine.restore(step=step, into=template_state), self._volume_tier)
-        self._memory_intact = False
-        if isinstance(self.engine, CheckpointEngine):
-            outcome = restore_from_host(self.engine, step, template_state)
-            if isinstance(outcome, HostRestore):
-                log.info(
-                    "restored step %d: %d bytes from host memory, %d from the volume",
-                    outcome.step,
-                    outcome.host_bytes,
-                    outcome.volume_bytes,
+        own, self._memory_intact = self._memory_intact, False
+        # after an in-process restart not merged into the live state: what the checkpoint
+        # lacks (the optimizer's moments of later steps) would survive the restore
+        outcome = restore_from_host(self.engine, step, template_state, own=own, merge=not own)
+        if isinstance(outcome, HostRestore):
+            tier: Literal["host", "local"] = "host" if outcome.host_bytes else "local"
+            log.info(
+                "restored step %d: %d bytes from host memory, %d from the volume",
+                outcome.step,
+                outcome.host_bytes,
+                outcome.volume_bytes,
+            )
+            c = self.config
+            self._publish(
+                restored_report(
+                    c.job, c.node, c.rank, outcome.step, tier, outcome.duration_s, outcome.bytes
                 )
-                c = self.config
-                self._publish(
-                    restored_report(
-                        c.job,
-                        c.node,
-                        c.rank,
-                        outcome.step,
-                        "host",
-                        outcome.duration_s,
-                        outcome.bytes,
-                    )
-                )
-                return outcome.step, outcome.state, "host"
-            log.info("restoring from the volume: %s", outcome)
-        # not into the live state: merged into it, what the checkpoint lacks (the optimizer's
-        # moments of later steps) would survive the restore
-        return (*self.engine.restore(step=step), self._volume_tier)
+            )
+            return outcome.step, outcome.state, tier
+        log.info("restoring from the volume: %s", outcome)
+        restored = self.engine.restore(step=step, into=template_state, merge=not own)
+        return (*restored, self._volume_tier)
 
     def step_done(
         self, step: int, step_time_s: float, tokens: int, loss: float, compute_time_s: float = 0.0

@@ -13,6 +13,14 @@ import torch
 from goodput.checkpoint.engine.plan import IO_ALIGN, SavePlan, align_up
 
 
+def pin_host(data: torch.Tensor, wanted: bool) -> bool:
+    """Page-lock ``data`` with ``cudaHostRegister`` when wanted and CUDA exists; whether it is."""
+    if not wanted or not torch.cuda.is_available():
+        return False
+    code = torch.cuda.cudart().cudaHostRegister(data.data_ptr(), data.numel(), 0)
+    return int(code) == 0
+
+
 class HostBuffer:
     """A page-aligned byte buffer reused across saves, pinned when ``pin`` and CUDA exist."""
 
@@ -23,10 +31,7 @@ class HostBuffer:
         self._raw = raw
         self.data = raw[skip : skip + self.capacity]
         self.pin_requested = pin
-        self.pinned = False
-        if pin and torch.cuda.is_available():
-            code = torch.cuda.cudart().cudaHostRegister(self.data.data_ptr(), self.capacity, 0)
-            self.pinned = int(code) == 0
+        self.pinned = pin_host(self.data, pin)
 
     def release(self) -> None:
         if self.pinned:

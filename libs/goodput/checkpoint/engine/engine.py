@@ -19,7 +19,6 @@ is reused only after its snapshot is persisted or dropped.
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import os
 import threading
@@ -33,7 +32,7 @@ from typing import Any
 import torch
 
 from goodput.checkpoint.engine import catalog
-from goodput.checkpoint.engine.buffers import HostBuffer, slice_nbytes
+from goodput.checkpoint.engine.buffers import slice_nbytes
 from goodput.checkpoint.engine.events import (
     CheckpointDropped,
     CheckpointFailed,
@@ -43,33 +42,16 @@ from goodput.checkpoint.engine.events import (
 )
 from goodput.checkpoint.engine.fileio import DirectIOPolicy, DirectMode
 from goodput.checkpoint.engine.handles import SaveHandle, SaveResult
+from goodput.checkpoint.engine.node_segments import NodeSegments, PeerSegment, SharedBuffer
 from goodput.checkpoint.engine.persist import Persister
 from goodput.checkpoint.engine.plan import MIN_FILE_BYTES, SavePlan
 from goodput.checkpoint.engine.restore import restore_checkpoint
 from goodput.checkpoint.engine.sharded_save import ShardedSave, plan_save
+from goodput.checkpoint.engine.slots import Slot, SlotState
 from goodput.checkpoint.engine.snapshot import PendingCopy, Snapshotter
 from goodput.checkpoint.engine.tree import FlatState, flatten
 
 log = logging.getLogger(__name__)
-
-
-class _SlotState(enum.Enum):
-    FREE = "free"
-    FILLING = "filling"
-    PENDING = "pending"
-    PERSISTING = "persisting"
-
-
-@dataclass(eq=False)
-class _Slot:
-    state: _SlotState = _SlotState.FILLING
-    buffer: HostBuffer | None = None
-    #: the snapshot the buffer holds (None while being filled): kept after persisting, so a
-    #: rank that restarts in process can restore from memory (``host_snapshot``)
-    step: int | None = None
-    plan: SavePlan | None = None
-    #: the copy that fills the buffer (an overlapped one may still run after ``save``)
-    copy: PendingCopy | None = None
 
 
 @dataclass(eq=False)
@@ -77,22 +59,12 @@ class _Job:
     step: int
     plan: SavePlan
     tree: Any
-    slot: _Slot
+    slot: Slot
     handle: SaveHandle
     copy: PendingCopy
     metadata: dict[str, Any] = field(default_factory=dict)
     #: a DTensor state's shards (``goodput.checkpoint.engine.sharded_save``); None for a plain state
     sharded: ShardedSave | None = None
-
-
-def _ensure_buffer(slot: _Slot, need: int, *, pin: bool) -> HostBuffer:
-    """The slot's buffer, replaced only if too small or not pinned when pinning is wanted."""
-    if slot.buffer is None or slot.buffer.capacity < need or slot.buffer.pin_requested < pin:
-        if slot.buffer is not None:
-            slot.buffer.release()
-            slot.buffer = None
-        slot.buffer = HostBuffer(need, pin=pin)
-    return slot.buffer
 
 
 class CheckpointEngine:
@@ -106,6 +78,9 @@ class CheckpointEngine:
     when it is ``True`` (page-cache reads restore faster, see ``goodput.checkpoint.engine.fileio``).
     ``keep_last``: after each save, older checkpoints go as :func:`catalog.apply_retention`
     allows (never one the node's replicator has not yet made safe); 0 deletes none.
+    ``node_shared``: the host buffers are segments in ``/dev/shm`` that the other ranks of
+    the node (engines of the same root) read after an in-process restart
+    (``goodput.checkpoint.engine.node_segments``); where one cannot be made, private memory.
     """
 
     def __init__(
@@ -122,6 +97,7 @@ class CheckpointEngine:
         min_file_bytes: int = MIN_FILE_BYTES,
         dp_commit_timeout_s: float = 600.0,
         copy_threads: int | None = None,
+        node_shared: bool = False,
     ) -> None:
         if min(max_inflight, writer_threads, read_threads) < 1:
             raise ValueError("max_inflight, writer_threads and read_threads must be at least 1")
@@ -135,10 +111,11 @@ class CheckpointEngine:
         self.min_file_bytes = min_file_bytes
         self.dp_commit_timeout_s = dp_commit_timeout_s
         self._policy = DirectIOPolicy(direct_io)
+        self._segments = NodeSegments(self.root) if node_shared else None
         self._snapshotter = Snapshotter(copy_threads)
         self._copying: list[PendingCopy] = []
         self._cond = threading.Condition()
-        self._slots: list[_Slot] = []
+        self._slots: list[Slot] = []
         self._pending: deque[_Job] = deque()
         self._persisting = False
         self._closed = False
@@ -226,9 +203,13 @@ class CheckpointEngine:
         handle of an overlapped save (its copy is launched, not waited for)."""
         plan, tensors, sharded = self._plan(flat, dp_rank, dp_world)
         need = slice_nbytes(plan)
+        if self._segments is not None:
+            self._segments.sweep()  # the segments of exited ranks: their step is behind us
         slot = self._acquire_slot(need, step)
         try:
-            buffer = _ensure_buffer(slot, need, pin=any(t.is_cuda for t in tensors))
+            buffer = slot.ensure_buffer(
+                need, pin=any(t.is_cuda for t in tensors), segments=self._segments
+            )
             copy = self._snapshotter.start(
                 tensors, plan, buffer, overlapped.copy if overlapped else None
             )
@@ -245,9 +226,10 @@ class CheckpointEngine:
             return handle
         handle = overlapped or SaveHandle(step)
         job = _Job(step, plan, flat.tree, slot, handle, copy, dict(metadata or {}), sharded)
+        slot.holds(step, plan, sharded=sharded is not None)
         with self._cond:
             slot.step, slot.plan, slot.copy = step, plan, copy
-            slot.state = _SlotState.PENDING
+            slot.state = SlotState.PENDING
             self._pending.append(job)
             self._cond.notify_all()
         emit(
@@ -325,10 +307,12 @@ class CheckpointEngine:
         with self._cond:
             if self._slots:
                 return
-            slot = _Slot()
+            slot = Slot()
             self._slots.append(slot)
         try:
-            buffer = _ensure_buffer(slot, slice_nbytes(plan), pin=any(t.is_cuda for t in tensors))
+            buffer = slot.ensure_buffer(
+                slice_nbytes(plan), pin=any(t.is_cuda for t in tensors), segments=self._segments
+            )
             buffer.data.fill_(0)
         finally:
             self._release_slot(slot)
@@ -349,25 +333,25 @@ class CheckpointEngine:
             return self.max_inflight
         return max(1, min(self.max_inflight, self.memory_budget_bytes // max(need, 1)))
 
-    def _acquire_slot(self, need: int, step: int) -> _Slot:
+    def _acquire_slot(self, need: int, step: int) -> Slot:
         dropped: _Job | None = None
         with self._cond:
             while True:
                 if self._closed:
                     raise RuntimeError("checkpoint engine is closed")
-                free = next((s for s in self._slots if s.state is _SlotState.FREE), None)
+                free = next((s for s in self._slots if s.state is SlotState.FREE), None)
                 if free is not None:
-                    free.state, free.step = _SlotState.FILLING, None
+                    free.state, free.step = SlotState.FILLING, None
                     slot = free
                     break
                 if len(self._slots) < self._slot_limit(need):
-                    slot = _Slot()
+                    slot = Slot()
                     self._slots.append(slot)
                     break
                 if self._pending:
                     dropped = self._pending.popleft()
                     slot = dropped.slot
-                    slot.state, slot.step = _SlotState.FILLING, None
+                    slot.state, slot.step = SlotState.FILLING, None
                     break
                 self._cond.wait()
         if dropped is not None:
@@ -380,9 +364,9 @@ class CheckpointEngine:
             )
         return slot
 
-    def _release_slot(self, slot: _Slot) -> None:
+    def _release_slot(self, slot: Slot) -> None:
         with self._cond:
-            slot.state = _SlotState.FREE
+            slot.state = SlotState.FREE
             self._cond.notify_all()
 
     # -- persisting ---------------------------------------------------------------------
@@ -395,7 +379,7 @@ class CheckpointEngine:
                 if not self._pending:
                     return
                 job = self._pending.popleft()
-                job.slot.state = _SlotState.PERSISTING
+                job.slot.state = SlotState.PERSISTING
                 self._persisting = True
             assert job.slot.buffer is not None
             result = self._persister.persist(
@@ -408,7 +392,7 @@ class CheckpointEngine:
                 job.sharded,
             )
             with self._cond:
-                job.slot.state = _SlotState.FREE
+                job.slot.state = SlotState.FREE
                 self._cond.notify_all()
             job.handle._resolve(result)
             if result.committed and self.keep_last > 0:
@@ -434,8 +418,7 @@ class CheckpointEngine:
 
     @property
     def policy(self) -> DirectIOPolicy:
-        """How this engine's files are read and written (a restore from host memory reads the
-        other ranks' slices with it)."""
+        """How this engine's files are read and written (host restores read the volume so)."""
         return self._policy
 
     def latest_complete_step(self) -> int | None:
@@ -452,7 +435,7 @@ class CheckpointEngine:
                     s
                     for s in self._slots
                     if s.step == step
-                    and s.state is not _SlotState.FILLING
+                    and s.state is not SlotState.FILLING
                     and s.buffer is not None
                     and s.plan is not None
                 ),
@@ -467,12 +450,22 @@ class CheckpointEngine:
                 return None
         return slot.plan, slot.buffer.data
 
-    def restore(self, step: int | None = None, into: Any = None) -> tuple[int, Any]:
+    def node_peers(
+        self, step: int, *, sharded: bool
+    ) -> contextlib.AbstractContextManager[list[PeerSegment]]:
+        """The node's other segments claiming part of ``step`` (unchecked claims)."""
+        if self._segments is None:
+            return contextlib.nullcontext([])
+        own = {s.buffer.path.name for s in self._slots if isinstance(s.buffer, SharedBuffer)}
+        return self._segments.peers(step, sharded=sharded, exclude=own)
+
+    def restore(
+        self, step: int | None = None, into: Any = None, *, merge: bool = True
+    ) -> tuple[int, Any]:
         """Load the newest intact checkpoint (at or before ``step``), falling back past bad ones.
 
         Returns ``(step, state)``; with ``into`` the tensors are loaded in place and ``into``
-        itself is returned, updated. Raises NoCheckpointError if nothing can be restored.
-        """
+        is returned updated (``merge=False``: the checkpoint's structure holding them)."""
         return restore_checkpoint(
             self.root,
             step=step,
@@ -480,6 +473,7 @@ class CheckpointEngine:
             io_threads=self.read_threads,
             policy=self._policy,
             listener=self.listener,
+            merge=merge,
         )
 
     def close(self) -> None:
@@ -496,6 +490,8 @@ class CheckpointEngine:
             if slot.buffer is not None:
                 slot.buffer.release()
         self._slots.clear()
+        if self._segments is not None:
+            self._segments.sweep()
 
     def __enter__(self) -> CheckpointEngine:
         return self

@@ -212,15 +212,18 @@ def load_checkpoint(
     into: Any = None,
     io_threads: int = 2,
     policy: DirectIOPolicy | None = None,
+    merge: bool = True,
 ) -> Any:
-    """Load one verified checkpoint; raises CorruptCheckpointError on any bad byte."""
+    """Load one verified checkpoint; raises CorruptCheckpointError on any bad byte.
+    ``merge``: return ``into`` updated (else the checkpoint's structure, ``into``'s tensors
+    filled in place in it)."""
     policy = policy or DirectIOPolicy()
     targets = prepare_targets(manifest, into, policy)
     index = StreamIndex(manifest.tensors)
     read_files(path, manifest.files, index, targets.views, io_threads, policy)
     targets.finish()
     restored = targets.state(manifest)
-    return restored if into is None else _merge(into, restored)
+    return _merge(into, restored) if merge and into is not None else restored
 
 
 def _read_files(
@@ -255,12 +258,15 @@ def restore_checkpoint(
     io_threads: int = 2,
     policy: DirectIOPolicy | None = None,
     listener: Listener | None = None,
+    merge: bool = True,
 ) -> tuple[int, Any]:
     """Load the newest intact checkpoint at or before ``step`` (any step if None).
 
     Every candidate that is incomplete, corrupt or of another kind is skipped and reported
     as a fallback. Raises NoCheckpointError when nothing can be loaded (``into`` may then
-    hold partial data and should not be trained on).
+    hold partial data and should not be trained on). ``into`` is the template (a DTensor's
+    local shard is what it loads); ``merge=False`` returns the checkpoint's own structure
+    holding ``into``'s tensors, not ``into`` updated.
     """
     started = time.perf_counter()
     fallbacks: list[RestoreFallback] = []
@@ -283,11 +289,11 @@ def restore_checkpoint(
                 )
 
                 state, read = load_sharded(
-                    path, manifest, into=into, io_threads=io_threads, policy=policy
+                    path, manifest, into=into, io_threads=io_threads, policy=policy, merge=merge
                 )
             else:
                 state = load_checkpoint(
-                    path, manifest, into=into, io_threads=io_threads, policy=policy
+                    path, manifest, into=into, io_threads=io_threads, policy=policy, merge=merge
                 )
                 read = manifest.total_bytes
         except (ManifestError, CorruptCheckpointError, TreeError) as exc:

@@ -6,11 +6,18 @@ full tensor is built: restoring FSDP2 state on one process without a mesh consol
 ``goodput.checkpoint.engine.reshard.plan_reads`` says which blocks of which saved shards overlap that box;
 those byte ranges are read from the saving ranks' data files, each block checked against
 its digest in the shard record, and the overlap copied into the target in place.
+
+After an in-process restart the saving ranks' streams may still be in host memory (this
+rank's buffer, its node-mates' segments: ``sources``); a range one of them holds is read from
+there and checked against the same digests, and only a range no source holds intact is read
+from the volume. A target whose box is the saved shard's (the mesh is unchanged) is read
+straight into its bytes, with no staging copy.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +26,9 @@ from typing import Any
 import torch
 import xxhash
 
+from goodput.checkpoint.engine.buffers import byte_view
 from goodput.checkpoint.engine.fileio import CorruptCheckpointError, DirectIOPolicy
+from goodput.checkpoint.engine.node_segments import StreamSource
 from goodput.checkpoint.engine.reshard import (
     Box,
     PieceRead,
@@ -93,16 +102,33 @@ class _Task:
     dtype: torch.dtype
 
 
-def _run(path: Path, manifest: Manifest, task: _Task, block_bytes: int) -> None:
+@dataclass(frozen=True)
+class ShardedLoad:
+    """A sharded restore: the state, and the data bytes read from memory and the volume."""
+
+    state: Any
+    memory_bytes: int
+    volume_bytes: int
+
+
+def _blocks_match(view: memoryview, task: _Task, block_bytes: int) -> int | None:
+    """The first block of ``view`` that fails its digest, or None."""
+    for index, lo in enumerate(range(0, len(view), block_bytes)):
+        block = task.read.first_block + index
+        if xxhash.xxh3_128_hexdigest(view[lo : lo + block_bytes]) != task.piece.blocks[block]:
+            return block
+    return None
+
+
+def _read_volume(path: Path, manifest: Manifest, task: _Task, view: memoryview) -> None:
     piece, read = task.piece, task.read
-    start = piece.stream_offset + read.byte_lo
     files = [(e.name, e.offset, e.size) for e in data_entries(manifest, task.rank)]
     try:
-        segments = file_segments(start, piece.stream_offset + read.byte_hi, files)
+        segments = file_segments(
+            piece.stream_offset + read.byte_lo, piece.stream_offset + read.byte_hi, files
+        )
     except ReshardError as exc:
         raise CorruptCheckpointError(f"rank {task.rank}: {exc}") from exc
-    staging = torch.empty(read.byte_hi - read.byte_lo, dtype=torch.uint8)
-    view = memoryview(staging.numpy())
     for segment in segments:
         _read_exact(
             path / segment.name,
@@ -110,27 +136,59 @@ def _run(path: Path, manifest: Manifest, task: _Task, block_bytes: int) -> None:
             segment.length,
             view[segment.dest : segment.dest + segment.length],
         )
-    for index, lo in enumerate(range(0, len(view), block_bytes)):
-        block = read.first_block + index
-        if xxhash.xxh3_128_hexdigest(view[lo : lo + block_bytes]) != piece.blocks[block]:
-            raise CorruptCheckpointError(
-                f"rank {task.rank}, tensor {piece.tensor}: block {block} fails its checksum"
-            )
+
+
+def _run(
+    path: Path,
+    manifest: Manifest,
+    task: _Task,
+    block_bytes: int,
+    sources: Sequence[StreamSource],
+) -> bool:
+    """Fill the task's overlap from the first of ``sources`` that holds the bytes intact,
+    else from the volume; True if from memory."""
+    piece, read = task.piece, task.read
     saved = Box(tuple(piece.offsets), tuple(piece.shape))
-    itemsize = torch.empty((), dtype=task.dtype).element_size()
-    source = staging.view(task.dtype).as_strided(
-        read.overlap.shape,
-        row_major_strides(piece.shape),
-        read.element_offset(saved, itemsize),
+    target = task.target
+    # the same box as saved: the bytes read are the target's own, so they go straight in
+    # (a chunk widened to whole blocks rewrites a neighbour chunk's bytes with the same
+    # verified values, or with a bad source's, which that chunk's volume read then replaces)
+    direct = saved == task.target_box and target.is_contiguous() and not target.is_cuda
+    if direct:
+        staging = byte_view(target.detach())[read.byte_lo : read.byte_hi]
+    else:
+        staging = torch.empty(read.byte_hi - read.byte_lo, dtype=torch.uint8)
+    view = memoryview(staging.numpy())
+    start = piece.stream_offset + read.byte_lo
+    from_memory = any(
+        source.covers(start, start + len(view))
+        and source.read(start, view)
+        and _blocks_match(view, task, block_bytes) is None
+        for source in sources
     )
-    index = tuple(
-        slice(o - t, o - t + n)
-        for o, t, n in zip(
-            read.overlap.offsets, task.target_box.offsets, read.overlap.shape, strict=True
+    if not from_memory:
+        _read_volume(path, manifest, task, view)
+        bad = _blocks_match(view, task, block_bytes)
+        if bad is not None:
+            raise CorruptCheckpointError(
+                f"rank {task.rank}, tensor {piece.tensor}: block {bad} fails its checksum"
+            )
+    if not direct:
+        itemsize = torch.empty((), dtype=task.dtype).element_size()
+        source_view = staging.view(task.dtype).as_strided(
+            read.overlap.shape,
+            row_major_strides(piece.shape),
+            read.element_offset(saved, itemsize),
         )
-    )
-    with torch.no_grad():
-        task.target[index].copy_(source)
+        index = tuple(
+            slice(o - t, o - t + n)
+            for o, t, n in zip(
+                read.overlap.offsets, task.target_box.offsets, read.overlap.shape, strict=True
+            )
+        )
+        with torch.no_grad():
+            target[index].copy_(source_view)
+    return from_memory
 
 
 def _target(tensor: torch.Tensor) -> tuple[torch.Tensor, Box]:
@@ -149,13 +207,35 @@ def load_sharded(
     io_threads: int = 4,
     policy: DirectIOPolicy | None = None,
     max_read_bytes: int = MAX_READ_BYTES,
+    merge: bool = True,
 ) -> tuple[Any, int]:
     """Load a sharded checkpoint into ``into``'s tensors (DTensors: their local shards) or,
     for tensors it lacks, into new full tensors; returns the state and the data bytes read
     (this rank's regions, not the whole checkpoint). Raises CorruptCheckpointError on any bad
     byte, a missing rank's shards, or an incomplete cover of a needed region. ``policy`` is
-    accepted for the engine's signature; these range reads go through the page cache."""
+    accepted for the engine's signature; these range reads go through the page cache.
+    ``merge``: return ``into`` updated (else the checkpoint's own structure)."""
     del policy
+    loaded = load_shards(
+        path, manifest, into=into, io_threads=io_threads, max_read_bytes=max_read_bytes
+    )
+    state = _merge(into, loaded.state) if merge and into is not None else loaded.state
+    return state, loaded.memory_bytes + loaded.volume_bytes
+
+
+def load_shards(
+    path: Path,
+    manifest: Manifest,
+    *,
+    into: Any = None,
+    sources: Mapping[int, Sequence[StreamSource]] | None = None,
+    io_threads: int = 4,
+    max_read_bytes: int = MAX_READ_BYTES,
+) -> ShardedLoad:
+    """``load_sharded``'s work, each saving rank's bytes taken from the first of
+    ``sources[rank]`` that holds them intact; the state has the checkpoint's structure
+    (``into``'s tensors in it)."""
+    sources = sources or {}
     try:
         records = read_records(path, manifest)
     except ValueError as exc:  # ManifestError included
@@ -198,12 +278,19 @@ def load_sharded(
     # largest reads first, so the pool ends together
     tasks.sort(key=lambda task: task.read.byte_hi - task.read.byte_lo, reverse=True)
     with ThreadPoolExecutor(max(1, min(io_threads, len(tasks) or 1))) as pool:
-        futures = [pool.submit(_run, path, manifest, task, block_bytes) for task in tasks]
+        futures = [
+            pool.submit(_run, path, manifest, task, block_bytes, sources.get(task.rank, ()))
+            for task in tasks
+        ]
         errors = [exc for future in futures if (exc := future.exception()) is not None]
     if errors:
         raise errors[0]
     if any(target.is_cuda for target in targets):
         torch.cuda.synchronize()
-    restored = unflatten(manifest.tree, lambda i: targets[i], tensor_count=count)
-    read = sum(task.read.byte_hi - task.read.byte_lo for task in tasks)
-    return (restored if into is None else _merge(into, restored)), read
+    memory = volume = 0
+    for task, future in zip(tasks, futures, strict=True):
+        size = task.read.byte_hi - task.read.byte_lo
+        memory, volume = (memory + size, volume) if future.result() else (memory, volume + size)
+    return ShardedLoad(
+        unflatten(manifest.tree, lambda i: targets[i], tensor_count=count), memory, volume
+    )

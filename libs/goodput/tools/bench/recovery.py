@@ -27,8 +27,10 @@ heartbeats on) recovered in process. ``--mode cold`` measures the cold path alon
 ``--procs-per-node`` runs that many ranks on each of the two nodes; they split each
 checkpoint into slices (one per rank). Every trial reports where each rank's restore read
 from (``restore_tiers``) and which ranks survived in process (``survivors``): a warm trial
-should show every survivor on tier "host" (``survivors_from_host``), the other ranks'
-slices read from the node's volume, and the rank that replaced the victim on "local".
+should show every survivor on tier "host" (``survivors_from_host``), and with the node's
+buffers shared through ``/dev/shm`` every rank, the victim's replacement included, reading
+its node-mates' slices (and the victim's, whose segment outlives it) from memory
+(``every_rank_from_host``).
 
 Each mode's job ends with a ``Stop`` (its ranks save, persist and exit), and the mode also
 reports what the job's own events say of it, as a demo run's costs are read: its step time,
@@ -213,6 +215,7 @@ async def _trial(
         "restore_tiers": tiers,
         "survivors": survivors,
         "survivors_from_host": bool(survivors) and all(tiers[r] == "host" for r in survivors),
+        "every_rank_from_host": bool(tiers) and all(tier == "host" for tier in tiers.values()),
         "detect_s": (sig.ts - killed_ts) / NS,
         "decide_s": (decision.ts - sig.ts) / NS,
         "restart_s": max(load_started - decision.ts, 0) / NS,
@@ -237,6 +240,7 @@ async def _measure(
     warm: bool,
     procs_per_node: int = 1,
 ) -> tuple[list[dict], dict]:
+    batch = shared_global_batch(NODES * procs_per_node)
     bus = await Bus.connect(settings, name="goodput-bench-recovery")
     log = await JobEvents(bus, job).start()
     results = []
@@ -251,6 +255,8 @@ async def _measure(
                 str(steps),
                 "--log-every",
                 "0",
+                "--global-batch",
+                str(batch),
             ],
             nodes=NODES,
             procs_per_node=procs_per_node,
@@ -300,6 +306,15 @@ async def _measure(
     return results, steady
 
 
+def shared_global_batch(world: int) -> int:
+    """The example job's global batch, rounded up to a multiple of ``world``: its 12
+    micro-batches cannot be shared by 8 ranks (``--procs-per-node 4``), 16 can."""
+    from goodput.examples.gpt.training import TrainConfig  # imports torch: only when run
+
+    default = TrainConfig().plan.global_batch
+    return -(-default // world) * world
+
+
 def steady_costs(events: list[schemas.Event]) -> dict:
     """What the job's own events say of its steady state and its end, as ``goodput demo``
     measures a run (:func:`measured_costs`, one owner): its healthy step time, each save's
@@ -331,6 +346,7 @@ def _summary(trials: list[dict]) -> dict:
         "rank_rss_mib": max((t["rank_rss_mib"] or 0 for t in kills), default=0) or None,
         "total_s": round(statistics.median(t["total_s"] for t in kills), 3),
         "survivors_from_host": all(t["survivors_from_host"] for t in kills),
+        "every_rank_from_host": all(t["every_rank_from_host"] for t in kills),
         **{
             part: round(statistics.median(t[part] for t in kills), 3)
             for part in (*PARTS, *RESTART_PARTS)
@@ -430,6 +446,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"warm / cold: {result['warm_over_cold']:.2f} (target ≤ 0.33)")
         host = result["warm"]["survivors_from_host"]
         console.print(f"every warm trial's survivors restored from host memory: {host}")
+        every = result["warm"]["every_rank_from_host"]
+        console.print(f"every warm trial's ranks (replacements too) from host memory: {every}")
     console.print(
         f"bare start (2 processes importing torch + the job, same machine): {bare:.2f} s; "
         f"load average {result['load_1m_before']} → {result['load_1m_after']}"
@@ -456,8 +474,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--procs-per-node",
         type=count_at_least(1),
         default=1,
-        help="ranks on each of the two nodes (default 1); they save one slice each, so a "
-        "survivor's warm restore takes its slice from memory and the rest from the volume",
+        help="ranks on each of the two nodes (default 1); they save one slice each, and a warm "
+        "restore reads them from the node's shared memory",
     )
     parser.add_argument(
         "--mode",

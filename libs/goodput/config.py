@@ -16,6 +16,7 @@ import msgspec
 
 from goodput.bus.credentials import BusSettingsError
 from goodput.bus.settings import BusSettings, settings_from_env
+from goodput.config_aliases import apply_aliases
 from goodput.subjects import DEFAULT_JOB, check_token
 
 ENV_PREFIX = "GOODPUT_"
@@ -221,7 +222,8 @@ def load_service_config(service: str, argv: list[str] | None = None) -> ServiceC
 
 
 def config_from_args(args: argparse.Namespace, service: str = "") -> ServiceConfig:
-    """The settings of ``service``: its ``[services.<service>]`` table of the file over the
+    """The settings of ``service``: its ``[services.<service>]`` table of the file (with the
+    supervisor names of ``[supervisor]`` it holds, :mod:`goodput.config_aliases`) over the
     file's ``[options]``, then ``--set`` flags."""
     data: dict[str, Any] = {}
     config_path = getattr(args, "config", None) or os.environ.get(ENV_PREFIX + "CONFIG")
@@ -231,8 +233,8 @@ def config_from_args(args: argparse.Namespace, service: str = "") -> ServiceConf
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise SystemExit(f"cannot read config file {config_path}: {exc}") from exc
     try:
-        file_config = msgspec.convert(data, ServiceConfig)
-    except msgspec.ValidationError as exc:
+        file_config = msgspec.convert(apply_aliases(data), ServiceConfig)
+    except ValueError as exc:  # msgspec.ValidationError is one
         raise SystemExit(f"invalid config file {config_path}: {exc}") from exc
     env = os.environ
 

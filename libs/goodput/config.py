@@ -221,10 +221,23 @@ def load_service_config(service: str, argv: list[str] | None = None) -> ServiceC
     return config_from_args(args, service)
 
 
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on ``base``, table by table: a nested table sets only the keys it names, so
+    ``--set 'kubernetes={image=…}'`` or a ``[supervisor]`` threshold keeps the file's other
+    keys of that table instead of silently dropping them."""
+    result = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
 def config_from_args(args: argparse.Namespace, service: str = "") -> ServiceConfig:
     """The settings of ``service``: its ``[services.<service>]`` table of the file (with the
     supervisor names of ``[supervisor]`` it holds, :mod:`goodput.config_aliases`) over the
-    file's ``[options]``, then ``--set`` flags."""
+    file's ``[options]``, then ``--set`` flags, each merged table by table (:func:`merged`)."""
     data: dict[str, Any] = {}
     config_path = getattr(args, "config", None) or os.environ.get(ENV_PREFIX + "CONFIG")
     if config_path:
@@ -244,9 +257,8 @@ def config_from_args(args: argparse.Namespace, service: str = "") -> ServiceConf
             return flag
         return env.get(ENV_PREFIX + name.upper(), current)
 
-    options = dict(file_config.options)
-    options.update(getattr(file_config.services, service, None) or {})
-    options.update(dict(getattr(args, "options", []) or []))
+    options = merged(file_config.options, getattr(file_config.services, service, None) or {})
+    options = merged(options, dict(getattr(args, "options", []) or []))
     try:
         bus = bus_settings_from_args(args, file_config.bus)
     except BusSettingsError as exc:

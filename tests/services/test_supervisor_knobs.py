@@ -88,10 +88,24 @@ def test_an_alias_merges_with_goodputs_own_options_of_the_same_service(tmp_path:
     )
     thresholds = loaded_options("sensor", path).thresholds  # type: ignore[attr-defined]
     assert (thresholds.heartbeat_timeout_s, thresholds.jobset_downtime_threshold_s) == (30, 180)
-    # --set flags still override the file
-    path = write_config(tmp_path, "[supervisor]\nnum_nodes_per_dp = 2\n")
-    config = load_service_config("controller", ["--config", path, "--set", "num_nodes_per_dp=4"])
-    assert config.options == {"num_nodes_per_dp": 4}
+    # --set flags still override the file, and set only the keys they name: the file's other
+    # thresholds stay (a shallow merge once dropped them without a word)
+    config = load_service_config(
+        "sensor", ["--config", path, "--set", "thresholds={heartbeat_timeout_s=7.0}"]
+    )
+    assert config.options["thresholds"] == {
+        "heartbeat_timeout_s": 7.0,
+        "jobset_downtime_threshold_s": 180,
+    }
+
+
+def test_an_alias_keeps_the_shared_tables_other_keys(tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path,
+        "[supervisor]\nheartbeat_timeout_s = 30\n[options.thresholds]\nhang_safety_factor = 4.0\n",
+    )
+    thresholds = loaded_options("sensor", path).thresholds  # type: ignore[attr-defined]
+    assert (thresholds.heartbeat_timeout_s, thresholds.hang_safety_factor) == (30, 4.0)
 
 
 def readme_example() -> str:

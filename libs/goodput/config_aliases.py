@@ -54,13 +54,28 @@ ALIASES: dict[str, Alias] = {
     "enable_fault_injection": Alias("hostmon", ("enable_fault_injection",), bool),
 }
 
+
+def _component(section: str, service: str, kind: str, manifest: str) -> str:
+    """Why a component section (``image``, ``port``, ``command``) is no goodput option."""
+    return (
+        f"the {section} is goodput's {service}, the goodput-{service} {kind} of "
+        f"deploy/k8s/base/{manifest}: its image is the overlay's images: entry, its command is "
+        "fixed there, the services reach each other over the bus (no port to set), and its "
+        f"options go under [services.{service}]"
+    )
+
+
 REJECTED: dict[str, str] = {
     "num_dp_replicas": "the job's size is given per job, not to the services: goodput run "
     "--nodes <num_dp_replicas x num_nodes_per_dp> --nodes-per-dp <num_nodes_per_dp>",
-    "host_daemon": "the host daemon is goodput's host monitor, the hostmon DaemonSet of "
-    "deploy/k8s/base/node-daemons.yaml: its image is the overlay's images: entry, its command "
-    "is fixed there, it listens on no port (it reports over the bus), and its options go "
-    "under [services.hostmon]",
+    "workers_per_host": "ranks per node are given per job: goodput run --procs-per-node",
+    "fault_injection_period_s": "no service injects faults on its own: run goodput chaos run "
+    "SCENARIO.toml with a fault whose rate_per_day is 86400 / fault_injection_period_s (a "
+    "Poisson process of that mean period), on hosts with enable_fault_injection = true",
+    "host_daemon": _component("host daemon", "hostmon", "DaemonSet", "node-daemons.yaml"),
+    "sensor": _component("sensor", "sensor", "Deployment", "supervisor.yaml"),
+    "controller": _component("controller", "controller", "Deployment", "supervisor.yaml"),
+    "actuator": _component("actuator", "actuator", "Deployment", "supervisor.yaml"),
 }
 
 

@@ -168,6 +168,16 @@ def test_a_refused_knob_stops_every_service_in_one_line(
     assert "\n" not in message
 
 
+@pytest.mark.parametrize("name", list(REJECTED))
+def test_a_knob_without_equivalent_says_what_to_use_instead(name: str, tmp_path: Path) -> None:
+    path = write_config(tmp_path, f"[supervisor.{name}]\nport = 60010\n")
+    with pytest.raises(SystemExit) as refused:
+        load_service_config("sensor", ["--config", path])
+    message = str(refused.value.code)
+    assert message.endswith(f"[supervisor] {name} has no goodput equivalent: {REJECTED[name]}")
+    assert "\n" not in message
+
+
 def test_every_problem_of_the_table_is_named_at_once(tmp_path: Path) -> None:
     path = write_config(tmp_path, "[supervisor]\nnum_dp_replicas = 4\nverbosity = 2\n")
     with pytest.raises(SystemExit, match=r"num_dp_replicas.*; unknown .* 'verbosity'"):

@@ -58,6 +58,7 @@ from goodput_services.actuator.kubernetes_pods import (
     ensure_service,
     pod_name,
     rank_pod,
+    remove_service,
     rendezvous_service,
     run_tag,
 )
@@ -182,9 +183,21 @@ class KubernetesBackend(MembershipBackend):
                 f"{', '.join(self.membership.active)}"
             )
 
+    async def stop(self, reason: str) -> str:
+        """Every pod of the job deleted (they save and exit), then its Service: nothing of the
+        job is left in the namespace."""
+        done = await super().stop(reason)
+        await self._remove_service()
+        return done
+
     async def shutdown(self) -> None:
-        """The actuator is going away: stop the pods it owns (they save and exit), and the watch."""
+        """The actuator is going away: stop the pods it owns (they save and exit), delete the
+        job's Service, and stop the watch."""
         await super().shutdown()
+        try:
+            await self._remove_service()
+        except RuntimeError as exc:  # the rest of the shutdown still runs
+            log.warning("%s", exc)
         await asyncio.to_thread(self._watcher.stop)
         if self._consumer is not None:
             self._consumer.cancel()
@@ -223,6 +236,9 @@ class KubernetesBackend(MembershipBackend):
         return await asyncio.to_thread(self.pods.holders, f"{LABEL_JOB}={self.job}", nodes)
 
     # ---- cluster objects ---------------------------------------------------------------------
+
+    async def _remove_service(self) -> None:
+        await asyncio.to_thread(remove_service, self.api, self.options.namespace, self.service_name)
 
     def pod_name(self, attempt: int, rank: int) -> str:
         return pod_name(self.job, self.run_id, attempt, rank)

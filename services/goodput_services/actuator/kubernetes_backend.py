@@ -209,6 +209,9 @@ class KubernetesBackend(MembershipBackend):
     def _standby_pids(self) -> dict[str, list[int]]:
         return self.standbys.ready_counts()
 
+    def _suspect_nodes(self) -> list[str]:
+        return sorted(self.pods.suspect)
+
     async def _release_standbys(self, nodes: list[str] | None) -> None:
         await self.standbys.release(nodes, IMMEDIATE_GRACE_S + self.options.delete_margin_s)
 

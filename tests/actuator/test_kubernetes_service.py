@@ -21,11 +21,9 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.config import ServiceConfig
 from goodput.launch.standby_channel import await_assignment_on_bus
-from goodput.supervisor.control.engine import Controller, Outcome
-from goodput.supervisor.jobstate.folds import new_job_state, observe_event
-from goodput.supervisor.jobstate.model import JobState
 from goodput_services.actuator.kubernetes_backend import KubernetesBackend
 from goodput_services.actuator.service import ActuatorService
+from goodput_services.controller.service import ControllerService
 from tests.stack.helpers import EventTap
 from tests.telemetry.helpers import running
 
@@ -157,64 +155,41 @@ async def test_in_process_restart_and_a_warm_hot_swap_over_the_bus(
     ]
 
 
-class EngineOnTheBus:
-    """The controller's REAL engine (``Controller``), driven as the controller service drives
-    it: the job's events folded in the order the bus delivered them, each command sent to the
-    actuator service and its result settled."""
-
-    def __init__(self, bus: Bus, tap: EventTap, state: JobState) -> None:
-        self.bus, self.tap, self.state = bus, tap, state
-        self.controller = Controller()
-        self.seen = 0
-        self.decisions: list[schemas.Decision] = []
-
-    async def carry_out(self, outcome: Outcome, now: int) -> None:
-        """Send the outcome's commands, then fold what followed up to each one's result;
-        a refusal the engine decides again is carried out in turn."""
-        self.state = outcome.state
-        if outcome.decision is not None:
-            self.decisions.append(outcome.decision)
-        for command in outcome.commands:
-            await self.bus.send_command(subjects.ACTUATOR, command)
-            result = await self.tap.result_of(command, timeout_s=60)
-            for event in self.tap.events[self.seen :]:
-                self.seen += 1
-                if event is result:
-                    break
-                if not isinstance(event, schemas.ActionResult):
-                    self.state = observe_event(self.state, event, now)
-            await self.carry_out(self.controller.settle(self.state, result, now), now + 1)
-
-
-async def test_a_node_that_never_confirms_a_deletion_is_replaced_and_the_job_runs(stack) -> None:
+async def test_a_node_that_never_confirms_a_deletion_is_replaced_and_the_job_runs(
+    stack, tmp_path: Path
+) -> None:
+    """The REAL controller service decides; its refused restart is followed by a hot swap."""
     bus, tap, api = stack
-    await _ok(bus, tap, _start(nodes=2, spares=1, procs=2))
-    engine = EngineOnTheBus(
-        bus,
-        tap,
-        new_job_state(
-            JOB, ["gpu-a", "gpu-b"], spares=["gpu-c"], num_nodes_per_dp=1, procs_per_node=2
-        ),
+    controller = ControllerService(
+        ServiceConfig(job=JOB, state_dir=str(tmp_path / "controller"), bus=bus.settings)
     )
-    # gpu-b's kubelet is gone (nobody declared the node failed) and its ranks stop beating:
-    # a frozen rank is restarted cold, whose deletions gpu-b never confirms
-    api.kill_node("gpu-b")
-    frozen = schemas.Signal(
-        job=JOB, signal="missed_heartbeat", node="gpu-b", severity="correctable", detail="rank 2"
-    )
-    await engine.carry_out(engine.controller.handle(engine.state, frozen, 1), 2)
-
-    first, second = engine.decisions
+    async with running(controller):
+        await _ok(bus, tap, _start(nodes=2, spares=1, procs=2))
+        # gpu-b's kubelet is gone (nobody declared the node failed) and its ranks stop beating
+        # (as the sensor says it): a frozen rank restarts cold, and gpu-b never confirms the
+        # deletion of its pods
+        api.kill_node("gpu-b")
+        frozen = schemas.Signal(
+            job=JOB, signal="missed_heartbeat", node="gpu-b", severity="correctable", detail="r2"
+        )
+        await bus.emit(frozen)
+        status = await tap.wait_for(
+            lambda e: isinstance(e, schemas.JobStatus) and e.state == "running" and e.attempt == 2,
+            60,
+            "running again",
+        )
+    first, second = [d for d in tap.of(schemas.Decision) if d.signal_id == frozen.signal_id]
     assert first.rule == "in-job-restart"
     assert second.rule == "replace-suspect", second.reason
     assert "restart refused (no pod placed: gpu-b never confirmed" in second.reason
-    status = await tap.wait_for(
-        lambda e: isinstance(e, schemas.JobStatus) and e.state == "running" and e.attempt == 2,
-        30,
-        "running again",
+    refused, swapped = [r for r in tap.of(schemas.ActionResult) if r.action != "start_job"]
+    assert (refused.action, refused.ok, swapped.action, swapped.ok) == (
+        "restart",
+        False,
+        "hot_swap",
+        True,
     )
     assert (status.active_nodes, status.failed_nodes) == (["gpu-a", "gpu-c"], ["gpu-b"])
     assert status.suspect_nodes == []  # its pods force-deleted once it was declared failed
-    running = sorted(_pinned_node(p) for p in api.pods.values())
-    assert running == ["gpu-a", "gpu-a", "gpu-c", "gpu-c"]
-    assert engine.state.active == ["gpu-a", "gpu-c"] and not engine.state.pending
+    running_on = sorted(_pinned_node(p) for p in api.pods.values())
+    assert running_on == ["gpu-a", "gpu-a", "gpu-c", "gpu-c"]

@@ -183,6 +183,15 @@ class FakeKubernetesApi:
         self.services.append(body)
         return body
 
+    def delete_namespaced_service(self, name: str, namespace: str, **_: Any) -> None:
+        """Kept until deleted, as an API server keeps it: nothing removes it with the pods."""
+        assert namespace == NAMESPACE
+        if name in self.refuse_delete:
+            raise ApiException(status=403, reason="Forbidden")
+        if not any(s.metadata.name == name for s in self.services):
+            raise ApiException(status=404, reason="NotFound")
+        self.services = [s for s in self.services if s.metadata.name != name]
+
     # ---- what a test makes the "cluster" do ----
 
     def exit(self, name: str, exit_code: int) -> None:
@@ -966,6 +975,7 @@ def test_the_deployed_actuator_options_fit_the_node_daemons_and_rbac() -> None:
         ("pods", "create"),
         ("pods", "delete"),
         ("services", "create"),
+        ("services", "delete"),
     }
     assert needed <= granted
 
@@ -987,3 +997,32 @@ async def test_a_second_run_on_the_same_actuator_has_only_its_own_ranks(rig) -> 
     # the first run's finished ranks are not this run's dead ones
     assert "1 rank(s) restarted in process, 1 started again" in detail
     assert sorted(api.pods) == [f"job-k8s-{new}-a1-r0", f"job-k8s-{new}-a2-r1"]
+
+
+@pytest.mark.parametrize("ending", ["stop", "shutdown"])
+async def test_a_job_leaves_no_object_of_its_own_once_stopped(rig, ending: str) -> None:
+    backend, api, recorder = rig
+    await backend.start_job(msgspec.structs.replace(_start(), standbys=1))
+    assert [s.metadata.name for s in api.services] == ["job-k8s-ranks"]
+    standby = [p for p in api.pods.values() if p.metadata.labels.get("goodput.dev/role")]
+    assert [_pod_node(p) for p in standby] == ["gpu-c"]
+    api.exit(f"job-k8s-{RUN}-a1-r3", 1)  # a failed pod stays an object until deleted
+    await recorder.wait_for(lambda e: isinstance(e, schemas.RankExited) and e.rank == 3)
+
+    if ending == "stop":
+        assert await backend.stop("done") == "ranks saved and stopped"
+        assert await backend.stop("again") == "no rank running"  # nothing left to delete
+    else:
+        await backend.shutdown()  # the actuator's SIGTERM: `goodput down`
+    assert api.pods == {} and api.services == []
+
+
+async def test_a_refused_service_deletion_fails_the_stop_in_one_line(rig) -> None:
+    backend, api, _ = rig
+    await backend.start_job(_start())
+
+    api.refuse_delete.add("job-k8s-ranks")
+    with pytest.raises(RuntimeError) as refused:
+        await backend.stop("done")
+    assert str(refused.value) == "cannot delete service job-k8s-ranks: 403 Forbidden"
+    assert api.pods == {}  # the ranks were stopped first

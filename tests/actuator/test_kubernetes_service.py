@@ -23,6 +23,7 @@ from goodput.config import ServiceConfig
 from goodput.launch.standby_channel import await_assignment_on_bus
 from goodput_services.actuator.kubernetes_backend import KubernetesBackend
 from goodput_services.actuator.service import ActuatorService
+from goodput_services.controller.service import ControllerService
 from tests.stack.helpers import EventTap
 from tests.telemetry.helpers import running
 
@@ -55,7 +56,11 @@ class Survivors:
                 for rank in sorted(self.ranks):
                     await self.bus.emit(
                         schemas.RankRejoined(
-                            job=JOB, node="", rank=rank, pid=0, attempt=command.attempt
+                            job=JOB,
+                            node="gpu-a" if rank < 2 else "gpu-b",  # two ranks a node
+                            rank=rank,
+                            pid=0,
+                            attempt=command.attempt,
                         )
                     )
 
@@ -78,7 +83,8 @@ async def stack(
         job=JOB,
         bus_settings=settings,
         ports=service.ports,
-        options=OPTIONS,
+        # a deletion a node never confirms is given up on 0.2 s past its grace period
+        options=msgspec.structs.replace(OPTIONS, delete_margin_s=0.2),
         api=api,
         watch_factory=lambda: FakePodWatch(api),
     )
@@ -147,3 +153,43 @@ async def test_in_process_restart_and_a_warm_hot_swap_over_the_bus(
         ("2", "gpu-b"),
         ("3", "gpu-b"),
     ]
+
+
+async def test_a_node_that_never_confirms_a_deletion_is_replaced_and_the_job_runs(
+    stack, tmp_path: Path
+) -> None:
+    """The REAL controller service decides; its refused restart is followed by a hot swap."""
+    bus, tap, api = stack
+    controller = ControllerService(
+        ServiceConfig(job=JOB, state_dir=str(tmp_path / "controller"), bus=bus.settings)
+    )
+    async with running(controller):
+        await _ok(bus, tap, _start(nodes=2, spares=1, procs=2))
+        # gpu-b's kubelet is gone (nobody declared the node failed) and its ranks stop beating
+        # (as the sensor says it): a frozen rank restarts cold, and gpu-b never confirms the
+        # deletion of its pods
+        api.kill_node("gpu-b")
+        frozen = schemas.Signal(
+            job=JOB, signal="missed_heartbeat", node="gpu-b", severity="correctable", detail="r2"
+        )
+        await bus.emit(frozen)
+        status = await tap.wait_for(
+            lambda e: isinstance(e, schemas.JobStatus) and e.state == "running" and e.attempt == 2,
+            60,
+            "running again",
+        )
+    first, second = [d for d in tap.of(schemas.Decision) if d.signal_id == frozen.signal_id]
+    assert first.rule == "in-job-restart"
+    assert second.rule == "replace-suspect", second.reason
+    assert "restart refused (no pod placed: gpu-b never confirmed" in second.reason
+    refused, swapped = [r for r in tap.of(schemas.ActionResult) if r.action != "start_job"]
+    assert (refused.action, refused.ok, swapped.action, swapped.ok) == (
+        "restart",
+        False,
+        "hot_swap",
+        True,
+    )
+    assert (status.active_nodes, status.failed_nodes) == (["gpu-a", "gpu-c"], ["gpu-b"])
+    assert status.suspect_nodes == []  # its pods force-deleted once it was declared failed
+    running_on = sorted(_pinned_node(p) for p in api.pods.values())
+    assert running_on == ["gpu-a", "gpu-a", "gpu-c", "gpu-c"]

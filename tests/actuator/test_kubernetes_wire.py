@@ -164,6 +164,12 @@ class StandInApiServer:
             def do_DELETE(self) -> None:
                 url = urlparse(self.path)
                 name = url.path.rsplit("/", 1)[-1]
+                if url.path == f"/api/v1/namespaces/{NAMESPACE}/services/{name}":
+                    kept = [s for s in server.services if s["metadata"]["name"] != name]
+                    found = len(kept) < len(server.services)
+                    server.services[:] = kept
+                    self._send(200 if found else 404, {"kind": "Status", "code": 404})
+                    return
                 grace = parse_qs(url.query).get("gracePeriodSeconds", [""])[0]
                 pod = server.pods.get(name)
                 if pod is None:
@@ -282,6 +288,9 @@ async def test_pods_go_over_the_wire_and_terminations_come_back_through_the_watc
         lambda e: isinstance(e, schemas.RankExited) and e.expected_reason == "restart"
     )
     assert (killed.rank, killed.signal) == (0, 9)
+
+    await backend.stop("test over")  # nothing of the job is left on the API server
+    assert server.pods == {} and server.services == []
 
 
 def _two_nodes_of_two_ranks() -> schemas.StartJob:

@@ -157,6 +157,7 @@ def sample_events() -> list[schemas.Event]:
             active_nodes=["n0", "n1"],
             spare_nodes=["n2"],
             failed_nodes=["n3"],
+            suspect_nodes=["n1"],
             pids={"n0": [11, 12]},
             detail="hot swap",
             run_id="r1",

@@ -37,7 +37,10 @@ import msgspec
 #: 9: a service's health record names the node it serves (``ServiceHealth.node``) and is
 #: kept per replica (its key ends with the instance), so replicas no longer overwrite one
 #: record and `goodput status` reads any stack from the bus alone
-SCHEMA_VERSION = 9
+#: 10: the actuator names the nodes it places no rank on until they are replaced
+#: (``JobStatus.suspect_nodes``: a pod deletion they never confirmed), so the policy replaces
+#: such a node after a refused launch instead of leaving the job restarting
+SCHEMA_VERSION = 10
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

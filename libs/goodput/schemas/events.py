@@ -309,6 +309,9 @@ class JobStatus(Event, tag="job_status", kw_only=True):
     standbys: dict[Token, list[int]] = msgspec.field(default_factory=dict)
     #: what the backend can do (None: an actuator that does not say; every rung is tried)
     capabilities: BackendCapabilities | None = None
+    #: nodes that never confirmed the deletion of a pod of the job: the backend places no rank
+    #: there (its GPU may still be held) until they are replaced or confirm it (schema 10)
+    suspect_nodes: list[Token] = msgspec.field(default_factory=list)
 
 
 class RankRejoined(Event, tag="rank_rejoined", kw_only=True):

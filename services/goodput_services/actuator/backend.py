@@ -167,6 +167,11 @@ class MembershipBackend(RankEnvironments, ABC):
         """Ready standby processes per node (a backend that keeps none: none)."""
         return {}
 
+    def _suspect_nodes(self) -> list[str]:
+        """Nodes that never confirmed a rank's end: no rank is placed there until they are
+        replaced (a backend whose ranks' ends are always confirmed: none)."""
+        return []
+
     async def _release_standbys(self, nodes: list[str] | None) -> None:
         """Stop the standbys of ``nodes`` (None: every one) — a backend that keeps none: no-op."""
         return None
@@ -205,6 +210,7 @@ class MembershipBackend(RankEnvironments, ABC):
             run_id=self.run_id,
             standbys=self._standby_pids(),
             capabilities=self.capabilities(),
+            suspect_nodes=self._suspect_nodes(),
         )
 
     async def _begin_run(self, spec: schemas.StartJob) -> None:

@@ -33,36 +33,28 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from pathlib import Path
 
 from kubernetes import client, watch
 
 from goodput import schemas, subjects
 from goodput.bus import BusSettings
-from goodput.checkpoint.format import node_volume
-from goodput.launch.standby_channel import READY_FILE
 from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import BusPorts, MembershipBackend
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
 from goodput_services.actuator.kubernetes_pods import (
-    LABEL_ATTEMPT,
     LABEL_JOB,
-    LABEL_NODE,
-    LABEL_RANK,
-    LABEL_ROLE,
-    LABEL_RUN,
     PodApi,
     cluster_nodes,
     dns_label,
     ensure_service,
-    pod_name,
-    rank_pod,
+    remove_service,
     rendezvous_service,
     run_tag,
 )
 from goodput_services.actuator.kubernetes_ranks import RankPod, RankPods, api_reason
-from goodput_services.actuator.kubernetes_standbys import PodStandbys, standby_env
+from goodput_services.actuator.kubernetes_specs import PodSpecs
+from goodput_services.actuator.kubernetes_standbys import PodStandbys
 from goodput_services.actuator.kubernetes_watch import PodEvent, PodWatch, PodWatcher
 
 log = logging.getLogger(__name__)
@@ -70,12 +62,9 @@ log = logging.getLogger(__name__)
 #: "immediate" deletion on a live node: 0 would remove the pod object before its containers
 #: stopped, and a new rank pod could then start on a GPU the old process still holds
 IMMEDIATE_GRACE_S = 1
-#: an attempt's rendezvous port is ``master_port`` plus its attempt number modulo this: a
-#: survivor restarting in process still holds the previous attempt's store port
-RENDEZVOUS_PORTS = 64
 
 
-class KubernetesBackend(MembershipBackend):
+class KubernetesBackend(MembershipBackend, PodSpecs):
     """Creates, watches and replaces rank pods; reports every change as an event."""
 
     name = "kubernetes"
@@ -182,9 +171,21 @@ class KubernetesBackend(MembershipBackend):
                 f"{', '.join(self.membership.active)}"
             )
 
+    async def stop(self, reason: str) -> str:
+        """Every pod of the job deleted (they save and exit), then its Service: nothing of the
+        job is left in the namespace."""
+        done = await super().stop(reason)
+        await self._remove_service()
+        return done
+
     async def shutdown(self) -> None:
-        """The actuator is going away: stop the pods it owns (they save and exit), and the watch."""
+        """The actuator is going away: stop the pods it owns (they save and exit), delete the
+        job's Service, and stop the watch."""
         await super().shutdown()
+        try:
+            await self._remove_service()
+        except RuntimeError as exc:  # the rest of the shutdown still runs
+            log.warning("%s", exc)
         await asyncio.to_thread(self._watcher.stop)
         if self._consumer is not None:
             self._consumer.cancel()
@@ -195,6 +196,9 @@ class KubernetesBackend(MembershipBackend):
 
     def _standby_pids(self) -> dict[str, list[int]]:
         return self.standbys.ready_counts()
+
+    def _suspect_nodes(self) -> list[str]:
+        return sorted(self.pods.suspect)
 
     async def _release_standbys(self, nodes: list[str] | None) -> None:
         await self.standbys.release(nodes, IMMEDIATE_GRACE_S + self.options.delete_margin_s)
@@ -222,71 +226,10 @@ class KubernetesBackend(MembershipBackend):
     async def _gpu_holders(self, nodes: list[str]) -> dict[str, str]:
         return await asyncio.to_thread(self.pods.holders, f"{LABEL_JOB}={self.job}", nodes)
 
-    # ---- cluster objects ---------------------------------------------------------------------
+    # ---- cluster objects (the pods' bodies and names: ``kubernetes_specs``) -----------------
 
-    def pod_name(self, attempt: int, rank: int) -> str:
-        return pod_name(self.job, self.run_id, attempt, rank)
-
-    def address(self, name: str) -> str:
-        """A rank pod's stable DNS name through the job's headless Service."""
-        return f"{name}.{self.service_name}.{self.options.namespace}.svc"
-
-    def rendezvous_port(self, attempt: int) -> int:
-        return self.options.master_port + attempt % RENDEZVOUS_PORTS
-
-    def rank_bus_environment(self) -> dict[str, str]:
-        return self.rank_bus.env
-
-    def _standby_pod(self, name: str, node: str) -> client.V1Pod:
-        """A standby of the current run on ``node`` (``kubernetes_standbys``)."""
-        assert self.spec is not None
-        env = standby_env(self.spec.env, self.rank_bus_environment(), self.job, node, name)
-        labels = {LABEL_ROLE: "standby", LABEL_NODE: node}
-        return self._pod(name, node, labels, env, ready_file=str(READY_FILE))
-
-    def _rank_pod(
-        self, entry: RankPod, node_index: int, master_addr: str, master_port: int
-    ) -> client.V1Pod:
-        """The pod of one rank of the current attempt, pinned to its node."""
-        env = self.rank_environment(
-            node=entry.node,
-            node_index=node_index,
-            rank=entry.rank,
-            local_rank=entry.local_rank,
-            master_addr=master_addr,
-            master_port=master_port,
-            volume=self.volume(entry.node),
-        )
-        labels = {
-            LABEL_ATTEMPT: str(entry.attempt),
-            LABEL_RANK: str(entry.rank),
-            LABEL_NODE: entry.node,
-        }
-        return self._pod(entry.name, entry.node, labels, env)
-
-    def _pod(
-        self, name: str, node: str, labels: dict[str, str], env: dict[str, str], ready_file=""
-    ) -> client.V1Pod:
-        assert self.spec is not None
-        gpus = self.spec.gpus_per_rank
-        return rank_pod(
-            name=name,
-            labels={LABEL_JOB: self.job, LABEL_RUN: run_tag(self.run_id), **labels},
-            node=node,
-            service_name=self.service_name,
-            argv=self.spec.argv,
-            workdir=self.spec.workdir,
-            env=env,
-            image=self.spec.image or self.options.image,
-            gpus=self.options.gpus_per_rank if gpus is None else gpus,
-            options=self.options,
-            rank_bus=self.rank_bus,
-            ready_file=ready_file,
-        )
-
-    def volume(self, node: str) -> Path:
-        """The node's checkpoint volume as rank pods see it."""
-        return node_volume(Path(self.options.checkpoint_mount_path), node, self.job)
+    async def _remove_service(self) -> None:
+        await asyncio.to_thread(remove_service, self.api, self.options.namespace, self.service_name)
 
     # ---- attempts ----------------------------------------------------------------------------
 

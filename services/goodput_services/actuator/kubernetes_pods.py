@@ -45,6 +45,8 @@ class PodApi(Protocol):
         self, namespace: str, body: client.V1Service
     ) -> client.V1Service: ...
 
+    def delete_namespaced_service(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
+
 
 def rank_pod(
     *,
@@ -178,6 +180,15 @@ def ensure_service(api: PodApi, namespace: str, body: client.V1Service) -> None:
     except ApiException as exc:
         if exc.status != 409:
             raise RuntimeError(f"cannot create service {body.metadata.name}: {exc}") from exc
+
+
+def remove_service(api: PodApi, namespace: str, name: str) -> None:
+    """Delete the rendezvous Service (gone already is fine): the job no longer runs."""
+    try:
+        api.delete_namespaced_service(name, namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise RuntimeError(f"cannot delete service {name}: {exc.status} {exc.reason}") from exc
 
 
 def is_ready(node: client.V1Node) -> bool:

@@ -118,6 +118,13 @@ def observe_status(state: JobState, status: schemas.JobStatus, now: int) -> JobS
         for n in [*observed.active, *observed.spares, *observed.failed]
         if n not in known
     ]
+    suspect = set(status.suspect_nodes)
+    nodes = [
+        msgspec.structs.replace(n, suspect=n.name in suspect)
+        if n.suspect != (n.name in suspect)
+        else n
+        for n in [*state.nodes, *added]
+    ]
     return project(
         msgspec.structs.replace(
             state,
@@ -125,7 +132,7 @@ def observe_status(state: JobState, status: schemas.JobStatus, now: int) -> JobS
             attempt=status.attempt,
             standbys={node: len(pids) for node, pids in status.standbys.items() if pids},
             backend=status.capabilities or state.backend,
-            nodes=[*state.nodes, *added],
+            nodes=nodes,
             version=state.version + 1,
         ),
         now,

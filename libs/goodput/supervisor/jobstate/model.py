@@ -57,6 +57,9 @@ class NodeRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: why the last GPU reset of this node failed ("" : none failed since it last returned);
     #: the built-in policy then replaces the node instead of resetting again
     gpu_reset_failed: str = ""
+    #: the actuator reported it never confirmed a pod's deletion (``JobStatus.suspect_nodes``):
+    #: no rank is placed there, so a launch on it is refused until it is replaced
+    suspect: bool = False
 
 
 class Remediation(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -10,7 +10,8 @@ It returns the commands to issue, chosen from :data:`ALLOWED_COMMANDS` and built
 Returning a :class:`Plan` adds the rule name and a sentence saying why, which end up in the
 published ``Decision``; a bare list is reported as rule ``"script"``; ``[]`` means "do
 nothing". A script may call the built-in policy (:func:`default_policy`) or its building
-blocks (:func:`scale_down`, :func:`scale_up`, :func:`replace_node`, :func:`evict_straggler`,
+blocks (:func:`scale_down`, :func:`scale_up`, :func:`replace_node`, :func:`replace_suspects`:
+the nodes the actuator places no rank on, ``NodeRecord.suspect``; :func:`evict_straggler`,
 :func:`reset_gpus`, :func:`standby_note`: whether a launch on some nodes should take their
 ready standbys, ``JobState.standbys``; :func:`backend_lacks`: why the actuator's backend
 cannot run a rung, from what it declared, ``JobState.backend``) and change only what it wants. It gets copies of the signal and the state: changing them
@@ -29,6 +30,7 @@ from goodput.supervisor.policy.builtin import (
     default_policy,
     evict_straggler,
     replace_node,
+    replace_suspects,
     reset_gpus,
     scale_down,
     scale_up,
@@ -56,6 +58,7 @@ __all__ = [
     "default_policy",
     "evict_straggler",
     "replace_node",
+    "replace_suspects",
     "reset_gpus",
     "scale_down",
     "scale_up",

@@ -6,6 +6,11 @@ free, and a refused hot swap leaves its node active for the next decision.
 
 Rules, in order (the rule name is what a ``Decision`` shows):
 
+* ``replace-suspect`` — the actuator reports active nodes it places no rank on (a pod deletion
+  they never confirmed, ``JobStatus.suspect_nodes``): every launch would be refused, whatever
+  the signal, so they are replaced first — one by a free spare (hot swap), several (or none
+  free) by a scale to the healthy nodes, each suspect node's place taken by a free spare while
+  one is left. A refused launch is decided again (``Controller.settle``): this rung follows it.
 * ``scale-up`` — a node came back (``node_returned``) and the job runs below the size it was
   started with: grow by as many whole replicas as the free spares allow.
   ``spare-kept`` — it came back but the job is at full size: it stays a spare.
@@ -99,6 +104,9 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
     """The built-in policy: in-process and in-job restart, GPU reset, hot swap, scale down, scale up, evict
     stragglers."""
     kind = signal.signal
+    suspect = [n.name for n in state.nodes if n.role == "active" and n.suspect]
+    if suspect:
+        return replace_suspects(state, suspect, why=f"{kind} on {signal.node or 'the job'}")
     if kind == "node_returned":
         if state.role_of(signal.node) == "active":
             return Plan([], "node-healthy", f"{signal.node} is healthy again and in the job")
@@ -244,6 +252,41 @@ def replace_node(state: JobState, node: str, *, why: str) -> Plan:
             f"{why}: swap in spare {spare}{note}",
         )
     return scale_down(state, node, why=f"{why}, no spare free")
+
+
+def replace_suspects(state: JobState, suspect: list[str], *, why: str) -> Plan:
+    """Replace the active nodes the actuator will not place a rank on: a hot swap for one
+    when a spare is free (and the backend can), else a scale to the other active nodes, each
+    suspect node's place taken by a free spare while one is left, in whole replicas."""
+    why = f"{why}; {', '.join(suspect)} never confirmed a pod's deletion, no rank goes there"
+    free = [n.name for n in state.nodes if n.role == "spare" and not n.suspect and not n.down]
+    if len(suspect) == 1 and free and not backend_lacks(state, "hot_swap"):
+        node, spare = suspect[0], free[0]
+        warm, note = standby_note(state, [spare if n == node else n for n in state.active])
+        return Plan(
+            [schemas.HotSwap(job=state.job, failed_node=node, spare_node=spare, standbys=warm)],
+            "replace-suspect",
+            f"{why}: swap in spare {spare}{note}",
+        )
+    dropped = set(suspect)
+    spares = iter(free)
+    nodes = [n if n not in dropped else next(spares, "") for n in state.active]
+    nodes = [n for n in nodes if n]
+    replicas = len(nodes) // state.num_nodes_per_dp
+    lacks = backend_lacks(state, "scale")
+    if lacks or replicas < 1:
+        why = f"{why}; {lacks or 'not one whole replica left'}"
+        return Plan([schemas.Stop(job=state.job, reason=why)], "replace-suspect", why)
+    keep = nodes[: replicas * state.num_nodes_per_dp]
+    warm, note = standby_note(state, keep)
+    command = schemas.ScaleTo(
+        job=state.job, num_dp_replicas=replicas, nodes=keep, drop_nodes=suspect, standbys=warm
+    )
+    return Plan(
+        [command],
+        "replace-suspect",
+        f"{why}: run on {len(keep)} node(s), {replicas} DP replica(s){note}",
+    )
 
 
 def scale_down(state: JobState, node: str, *, why: str) -> Plan:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import os
 from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
@@ -35,10 +36,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
 TRACEPARENT = "traceparent"
+#: the values of ``OTEL_METRICS_EXPORTER`` goodput knows (one exporter per process)
+METRIC_EXPORTERS = ("none", "console", "otlp", "prometheus")
 #: the environment variable that hands a launch's trace context to the rank processes
 TRACEPARENT_ENV = "GOODPUT_TRACEPARENT"
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _configured = False
 _meter_provider: MeterProvider | None = None
@@ -94,7 +98,7 @@ def setup_metrics(
     if isinstance(metrics.get_meter_provider(), MeterProvider):
         return None  # the process's own code installed one; it stays the only one
     if reader is None:
-        reader = _reader_from_env(port_offset)
+        reader = metric_reader_from_env(port_offset)
         if reader is None:
             return None
     _meter_provider = MeterProvider(
@@ -104,11 +108,20 @@ def setup_metrics(
     return _meter_provider
 
 
-def _reader_from_env(port_offset: int) -> MetricReader | None:
-    if exporter_choice("OTEL_METRICS_EXPORTER") == "prometheus":
+def metric_reader_from_env(port_offset: int) -> MetricReader | None:
+    """The reader ``OTEL_METRICS_EXPORTER`` asks for: a Prometheus endpoint or a periodic push."""
+    name = exporter_choice("OTEL_METRICS_EXPORTER")
+    if name == "prometheus":
         from goodput.prometheus_endpoint import serve_prometheus
 
         return serve_prometheus(port_offset)
+    if name not in METRIC_EXPORTERS:  # a typo or a list: said, not silently dropped
+        log.warning(
+            "OTEL_METRICS_EXPORTER=%r names none of %s: metrics not exported",
+            name,
+            ", ".join(METRIC_EXPORTERS),
+        )
+        return None
     exporter = metric_exporter_from_env()
     return PeriodicExportingMetricReader(exporter) if exporter is not None else None
 

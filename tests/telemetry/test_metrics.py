@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, InMemoryMetr
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from goodput import schemas
+from goodput import schemas, telemetry
 from goodput.measure import metrics
 from goodput.measure.accounting import write_event_log
 from goodput.shim.tracing import RESUME_SPAN, ShimTelemetry
@@ -204,3 +205,16 @@ def test_goodput_report_under_the_prometheus_exporter_says_in_one_line_where_its
     (line,) = result.stderr.strip().splitlines()
     assert "Prometheus" in line and "OTEL_METRICS_EXPORTER=otlp" in line
     assert json.loads(result.stdout)["goodput_pct"] > 0
+
+
+def test_a_metrics_exporter_goodput_does_not_know_is_one_log_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp,prometheus")
+    with caplog.at_level(logging.WARNING, logger="goodput.telemetry"):
+        assert telemetry.metric_reader_from_env(0) is None
+    (record,) = caplog.records
+    assert "'otlp,prometheus'" in record.getMessage() and "prometheus" in record.getMessage()
+    caplog.clear()
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    assert telemetry.metric_reader_from_env(0) is None and not caplog.records

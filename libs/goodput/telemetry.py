@@ -3,7 +3,8 @@
 Exporters follow the standard environment variables: ``OTEL_TRACES_EXPORTER`` /
 ``OTEL_METRICS_EXPORTER`` = ``console``, ``otlp`` or ``none`` (the default, so an idle
 laptop prints nothing), ``OTEL_EXPORTER_OTLP_ENDPOINT`` and friends for OTLP,
-``OTEL_METRIC_EXPORT_INTERVAL`` for how often metrics leave the process.
+``OTEL_METRIC_EXPORT_INTERVAL`` for how often metrics leave the process. Metrics may also be
+``prometheus``: the process serves them for scraping (:mod:`goodput.prometheus_endpoint`).
 
 A remediation is one trace: the sensor's signal span is its root, and every message sent
 while a span is current carries the W3C ``traceparent`` header (:func:`inject_headers`), so
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import os
 from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
@@ -34,17 +36,20 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
 TRACEPARENT = "traceparent"
+#: the values of ``OTEL_METRICS_EXPORTER`` goodput knows (one exporter per process)
+METRIC_EXPORTERS = ("none", "console", "otlp", "prometheus")
 #: the environment variable that hands a launch's trace context to the rank processes
 TRACEPARENT_ENV = "GOODPUT_TRACEPARENT"
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _configured = False
 _meter_provider: MeterProvider | None = None
 
 
 def exporter_choice(variable: str) -> str:
-    """``console``, ``otlp`` or ``none`` from ``OTEL_TRACES_EXPORTER``/``OTEL_METRICS_EXPORTER``."""
+    """``console``, ``otlp``, ``prometheus`` (metrics) or ``none`` from ``variable``."""
     return os.environ.get(variable, "none").strip().lower() or "none"
 
 
@@ -77,22 +82,25 @@ def span_exporter_from_env() -> SpanExporter | None:
     return None
 
 
-def setup_metrics(service_name: str, reader: MetricReader | None = None) -> MeterProvider | None:
+def setup_metrics(
+    service_name: str, reader: MetricReader | None = None, *, port_offset: int = 0
+) -> MeterProvider | None:
     """Install a meter provider for this process once, if asked for (``reader`` or the env).
 
     With ``OTEL_METRICS_EXPORTER`` unset or ``none`` nothing is installed: instruments stay the
-    API's no-ops, which cost nothing in a training loop.
+    API's no-ops, which cost nothing in a training loop. With ``prometheus`` the process serves
+    its metrics on the port :func:`goodput.prometheus_endpoint.endpoint_port` gives for
+    ``port_offset``; a port it cannot bind is one log line, and nothing is installed.
     """
     global _meter_provider
     if _meter_provider is not None:
         return _meter_provider
-    if reader is None:
-        exporter = metric_exporter_from_env()
-        if exporter is None:
-            return None
-        reader = PeriodicExportingMetricReader(exporter)
     if isinstance(metrics.get_meter_provider(), MeterProvider):
         return None  # the process's own code installed one; it stays the only one
+    if reader is None:
+        reader = metric_reader_from_env(port_offset)
+        if reader is None:
+            return None
     _meter_provider = MeterProvider(
         metric_readers=[reader], resource=Resource.create({"service.name": service_name})
     )
@@ -100,7 +108,26 @@ def setup_metrics(service_name: str, reader: MetricReader | None = None) -> Mete
     return _meter_provider
 
 
+def metric_reader_from_env(port_offset: int) -> MetricReader | None:
+    """The reader ``OTEL_METRICS_EXPORTER`` asks for: a Prometheus endpoint or a periodic push."""
+    name = exporter_choice("OTEL_METRICS_EXPORTER")
+    if name == "prometheus":
+        from goodput.prometheus_endpoint import serve_prometheus
+
+        return serve_prometheus(port_offset)
+    if name not in METRIC_EXPORTERS:  # a typo or a list: said, not silently dropped
+        log.warning(
+            "OTEL_METRICS_EXPORTER=%r names none of %s: metrics not exported",
+            name,
+            ", ".join(METRIC_EXPORTERS),
+        )
+        return None
+    exporter = metric_exporter_from_env()
+    return PeriodicExportingMetricReader(exporter) if exporter is not None else None
+
+
 def metric_exporter_from_env() -> MetricExporter | None:
+    """The push exporter ``OTEL_METRICS_EXPORTER`` names (None for ``prometheus``, a pull)."""
     name = exporter_choice("OTEL_METRICS_EXPORTER")
     if name == "console":
         return ConsoleMetricExporter()

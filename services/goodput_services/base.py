@@ -33,7 +33,8 @@ from goodput.bus.service_health import forget_replaced
 from goodput.config import ServiceConfig, convert_options
 from goodput.instance_id import instance_id
 from goodput.launch.exit_reason import REFUSED_EXIT_CODE, report_exit
-from goodput.telemetry import setup_tracing
+from goodput.prometheus_endpoint import SERVICE_PORT_OFFSETS
+from goodput.telemetry import setup_metrics, setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +271,10 @@ def run_service(service_class: type[Service], argv: list[str] | None = None) -> 
         config = load_service_config(service_class.name, argv)
         setup_logging(config.log_level, service=service_class.name, job=config.job)
         setup_tracing(f"goodput-{service_class.name}")
+        setup_metrics(
+            f"goodput-{service_class.name}",
+            port_offset=SERVICE_PORT_OFFSETS.get(service_class.name, 0),
+        )
         service = service_class(config)  # options refused here raise SystemExit(one line)
     except SystemExit as exc:
         if not isinstance(exc.code, str):

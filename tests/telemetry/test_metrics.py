@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, InMemoryMetr
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from goodput import schemas
+from goodput import schemas, telemetry
 from goodput.measure import metrics
 from goodput.measure.accounting import write_event_log
 from goodput.shim.tracing import RESUME_SPAN, ShimTelemetry
@@ -56,13 +57,44 @@ def test_steps_step_time_and_checkpoint_stall_are_recorded() -> None:
 def test_goodput_gauges_report_the_latest_value_per_job() -> None:
     reader = InMemoryMetricReader()
     gauges = metrics.GoodputGauges(MeterProvider([reader]))
-    gauges.set("a", goodput=0.5, ettr=0.6)
-    gauges.set("a", goodput=0.9, ettr=0.95)
+    gauges.set("a", goodput=0.5, ettr=0.6, badput={"restart_reprovision": 30.0})
+    gauges.set("a", goodput=0.9, ettr=0.95, badput={"checkpoint_save": 2.0, "job_down": 7.0})
     gauges.set("b", goodput=0.1, ettr=0.2)
     found = points(reader)
     goodput = {p.attributes[metrics.JOB]: p.value for p in found[metrics.GOODPUT]}
     ettr = {p.attributes[metrics.JOB]: p.value for p in found[metrics.ETTR]}
     assert goodput == {"a": 0.9, "b": 0.1} and ettr == {"a": 0.95, "b": 0.2}
+    badput = {
+        (p.attributes[metrics.JOB], p.attributes[metrics.CAUSE]): p.value
+        for p in found[metrics.BADPUT]
+    }
+    assert badput == {("a", "checkpoint_save"): 2.0, ("a", "job_down"): 7.0}
+
+
+def test_the_job_step_counter_counts_the_newest_step_once_and_each_run_from_its_start() -> None:
+    reader = InMemoryMetricReader()
+    progress = metrics.JobProgressMetrics("j", MeterProvider([reader]))
+
+    def step(rank: int, step: int) -> schemas.StepDone:
+        return schemas.StepDone(
+            job="j", node="n0", rank=rank, step=step, step_time_s=0.1, tokens=1, loss=1.0
+        )
+
+    for event in [step(0, 10), step(1, 10), step(0, 11), step(1, 11), step(0, 13)]:
+        progress.observe(event)  # a sensor started mid-job: counted from step 10
+    for event in [step(0, 12), step(0, 13), step(0, 14)]:  # a rollback re-runs 12 and 13
+        progress.observe(event)
+    progress.observe(schemas.RunStarted(job="j", run_id="r2", command_id="c2"))
+    for event in [step(0, 1), step(0, 2), step(0, 3)]:  # a new run counts from its own start
+        progress.observe(event)
+    progress.signal("crash")
+    progress.signal("crash")
+    progress.signal("hang")
+    found = points(reader)
+    (steps,) = found[metrics.JOB_STEPS]
+    assert steps.value == (14 - 10) + (3 - 1) and dict(steps.attributes) == {metrics.JOB: "j"}
+    signals = {p.attributes[metrics.SIGNAL]: p.value for p in found[metrics.SIGNALS]}
+    assert signals == {"crash": 2, "hang": 1}
 
 
 def test_the_shim_continues_the_launch_trace_until_its_first_step(
@@ -139,14 +171,50 @@ def test_goodput_report_exports_the_goodput_gauge_with_the_console_exporter(
         env={**os.environ, "OTEL_METRICS_EXPORTER": "console"},
         check=True,
     )
-    decoder, values, offset = json.JSONDecoder(), {}, 0
+    decoder, values, badput, offset = json.JSONDecoder(), {}, {}, 0
     while (start := result.stdout.find("{", offset)) >= 0:
         document, offset = decoder.raw_decode(result.stdout, start)
         for resource in document.get("resource_metrics", []):
             for scope in resource["scope_metrics"]:
                 for metric in scope["metrics"]:
-                    values[metric["name"]] = metric["data"]["data_points"][0]["value"]
+                    data_points = metric["data"]["data_points"]
+                    values[metric["name"]] = data_points[0]["value"]
+                    if metric["name"] == metrics.BADPUT:
+                        badput = {p["attributes"][metrics.CAUSE]: p["value"] for p in data_points}
         if "goodput_pct" in document:
             report = document
     assert values[metrics.GOODPUT] == pytest.approx(report["goodput_pct"] / 100)
     assert values[metrics.ETTR] == pytest.approx(report["ettr"])
+    assert badput == pytest.approx({k: v for k, v in report["badput"].items()})
+    assert badput["restart_reprovision"] > 0
+
+
+def test_goodput_report_under_the_prometheus_exporter_says_in_one_line_where_its_gauges_go(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "events.jsonl"
+    write_event_log(log, scenario_events())
+    result = subprocess.run(
+        [sys.executable, "-m", "goodput.tools.cli.main", "report", "--events", str(log), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OTEL_METRICS_EXPORTER": "prometheus"},
+        check=True,
+    )
+    (line,) = result.stderr.strip().splitlines()
+    assert "Prometheus" in line and "OTEL_METRICS_EXPORTER=otlp" in line
+    assert json.loads(result.stdout)["goodput_pct"] > 0
+
+
+def test_a_metrics_exporter_goodput_does_not_know_is_one_log_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp,prometheus")
+    with caplog.at_level(logging.WARNING, logger="goodput.telemetry"):
+        assert telemetry.metric_reader_from_env(0) is None
+    (record,) = caplog.records
+    assert "'otlp,prometheus'" in record.getMessage() and "prometheus" in record.getMessage()
+    caplog.clear()
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    assert telemetry.metric_reader_from_env(0) is None and not caplog.records

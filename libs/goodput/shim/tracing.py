@@ -5,7 +5,8 @@ continues that trace with one span, from the shim's start through restoring the 
 to its first step; it ends when the first ``StepDone`` is published, and that event carries
 the span's context, so "training resumed" closes the remediation's trace.
 
-Exporters come from the standard ``OTEL_*`` variables, as in the services. A training script
+Exporters come from the standard ``OTEL_*`` variables, as in the services (a Prometheus
+endpoint on the base port plus the local rank). A training script
 that installed its own OpenTelemetry providers keeps them; with no exporter chosen nothing is
 installed at all, and the trace still passes through (the API's no-op span keeps its parent's
 context), so the first step's event still belongs to the remediation.
@@ -54,11 +55,17 @@ class ShimTelemetry:
             )
 
     @classmethod
-    def from_env(cls, *, job: str, node: str, rank: int, attempt: int) -> ShimTelemetry:
-        """Set up exporters the environment asks for, and continue the launch's trace."""
+    def from_env(
+        cls, *, job: str, node: str, rank: int, attempt: int, local_rank: int = 0
+    ) -> ShimTelemetry:
+        """Set up exporters the environment asks for, and continue the launch's trace.
+
+        A Prometheus endpoint is served on the base port plus ``local_rank``: the ranks of a
+        node each have their own.
+        """
         if exporter_choice("OTEL_TRACES_EXPORTER") != "none":
             setup_tracing(SERVICE_NAME)
-        setup_metrics(SERVICE_NAME)
+        setup_metrics(SERVICE_NAME, port_offset=local_rank)
         return cls(
             job=job,
             node=node,

@@ -88,7 +88,11 @@ class TrainerShim:
                 node_shared=True,
             )
         self.telemetry = ShimTelemetry.from_env(
-            job=config.job, node=config.node, rank=config.rank, attempt=config.attempt
+            job=config.job,
+            node=config.node,
+            rank=config.rank,
+            attempt=config.attempt,
+            local_rank=config.local_rank,
         )
         self.link: BusLink | None = None
         if config.bus is not None:

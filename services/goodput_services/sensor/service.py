@@ -20,6 +20,7 @@ from goodput import schemas, subjects
 from goodput.bus import DurableConsumer
 from goodput.bus.routing import decode_event_on
 from goodput.config import ServiceConfig
+from goodput.measure.metrics import JobProgressMetrics
 from goodput.supervisor.detect.detector import Detector
 from goodput.supervisor.detect.thresholds import Thresholds, updated
 from goodput.telemetry import link_to_current, tracer
@@ -42,6 +43,7 @@ class SensorService(Service):
         self.heartbeats = 0
         self.undecodable_heartbeats = 0
         self._tracer = tracer("goodput.sensor")
+        self.progress = JobProgressMetrics(self.job)
 
     @property
     def thresholds(self) -> Thresholds:
@@ -93,11 +95,13 @@ class SensorService(Service):
                 )
                 await self.bus.emit(signal)
             self.signals_sent += 1
+            self.progress.signal(signal.signal)
 
     async def _consume_events(self) -> None:
         assert self.bus is not None
 
         async def handle(event: schemas.Event, msg: Msg) -> None:
+            self.progress.observe(event)
             await self._publish(self.detector.on_event(event, time.time_ns()))
 
         consumer = DurableConsumer(

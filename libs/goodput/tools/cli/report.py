@@ -33,7 +33,7 @@ from goodput.measure.accounting import (
 from goodput.measure.accounting.table import render
 from goodput.measure.metrics import GoodputGauges
 from goodput.subjects import DEFAULT_JOB, check_token
-from goodput.telemetry import flush_metrics, setup_metrics
+from goodput.telemetry import exporter_choice, flush_metrics, setup_metrics
 from goodput.tools.stack.launcher import read_stack, resolve_url
 
 #: replays shorter than this finish before a progress bar would be worth drawing
@@ -81,11 +81,20 @@ def _job_for_bus(args: argparse.Namespace) -> str:
 
 
 def export_goodput_metrics(report: GoodputReport) -> bool:
-    """The report's goodput and ETTR as OpenTelemetry gauges, when ``OTEL_METRICS_EXPORTER``
-    asks for an exporter; exported before the command exits (it outlives no period)."""
+    """The report's goodput, ETTR and badput by cause as OpenTelemetry gauges, when
+    ``OTEL_METRICS_EXPORTER`` asks for a push exporter; exported before the command exits (it
+    outlives no period). Prometheus would scrape an endpoint gone before it looked: said once."""
+    if exporter_choice("OTEL_METRICS_EXPORTER") == "prometheus":
+        logging.getLogger(__name__).warning(
+            "goodput report exits before a Prometheus scrape: its gauges are pushed with "
+            "OTEL_METRICS_EXPORTER=otlp (an OpenTelemetry collector can expose them to Prometheus)"
+        )
+        return False
     if setup_metrics("goodput-report") is None:
         return False
-    GoodputGauges().set(report.job, goodput=report.goodput_pct / 100, ettr=report.ettr)
+    GoodputGauges().set(
+        report.job, goodput=report.goodput_pct / 100, ettr=report.ettr, badput=report.badput
+    )
     flush_metrics()
     return True
 

@@ -6,6 +6,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
+import nats.errors
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
@@ -37,8 +38,13 @@ async def wait_for_results(
     bus: Bus, job: str, command_ids: set[str], timeout_s: float = 30.0
 ) -> Counter[str]:
     deadline = time.monotonic() + timeout_s
+    counts: Counter[str] = Counter()
     while True:
-        counts = Counter(r.command_id for r in await action_results(bus, job))
+        # the reader's consumer is created by a JetStream API request, which times out while
+        # the events stream elects a new leader (a cluster member restarted: on a loaded
+        # machine that took longer than the request's 5 s): ask again until due
+        with contextlib.suppress(nats.errors.TimeoutError):
+            counts = Counter(r.command_id for r in await action_results(bus, job))
         if command_ids <= set(counts) or time.monotonic() > deadline:
             return counts
         await asyncio.sleep(0.5)

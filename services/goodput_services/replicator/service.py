@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
@@ -52,7 +53,11 @@ from goodput.telemetry import tracer
 from goodput_services.base import Service
 from goodput_services.replicator.counters import Counters, hashing_fields
 from goodput_services.replicator.holdings import DiskHoldings
-from goodput_services.replicator.options import ReplicatorOptions, store_spec
+from goodput_services.replicator.options import (
+    ReplicatorOptions,
+    advertised_host,
+    store_spec,
+)
 from goodput_services.replicator.planner import (
     Held,
     Memory,
@@ -90,6 +95,7 @@ class ReplicatorService(Service):
         self.node = config.node
         self.command_target = subjects.node_target(subjects.REPLICATOR, self.node)
         self.options = ReplicatorOptions.from_mapping(config.options)
+        self.advertise_host = advertised_host(self.options, os.environ, config.bus.hosts())
         try:  # a key that is configured but unusable stops the service here, in one line
             self.keyed = configured_key() is not None
         except JobKeyError as exc:
@@ -149,7 +155,11 @@ class ReplicatorService(Service):
         await self.peer_server.start()
         log.info(
             "peer data plane listening",
-            extra={"host": self.peer_server.host, "port": self.peer_server.port},
+            extra={
+                "host": self.peer_server.host,
+                "port": self.peer_server.port,
+                "advertised": self.advertise_host,
+            },
         )
         if not self.keyed:
             log.warning(
@@ -249,7 +259,7 @@ class ReplicatorService(Service):
         await self.index.announce(
             NodeAddressRecord(
                 node=self.node,
-                host=self.options.advertise_host or self.options.host,
+                host=self.advertise_host,
                 port=self.peer_server.port,
                 labels=dict(self.options.labels),
                 object_store=self.store_spec,

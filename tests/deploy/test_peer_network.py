@@ -11,11 +11,9 @@ from typing import Any
 import pytest
 
 from goodput.bus import BusSettings
-from goodput_services.replicator.options import (
-    ADVERTISE_HOST_ENV,
-    ReplicatorOptions,
-    advertised_host,
-)
+from goodput.checkpoint.tiers.peer.address import ADVERTISE_HOST_ENV, AddressError
+from goodput.checkpoint.tiers.peer.address import advertised_host as address_of
+from goodput_services.replicator.options import ReplicatorOptions
 from tests.deploy.rendered import (
     BASE,
     OVERLAY,
@@ -72,19 +70,23 @@ def test_the_replicator_advertises_the_pod_ip_on_its_declared_port(objects, tmp_
     source = env[ADVERTISE_HOST_ENV]["valueFrom"]["fieldRef"]["fieldPath"]
     assert source == "status.podIP"
     # what the replicator tells its peers, with the bus of goodput.toml (on other hosts)
-    assert advertised_host(options, {ADVERTISE_HOST_ENV: POD_IP}, _bus_hosts()) == POD_IP
+    address = address_of(
+        options.host, options.advertise_host, {ADVERTISE_HOST_ENV: POD_IP}, _bus_hosts()
+    )
+    assert address == POD_IP
     # it listens where that address arrives: every interface of the pod
     assert options.host in ("0.0.0.0", "::")
     # without the downward API's address it would advertise nothing usable, and refuses
-    with pytest.raises(SystemExit, match="would advertise"):
-        advertised_host(options, {}, _bus_hosts())
+    with pytest.raises(AddressError, match="would advertise"):
+        address_of(options.host, options.advertise_host, {}, _bus_hosts())
 
 
-@pytest.mark.parametrize("loopback", ["127.0.0.1", "localhost"])
-def test_a_loopback_pod_address_stops_the_replicator(objects, tmp_path, loopback) -> None:
-    options = _options(objects, tmp_path)
-    with pytest.raises(SystemExit, match="loopback"):
-        advertised_host(options, {ADVERTISE_HOST_ENV: loopback}, _bus_hosts())
+def test_without_these_settings_the_replicator_refuses_to_announce_loopback(objects) -> None:
+    """The manifests before issue 37: the default listener (loopback, a random port) and no
+    address from the downward API, with the cluster's bus: refused, not announced."""
+    default = ReplicatorOptions.from_mapping({})
+    with pytest.raises(AddressError, match=r"loopback address 127\.0\.0\.1 while the bus"):
+        address_of(default.host, default.advertise_host, {}, _bus_hosts())
 
 
 def test_a_network_policy_admits_only_replicators_on_the_peer_port(objects) -> None:

@@ -19,7 +19,7 @@ from goodput.bus.embedded import nats_server_binary
 from goodput.bus.settings import ENV_VARS
 from goodput.checkpoint.format import node_volume, peer_root, step_dir_name
 from goodput.checkpoint.format.job_key import KEY_FILE_ENV, create_key_file
-from goodput_services.replicator.options import ADVERTISE_HOST_ENV
+from goodput.checkpoint.tiers.peer.address import ADVERTISE_HOST_ENV
 from tests.replicator.conftest import FAST, JOB, file_checksums, write_checkpoint
 from tests.replicator.netns import Host, two_hosts
 
@@ -127,3 +127,45 @@ def test_a_checkpoint_replicates_between_two_hosts_over_their_advertised_address
         assert run.returncode == 0, run.stderr
         announced = {n["node"]: (n["host"], n["port"]) for n in json.loads(run.stdout)["nodes"]}
         assert announced == {node: (host.address, PEER_PORT) for node, host in nodes.items()}
+
+
+@pytest.mark.slow
+def test_a_one_machine_stack_on_a_remote_bus_announces_loopback(tmp_path: Path) -> None:
+    """`goodput up --nats-url` with the bus on another host runs every node here: it names
+    loopback for its replicators, which start (a loopback they would otherwise refuse)."""
+    password = secrets.token_hex(16)
+    with two_hosts() as (bus_host, stack_host):
+        url = f"nats://{bus_host.address}:{NATS_PORT}"
+        _start_bus(bus_host, tmp_path, password)
+        env = {
+            **os.environ,
+            ENV_VARS["user"]: "goodput",
+            ENV_VARS["password"]: password,
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.pop(ADVERTISE_HOST_ENV, None)
+        cli = [sys.executable, "-m", "goodput.tools.cli.main"]
+        state = ["--state-dir", str(tmp_path / "stack")]
+        stack = [*state, "--nats-url", url]
+        try:
+            up = stack_host.run(
+                [*cli, "up", *stack, "--job", JOB, "--nodes", "2", "--wait", "60"],
+                env,
+                timeout_s=WAIT_S,
+            )
+            assert up.returncode == 0, f"{up.stdout}\n{up.stderr}"
+            ls = [*cli, "ckpt", "ls", "--json", "--job", JOB, *stack]
+
+            def announced() -> dict[str, tuple[str, int]]:
+                run = stack_host.run(ls, env, timeout_s=60)
+                assert run.returncode == 0, run.stderr
+                return {n["node"]: (n["host"], n["port"]) for n in json.loads(run.stdout)["nodes"]}
+
+            logs = sorted((tmp_path / "stack" / "logs").glob("replicator-*.log"))
+            _until(lambda: len(announced()) == 2, "both replicators announced", logs)
+            nodes = announced()
+            assert {host for host, _ in nodes.values()} == {"127.0.0.1"}
+            assert len({port for _, port in nodes.values()}) == 2
+        finally:
+            down = stack_host.run([*cli, "down", *state], env, timeout_s=WAIT_S)
+        assert down.returncode == 0, f"{down.stdout}\n{down.stderr}"

@@ -6,19 +6,12 @@ delete) checkpoints the operator did not mean to.
 
 from __future__ import annotations
 
-import ipaddress
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import msgspec
 
-from goodput.bus.settings import is_loopback
 from goodput.checkpoint.index.index import DEFAULT_NODE_TTL_S
 from goodput.checkpoint.index.retention import DEFAULT_KEEP, DEFAULT_REQUIRE
-
-#: the address peers reach this node's data plane at, when ``advertise_host`` is not set (on
-#: Kubernetes the pod's IP, from the downward API's ``status.podIP``: node-daemons.yaml)
-ADVERTISE_HOST_ENV = "GOODPUT_ADVERTISE_HOST"
 
 
 class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -38,7 +31,7 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     block_label: str = "block"
     #: address the peer data plane listens on (loopback by default, like the embedded bus;
     #: "0.0.0.0" or "::" for every interface), and the address peers are told to reach it at
-    #: (default: $GOODPUT_ADVERTISE_HOST, else ``host``: :func:`advertised_host`)
+    #: (default: $GOODPUT_ADVERTISE_HOST, else ``host``: ``checkpoint.tiers.peer.address``)
     host: str = "127.0.0.1"
     port: int = 0
     advertise_host: str = ""
@@ -102,54 +95,3 @@ def store_spec(options: ReplicatorOptions, state_dir: Path) -> str:
             "shared volume) under [services.replicator]"
         )
     return spec
-
-
-def advertised_host(
-    options: ReplicatorOptions, env: Mapping[str, str], bus_hosts: Sequence[str]
-) -> str:
-    """The address peers are told to reach this node's data plane at: ``advertise_host``,
-    else ``$GOODPUT_ADVERTISE_HOST``, else ``host``.
-
-    Refused (one line) where no peer could use it: a wildcard, an IPv6 address behind an
-    IPv4-only listener, or a loopback address while the bus is on another host. A peer told
-    "127.0.0.1" connects to itself: with the fixed port of a deployment, to its own
-    replicator, which the job's key admits, so the "replica" lands on the node it is meant to
-    outlive.
-    """
-    host = options.advertise_host or env.get(ADVERTISE_HOST_ENV, "").strip() or options.host
-    how = (
-        "set advertise_host (or $GOODPUT_ADVERTISE_HOST; on Kubernetes from status.podIP) to "
-        "an address the other nodes reach"
-    )
-    address = _ip(host)
-    if host == "" or (address is not None and address.is_unspecified):
-        raise SystemExit(f"replicator: the peer data plane would advertise {host!r}: {how}")
-    remote = [bus for bus in bus_hosts if not is_loopback(bus)]
-    if remote and is_loopback(host):
-        raise SystemExit(
-            f"replicator: the peer data plane would advertise the loopback address {host} "
-            f"while the bus ({', '.join(remote)}) is on another host: peers would connect to "
-            f"themselves; {how}"
-        )
-    listener = _ip(options.host)
-    if (
-        address is not None
-        and listener is not None
-        and (address.version, listener.version)
-        == (
-            6,
-            4,
-        )
-    ):
-        raise SystemExit(
-            f"replicator: the peer data plane advertises the IPv6 address {host} but "
-            f'listens on the IPv4 address {options.host}: set host = "::"'
-        )
-    return host
-
-
-def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    try:
-        return ipaddress.ip_address(host)
-    except ValueError:
-        return None

@@ -48,16 +48,13 @@ from goodput.checkpoint.index.retention import Retention, attainable, safe_steps
 from goodput.checkpoint.tiers.backup import backup_checkpoint, is_backup_complete, listing_key
 from goodput.checkpoint.tiers.object_store import ObjectNotFound, open_object_store, store_uri
 from goodput.checkpoint.tiers.peer import PeerClient, PeerError, PeerServer, SourceMismatch
+from goodput.checkpoint.tiers.peer.address import AddressError, advertised_host
 from goodput.config import ServiceConfig
 from goodput.telemetry import tracer
 from goodput_services.base import Service
 from goodput_services.replicator.counters import Counters, hashing_fields
 from goodput_services.replicator.holdings import DiskHoldings
-from goodput_services.replicator.options import (
-    ReplicatorOptions,
-    advertised_host,
-    store_spec,
-)
+from goodput_services.replicator.options import ReplicatorOptions, store_spec
 from goodput_services.replicator.planner import (
     Held,
     Memory,
@@ -95,7 +92,12 @@ class ReplicatorService(Service):
         self.node = config.node
         self.command_target = subjects.node_target(subjects.REPLICATOR, self.node)
         self.options = ReplicatorOptions.from_mapping(config.options)
-        self.advertise_host = advertised_host(self.options, os.environ, config.bus.hosts())
+        try:
+            self.advertise_host = advertised_host(
+                self.options.host, self.options.advertise_host, os.environ, config.bus.hosts()
+            )
+        except AddressError as exc:
+            raise SystemExit(f"replicator: {exc}") from None
         try:  # a key that is configured but unusable stops the service here, in one line
             self.keyed = configured_key() is not None
         except JobKeyError as exc:

@@ -47,15 +47,8 @@ def advertised_host(
             f'{how} (or advertise_host = "{LOOPBACK}" if every replicator runs on this host)'
         )
     listener = _ip(listen_host)
-    if (
-        address is not None
-        and listener is not None
-        and (address.version, listener.version)
-        == (
-            6,
-            4,
-        )
-    ):
+    ipv6 = address is not None and address.version == 6
+    if ipv6 and listener is not None and listener.version == 4:
         raise AddressError(
             f"the peer data plane advertises the IPv6 address {host} but listens on the IPv4 "
             f'address {listen_host}: set host = "::"'

@@ -59,7 +59,7 @@ def secrets(credentials) -> dict[str, dict[str, Any]]:
 
 
 def test_every_rendered_object_is_valid_for_the_current_kubernetes(objects) -> None:
-    assert len(objects) == 18
+    assert len(objects) == 19
     for obj in objects:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 

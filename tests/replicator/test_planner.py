@@ -34,8 +34,13 @@ OPTIONS = ReplicatorOptions(replicas=2, dedup_wait_s=10, backup_every=3, backup_
 
 
 def node(name: str, block: str = "b0", age_s: float = 0.0) -> NodeAddressRecord:
+    """A node of a stack on one machine: loopback, each its own port (node-N: 7000 + N)."""
     return NodeAddressRecord(
-        node=name, host="127.0.0.1", port=1, labels={"block": block}, ts=NOW_NS - int(age_s * 1e9)
+        node=name,
+        host="127.0.0.1",
+        port=7000 + int(name.rsplit("-", 1)[1]),
+        labels={"block": block},
+        ts=NOW_NS - int(age_s * 1e9),
     )
 
 
@@ -192,3 +197,22 @@ def test_one_sweeper_for_the_shared_store_the_lowest_named_live_node() -> None:
     assert sweeps_store(snapshot([], nodes), "node-1")
     assert not sweeps_store(snapshot([], nodes), "node-2")
     assert not sweeps_store(snapshot([], []), "node-1")
+
+
+def test_a_peer_announcing_this_hosts_loopback_or_my_own_address_gets_nothing() -> None:
+    """Stale or forged address records: pushing there would land on this very node."""
+    me = NodeAddressRecord(node="node-1", host="10.8.0.1", port=7450, ts=NOW_NS)
+    peers = [
+        NodeAddressRecord(node="node-0", host="127.0.0.1", port=7450, ts=NOW_NS),
+        NodeAddressRecord(node="node-2", host="localhost", port=7450, ts=NOW_NS),
+        NodeAddressRecord(node="node-3", host="10.8.0.1", port=7450, ts=NOW_NS),
+        NodeAddressRecord(node="node-4", host="::1", port=7450, ts=NOW_NS),
+        NodeAddressRecord(node="node-5", host="10.8.0.5", port=7450, ts=NOW_NS),
+    ]
+    mine = held(files=OTHER)
+    pushes = plan_replication(snapshot([mine.newest_own], [me, *peers]), mine, T, OPTIONS, Memory())
+    assert pushes == [Push(7, "node-5", "needs a copy")]
+    # on one machine every node announces loopback, each its own port: none is excluded
+    assert {
+        p.peer for p in plan_replication(snapshot([mine.newest_own]), mine, T, OPTIONS, Memory())
+    } == {"node-2", "node-3"}

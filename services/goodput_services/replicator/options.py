@@ -29,8 +29,9 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     labels: dict[str, str] = {}
     #: the label whose equality makes a peer "close" (same failure domain)
     block_label: str = "block"
-    #: address the peer data plane listens on (loopback by default, like the embedded bus),
-    #: and the address peers are told to reach it at (default: ``host``)
+    #: address the peer data plane listens on (loopback by default, like the embedded bus;
+    #: "0.0.0.0" or "::" for every interface), and the address peers are told to reach it at
+    #: (default: $GOODPUT_ADVERTISE_HOST, else ``host``: ``checkpoint.tiers.peer.address``)
     host: str = "127.0.0.1"
     port: int = 0
     advertise_host: str = ""

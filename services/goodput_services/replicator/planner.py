@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from goodput.checkpoint.index.index import IndexSnapshot
 from goodput.checkpoint.index.records import CopyRecord
 from goodput_services.replicator.options import ReplicatorOptions
-from goodput_services.replicator.topology import choose_peers
+from goodput_services.replicator.topology import choose_peers, reachable
 
 
 @dataclass
@@ -109,7 +109,7 @@ def plan_replication(
     candidates = [
         n
         for n in snapshot.live_nodes()
-        if n.node not in done and memory.cooldown_until.get(n.node, 0.0) <= now
+        if n.node not in done and memory.cooldown_until.get(n.node, 0.0) <= now and reachable(me, n)
     ]
     # peers that already hold these exact files (their own checkpoint, or a copy of an
     # identical node's): replicating to them is verification, not transfer

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
@@ -47,6 +48,7 @@ from goodput.checkpoint.index.retention import Retention, attainable, safe_steps
 from goodput.checkpoint.tiers.backup import backup_checkpoint, is_backup_complete, listing_key
 from goodput.checkpoint.tiers.object_store import ObjectNotFound, open_object_store, store_uri
 from goodput.checkpoint.tiers.peer import PeerClient, PeerError, PeerServer, SourceMismatch
+from goodput.checkpoint.tiers.peer.address import AddressError, advertised_host
 from goodput.config import ServiceConfig
 from goodput.telemetry import tracer
 from goodput_services.base import Service
@@ -90,6 +92,12 @@ class ReplicatorService(Service):
         self.node = config.node
         self.command_target = subjects.node_target(subjects.REPLICATOR, self.node)
         self.options = ReplicatorOptions.from_mapping(config.options)
+        try:
+            self.advertise_host = advertised_host(
+                self.options.host, self.options.advertise_host, os.environ, config.bus.hosts()
+            )
+        except AddressError as exc:
+            raise SystemExit(f"replicator: {exc}") from None
         try:  # a key that is configured but unusable stops the service here, in one line
             self.keyed = configured_key() is not None
         except JobKeyError as exc:
@@ -149,7 +157,11 @@ class ReplicatorService(Service):
         await self.peer_server.start()
         log.info(
             "peer data plane listening",
-            extra={"host": self.peer_server.host, "port": self.peer_server.port},
+            extra={
+                "host": self.peer_server.host,
+                "port": self.peer_server.port,
+                "advertised": self.advertise_host,
+            },
         )
         if not self.keyed:
             log.warning(
@@ -249,7 +261,7 @@ class ReplicatorService(Service):
         await self.index.announce(
             NodeAddressRecord(
                 node=self.node,
-                host=self.options.advertise_host or self.options.host,
+                host=self.advertise_host,
                 port=self.peer_server.port,
                 labels=dict(self.options.labels),
                 object_store=self.store_spec,

@@ -7,6 +7,7 @@ verification: its data plane finds the content by checksum and links it, so noth
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 
 from goodput.checkpoint.index.records import NodeAddressRecord
@@ -14,6 +15,27 @@ from goodput.checkpoint.index.records import NodeAddressRecord
 
 def block_of(record: NodeAddressRecord, label: str) -> str:
     return record.labels.get(label, "")
+
+
+def reachable(me: NodeAddressRecord, peer: NodeAddressRecord) -> bool:
+    """Whether ``peer``'s announced address can name another node, as seen from ``me``.
+
+    A record read from the bus may be stale (a replicator of an older release announced
+    loopback) or forged: an address equal to mine is mine, and a loopback one names this very
+    host unless I announce loopback too (one machine). Pushing there would put the "replica"
+    on the node it is meant to outlive.
+    """
+    if (peer.host, peer.port) == (me.host, me.port):
+        return False
+    return not _loopback(peer.host) or _loopback(me.host)
+
+
+def _loopback(host: str) -> bool:
+    """By the address alone (no name lookup: the planner is pure)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def rotated(names: list[str], after: str) -> list[str]:

@@ -38,7 +38,7 @@ from goodput.checkpoint.index.index import (
 from goodput.checkpoint.index.records import CopyRecord
 from goodput.checkpoint.index.retention import DEFAULT_KEEP, DEFAULT_REQUIRE, Retention, plan_gc
 from goodput.checkpoint.tiers.backup import DEFAULT_PREFIX, blob_key, read_listing
-from goodput.checkpoint.tiers.object_store import ObjectStore, open_object_store
+from goodput.checkpoint.tiers.object_store import ObjectNotFound, ObjectStore, open_object_store
 from goodput.checkpoint.tiers.peer import PeerClient, PeerError
 from goodput.config import (
     add_bus_arguments,
@@ -186,6 +186,8 @@ def _verify_in_store(store: ObjectStore, copy: CopyRecord, deep: bool) -> list[s
     problems = []
     try:
         read_listing(store, copy.root, copy.step)
+    except ObjectNotFound as exc:  # a listing the index names but the store lacks
+        problems.append(f"manifest: no listing {exc} in the store")
     except (OSError, ValueError) as exc:  # ManifestError included
         problems.append(f"manifest: {exc}")
     with tempfile.TemporaryDirectory(prefix="goodput-verify-") as scratch:

@@ -23,6 +23,7 @@ from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.cluster import EmbeddedCluster, cluster_size
 from goodput.bus.embedded import read_record
 from goodput.checkpoint.format.job_key import stack_key_env
+from goodput.checkpoint.tiers.peer.address import one_machine_env
 from goodput.config import bus_settings_from_args, parse_option
 from goodput.launch.exit_reason import EXIT_REASON_ENV, read_exit_reason
 from goodput.owned_process import (
@@ -209,6 +210,8 @@ def _start_stack(
     alive_before = set(running)
     bus_flags = _bus_flags(args)
     ckpt_key = stack_key_env(state_dir)  # the job's checkpoint key: services hand it on
+    # every node runs here: its replicators reach each other on loopback, whatever the bus
+    node_env = {"replicator": one_machine_env(os.environ)}
     services: list[ServiceProcess] = []
     for name, node in wanted:
         key = f"{name}@{node}" if node else name
@@ -224,7 +227,7 @@ def _start_stack(
                 url=url,
                 state_dir=state_dir,
                 extra=extra,
-                secrets={**_bus_secrets(settings), **ckpt_key},
+                secrets={**_bus_secrets(settings), **ckpt_key, **node_env.get(name, {})},
             )
         )
     started += [s.key for s in services if s.key not in alive_before]

@@ -37,7 +37,8 @@ import msgspec
 #: 9: a service's health record names the node it serves (``ServiceHealth.node``) and is
 #: kept per replica (its key ends with the instance), so replicas no longer overwrite one
 #: record and `goodput status` reads any stack from the bus alone
-SCHEMA_VERSION = 9
+#: 10: a GPU record carries the driver's recovery action (``GpuHealth.recovery_action``)
+SCHEMA_VERSION = 10
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

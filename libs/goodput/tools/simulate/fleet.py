@@ -30,16 +30,25 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
+from goodput.gpu_faults import xid_verdict
 from goodput.tools.simulate.profile import FailureModel, JobSpec
 
 FaultKind = Literal[
     "crash", "hang", "gpu_xid", "correctable", "lost_host", "node_down", "straggler"
 ]
 INTERRUPTING: tuple[FaultKind, ...] = ("crash", "hang", "gpu_xid", "correctable", "lost_host")
-#: kinds that leave the node broken until it is repaired (a correctable one: or reset)
-BREAKING = frozenset({"gpu_xid", "correctable", "lost_host", "node_down"})
-#: what the host monitor reports for each GPU fault kind (``goodput.gpu_faults``' catalogue)
+#: what the host monitor reports for each GPU fault kind
 XIDS: dict[str, int] = {"gpu_xid": 79, "correctable": 48}
+#: kinds that leave the node broken until it is repaired (a correctable one: or reset); a GPU
+#: kind breaks it when the fault table (``goodput.gpu_faults``) asks for a reset or a reboot
+BREAKING = frozenset(
+    {"lost_host", "node_down"}
+    | {
+        kind
+        for kind, xid in XIDS.items()
+        if xid_verdict(xid).action in ("reset_gpu", "replace_node")
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,15 +39,13 @@ FaultKind = Literal[
 INTERRUPTING: tuple[FaultKind, ...] = ("crash", "hang", "gpu_xid", "correctable", "lost_host")
 #: what the host monitor reports for each GPU fault kind
 XIDS: dict[str, int] = {"gpu_xid": 79, "correctable": 48}
-#: kinds that leave the node broken until it is repaired (a correctable one: or reset); a GPU
-#: kind breaks it when the fault table (``goodput.gpu_faults``) asks for a reset or a reboot
+#: GPU kinds a GPU reset clears, and kinds that leave the node broken until it is repaired (or,
+#: the former, reset): as the fault table (``goodput.gpu_faults``) judges their XIDs
+RESET_CLEARS = frozenset(k for k, xid in XIDS.items() if xid_verdict(xid).action == "reset_gpu")
 BREAKING = frozenset(
     {"lost_host", "node_down"}
-    | {
-        kind
-        for kind, xid in XIDS.items()
-        if xid_verdict(xid).action in ("reset_gpu", "replace_node")
-    }
+    | RESET_CLEARS
+    | {k for k, xid in XIDS.items() if xid_verdict(xid).action == "replace_node"}
 )
 
 

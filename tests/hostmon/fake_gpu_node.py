@@ -2,7 +2,10 @@
 
 The node has ``GOODPUT_FAKE_GPUS`` GPUs (default 2). XID errors arrive as lines
 ``<gpu index> <xid>`` that a test appends to the file ``GOODPUT_FAKE_XIDS``, read each time
-the probe drains NVML's events, so a test decides when the fault happens. A process holds a
+the probe drains NVML's events, so a test decides when the fault happens. The driver's
+recovery action for a GPU is the last line ``<gpu index> <action>`` (``gpu_reset``,
+``node_reboot``: ``NVML_GPU_RECOVERY_ACTION_<ACTION>``) of the file ``GOODPUT_FAKE_RECOVERY``
+(none until then). A process holds a
 GPU while a line ``<gpu index> <pid>`` is in the file ``GOODPUT_FAKE_GPU_HOLDERS`` and the
 process runs (FakeNvidiaSmi reads the same file and refuses to reset a held GPU).
 """
@@ -23,6 +26,7 @@ class FileScriptedNvml(FakeNvml):
     script: Path | None = None
     lines_read: int = 0
     holders: Path | None = None
+    recovery: Path | None = None
 
     def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int):
         if self.script is not None and self.script.exists():
@@ -32,6 +36,16 @@ class FileScriptedNvml(FakeNvml):
                 self.raise_xid(index, xid)
             self.lines_read = len(lines)
         return super().nvmlEventSetWait_v2(event_set, timeout_ms)
+
+    def nvmlDeviceGetFieldValues(self, gpu: FakeGpu, field_ids: list[int]):
+        if self.recovery is not None and self.recovery.exists():
+            for line in self.recovery.read_text().splitlines():
+                index, action = line.split()
+                if int(index) == gpu.index:
+                    gpu.recovery_action = getattr(
+                        self, f"NVML_GPU_RECOVERY_ACTION_{action.upper()}"
+                    )
+        return super().nvmlDeviceGetFieldValues(gpu, field_ids)
 
     def nvmlDeviceGetComputeRunningProcesses(self, gpu: FakeGpu):
         gpu.processes = read_holders(self.holders).get(gpu.index, [])
@@ -53,6 +67,11 @@ def hold_gpu(holders: Path, index: int, pid: int) -> None:
         out.write(f"{index} {pid}\n")
 
 
+def set_recovery_action(recovery: Path, index: int, action: str) -> None:
+    with open(recovery, "a") as out:
+        out.write(f"{index} {action}\n")
+
+
 def add_xid(script: Path, index: int, xid: int) -> None:
     with open(script, "a") as out:
         out.write(f"{index} {xid}\n")
@@ -60,10 +79,12 @@ def add_xid(script: Path, index: int, xid: int) -> None:
 
 _script = os.environ.get("GOODPUT_FAKE_XIDS")
 _holders = os.environ.get("GOODPUT_FAKE_GPU_HOLDERS")
+_recovery = os.environ.get("GOODPUT_FAKE_RECOVERY")
 nvml = FileScriptedNvml(
     gpus=[
         FakeGpu(i, f"GPU-fake-{i}") for i in range(int(os.environ.get("GOODPUT_FAKE_GPUS", "2")))
     ],
     script=Path(_script) if _script else None,
     holders=Path(_holders) if _holders else None,
+    recovery=Path(_recovery) if _recovery else None,
 )

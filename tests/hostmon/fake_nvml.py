@@ -2,8 +2,8 @@
 
 It has the pynvml functions the host monitor's GPU probe calls, and takes its constants and
 error codes from the real pynvml, so the probe is tested against the real names and values.
-Tests script it: add an XID event, lose a GPU, set ECC counts or throttle reasons, or have a
-process hold a GPU. As the real driver, it lists only processes that still run: a process's
+Tests script it: add an XID event, lose a GPU, set ECC counts, throttle reasons or the
+driver's recovery action, or have a process hold a GPU. As the real driver, it lists only processes that still run: a process's
 CUDA contexts end with it.
 """
 
@@ -30,6 +30,9 @@ class FakeGpu:
     temperature_c: int = 45
     ecc_uncorrected: int | None = 0  # None: NOT_SUPPORTED
     throttle_mask: int = 0
+    #: the driver's recovery action (an ``NVML_GPU_RECOVERY_ACTION_*`` value); None: a driver
+    #: too old to report one (the field answers NOT_SUPPORTED)
+    recovery_action: int | None = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
     lost: bool = False
     #: pids of the processes with a compute context on this GPU (real processes: see live_pids)
     processes: list[int] = field(default_factory=list)
@@ -74,6 +77,7 @@ class FakeNvml:
 
     # pynvml's error type and the constants the probe uses, with their real values
     NVMLError = FakeNvmlError
+    NVML_SUCCESS = pynvml.NVML_SUCCESS
     NVML_ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
     NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
     NVML_ERROR_GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
@@ -89,6 +93,7 @@ class FakeNvml:
         pynvml.nvmlClocksThrottleReasonHwPowerBrakeSlowdown
     )
     nvmlClocksThrottleReasonSwPowerCap = pynvml.nvmlClocksThrottleReasonSwPowerCap
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 
     # ---- scripting -----------------------------------------------------------------------------
 
@@ -149,9 +154,33 @@ class FakeNvml:
         self._check(gpu)
         return [FakeProcessInfo(pid) for pid in live_pids(gpu.processes)]
 
+    def nvmlDeviceGetFieldValues(self, gpu: FakeGpu, field_ids: list[int]):
+        """As the real call: an array of pynvml's own ``c_nvmlFieldValue_t``, each field with
+        its own return code; only the recovery action is known here."""
+        self._check(gpu)
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for value, field_id in zip(values, field_ids, strict=True):
+            value.fieldId = field_id
+            value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+            if (
+                field_id != pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+                or gpu.recovery_action is None
+            ):
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            else:
+                value.nvmlReturn = pynvml.NVML_SUCCESS
+                value.value.uiVal = gpu.recovery_action
+        return values
+
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, gpu: FakeGpu) -> int:
         self._check(gpu)
         return gpu.throttle_mask
+
+
+# the recovery action names the probe looks up, with their real values
+for _name in dir(pynvml):
+    if _name.startswith("NVML_GPU_RECOVERY_ACTION_"):
+        setattr(FakeNvml, _name, getattr(pynvml, _name))
 
 
 def two_gpus() -> FakeNvml:

@@ -98,6 +98,62 @@ def test_thermal_throttling_and_overheating():
     assert sample.faults == ["thermal"] and sample.gpus[1].throttle_reasons == ["sw_power_cap"]
 
 
+class Clock:
+    """The probe's monotonic clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_application_xid_is_forgotten_after_a_healthy_interval_a_reset_one_is_not():
+    nvml, clock = two_gpus(), Clock()
+    probe = GpuProbe(nvml, xid_healthy_interval_s=300, clock=clock)
+    probe.sample()
+    nvml.raise_xid(0, 13)  # the application's illegal access: the GPU is fine
+    nvml.raise_xid(1, 48)  # a double-bit ECC error: only a reset clears it
+    assert probe.sample().faults == ["gpu_xid:13", "gpu_xid:48"]
+    clock.now += 299
+    assert probe.sample().faults == ["gpu_xid:13", "gpu_xid:48"]
+    nvml.raise_xid(0, 13)  # it recurred: the interval starts again
+    assert probe.sample().faults == ["gpu_xid:13", "gpu_xid:48"]
+    clock.now += 299
+    assert probe.sample().faults == ["gpu_xid:13", "gpu_xid:48"]
+    clock.now += 1
+    sample = probe.sample()
+    assert sample.faults == ["gpu_xid:48"] and sample.gpus[0].xid_errors == []
+    clock.now += 86_400
+    assert probe.sample().faults == ["gpu_xid:48"]
+    probe.forget([1])  # the reset
+    assert probe.sample().faults == []
+
+
+def test_xid_79_stays_until_the_node_reboots():
+    nvml, clock = two_gpus(), Clock()
+    probe = GpuProbe(nvml, xid_healthy_interval_s=1, clock=clock)
+    probe.sample()
+    nvml.raise_xid(1, 79)
+    probe.sample()
+    clock.now += 86_400
+    assert probe.sample().faults == ["gpu_xid:79"]
+    # a reboot starts the host monitor afresh: a new probe knows no XID
+    assert GpuProbe(nvml).sample().faults == []
+
+
+def test_the_drivers_recovery_action_is_read_per_gpu():
+    nvml = two_gpus()
+    nvml.gpus[1].recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
+    sample = GpuProbe(nvml).sample()
+    assert [g.recovery_action for g in sample.gpus] == ["none", "node_reboot"]
+    nvml.gpus[1].recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET
+    assert GpuProbe(nvml).sample().gpus[1].recovery_action == "drain_and_reset"
+    # a driver too old to report one: the field answers NOT_SUPPORTED, the table decides
+    nvml.gpus[0].recovery_action = None
+    assert GpuProbe(nvml).sample().gpus[0].recovery_action == ""
+
+
 def test_a_container_without_the_driver_libraries_is_told_where_to_mount_them(monkeypatch):
     """NVML's "library not found" in a pod names the loader path and GKE's driver mount."""
     monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/elsewhere")

@@ -305,6 +305,57 @@ def test_degraded_host_once_per_fault_set_then_returned() -> None:
     assert detector.on_event(host("node1"), at(5)) == []
 
 
+def test_a_thermal_slowdown_is_not_a_degraded_host() -> None:
+    """Throttling slows the GPU, it does not lose the host: the straggler detector judges it by
+    the steps it slows (debounced by its window and hold), the host report raises nothing."""
+    detector = Detector(JOB)
+    hot = schemas.GpuHealth(
+        index=0, uuid="GPU-0", temperature_c=93, throttle_reasons=["sw_thermal"]
+    )
+    assert (
+        detector.on_event(host("node1", healthy=False, gpus=[hot], faults=["thermal"]), at(1)) == []
+    )
+    # XID 45 is the cleanup after an application ended: nothing either
+    cleanup = schemas.GpuHealth(index=1, uuid="GPU-1", xid_errors=[45])
+    assert (
+        detector.on_event(
+            host("node1", healthy=False, gpus=[cleanup], faults=["gpu_xid:45"]), at(2)
+        )
+        == []
+    )
+    assert detector.on_event(host("node1"), at(3)) == []
+
+
+def test_a_throttled_node_that_slows_its_steps_is_a_straggler_not_a_lost_host() -> None:
+    run = Run(nodes=4, ranks_per_node=4, slow={4, 5, 6, 7}, slow_from=50, seed=7)
+    events = run.events(200)
+    end = events[-1][0]
+    hot = schemas.GpuHealth(index=0, uuid="GPU-0", throttle_reasons=["hw_thermal"])
+    throttled = dict(healthy=False, gpus=[hot], faults=["thermal"])
+    start = next(ts for ts, e in events if isinstance(e, schemas.StepDone) and e.step == 50)
+    # node1 throttles from the step it slows until the end; node2 only for two seconds, a
+    # transient software slowdown that costs no step
+    events += [(ts, host("node1", **throttled)) for ts in range(start, end, 2 * NS)]
+    events += [(start + i * NS, host("node2", **throttled)) for i in range(3)]
+    events += [(start + 3 * NS, host("node2"))]
+    signals = feed(Detector(JOB), events)
+    assert [(s.signal, s.node) for s in signals] == [("straggler", "node1")]
+
+
+def test_the_drivers_recovery_request_is_news_even_with_the_same_xids() -> None:
+    detector = Detector(JOB)
+    app = schemas.GpuHealth(index=1, uuid="GPU-1", xid_errors=[13])
+    first = detector.on_event(
+        host("node1", healthy=False, gpus=[app], faults=["gpu_xid:13"]), at(1)
+    )
+    assert [s.signal for s in first] == ["degraded_host"]
+    reboot = msgspec.structs.replace(app, recovery_action="node_reboot")
+    (again,) = detector.on_event(
+        host("node1", healthy=False, gpus=[reboot], faults=["gpu_xid:13"]), at(2)
+    )
+    assert again.gpus == [reboot] and "gpu1 recovery node_reboot" in again.detail
+
+
 def test_a_host_signal_carries_the_faults_and_unhealthy_gpus_as_evidence() -> None:
     detector = Detector(JOB)
     healthy = schemas.GpuHealth(index=0, uuid="GPU-0")

@@ -30,6 +30,7 @@ hold a bounded set of keys (the fleet's services, agents, checkpoint copies), ex
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 import os
 from collections.abc import Mapping
 
@@ -58,7 +59,7 @@ MIN_BUCKET_BYTES = 8 * MIB
 #: dead letters are input errors, not traffic: this many letters of NATS's 1 MiB max payload
 DEAD_LETTERS_KEPT = 256
 #: room above the sum of the limits in the server's store (its own metadata, Raft logs)
-SERVER_HEADROOM = 1.10
+SERVER_HEADROOM = Fraction(11, 10)  # exact: 460 MiB x 1.1 in floats rounded up to 507
 #: a KV record of a bucket whose values are not one of the schemas' messages (the checkpoint
 #: index's copy record lists its files: a rank's shards and the metadata), per file listed
 INDEX_BYTES_PER_FILE = 96
@@ -178,7 +179,7 @@ def _bucket_bytes(scale: StoreScale) -> dict[str, int]:
     return {name: max(MIN_BUCKET_BYTES, _mib(2 * size)) for name, size in raw.items()}
 
 
-def _mib(size: float) -> int:
+def _mib(size: float | Fraction) -> int:
     """``size`` rounded up to whole MiB."""
     return math.ceil(size / MIB) * MIB
 

@@ -40,7 +40,8 @@ import msgspec
 #: 10: the actuator names the nodes it places no rank on until they are replaced
 #: (``JobStatus.suspect_nodes``: a pod deletion they never confirmed), so the policy replaces
 #: such a node after a refused launch instead of leaving the job restarting
-SCHEMA_VERSION = 10
+#: 11: a GPU record carries the driver's recovery action (``GpuHealth.recovery_action``)
+SCHEMA_VERSION = 11
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

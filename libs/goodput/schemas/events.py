@@ -183,6 +183,11 @@ class GpuHealth(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ecc_uncorrected: int = 0
     throttle_reasons: list[str] = msgspec.field(default_factory=list)
     present: bool = True
+    #: the driver's recovery action for this GPU (``NVML_GPU_RECOVERY_ACTION_<NAME>`` in lower
+    #: case: ``none``, ``gpu_reset``, ``node_reboot``...; "": not reported), which
+    #: ``goodput.gpu_faults`` prefers to its table (schema 10). A name it does not know is
+    #: ignored, so a forged one can only fall back to the table.
+    recovery_action: TokenOrEmpty = ""
 
 
 class HostHealth(Event, tag="host_health", kw_only=True):

@@ -1,8 +1,13 @@
 """GPU health through NVML (the ``pynvml`` module of nvidia-ml-py), where a GPU and driver exist.
 
 What is read, per GPU: critical XID errors (an NVML event set, drained without blocking),
-volatile uncorrected ECC errors, temperature, clock throttle reasons, and whether the GPU is
-still there (the device count dropping, or a call failing with "GPU is lost").
+volatile uncorrected ECC errors, temperature, clock throttle reasons, the driver's recovery
+action where the driver reports one (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``), and whether
+the GPU is still there (the device count dropping, or a call failing with "GPU is lost").
+
+An XID is kept until what clears it: a GPU reset (:meth:`GpuProbe.forget`), a reboot (the
+host monitor starts afresh), or, for an XID the fault table (``goodput.gpu_faults``) says
+needs no reset (the application's, XID 45), ``xid_healthy_interval_s`` without it recurring.
 
 A machine without a driver or GPU is not an error: :meth:`GpuProbe.sample` then reports
 ``available=False`` with the reason, so the host monitor runs on CPU-only hosts too.
@@ -15,11 +20,14 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from goodput import schemas
+from goodput.gpu_faults import DRIVER_ACTIONS, expires
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +77,25 @@ def load_nvml(spec: str = "pynvml") -> ModuleType | Any | None:
 class GpuProbe:
     """Keeps the NVML session, device handles and XID event set between samples."""
 
-    def __init__(self, nvml: Any, *, max_temperature_c: float = 90.0):
+    def __init__(
+        self,
+        nvml: Any,
+        *,
+        max_temperature_c: float = 90.0,
+        xid_healthy_interval_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.nvml = nvml
         self.max_temperature_c = max_temperature_c
+        self.xid_healthy_interval_s = xid_healthy_interval_s
+        self.clock = clock
         self._started = False
         self._unavailable = ""
         self._handles: list[Any] = []
         self._uuids: list[str] = []
         self._event_set: Any = None
-        #: critical XIDs seen per GPU index; they persist: such a GPU needs a reset or a new node
-        self._xids: dict[int, list[int]] = {}
+        #: critical XIDs seen per GPU index, each with when it was last seen (``clock``)
+        self._xids: dict[int, dict[int, float]] = {}
         self._lost: set[int] = set()
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -186,6 +203,7 @@ class GpuProbe:
         nvml = self.nvml
         assert nvml is not None
         self._drain_xid_events()
+        self._expire_xids()
         details = []
         try:
             count = nvml.nvmlDeviceGetCount()
@@ -226,10 +244,17 @@ class GpuProbe:
                     log.warning("reading NVML events failed: %s", exc)
                 return
             index = self._index_of(event.device)
-            xids = self._xids.setdefault(index, [])
-            if event.eventData not in xids:
-                xids.append(int(event.eventData))
+            self._xids.setdefault(index, {})[int(event.eventData)] = self.clock()
             log.error("GPU %d: XID %d", index, event.eventData)
+
+    def _expire_xids(self) -> None:
+        """Forget the XIDs that need no reset once they did not recur for the healthy interval."""
+        now = self.clock()
+        for index, xids in self._xids.items():
+            for xid, seen in list(xids.items()):
+                if expires(xid) and now - seen >= self.xid_healthy_interval_s:
+                    log.info("GPU %d: XID %d did not recur, forgotten", index, xid)
+                    del xids[xid]
 
     def _index_of(self, handle: Any) -> int:
         nvml = self.nvml
@@ -243,7 +268,7 @@ class GpuProbe:
         nvml = self.nvml
         assert nvml is not None
         health = schemas.GpuHealth(
-            index=index, uuid=self._uuids[index], xid_errors=list(self._xids.get(index, []))
+            index=index, uuid=self._uuids[index], xid_errors=list(self._xids.get(index, {}))
         )
         if index in self._lost:
             health.present = False
@@ -264,6 +289,7 @@ class GpuProbe:
                 for constant, name in THROTTLE_REASONS.items()
                 if mask & getattr(nvml, constant, 0)
             ]
+            health.recovery_action = self._recovery_action(handle)
         except nvml.NVMLError as exc:
             if exc.value == nvml.NVML_ERROR_GPU_IS_LOST:
                 # a lost GPU does not come back without a reset: remember it
@@ -273,6 +299,31 @@ class GpuProbe:
             else:
                 log.warning("GPU %d: NVML query failed: %s", index, exc)
         return health
+
+    def _recovery_action(self, handle: Any) -> str:
+        """The driver's recovery action for the GPU ("" where the driver or binding has none)."""
+        nvml = self.nvml
+        assert nvml is not None
+        field_id = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field_id is None:
+            return ""
+        try:
+            (value,) = nvml.nvmlDeviceGetFieldValues(handle, [field_id])
+        except nvml.NVMLError as exc:
+            if exc.value == nvml.NVML_ERROR_GPU_IS_LOST:
+                raise
+            return ""  # an older driver: NOT_SUPPORTED, FUNCTION_NOT_FOUND
+        if value.nvmlReturn != nvml.NVML_SUCCESS:
+            return ""
+        code = int(value.value.uiVal)
+        return next(
+            (
+                name
+                for name in DRIVER_ACTIONS
+                if getattr(nvml, f"NVML_GPU_RECOVERY_ACTION_{name.upper()}", None) == code
+            ),
+            "",
+        )
 
     def _optional(self, query: Any, default: int) -> int:
         """A query some GPUs do not support (ECC on consumer boards): NOT_SUPPORTED → default."""

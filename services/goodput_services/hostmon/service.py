@@ -1,8 +1,9 @@
 """The host monitor service process (one per node): GPU and host health, fault injection.
 
 It probes every ``probe_interval_s`` and publishes a :class:`~goodput.schemas.HostHealth`
-every ``health_interval_s`` — and at once when the set of faults changes (a fault appearing
-or clearing must not wait for the next period: the sensor acts on it). The node's expected
+every ``health_interval_s`` — and at once when the set of faults or a GPU's recovery action
+(the driver's) changes (a fault appearing or clearing must not wait for the next period: the
+sensor acts on it). The node's expected
 rank processes come from the actuator's job status in KV (``gp_state``, ``<job>.job_status``).
 
 ``ResetGpu`` (sent by the actuator once it stopped the job's ranks) resets GPUs with
@@ -82,11 +83,15 @@ class HostMonitorService(Service):
         self.gpu = GpuProbe(
             load_nvml(self.options.nvml_module),
             max_temperature_c=self.options.gpu_max_temperature_c,
+            xid_healthy_interval_s=self.options.xid_healthy_interval_s,
         )
         self.injected = InjectedFaults()
         self._wake = asyncio.Event()
         self._job_status: schemas.JobStatus | None = None
         self._last_faults: list[str] | None = None
+        #: the GPUs' recovery actions last published: the driver asking for a recovery is a
+        #: change the sensor acts on, even when no fault name changed
+        self._last_recovery: list[str] | None = None
         self._tracer = tracer("goodput.hostmon")
 
     def loops(self):
@@ -230,12 +235,13 @@ class HostMonitorService(Service):
                 log.exception("host probe failed")
                 await asyncio.sleep(probe_s)
                 continue
-            changed = report.faults != self._last_faults
+            recovery = [gpu.recovery_action for gpu in report.gpus]
+            changed = report.faults != self._last_faults or recovery != self._last_recovery
             if changed or loop.time() >= next_periodic:
                 if changed and self._last_faults is not None:
                     log.warning("host faults now: %s", report.faults or "none")
                 if await self._publish(report, traced=changed):
-                    self._last_faults = report.faults
+                    self._last_faults, self._last_recovery = report.faults, recovery
                     next_periodic = loop.time() + self.options.health_interval_s
             self._wake.clear()
             with contextlib.suppress(TimeoutError):

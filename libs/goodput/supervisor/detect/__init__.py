@@ -30,8 +30,10 @@ What is detected:
   periods the sensor itself stalled (progress may be queued unread): hang checks wait.
 * **straggler** — see :mod:`.straggler`; reported once per node.
 * **degraded_host** — a host report that is unhealthy or lists faults (GPU XID, uncorrected
-  ECC, a missing GPU, disk full ...), once per new set of faults; **node_returned** when that
-  host reports healthy again.
+  ECC, a missing GPU, the driver asking for a recovery, disk full ...), once per new set of
+  faults; faults the GPU fault table (:mod:`goodput.gpu_faults`) says ask for nothing (a
+  thermal slowdown, XID 45) are not counted. **node_returned** when that host reports
+  healthy again.
 * **job_down** — the job should be running but no rank made progress (a step, or a busy
   checkpoint heartbeat) for ``jobset_downtime_threshold_s`` (``first_step_timeout_s`` while a
   started rank has not made its first step yet).

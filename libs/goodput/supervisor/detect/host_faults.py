@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from goodput import schemas
+from goodput.gpu_faults import needs_action, xid_verdict
 
 
 def host_faults(event: schemas.HostHealth) -> tuple[str, ...]:
@@ -10,16 +11,22 @@ def host_faults(event: schemas.HostHealth) -> tuple[str, ...]:
 
     GPU records are turned into names (``gpu1 xid 79``) so that a repeated report of the same
     fault compares equal and is not reported twice; an unhealthy report without faults is one.
+    Faults the GPU fault table says ask for nothing (a thermal slowdown, XID 45) are left out:
+    they do not degrade the host (a slow GPU is the straggler detector's, by its steps).
     """
-    faults = list(event.faults)
+    faults = [f for f in event.faults if needs_action(f)]
     for gpu in event.gpus:
         if not gpu.present:
             faults.append(f"gpu{gpu.index} missing")
-        if gpu.xid_errors:
-            faults.append(f"gpu{gpu.index} xid {','.join(map(str, gpu.xid_errors))}")
+        xids = [x for x in gpu.xid_errors if xid_verdict(x).action != "none"]
+        if xids:
+            faults.append(f"gpu{gpu.index} xid {','.join(map(str, xids))}")
+        if gpu.recovery_action not in ("", "none"):
+            # the driver asking for a recovery is news even when the XIDs are not
+            faults.append(f"gpu{gpu.index} recovery {gpu.recovery_action}")
         if gpu.ecc_uncorrected:
             faults.append(f"gpu{gpu.index} uncorrected ecc {gpu.ecc_uncorrected}")
-    if not event.healthy and not faults:
+    if not event.healthy and not faults and not event.faults:
         faults.append(event.detail or "host reports unhealthy")
     return tuple(sorted(set(faults)))
 

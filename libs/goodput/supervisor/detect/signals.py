@@ -36,7 +36,14 @@ def make_signal(
         detail=detail,
         observed_ts=observed_ns,
         host_faults=list(host.faults) if host is not None else [],
-        gpus=[g for g in host.gpus if g.xid_errors or g.ecc_uncorrected or not g.present]
+        gpus=[
+            g
+            for g in host.gpus
+            if g.xid_errors
+            or g.ecc_uncorrected
+            or not g.present
+            or g.recovery_action not in ("", "none")
+        ]
         if host is not None
         else [],
     )

@@ -29,8 +29,12 @@ Rules, in order (the rule name is what a ``Decision`` shows):
   ``in-job-restart`` — the same with no standby ready: the worker group restarts cold.
   Every other command that launches ranks (GPU reset, hot swap — the spare's standbys —,
   scale down or up) takes them from ready standbys too, and its reason says how many.
-* ``gpu-reset`` — a host fault that a GPU reset clears (``goodput.gpu_faults``: XIDs whose
-  catalogue resolution is a reset, uncorrected ECC errors) on a node that has not failed
+* ``gpu-app-fault`` — GPU faults the fault table (``goodput.gpu_faults``) says the node
+  survives: an application's XID (13, 31, 43, 68, 109), a contained ECC error (94), or any
+  one the driver's recovery action calls harmless: restart every rank on the same nodes.
+  ``gpu-no-action`` — only faults that ask for nothing (XID 45, 92): no command.
+* ``gpu-reset`` — a host fault whose remedy in the fault table is a GPU reset (the
+  catalogue's reset XIDs, uncorrected ECC errors, the driver asking for one) on a node that has not failed
   ``REPEAT_FAILURES`` times: restart with the node's faulty GPUs reset while no rank runs
   (the actuator stops the ranks, the node's host monitor resets, the actuator relaunches).
   If the reset fails or times out, the actuator fails the restart and the signal is decided
@@ -41,7 +45,8 @@ Rules, in order (the rule name is what a ``Decision`` shows):
   looked correctable is treated as broken. (An uncorrectable fault replaces the node anyway and
   keeps its own rule: a lost node often shows as its ranks' crash before its host's fault, and
   that one loss must not read as a third failure.)
-* ``hot-swap`` — an uncorrectable fault (a lost host, a GPU XID) and a free spare: replace it.
+* ``hot-swap`` — an uncorrectable fault (a lost host, a GPU XID whose remedy is a reboot,
+  e.g. 79) and a free spare: replace it.
 * ``scale-down`` — no spare: drop the node and regroup the healthy nodes into fewer replicas.
 * ``no-capacity`` — not one whole replica is left: stop the job, saying so.
 * ``restart-job`` — a job-wide fault with no node to blame (``job_down``): restart it all.
@@ -57,7 +62,7 @@ from __future__ import annotations
 from typing import Literal
 
 from goodput import schemas
-from goodput.gpu_faults import reset_targets
+from goodput.gpu_faults import node_remedy, reset_targets
 from goodput.supervisor.jobstate.model import JobState, Refusal
 from goodput.supervisor.policy.plan import Plan
 from goodput.supervisor.policy.remedy import HOT_SWAP, SCALE_DOWN, straggler_costs
@@ -127,6 +132,9 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
             plan = replace_node(state, signal.node, why=why)
             return Plan(plan.commands, "repeat-offender", plan.reason)
         return restart_in_place(signal, state)
+    kept = keep_node(signal, state)
+    if kept is not None:
+        return kept
     reset = reset_gpus(signal, state)
     if reset is not None:
         return reset
@@ -138,6 +146,32 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
     ):
         why += f" (reset-correctable, but {lacks})"
     return replace_node(state, signal.node, why=why)
+
+
+def keep_node(signal: schemas.Signal, state: JobState) -> Plan | None:
+    """The rung for GPU faults the fault table says the node survives (``goodput.gpu_faults``:
+    the application's XIDs, a contained ECC error, a driver saying no recovery is needed),
+    or None where it does not apply.
+
+    The job restarts on the same nodes (``gpu-app-fault``); a fault that asks for nothing
+    (XID 45, the cleanup after a killed application) changes nothing (``gpu-no-action``).
+    """
+    record = state.node(signal.node)
+    remedy = node_remedy(signal.host_faults, signal.gpus)
+    if record is None or record.role != "active" or remedy is None:
+        return None
+    if remedy.action not in ("none", "restart"):
+        return None
+    where = f"{', '.join(signal.host_faults)} on {signal.node}"
+    if remedy.action == "none":
+        return Plan([], "gpu-no-action", f"{where} needs no remedy ({remedy.reason})")
+    warm, note = standby_note(state, state.active)
+    return Plan(
+        [schemas.Restart(job=state.job, standbys=warm)],
+        "gpu-app-fault",
+        f"{where} is the application's ({remedy.reason}): restart every rank from the newest "
+        f"checkpoint, {signal.node} kept{note}",
+    )
 
 
 def reset_gpus(signal: schemas.Signal, state: JobState) -> Plan | None:

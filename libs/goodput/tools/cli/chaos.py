@@ -19,7 +19,7 @@ from goodput.config import (
     job_name,
     node_name,
 )
-from goodput.gpu_faults import RESET_CORRECTABLE_XIDS
+from goodput.gpu_faults import xids_with
 from goodput.tools.chaos import scenario as scenario_format
 from goodput.tools.chaos import spec as faults
 
@@ -43,8 +43,10 @@ FAULT_ARGUMENTS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
                 "type": int,
                 "default": 79,
                 "help": "XID code (default: 79, fell off the bus: the node is replaced); "
-                f"{', '.join(map(str, sorted(RESET_CORRECTABLE_XIDS)))} are reset-correctable: "
-                "the supervisor resets the node's GPUs first",
+                f"{', '.join(map(str, xids_with('reset_gpu')))} are reset-correctable: "
+                "the supervisor resets the node's GPUs first; "
+                f"{', '.join(map(str, xids_with('restart')))} are the application's: "
+                "the job restarts on the same nodes",
             },
         ),
         _CLEAR,

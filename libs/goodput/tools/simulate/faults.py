@@ -9,7 +9,7 @@ straggler sends to the real sensor — the events a real rank, host monitor or a
 from __future__ import annotations
 
 from goodput.tools.simulate import messages as msg
-from goodput.tools.simulate.fleet import BREAKING, XIDS, Fault
+from goodput.tools.simulate.fleet import BREAKING, RESET_CLEARS, XIDS, Fault
 from goodput.tools.simulate.records import NS, T0, FedRank, Slowing
 
 
@@ -161,7 +161,7 @@ class FaultsMixin:
     def _gpus_reset(self, nodes: list[str]) -> None:
         """A restart reset these nodes' GPUs: a fault a reset clears is gone."""
         for node in nodes:
-            if self._broken.get(node) == "correctable":
+            if self._broken.get(node) in RESET_CLEARS:
                 self._repaired(node)
 
     def _repaired(self, node: str) -> None:

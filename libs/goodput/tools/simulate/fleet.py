@@ -30,16 +30,23 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
+from goodput.gpu_faults import xid_verdict
 from goodput.tools.simulate.profile import FailureModel, JobSpec
 
 FaultKind = Literal[
     "crash", "hang", "gpu_xid", "correctable", "lost_host", "node_down", "straggler"
 ]
 INTERRUPTING: tuple[FaultKind, ...] = ("crash", "hang", "gpu_xid", "correctable", "lost_host")
-#: kinds that leave the node broken until it is repaired (a correctable one: or reset)
-BREAKING = frozenset({"gpu_xid", "correctable", "lost_host", "node_down"})
-#: what the host monitor reports for each GPU fault kind (``goodput.gpu_faults``' catalogue)
+#: what the host monitor reports for each GPU fault kind
 XIDS: dict[str, int] = {"gpu_xid": 79, "correctable": 48}
+#: GPU kinds a GPU reset clears, and kinds that leave the node broken until it is repaired (or,
+#: the former, reset): as the fault table (``goodput.gpu_faults``) judges their XIDs
+RESET_CLEARS = frozenset(k for k, xid in XIDS.items() if xid_verdict(xid).action == "reset_gpu")
+BREAKING = frozenset(
+    {"lost_host", "node_down"}
+    | RESET_CLEARS
+    | {k for k, xid in XIDS.items() if xid_verdict(xid).action == "replace_node"}
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,17 @@ def _forge(root: Path, edit) -> None:  # type: ignore[no-untyped-def]
     write_manifest(path, edit(manifest))
 
 
+def _forge_pickle_node(root: Path, marker: Path) -> None:
+    """Step 2's tree gains a pickle node whose unpickling would create ``marker``."""
+    payload = base64.b64encode(pickle.dumps(_Exploit(marker))).decode()
+
+    def add_pickle(manifest: Manifest) -> Manifest:
+        manifest.tree["items"].append(["evil", {"t": "pickle", "v": payload}])
+        return manifest
+
+    _forge(root, add_pickle)
+
+
 def _assert_fell_back(engine: CheckpointEngine, events: list[object], reason: str) -> None:
     step, restored = engine.restore()
     assert step == 1
@@ -59,13 +70,7 @@ def test_a_pickle_node_is_never_unpickled_and_restore_falls_back(tmp_path: Path)
     events: list[object] = []
     engine = _two_steps(tmp_path / "ckpt", events)
     marker = tmp_path / "code-ran"
-    payload = base64.b64encode(pickle.dumps(_Exploit(marker))).decode()
-
-    def add_pickle(manifest: Manifest) -> Manifest:
-        manifest.tree["items"].append(["evil", {"t": "pickle", "v": payload}])
-        return manifest
-
-    _forge(tmp_path / "ckpt", add_pickle)
+    _forge_pickle_node(tmp_path / "ckpt", marker)
     _assert_fell_back(engine, events, "unknown kind 'pickle'")
     assert not marker.exists()
 
@@ -152,13 +157,7 @@ def test_a_forged_tree_in_host_memory_s_step_is_a_reason_not_a_crash(tmp_path: P
     events: list[object] = []
     engine = _two_steps(tmp_path / "ckpt", events)
     marker = tmp_path / "code-ran"
-    payload = base64.b64encode(pickle.dumps(_Exploit(marker))).decode()
-
-    def add_pickle(manifest: Manifest) -> Manifest:
-        manifest.tree["items"].append(["evil", {"t": "pickle", "v": payload}])
-        return manifest
-
-    _forge(tmp_path / "ckpt", add_pickle)
+    _forge_pickle_node(tmp_path / "ckpt", marker)
     outcome = restore_from_host(engine, 2, make_state(2, scale=4))
     assert isinstance(outcome, str) and "unknown kind 'pickle'" in outcome, outcome
     assert not marker.exists()

@@ -30,9 +30,9 @@ hold a bounded set of keys (the fleet's services, agents, checkpoint copies), ex
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 import os
 from collections.abc import Mapping
+from fractions import Fraction
 
 import msgspec
 

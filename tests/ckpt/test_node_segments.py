@@ -22,13 +22,9 @@ import torch
 
 from goodput.checkpoint.engine import CheckpointEngine
 from goodput.checkpoint.engine.host_restore import HostRestore, restore_from_host
-from goodput.checkpoint.engine.node_segments import (
-    HEADER_BYTES,
-    NodeSegments,
-    SegmentHeader,
-    segment_prefix,
-)
+from goodput.checkpoint.engine.node_segments import HEADER_BYTES, NodeSegments, SegmentHeader
 from goodput.checkpoint.format import read_manifest, step_dir
+from goodput.checkpoint.format.shm_segments import segment_prefix
 
 from .helpers import assert_bit_exact, make_state
 

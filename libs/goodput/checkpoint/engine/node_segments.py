@@ -40,10 +40,16 @@ from typing import Protocol
 
 import msgspec
 import torch
-import xxhash
 
 from goodput.checkpoint.engine.buffers import pin_host
 from goodput.checkpoint.engine.plan import IO_ALIGN, align_up
+from goodput.checkpoint.format.shm_segments import (
+    OPEN_UNTRUSTED,
+    SEGMENT_DIR,
+    segment_names,
+    segment_prefix,
+    sweep_dead,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +58,6 @@ SEGMENT_FORMAT = "goodput-segment/1"
 HEADER_BYTES = IO_ALIGN
 _LENGTH = struct.Struct("<I")
 _counter = itertools.count()
-#: a name in /dev/shm may be anything: never follow a link, never block on a FIFO
-_OPEN_UNTRUSTED = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 class SegmentHeader(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -70,13 +74,6 @@ class SegmentHeader(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 _EMPTY = SegmentHeader()
-
-
-def segment_prefix(root: Path) -> str:
-    """The names of one root's segments begin with this: every rank of a node derives it
-    from the volume they share, and distinct jobs and nodes on one host get distinct ones."""
-    key = xxhash.xxh3_64_hexdigest(str(root.resolve()).encode())
-    return f"goodput-ckpt-{key}-"
 
 
 class SharedBuffer:
@@ -175,7 +172,8 @@ def _read_header(fd: int) -> SegmentHeader | None:
 class NodeSegments:
     """The segments of one checkpoint root on this host: making, finding and sweeping them."""
 
-    def __init__(self, root: Path, directory: Path = Path("/dev/shm")) -> None:
+    def __init__(self, root: Path, directory: Path = SEGMENT_DIR) -> None:
+        self.root = root
         self.directory = directory
         self.prefix = segment_prefix(root)
 
@@ -183,10 +181,7 @@ class NodeSegments:
         return SharedBuffer(self.directory, self.prefix, nbytes, pin_memory=pin_memory)
 
     def _names(self) -> list[str]:
-        try:
-            return [n for n in os.listdir(self.directory) if n.startswith(self.prefix)]
-        except OSError:
-            return []
+        return segment_names(self.directory, self.prefix)
 
     @contextlib.contextmanager
     def peers(
@@ -200,7 +195,7 @@ class NodeSegments:
                 if name in exclude:
                     continue
                 try:
-                    fd = os.open(self.directory / name, _OPEN_UNTRUSTED)
+                    fd = os.open(self.directory / name, OPEN_UNTRUSTED)
                 except OSError:
                     continue  # swept meanwhile
                 header = None
@@ -218,26 +213,7 @@ class NodeSegments:
 
     def sweep(self) -> list[str]:
         """Unlink the segments whose owner is gone (nobody holds their lock); returns them."""
-        gone = []
-        for name in self._names():
-            path = self.directory / name
-            try:
-                fd = os.open(path, _OPEN_UNTRUSTED)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # its owner lives
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                gone.append(name)
-            finally:
-                os.close(fd)
-        if gone:
-            log.info("removed %d shared-memory segment(s) of exited ranks", len(gone))
-        return gone
+        return sweep_dead(self.root, self.directory)
 
 
 class StreamSource(Protocol):

@@ -78,9 +78,10 @@ def cmd_down(args: argparse.Namespace) -> int:
     if report.stale:
         print(f"goodput down: stale record, not signalled: {'; '.join(report.stale)}",
               file=sys.stderr)  # fmt: skip
+    swept = f"; removed {report.segments} shared-memory segment(s) of exited ranks"
     print(
         f"stopped {report.stopped} process(es) of the stack (services, ranks left running, "
-        f"the embedded server) (stack state: {args.state_dir})",
+        f"the embedded server){swept if report.segments else ''} (stack state: {args.state_dir})",
         file=sys.stderr,
     )
     return 0

@@ -13,6 +13,8 @@ from pathlib import Path
 import msgspec
 
 from goodput.bus.embedded import EmbeddedNats, stop_recorded
+from goodput.checkpoint.format.layout import node_volume
+from goodput.checkpoint.format.shm_segments import sweep_dead
 from goodput.owned_process import (
     ProcessIdentity,
     RecordUnreadable,
@@ -39,6 +41,8 @@ class StopReport:
     #: recorded processes whose pid another process holds now (never signalled)
     stale: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
+    #: shared-memory segments of the stack's exited ranks, removed
+    segments: int = 0
 
 
 def stop_stack(state_dir: Path) -> StopReport:
@@ -82,6 +86,10 @@ def _stop_stack(state_dir: Path) -> StopReport:
         timeout_s = ACTUATOR_STOP_S if _stop_order(identity) == 0 else SERVICE_STOP_S
         report.stopped += terminate(identity, timeout_s, group=True) == "running"
     (state_dir / STACK_RECORD).unlink(missing_ok=True)
+    # a killed rank's host buffer outlives it for its replacement to read; with the stack
+    # stopped no engine will save on its volume again to sweep it
+    for volume in state_dir.glob(str(node_volume(".", "*", "*"))):
+        report.segments += len(sweep_dead(volume))
     return report
 
 

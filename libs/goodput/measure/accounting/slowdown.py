@@ -1,0 +1,80 @@
+"""Step-time deviation: which kept steps ran slow, and by how much (docs/GOODPUT.md).
+
+A step is slow when its kept time exceeds the healthy median by more than
+:data:`SLOW_TOLERANCE`; its excess over the median is straggler slowdown. The healthy median is
+that of the step's run (the steps between two restarts) at its world size when the run has
+:data:`MIN_RUN_STEPS` of them, else that of every run at its world size: a job whose pace
+drifts from one restart to the next (a shared machine's load) is not charged the drift. No signal is
+consulted: the steps a straggler slowed while the sensor was making sure, those of a
+straggler evicted the moment it was flagged, and those of a run nobody watched (the
+baseline) cost the same. (The excess used to be charged only after a ``straggler`` flag: the
+demo's 3× straggler lost ~17 s and was charged 0.)
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+#: a step slower than the healthy median by more than this share is slow
+SLOW_TOLERANCE = 0.10
+#: a run with this many steps at a world size is its own reference
+MIN_RUN_STEPS = 20
+#: a median this share of a world size's steps undercut by the tolerance may be slow itself
+SUSPECT_FAST_SHARE = 0.30
+
+
+@dataclass(frozen=True, slots=True)
+class KeptStep:
+    """What one step execution kept after stronger claims, at its world size."""
+
+    kept_s: float
+    world_size: int
+    run: int
+
+
+@dataclass(slots=True)
+class Slowdown:
+    #: excess seconds per index into the steps given, only for slow steps
+    excess: dict[int, float] = field(default_factory=dict)
+    #: the healthy median step time per world size, over every run
+    medians: dict[int, float] = field(default_factory=dict)
+    #: why a figure may mislead, one line each
+    notes: list[str] = field(default_factory=list)
+
+
+def step_time_deviation(steps: Sequence[KeptStep]) -> Slowdown:
+    """The slow steps of ``steps`` and their excess over their world size's median kept time.
+
+    The median is robust while fewer than half of a world size's steps are slow; when more
+    were, the median is a slow step and the healthy ones undercut it: past
+    :data:`SUSPECT_FAST_SHARE` of them a note says so (the slowdown is then undercounted,
+    never overcounted)."""
+    by_size: dict[int, list[float]] = defaultdict(list)
+    by_run: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for step in steps:
+        if step.kept_s > 0:
+            by_size[step.world_size].append(step.kept_s)
+            by_run[step.run, step.world_size].append(step.kept_s)
+    result = Slowdown(medians={size: statistics.median(t) for size, t in by_size.items()})
+    run_medians = {
+        key: statistics.median(times)
+        for key, times in by_run.items()
+        if len(times) >= MIN_RUN_STEPS
+    }
+    for index, step in enumerate(steps):
+        median = run_medians.get((step.run, step.world_size), result.medians.get(step.world_size))
+        if median is not None and step.kept_s > median * (1 + SLOW_TOLERANCE):
+            result.excess[index] = step.kept_s - median
+    for size, times in sorted(by_size.items()):
+        median = result.medians[size]
+        fast = sum(t * (1 + SLOW_TOLERANCE) < median for t in times)
+        if fast > SUSPECT_FAST_SHARE * len(times):
+            result.notes.append(
+                f"{fast} of {len(times)} steps at world size {size} ran well under their median "
+                f"({median:.3f} s): most steps may have run slow, the median with them, and the "
+                "straggler slowdown is undercounted"
+            )
+    return result

@@ -46,9 +46,9 @@ class Slowdown:
 
 
 def step_time_deviation(steps: Sequence[KeptStep]) -> Slowdown:
-    """The slow steps of ``steps`` and their excess over their world size's median kept time.
+    """The slow steps of ``steps`` and their excess over their reference median kept time.
 
-    The median is robust while fewer than half of a world size's steps are slow; when more
+    A median is robust while fewer than half of its steps are slow; when more
     were, the median is a slow step and the healthy ones undercut it: past
     :data:`SUSPECT_FAST_SHARE` of them a note says so (the slowdown is then undercounted,
     never overcounted)."""
@@ -64,17 +64,25 @@ def step_time_deviation(steps: Sequence[KeptStep]) -> Slowdown:
         for key, times in by_run.items()
         if len(times) >= MIN_RUN_STEPS
     }
+    judged: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # reference: [fast, steps]
     for index, step in enumerate(steps):
-        median = run_medians.get((step.run, step.world_size), result.medians.get(step.world_size))
-        if median is not None and step.kept_s > median * (1 + SLOW_TOLERANCE):
+        own = run_medians.get((step.run, step.world_size))
+        median = own if own is not None else result.medians.get(step.world_size)
+        if median is None or step.kept_s <= 0:
+            continue
+        reference = f"world size {step.world_size}" + (
+            f", run {step.run}" if own is not None else ""
+        )
+        counts = judged[f"{reference}: their median {median:.3f} s"]
+        counts[0] += step.kept_s * (1 + SLOW_TOLERANCE) < median
+        counts[1] += 1
+        if step.kept_s > median * (1 + SLOW_TOLERANCE):
             result.excess[index] = step.kept_s - median
-    for size, times in sorted(by_size.items()):
-        median = result.medians[size]
-        fast = sum(t * (1 + SLOW_TOLERANCE) < median for t in times)
-        if fast > SUSPECT_FAST_SHARE * len(times):
+    for reference, (fast, total) in judged.items():
+        if fast > SUSPECT_FAST_SHARE * total:
             result.notes.append(
-                f"{fast} of {len(times)} steps at world size {size} ran well under their median "
-                f"({median:.3f} s): most steps may have run slow, the median with them, and the "
-                "straggler slowdown is undercounted"
+                f"{fast} of {total} steps ran well under their median ({reference}): most "
+                "steps may have run slow, the median with them, and the straggler slowdown is "
+                "undercounted"
             )
     return result

@@ -41,7 +41,10 @@ import msgspec
 #: (``JobStatus.suspect_nodes``: a pod deletion they never confirmed), so the policy replaces
 #: such a node after a refused launch instead of leaving the job restarting
 #: 11: a GPU record carries the driver's recovery action (``GpuHealth.recovery_action``)
-SCHEMA_VERSION = 11
+#: 12: trainer-side numerics (``Numerics``: a window's loss and gradient norm, the replicas'
+#: parameter fingerprints) and the signals judged from them (``nonfinite``, ``loss_spike``,
+#: ``replica_mismatch``)
+SCHEMA_VERSION = 12
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

@@ -39,6 +39,10 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     #: (rank 0 writes into a ``ckpt_dir`` every node shares), for comparisons
     ckpt_mode: Literal["async", "torch-save"] = "async"
     heartbeat_period_s: float = 0.5
+    #: steps per numerics window (loss and gradient norm read from the device once a window)
+    numerics_every: int = 10
+    #: steps between parameter fingerprints of the replicas (a multiple of numerics_every)
+    fingerprint_every: int = 100
     #: obey InjectFault commands (chaos testing: "hang" blocks the training loop, "slow"
     #: stretches the rank's compute)
     enable_fault_injection: bool = False

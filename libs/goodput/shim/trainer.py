@@ -37,6 +37,7 @@ from goodput.shim.config import ShimConfig
 from goodput.shim.injected_faults import InjectedFaults
 from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
+from goodput.shim.numerics import NumericsMonitor
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import (
     CheckpointMetadata,
@@ -63,6 +64,15 @@ class TrainerShim:
         self.exit_code = 0
         self._stop_reason = ""
         self._faults = InjectedFaults(config)
+        #: the loop's loss, gradient norm and parameters: ``shim.numerics.observe`` each step
+        self.numerics = NumericsMonitor(
+            read_every=config.numerics_every,
+            fingerprint_every=config.fingerprint_every,
+            mp_size=config.model_parallel_size,
+            publish=self._publish,
+            job=config.job,
+            node=config.node,
+        )
         #: set while the loop is the shim's own (``run``): Rejoin commands restart in process
         self._rejoins: RejoinMailbox | None = None
         #: the next restore may come from the engine's host buffers (this process kept them)

@@ -56,3 +56,42 @@ def test_the_rng_name_is_reserved(tmp_path: Path) -> None:
     shim = TrainerShim(ShimConfig(ckpt_dir=str(tmp_path)), install_signal_handlers=False)
     with pytest.raises(ValueError, match="rng"):
         SupervisedLoop(shim=shim, rng=torch.nn.Linear(2, 1))
+
+
+def test_the_loop_reports_numerics_once_a_window(tmp_path: Path) -> None:
+    """Loss and gradient norm reach a Numerics event every ``numerics_every`` steps, the
+    model's fingerprint every ``fingerprint_every``; the step events carry the newest loss
+    read (no step waits for the device)."""
+    from goodput import schemas
+    from goodput.shim.numerics import fingerprint
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    shim = TrainerShim(
+        ShimConfig(ckpt_dir=str(tmp_path), ckpt_every=100, numerics_every=3, fingerprint_every=6),
+        install_signal_handlers=False,
+    )
+    published: list[schemas.Event] = []
+    shim.numerics.publish = published.append
+    loop = SupervisedLoop(shim=shim, model=model, optimizer=optimizer)
+    losses, norms, prints = [], [], {}
+    for step in loop.steps(6):
+        inputs = torch.randn(8, 4)
+        loss = torch.nn.functional.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True))
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+        norms.append(float(norm))
+        prints[step] = int(fingerprint(model.parameters()))
+        loop.step_done(loss, tokens=8, grad_norm=norm)
+    first, second = published
+    assert isinstance(first, schemas.Numerics) and isinstance(second, schemas.Numerics)
+    assert (first.step, first.steps, first.fingerprint_step) == (3, 3, -1)
+    assert first.loss_mean == pytest.approx(sum(losses[:3]) / 3)
+    assert first.loss_max == pytest.approx(max(losses[:3]))
+    assert first.grad_norm_mean == pytest.approx(sum(norms[:3]) / 3)
+    assert (second.step, second.fingerprint_step, second.fingerprint) == (6, 6, prints[6])
+    assert shim.numerics.last_loss == pytest.approx(sum(losses[3:]) / 3)

@@ -180,12 +180,14 @@ class GoodputCallback(pl.Callback):
             return  # a micro-batch of an accumulation: no optimizer step, no step to report
         self._reported_step = step
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        # on the device until the window's end (goodput.shim.numerics): no sync per step
+        self.shim.numerics.observe(step, 0.0 if loss is None else loss, None, pl_module.parameters)
         if end_step(
             self.shim,
             step,
             step_time_s=time.perf_counter() - self._started,
             tokens=0,
-            loss=float(loss) if loss is not None else 0.0,
+            loss=self.shim.numerics.last_loss,
             state=lambda: self._checkpoint(trainer),
         ):
             trainer.should_stop = True

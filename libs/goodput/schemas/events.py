@@ -274,6 +274,9 @@ class Signal(Event, tag="signal", kw_only=True):
     #: a straggler: its compute time over its peers' median (what the job steps slower by;
     #: 0: not a straggler), which the policy weighs against evicting it (schema 7)
     ratio: float = 0.0
+    #: a numerical fault (``nonfinite``, ``loss_spike``, ``replica_mismatch``): the first step
+    #: it may have touched; a rollback goes to a clean checkpoint before it (schema 12)
+    first_bad_step: int = -1
 
 
 class Decision(Event, tag="decision", kw_only=True):

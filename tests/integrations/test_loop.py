@@ -95,3 +95,46 @@ def test_the_loop_reports_numerics_once_a_window(tmp_path: Path) -> None:
     assert first.grad_norm_mean == pytest.approx(sum(norms[:3]) / 3)
     assert (second.step, second.fingerprint_step, second.fingerprint) == (6, 6, prints[6])
     assert shim.numerics.last_loss == pytest.approx(sum(losses[3:]) / 3)
+
+
+def _train_corruptible(
+    directory: Path, total_steps: int, *, corrupt_at: int | None = None, before: int | None = None
+) -> SupervisedLoop:
+    """``train``'s job; ``corrupt_at``: one bit of one weight flips after that step (a silent
+    data corruption); ``before``: launched as a numerical rollback's attempt."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    config = ShimConfig(ckpt_dir=str(directory), ckpt_every=4, restore_before_step=before)
+    loop = SupervisedLoop(
+        shim=TrainerShim(config, install_signal_handlers=False), model=model, optimizer=optimizer
+    )
+    for step in loop.steps(total_steps):
+        inputs = torch.randn(16, 4)
+        loss = torch.nn.functional.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == corrupt_at:
+            with torch.no_grad():
+                model[0].weight.view(-1).view(torch.int32)[3] ^= 1 << 22
+        loop.step_done(loss, tokens=16)
+    return loop
+
+
+def test_a_rollback_restores_before_the_fault_and_ends_bit_identical(tmp_path: Path) -> None:
+    """A bit flipped after step 9 is in the step-12 checkpoint. Relaunched to restore before
+    step 10 (the first step the fault may have touched), the job resumes from step 8, drops
+    the step-12 checkpoint (a later restart must not resume from it) and ends as the run
+    that was never corrupted did."""
+    from goodput.checkpoint.format.layout import step_dirs
+
+    reference = _train_corruptible(tmp_path / "reference", 12)
+    corrupted = _train_corruptible(tmp_path / "run", 12, corrupt_at=9)
+    with pytest.raises(AssertionError):
+        assert_identical(corrupted.state(), reference.state())
+    assert step_dirs(tmp_path / "run")[0][0] == 12
+    rolled_back = _train_corruptible(tmp_path / "run", 12, before=10)
+    assert rolled_back.restored is not None and rolled_back.restored.step == 8
+    assert rolled_back.step == 12
+    assert_identical(rolled_back.state(), reference.state())

@@ -43,7 +43,8 @@ import msgspec
 #: 11: a GPU record carries the driver's recovery action (``GpuHealth.recovery_action``)
 #: 12: trainer-side numerics (``Numerics``: a window's loss and gradient norm, the replicas'
 #: parameter fingerprints) and the signals judged from them (``nonfinite``, ``loss_spike``,
-#: ``replica_mismatch``)
+#: ``replica_mismatch``, with ``Signal.first_bad_step``) and the rollback they lead to
+#: (``restore_before_step`` on ``Restart``, ``HotSwap``, ``ScaleTo``)
 SCHEMA_VERSION = 12
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value

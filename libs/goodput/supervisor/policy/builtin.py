@@ -50,6 +50,12 @@ Rules, in order (the rule name is what a ``Decision`` shows):
 * ``scale-down`` — no spare: drop the node and regroup the healthy nodes into fewer replicas.
 * ``no-capacity`` — not one whole replica is left: stop the job, saying so.
 * ``restart-job`` — a job-wide fault with no node to blame (``job_down``): restart it all.
+* ``numerical-rollback`` — a numerical fault (``nonfinite``, ``loss_spike``, a first
+  ``replica_mismatch``): restart every rank from the newest checkpoint before
+  ``Signal.first_bad_step`` (``Restart.restore_before_step``; the shim discards its volume's
+  newer ones, which hold the fault). ``numerical-quarantine`` — a node whose replica
+  disagreed again (the detector's ``uncorrectable``): replace it (hot swap, else scale down)
+  and roll back the same way.
 
 A rung the actuator's backend declares it cannot run (``JobState.backend``) is skipped with
 the reason in the decision, as is an in-process restart the job's ranks cannot do
@@ -61,6 +67,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+import msgspec
+
 from goodput import schemas
 from goodput.gpu_faults import node_remedy, reset_targets
 from goodput.supervisor.jobstate.model import JobState, Refusal
@@ -68,6 +76,8 @@ from goodput.supervisor.policy.plan import Plan
 from goodput.supervisor.policy.remedy import HOT_SWAP, SCALE_DOWN, straggler_costs
 
 REPEAT_FAILURES = 3
+#: signals of a numerical fault, which a rollback cures (``supervisor/detect/numerics.py``)
+NUMERICAL_SIGNALS = frozenset({"nonfinite", "loss_spike", "replica_mismatch"})
 
 #: a field of ``BackendCapabilities``: what a rung needs of the backend
 Capability = Literal["in_process_restart", "standbys", "gpu_reset", "hot_swap", "scale"]
@@ -118,6 +128,8 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
         return scale_up(state, why=f"{signal.node} is back")
     if kind == "straggler":
         return evict_straggler(signal, state)
+    if kind in NUMERICAL_SIGNALS:
+        return roll_back(signal, state)
     record = state.node(signal.node) if signal.node else None
     if record is None:
         warm, note = standby_note(state, state.active)
@@ -268,6 +280,29 @@ def warm_restart_failure(signal: schemas.Signal, state: JobState) -> Refusal | N
             if r.action == schemas.kind_of(schemas.RestartInProcess) and r.ts >= observed
         ),
         None,
+    )
+
+
+def roll_back(signal: schemas.Signal, state: JobState) -> Plan:
+    """A numerical fault: every rank restarts from the newest checkpoint before the first step
+    it may have touched; a repeat offender's node is replaced on the way."""
+    before = max(signal.first_bad_step, 0)
+    why = f"{signal.signal} ({signal.detail})"
+    back = f"roll back to the newest checkpoint before step {before}"
+    if signal.severity == "uncorrectable" and signal.node:
+        plan = replace_node(state, signal.node, why=f"{why}; quarantine {signal.node}")
+        commands = [
+            msgspec.structs.replace(c, restore_before_step=before)
+            if isinstance(c, (schemas.HotSwap, schemas.ScaleTo))
+            else c
+            for c in plan.commands
+        ]
+        return Plan(commands, "numerical-quarantine", f"{plan.reason}; {back}")
+    warm, note = standby_note(state, state.active)
+    return Plan(
+        [schemas.Restart(job=state.job, standbys=warm, restore_before_step=before)],
+        "numerical-rollback",
+        f"{why}: {back}{note}",
     )
 
 

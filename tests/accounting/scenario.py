@@ -25,9 +25,8 @@ stops. The timeline (every second of the 82 is accounted for exactly once):
  69 – 72               restart on 1 rank                            restart_reprovision 3
  72 – 73, 74 – 75      startup around the restore                   program_startup 2
  73 – 74               restore of step 14 (1 s)                     checkpoint_restore 1
- 75 – 80               steps 15, 16 on 1 of 2 ranks (2 s, 3 s;      straggler 0.5,
-                       step 16 is slow against their 2.5 s median)  scaled_down_idle 2.25,
-                                                                    productive 2.25
+ 75 – 80               steps 15, 16 on 1 of 2 ranks (2 s, 3 s:      scaled_down_idle 2.5,
+                       two steps scatter too much to call one slow) productive 2.5
  80 – 82               stopped, nothing runs                        job_down 2
 ====================  ==========================================  =====================
 """
@@ -47,11 +46,11 @@ EXPECTED_BADPUT = {
     "restart_reprovision": 10.0,
     "checkpoint_restore": 4.0,
     "program_startup": 14.0,
-    "straggler_slowdown": 5.5,
-    "scaled_down_idle": 2.25,
+    "straggler_slowdown": 5.0,
+    "scaled_down_idle": 2.5,
     "job_down": 2.0,
 }
-EXPECTED_PRODUCTIVE = 30.25
+EXPECTED_PRODUCTIVE = 30.5
 EXPECTED_TOTAL = 82.0
 
 

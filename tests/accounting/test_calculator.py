@@ -94,7 +94,7 @@ def test_nominal_world_size_can_be_given() -> None:
     # a job configured for 4 ranks that never got more than 2 idled half its capacity
     report = compute_goodput(scenario_events(), nominal_world_size=4)
     idle_at_2 = 0.5 * (10 + 10 + 4 + 2 + 2)  # kept step time at 2 of 4 ranks, less straggling
-    idle_at_1 = 0.75 * (5 - 0.5)
+    idle_at_1 = 0.75 * 5
     assert report.badput["scaled_down_idle"] == pytest.approx(idle_at_2 + idle_at_1)
     assert report.productive_s + sum(report.badput.values()) == pytest.approx(report.total_s)
 

@@ -68,6 +68,7 @@ from goodput.schemas.envelope import (
 from goodput.schemas.events import (
     BUSY_EXITING,
     EVENT_TYPES,
+    NUMERICAL_SIGNALS,
     ActionResult,
     BackendCapabilities,
     CheckpointBackedUp,
@@ -105,6 +106,7 @@ __all__ = [
     "MAX_DURATION_S",
     "MAX_STANDBYS_PER_NODE",
     "MAX_STEP_TIME_S",
+    "NUMERICAL_SIGNALS",
     "SCHEMA_VERSION",
     "TOKEN_RE",
     "ActionResult",

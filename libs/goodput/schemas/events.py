@@ -220,6 +220,8 @@ SignalKind = Literal[
     "loss_spike",
     "replica_mismatch",
 ]
+#: the signals of a numerical fault (``supervisor/detect/numerics.py``), which a rollback cures
+NUMERICAL_SIGNALS: frozenset[str] = frozenset({"nonfinite", "loss_spike", "replica_mismatch"})
 
 
 class ReplicaSplit(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -48,7 +48,9 @@ from goodput.measure.accounting.slowdown import KeptStep, step_time_deviation
 E = TypeVar("E", bound=schemas.Event)
 
 #: signals that mean training stopped (or will stop) for a fault, not for a plan
-FAILURE_SIGNALS = frozenset({"crash", "hang", "missed_heartbeat", "degraded_host", "job_down"})
+FAILURE_SIGNALS = frozenset(
+    {"crash", "hang", "missed_heartbeat", "degraded_host", "job_down"} | schemas.NUMERICAL_SIGNALS
+)
 
 #: events that belong to the job's life and bound its accounting window
 _LIFECYCLE = (

@@ -1,7 +1,12 @@
 """Step-time deviation: which kept steps ran slow, and by how much (docs/GOODPUT.md).
 
-A step is slow when its kept time exceeds the healthy median by more than
-:data:`SLOW_TOLERANCE`; its excess over the median is straggler slowdown. The healthy median is
+A step is slow when its kept time exceeds the healthy median by more than the tolerance:
+:data:`SLOW_TOLERANCE` of the median, or :data:`NOISE_MADS` robust standard deviations
+(1.4826 × the median absolute deviation) of the steps judged against it when they scatter
+more (a shared machine's jitter is not a straggler: the replayed demo's baseline was charged
+its noise), but never more than :data:`MAX_TOLERANCE` (a pace that changed within a run
+scatters its steps widely, and would hide a straggler in the scatter); its excess over the
+median is straggler slowdown. The healthy median is
 that of the step's run (the steps between two restarts) at its world size when the run has
 :data:`MIN_RUN_STEPS` of them, else that of every run at its world size: a job whose pace
 drifts from one restart to the next (a shared machine's load) is not charged the drift. No signal is
@@ -20,6 +25,12 @@ from dataclasses import dataclass, field
 
 #: a step slower than the healthy median by more than this share is slow
 SLOW_TOLERANCE = 0.10
+#: a step this many robust standard deviations over the median is past the noise
+NOISE_MADS = 3.0
+#: a step this share over the median is slow however widely the steps scatter
+MAX_TOLERANCE = 0.5
+#: a normal distribution's standard deviation is about this × its median absolute deviation
+MAD_TO_SIGMA = 1.4826
 #: a run with this many steps at a world size is its own reference
 MIN_RUN_STEPS = 20
 #: a median this share of a world size's steps undercut by the tolerance may be slow itself
@@ -59,15 +70,19 @@ def step_time_deviation(steps: Sequence[KeptStep]) -> Slowdown:
             by_size[step.world_size].append(step.kept_s)
             by_run[step.run, step.world_size].append(step.kept_s)
     result = Slowdown(medians={size: statistics.median(t) for size, t in by_size.items()})
-    run_medians = {
-        key: statistics.median(times)
+    size_limits = {size: _limit(result.medians[size], t) for size, t in by_size.items()}
+    run_refs = {
+        key: (median := statistics.median(times), _limit(median, times))
         for key, times in by_run.items()
         if len(times) >= MIN_RUN_STEPS
     }
     judged: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # reference: [fast, steps]
     for index, step in enumerate(steps):
-        own = run_medians.get((step.run, step.world_size))
-        median = own if own is not None else result.medians.get(step.world_size)
+        own = run_refs.get((step.run, step.world_size))
+        median, limit = own or (
+            result.medians.get(step.world_size),
+            size_limits.get(step.world_size, 0.0),
+        )
         if median is None or step.kept_s <= 0:
             continue
         reference = f"world size {step.world_size}" + (
@@ -76,7 +91,7 @@ def step_time_deviation(steps: Sequence[KeptStep]) -> Slowdown:
         counts = judged[f"{reference}: their median {median:.3f} s"]
         counts[0] += step.kept_s * (1 + SLOW_TOLERANCE) < median
         counts[1] += 1
-        if step.kept_s > median * (1 + SLOW_TOLERANCE):
+        if step.kept_s > limit:
             result.excess[index] = step.kept_s - median
     for reference, (fast, total) in judged.items():
         if fast > SUSPECT_FAST_SHARE * total:
@@ -86,3 +101,10 @@ def step_time_deviation(steps: Sequence[KeptStep]) -> Slowdown:
                 "undercounted"
             )
     return result
+
+
+def _limit(median: float, times: list[float]) -> float:
+    """The slowest a step of ``times`` may be and still count as healthy."""
+    mad = statistics.median(abs(t - median) for t in times)
+    noise = min(NOISE_MADS * MAD_TO_SIGMA * mad, MAX_TOLERANCE * median)
+    return median + max(SLOW_TOLERANCE * median, noise)

@@ -26,7 +26,6 @@ node, ``down``), checkpoints and remediations.
 
 from goodput.supervisor.jobstate.model import JobState, NodeRecord, PendingCommand, Refusal
 from goodput.supervisor.policy.builtin import (
-    NUMERICAL_SIGNALS,
     REPEAT_FAILURES,
     backend_lacks,
     default_policy,
@@ -50,7 +49,6 @@ from goodput.supervisor.policy.plan import (
 __all__ = [
     "ALLOWED_COMMANDS",
     "MAX_COMMANDS",
-    "NUMERICAL_SIGNALS",
     "REPEAT_FAILURES",
     "JobState",
     "NodeRecord",

@@ -76,8 +76,6 @@ from goodput.supervisor.policy.plan import Plan
 from goodput.supervisor.policy.remedy import HOT_SWAP, SCALE_DOWN, straggler_costs
 
 REPEAT_FAILURES = 3
-#: signals of a numerical fault, which a rollback cures (``supervisor/detect/numerics.py``)
-NUMERICAL_SIGNALS = frozenset({"nonfinite", "loss_spike", "replica_mismatch"})
 
 #: a field of ``BackendCapabilities``: what a rung needs of the backend
 Capability = Literal["in_process_restart", "standbys", "gpu_reset", "hot_swap", "scale"]
@@ -128,7 +126,7 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
         return scale_up(state, why=f"{signal.node} is back")
     if kind == "straggler":
         return evict_straggler(signal, state)
-    if kind in NUMERICAL_SIGNALS:
+    if kind in schemas.NUMERICAL_SIGNALS:
         return roll_back(signal, state)
     record = state.node(signal.node) if signal.node else None
     if record is None:

@@ -57,14 +57,13 @@ def test_a_window_is_read_once_with_non_finite_steps_counted_not_summed() -> Non
     assert schemas.decode_event(schemas.encode(event)) == event
 
 
-def test_replicas_compared_over_a_real_gloo_group() -> None:
-    """3 data-parallel replicas, one bit flipped on rank 1 after step 7, a NaN loss on rank 2
-    at step 3: the window to step 5 counts the NaN and agrees; the windows to steps 10 and 15
-    name rank 1 against the majority of ranks 0 and 2, on every rank."""
+def run_replicas(*backend_device: str) -> list[list[dict]]:
+    """Each of 3 rank processes' readings (tests/shim/numerics_rank.py)."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    argv = [sys.executable, "-m", "tests.shim.numerics_rank"]
     processes = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.shim.numerics_rank", str(rank), "3", "1", "2"],
+            [*argv, str(rank), "3", "1", "2", *backend_device],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
@@ -73,7 +72,17 @@ def test_replicas_compared_over_a_real_gloo_group() -> None:
     ]
     outputs = [p.communicate(timeout=240)[0] for p in processes]
     assert [p.returncode for p in processes] == [0, 0, 0]
-    per_rank = [json.loads(out.decode().strip().splitlines()[-1]) for out in outputs]
+    return [json.loads(out.decode().strip().splitlines()[-1]) for out in outputs]
+
+
+def test_replicas_compared_over_a_real_gloo_group() -> None:
+    """3 data-parallel replicas, one bit flipped on rank 1 after step 7, a NaN loss on rank 2
+    at step 3: the window to step 5 counts the NaN and agrees; the windows to steps 10 and 15
+    name rank 1 against the majority of ranks 0 and 2, on every rank."""
+    assert_flip_and_nan_found(run_replicas())
+
+
+def assert_flip_and_nan_found(per_rank: list[list[dict]]) -> None:
     assert per_rank[0] == per_rank[1] == per_rank[2]
     first, second, third = per_rank[0]
     assert first["nonfinite_steps"] == 1 and first["fingerprint"] is not None

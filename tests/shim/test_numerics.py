@@ -93,3 +93,11 @@ def assert_flip_and_nan_found(per_rank: list[list[dict]]) -> None:
     for later in (second, third):
         assert later["fingerprint"] is None and later["nonfinite_steps"] == 0
         assert later["splits"] == [{"slot": 0, "groups": [[0, 2], [1]]}]
+
+
+def test_a_window_begun_mid_way_counts_only_its_steps() -> None:
+    """Resumed at step 7, the window ending at step 10 holds steps 8-10: a fault in it is not
+    placed before the restore."""
+    monitor = NumericsMonitor(read_every=10, fingerprint_every=10)
+    readings = [monitor.observe(step, 1.0) for step in (8, 9, 10)]
+    assert readings[-1] is not None and readings[-1].steps == 3

@@ -110,6 +110,8 @@ class NumericsMonitor:
         self.publish = publish
         self.job, self.node = job, node
         self._acc: torch.Tensor | None = None
+        #: steps observed in this window (fewer than ``read_every`` after a mid-window restore)
+        self._observed = 0
         #: the newest loss read from the device (for a step report without a sync)
         self.last_loss = 0.0
 
@@ -131,6 +133,7 @@ class NumericsMonitor:
         )
         if self._acc is None or self._acc.device != device:
             self._acc = _empty(device)
+        self._observed += 1
         finite = torch.isfinite(loss_t) & torch.isfinite(gnorm_t)
         zero = torch.zeros((), dtype=torch.float64, device=device)
         low = torch.full((), -math.inf, dtype=torch.float64, device=device)
@@ -145,7 +148,7 @@ class NumericsMonitor:
             return None
         due = parameters is not None and step % self.fingerprint_every == 0
         reading = self._read(device, fingerprint(parameters()) if due else None)  # type: ignore[misc]
-        self._acc = _empty(device)
+        self._acc, self._observed = _empty(device), 0
         if self.publish is not None and _rank() == 0:
             self.publish(self.event(step, reading, step if due else -1))
         return reading
@@ -197,7 +200,7 @@ class NumericsMonitor:
                 splits = replica_splits(_gather(own, world), self.mp_size)
         self.last_loss = loss_sum / count if count else self.last_loss
         return WindowReading(
-            steps=self.read_every,
+            steps=self._observed,
             loss_mean=loss_sum / count if count else 0.0,
             loss_max=loss_max if count else 0.0,
             grad_norm_mean=gnorm_sum / count if count else 0.0,

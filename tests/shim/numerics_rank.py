@@ -5,7 +5,8 @@
 ``cuda:gloo cuda``, a group that serves CUDA tensors only, as NCCL does, on the one GPU):
 every rank builds the same seeded model; after step 7 rank
 FLIP_RANK flips one bit of one parameter (a silent data corruption), and at step 3 rank
-NAN_RANK's loss is NaN. Prints one JSON object: each window's reading.
+NAN_RANK's loss is NaN. Prints one JSON object: ``{"value": [each window's reading]}``, or
+the error the windows raised and the file that raised it (``collectives_rank.attempt``).
 """
 
 from __future__ import annotations
@@ -20,12 +21,22 @@ import torch.distributed as dist
 
 from goodput.shim.collectives import barrier
 from goodput.shim.numerics import NumericsMonitor
+from tests.shim import fake_nccl
+from tests.shim.collectives_rank import attempt
 
 
 def main() -> None:
     rank, world, flip_rank, nan_rank = (int(a) for a in sys.argv[1:5])
     backend, device = (sys.argv[5], sys.argv[6]) if len(sys.argv) > 6 else ("gloo", "cpu")
+    fake_nccl.register()
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    outcome = attempt(lambda: windows(rank, flip_rank, nan_rank, device))
+    barrier(dist.new_group(backend="gloo"))  # leave together, as collectives_rank does
+    dist.destroy_process_group()
+    print(json.dumps(outcome, default=lambda o: {"slot": o.slot, "groups": o.groups}))
+
+
+def windows(rank: int, flip_rank: int, nan_rank: int, device: str) -> list[dict]:
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 4).to(device)
     monitor = NumericsMonitor(read_every=5, fingerprint_every=5)
@@ -42,9 +53,7 @@ def main() -> None:
         reading = monitor.observe(step, loss, norm, model.parameters)
         if reading is not None:
             readings.append(asdict(reading) | {"step": step})
-    barrier(dist.new_group(backend="gloo"))  # leave together, as collectives_rank does
-    dist.destroy_process_group()
-    print(json.dumps(readings, default=lambda o: {"slot": o.slot, "groups": o.groups}))
+    return readings
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import torch
 from goodput import schemas
 from goodput.shim.numerics import NumericsMonitor, fingerprint, replica_splits
 from tests.examples.launch import free_port
+from tests.shim import fake_nccl
+from tests.shim.test_collectives import DISPATCH_REFUSAL
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,8 +59,9 @@ def test_a_window_is_read_once_with_non_finite_steps_counted_not_summed() -> Non
     assert schemas.decode_event(schemas.encode(event)) == event
 
 
-def run_replicas(*backend_device: str) -> list[list[dict]]:
-    """Each of 3 rank processes' readings (tests/shim/numerics_rank.py)."""
+def run_replicas(*backend_device: str) -> list[dict]:
+    """Each of 3 rank processes' outcome: ``{"value": readings}`` or the error
+    (tests/shim/numerics_rank.py)."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     argv = [sys.executable, "-m", "tests.shim.numerics_rank"]
     processes = [
@@ -82,7 +85,20 @@ def test_replicas_compared_over_a_real_gloo_group() -> None:
     assert_flip_and_nan_found(run_replicas())
 
 
-def assert_flip_and_nan_found(per_rank: list[list[dict]]) -> None:
+def test_an_nccl_like_group_gets_cuda_tensors_only() -> None:
+    """On a group serving CUDA alone (the named fake, as NCCL), the window's reductions reach
+    for the rank's CUDA device; none offers a CPU tensor (on this CPU-only torch, torch.cuda
+    refuses to make one: the error comes from there, not from dispatch refusing a CPU one)."""
+    for outcome in run_replicas(fake_nccl.NAME, "cpu"):
+        if torch.cuda.is_available():
+            assert "value" in outcome, outcome
+            continue
+        assert DISPATCH_REFUSAL not in outcome["error"], outcome
+        assert "torch/cuda" in outcome["raised_in"].replace(os.sep, "/"), outcome
+
+
+def assert_flip_and_nan_found(outcomes: list[dict]) -> None:
+    per_rank = [outcome["value"] for outcome in outcomes]
     assert per_rank[0] == per_rank[1] == per_rank[2]
     first, second, third = per_rank[0]
     assert first["nonfinite_steps"] == 1 and first["fingerprint"] is not None

@@ -40,3 +40,15 @@ def test_a_replica_that_disagrees_again_is_quarantined_and_rolled_back() -> None
     (scale,) = dropped.commands
     assert isinstance(scale, schemas.ScaleTo) and "n3" in scale.drop_nodes
     assert scale.restore_before_step == 101 and dropped.decision.rule == "numerical-quarantine"
+
+
+def test_a_fault_that_recurs_after_each_rollback_backs_off() -> None:
+    """A deterministic NaN (a batch that always diverges) comes back after every rollback: the
+    crash-loop rules count the rollbacks as restarts and back off the fourth."""
+    controller = Controller()
+    state, rules = job(), []
+    for t in (20.0, 40.0, 60.0, 80.0):
+        outcome = controller.handle(state, signal("nonfinite", first_bad_step=41), at(t))
+        state = outcome.state
+        rules.append(outcome.decision.rule)
+    assert rules == ["numerical-rollback"] * 3 + ["crash-loop-backoff"]

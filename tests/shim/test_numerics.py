@@ -117,3 +117,20 @@ def test_a_window_begun_mid_way_counts_only_its_steps() -> None:
     monitor = NumericsMonitor(read_every=10, fingerprint_every=10)
     readings = [monitor.observe(step, 1.0) for step in (8, 9, 10)]
     assert readings[-1] is not None and readings[-1].steps == 3
+
+
+def test_sharded_parameters_are_left_out_of_the_fingerprint() -> None:
+    """A DTensor's shard differs from rank to rank by design: only replicated parameters are
+    compared."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        plain = torch.randn(8)
+        sharded = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
+        assert int(fingerprint([plain, sharded])) == int(fingerprint([plain]))
+    finally:
+        dist.destroy_process_group()

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from goodput import schemas
+from goodput.checkpoint.engine.sharded_save import is_dtensor
 from goodput.shim.collectives import collective_device, grouped
 
 #: fingerprints are kept modulo this, so a float64 (53-bit mantissa) holds them exactly
@@ -42,9 +43,16 @@ _SUMS = 4
 
 def fingerprint(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
     """A 0-d int64 tensor on the parameters' device: the sum of their 32-bit words (16-bit
-    for a tensor of an odd number of 16-bit elements) modulo 2^52. No host sync."""
+    for a tensor of an odd number of 16-bit elements) modulo 2^52. No host sync.
+
+    Sharded parameters (DTensors: FSDP2, tensor parallelism) are left out: their shards
+    differ from rank to rank by design, and which ranks hold the same shard is the sharding's
+    business, not ``rank // model_parallel_size``; comparing them would find every replica
+    corrupt. Replicated parameters (DDP, plain tensors) are what is compared."""
     total: torch.Tensor | None = None
     for parameter in parameters:
+        if is_dtensor(parameter):
+            continue
         flat = parameter.detach().contiguous().reshape(-1)
         if flat.numel() == 0:
             continue

@@ -134,3 +134,30 @@ def test_sharded_parameters_are_left_out_of_the_fingerprint() -> None:
         assert int(fingerprint([plain, sharded])) == int(fingerprint([plain]))
     finally:
         dist.destroy_process_group()
+
+
+def test_parameters_under_a_sharding_wrapper_are_not_compared() -> None:
+    """FSDP1's flat parameters and ZeRO's partitions are shards: nothing of them is handed
+    to the fingerprint (a real FSDP1 wrapper on a one-rank gloo group)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from goodput.shim.numerics import replicated
+
+    plain = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    get = replicated(plain)
+    assert get is not None and len(get()) == 2
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        wrapped = FullyShardedDataParallel(
+            torch.nn.Sequential(torch.nn.Linear(2, 2)), device_id=torch.device("cpu")
+        )
+        get = replicated(wrapped)
+        assert get is not None and get() == []
+    finally:
+        dist.destroy_process_group()
+    partitioned = torch.nn.Linear(2, 2)
+    partitioned.weight.ds_id = 7  # type: ignore[attr-defined]  # as DeepSpeed marks its own
+    get = replicated(partitioned)
+    assert get is not None and [p.shape for p in get()] == [torch.Size([2])]
+    assert replicated(None) is None

@@ -33,6 +33,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.utils import WEIGHTS_NAME
 
+from goodput.shim.numerics import replicated
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.step_protocol import end_step
@@ -116,8 +117,7 @@ class GoodputTrainerCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         # the Trainer's logged loss and gradient norm (host values, every logging_steps)
-        model = kwargs.get("model")
-        parameters = getattr(model, "parameters", None)
+        parameters = replicated(kwargs.get("model"))
         self.shim.numerics.observe(
             state.global_step, _last_loss(state), _last_logged(state, "grad_norm"), parameters
         )

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from goodput.shim.data_position import LoaderPosition
+from goodput.shim.numerics import replicated
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.step_protocol import end_step
@@ -203,8 +204,7 @@ class SupervisedLoop:
         the numerics monitor (``goodput.shim.numerics``) reads them once a window, and the
         step event carries the newest loss it read, so no step waits for the device. The
         ``model`` component's parameters are fingerprinted when due."""
-        model = self.components.get("model")
-        parameters = getattr(model, "parameters", None)
+        parameters = replicated(self.components.get("model"))
         self.shim.numerics.observe(self.step + 1, loss, grad_norm, parameters)
         tensor = isinstance(loss, torch.Tensor)
         self._loss = self.shim.numerics.last_loss if tensor else float(loss)

@@ -34,6 +34,8 @@ from goodput import schemas
 from goodput.checkpoint.engine.sharded_save import is_dtensor
 from goodput.shim.collectives import collective_device, grouped
 
+#: module classes whose parameters are shards, not replicas: nothing under them is compared
+SHARDING_WRAPPERS = frozenset({"FullyShardedDataParallel"})
 #: fingerprints are kept modulo this, so a float64 (53-bit mantissa) holds them exactly
 FINGERPRINT_MODULUS = 1 << 52
 # accumulator slots: sums first (all-reduced with SUM), then maxima (MAX)
@@ -63,6 +65,22 @@ def fingerprint(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
     if total is None:
         return torch.zeros((), dtype=torch.int64)
     return torch.remainder(total, FINGERPRINT_MODULUS)
+
+
+def replicated(module: object) -> Callable[[], list[torch.Tensor]] | None:
+    """What of ``module`` to fingerprint, looked at only when a fingerprint is due: its
+    parameters, but none under a sharding wrapper (FSDP1's ``FullyShardedDataParallel``,
+    whose flat parameters are shards) and none that DeepSpeed ZeRO partitions (``ds_id``).
+    Named, not imported: neither package need be installed. None: ``module`` has none."""
+    if not callable(getattr(module, "parameters", None)):
+        return None
+
+    def parameters() -> list[torch.Tensor]:
+        if any(type(m).__name__ in SHARDING_WRAPPERS for m in module.modules()):  # type: ignore[attr-defined]
+            return []
+        return [p for p in module.parameters() if not hasattr(p, "ds_id")]  # type: ignore[attr-defined]
+
+    return parameters
 
 
 def replica_splits(fingerprints: Sequence[int], mp_size: int) -> list[schemas.ReplicaSplit]:

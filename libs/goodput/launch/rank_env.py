@@ -47,6 +47,7 @@ VARIABLES: dict[str, str] = {
     "heartbeat_period_s": "GOODPUT_HEARTBEAT_PERIOD_S",
     "enable_fault_injection": "GOODPUT_ENABLE_FAULT_INJECTION",
     "standby": "GOODPUT_STANDBY",
+    "device": "GOODPUT_DEVICE",
 }
 
 #: torch's NCCL error handling for a rank that must outlive a peer's death (the names of torch
@@ -101,6 +102,10 @@ class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: this process is a standby: it builds the job's state, then waits for an assignment (a
     #: RankEnv, :mod:`goodput.launch.standby_channel`) before it is a rank; None/False: a rank
     standby: bool | None = None
+    #: the CUDA device this rank binds, where its launcher chooses (the local backend: its
+    #: nodes share one machine, so a local rank alone does not name a GPU of its own); None:
+    #: its local rank (``goodput.launch.capacity.rank_device``)
+    device: int | None = None
 
     def to_env(self) -> dict[str, str]:
         """The variables to put in a rank's environment (unset knobs left out)."""

@@ -89,6 +89,7 @@ def test_a_standby_assignment_is_a_rank_env_and_a_standby_cannot_train_as_a_rank
 
 def test_nccl_error_handling_fills_only_what_the_environment_leaves_unset() -> None:
     assert nccl_error_handling({}) == NCCL_ERROR_HANDLING
-    # torch's default (3) kills a rank whose peer died: the in-process restart needs 2
-    assert NCCL_ERROR_HANDLING["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+    # torch's default (3) kills a rank whose peer died, and with 2 the watchdog aborts too:
+    # torch 2.13 documents _abort_process_group (goodput's abort) with the watchdog's off
+    assert NCCL_ERROR_HANDLING["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
     assert nccl_error_handling({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}) == {}

@@ -42,7 +42,9 @@ import msgspec
 #: such a node after a refused launch instead of leaving the job restarting
 #: 11: a GPU record carries the driver's recovery action (``GpuHealth.recovery_action``)
 #: 12: a crash signal names its CUDA cause (``Signal.rank_fault``: a poisoned context, an OOM
-#: after its warm retry), so the policy restarts that rank cold and tells a job-wide OOM
+#: after its warm retry), so the policy restarts that rank cold and tells a job-wide OOM; a
+#: restore reports the pinned memory its GPU copies went through
+#: (``CheckpointRestored.pinned_bytes``)
 SCHEMA_VERSION = 12
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value

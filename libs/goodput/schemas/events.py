@@ -152,6 +152,9 @@ class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
     duration_s: Seconds
     bytes: int = 0
     fallbacks: list[str] = msgspec.field(default_factory=list)
+    #: page-locked host memory the restore's copies to the GPU went through, released since
+    #: (bounded by ``GOODPUT_RESTORE_PINNED_MB``; 0: none staged; schema 12)
+    pinned_bytes: int = 0
 
 
 class TrainingPlan(Event, tag="training_plan", kw_only=True):

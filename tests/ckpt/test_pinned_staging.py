@@ -21,6 +21,8 @@ from goodput.checkpoint.engine.device_copy import (
     restore_pinned_bytes,
     staging_for,
 )
+from goodput.launch.rank_env import RankEnvError
+from goodput.shim import ShimConfig
 
 MIB = 2**20
 
@@ -112,3 +114,10 @@ def test_the_setting_bounds_the_buffer_and_refuses_nonsense() -> None:
     for bad in ("0", "-3", "1.5", "lots"):
         with pytest.raises(ValueError, match=f"{RESTORE_PINNED_ENV}="):
             restore_pinned_bytes({RESTORE_PINNED_ENV: bad})
+
+
+def test_a_rank_refuses_a_bad_setting_at_start(monkeypatch) -> None:
+    """Read at each restore, it is checked where the rank's environment is read, in one line."""
+    monkeypatch.setenv(RESTORE_PINNED_ENV, "0")
+    with pytest.raises(RankEnvError, match=f"{RESTORE_PINNED_ENV}='0': a whole number of MiB"):
+        ShimConfig.from_env()

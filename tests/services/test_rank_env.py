@@ -38,9 +38,10 @@ def test_what_is_written_reads_back() -> None:
         ckpt_mode="torch-save",
         heartbeat_period_s=0.25,
         enable_fault_injection=True,
+        device=5,
     )
     env = written.to_env()
-    assert env["RANK"] == "3" and env["GOODPUT_JOB"] == "j1"
+    assert env["RANK"] == "3" and env["GOODPUT_JOB"] == "j1" and env["GOODPUT_DEVICE"] == "5"
     assert env["GOODPUT_ENABLE_FAULT_INJECTION"] == "1"
     assert RankEnv.from_env(env) == written
 

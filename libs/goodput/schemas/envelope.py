@@ -41,7 +41,11 @@ import msgspec
 #: (``JobStatus.suspect_nodes``: a pod deletion they never confirmed), so the policy replaces
 #: such a node after a refused launch instead of leaving the job restarting
 #: 11: a GPU record carries the driver's recovery action (``GpuHealth.recovery_action``)
-SCHEMA_VERSION = 11
+#: 12: a crash signal names its CUDA cause (``Signal.rank_fault``: a poisoned context, an OOM
+#: after its warm retry), so the policy restarts that rank cold and tells a job-wide OOM; a
+#: restore reports the pinned memory its GPU copies went through
+#: (``CheckpointRestored.pinned_bytes``)
+SCHEMA_VERSION = 12
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

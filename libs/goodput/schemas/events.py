@@ -152,6 +152,9 @@ class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
     duration_s: Seconds
     bytes: int = 0
     fallbacks: list[str] = msgspec.field(default_factory=list)
+    #: page-locked host memory the restore's copies to the GPU went through, released since
+    #: (bounded by ``GOODPUT_RESTORE_PINNED_MB``; 0: none staged; schema 12)
+    pinned_bytes: int = 0
 
 
 class TrainingPlan(Event, tag="training_plan", kw_only=True):
@@ -213,6 +216,13 @@ SignalKind = Literal[
 ]
 
 
+#: why a rank's process could not go on, as its exit code says (``goodput.launch.rank_env``):
+#: ``cuda-context`` — a sticky CUDA error (device-side assert, illegal address, uncorrectable
+#: ECC) poisoned its CUDA context, so only a new process can use the GPU; ``cuda-oom`` — it
+#: ran out of GPU memory again after its one warm retry; ``""`` — neither (or not known)
+RankFault = Literal["", "cuda-context", "cuda-oom"]
+
+
 class Signal(Event, tag="signal", kw_only=True):
     """Something is wrong (or a spare came back): the sensor's conclusion, with its evidence."""
 
@@ -233,6 +243,9 @@ class Signal(Event, tag="signal", kw_only=True):
     #: a straggler: its compute time over its peers' median (what the job steps slower by;
     #: 0: not a straggler), which the policy weighs against evicting it (schema 7)
     ratio: float = 0.0
+    #: a crash's CUDA cause, from the rank's exit code; on a signal with no node, every rank
+    #: of the attempt exited with it (a job-wide OOM: the job's memory, not a node's; schema 12)
+    rank_fault: RankFault = ""
 
 
 class Decision(Event, tag="decision", kw_only=True):

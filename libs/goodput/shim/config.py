@@ -11,6 +11,7 @@ import msgspec
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_from_env
 from goodput.checkpoint.engine.catalog import DEFAULT_KEEP_LAST
+from goodput.checkpoint.engine.device_copy import restore_pinned_bytes
 from goodput.launch.rank_env import VARIABLES, RankEnv, RankEnvError
 from goodput.subjects import DEFAULT_JOB
 
@@ -49,6 +50,10 @@ class ShimConfig(msgspec.Struct, kw_only=True):
         bus from ``GOODPUT_NATS_*``); a malformed variable raises ``RankEnvError``."""
         env = os.environ
         rank_env = RankEnv.from_env(env)
+        try:
+            restore_pinned_bytes(env)  # read at each restore: refused here, before training
+        except ValueError as exc:
+            raise RankEnvError(str(exc)) from None
         if rank_env.standby:
             # a standby has no rank yet: trained on, it would be a second "rank 0" of its own
             raise RankEnvError(

@@ -254,7 +254,14 @@ class TrainerShim:
             c = self.config
             self._publish(
                 restored_report(
-                    c.job, c.node, c.rank, outcome.step, tier, outcome.duration_s, outcome.bytes
+                    c.job,
+                    c.node,
+                    c.rank,
+                    outcome.step,
+                    tier,
+                    outcome.duration_s,
+                    outcome.bytes,
+                    pinned_bytes=outcome.pinned_bytes,
                 )
             )
             return outcome.step, outcome.state, tier

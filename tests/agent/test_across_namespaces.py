@@ -8,7 +8,9 @@ only if the agent names the interface of its address for them.
 A lost node — every process of one active host killed — is hot-swapped for the spare, whose
 empty volume its replicator fills from a peer over the network before the actuator relaunches
 (the spare holds no copy: the replicators send theirs to a close peer, and the spare is in
-another block), and the job completes from that checkpoint."""
+another block), and the job completes from that checkpoint. A partitioned node — its link cut,
+everything on it running on — is hot-swapped the same way, and when its link is back the
+rank it still runs, of the attempt given up, is killed on the actuator's order."""
 
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from goodput import schemas
@@ -34,13 +38,14 @@ from goodput.checkpoint.format import node_volume, step_dirs
 from goodput.checkpoint.format.job_key import KEY_FILE_ENV, create_key_file
 from goodput.launch.collective_sockets import VARIABLES
 from goodput.supervisor.agent import registry
+from goodput_services.actuator.agent_backend import STRAY_REASON
 from tests.agent.netns_bridge import ROOT_ADDRESS, Network, bridged_hosts
 from tests.stack.helpers import EventTap
 
 pytestmark = pytest.mark.slow
 
 JOB = "acrosshosts"
-STEPS = 30
+STEPS = 20
 NODES = ["host-a", "host-b", "host-c"]
 #: the replicators' options: fast polling, a store every host reaches, one peer copy each,
 #: to a close peer first: the active hosts share a block, the spare is in another, so the
@@ -59,7 +64,7 @@ labels = {{block = "{block}"}}
 """
 BLOCKS = {"host-a": "b0", "host-b": "b0", "host-c": "b1"}
 #: a checkpoint of this step or later replicated before the host is lost
-LOST_AFTER_STEP = 10
+LOST_AFTER_STEP = 5
 #: a heartbeat starved for a few seconds on two busy cores is no lost rank here
 SENSOR_THRESHOLDS = "thresholds={straggler_ratio=100.0,heartbeat_timeout_s=10.0}"
 
@@ -143,9 +148,11 @@ def _job_status(run_id: str, check) -> object:
     return lambda e: isinstance(e, schemas.JobStatus) and e.run_id == run_id and check(e)
 
 
-async def test_a_lost_host_is_swapped_for_the_spare_which_restores_from_a_peer(
-    tmp_path: Path,
-) -> None:
+@contextlib.asynccontextmanager
+async def _three_hosts(tmp_path: Path) -> AsyncIterator[tuple[Network, Bus, EventTap]]:
+    """The bus and the central services in the root namespace, an agent (with its daemons)
+    on each host, the test's own bus connection and event tap; all stopped afterwards, the
+    logs printed on a failure."""
     password = secrets.token_hex(16)
     key = create_key_file(tmp_path / "ckpt.key")
     for node, block in BLOCKS.items():
@@ -180,7 +187,7 @@ async def test_a_lost_host_is_swapped_for_the_spare_which_restores_from_a_peer(
             await _live(bus, set(NODES), 60)
             tap = await EventTap(bus, JOB).start()
             try:
-                await _run_and_lose_a_host(tap, bus, network, tmp_path)
+                yield network, bus, tap
             except BaseException:
                 print(_tails(logs + sorted(tmp_path.glob("host-*/agents/*/logs/ranks/*/*.log"))))
                 raise
@@ -204,8 +211,64 @@ async def test_a_lost_host_is_swapped_for_the_spare_which_restores_from_a_peer(
             server.wait(timeout=10)
 
 
-async def _run_and_lose_a_host(tap: EventTap, bus: Bus, network: Network, work: Path) -> None:
-    start = schemas.StartJob(
+async def test_a_lost_host_is_swapped_for_the_spare_which_restores_from_a_peer(
+    tmp_path: Path,
+) -> None:
+    async with _three_hosts(tmp_path) as (network, bus, tap):
+        start = _start(tmp_path)
+        await bus.send_command("actuator", start)
+        first = await _running(tap, start)
+        # the collectives and the rendezvous are on the agents' addresses, not on loopback
+        rank0 = _environ(first.pids["host-a"][0])
+        assert rank0["MASTER_ADDR"] == network.hosts["host-a"].address
+        assert {name: rank0[name] for name in VARIABLES} == dict.fromkeys(
+            VARIABLES, network.interfaces["host-a"]
+        )
+        replicated = await _replicated_from_b(tap)
+        spare_volume = node_volume(tmp_path / "host-c" / "agents" / "host-c", "host-c", JOB)
+        assert step_dirs(spare_volume) == []  # the spare never trained: nothing of its own
+        for pid in network.pids("host-b"):  # the machine is gone: agent, daemons, ranks
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await _swapped(tap, start)
+        restored = [
+            e for e in tap.of(schemas.CheckpointRestored) if e.node == "host-c" and e.rank == -1
+        ]
+        assert restored and restored[-1].step >= replicated.step, restored
+        # the spare had nothing; what fills its volume crossed the network from host-a:
+        # fetched by the restore ("peer"), or pushed by host-a's replicator once its peer
+        # host-b was gone and taken by the restore from the copies the spare keeps for peers
+        # ("local"); never the object store's
+        last = restored[-1]
+        assert last.tier in ("peer", "local") and last.bytes > 0, (last.tier, last.fallbacks)
+        assert [step for step, _ in step_dirs(spare_volume)][:1] == [last.step]
+        await _finished(tap, start, tmp_path)
+
+
+async def test_a_partitioned_hosts_ranks_are_stopped_when_it_comes_back(tmp_path: Path) -> None:
+    async with _three_hosts(tmp_path) as (network, bus, tap):
+        start = _start(tmp_path)
+        await bus.send_command("actuator", start)
+        first = await _running(tap, start)
+        await _replicated_from_b(tap)
+        cut_off = first.pids["host-b"][0]
+        network.cut("host-b")  # its agent, daemons and rank run on, unreachable
+        await _swapped(tap, start)
+        assert psutil.pid_exists(cut_off)
+        network.cut("host-b", down=False)
+        exited = await tap.wait_for(
+            lambda e: isinstance(e, schemas.RankExited) and e.pid == cut_off,
+            60,
+            "the cut-off rank's exit once host-b is back",
+        )
+        # killed by the actuator's order once host-b's agent reported it again, not by chance
+        assert (exited.node, exited.attempt, exited.signal) == ("host-b", first.attempt, 9)
+        assert exited.expected_reason == STRAY_REASON
+        await _finished(tap, start, tmp_path)
+
+
+def _start(work: Path) -> schemas.StartJob:
+    return schemas.StartJob(
         job=JOB,
         argv=[
             *("python", "-m", "goodput.examples.gpt.supervised", "--steps", str(STEPS)),
@@ -216,18 +279,18 @@ async def _run_and_lose_a_host(tap: EventTap, bus: Bus, network: Network, work: 
         spares=1,
         env={"GOODPUT_CKPT_EVERY": "5"},  # each host's own volume: no GOODPUT_CKPT_DIR
     )
-    await bus.send_command("actuator", start)
+
+
+async def _running(tap: EventTap, start: schemas.StartJob) -> schemas.JobStatus:
     first = await tap.wait_for(
         _job_status(start.run_id, lambda e: e.state == "running"), 90, "the run's start"
     )
     assert (first.active_nodes, first.spare_nodes) == (["host-a", "host-b"], ["host-c"])
-    # the collectives and the rendezvous are on the agents' addresses, not on loopback
-    rank0 = _environ(first.pids["host-a"][0])
-    assert rank0["MASTER_ADDR"] == network.hosts["host-a"].address
-    assert {name: rank0[name] for name in VARIABLES} == dict.fromkeys(
-        VARIABLES, network.interfaces["host-a"]
-    )
-    replicated = await tap.wait_for(
+    return first
+
+
+async def _replicated_from_b(tap: EventTap) -> schemas.CheckpointReplicated:
+    return await tap.wait_for(
         lambda e: (
             isinstance(e, schemas.CheckpointReplicated)
             and e.node == "host-b"
@@ -236,11 +299,9 @@ async def _run_and_lose_a_host(tap: EventTap, bus: Bus, network: Network, work: 
         120,
         f"a checkpoint of host-b of step {LOST_AFTER_STEP} or later replicated to a peer",
     )
-    spare_volume = node_volume(work / "host-c" / "agents" / "host-c", "host-c", JOB)
-    assert step_dirs(spare_volume) == []  # the spare never trained: nothing of its own
-    for pid in network.pids("host-b"):  # the machine is gone: agent, daemons, ranks
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+
+
+async def _swapped(tap: EventTap, start: schemas.StartJob) -> None:
     swapped = await tap.wait_for(
         _job_status(start.run_id, lambda e: "host-b" in e.failed_nodes and e.state == "running"),
         120,
@@ -248,17 +309,9 @@ async def _run_and_lose_a_host(tap: EventTap, bus: Bus, network: Network, work: 
     )
     assert swapped.active_nodes == ["host-a", "host-c"]
     assert any(d.rule == "hot-swap" for d in tap.of(schemas.Decision))
-    restored = [
-        e for e in tap.of(schemas.CheckpointRestored) if e.node == "host-c" and e.rank == -1
-    ]
-    assert restored and restored[-1].step >= replicated.step, restored
-    # the spare had nothing; what fills its volume crossed the network from host-a: fetched
-    # by the restore ("peer"), or pushed by host-a's replicator once its peer host-b was gone
-    # and the restore took it from the copies the spare keeps for peers ("local"); never the
-    # object store's
-    last = restored[-1]
-    assert last.tier in ("peer", "local") and last.bytes > 0, (last.tier, last.fallbacks)
-    assert [step for step, _ in step_dirs(spare_volume)][:1] == [last.step]
+
+
+async def _finished(tap: EventTap, start: schemas.StartJob, work: Path) -> None:
     await tap.wait_for(
         _job_status(start.run_id, lambda e: e.state == "finished"), 150, "the run's end"
     )

@@ -144,9 +144,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "logs under STATE/agents/NODE/logs), unless --no-node-daemons. Its ranks get "
             "GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME naming the interface of --address, "
             "unless set already. One per host: `srun --ntasks-per-node=1 goodput agent` "
-            "under Slurm (README: Slurm), a systemd unit, or by hand. The job's checkpoint "
-            "key reaches the replicator and the ranks as GOODPUT_CKPT_KEY_FILE (the same path "
-            "on every host)."
+            "under Slurm (README: Slurm), a systemd unit, or by hand. Give it the job's "
+            "checkpoint key as GOODPUT_CKPT_KEY_FILE, the path the actuator has (the same on "
+            "every host): the replicator signs and checks with it."
         ),
     )
     parser.add_argument(

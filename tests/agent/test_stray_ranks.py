@@ -37,9 +37,9 @@ def test_ranks_the_backend_follows_are_never_strays() -> None:
     # launched, its pid not reported yet: matched by rank and attempt
     launched = AgentRankEntry(node="host-b", rank=1, local_rank=0, attempt=2)
     assert stray_ranks(_record(_rank(1, 2, 501)), [launched], attempt=3) == []
-    # the same pid on another node is another process
-    elsewhere = AgentRankEntry(node="host-a", rank=1, local_rank=0, attempt=2, pid=500)
-    assert stray_ranks(_record(_rank(1, 2, 500)), [elsewhere], attempt=3) == [_rank(1, 2, 500)]
+    # another process of that rank: the one followed is not this one
+    other = AgentRankEntry(node="host-b", rank=1, local_rank=0, attempt=3, pid=777)
+    assert stray_ranks(_record(_rank(1, 2, 500)), [other], attempt=3) == [_rank(1, 2, 500)]
 
 
 def test_a_rank_of_the_current_attempt_is_left_alone() -> None:

@@ -381,9 +381,10 @@ class AgentBackend(MembershipBackend):
         only)."""
         if record.run_id != self.run_id or not self.run_id:
             return
+        followed = [e for e in [*self.ranks, *self._stopping] if e.node == record.node]
         strays = [
             r
-            for r in stray_ranks(record, [*self.ranks, *self._stopping], self.attempt)
+            for r in stray_ranks(record, followed, self.attempt)
             if (record.node, r.pid) not in self._strays_killed
         ]
         if strays:
@@ -394,9 +395,7 @@ class AgentBackend(MembershipBackend):
             untraced_task(self._report(f"standbys of {record.node}: {record.standbys}"))
         by_attempt = {(r.rank, r.attempt): r for r in record.ranks}
         by_pid = {(r.rank, r.pid): r for r in record.ranks}
-        for entry in [*self.ranks, *self._stopping]:
-            if entry.node != record.node:
-                continue
+        for entry in followed:
             # a rank restarted in process keeps its pid (its attempt moved on with the job's)
             rank = by_pid.get((entry.rank, entry.pid)) or (
                 None if entry.pid else by_attempt.get((entry.rank, entry.attempt))
@@ -433,14 +432,14 @@ class AgentBackend(MembershipBackend):
 
 
 def stray_ranks(
-    record: schemas.AgentRecord, known: list[AgentRankEntry], attempt: int
+    record: schemas.AgentRecord, followed: list[AgentRankEntry], attempt: int
 ) -> list[schemas.AgentRank]:
-    """The ranks ``record`` reports running that no rank the backend follows is — matched by
-    pid, or by rank and attempt while the pid is not known yet — of an attempt older than
-    ``attempt``: given up when their node was lost (ranks there are not stopped), and running
-    still because the node was only cut off."""
-    pids = {e.pid for e in known if e.node == record.node and e.pid}
-    pending = {(e.rank, e.attempt) for e in known if e.node == record.node and not e.pid}
+    """The ranks ``record`` reports running that no rank the backend follows on its node
+    (``followed``) is — matched by pid, or by rank and attempt while the pid is not known
+    yet — of an attempt older than ``attempt``: given up when their node was lost (ranks
+    there are not stopped), and running still because the node was only cut off."""
+    pids = {e.pid for e in followed if e.pid}
+    pending = {(e.rank, e.attempt) for e in followed if not e.pid}
     return [
         r
         for r in record.ranks

@@ -9,6 +9,8 @@ a global batch of 24 samples split among the ranks, and writes ``OUT/result-<ran
 ``REF_OUT/full-<step>.pt``). ``--record``: rank 0 writes the full tensors of every saved step
 (``OUT/full-<step>.pt``; STEPS should be one, the end). ``--kill-at``: node 2's first rank
 dies once the global commit of that step gave it the table, before it renames its part.
+``--warm``: the last step, once durable, is restored from the rank's host buffer into its
+live DTensors (``result["warm"]``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from fsdp_job import build, full, mismatches
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 import goodput.checkpoint.engine.persist as persist
+from goodput.checkpoint.engine.host_restore import HostRestore, restore_from_host
+from goodput.checkpoint.engine.sharded_save import is_dtensor
+from goodput.checkpoint.engine.tree import flatten
 from goodput.shim import ShimConfig, TrainerShim
 from goodput.shim.rescale import BatchPlan
 
@@ -70,6 +75,7 @@ def main() -> None:
     parser.add_argument("--record", action="store_true")
     parser.add_argument("--kill-at", type=int, default=0)
     parser.add_argument("--expected", type=Path)
+    parser.add_argument("--warm", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -119,6 +125,8 @@ def main() -> None:
             if args.record:  # before the save: no collective may follow a killed commit
                 record(full({"model": model_sd, "optim": optim_sd}), args.out / f"full-{step}.pt")
             shim.save(state, step)
+    if args.warm:
+        result["warm"] = warm_restore(shim, model, optim, step, args.expected)
     shim.finish(state, step)  # saves only a step not saved yet, then waits until durable
     (args.out / f"result-{rank}.json").write_text(json.dumps(result))
     if args.kill_at:  # a rank is gone: no collective can end this run, the files do
@@ -126,6 +134,32 @@ def main() -> None:
         return
     dist.barrier()
     dist.destroy_process_group()
+
+
+def warm_restore(
+    shim: TrainerShim, model: torch.nn.Module, optim: torch.optim.Optimizer, step: int, ref: Path
+) -> dict[str, Any]:
+    """The last step, durable, restored from this rank's host buffer into the live DTensors
+    (as after an in-process restart): what it took from memory and from the volume."""
+    shim.engine.wait_until_idle()
+    dist.barrier()  # every leader's persist is done too: every part renamed
+    held = shim.engine.host_snapshot(step)
+    assert held is not None
+    model_sd, optim_sd = get_state_dict(model, optim)
+    outcome = restore_from_host(shim.engine, step, {"model": model_sd, "optim": optim_sd})
+    assert isinstance(outcome, HostRestore), outcome
+    weight = outcome.state["model"]["0.weight"]
+    expected = torch.load(ref / f"full-{step}.pt", weights_only=True)
+    return {
+        "host_bytes": outcome.host_bytes,
+        "volume_bytes": outcome.volume_bytes,
+        "shard_bytes": held[0].slice_bytes,
+        "local_shape": list(weight.to_local().shape),
+        # the plain tensors (the optimizer's step counts): the part's leader wrote them
+        "plain_bytes": sum(t.nbytes for t in flatten(outcome.state).tensors if not is_dtensor(t)),
+        "same_object": weight is model_sd["0.weight"],
+        "mismatches": mismatches(expected, full(outcome.state)),
+    }
 
 
 def record(tensors: Any, path: Path) -> None:

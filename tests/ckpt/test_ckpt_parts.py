@@ -79,11 +79,22 @@ def test_a_replaced_volume_holding_only_its_part_ends_bit_identical(
     for node in (0, 1):
         shutil.copytree(volumes / f"node-{node}", tmp_path / "volumes" / f"node-{node}")
     copy_step(volumes / "node-2", 4, step_dir(tmp_path / "volumes" / "node-2", 4))
-    run(tmp_path / "volumes", tmp_path / "out", STEPS, "--record", "--expected", str(expected))
+    args = ("--record", "--warm", "--expected", str(expected))
+    run(tmp_path / "volumes", tmp_path / "out", STEPS, *args)
     reference_losses = results(expected, [0])[0]["losses"]
-    for result in results(tmp_path / "out", range(NODES * PER_NODE)):
+    restarted = results(tmp_path / "out", range(NODES * PER_NODE))
+    for result in restarted:
         assert result["start"] == 4 and result["mismatches"] == []
         assert result["losses"] == {k: reference_losses[k] for k in ("4", "5")}
+    # then a warm restore of step 6 (its parts): each rank's shard from its own buffer
+    assert [r["warm"]["local_shape"] for r in restarted] == [[6, 12]] * 5 + [[3, 12]]
+    for rank, result in enumerate(restarted):
+        warm = result["warm"]
+        assert warm["mismatches"] == [] and warm["same_object"] and warm["volume_bytes"] == 0
+        # its own stream, and a node-mate the plain tensors from its leader's segment
+        plain = 0 if rank % PER_NODE == 0 else warm["plain_bytes"]
+        assert plain > 0 or rank % PER_NODE == 0
+        assert warm["host_bytes"] == warm["shard_bytes"] + plain
     final = torch.load(tmp_path / "out" / f"full-{STEPS}.pt", weights_only=True)
     assert mismatches(torch.load(expected / f"full-{STEPS}.pt", weights_only=True), final) == []
 

@@ -143,9 +143,8 @@ def warm_restore(
     (as after an in-process restart): what it took from memory and from the volume."""
     shim.engine.wait_until_idle()
     dist.barrier()  # every leader's persist is done too: every part renamed
-    held = shim.engine.host_snapshot(step)
-    assert held is not None
     model_sd, optim_sd = get_state_dict(model, optim)
+    tensors = flatten({"model": model_sd, "optim": optim_sd}).tensors
     outcome = restore_from_host(shim.engine, step, {"model": model_sd, "optim": optim_sd})
     assert isinstance(outcome, HostRestore), outcome
     weight = outcome.state["model"]["0.weight"]
@@ -153,12 +152,13 @@ def warm_restore(
     return {
         "host_bytes": outcome.host_bytes,
         "volume_bytes": outcome.volume_bytes,
-        "shard_bytes": held[0].slice_bytes,
+        # its local shards, and the plain tensors (its part's leader wrote them)
+        "local_bytes": sum((t.to_local() if is_dtensor(t) else t).nbytes for t in tensors),
         "local_shape": list(weight.to_local().shape),
-        # the plain tensors (the optimizer's step counts): the part's leader wrote them
-        "plain_bytes": sum(t.nbytes for t in flatten(outcome.state).tensors if not is_dtensor(t)),
         "same_object": weight is model_sd["0.weight"],
-        "mismatches": mismatches(expected, full(outcome.state)),
+        "mismatches": mismatches(
+            expected, full({key: outcome.state[key] for key in ("model", "optim")})
+        ),
     }
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 
@@ -64,7 +64,7 @@ class PartLayout:
     local_rank: int
     local_world: int
     namespace: str
-    store: Any = None
+    store: KeyStore | None = None
     timeout_s: float = 600.0
 
     def __post_init__(self) -> None:

@@ -14,9 +14,10 @@ restarted job never reads an older attempt's keys). The coordinator deletes them
 leader has read the table, and only then returns: a job that ends right after its last save
 still commits every part.
 
-Cost at 2,048 nodes: 2,048 reports of ~150 bytes into the coordinator (one ``multi_get``),
-and a table of ~300 KB read once by each leader (~600 MB out of the store's server per
-checkpoint, spread over the leaders' polls), all on persist threads, off the training path.
+Cost at 2,048 nodes x 8 ranks: 2,048 reports of 174 bytes into the coordinator (one
+``multi_get``), and a table of 281 KB read once by each leader (~575 MB out of the store's
+server per checkpoint, spread over the leaders' polls), all on persist threads, off the
+training path.
 """
 
 from __future__ import annotations

@@ -1,15 +1,24 @@
 """The global commit of a checkpoint's parts over a real TCPStore: every node's leader gets the
-same table once every part reported, or the one reason there is none; keys do not outlive it."""
+same table once every part reported, or the one reason there is none; keys do not outlive it;
+an engine whose part gets no table leaves nothing on its volume."""
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import timedelta
+from pathlib import Path
 
 import msgspec
 import pytest
+import torch
+import torch.distributed as dist
 from torch.distributed import TCPStore
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
 
+from goodput.checkpoint.engine import CheckpointEngine
+from goodput.checkpoint.engine.events import CheckpointFailed
 from goodput.checkpoint.engine.parts_commit import (
     CommitTable,
     PartCommitError,
@@ -127,3 +136,37 @@ def test_a_layout_whose_ranks_are_not_numbered_node_by_node_is_refused() -> None
         PartLayout(part=0, parts=2, rank=3, world=4, local_rank=1, local_world=2, namespace="j")
     with pytest.raises(ValueError, match="5 ranks are not 2 nodes x 2"):
         PartLayout(part=0, parts=2, rank=0, world=5, local_rank=0, local_world=2, namespace="j")
+
+
+def test_a_part_without_its_table_leaves_nothing_and_says_why(
+    server: TCPStore, tmp_path: Path
+) -> None:
+    """The engine's side: part 0 of 2 is durable but part 1 never reports; the save fails
+    with the coordinator's reason and the node's root holds no step and no temporary."""
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        weight = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
+        layout = PartLayout(
+            part=0,
+            parts=2,
+            rank=0,
+            world=2,
+            local_rank=0,
+            local_world=1,
+            namespace="job-a/attempt-1",
+            store=_client(server),
+            timeout_s=1.0,
+        )
+        events: list[object] = []
+        root = tmp_path / "node-0"
+        with CheckpointEngine(root, parts=layout, listener=events.append) as engine:
+            result = engine.save({"w": weight, "step": 3}, 3).wait(120)
+    finally:
+        dist.destroy_process_group()
+    assert result.status == "failed" and "parts [1] did not report within 1 s" in result.error
+    failed = [e for e in events if isinstance(e, CheckpointFailed)]
+    assert len(failed) == 1 and "parts [1] did not report" in failed[0].error
+    assert os.listdir(root) == []

@@ -86,7 +86,7 @@ def test_records_and_data_files_of_a_manifest() -> None:
         "data-r00001-000.bin",
         "data-r00001-001.bin",
     ]
-    with pytest.raises(ManifestError, match="a shard record for each of 2"):
+    with pytest.raises(ManifestError, match=r"a shard record for each of ranks 0\.\.1"):
         record_entries(manifest(data + records[:1]))
     misnamed = msgspec.structs.replace(records[0], name=shard_record_name(0))
     with pytest.raises(ManifestError, match="named for another rank"):

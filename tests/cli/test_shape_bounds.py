@@ -41,6 +41,29 @@ def test_a_shape_past_the_bounds_is_refused_before_anything_starts(
     assert not state.exists()  # nothing was started
 
 
+def test_run_refuses_two_local_nodes_of_eight_ranks_on_an_eight_gpu_machine(
+    tmp_path: Path,
+) -> None:
+    """Issue 38: ``--nodes 2 --procs-per-node 8`` on one 8-GPU machine bound two ranks to each
+    GPU, which NCCL refuses mid-start; the GPUs a rank here would see are
+    ``CUDA_VISIBLE_DEVICES``, read without CUDA."""
+    state = tmp_path / "state"
+    argv = ("run", "--nodes", "2", "--procs-per-node", "8", "--spares", "0")
+    result = goodput(
+        *argv,
+        "--state-dir",
+        str(state),
+        "--",
+        "python",
+        "-c",
+        "0",
+        CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7",
+    )
+    assert result.returncode == 2, result.stderr
+    one_line_error(result, "goodput run:", "16 ranks on a host", "fewer GPUs on this machine (8)")
+    assert not state.exists()
+
+
 @pytest.mark.parametrize(
     ("command", "words"),
     [
@@ -73,11 +96,31 @@ def test_a_local_job_is_bounded_by_cpus_memory_threads_and_gpus() -> None:
     assert problems(few_threads) == []  # 3 processes x 32 threads
     assert "about 128 threads, 100 more allowed" in problems(few_threads, nodes=3)[0]
     two_gpus = HostFacts(cpus=64, available_memory_bytes=2**40, thread_headroom=10**6, gpus=2)
-    assert problems(two_gpus, procs_per_node=2) == []
+    assert problems(two_gpus, nodes=1, procs_per_node=2) == []
     assert (
-        "fewer GPUs on this machine (2): NCCL needs a GPU per rank"
-        in problems(two_gpus, procs_per_node=3)[0]
+        "3 ranks on a host but fewer GPUs on this machine (2): NCCL needs a GPU per rank"
+        in problems(two_gpus, nodes=1, procs_per_node=3)[0]
     )
+    # every local node is this machine: 2 nodes x 8 ranks on 8 GPUs is two ranks per GPU
+    eight_gpus = HostFacts(cpus=64, available_memory_bytes=2**40, thread_headroom=10**6, gpus=8)
+    assert problems(eight_gpus, nodes=1, procs_per_node=8) == []
+    [shared] = problems(eight_gpus, nodes=2, procs_per_node=8)
+    assert "16 ranks on a host but fewer GPUs on this machine (8)" in shared
+    assert problems(eight_gpus, nodes=2, procs_per_node=4) == []
+
+
+def test_a_rank_binds_a_gpu_no_other_rank_of_its_host_binds() -> None:
+    """``local_rank % count`` bound two ranks to one GPU; the index is now refused instead."""
+    assert [capacity.rank_device(r, 8, visible=8) for r in range(8)] == list(range(8))
+    assert capacity.rank_device(5, 8, visible=1) == 0  # a pod holding its own GPU
+    # the local backend assigns node 1's ranks the GPUs after node 0's
+    assert capacity.rank_device(1, 4, visible=8, assigned=5) == 5
+    with pytest.raises(capacity.DeviceSharingError, match="local rank 5 of 8 but this process"):
+        capacity.rank_device(5, 8, visible=4)
+    with pytest.raises(capacity.DeviceSharingError, match="device 8 assigned to local rank 0"):
+        capacity.rank_device(0, 8, visible=8, assigned=8)
+    with pytest.raises(capacity.DeviceSharingError):
+        capacity.rank_device(1, 2, visible=1, assigned=1)  # one GPU, two local ranks
 
 
 def test_hosts_that_declare_fewer_gpus_than_ranks_are_named() -> None:

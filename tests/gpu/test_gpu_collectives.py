@@ -6,8 +6,10 @@ the fake NCCL-like group (tests/shim/test_collectives.py, which also runs in the
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from goodput.launch.rank_env import RankEnv
 from goodput.shim.standby import bind_rank_device
 from tests.gpu.kit import GPU
 from tests.shim.collectives_rank import AGREED, run_ranks
@@ -38,12 +40,17 @@ def test_gloo_serving_cuda_only_agrees_across_two_ranks_on_one_gpu() -> None:
 
 
 def test_a_rank_is_bound_to_its_own_gpu() -> None:
-    """Eight ranks on a node each take their GPU (local rank modulo the GPUs this process
-    sees: a pod holding one GPU takes its only one), so the model, the NCCL communicator and
-    the shim's collectives of a rank do not all land on device 0."""
+    """Eight ranks on a node each take their GPU (a process that sees one GPU, a pod holding
+    its own, takes that one), so the model, the NCCL communicator and the shim's collectives
+    of a rank do not all land on device 0; a rank whose GPU would be another's is refused."""
     count = torch.cuda.device_count()
-    for local_rank in (0, 1, 7):
-        device = bind_rank_device(local_rank)
-        assert device == torch.device("cuda", local_rank % count)
-        assert torch.cuda.current_device() == local_rank % count
+    for local_rank in range(min(count, 8)):
+        env = RankEnv(local_rank=local_rank, local_world_size=count)
+        assert bind_rank_device(env) == torch.device("cuda", local_rank)
+        assert torch.cuda.current_device() == local_rank
+    # the local backend assigns the device: two local nodes on one machine
+    assigned = RankEnv(local_rank=0, local_world_size=1, device=count - 1)
+    assert bind_rank_device(assigned) == torch.device("cuda", count - 1)
+    with pytest.raises(SystemExit, match="ranks would share a GPU"):
+        bind_rank_device(RankEnv(local_rank=0, local_world_size=1, device=count))
     torch.cuda.set_device(0)

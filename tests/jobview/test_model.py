@@ -262,3 +262,19 @@ def test_the_newest_training_plan_is_shown_with_its_rescale() -> None:
 
 def test_no_plan_reported_shows_none() -> None:
     assert fold([step(1, 1)]).snapshot(at(2)).plan is None
+
+
+def test_the_last_restore_shows_the_pinned_memory_its_gpu_copies_went_through() -> None:
+    restored = schemas.CheckpointRestored(
+        job=JOB,
+        ts=at(5),
+        node="node-1",
+        rank=3,
+        step=10,
+        tier="host",
+        duration_s=1,
+        pinned_bytes=64 * 2**20,
+    )
+    snap = fold([restored]).snapshot(at(6))
+    assert snap.last_restore is not None and snap.last_restore.pinned_bytes == 64 * 2**20
+    assert "from host on node-1, 64 MiB pinned" in _render(snap)

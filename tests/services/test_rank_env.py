@@ -38,9 +38,10 @@ def test_what_is_written_reads_back() -> None:
         ckpt_mode="torch-save",
         heartbeat_period_s=0.25,
         enable_fault_injection=True,
+        device=5,
     )
     env = written.to_env()
-    assert env["RANK"] == "3" and env["GOODPUT_JOB"] == "j1"
+    assert env["RANK"] == "3" and env["GOODPUT_JOB"] == "j1" and env["GOODPUT_DEVICE"] == "5"
     assert env["GOODPUT_ENABLE_FAULT_INJECTION"] == "1"
     assert RankEnv.from_env(env) == written
 
@@ -89,6 +90,7 @@ def test_a_standby_assignment_is_a_rank_env_and_a_standby_cannot_train_as_a_rank
 
 def test_nccl_error_handling_fills_only_what_the_environment_leaves_unset() -> None:
     assert nccl_error_handling({}) == NCCL_ERROR_HANDLING
-    # torch's default (3) kills a rank whose peer died: the in-process restart needs 2
-    assert NCCL_ERROR_HANDLING["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+    # torch's default (3) kills a rank whose peer died, and with 2 the watchdog aborts too:
+    # torch 2.13 documents _abort_process_group (goodput's abort) with the watchdog's off
+    assert NCCL_ERROR_HANDLING["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
     assert nccl_error_handling({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}) == {}

@@ -85,21 +85,52 @@ def local_job_problems(
     processes = (nodes + spares) * (procs_per_node + standbys)
     shape = f"{nodes + spares} local node(s) x ({procs_per_node} rank(s) + {standbys} standby(s))"
     problems += _machine_problems(processes, f"{shape} = {processes} processes", host)
-    return problems + gpu_problems(procs_per_node, {"this machine": host.gpus})
+    # every local node is this machine: its active nodes' ranks run here together (a spare's
+    # take the place of a stopped node's), each on a GPU of its own
+    return problems + gpu_problems(nodes * procs_per_node, {"this machine": host.gpus})
 
 
-def gpu_problems(procs_per_node: int, gpus: dict[str, int]) -> list[str]:
-    """Ranks that see a GPU use NCCL, which needs one GPU per rank: the hosts (name -> GPUs
-    they declare; 0: none, CPU ranks) with fewer GPUs than ``procs_per_node``."""
-    short = sorted(host for host, count in gpus.items() if 0 < count < procs_per_node)
+def gpu_problems(ranks_per_host: int, gpus: dict[str, int]) -> list[str]:
+    """Ranks that see a GPU use NCCL, which refuses two ranks on one GPU: the hosts (name ->
+    GPUs they declare; 0: none, CPU ranks) with fewer GPUs than the ``ranks_per_host`` that
+    would run there together."""
+    short = sorted(host for host, count in gpus.items() if 0 < count < ranks_per_host)
     if not short:
         return []
     named = ", ".join(f"{host} ({gpus[host]})" for host in short[:4])
     more = f" and {len(short) - 4} more" if len(short) > 4 else ""
     return [
-        f"{procs_per_node} ranks per node but fewer GPUs on {named}{more}: NCCL needs a GPU "
-        "per rank (use --procs-per-node at most the GPU count)"
+        f"{ranks_per_host} ranks on a host but fewer GPUs on {named}{more}: NCCL needs a GPU "
+        "per rank (nodes sharing a machine x --procs-per-node at most its GPU count)"
     ]
+
+
+def rank_device(
+    local_rank: int, local_world_size: int, visible: int, assigned: int | None = None
+) -> int:
+    """The CUDA device a rank binds, never one another rank of its host binds: the one its
+    launcher assigned (``RankEnv.device``: local nodes sharing one machine), else its local
+    rank; a process that sees a single GPU (a pod holding its own) takes that one. Raises
+    :class:`DeviceSharingError` (one line) where the index is past the GPUs it sees, which
+    would bind two ranks to one GPU (``local_rank % count`` did)."""
+    if assigned is None and visible == 1:
+        return 0
+    index = local_rank if assigned is None else assigned
+    if 0 <= index < visible:
+        return index
+    whose = (
+        f"device {assigned} assigned to local rank {local_rank}"
+        if assigned is not None
+        else (f"local rank {local_rank} of {local_world_size}")
+    )
+    raise DeviceSharingError(
+        f"{whose} but this process sees {visible} GPU(s): ranks would share a GPU, which NCCL "
+        "refuses (give each rank a GPU of its own: fewer ranks per host)"
+    )
+
+
+class DeviceSharingError(ValueError):
+    """A rank's device would be another rank's: the message is one line for the user."""
 
 
 def local_stack_problems(*, nodes: int, host: HostFacts) -> list[str]:

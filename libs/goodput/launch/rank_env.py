@@ -19,11 +19,23 @@ from typing import Any, Literal
 
 import msgspec
 
+from goodput import schemas
 from goodput.subjects import DEFAULT_JOB
 from goodput.telemetry import TRACEPARENT_ENV
 
 #: a rank that saved and left on SIGTERM (the node is going away) exits 128 + 15
 EXIT_TERMINATED = 143
+#: the exit codes of a rank whose CUDA context cannot go on (``goodput.shim.step_faults``),
+#: the one channel every backend already reports (``RankExited.exit_code``), whether or not
+#: the rank's bus link still works: outside Python's own (1, 2, 120), sysexits' (64-78) and
+#: the shell's (126 and above)
+EXIT_CODES: dict[schemas.RankFault, int] = {"cuda-context": 86, "cuda-oom": 87}
+
+
+def rank_fault(exit_code: int | None) -> schemas.RankFault:
+    """The CUDA cause an exit code says (``""``: none)."""
+    return next((fault for fault, code in EXIT_CODES.items() if code == exit_code), "")
+
 
 #: field -> environment variable
 VARIABLES: dict[str, str] = {
@@ -47,23 +59,28 @@ VARIABLES: dict[str, str] = {
     "heartbeat_period_s": "GOODPUT_HEARTBEAT_PERIOD_S",
     "enable_fault_injection": "GOODPUT_ENABLE_FAULT_INJECTION",
     "standby": "GOODPUT_STANDBY",
+    "device": "GOODPUT_DEVICE",
     "restore_before_step": "GOODPUT_RESTORE_BEFORE_STEP",
 }
 
 #: torch's NCCL error handling for a rank that must outlive a peer's death (the names of torch
 #: 2.13, read when a group is created). A dead peer leaves an NCCL collective spinning; the
-#: in-process restart aborts the communicators (:mod:`goodput.shim.group_abort`) and the rank
-#: unwinds. torch's default error handling (3, "SkipCleanUp") instead makes its watchdog kill
-#: the rank (SIGABRT) when it sees the peer's error or a collective passes the group's
-#: ``timeout``: every survivor would die with its peer, leaving only a cold restart. With 2
-#: ("CleanUpOnly") the watchdog aborts the communicators and the rank's calls raise, which the
-#: shim's loop unwinds; an abort that is already done is not repeated. Left at torch's default:
+#: in-process restart aborts the communicators (``_abort_process_group``,
+#: :mod:`goodput.shim.group_abort`) and the rank unwinds. torch 2.13 documents that call for
+#: use with ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` (``distributed_c10d._abort_process_group``):
+#: otherwise the group's watchdog handles errors and timeouts itself, aborting the same
+#: communicators — with 2 ("CleanUpOnly") it could do so while goodput's abort runs, two
+#: ``ncclCommAbort`` on one communicator; with torch's default 3 ("SkipCleanUp") it kills the
+#: rank (SIGABRT), so every survivor would die with its peer. With 0 goodput's abort is the
+#: only one: a collective on a dead or hung peer stays blocked until the ``Rejoin`` aborts it
+#: (the sensor sees the peer's exit or the hang), and a rank whose supervisor never sends one
+#: waits for it. Left at torch's default:
 #: ``TORCH_NCCL_BLOCKING_WAIT`` (a blocking ``wait()`` busy-waits the CPU on every collective,
 #: serialising DDP's overlapped reductions; goodput ends a hang by aborting instead),
 #: ``TORCH_NCCL_ENABLE_MONITORING`` with ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`` (kills a rank
 #: whose watchdog itself is stuck, minutes later: the backstop behind the bounded abort) and
 #: ``TORCH_NCCL_DUMP_ON_TIMEOUT`` (the flight recorder's dump on a timeout).
-NCCL_ERROR_HANDLING: dict[str, str] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+NCCL_ERROR_HANDLING: dict[str, str] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
 
 _TRUE = ("1", "true", "yes")
 _FLAGS = ("enable_fault_injection", "standby")
@@ -102,6 +119,10 @@ class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: this process is a standby: it builds the job's state, then waits for an assignment (a
     #: RankEnv, :mod:`goodput.launch.standby_channel`) before it is a rank; None/False: a rank
     standby: bool | None = None
+    #: the CUDA device this rank binds, where its launcher chooses (the local backend: its
+    #: nodes share one machine, so a local rank alone does not name a GPU of its own); None:
+    #: its local rank (``goodput.launch.capacity.rank_device``)
+    device: int | None = None
     #: a numerical rollback's launch: restore the newest checkpoint before this step
     restore_before_step: int | None = None
 

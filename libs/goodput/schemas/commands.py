@@ -65,7 +65,7 @@ class Restart(Command, tag="restart", kw_only=True):
     #: take the ranks from the nodes' ready standbys (those of a node with none start cold)
     standbys: bool = False
     #: a numerical rollback: the relaunched ranks restore the newest checkpoint before this
-    #: step (the first one a numerical fault may have touched), not the newest (schema 12)
+    #: step (the first one a numerical fault may have touched), not the newest (schema 13)
     restore_before_step: int | None = None
 
 
@@ -96,7 +96,7 @@ class HotSwap(Command, tag="hot_swap", kw_only=True):
     #: take the ranks from the nodes' ready standbys, the spare's included
     standbys: bool = False
     #: a numerical rollback: the relaunched ranks restore the newest checkpoint before this
-    #: step (the first one a numerical fault may have touched), not the newest (schema 12)
+    #: step (the first one a numerical fault may have touched), not the newest (schema 13)
     restore_before_step: int | None = None
 
 
@@ -109,7 +109,7 @@ class ScaleTo(Command, tag="scale_to", kw_only=True):
     #: take the ranks from the nodes' ready standbys
     standbys: bool = False
     #: a numerical rollback: the relaunched ranks restore the newest checkpoint before this
-    #: step (the first one a numerical fault may have touched), not the newest (schema 12)
+    #: step (the first one a numerical fault may have touched), not the newest (schema 13)
     restore_before_step: int | None = None
 
 

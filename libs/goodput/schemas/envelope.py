@@ -41,11 +41,15 @@ import msgspec
 #: (``JobStatus.suspect_nodes``: a pod deletion they never confirmed), so the policy replaces
 #: such a node after a refused launch instead of leaving the job restarting
 #: 11: a GPU record carries the driver's recovery action (``GpuHealth.recovery_action``)
-#: 12: trainer-side numerics (``Numerics``: a window's loss and gradient norm, the replicas'
+#: 12: a crash signal names its CUDA cause (``Signal.rank_fault``: a poisoned context, an OOM
+#: after its warm retry), so the policy restarts that rank cold and tells a job-wide OOM; a
+#: restore reports the pinned memory its GPU copies went through
+#: (``CheckpointRestored.pinned_bytes``)
+#: 13: trainer-side numerics (``Numerics``: a window's loss and gradient norm, the replicas'
 #: parameter fingerprints) and the signals judged from them (``nonfinite``, ``loss_spike``,
 #: ``replica_mismatch``, with ``Signal.first_bad_step``) and the rollback they lead to
 #: (``restore_before_step`` on ``Restart``, ``HotSwap``, ``ScaleTo``)
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

@@ -152,6 +152,9 @@ class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
     duration_s: Seconds
     bytes: int = 0
     fallbacks: list[str] = msgspec.field(default_factory=list)
+    #: page-locked host memory the restore's copies to the GPU went through, released since
+    #: (bounded by ``GOODPUT_RESTORE_PINNED_MB``; 0: none staged; schema 12)
+    pinned_bytes: int = 0
 
 
 class TrainingPlan(Event, tag="training_plan", kw_only=True):
@@ -234,7 +237,7 @@ class ReplicaSplit(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 class Numerics(Event, tag="numerics", kw_only=True):
     """Trainer-side numerics of a window of steps, reduced over every rank and published by
-    rank 0 (schema 12): read from device accumulators once per window, never per step."""
+    rank 0 (schema 13): read from device accumulators once per window, never per step."""
 
     node: Token
     rank: int
@@ -254,6 +257,13 @@ class Numerics(Event, tag="numerics", kw_only=True):
     fingerprint: int = 0
     #: the slots whose replicas disagreed (empty: all agreed)
     splits: list[ReplicaSplit] = msgspec.field(default_factory=list)
+
+
+#: why a rank's process could not go on, as its exit code says (``goodput.launch.rank_env``):
+#: ``cuda-context`` — a sticky CUDA error (device-side assert, illegal address, uncorrectable
+#: ECC) poisoned its CUDA context, so only a new process can use the GPU; ``cuda-oom`` — it
+#: ran out of GPU memory again after its one warm retry; ``""`` — neither (or not known)
+RankFault = Literal["", "cuda-context", "cuda-oom"]
 
 
 class Signal(Event, tag="signal", kw_only=True):
@@ -276,8 +286,11 @@ class Signal(Event, tag="signal", kw_only=True):
     #: a straggler: its compute time over its peers' median (what the job steps slower by;
     #: 0: not a straggler), which the policy weighs against evicting it (schema 7)
     ratio: float = 0.0
+    #: a crash's CUDA cause, from the rank's exit code; on a signal with no node, every rank
+    #: of the attempt exited with it (a job-wide OOM: the job's memory, not a node's; schema 12)
+    rank_fault: RankFault = ""
     #: a numerical fault (``nonfinite``, ``loss_spike``, ``replica_mismatch``): the first step
-    #: it may have touched; a rollback goes to a clean checkpoint before it (schema 12)
+    #: it may have touched; a rollback goes to a clean checkpoint before it (schema 13)
     first_bad_step: int = -1
 
 

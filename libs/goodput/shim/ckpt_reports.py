@@ -36,7 +36,15 @@ def checkpoint_report(
         case ckpt_events.CheckpointRestored():
             fallbacks = [f"step {f.step}: {f.reason}" for f in event.fallbacks]
             return restored_report(
-                job, node, rank, event.step, "local", event.duration_s, event.bytes, fallbacks
+                job,
+                node,
+                rank,
+                event.step,
+                "local",
+                event.duration_s,
+                event.bytes,
+                fallbacks,
+                pinned_bytes=event.pinned_bytes,
             )
     return None
 
@@ -50,9 +58,11 @@ def restored_report(
     duration_s: float,
     nbytes: int,
     fallbacks: list[str] | None = None,
+    *,
+    pinned_bytes: int = 0,
 ) -> schemas.CheckpointRestored:
     """``step`` was restored from ``tier`` ("host": the engine's buffer, after an in-process
-    restart)."""
+    restart), its GPU copies through ``pinned_bytes`` of page-locked staging."""
     return schemas.CheckpointRestored(
         job=job,
         node=node,
@@ -62,4 +72,5 @@ def restored_report(
         duration_s=duration_s,
         bytes=nbytes,
         fallbacks=fallbacks or [],
+        pinned_bytes=pinned_bytes,
     )

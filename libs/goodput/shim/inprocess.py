@@ -22,6 +22,11 @@ training loop is the shim's (:func:`run_in_process`), so the shim can unwind a s
 A rank stuck in a native call that the abort does not end never gets here; the actuator's
 deadline then fails the warm restart and the controller's policy decides a cold one. The
 killed rank itself is started cold by the actuator and joins the same rendezvous.
+
+A step that failed on CUDA itself is read first (:mod:`goodput.shim.step_faults`): a sticky
+error leaves the process at once, never answering a Rejoin it could not honour; an OOM is
+retried warm once, after the caches are freed, and a second one before the failed step is
+passed leaves too; each with the exit code that names it, for the policy.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from goodput import schemas
 from goodput.shim.group_abort import GroupAbort
 from goodput.shim.group_sockets import opened_by
 from goodput.shim.rescale import BatchPlan
+from goodput.shim.step_faults import LeaveCold, OomRetry, classify, free_cuda_caches, leave_cold
 from goodput.shim.step_protocol import RestartRequested, end_step
 from goodput.warm_path import WARM_PATH, WarmPathTimeouts
 
@@ -148,7 +154,28 @@ def run_in_process(
     """Restore, train to ``total_steps`` (or a stop), checkpoint as agreed, finish; a failed
     step is unwound and resumed in this process after a Rejoin (see the module docstring).
     ``group_sockets``: the current group's connections, cut by its abort
-    (:mod:`goodput.shim.group_sockets`; ``run_job`` knows them, a script's own group not)."""
+    (:mod:`goodput.shim.group_sockets`; ``run_job`` knows them, a script's own group not).
+    A CUDA failure this process cannot go on from (from a step, a restore or a rejoin) ends
+    it with :class:`~goodput.shim.step_faults.LeaveCold`, whose exit code names it."""
+    try:
+        return _run(shim, job, total_steps, stop_at, timeouts, group_sockets)
+    except LeaveCold:
+        raise
+    except Exception as exc:
+        fault = classify(exc)
+        if fault.kind == "recoverable":
+            raise
+        raise leave_cold(fault) from exc
+
+
+def _run(
+    shim: TrainerShim,
+    job: ResumableJob,
+    total_steps: int,
+    stop_at: int | None,
+    timeouts: WarmPathTimeouts,
+    group_sockets: frozenset[int],
+) -> RunOutcome:
     mailbox = shim.enable_in_process_restart()
     backend = dist.get_backend() if dist.is_initialized() else None
     if not _restore(shim, job):
@@ -157,16 +184,24 @@ def run_in_process(
         shim.save(job.state_dict(), job.step)
     outcome = RunOutcome(first_step=job.step, step=job.step, stopped=False)
     abort = mailbox.arm(GroupAbort(sockets=group_sockets))
+    oom = OomRetry()
     while True:
         try:
             _train(shim, job, total_steps, stop_at, outcome)
             break
         except Exception as exc:
+            fault = classify(exc)
+            if fault.kind == "context" or (fault.kind == "oom" and not oom.allows(job.step)):
+                raise  # run_in_process leaves cold, saying why
             if backend is None or shim.link is None:
                 raise  # no group to rejoin, or no supervisor to send a Rejoin
             log.warning("training step abandoned (%s); leaving the process group", exc)
             shim.set_busy("restarting")
             stuck = _abandon_step(job, exc, abort, timeouts.abort_s)
+            if fault.kind == "oom":
+                # after the step's frames and the job's group went: what they held is free
+                free_cuda_caches()
+                log.warning("%s at step %d: retrying once, warm", fault.reason, job.step + 1)
             command = mailbox.wait(timeouts.rejoin_wait_s)
             if command is None:
                 log.error(

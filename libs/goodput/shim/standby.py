@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from goodput.launch.capacity import DeviceSharingError, rank_device
 from goodput.launch.rank_env import VARIABLES, RankEnv, nccl_error_handling
 from goodput.launch.standby_channel import StandbyReleased, receive_assignment
 from goodput.shim.group_sockets import opened_by
@@ -71,7 +72,7 @@ def run_job(
     standby = bool(RankEnv.from_env().standby)
     started = time.perf_counter()
     if not standby:
-        bind_rank_device(RankEnv.from_env().local_rank)
+        bind_rank_device(RankEnv.from_env())
     job = build_state()
     if standby:
         log.info("standby: state built in %.2f s; waiting for an assignment", _since(started))
@@ -82,7 +83,7 @@ def run_job(
             raise SystemExit(0) from None
         os.environ.pop(VARIABLES["standby"], None)
         os.environ.update(assignment.to_env())
-        bind_rank_device(assignment.local_rank)
+        bind_rank_device(assignment)
         log.info("standby assigned rank %d of %d", assignment.rank, assignment.world_size)
     shim = TrainerShim.from_env(**shim_options)
     for callback in rescale:
@@ -111,17 +112,24 @@ def run_job(
     return JobRun(shim=shim, job=job, outcome=outcome)
 
 
-def bind_rank_device(local_rank: int) -> torch.device | None:
+def bind_rank_device(env: RankEnv) -> torch.device | None:
     """Make this rank's GPU the current CUDA device (none without CUDA): with eight ranks on a
     node, every rank left on device 0 would put its model, its NCCL communicator and the
-    shim's collectives (:mod:`goodput.shim.collectives`) on one GPU. A pod that sees only its
-    own GPUs has fewer devices than local ranks, hence the modulo.
+    shim's collectives (:mod:`goodput.shim.collectives`) on one GPU. The device is a GPU no
+    other rank of the host binds (:func:`goodput.launch.capacity.rank_device`); one that
+    would be shared ends the process with that one line.
 
     A standby builds its job before it knows its rank, so its builder must leave the state
     on the CPU and move it in ``regroup`` (called once the rank's device is bound)."""
     if not torch.cuda.is_available():
         return None
-    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    try:
+        index = rank_device(
+            env.local_rank, env.local_world_size, torch.cuda.device_count(), env.device
+        )
+    except DeviceSharingError as exc:
+        raise SystemExit(f"goodput: {exc}") from None
+    device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     return device
 

@@ -291,6 +291,7 @@ class KubernetesBackend(MembershipBackend, PodSpecs):
             master_addr=self.address(rank0),
             master_port=port,
             volume=self.volume(entry.node),
+            device=self.pod_device(),
         )
         return await self.ports.assign_standby(subjects.standby(self.job, standby), env)
 

@@ -75,6 +75,7 @@ class PodSpecs(RankEnvironments):
             master_addr=master_addr,
             master_port=master_port,
             volume=self.volume(entry.node),
+            device=self.pod_device(),
         )
         labels = {
             LABEL_ATTEMPT: str(entry.attempt),
@@ -82,6 +83,13 @@ class PodSpecs(RankEnvironments):
             LABEL_NODE: entry.node,
         }
         return self._pod(entry.name, entry.node, labels, env)
+
+    def pod_device(self) -> int | None:
+        """The GPU a rank binds in its pod: the pod holds its own GPUs, so the first it sees,
+        whatever its local rank (``RankEnv.device``); None in a pod without one."""
+        assert self.spec is not None
+        gpus = self.spec.gpus_per_rank
+        return 0 if (self.options.gpus_per_rank if gpus is None else gpus) else None
 
     def _pod(
         self, name: str, node: str, labels: dict[str, str], env: dict[str, str], ready_file=""

@@ -317,7 +317,12 @@ class LocalBackend(MembershipBackend):
         if standby is not None:
             where = {"node_index": node_index, "master_port": port, "master_addr": "127.0.0.1"}
             env = self.rank_env(
-                node=node, rank=rank, local_rank=local_rank, volume=self.volume(node), **where
+                node=node,
+                rank=rank,
+                local_rank=local_rank,
+                volume=self.volume(node),
+                device=self._device(node_index, local_rank),
+                **where,
             )
             if await self.standbys.assign(standby, env):
                 log.info("rank %d on %s: standby %d", rank, node, standby.process.pid)
@@ -380,8 +385,16 @@ class LocalBackend(MembershipBackend):
             master_addr="127.0.0.1",
             master_port=port,
             volume=self.volume(node),
+            device=self._device(node_index, local_rank),
         )
         return {**os.environ, **env}
+
+    def _device(self, node_index: int, local_rank: int) -> int:
+        """The GPU a rank binds where it has one: every local node is this machine, so its
+        local rank alone would bind node 1's ranks to node 0's GPUs (``start_job`` refused a
+        shape with more ranks than GPUs)."""
+        assert self.membership is not None
+        return node_index * self.membership.procs_per_node + local_rank
 
     async def _watch(self, entry: RankProcess) -> None:
         returncode = await entry.process.wait()

@@ -81,6 +81,7 @@ class RankEnvironments:
         master_addr: str,
         master_port: int,
         volume: Path,
+        device: int | None = None,
     ) -> RankEnv:
         """A rank's own variables: what a standby's assignment carries."""
         assert self.spec is not None and self.membership is not None
@@ -104,6 +105,7 @@ class RankEnvironments:
             traceparent=current_traceparent(),
             # the job's own checkpoint directory (a shared one) wins over the node's volume
             ckpt_dir=self.spec.env.get(VARIABLES["ckpt_dir"]) or str(volume),
+            device=device,
             restore_before_step=(
                 self._rollback[1]
                 if self._rollback is not None and self._rollback[0] == self.attempt

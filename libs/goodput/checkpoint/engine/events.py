@@ -86,6 +86,9 @@ class CheckpointRestored:
     duration_s: float
     fallbacks: tuple[RestoreFallback, ...] = ()
     ts_ns: int = field(default_factory=_now_ns)
+    #: page-locked host memory the copies to the GPU went through, released since
+    #: (``goodput.checkpoint.engine.device_copy``; 0: no CUDA tensor was staged)
+    pinned_bytes: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -67,6 +67,8 @@ class HostRestore:
     bytes: int
     duration_s: float
     host_bytes: int
+    #: page-locked memory the staged copies to the GPU went through, released since
+    pinned_bytes: int = 0
 
     @property
     def volume_bytes(self) -> int:
@@ -154,8 +156,9 @@ def _restore_plain(
     into: Any,
     own: tuple[SavePlan, torch.Tensor] | None,
     peers: list[PeerSegment],
-) -> tuple[Any, int] | str:
-    """A replicas' checkpoint: own slice, then node segments, then the volume."""
+) -> tuple[Any, int, int] | str:
+    """A replicas' checkpoint: own slice, then node segments, then the volume (the state,
+    the bytes read from the volume, the pinned bytes its GPU copies went through)."""
     mine: list[FileEntry] = []
     whole: frozenset[int] = frozenset()
     if own is not None:
@@ -193,7 +196,7 @@ def _restore_plain(
     targets.finish()
     # the checkpoint's structure, not ``into``'s: a live state may hold what the checkpoint
     # has not (an optimizer's moments from steps after it), which must not survive a restore
-    return targets.state(manifest), sum(entry.size for entry in volume)
+    return targets.state(manifest), sum(entry.size for entry in volume), targets.pinned_bytes
 
 
 def _restore_sharded(
@@ -249,14 +252,20 @@ def restore_from_host(
             if isinstance(outcome, str):
                 return outcome
             state, memory, volume = outcome
+            pinned = 0  # its GPU copies are from pageable staging
         else:
             plain = _restore_plain(engine, path, manifest, into, snapshot, peers)
             if isinstance(plain, str):
                 return plain
-            state, volume = plain
+            state, volume, pinned = plain
             memory = sum(entry.size for entry in manifest.files) - volume
     if merge and into is not None:
         state = _merge(into, state)
     return HostRestore(
-        step, state, memory + volume, time.perf_counter() - started, host_bytes=memory
+        step,
+        state,
+        memory + volume,
+        time.perf_counter() - started,
+        host_bytes=memory,
+        pinned_bytes=pinned,
     )

@@ -4,8 +4,9 @@ Data files are read ``io_threads`` at a time (each with a read ahead in flight),
 back each, straight into the destination tensors (``goodput.checkpoint.engine.reader``);
 the digest is computed on the way, so verification costs no second read. For O_DIRECT reads,
 tensors the restore allocates are placed so that they are aligned like the file. When loading
-into an existing state, CPU tensors are filled in place and CUDA tensors through pinned host
-staging with non-blocking copies and one synchronize at the end.
+into an existing state, CPU tensors are filled in place and CUDA tensors through pageable
+host staging, copied to the GPU through one bounded pinned buffer released at the end
+(``goodput.checkpoint.engine.device_copy``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from goodput.checkpoint.engine.buffers import HostBuffer, byte_view
+from goodput.checkpoint.engine.device_copy import staging_for
 from goodput.checkpoint.engine.events import (
     CheckpointRestored,
     CheckpointRestoreFailed,
@@ -109,13 +111,24 @@ class LoadTargets:
     tensors: list[torch.Tensor]
     views: list[torch.Tensor | None]
     late_copies: list[tuple[torch.Tensor, torch.Tensor]]
+    #: the page-locked bytes the copies to the GPU went through (0: none went)
+    pinned_bytes: int = 0
 
     def finish(self) -> None:
-        """Copy the staged bytes into their targets (one synchronize for all CUDA copies)."""
-        for target, staging in self.late_copies:
-            target.copy_(staging, non_blocking=target.is_cuda)
-        if any(target.is_cuda for target, _ in self.late_copies):
-            torch.cuda.synchronize()
+        """Copy the staged bytes into their targets: CUDA ones through one bounded pinned
+        buffer, given back (with the staging) once every copy is done."""
+        to_gpu = [(t, s) for t, s in self.late_copies if t.is_cuda]
+        staging = staging_for([s.numel() * s.element_size() for _, s in to_gpu])
+        try:
+            for target, source in self.late_copies:
+                if target.is_cuda:
+                    staging.copy(target, source)
+                else:
+                    target.copy_(source)
+        finally:
+            staging.close()
+        self.pinned_bytes = staging.peak_bytes
+        self.late_copies = []
 
     def state(self, manifest: Manifest) -> Any:
         """The checkpoint's structure holding the loaded tensors."""
@@ -156,7 +169,7 @@ def prepare_targets(
         fill = target
         direct = target.is_contiguous() and (index in whole or not target.is_cuda)
         if not direct:
-            fill = torch.empty(entry.shape, dtype=dtype, pin_memory=target.is_cuda)
+            fill = torch.empty(entry.shape, dtype=dtype)  # pageable: see LoadTargets.finish
             late_copies.append((target, fill))
         views.append(byte_view(fill) if entry.nbytes else None)
     return LoadTargets(tensors, views, late_copies)
@@ -213,17 +226,18 @@ def load_checkpoint(
     io_threads: int = 2,
     policy: DirectIOPolicy | None = None,
     merge: bool = True,
-) -> Any:
-    """Load one verified checkpoint; raises CorruptCheckpointError on any bad byte.
-    ``merge``: return ``into`` updated (else the checkpoint's structure, ``into``'s tensors
-    filled in place in it)."""
+) -> tuple[Any, int]:
+    """Load one verified checkpoint; raises CorruptCheckpointError on any bad byte. Returns
+    the state and the pinned bytes its GPU copies went through. ``merge``: return ``into``
+    updated (else the checkpoint's structure, ``into``'s tensors filled in place in it)."""
     policy = policy or DirectIOPolicy()
     targets = prepare_targets(manifest, into, policy)
     index = StreamIndex(manifest.tensors)
     read_files(path, manifest.files, index, targets.views, io_threads, policy)
     targets.finish()
     restored = targets.state(manifest)
-    return _merge(into, restored) if merge and into is not None else restored
+    state = _merge(into, restored) if merge and into is not None else restored
+    return state, targets.pinned_bytes
 
 
 def _read_files(
@@ -291,8 +305,9 @@ def restore_checkpoint(
                 state, read = load_sharded(
                     path, manifest, into=into, io_threads=io_threads, policy=policy, merge=merge
                 )
+                pinned = 0  # its GPU copies are from pageable staging
             else:
-                state = load_checkpoint(
+                state, pinned = load_checkpoint(
                     path, manifest, into=into, io_threads=io_threads, policy=policy, merge=merge
                 )
                 read = manifest.total_bytes
@@ -307,6 +322,7 @@ def restore_checkpoint(
                 bytes=read,
                 duration_s=time.perf_counter() - started,
                 fallbacks=tuple(fallbacks),
+                pinned_bytes=pinned,
             ),
         )
         return candidate, state

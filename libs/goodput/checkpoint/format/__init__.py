@@ -8,6 +8,8 @@
 - :mod:`~goodput.checkpoint.format.files`: regular-file-only opens, hashing files, durable writes
   (fsync file and directory, atomic rename), safe deletion.
 - :mod:`~goodput.checkpoint.format.sharded`: the shard records of a sharded (DTensor) checkpoint.
+- :mod:`~goodput.checkpoint.format.parts`: a sharded checkpoint across nodes: one part per node
+  (its own step directory), the commit table naming every part, staged parts' names.
 - :mod:`~goodput.checkpoint.format.verify`: is a checkpoint directory complete (sizes against its
   sealed manifest) and intact (every byte against its digest).
 - :mod:`~goodput.checkpoint.format.retention_record`: the volume's ``.goodput-retention`` (which steps

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 import xxhash
 
+from goodput.checkpoint.format.errors import ManifestError
 from goodput.checkpoint.format.files import NotRegularFile, open_regular, write_file_durably
 from goodput.checkpoint.format.job_key import (
     FROM_ENV,
@@ -29,6 +30,7 @@ from goodput.checkpoint.format.job_key import (
     sign,
 )
 from goodput.checkpoint.format.layout import MANIFEST_NAME, is_temp_name, step_dirs
+from goodput.checkpoint.format.parts import PartOf
 
 FORMAT = "goodput-ckpt/1"
 KIND_ENGINE = "engine"
@@ -40,10 +42,6 @@ KIND_SHARDED = "engine-sharded"
 KIND_FILES = "files"
 #: a manifest is small; anything bigger is garbage (and must not be read into memory)
 MAX_MANIFEST_BYTES = 16 << 20
-
-
-class ManifestError(ValueError):
-    """The manifest is missing, unreadable, or fails its own checksum."""
 
 
 class FileEntry(msgspec.Struct, kw_only=True):
@@ -80,6 +78,9 @@ class Manifest(msgspec.Struct, kw_only=True):
     #: HMAC-SHA256 under the job's key; absent (not even encoded) when no key is configured,
     #: so an unkeyed manifest is byte for byte what it was before keys existed
     manifest_hmac_sha256: str | msgspec.UnsetType = msgspec.UNSET
+    #: a part of a checkpoint sharded across nodes (``parts``); absent (not even encoded)
+    #: for a checkpoint whose one directory holds everything
+    part: PartOf | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def total_bytes(self) -> int:

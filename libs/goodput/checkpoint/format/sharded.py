@@ -22,6 +22,7 @@ import msgspec
 import xxhash
 
 from goodput.checkpoint.format.manifest import FileEntry, Manifest, ManifestError
+from goodput.checkpoint.format.parts import PartOf
 from goodput.checkpoint.format.tensor_layout import check_ranges, check_tiling, shape_nbytes
 
 SHARD_FORMAT = "goodput-shards/1"
@@ -92,18 +93,33 @@ def parse_record(data: bytes, entry: FileEntry, world: int) -> ShardRecord:
     return record
 
 
+def saving_ranks(manifest: Manifest) -> list[int]:
+    """The global ranks whose shards this directory holds: all of ``dp_world``, or a part's."""
+    if isinstance(manifest.part, PartOf):
+        return list(manifest.part.summary().ranks)
+    return list(range(manifest.dp_world))
+
+
 def record_entries(manifest: Manifest) -> list[FileEntry]:
-    """The shard records a sharded manifest lists, one per saving rank, in rank order."""
+    """The shard records a sharded manifest lists, one per saving rank it holds (every rank,
+    or a part's ranks), in rank order."""
     records = sorted(
         (entry for entry in manifest.files if is_shard_record(entry.name)),
         key=lambda entry: entry.dp_rank,
     )
-    if manifest.dp_world < 1 or [e.dp_rank for e in records] != list(range(manifest.dp_world)):
-        raise ManifestError(f"expected a shard record for each of {manifest.dp_world} ranks")
+    expected = saving_ranks(manifest)
+    if manifest.dp_world < 1 or [e.dp_rank for e in records] != expected:
+        raise ManifestError(f"expected a shard record for each of ranks {_span(expected)}")
     for entry in records:
         if entry.name != shard_record_name(entry.dp_rank):
             raise ManifestError(f"{entry.name}: named for another rank")
     return records
+
+
+def _span(ranks: list[int]) -> str:
+    if ranks and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}..{ranks[-1]}"
+    return str(ranks)
 
 
 def data_entries(manifest: Manifest, rank: int) -> list[FileEntry]:

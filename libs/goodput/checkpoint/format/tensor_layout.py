@@ -20,6 +20,7 @@ from goodput.checkpoint.format.manifest import (
     Manifest,
     ManifestError,
 )
+from goodput.checkpoint.format.parts import PartOf, check_part
 
 #: the element size of every dtype a checkpoint may hold, by torch's name without ``torch.``
 DTYPE_ITEMSIZE: dict[str, int] = {
@@ -113,3 +114,7 @@ def check_manifest_layout(manifest: Manifest) -> None:
             what = f"tensor {index}"
             if shape_nbytes(entry.dtype, entry.shape, what) != entry.nbytes or entry.offset:
                 raise ManifestError(f"{what}: {entry.dtype}{entry.shape} does not match its size")
+        if isinstance(manifest.part, PartOf):
+            check_part(manifest.part, manifest.files, manifest.dp_world)
+    if isinstance(manifest.part, PartOf) and manifest.kind != KIND_SHARDED:
+        raise ManifestError(f"a part of a {manifest.kind!r} checkpoint (only sharded ones split)")

@@ -207,6 +207,7 @@ class JobModel:
                     age_s=_age(now_ns, self.last_restore.ts),
                     node=self.last_restore.node,
                     fallbacks=list(self.last_restore.fallbacks),
+                    pinned_bytes=self.last_restore.pinned_bytes,
                 )
                 if self.last_restore
                 else None

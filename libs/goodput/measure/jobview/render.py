@@ -146,6 +146,11 @@ def checkpoints_table(snap: JobSnapshot) -> Table:
             age(restore.age_s),
             escape(
                 f"from {restore.tier} on {restore.node}"
+                + (
+                    f", {restore.pinned_bytes / 2**20:.0f} MiB pinned"
+                    if restore.pinned_bytes
+                    else ""
+                )
                 + (f" (fell back: {', '.join(restore.fallbacks)})" if restore.fallbacks else "")
             ),
         )

@@ -61,6 +61,8 @@ class RestoreView(msgspec.Struct, kw_only=True):
     age_s: float
     node: str
     fallbacks: list[str]
+    #: the page-locked memory its copies to the GPU went through (released since; 0: none)
+    pinned_bytes: int = 0
 
 
 class PlanView(msgspec.Struct, kw_only=True):

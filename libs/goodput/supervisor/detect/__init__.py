@@ -7,7 +7,10 @@ I/O or touches the bus, so the same event sequence always yields the same signal
 
 What is detected:
 
-* **crash** — a rank exited non-zero (or by a signal) without being told to (immediately);
+* **crash** — a rank exited non-zero (or by a signal) without being told to (immediately;
+  its CUDA cause, from the exit code, on ``Signal.rank_fault``; a rank out of GPU memory
+  after ``oom_gather_s`` for its peers to follow — every rank out is one signal naming no
+  node, the job's memory — and meanwhile no rank is found hung);
   or its host monitor counts fewer live ranks than the detector believes alive there (an
   exited or not yet started rank is not missing) and no exit report came within
   ``pod_termination_threshold_s`` (the process vanished).

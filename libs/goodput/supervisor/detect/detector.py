@@ -12,7 +12,7 @@ from signal import SIGTERM
 import msgspec
 
 from goodput import schemas
-from goodput.launch.rank_env import EXIT_TERMINATED
+from goodput.launch.rank_env import EXIT_TERMINATED, rank_fault
 from goodput.supervisor.detect.deadline_checks import (
     check_hang,
     check_heartbeat,
@@ -36,6 +36,8 @@ from goodput.supervisor.detect.timeouts import (
 
 #: ``RankExited.expected_reason`` values after which nothing is expected to come back
 FINISHING_REASONS = frozenset({"", "stop"})
+#: what a crash of a rank whose CUDA context was poisoned adds to the signal's detail
+CONTEXT_LOST = "its CUDA context cannot continue (a sticky CUDA error): only a new process can"
 
 
 #: the event kinds the detector learns from; any other (signals, decisions, results: the
@@ -122,6 +124,8 @@ class Detector:
         if not rank.alive:
             self._run.alive_ranks += 1
         self._attempt_begins(event.attempt, now)
+        if event.attempt > self._run.oom_attempt:
+            self._run.take_oom_exits()  # a relaunch after them covers the OOMs gathered
         rank.node = event.node
         rank.attempt = event.attempt
         rank.alive = True
@@ -218,16 +222,71 @@ class Detector:
         # SIGTERM (or the 143 a trainer exits with after saving on it) means the node is being
         # taken away (preemption, drain): restarting in place would land on a leaving node
         terminated = event.signal == SIGTERM or event.exit_code == EXIT_TERMINATED
-        return self._incidents.failure(
+        fault = rank_fault(event.exit_code) if event.signal is None else ""
+        if fault == "cuda-oom":
+            return self._gather_oom(event, now)
+        detail = (
+            f"rank {event.rank} on {event.node} exited with {how} (attempt {event.attempt})"
+            + ("; the node is being terminated" if terminated else "")
+            + (f": {CONTEXT_LOST}" if fault == "cuda-context" else "")
+        )
+        signals = self._incidents.failure(
             "crash",
             event.node,
             event.rank,
             "uncorrectable" if terminated else "correctable",
-            f"rank {event.rank} on {event.node} exited with {how} (attempt {event.attempt})"
-            + ("; the node is being terminated" if terminated else ""),
+            detail,
             observed_ns=now,
             now=now,
         )
+        return [msgspec.structs.replace(s, rank_fault=fault) for s in signals]
+
+    def _gather_oom(self, event: schemas.RankExited, now: int) -> list[schemas.Signal]:
+        """A rank out of GPU memory is reported once its peers had ``oom_gather_s`` to follow:
+        when every rank of the job ran out, it is the job's memory (one signal naming no node,
+        which the policy restarts without blaming one); else the first rank's node's."""
+        run = self._run
+        if event.attempt != run.oom_attempt:
+            run.take_oom_exits()
+            run.oom_attempt = event.attempt
+        if not run.oom_since_ns:
+            run.oom_since_ns = now
+        run.oom_exits[event.rank] = event.node
+        if run.alive_ranks or not run.ranks.keys() <= run.oom_exits.keys():
+            return []
+        run.take_oom_exits()
+        signals = self._incidents.failure(
+            "crash",
+            "",
+            None,
+            "correctable",
+            f"every rank ({len(run.ranks)}) ran out of GPU memory in attempt {event.attempt}, "
+            "after its warm retry: the job's memory, not a node's",
+            observed_ns=now,
+            now=now,
+        )
+        return [msgspec.structs.replace(s, rank_fault="cuda-oom") for s in signals]
+
+    def _oom_due(self, now: int) -> list[schemas.Signal]:
+        """The gathered OOM exits whose peers did not all follow: the first rank's node."""
+        run = self._run
+        deadline = run.oom_deadline(self._thresholds)
+        if deadline is None or now < deadline:
+            return []
+        observed = run.oom_since_ns
+        exits = run.take_oom_exits()
+        rank, node = next(iter(exits.items()))
+        signals = self._incidents.failure(
+            "crash",
+            node,
+            rank,
+            "correctable",
+            f"rank {rank} on {node} ran out of GPU memory after its warm retry "
+            f"(attempt {run.oom_attempt}; {len(exits)} of {len(run.ranks)} rank(s) did)",
+            observed_ns=observed,
+            now=now,
+        )
+        return [msgspec.structs.replace(s, rank_fault="cuda-oom") for s in signals]
 
     def on_heartbeat(self, event: schemas.Heartbeat, now: int) -> list[schemas.Signal]:
         if now > self._run.last_heard_ns:
@@ -377,21 +436,24 @@ class Detector:
     def next_deadline(self) -> int | None:
         """When :meth:`poll` may next have something to say (epoch ns), if anything is armed."""
         run = self._run
-        candidates = [
-            queue.next_deadline()
-            for queue in (run.heartbeat_deadlines, run.hang_deadlines, run.missing_deadlines)
-        ]
+        # while an OOM exit awaits its peers' (``_gather_oom``), the ranks blocked on it are
+        # not hung: their hang checks wait for its report, which opens the incident
+        queues = (run.heartbeat_deadlines, run.missing_deadlines) + (
+            () if run.oom_since_ns else (run.hang_deadlines,)
+        )
+        candidates = [queue.next_deadline() for queue in queues]
         if run.running and not run.job_down_reported:
             candidates.append(run.job_down_deadline(self._thresholds))
+        candidates.append(run.oom_deadline(self._thresholds))
         return min((c for c in candidates if c is not None), default=None)
 
     def poll(self, now: int) -> list[schemas.Signal]:
         """Signals whose deadline passed by ``now``; touches only keys that came due."""
         run, incidents, t = self._run, self._incidents, self._thresholds
-        signals: list[schemas.Signal] = []
+        signals: list[schemas.Signal] = self._oom_due(now)
         for rank_id in run.heartbeat_deadlines.due(now):
             signals += check_heartbeat(run, incidents, t, rank_id, now)
-        for rank_id in run.hang_deadlines.due(now):
+        for rank_id in [] if run.oom_since_ns else run.hang_deadlines.due(now):
             signals += check_hang(run, incidents, t, rank_id, now)
         for node_name in run.missing_deadlines.due(now):
             signals += check_missing(run, incidents, node_name, now)

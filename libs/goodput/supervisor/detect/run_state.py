@@ -41,6 +41,20 @@ class RunState:
         self.last_heard_ns = 0
         self.last_job_progress_ns = 0
         self.job_down_reported = False
+        #: ranks of ``oom_attempt`` that exited out of GPU memory (rank -> node), and when the
+        #: first of them did (0: no OOM report awaits its peers' exits)
+        self.oom_exits: dict[int, str] = {}
+        self.oom_attempt = 0
+        self.oom_since_ns = 0
+
+    def oom_deadline(self, t: Thresholds) -> int | None:
+        """When the gathered OOM exits are reported (None: none gathered)."""
+        return self.oom_since_ns + int(t.oom_gather_s * NS) if self.oom_since_ns else None
+
+    def take_oom_exits(self) -> dict[int, str]:
+        """The gathered OOM exits, no longer awaited."""
+        exits, self.oom_exits, self.oom_since_ns = self.oom_exits, {}, 0
+        return exits
 
     def rearm(self, thresholds: Thresholds) -> None:
         """Recompute every deadline under new thresholds."""

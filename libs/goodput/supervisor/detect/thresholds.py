@@ -62,6 +62,10 @@ class Thresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froze
     #: bursts of contention a shared host gives a healthy rank (2-8 s seen), far shorter than
     #: a straggler worth evicting (see goodput.supervisor.detect.straggler)
     straggler_hold_s: float = 20.0
+    #: after a rank exits out of GPU memory, how long its peers' exits are awaited before it
+    #: is reported: ranks stepping together run out together when the job's memory is the
+    #: cause (a job-wide OOM, reported once, blaming no node), within about a step
+    oom_gather_s: float = 5.0
 
     def __post_init__(self) -> None:
         # NaN compares false with everything: without this check a NaN timeout is installed

@@ -50,12 +50,20 @@ Rules, in order (the rule name is what a ``Decision`` shows):
 * ``scale-down`` — no spare: drop the node and regroup the healthy nodes into fewer replicas.
 * ``no-capacity`` — not one whole replica is left: stop the job, saying so.
 * ``restart-job`` — a job-wide fault with no node to blame (``job_down``): restart it all.
+  ``job-oom`` — every rank ran out of GPU memory after its warm retry (``Signal.rank_fault``
+  on a signal naming no node): the job's memory, not a node's, so every rank restarts cold
+  and no node is blamed (a repeat is the crash-loop guard's to stop, never a node's eviction).
 * ``numerical-rollback`` — a numerical fault (``nonfinite``, ``loss_spike``, a first
   ``replica_mismatch``): restart every rank from the newest checkpoint before
   ``Signal.first_bad_step`` (``Restart.restore_before_step``; the shim discards its volume's
   newer ones, which hold the fault). ``numerical-quarantine`` — a node whose replica
   disagreed again (the detector's ``uncorrectable``): replace it (hot swap, else scale down)
   and roll back the same way.
+
+A crash whose rank's CUDA context was poisoned (``rank_fault`` ``cuda-context``) or that ran
+out of GPU memory alone (``cuda-oom`` on a node) takes the rungs of any crash: that rank left
+at once and is started cold (a new context, an empty allocator), the survivors restart in
+process; the reason says so.
 
 A rung the actuator's backend declares it cannot run (``JobState.backend``) is skipped with
 the reason in the decision, as is an in-process restart the job's ranks cannot do
@@ -129,6 +137,14 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
     if kind in schemas.NUMERICAL_SIGNALS:
         return roll_back(signal, state)
     record = state.node(signal.node) if signal.node else None
+    if record is None and signal.rank_fault == "cuda-oom":
+        warm, note = standby_note(state, state.active)
+        return Plan(
+            [schemas.Restart(job=state.job, standbys=warm)],
+            "job-oom",
+            f"{signal.detail}: restart every rank cold from the newest checkpoint, no node "
+            f"blamed (fit the job to its GPUs' memory if it repeats){note}",
+        )
     if record is None:
         warm, note = standby_note(state, state.active)
         return Plan(
@@ -211,6 +227,12 @@ def reset_gpus(signal: schemas.Signal, state: JobState) -> Plan | None:
     )
 
 
+#: what a crash's CUDA cause adds to a decision's reason: that rank cannot be restarted warm
+CUDA_CAUSES: dict[str, str] = {
+    "cuda-context": " (rank's CUDA context poisoned: it left at once and restarts cold)",
+    "cuda-oom": " (rank out of GPU memory after its warm retry: it restarts cold)",
+}
+
 #: faults whose surviving ranks can unwind their step: a dead peer fails their collectives, a
 #: hung Python loop is woken by the Rejoin; a rank that stopped heartbeating is frozen
 IN_PROCESS_KINDS = ("crash", "hang")
@@ -219,7 +241,7 @@ IN_PROCESS_KINDS = ("crash", "hang")
 def restart_in_place(signal: schemas.Signal, state: JobState) -> Plan:
     """Warm when it can work: in process, unless the fault's kind rules it out or an
     in-process restart for this very signal already failed; otherwise cold."""
-    where = f"correctable {signal.signal} on {signal.node}"
+    where = f"correctable {signal.signal} on {signal.node}" + CUDA_CAUSES.get(signal.rank_fault, "")
     failed = warm_restart_failure(signal, state)
     # a crash of the only rank leaves no process to restart in
     survivors = signal.signal != "crash" or state.world_size > 1

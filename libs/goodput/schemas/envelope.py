@@ -41,7 +41,9 @@ import msgspec
 #: (``JobStatus.suspect_nodes``: a pod deletion they never confirmed), so the policy replaces
 #: such a node after a refused launch instead of leaving the job restarting
 #: 11: a GPU record carries the driver's recovery action (``GpuHealth.recovery_action``)
-SCHEMA_VERSION = 11
+#: 12: ``RestoreToNode`` names the part of a checkpoint sharded across nodes the node holds in
+#: the new membership, and the new part count (``part``, ``parts``)
+SCHEMA_VERSION = 12
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

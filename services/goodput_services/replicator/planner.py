@@ -72,11 +72,12 @@ def index_lag_s(options: ReplicatorOptions) -> float:
 
 
 def identical_holders(snapshot: IndexSnapshot, mine: CopyRecord) -> set[str]:
-    """Live nodes whose own checkpoint of this step has exactly our files."""
+    """Live nodes whose own checkpoint of this step has exactly our files (for a part: the
+    same part of the same commit; no other part is ever identical)."""
     return {
         c.holder
         for c in snapshot.copies
-        if c.tier == "local" and c.step == mine.step and c.checksums() == mine.checksums()
+        if c.tier == "local" and c.step == mine.step and c.same_data(mine)
     }
 
 
@@ -116,7 +117,7 @@ def plan_replication(
     identical = {
         c.holder
         for c in snapshot.copies
-        if c.tier != "object_store" and c.step == mine.step and c.checksums() == mine.checksums()
+        if c.tier != "object_store" and c.step == mine.step and c.same_data(mine)
     } - {held.node}
     chosen = choose_peers(
         me, candidates, identical=identical, count=missing, block_label=options.block_label
@@ -181,7 +182,7 @@ def _should_wait_for_leader(
     if now - held.first_seen >= options.backup_wait_s:
         return False
     if any(
-        c.tier == "object_store" and c.step == mine.step and c.checksums() == mine.checksums()
+        c.tier == "object_store" and c.step == mine.step and c.same_data(mine)
         for c in snapshot.all_copies
     ):
         return False

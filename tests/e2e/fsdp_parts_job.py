@@ -4,7 +4,9 @@ Run by ``test_sharded_parts_job.py`` under ``goodput up`` (one process per rank,
 ``fsdp_parts_job.py STEPS OUT``. It restores through the shim (its volume: the node's own),
 trains to STEPS with the same batch on every rank (the global batch does not depend on the
 node count), saves when the shim says, paces each step (``PACE_S``) so the test can act
-between checkpoints, and rank 0 writes the final full state's digest to ``OUT/final.json``.
+between checkpoints. Rank 0 writes the digest of the full state (every shard gathered) it
+saved (``OUT/saved-<step>.json``), restored (``OUT/restored.json``, the last restore) and
+ended with (``OUT/final.json``).
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ def main(steps: int, out: Path) -> int:
             optim_state_dict=restored.state["optim"],
         )
         done = restored.step
+        model_sd, optim_sd = get_state_dict(model, optim)
+        restored_digest = digest({"model": model_sd, "optim": optim_sd})
+        if dist.get_rank() == 0:
+            record = {"step": done, "digest": restored_digest, "world": world}
+            (out / "restored.json").write_text(json.dumps(record))
     step = done
     for step in range(done + 1, steps + 1):
         started = time.perf_counter()
@@ -96,6 +103,9 @@ def main(steps: int, out: Path) -> int:
         if shim.should_checkpoint(step) or shim.should_stop():
             model_sd, optim_sd = get_state_dict(model, optim)
             shim.save({"model": model_sd, "optim": optim_sd, "step": step}, step)
+            saved = digest({"model": model_sd, "optim": optim_sd})
+            if dist.get_rank() == 0:
+                (out / f"saved-{step}.json").write_text(json.dumps({"digest": saved}))
         if shim.should_stop():
             break
         time.sleep(PACE_S)

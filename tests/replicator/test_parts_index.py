@@ -24,7 +24,15 @@ from goodput.checkpoint.index.records import (
 )
 from goodput.checkpoint.index.retention import Retention, plan_gc, safe_steps
 from goodput_services.replicator.options import ReplicatorOptions
-from goodput_services.replicator.planner import Held, Memory, Push, plan_replication
+from goodput_services.replicator.planner import (
+    BackUp,
+    Held,
+    Memory,
+    Push,
+    Wait,
+    plan_backup,
+    plan_replication,
+)
 from goodput_services.replicator.restore_parts import NodePart, PartPlan, plan_parts
 from goodput_services.replicator.restore_sources import NothingToRestore
 
@@ -155,6 +163,24 @@ def test_a_part_is_never_deduplicated_against_another_part() -> None:
     assert all(isinstance(p, Push) and p.reason == "needs a copy" for p in decision)
 
 
+def test_a_fresh_part_is_pushed_and_backed_up_without_waiting_for_identical_data() -> None:
+    """Whole data-parallel checkpoints wait ``dedup_wait_s``/``backup_wait_s`` for peers
+    with identical data; a part has none, so it moves at once."""
+    options = ReplicatorOptions(replicas=1, dedup_wait_s=10, backup_wait_s=30, backup_every=1)
+    mine = part(10, 1, "node-1")
+    held = Held("node-1", mine, first_seen=999.0)  # seen one second ago
+    snap = snapshot([mine])  # node-0 has not indexed step 10 yet
+    pushes = plan_replication(snap, held, 1000.0, options, Memory())
+    assert isinstance(pushes, list) and len(pushes) == 1
+    assert isinstance(plan_backup(snap, held, 1000.0, options, Memory()), BackUp)
+    whole = msgspec.structs.replace(mine, part=0, parts=0, commit="")
+    held_whole = Held("node-1", whole, first_seen=999.0)
+    assert isinstance(
+        plan_replication(snapshot([whole]), held_whole, 1000.0, options, Memory()), Wait
+    )
+    assert isinstance(plan_backup(snapshot([whole]), held_whole, 1000.0, options, Memory()), Wait)
+
+
 def test_plan_parts_hot_swap_reshard_and_unknown() -> None:
     # a spare with an empty volume takes node-1's place: part 1, nothing staged
     assert plan_parts(3, NodePart(1, 3), None) == PartPlan(1, reason="part 1")
@@ -169,8 +195,9 @@ def test_plan_parts_hot_swap_reshard_and_unknown() -> None:
     assert plan_parts(3, None, 0).own == 0
     with pytest.raises(NothingToRestore, match="part is not known"):
         plan_parts(3, None, None)
-    with pytest.raises(ValueError):
-        NodePart(3, 3)
+    with pytest.raises(NothingToRestore, match="part 3 of 3"):
+        NodePart.of(3, 3)
+    assert NodePart.of(None, None) is None
 
 
 def test_staged_parts_go_with_their_step(tmp_path) -> None:

@@ -87,7 +87,7 @@ async def test_parts_replicate_and_a_spare_takes_a_lost_nodes_part(gcs_harness: 
 
     # scale-down 3 -> 2: the node keeps its part and stages the two others beside it
     result = await h.restore("node-3", part=(0, 2))
-    assert result.ok, result.detail
+    assert result.ok and result.detail.endswith("; parts 0, 2 staged beside it"), result.detail
     staged = staged_parts(reps.volume("node-3"), STEP)
     assert sorted(staged) == [0, 2]
     for part, directory in staged.items():

@@ -14,7 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from goodput import schemas
 from goodput.checkpoint.format import local_root
+from goodput.checkpoint.format.parts import parse_staged_part
 from goodput.checkpoint.index.index import TIER_ORDER, IndexSnapshot, StepView
 from goodput.checkpoint.tiers.object_store import ObjectStore
 from goodput.checkpoint.tiers.restore import RestoreError, RestoreReport, restore_to_volume
@@ -37,13 +39,32 @@ class RestoreOutcome:
     seconds: float = 0.0
     fallbacks: list[str] = field(default_factory=list)
     bytes_by_tier: dict[str, int] = field(default_factory=dict)
+    #: the parts staged beside the node's own (a reshard of a checkpoint sharded across nodes)
+    staged: list[int] = field(default_factory=list)
+
+    def event(self, job: str, node: str) -> schemas.CheckpointRestored:
+        """What the replicator reports for a restore it made (rank -1: before any rank)."""
+        assert self.step is not None
+        return schemas.CheckpointRestored(
+            job=job,
+            node=node,
+            rank=-1,
+            step=self.step,
+            tier=self.tier,  # type: ignore[arg-type]
+            duration_s=self.seconds,
+            bytes=self.bytes,
+            fallbacks=self.fallbacks,
+        )
 
     @property
     def detail(self) -> str:
         if self.step is None:
             return "no complete checkpoint in any tier; nothing to restore"
         tiers = ", ".join(f"{t} {b} B" for t, b in sorted(self.bytes_by_tier.items()))
-        return f"step {self.step} restored from {self.tier} ({self.bytes} B moved: {tiers})"
+        detail = f"step {self.step} restored from {self.tier} ({self.bytes} B moved: {tiers})"
+        if self.staged:
+            detail += f"; parts {', '.join(map(str, self.staged))} staged beside it"
+        return detail
 
 
 async def restore_to_node(
@@ -98,6 +119,7 @@ def _outcome(reports: list[RestoreReport], fallbacks: list[str]) -> RestoreOutco
     used = {f.tier for f in files}
     tier = max(used, key=lambda t: TIER_ORDER[t]) if used else "local"
     failed = sorted({a.split(": ", 1)[0] for f in files for a in f.failed_attempts})
+    staged = [parsed[1] for r in reports if (parsed := parse_staged_part(r.directory.name))]
     return RestoreOutcome(
         reports[0].step,
         "local" if tier == "present" else tier,
@@ -105,6 +127,7 @@ def _outcome(reports: list[RestoreReport], fallbacks: list[str]) -> RestoreOutco
         sum(report.seconds for report in reports),
         fallbacks + [f"{name} failed" for name in failed],
         by_tier,
+        staged,
     )
 
 

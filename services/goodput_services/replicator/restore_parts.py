@@ -49,7 +49,13 @@ class NodePart:
 
     def __post_init__(self) -> None:
         if not 0 <= self.part < self.parts <= MAX_PARTS:
-            raise ValueError(f"part {self.part} of {self.parts} parts")
+            raise NothingToRestore(f"part {self.part} of {self.parts} parts")
+
+    @classmethod
+    def of(cls, part: int | None, parts: int | None) -> NodePart | None:
+        """From ``RestoreToNode``: None when it names no part (a whole checkpoint, or the
+        part already on the volume). Raises NothingToRestore for an impossible one."""
+        return None if part is None or parts is None else cls(part, parts)
 
 
 @dataclass(frozen=True)

@@ -467,14 +467,6 @@ class ReplicatorService(Service):
         assert self.bus is not None and self.index is not None
         if command.node != self.node:
             return False, f"this replicator serves {self.node}, not {command.node}"
-        try:
-            assigned = (
-                NodePart(command.part, command.parts)
-                if command.part is not None and command.parts is not None
-                else None
-            )
-        except ValueError as exc:
-            return False, f"nothing restored: {exc}"
         # index a checkpoint the ranks committed a moment ago, if any
         await self._guarded("sync before restore", self._sync())
         snapshot = await self.index.snapshot(self.options.node_ttl_s)
@@ -488,7 +480,7 @@ class ReplicatorService(Service):
                     store=self.store,
                     step=command.step,
                     block_label=self.options.block_label,
-                    assigned=assigned,
+                    assigned=NodePart.of(command.part, command.parts),
                 )
         except NothingToRestore as exc:
             self._failed("restore", exc)
@@ -496,18 +488,7 @@ class ReplicatorService(Service):
         if outcome.step is None:
             return True, outcome.detail
         self.counters.restored += 1
-        await self.bus.emit(
-            schemas.CheckpointRestored(
-                job=self.job,
-                node=self.node,
-                rank=-1,
-                step=outcome.step,
-                tier=outcome.tier,  # type: ignore[arg-type]
-                duration_s=outcome.seconds,
-                bytes=outcome.bytes,
-                fallbacks=outcome.fallbacks,
-            )
-        )
+        await self.bus.emit(outcome.event(self.job, self.node))
         return True, outcome.detail
 
 

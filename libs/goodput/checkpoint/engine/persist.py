@@ -4,9 +4,10 @@ The engine's worker thread calls ``Persister.persist`` for each snapshot it take
 queue, once the snapshot's copy into the host buffer is done. Data files are written with
 O_DIRECT where the filesystem takes it (``goodput.checkpoint.engine.fileio``), each with its xxh3_128,
 fsynced; then ``manifest.json`` goes in last and the directory is renamed
-(``goodput.checkpoint.engine.commit``). A state sharded across nodes commits its node's part once
-every part is durable (``goodput.checkpoint.engine.parts_commit``). Any problem is a failed result and event, never an exception:
-the training loop goes on and earlier checkpoints are untouched.
+(``goodput.checkpoint.engine.commit``); a state sharded across nodes commits its node's part
+once every part is durable (``goodput.checkpoint.engine.parts_commit``). Any problem is a
+failed result and event, never an exception: the training loop goes on and earlier
+checkpoints are untouched.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class Persister:
                 part = None
                 if layout is not None:
                     part = self._global_commit(layout, step, plan, files)
-                commit_sharded(self.root, step, tmp, sharded, tree, files, metadata, part)
+                commit_sharded(self.root, step, tmp, sharded, tree, files, metadata, part=part)
                 committed = True
             elif leader:
                 commit(self.root, step, tmp, plan, tree, files, metadata)

@@ -132,11 +132,24 @@ class InjectFault(Command, tag="inject_fault", kw_only=True):
 
 
 class RestoreToNode(Command, tag="restore_to_node", kw_only=True):
-    """Fill a node's local checkpoint volume from the nearest tier before its ranks start."""
+    """Fill a node's local checkpoint volume from the nearest tier before its ranks start.
+
+    For a checkpoint sharded across nodes, ``part`` is the part the node holds in the new
+    membership (its index in the launch order) and ``parts`` the new node count: the node
+    gets that part, and when the count differs from the checkpoint's (a reshard) every other
+    part staged beside it (schema 12). None: a whole checkpoint, or the part already there."""
 
     node: Token
     #: the checkpoint step to restore; None: the newest complete one
     step: int | None = None
+    part: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    parts: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.part is None) != (self.parts is None):
+            raise ValueError("part and parts come together")
+        if self.part is not None and self.parts is not None and self.part >= self.parts:
+            raise ValueError(f"part {self.part} of {self.parts} parts")
 
 
 class ResetGpu(Command, tag="reset_gpu", kw_only=True):

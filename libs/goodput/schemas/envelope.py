@@ -45,7 +45,9 @@ import msgspec
 #: after its warm retry), so the policy restarts that rank cold and tells a job-wide OOM; a
 #: restore reports the pinned memory its GPU copies went through
 #: (``CheckpointRestored.pinned_bytes``)
-SCHEMA_VERSION = 12
+#: 13: ``RestoreToNode`` names the part of a checkpoint sharded across nodes the node holds in
+#: the new membership, and the new part count (``part``, ``parts``)
+SCHEMA_VERSION = 13
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

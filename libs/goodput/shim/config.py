@@ -11,6 +11,7 @@ import msgspec
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_from_env
 from goodput.checkpoint.engine.catalog import DEFAULT_KEEP_LAST
+from goodput.checkpoint.engine.parts_commit import PartLayout
 from goodput.launch.rank_env import VARIABLES, RankEnv, RankEnvError
 from goodput.subjects import DEFAULT_JOB
 
@@ -74,3 +75,22 @@ class ShimConfig(msgspec.Struct, kw_only=True):
         values.update(overrides)
         # unset knobs take this struct's defaults
         return msgspec.convert({k: v for k, v in values.items() if v is not None}, cls)
+
+
+def node_parts(config: ShimConfig) -> PartLayout | None:
+    """The node's part of a sharded state, when the job's ranks span several nodes (ranks
+    numbered node by node, as torchrun and goodput's launchers do); None on one node (its
+    root holds every shard) or ranks numbered otherwise (a spanning sharded save then fails
+    with the reason)."""
+    nodes, spare = divmod(config.world_size, config.local_world_size)
+    if nodes <= 1 or spare or config.rank % config.local_world_size != config.local_rank:
+        return None
+    return PartLayout(
+        part=config.rank // config.local_world_size,
+        parts=nodes,
+        rank=config.rank,
+        world=config.world_size,
+        local_rank=config.local_rank,
+        local_world=config.local_world_size,
+        namespace=f"{config.job}/attempt-{config.attempt}",
+    )

@@ -33,7 +33,7 @@ from goodput.checkpoint.engine.torch_save import TorchSaveCheckpointer
 from goodput.launch.rank_env import EXIT_TERMINATED
 from goodput.shim.agree import agree_min, all_reduce_min, any_rank, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
-from goodput.shim.config import ShimConfig
+from goodput.shim.config import ShimConfig, node_parts
 from goodput.shim.injected_faults import InjectedFaults
 from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
@@ -80,12 +80,14 @@ class TrainerShim:
                 listener=self._on_ckpt_event,
             )
         else:
-            # node_shared: the node's ranks read each other's buffers after a restart
+            # node_shared: the node's ranks read each other's buffers after a restart;
+            # parts: a DTensor state spanning nodes is saved as one part per node's volume
             self.engine = CheckpointEngine(
                 Path(config.ckpt_dir),
                 keep_last=config.keep_last,
                 listener=self._on_ckpt_event,
                 node_shared=True,
+                parts=node_parts(config),
             )
         self.telemetry = ShimTelemetry.from_env(
             job=config.job,

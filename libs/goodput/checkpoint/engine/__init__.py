@@ -15,6 +15,7 @@ from goodput.checkpoint.engine.catalog import (
 from goodput.checkpoint.engine.engine import CheckpointEngine
 from goodput.checkpoint.engine.fileio import CorruptCheckpointError
 from goodput.checkpoint.engine.handles import SaveHandle, SaveResult
+from goodput.checkpoint.engine.parts_commit import PartLayout
 from goodput.checkpoint.engine.restore import (
     NoCheckpointError,
     StateMismatchError,
@@ -35,6 +36,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "NoCheckpointError",
+    "PartLayout",
     "SaveHandle",
     "SaveResult",
     "StateMismatchError",

@@ -46,12 +46,18 @@ def write_part(directory: Path, plan: SavePlan, files: list[FileEntry]) -> None:
     write_file_durably(part_path(directory, plan.dp_rank), msgspec.json.encode(part))
 
 
-def gather_parts(plan: SavePlan, directory: Path, timeout_s: float) -> list[FileEntry]:
-    """Replica 0 waits until every replica's part is durable, then stitches them."""
+def gather_parts(
+    plan: SavePlan, directory: Path, timeout_s: float, ranks: list[int] | None = None
+) -> list[FileEntry]:
+    """Replica 0 waits until every replica's part is durable, then stitches them.
+
+    ``ranks``: the ranks sharing ``directory`` (a node's ranks saving one part of a state
+    that spans nodes); every one of ``dp_world`` by default."""
     deadline = time.monotonic() + timeout_s
+    ranks = list(range(plan.dp_world)) if ranks is None else ranks
     parts: dict[int, _Part] = {}
-    while len(parts) < plan.dp_world:
-        for rank in range(plan.dp_world):
+    while len(parts) < len(ranks):
+        for rank in ranks:
             if rank in parts:
                 continue
             try:
@@ -61,9 +67,9 @@ def gather_parts(plan: SavePlan, directory: Path, timeout_s: float) -> list[File
             if part.layout_digest != plan.layout_digest:
                 raise RuntimeError(f"DP replica {rank} saved a different state layout")
             parts[rank] = part
-        if len(parts) < plan.dp_world:
+        if len(parts) < len(ranks):
             if time.monotonic() > deadline:
-                missing = sorted(set(range(plan.dp_world)) - set(parts))
+                missing = sorted(set(ranks) - set(parts))
                 raise TimeoutError(f"DP replicas {missing} did not finish their slices")
             time.sleep(0.02)
     for rank in parts:

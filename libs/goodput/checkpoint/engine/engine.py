@@ -43,6 +43,7 @@ from goodput.checkpoint.engine.events import (
 from goodput.checkpoint.engine.fileio import DirectIOPolicy, DirectMode
 from goodput.checkpoint.engine.handles import SaveHandle, SaveResult
 from goodput.checkpoint.engine.node_segments import NodeSegments, PeerSegment, SharedBuffer
+from goodput.checkpoint.engine.parts_commit import PartLayout
 from goodput.checkpoint.engine.persist import Persister
 from goodput.checkpoint.engine.plan import MIN_FILE_BYTES, SavePlan
 from goodput.checkpoint.engine.restore import restore_checkpoint
@@ -81,6 +82,8 @@ class CheckpointEngine:
     ``node_shared``: the host buffers are segments in ``/dev/shm`` that the other ranks of
     the node (engines of the same root) read after an in-process restart
     (``goodput.checkpoint.engine.node_segments``); where one cannot be made, private memory.
+    ``parts``: a DTensor state spans nodes; each node's ranks save the node's part into its
+    root, committed with every other part (``goodput.checkpoint.engine.parts_commit``).
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class CheckpointEngine:
         dp_commit_timeout_s: float = 600.0,
         copy_threads: int | None = None,
         node_shared: bool = False,
+        parts: PartLayout | None = None,
     ) -> None:
         if min(max_inflight, writer_threads, read_threads) < 1:
             raise ValueError("max_inflight, writer_threads and read_threads must be at least 1")
@@ -110,6 +114,7 @@ class CheckpointEngine:
         self.listener = listener
         self.min_file_bytes = min_file_bytes
         self.dp_commit_timeout_s = dp_commit_timeout_s
+        self.parts = parts
         self._policy = DirectIOPolicy(direct_io)
         self._segments = NodeSegments(self.root) if node_shared else None
         self._snapshotter = Snapshotter(copy_threads)
@@ -155,8 +160,9 @@ class CheckpointEngine:
         replica 0's, so per-replica RNG states belong in per-rank checkpoints). Invalid states raise
         (TypeError/ValueError); IO problems never do, they end in a failed result and event.
 
-        With DTensors (FSDP2) ``dp_rank``/``dp_world`` index the ranks sharing ``root``; each
-        writes its own shards, which ``restore`` reshards (``goodput.checkpoint.engine.sharded_save``).
+        With DTensors (FSDP2) ``dp_rank``/``dp_world`` index the ranks sharing ``root`` (with
+        ``parts``, the layout's global ranks do); each writes its own shards, which ``restore``
+        reshards (``goodput.checkpoint.engine.sharded_save``).
         """
         started = time.perf_counter()
         if not 0 <= step < 10**10:
@@ -277,10 +283,8 @@ class CheckpointEngine:
 
     def wait_snapshot(self) -> None:
         """Block until no overlapped snapshot copy still reads the state (safe to change it).
-
         CUDA copies are ordered before later work on the current stream instead of waited
-        for on the host. A failed copy is not raised here: it is that save's failed result.
-        """
+        for on the host. A failed copy is not raised here: it is that save's failed result."""
         with self._cond:
             copies, self._copying = self._copying, []
         for copy in copies:
@@ -290,19 +294,14 @@ class CheckpointEngine:
                 continue
 
     def guard(self, optimizer: torch.optim.Optimizer) -> Any:
-        """Make ``optimizer.step()`` first wait for overlapped snapshot copies.
-
-        Returns the hook's handle (``.remove()`` undoes it). The state an overlapped save
-        reads changes only in the optimizer step, so this is the one wait training needs.
-        """
+        """Make ``optimizer.step()`` first wait for overlapped snapshot copies (the state an
+        overlapped save reads changes only there); returns the hook's handle (``.remove()``)."""
         return optimizer.register_step_pre_hook(lambda *_: self.wait_snapshot())
 
     def prepare(self, state: Any, *, dp_rank: int = 0, dp_world: int = 1) -> None:
-        """Allocate and touch a host buffer for states like ``state`` before the first save.
-
-        Fresh memory is slow to touch the first time (page faults; on some VMs the host backs
-        it only then), so doing it here keeps that cost out of the first save's stall.
-        """
+        """Allocate and touch a host buffer for states like ``state`` before the first save:
+        fresh memory is slow to touch the first time (page faults; on some VMs the host backs
+        it only then), so this keeps that cost out of the first save's stall."""
         plan, tensors, _ = self._plan(flatten(state), dp_rank, dp_world)
         with self._cond:
             if self._slots:
@@ -326,6 +325,7 @@ class CheckpointEngine:
             dp_world=dp_world,
             files_per_rank=2 * self.writer_threads,
             min_file_bytes=self.min_file_bytes,
+            parts=self.parts,
         )
 
     def _slot_limit(self, need: int) -> int:

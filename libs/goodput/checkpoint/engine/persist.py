@@ -4,7 +4,8 @@ The engine's worker thread calls ``Persister.persist`` for each snapshot it take
 queue, once the snapshot's copy into the host buffer is done. Data files are written with
 O_DIRECT where the filesystem takes it (``goodput.checkpoint.engine.fileio``), each with its xxh3_128,
 fsynced; then ``manifest.json`` goes in last and the directory is renamed
-(``goodput.checkpoint.engine.commit``). Any problem is a failed result and event, never an exception:
+(``goodput.checkpoint.engine.commit``). A state sharded across nodes commits its node's part once
+every part is durable (``goodput.checkpoint.engine.parts_commit``). Any problem is a failed result and event, never an exception:
 the training loop goes on and earlier checkpoints are untouched.
 """
 
@@ -24,10 +25,12 @@ from goodput.checkpoint.engine.commit import commit, gather_parts, part_path, wr
 from goodput.checkpoint.engine.events import CheckpointFailed, CheckpointPersisted, Listener, emit
 from goodput.checkpoint.engine.fileio import DirectIOPolicy, write_data_file
 from goodput.checkpoint.engine.handles import SaveResult
+from goodput.checkpoint.engine.parts_commit import PartLayout, commit_part
 from goodput.checkpoint.engine.plan import IO_ALIGN, SavePlan, align_up
 from goodput.checkpoint.engine.sharded_save import ShardedSave, commit_sharded, write_shard_record
 from goodput.checkpoint.engine.snapshot import PendingCopy
 from goodput.checkpoint.format import FileEntry, fsync_dir, step_dir, tmp_step_dir
+from goodput.checkpoint.format.parts import PartOf, summarize
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +58,17 @@ class Persister:
         """Wait for ``copy`` to fill ``data``, write and commit it; the result says how it went.
 
         A DTensor state (``sharded``) also writes its rank's shard record and commits as a
-        sharded checkpoint (``goodput.checkpoint.engine.sharded_save``)."""
+        sharded checkpoint (``goodput.checkpoint.engine.sharded_save``); one spanning nodes
+        (``sharded.parts``) as its node's part, after the global commit."""
         started = time.perf_counter()
         tmp = tmp_step_dir(self.root, step)
+        layout = sharded.parts if sharded is not None else None
+        # the ranks writing into this root, and the one of them that commits
+        sharing = layout.local_world if layout is not None else plan.dp_world
+        leader = layout.leader if layout is not None else plan.dp_rank == 0
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            if plan.dp_world == 1 and tmp.exists():
+            if sharing == 1 and tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(exist_ok=True)
             part_path(tmp, plan.dp_rank).unlink(missing_ok=True)
@@ -70,18 +78,22 @@ class Persister:
                 files.append(write_shard_record(tmp, sharded, plan, data))
             fsync_dir(tmp)
             committed = False
-            if plan.dp_world > 1:
+            if sharing > 1:
                 write_part(tmp, plan, files)
-                if plan.dp_rank == 0:
-                    files = gather_parts(plan, tmp, self.dp_commit_timeout_s)
-            if plan.dp_rank == 0 and sharded is not None:
-                commit_sharded(self.root, step, tmp, sharded, tree, files, metadata)
+                if leader:
+                    ranks = layout.node_ranks if layout is not None else None
+                    files = gather_parts(plan, tmp, self.dp_commit_timeout_s, ranks)
+            if leader and sharded is not None:
+                part = None
+                if layout is not None:
+                    part = self._global_commit(layout, step, plan, files)
+                commit_sharded(self.root, step, tmp, sharded, tree, files, metadata, part)
                 committed = True
-            elif plan.dp_rank == 0:
+            elif leader:
                 commit(self.root, step, tmp, plan, tree, files, metadata)
                 committed = True
         except Exception as exc:
-            if plan.dp_world == 1:
+            if sharing == 1 or (layout is not None and leader):
                 shutil.rmtree(tmp, ignore_errors=True)
             error = f"{type(exc).__name__}: {exc}"
             log.warning("checkpoint step %d failed: %s", step, error)
@@ -110,6 +122,13 @@ class Persister:
             duration_s=duration,
             committed=committed,
         )
+
+    def _global_commit(
+        self, layout: PartLayout, step: int, plan: SavePlan, files: list[FileEntry]
+    ) -> PartOf:
+        """The node's part is durable: report it, and wait for every part's (the table)."""
+        summary = summarize(layout.part, layout.node_ranks, files)
+        return commit_part(layout, layout.key_store(), step, summary, plan.layout_digest)
 
     def _write_files(self, plan: SavePlan, data: torch.Tensor, directory: Path) -> list[FileEntry]:
         futures = []

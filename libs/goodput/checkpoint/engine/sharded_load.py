@@ -12,6 +12,11 @@ rank's buffer, its node-mates' segments: ``sources``); a range one of them holds
 there and checked against the same digests, and only a range no source holds intact is read
 from the volume. A target whose box is the saved shard's (the mesh is unchanged) is read
 straight into its bytes, with no staging copy.
+
+A part of a checkpoint spanning nodes holds only its node's ranks' shards: a restore whose
+boxes those cover (the same layout) reads nothing else; otherwise it plans again over the
+parts staged beside it (``goodput.checkpoint.engine.part_sources``), and fails naming the
+parts it lacks.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ import xxhash
 from goodput.checkpoint.engine.buffers import byte_view
 from goodput.checkpoint.engine.fileio import CorruptCheckpointError, DirectIOPolicy
 from goodput.checkpoint.engine.node_segments import StreamSource
+from goodput.checkpoint.engine.part_sources import (
+    SavedShards,
+    missing_parts_line,
+    staged_shards,
+)
 from goodput.checkpoint.engine.reshard import (
     Box,
     PieceRead,
@@ -92,8 +102,9 @@ def read_records(path: Path, manifest: Manifest) -> list[ShardRecord]:
 
 @dataclass(frozen=True)
 class _Task:
-    """One planned read: which saved shard, which target, which bytes."""
+    """One planned read: which saved shard (in which directory), which target, which bytes."""
 
+    saved: SavedShards
     rank: int
     piece: ShardPiece
     read: PieceRead
@@ -120,9 +131,9 @@ def _blocks_match(view: memoryview, task: _Task, block_bytes: int) -> int | None
     return None
 
 
-def _read_volume(path: Path, manifest: Manifest, task: _Task, view: memoryview) -> None:
-    piece, read = task.piece, task.read
-    files = [(e.name, e.offset, e.size) for e in data_entries(manifest, task.rank)]
+def _read_volume(task: _Task, view: memoryview) -> None:
+    piece, read, path = task.piece, task.read, task.saved.path
+    files = [(e.name, e.offset, e.size) for e in data_entries(task.saved.manifest, task.rank)]
     try:
         segments = file_segments(
             piece.stream_offset + read.byte_lo, piece.stream_offset + read.byte_hi, files
@@ -138,13 +149,7 @@ def _read_volume(path: Path, manifest: Manifest, task: _Task, view: memoryview) 
         )
 
 
-def _run(
-    path: Path,
-    manifest: Manifest,
-    task: _Task,
-    block_bytes: int,
-    sources: Sequence[StreamSource],
-) -> bool:
+def _run(task: _Task, block_bytes: int, sources: Sequence[StreamSource]) -> bool:
     """Fill the task's overlap from the first of ``sources`` that holds the bytes intact,
     else from the volume; True if from memory."""
     piece, read = task.piece, task.read
@@ -167,7 +172,7 @@ def _run(
         for source in sources
     )
     if not from_memory:
-        _read_volume(path, manifest, task, view)
+        _read_volume(task, view)
         bad = _blocks_match(view, task, block_bytes)
         if bad is not None:
             raise CorruptCheckpointError(
@@ -236,51 +241,41 @@ def load_shards(
     ``sources[rank]`` that holds them intact; the state has the checkpoint's structure
     (``into``'s tensors in it)."""
     sources = sources or {}
-    try:
-        records = read_records(path, manifest)
-    except ValueError as exc:  # ManifestError included
-        raise CorruptCheckpointError(str(exc)) from exc
+    own = SavedShards(path, manifest, _records(path, manifest))
     count = len(manifest.tensors)
-    pieces: list[list[tuple[int, ShardPiece]]] = [[] for _ in range(count)]
-    for record in records:
-        for piece in record.pieces:
-            if not 0 <= piece.tensor < count:
-                raise CorruptCheckpointError(f"rank {record.rank}: shard of unknown tensor")
-            pieces[piece.tensor].append((record.rank, piece))
     targets: list[Any] = [None] * count
     skeleton = unflatten(manifest.tree, tensor_count=count)  # before allocating
     if into is not None:
         _bind_targets(into, skeleton, manifest, targets)
-    block_bytes = records[0].block_bytes
-    if any(record.block_bytes != block_bytes for record in records):
-        raise CorruptCheckpointError("ranks' shard records use different block sizes")
-    tasks: list[_Task] = []
     for index, entry in enumerate(manifest.tensors):
-        dtype = dtype_from_name(entry.dtype)
         if targets[index] is None:
-            targets[index] = torch.empty(entry.shape, dtype=dtype)
-        local, box = _target(targets[index])
-        saved = [Box(tuple(p.offsets), tuple(p.shape)) for _, p in pieces[index]]
-        itemsize = torch.empty((), dtype=dtype).element_size()
+            targets[index] = torch.empty(entry.shape, dtype=dtype_from_name(entry.dtype))
+    boxes = [_target(target) for target in targets]
+    try:
+        tasks = _plan(manifest, [own], boxes, max_read_bytes)
+    except ReshardError as exc:
+        staged, missing = staged_shards(path, manifest)
+        if not staged and not missing:
+            raise CorruptCheckpointError(str(exc)) from exc
+        readable = []
+        for part in staged:
+            try:
+                part.records.extend(_records(part.path, part.manifest))
+                readable.append(part)
+            except CorruptCheckpointError as bad:
+                missing[part.index] = str(bad)
         try:
-            reads = plan_reads(
-                box,
-                saved,
-                itemsize=itemsize,
-                block_bytes=block_bytes,
-                max_read_bytes=max_read_bytes,
-            )
-        except ReshardError as exc:
-            raise CorruptCheckpointError(f"tensor {index}: {exc}") from exc
-        for read in reads:
-            rank, piece = pieces[index][read.piece]
-            tasks.append(_Task(rank, piece, read, local, box, dtype))
+            tasks = _plan(manifest, [own, *readable], boxes, max_read_bytes)
+        except ReshardError as again:
+            raise CorruptCheckpointError(
+                f"{again}: {missing_parts_line(manifest.step, missing)}" if missing else str(again)
+            ) from again
+    block_bytes = own.records[0].block_bytes
     # largest reads first, so the pool ends together
     tasks.sort(key=lambda task: task.read.byte_hi - task.read.byte_lo, reverse=True)
     with ThreadPoolExecutor(max(1, min(io_threads, len(tasks) or 1))) as pool:
         futures = [
-            pool.submit(_run, path, manifest, task, block_bytes, sources.get(task.rank, ()))
-            for task in tasks
+            pool.submit(_run, task, block_bytes, sources.get(task.rank, ())) for task in tasks
         ]
         errors = [exc for future in futures if (exc := future.exception()) is not None]
     if errors:
@@ -294,3 +289,50 @@ def load_shards(
     return ShardedLoad(
         unflatten(manifest.tree, lambda i: targets[i], tensor_count=count), memory, volume
     )
+
+
+def _records(path: Path, manifest: Manifest) -> list[ShardRecord]:
+    try:
+        return read_records(path, manifest)
+    except ValueError as exc:  # ManifestError included
+        raise CorruptCheckpointError(str(exc)) from exc
+
+
+def _plan(
+    manifest: Manifest,
+    saved: Sequence[SavedShards],
+    boxes: Sequence[tuple[torch.Tensor, Box]],
+    max_read_bytes: int,
+) -> list[_Task]:
+    """The reads filling every target box from the shards of ``saved`` (one block size
+    throughout); raises ReshardError when they do not cover a box."""
+    block_bytes = saved[0].records[0].block_bytes if saved[0].records else 1
+    count = len(manifest.tensors)
+    pieces: list[list[tuple[SavedShards, int, ShardPiece]]] = [[] for _ in range(count)]
+    for where in saved:
+        for record in where.records:
+            if record.block_bytes != block_bytes:
+                raise CorruptCheckpointError("ranks' shard records use different block sizes")
+            for piece in record.pieces:
+                if not 0 <= piece.tensor < count:
+                    raise CorruptCheckpointError(f"rank {record.rank}: shard of unknown tensor")
+                pieces[piece.tensor].append((where, record.rank, piece))
+    tasks: list[_Task] = []
+    for index, entry in enumerate(manifest.tensors):
+        dtype = dtype_from_name(entry.dtype)
+        local, box = boxes[index]
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        try:
+            reads = plan_reads(
+                box,
+                [Box(tuple(p.offsets), tuple(p.shape)) for _, _, p in pieces[index]],
+                itemsize=itemsize,
+                block_bytes=block_bytes,
+                max_read_bytes=max_read_bytes,
+            )
+        except ReshardError as exc:
+            raise ReshardError(f"tensor {index}: {exc}") from exc
+        for read in reads:
+            where, rank, piece = pieces[index][read.piece]
+            tasks.append(_Task(where, rank, piece, read, local, box, dtype))
+    return tasks

@@ -11,7 +11,10 @@ rank's record (``goodput.checkpoint.format.sharded``) where its shards are.
 
 The ranks sharing one root (``dp_rank``/``dp_world`` of ``CheckpointEngine.save``) must hold
 every shard between them for the checkpoint to restore: one node's ranks under FSDP2 on that
-node, or under HSDP with one replica per node.
+node, or under HSDP with one replica per node. A mesh spanning nodes saves one **part** per
+node instead (``PartLayout``, ``goodput.checkpoint.engine.parts_commit``): ranks are numbered
+globally, each node's first rank writes the plain tensors into its part (so a node restoring
+its own shards needs no other part), and the manifest carries the commit table.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 import xxhash
 
 from goodput.checkpoint.engine.commit import publish_step
+from goodput.checkpoint.engine.parts_commit import PartLayout
 from goodput.checkpoint.engine.plan import FileRange, SavePlan, make_plan, tensor_nbytes
 from goodput.checkpoint.engine.reshard import Box, ReshardError, plan_reads
 from goodput.checkpoint.engine.tree import FlatState, dtype_name
@@ -37,6 +42,7 @@ from goodput.checkpoint.format import (
     TensorEntry,
     write_file_durably,
 )
+from goodput.checkpoint.format.parts import PartOf
 from goodput.checkpoint.format.sharded import (
     DEFAULT_BLOCK_BYTES,
     SHARD_FORMAT,
@@ -86,13 +92,17 @@ class ShardedSave:
     #: the shard of each local tensor written (``plan.tensors[i]`` holds ``pieces[i]``)
     pieces: list[_Piece]
     block_bytes: int = DEFAULT_BLOCK_BYTES
+    #: the node's part this rank saves into, when the state spans nodes; None: one root
+    parts: PartLayout | None = None
 
 
-def _piece(index: int, tensor: torch.Tensor, rank: int) -> tuple[_Piece, torch.Tensor] | None:
+def _piece(
+    index: int, tensor: torch.Tensor, writes_plain: bool
+) -> tuple[_Piece, torch.Tensor] | None:
     """The shard of tensor ``index`` this rank writes, with its local tensor; None if not."""
     if not is_dtensor(tensor):
         box = Box((0,) * tensor.dim(), tuple(tensor.shape))
-        return (_Piece(index, box, "", []), tensor) if rank == 0 else None
+        return (_Piece(index, box, "", []), tensor) if writes_plain else None
     placements = tensor.placements  # type: ignore[attr-defined]
     if any(p.is_partial() for p in placements):
         raise TypeError(f"tensor {index}: cannot checkpoint a Partial DTensor (reduce it first)")
@@ -108,11 +118,27 @@ def _piece(index: int, tensor: torch.Tensor, rank: int) -> tuple[_Piece, torch.T
 
 
 def plan_save(
-    flat: FlatState, *, dp_rank: int, dp_world: int, files_per_rank: int, min_file_bytes: int
+    flat: FlatState,
+    *,
+    dp_rank: int,
+    dp_world: int,
+    files_per_rank: int,
+    min_file_bytes: int,
+    parts: PartLayout | None = None,
 ) -> tuple[SavePlan, list[torch.Tensor], ShardedSave | None]:
     """The engine's plan and the tensors to copy: a plain state's own tensors (replicas split
-    one stream), or with DTensors this rank's local shards and their bookkeeping."""
+    one stream), or with DTensors this rank's local shards and their bookkeeping (into its
+    node's part when ``parts`` says the state spans nodes)."""
     if any(is_dtensor(tensor) for tensor in flat.tensors):
+        if parts is not None:
+            return plan_sharded_save(
+                flat,
+                rank=parts.rank,
+                world=parts.world,
+                files_per_rank=files_per_rank,
+                min_file_bytes=min_file_bytes,
+                parts=parts,
+            )
         return plan_sharded_save(
             flat,
             rank=dp_rank,
@@ -131,7 +157,13 @@ def plan_save(
 
 
 def plan_sharded_save(
-    flat: FlatState, *, rank: int, world: int, files_per_rank: int, min_file_bytes: int
+    flat: FlatState,
+    *,
+    rank: int,
+    world: int,
+    files_per_rank: int,
+    min_file_bytes: int,
+    parts: PartLayout | None = None,
 ) -> tuple[SavePlan, list[torch.Tensor], ShardedSave]:
     """This rank's plan (its own stream, files named for it), the local tensors it copies,
     and the shard bookkeeping. Every rank derives the same global layout digest."""
@@ -140,6 +172,7 @@ def plan_sharded_save(
     globals_: list[TensorEntry] = []
     pieces: list[_Piece] = []
     local: list[torch.Tensor] = []
+    writes_plain = parts.leader if parts is not None else rank == 0
     for index, tensor in enumerate(flat.tensors):
         globals_.append(
             TensorEntry(
@@ -149,7 +182,7 @@ def plan_sharded_save(
                 nbytes=tensor_nbytes(tensor),
             )
         )
-        found = _piece(index, tensor, rank)
+        found = _piece(index, tensor, writes_plain)
         if found is not None and found[1].numel():
             pieces.append(found[0])
             local.append(found[1])
@@ -167,7 +200,7 @@ def plan_sharded_save(
         ],
         layout_digest=digest,
     )
-    return plan, local, ShardedSave(rank, world, globals_, pieces)
+    return plan, local, ShardedSave(rank, world, globals_, pieces, parts=parts)
 
 
 def write_shard_record(
@@ -218,11 +251,15 @@ def commit_sharded(
     tree: Any,
     files: list[FileEntry],
     metadata: dict[str, Any],
+    part: PartOf | None = None,
 ) -> None:
-    """Rank 0, once every rank's files and record are durable: the manifest, then the rename.
+    """Rank 0 (a part's leader), once every rank's files and record are durable (and every
+    part's, for a ``part``): the manifest, then the rename.
 
     Refused (RuntimeError) unless the ranks' shards tile every tensor exactly: a checkpoint
-    some restore could not complete must fail when saved, not when it is needed."""
+    some restore could not complete must fail when saved, not when it is needed. A part
+    holds only its node's shards; the whole is every part's ranks, which the commit table
+    covers exactly (``format.parts.check_part``), each rank holding its own local shards."""
     manifest = Manifest(
         format=FORMAT,
         step=step,
@@ -234,17 +271,25 @@ def commit_sharded(
         dp_world=sharded.world,
         created_ns=time.time_ns(),
         metadata=metadata,
+        part=part if part is not None else msgspec.UNSET,
     )
-    _check_complete(tmp, manifest)
+    saved = _saved_boxes(tmp, manifest)
+    if part is None:
+        _check_complete(manifest, saved)
     publish_step(root, step, tmp, manifest)
 
 
-def _check_complete(directory: Path, manifest: Manifest) -> None:
+def _saved_boxes(directory: Path, manifest: Manifest) -> list[list[Box]]:
+    """Every tensor's saved boxes, from the records as written (each one parsed back)."""
     saved: list[list[Box]] = [[] for _ in manifest.tensors]
     for entry in record_entries(manifest):
         record = parse_record((directory / entry.name).read_bytes(), entry, manifest.dp_world)
         for piece in record.pieces:
             saved[piece.tensor].append(Box(tuple(piece.offsets), tuple(piece.shape)))
+    return saved
+
+
+def _check_complete(manifest: Manifest, saved: list[list[Box]]) -> None:
     for index, (entry, boxes) in enumerate(zip(manifest.tensors, saved, strict=True)):
         whole = Box((0,) * len(entry.shape), tuple(entry.shape))
         try:

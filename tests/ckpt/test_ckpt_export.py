@@ -40,18 +40,24 @@ pytestmark = pytest.mark.slow
 STEP = 3  # the example's saved step
 
 
-@pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The example's directory after a run on two ranks, and its output."""
-    workdir = tmp_path_factory.mktemp("dcp-example")
+def run_example(workdir: Path, *extra: str) -> str:
+    """The documented command, on two ranks; its output."""
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         f"--master-port={free_port()}", "-m", "goodput.examples.dcp_export", str(workdir)],
+         f"--master-port={free_port()}", "-m", "goodput.examples.dcp_export", str(workdir),
+         *extra],
         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    return workdir, output
+    return output
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The example's directory after a run on two ranks sharing a root, and its output."""
+    workdir = tmp_path_factory.mktemp("dcp-example")
+    return workdir, run_example(workdir)
 
 
 def test_the_example_loads_the_export_into_fsdp2_bit_for_bit(example: tuple[Path, str]) -> None:
@@ -60,6 +66,16 @@ def test_the_example_loads_the_export_into_fsdp2_bit_for_bit(example: tuple[Path
     assert "exported step 3 (engine-sharded)" in output
     assert sorted(p.name for p in (workdir / "dcp").iterdir()) == [".metadata", "__0_0.distcp"]
     assert not [p for p in workdir.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_the_example_exports_the_engines_parts_from_every_nodes_volume(tmp_path: Path) -> None:
+    """The engine's own parts (``PartLayout``, a volume per node), exported from both volumes."""
+    output = run_example(tmp_path, "--parts")
+    assert "rank 0: identical" in output and "rank 1: identical" in output, output[-3000:]
+    assert "exported step 3 (engine-sharded, 2 parts of commit" in output
+    for node in ("node0", "node1"):
+        part = read_manifest(step_dir(tmp_path / "goodput" / node, STEP)).part
+        assert isinstance(part, PartOf) and part.part == int(node[-1])
 
 
 def _split_into_parts(whole: Path, volumes: list[Path]) -> list[Path]:

@@ -10,6 +10,12 @@ Each rank trains a small FSDP2 model for a few steps and saves it through goodpu
 
     goodput ckpt export DIR/goodput --dcp DIR/dcp
 
+With ``--parts`` every rank stands for a node with a volume of its own
+(``DIR/goodput/node<k>``): the engine saves one part per node and commits them together
+(``PartLayout``), and the export reads every node's volume::
+
+    goodput ckpt export DIR/goodput/node0 DIR/goodput/node1 --dcp DIR/dcp
+
 and every rank loads ``DIR/dcp`` with ``torch.distributed.checkpoint.load`` into a freshly
 built FSDP2 model (another seed), gathers every parameter and optimizer tensor and compares
 it bit for bit with what was saved; rank 0 also converts the export with DCP's
@@ -35,6 +41,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from goodput.checkpoint.engine import CheckpointEngine
+from goodput.checkpoint.engine.parts_commit import PartLayout
 
 STEPS = 3
 
@@ -99,28 +106,34 @@ def differences(expected: Any, actual: Any, path: str = "") -> list[str]:
     return [] if expected == actual else [f"{path}: {expected!r} != {actual!r}"]
 
 
-def main(workdir: Path) -> int:
+def engine_for(workdir: Path, rank: int, world: int, parts: bool) -> CheckpointEngine:
+    """One root shared by every rank, or (``parts``) a volume per rank standing for a node."""
+    if not parts:
+        return CheckpointEngine(workdir / "goodput")
+    layout = PartLayout(
+        part=rank, parts=world, rank=rank, world=world, local_rank=0, local_world=1,
+        namespace="dcp-example",
+    )  # fmt: skip
+    return CheckpointEngine(workdir / "goodput" / f"node{rank}", parts=layout)
+
+
+def main(workdir: Path, parts: bool) -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model, optim = build(seed=0, world=world)
     train(model, optim)
     model_sd, optim_sd = get_state_dict(model, optim)
     saved = {"model": model_sd, "optim": optim_sd, "step": STEPS}
-    with CheckpointEngine(workdir / "goodput") as engine:
+    with engine_for(workdir, rank, world, parts) as engine:
         result = engine.save(saved, STEPS, dp_rank=rank, dp_world=world).wait(300)
     if result.error:
         raise SystemExit(f"rank {rank}: save failed: {result.error}")
     expected = gathered(saved)
-    dist.barrier()  # every rank's shards are durable and rank 0 committed the step
+    dist.barrier()  # every rank's shards are durable and the step committed
     if rank == 0:
-        command = [
-            "goodput",
-            "ckpt",
-            "export",
-            str(workdir / "goodput"),
-            "--dcp",
-            str(workdir / "dcp"),
-        ]
+        volumes = [workdir / "goodput" / f"node{k}" for k in range(world)]
+        sources = volumes if parts else [workdir / "goodput"]
+        command = ["goodput", "ckpt", "export", *map(str, sources), "--dcp", str(workdir / "dcp")]
         print("$", " ".join(command), flush=True)
         subprocess.run([sys.executable, "-m", "goodput.tools.cli.main", *command[1:]], check=True)
     dist.barrier()
@@ -150,7 +163,7 @@ def main(workdir: Path) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    code = main(Path(sys.argv[1]))
+    code = main(Path(sys.argv[1]), parts="--parts" in sys.argv[2:])
     # leave without the interpreter's finalization: FSDP's DTensors still hold the gloo group,
     # and a gloo thread freeing their work during finalization can abort the process
     sys.stdout.flush()

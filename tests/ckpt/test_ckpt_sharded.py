@@ -9,10 +9,7 @@ and the shim.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +30,7 @@ from goodput.checkpoint.format import (
     write_manifest,
 )
 from goodput.checkpoint.format.sharded import ShardRecord, encode_record, shard_record_name
-from tests.examples.launch import free_port
+from tests.ckpt.rank_procs import run_ranks_of
 
 pytestmark = pytest.mark.slow
 
@@ -42,28 +39,7 @@ STEP = 3
 
 
 def run_ranks(world: int, phase: str, root: Path, out: Path, via: str) -> None:
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    logs = [out / f"{phase}-{world}-{rank}.log" for rank in range(world)]
-    processes = []
-    for rank, log in enumerate(logs):
-        with open(log, "wb") as sink:
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, str(JOB), phase, str(root), str(out), via],
-                    env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world)),
-                    stdout=sink,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-    try:
-        codes = [process.wait(timeout=240) for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    tails = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs)
-    assert codes == [0] * world, f"exit codes {codes}\n{tails}"
+    run_ranks_of(JOB, [phase, str(root), str(out), via], world, out, tag=f"{phase}-{world}")
 
 
 @pytest.fixture(scope="module")

@@ -87,7 +87,7 @@ class Persister:
                 part = None
                 if layout is not None:
                     part = self._global_commit(layout, step, plan, files)
-                commit_sharded(self.root, step, tmp, sharded, tree, files, metadata, part)
+                commit_sharded(self.root, step, tmp, sharded, tree, files, metadata, part=part)
                 committed = True
             elif leader:
                 commit(self.root, step, tmp, plan, tree, files, metadata)

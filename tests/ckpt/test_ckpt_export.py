@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -205,3 +206,21 @@ def test_a_whole_checkpoint_exports_and_loads(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="fails its checksum"):
         export_dcp(find_checkpoint([tmp_path / "volume"]), tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize(
+    ("state", "why"),
+    [
+        ({"ids": np.arange(3), "w": torch.ones(2)}, "convert meta device type tensor to numpy"),
+        ({"pair": (torch.ones(2), 1)}, "pair: tensors inside a tuple"),
+        ([torch.ones(2)], "the saved state is a list; DCP holds dicts"),
+    ],
+)
+def test_a_state_dcp_cannot_key_is_refused_in_one_line(
+    state: Any, why: str, tmp_path: Path
+) -> None:
+    with CheckpointEngine(tmp_path / "volume") as engine:
+        assert engine.save(state, 1).wait(120).error is None
+    with pytest.raises(ExportError, match=why):
+        export_dcp(find_checkpoint([tmp_path / "volume"]), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -113,8 +113,12 @@ def test_parts_of_one_commit_export_like_the_whole(
     # from the two nodes' volumes
     checkpoint = find_checkpoint(volumes)
     assert [c.path for c in checkpoint.copies] == [part0, part1] and checkpoint.commit
-    report = export_dcp(checkpoint, tmp_path / "from-volumes")
+    seen: list[tuple[int, int]] = []
+    report = export_dcp(
+        checkpoint, tmp_path / "from-volumes", progress=lambda *done_total: seen.append(done_total)
+    )
     assert (report.parts, report.step) == (2, STEP)
+    assert seen[-1] == (report.bytes, report.bytes) and seen == sorted(seen)
     assert_bit_exact(expected, _consolidated(tmp_path / "from-volumes", tmp_path / "a.pt"))
 
     # from one volume, the other part staged beside its own

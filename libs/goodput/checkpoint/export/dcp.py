@@ -122,6 +122,8 @@ class _WholeFiles:
     def __init__(self, copy: StepCopy) -> None:
         self.copy = copy
         self.files = sorted(copy.manifest.files, key=lambda entry: entry.offset)
+        self.rows = [(entry.name, entry.offset, entry.size) for entry in self.files]
+        self.entries = {entry.name: entry for entry in self.files}
         self.hashers = {entry.name: xxhash.xxh3_128() for entry in self.files}
         self.done = dict.fromkeys(self.hashers, 0)
 
@@ -133,14 +135,13 @@ class _WholeFiles:
             self.done[entry.name] += len(buffer)
 
     def read(self, chunk: Chunk, out: memoryview) -> None:
-        rows = [(e.name, e.offset, e.size) for e in self.files]
-        entries = {e.name: e for e in self.files}
+        end = chunk.stream_offset + chunk.nbytes
         try:
-            segments = file_segments(chunk.stream_offset, chunk.stream_offset + chunk.nbytes, rows)
+            segments = file_segments(chunk.stream_offset, end, self.rows)
         except ReshardError as exc:
             raise ExportError(f"{self.copy.path}: {exc}") from None
         for segment in segments:
-            entry = entries[segment.name]
+            entry = self.entries[segment.name]
             if segment.offset < self.done[entry.name]:
                 raise ExportError(f"{entry.name}: tensors overlap in the stream")
             self._advance(entry, segment.offset)
@@ -289,7 +290,7 @@ class _ExportPlanner(DefaultSavePlanner):
         values: dict[str, Any],
         mappings: dict[str, Any],
         read: Callable[[Chunk, memoryview], None],
-        progress: Callable[[int, int], None],
+        progress: Callable[[int], None],
     ) -> None:
         super().__init__(flatten_state_dict=True, flatten_sharded_tensors=False)
         self.chunks = {(c.fqn, torch.Size(c.offsets)): c for c in chunks}
@@ -326,7 +327,7 @@ class _ExportPlanner(DefaultSavePlanner):
         data = torch.empty(chunk.nbytes, dtype=torch.uint8)
         self.read(chunk, memoryview(data.numpy()))
         self.written += chunk.nbytes
-        self.progress(self.written, 0)
+        self.progress(self.written)
         return data.view(chunk.dtype).reshape(chunk.shape)
 
 
@@ -358,7 +359,7 @@ def export_dcp(
     whole = None if sharded else _WholeFiles(checkpoint.copies[0])
     read = _read_shard if whole is None else whole.read
     planner = _ExportPlanner(
-        chunks, shapes, values, mappings, read, lambda done, _: progress(done, total)
+        chunks, shapes, values, mappings, read, lambda done: progress(done, total)
     )
     staging = _staging(out)
     shutil.rmtree(staging, ignore_errors=True)

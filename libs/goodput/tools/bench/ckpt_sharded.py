@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -52,8 +53,6 @@ class BenchFailed(RuntimeError):
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -184,6 +183,10 @@ def run_sharded(args: Any, work: Path) -> dict[str, Any]:
     }
 
 
+def _spread_text(spread: dict[str, float]) -> str:
+    return f"{spread['median']:.3f} [{spread['min']:.3f}, {spread['max']:.3f}]"
+
+
 def print_table(report: dict[str, Any]) -> None:
     summary = report["summary"]
     table = Table(
@@ -194,16 +197,11 @@ def print_table(report: dict[str, Any]) -> None:
         table.add_column(column, justify="right")
     for figure in FIGURES:
         row = summary[figure]
-        ratio = row["ratio"]
-
-        def spread(s: dict[str, float]) -> str:
-            return f"{s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}]"
-
         table.add_row(
             figure,
-            spread(row["goodput_s"]),
-            spread(row["dcp_s"]),
-            spread(ratio) if ratio else "-",
+            _spread_text(row["goodput_s"]),
+            _spread_text(row["dcp_s"]),
+            _spread_text(row["ratio"]) if row["ratio"] else "-",
             f"≤ {row['aim']:g}",
             "yes" if row["met"] else "[red]no[/red]",
         )

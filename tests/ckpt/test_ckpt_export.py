@@ -126,6 +126,14 @@ def test_parts_of_one_commit_export_like_the_whole(
     export_dcp(find_checkpoint([volumes[0]]), tmp_path / "from-staged")
     assert_bit_exact(expected, _consolidated(tmp_path / "from-staged", tmp_path / "b.pt"))
 
+    # a part staged under another part's name, or a step directory renamed, is not offered
+    shutil.copytree(part1, staged_part_dir(volumes[1], STEP, 0))
+    shutil.copytree(part0, step_dir(volumes[1], STEP + 1))
+    with pytest.raises(ExportError, match="named part 0, its manifest is not that part"):
+        find_checkpoint([volumes[1]])
+    checkpoint = find_checkpoint([volumes[1], volumes[0]])
+    assert [c.path for c in checkpoint.copies] == [part0, part1]  # step 4's copy was refused
+
     # a part alone is no checkpoint: one line naming the missing part, nothing written
     result = goodput_cli(
         "ckpt", "export", str(part1), "--dcp", str(tmp_path / "alone"), check=False

@@ -26,10 +26,11 @@ from goodput.checkpoint.format import (
     MANIFEST_NAME,
     Manifest,
     ManifestError,
+    parse_step_dir,
     read_manifest,
     step_dirs,
 )
-from goodput.checkpoint.format.parts import PartOf, check_part, staged_parts
+from goodput.checkpoint.format.parts import PartOf, check_part, parse_staged_part, staged_parts
 
 EXPORTABLE = (KIND_ENGINE, KIND_SHARDED)
 
@@ -63,14 +64,6 @@ class Checkpoint:
         part = self.manifest.part
         return part.commit if isinstance(part, PartOf) else None
 
-    def holder(self, rank: int) -> StepCopy:
-        """The directory holding saving rank ``rank``'s shards and records."""
-        for copy in self.copies:
-            part = copy.manifest.part
-            if not isinstance(part, PartOf) or rank in part.summary().ranks:
-                return copy
-        raise ExportError(f"no part holds rank {rank}")  # check_part rules this out
-
 
 def _candidates(path: Path, problems: list[str]) -> Iterable[StepCopy]:
     """The step directories under ``path`` whose manifests verify (the others in problems)."""
@@ -85,9 +78,28 @@ def _candidates(path: Path, problems: list[str]) -> Iterable[StepCopy]:
         raise ExportError(f"{path}: no such checkpoint directory or volume")
     for directory in directories:
         try:
-            yield StepCopy(directory, read_manifest(directory))
+            manifest = read_manifest(directory)
         except ManifestError as exc:
             problems.append(str(exc))
+            continue
+        mismatch = _name_mismatch(directory.name, manifest)
+        if mismatch:
+            problems.append(f"{directory}: {mismatch}")
+        else:
+            yield StepCopy(directory, manifest)
+
+
+def _name_mismatch(name: str, manifest: Manifest) -> str:
+    """Why a directory's name (``step-N``, or a staged part's) contradicts its manifest; ""
+    when it agrees or is some other name (a copy the user named)."""
+    staged = parse_staged_part(name)
+    step = staged[0] if staged else parse_step_dir(name)
+    if step is not None and step != manifest.step:
+        return f"named for step {step}, its manifest is of step {manifest.step}"
+    part = manifest.part
+    if staged and not (isinstance(part, PartOf) and part.part == staged[1]):
+        return f"named part {staged[1]}, its manifest is not that part"
+    return ""
 
 
 def _same_content(first: Manifest, other: Manifest) -> bool:

@@ -1,4 +1,5 @@
-"""`goodput ckpt ls|verify|restore|gc`: the checkpoint tiers as the replicators index them."""
+"""`goodput ckpt ls|verify|restore|gc|export`: the checkpoint tiers as the replicators index
+them, and a checkpoint as a DCP checkpoint (`ckpt_export`, no bus)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ from goodput.config import (
 )
 from goodput.schemas.events import STORAGE_TIERS
 from goodput.subjects import DEFAULT_JOB
+from goodput.tools.cli.ckpt_export import register_export
 from goodput.tools.stack.launcher import resolve_url
 
 
@@ -396,7 +398,7 @@ def _store_args(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "ckpt",
-        help="inspect, verify, restore and garbage-collect checkpoints across tiers",
+        help="inspect, verify, restore, garbage-collect and export checkpoints across tiers",
         description=(
             "The checkpoint tiers as the replicators index them: each node's local volume, the "
             "copies peers keep, and the object store. A step is complete when every file of a "
@@ -448,3 +450,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _store_args(gc)
     _common(gc)
+
+    register_export(actions)

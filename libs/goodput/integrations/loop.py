@@ -29,6 +29,7 @@ from goodput.shim.data_position import LoaderPosition
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.step_protocol import end_step
+from goodput.shim.stop_vote import StopVote
 from goodput.shim.trainer import TrainerShim
 
 #: the key of the RNG states in the saved state (a component may not use it)
@@ -86,6 +87,7 @@ class SupervisedLoop:
         self._loss: float | None = None
         self._tokens = 0
         self._started = 0.0
+        self._vote = StopVote()
 
     @property
     def exit_code(self) -> int:
@@ -189,6 +191,7 @@ class SupervisedLoop:
             tokens=self._tokens,
             loss=loss,
             state=self.state,
+            vote=self._vote,
             final=final,
         )
 

@@ -43,6 +43,7 @@ from goodput.shim.group_abort import GroupAbort
 from goodput.shim.group_sockets import opened_by
 from goodput.shim.rescale import BatchPlan
 from goodput.shim.step_protocol import RestartRequested, end_step
+from goodput.shim.stop_vote import StopVote
 from goodput.warm_path import WARM_PATH, WarmPathTimeouts
 
 if TYPE_CHECKING:
@@ -194,6 +195,7 @@ def _train(
     stop_at: int | None,
     outcome: RunOutcome,
 ) -> None:
+    vote = StopVote()  # one per group: a ballot in flight on the group left behind is lost
     while job.step < total_steps:
         if shim.rejoin_pending():
             raise RestartRequested("a Rejoin command arrived")
@@ -213,6 +215,7 @@ def _train(
             tokens=job.tokens_per_step,
             loss=loss,
             state=job.state_dict,
+            vote=vote,
             final=step >= total_steps,
             compute_time_s=job.last_compute_time_s,
             restart_pending=shim.rejoin_pending,

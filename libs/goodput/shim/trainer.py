@@ -11,6 +11,13 @@
         if shim.should_stop(): break                               # SIGTERM / stop command
     shim.finish(state, step)               # final save, flush, exit code via shim.exit_code
 
+With ``shim.guard(optimizer)`` (before the first save) a save returns before the copy into
+host memory is done: the copy runs during the next forward/backward and the optimizer step
+waits for it, so the step's stall is the snapshot's hand-over, not the copy. Only for a state
+that nothing but ``optimizer.step()`` changes (no buffers updated in the forward, such as
+batch norm's running statistics). ``restore`` allocates and touches the save's host buffer
+(``CheckpointEngine.prepare``), so the first save does not pay for it inside a step.
+
 It implements the example job's ``TrainingHooks`` protocol, so any loop written against that
 protocol is supervised by swapping in this object.
 """
@@ -24,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Literal
+
+import torch
 
 from goodput import schemas
 from goodput.checkpoint.engine import CheckpointEngine, NoCheckpointError
@@ -71,6 +80,8 @@ class TrainerShim:
         self._rescale_callbacks: list[RescaleCallback] = []
         #: the batch plan in force, saved with every checkpoint (``restore(plan=...)`` sets it)
         self.plan: BatchPlan | None = None
+        #: saves overlap the next forward/backward: an optimizer step waits for their copy
+        self._overlap = False
         self.engine: CheckpointEngine | TorchSaveCheckpointer
         if config.ckpt_mode == "torch-save":
             self.engine = TorchSaveCheckpointer(
@@ -142,6 +153,7 @@ class TrainerShim:
         self._busy("checkpoint-load")
         try:
             restored = self._restore_agreed(template_state)
+            self._prepare(template_state)
         finally:
             self._busy("")
         if restored is None:
@@ -308,15 +320,41 @@ class TrainerShim:
             log.info("checkpoint interval now %d steps from step %d", self.ckpt_every, step + 1)
         return due
 
-    def save(self, state: dict[str, Any], step: int) -> None:
-        self._busy("checkpoint-save")
+    def guard(self, optimizer: torch.optim.Optimizer) -> None:
+        """Overlap every later save with training: ``optimizer.step()`` first waits for the
+        copy of the state into host memory (``CheckpointEngine.guard``). Call it for each
+        optimizer that changes the saved state, and only if nothing else changes it between a
+        save and the next optimizer step. The torch-save baseline ignores it."""
+        if isinstance(self.engine, CheckpointEngine):
+            self.engine.guard(optimizer)
+            self._overlap = True
+
+    def _prepare(self, state: dict[str, Any]) -> None:
+        """Allocate and touch the save's host buffer now, outside any step (the first save
+        would otherwise fault its pages in, and pin them, inside its stall). A failure only
+        leaves that cost to the first save, which reports its own problems."""
+        if not isinstance(self.engine, CheckpointEngine):
+            return
         try:
-            self.engine.save(
+            self.engine.prepare(
                 with_metadata(state, CheckpointMetadata(layout=self.layout, plan=self.plan)),
-                step,
                 dp_rank=self.config.local_rank,
                 dp_world=self.config.local_world_size,
             )
+        except (RuntimeError, MemoryError, OSError) as exc:
+            log.warning("checkpoint buffer not prepared before the first save: %s", exc)
+
+    def save(self, state: dict[str, Any], step: int) -> None:
+        """Snapshot ``state`` for step ``step`` and return; persisting goes on in background
+        (with ``guard``, the snapshot's copy too, until the guarded optimizer step)."""
+        saved = with_metadata(state, CheckpointMetadata(layout=self.layout, plan=self.plan))
+        where = {"dp_rank": self.config.local_rank, "dp_world": self.config.local_world_size}
+        self._busy("checkpoint-save")
+        try:
+            if isinstance(self.engine, CheckpointEngine):
+                self.engine.save(saved, step, overlap=self._overlap, **where)
+            else:
+                self.engine.save(saved, step, **where)
         finally:
             self._busy("")
         self._last_saved_step = step

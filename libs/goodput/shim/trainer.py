@@ -336,10 +336,9 @@ class TrainerShim:
         if not isinstance(self.engine, CheckpointEngine):
             return
         try:
+            # the saved metadata is plain values: it adds no bytes to the buffer
             self.engine.prepare(
-                with_metadata(state, CheckpointMetadata(layout=self.layout, plan=self.plan)),
-                dp_rank=self.config.local_rank,
-                dp_world=self.config.local_world_size,
+                state, dp_rank=self.config.local_rank, dp_world=self.config.local_world_size
             )
         except (RuntimeError, MemoryError, OSError) as exc:
             log.warning("checkpoint buffer not prepared before the first save: %s", exc)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import queue
 import statistics
+import subprocess
 from typing import Any
 
 import torch
@@ -21,11 +20,11 @@ from rich.console import Console
 from rich.table import Table
 
 from goodput.bus.embedded import free_port
-from goodput.tools.bench.shim_loop import MODES, LoopSpec, run_rank
+from goodput.tools.bench.shim_loop import MODES, LoopSpec, command
 
 _console = Console(stderr=True)
-#: how long the driver waits for a rank's next word before it calls the run failed
-WORD_TIMEOUT_S = 600.0
+#: how long the other ranks may take to exit once rank 0 has reported
+EXIT_TIMEOUT_S = 120.0
 
 
 def _ranges(values: list[float]) -> dict[str, float]:
@@ -51,31 +50,31 @@ def summarize(spec: LoopSpec, seconds: dict[str, list[float]]) -> dict[str, Any]
 
 
 def run_benchmark(spec: LoopSpec) -> dict[str, Any]:
-    context = multiprocessing.get_context("spawn")
-    words = context.Queue()
-    ranks = [context.Process(target=run_rank, args=(r, spec, words)) for r in range(spec.world)]
-    for process in ranks:
-        process.start()
+    ranks = [
+        subprocess.Popen(
+            command(rank, spec),
+            stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+            text=True,
+        )
+        for rank in range(spec.world)
+    ]
     result: dict[str, Any] | None = None
     try:
         with _console.status(f"{spec.world} ranks: warming up every mode…") as status:
-            while result is None:
-                try:
-                    kind, value = words.get(timeout=WORD_TIMEOUT_S)
-                except queue.Empty:
-                    raise RuntimeError(f"no word from rank 0 in {WORD_TIMEOUT_S:g} s") from None
+            assert ranks[0].stdout is not None
+            for line in ranks[0].stdout:  # ends when rank 0 exits
+                kind, value = json.loads(line)
                 if kind == "progress":
                     status.update(f"repeat {value}/{spec.repeats} done")
                 else:
                     result = value
-        for process in ranks:
-            process.join(WORD_TIMEOUT_S)
+        codes = [process.wait(EXIT_TIMEOUT_S) for process in ranks]
     finally:
         for process in ranks:
-            if process.is_alive():
+            if process.poll() is None:
                 process.kill()
-    if any(process.exitcode for process in ranks):
-        codes = [process.exitcode for process in ranks]
+                process.wait()
+    if result is None or any(codes):
         raise RuntimeError(f"a rank failed (exit codes {codes})")
     return {
         "device": spec.device,

@@ -20,10 +20,12 @@ per-step overhead is its block's time less the plain loop's, over the steps:
 
 from __future__ import annotations
 
+import json
+import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -151,11 +153,21 @@ def _modes(spec: LoopSpec, rank: int, root: Path) -> list[_Mode]:
     return modes
 
 
-def run_rank(rank: int, spec: LoopSpec, report: Any) -> None:
-    """Rank ``rank``'s whole run; rank 0 puts its timings on ``report`` (a queue)."""
+def command(rank: int, spec: LoopSpec) -> list[str]:
+    """The command line of rank ``rank``'s process."""
+    return [sys.executable, "-m", __name__, str(rank), json.dumps(asdict(spec))]
+
+
+def _say(kind: str, value: Any) -> None:
+    """A word to the driver: one JSON line on stdout (rank 0's is read)."""
+    print(json.dumps([kind, value]), flush=True)
+
+
+def run_rank(rank: int, spec: LoopSpec) -> None:
+    """Rank ``rank``'s whole run; rank 0 tells its progress and timings on stdout."""
     backend = "cpu:gloo,cuda:nccl" if spec.device.startswith("cuda") else "gloo"
     if spec.device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(spec.device))
+        torch.cuda.set_device(torch.device(spec.device).index or 0)
     dist.init_process_group(
         backend,
         init_method=f"tcp://127.0.0.1:{spec.port}",
@@ -173,7 +185,7 @@ def run_rank(rank: int, spec: LoopSpec, report: Any) -> None:
             for mode in modes:
                 seconds[mode.name].append(_block(mode, spec, batch))
             if rank == 0:
-                report.put(("progress", repeat + 1))
+                _say("progress", repeat + 1)
         for mode in modes:
             if mode.shim is not None:
                 mode.shim.finish(mode.state(), mode.step)
@@ -183,10 +195,16 @@ def run_rank(rank: int, spec: LoopSpec, report: Any) -> None:
                 for t in [*modes[0].model.parameters(), *_moments(modes[0].optimizer)]
             )
             votes = {m.name: (m.vote.launched, m.vote.waited) for m in modes if m.shim}
-            report.put(("done", {"seconds": seconds, "state_bytes": state_bytes, "votes": votes}))
-    dist.barrier()
+            _say("done", {"seconds": seconds, "state_bytes": state_bytes, "votes": votes})
+    # leave together, over the host (a mixed group's barrier might set up NCCL, which two
+    # ranks on one GPU cannot): a rank leaving while its peer's gloo threads talk aborts it
+    dist.all_reduce(torch.zeros(1))
     dist.destroy_process_group()
 
 
 def _moments(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+
+
+if __name__ == "__main__":
+    run_rank(int(sys.argv[1]), LoopSpec(**json.loads(sys.argv[2])))

@@ -15,7 +15,8 @@ steps). Nothing in the step waits for it:
   kernel (``fill_``: no copy from the host), the all-reduce is ordered on the training
   stream, and the answer is copied into pinned host memory behind a CUDA event; step k+1 reads
   it once the event has passed, which it has unless the host runs more than a step ahead of
-  the device (then it waits for that one step, not for the queue);
+  the device (then it waits for that one step, not for the queue). A gloo group told to serve
+  CUDA only ("cuda:gloo", tests) waits for its work on the host at the launch;
 * where the group serves the CPU (gloo), the all-reduce runs on gloo's threads
   (``async_op``) and step k+1 waits for its ``Work``, long finished by then unless a peer is
   a whole step behind.
@@ -102,7 +103,7 @@ class StopVote:
         return agreed
 
     def reset(self) -> None:
-        """Forget the ballot in flight (its group was left, or the loop ended)."""
+        """Forget the ballot in flight: its group is gone (no peers now)."""
         self._in_flight = False
 
     def _read(self) -> bool:

@@ -11,12 +11,8 @@
         if shim.should_stop(): break                               # SIGTERM / stop command
     shim.finish(state, step)               # final save, flush, exit code via shim.exit_code
 
-With ``shim.guard(optimizer)`` (before the first save) a save returns before the copy into
-host memory is done: the copy runs during the next forward/backward and the optimizer step
-waits for it, so the step's stall is the snapshot's hand-over, not the copy. Only for a state
-that nothing but ``optimizer.step()`` changes (no buffers updated in the forward, such as
-batch norm's running statistics). ``restore`` allocates and touches the save's host buffer
-(``CheckpointEngine.prepare``), so the first save does not pay for it inside a step.
+``shim.guard(optimizer)`` makes saves overlap the next forward/backward (see ``guard``);
+``restore`` prepares the save's host buffer, so the first save does not fault it in.
 
 It implements the example job's ``TrainingHooks`` protocol, so any loop written against that
 protocol is supervised by swapping in this object.
@@ -321,18 +317,18 @@ class TrainerShim:
         return due
 
     def guard(self, optimizer: torch.optim.Optimizer) -> None:
-        """Overlap every later save with training: ``optimizer.step()`` first waits for the
-        copy of the state into host memory (``CheckpointEngine.guard``). Call it for each
-        optimizer that changes the saved state, and only if nothing else changes it between a
-        save and the next optimizer step. The torch-save baseline ignores it."""
+        """Overlap every later save with training: the copy into host memory runs during the
+        next forward/backward and ``optimizer.step()`` first waits for it, so a save's stall
+        is the hand-over, not the copy (``CheckpointEngine.guard``). Only where nothing but
+        this optimizer changes the saved state (batch norm's running statistics change in
+        the forward). The torch-save baseline ignores it."""
         if isinstance(self.engine, CheckpointEngine):
             self.engine.guard(optimizer)
             self._overlap = True
 
     def _prepare(self, state: dict[str, Any]) -> None:
-        """Allocate and touch the save's host buffer now, outside any step (the first save
-        would otherwise fault its pages in, and pin them, inside its stall). A failure only
-        leaves that cost to the first save, which reports its own problems."""
+        """Allocate, touch and pin the save's host buffer outside any step; a failure only
+        leaves that cost to the first save (which reports its own problems)."""
         if not isinstance(self.engine, CheckpointEngine):
             return
         try:

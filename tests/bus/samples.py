@@ -243,7 +243,7 @@ def sample_commands() -> list[schemas.Command]:
             command_id="c9", node="n0", fault="gpu_xid", detail="79", clear=True, **common
         ),
         schemas.ReturnNode(command_id="c10", node="n0", **common),
-        schemas.RestoreToNode(command_id="c11", node="n0", step=40, **common),
+        schemas.RestoreToNode(command_id="c11", node="n0", step=40, part=1, parts=3, **common),
         schemas.ResetGpu(
             command_id="c12", node="n0", gpus=[0, 1], attempt=3, run_id="r1", **common
         ),

@@ -111,3 +111,14 @@ def test_a_rank_exit_reports_an_exit_code_or_a_signal_never_both() -> None:
     assert (exited.exit_code, exited.signal) == (3, None)
     killed = schemas.RankExited.from_returncode(-9, **fields)
     assert (killed.exit_code, killed.signal) == (None, 9)
+
+
+def test_a_restore_names_a_part_with_its_count_or_neither() -> None:
+    """``RestoreToNode.part``: the node's part of a checkpoint sharded across nodes; a part
+    without the count, or past it, is refused at decoding, never acted on."""
+    whole = schemas.RestoreToNode(job="j", node="n0")
+    assert (whole.part, whole.parts) == (None, None)
+    raw = msgspec.msgpack.decode(schemas.encode(whole))
+    for bad in ({"part": 1}, {"parts": 2}, {"part": 2, "parts": 2}, {"part": -1, "parts": 2}):
+        with pytest.raises(schemas.SchemaError):
+            schemas.decode_command(msgspec.msgpack.encode({**raw, **bad}))

@@ -50,7 +50,8 @@ class IndexedRegression(torch.nn.Module):
 
 class Record(transformers.TrainerCallback):
     """Per optimizer step: the samples of its micro-batches; a stop command after ``stop_at``
-    (as the supervisor would send it, before goodput's callback looks at the step)."""
+    (as the supervisor would send it, before goodput's callback looks at the step; with peers
+    the ranks stop after the next step, when the stop vote is read)."""
 
     def __init__(self, model: IndexedRegression, shim: TrainerShim, stop_at: int | None) -> None:
         self.model, self.shim, self.stop_at = model, shim, stop_at

@@ -12,7 +12,9 @@ from goodput.shim import ShimConfig, TrainerShim
 from tests.integrations.harness import assert_identical
 
 
-def train(directory: Path, total_steps: int, stop_after: int | None = None) -> SupervisedLoop:
+def train(
+    directory: Path, total_steps: int, stop_after: int | None = None, overlap: bool = False
+) -> SupervisedLoop:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -20,7 +22,13 @@ def train(directory: Path, total_steps: int, stop_after: int | None = None) -> S
     shim = TrainerShim(
         ShimConfig(ckpt_dir=str(directory), ckpt_every=4), install_signal_handlers=False
     )
-    loop = SupervisedLoop(shim=shim, model=model, optimizer=optimizer, scheduler=scheduler)
+    loop = SupervisedLoop(
+        shim=shim,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        overlap_saves=overlap,
+    )
     for step in loop.steps(total_steps):
         inputs = torch.randn(16, 4)  # the global RNG: its state is checkpointed too
         loss = torch.nn.functional.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True))
@@ -34,11 +42,14 @@ def train(directory: Path, total_steps: int, stop_after: int | None = None) -> S
     return loop
 
 
-def test_a_stopped_loop_resumes_bit_identically(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking-saves", "overlapped-saves"])
+def test_a_stopped_loop_resumes_bit_identically(tmp_path: Path, overlap: bool) -> None:
+    """Overlapped: every save's copy runs on into the next step, whose optimizer step waits
+    for it; what is restored is still the state at the save."""
     reference = train(tmp_path / "reference", 10)
-    first = train(tmp_path / "resumed", 10, stop_after=6)
+    first = train(tmp_path / "resumed", 10, stop_after=6, overlap=overlap)
     assert first.step == 6 and first.restored is None
-    resumed = train(tmp_path / "resumed", 10)
+    resumed = train(tmp_path / "resumed", 10, overlap=overlap)
     assert resumed.restored is not None and resumed.restored.step == 6
     assert resumed.step == reference.step == 10
     assert_identical(resumed.state(), reference.state())
@@ -50,6 +61,12 @@ def test_a_step_without_step_done_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="step_done"):
         for _ in loop.steps(3):
             pass
+
+
+def test_overlapped_saves_need_an_optimizer_to_guard(tmp_path: Path) -> None:
+    shim = TrainerShim(ShimConfig(ckpt_dir=str(tmp_path)), install_signal_handlers=False)
+    with pytest.raises(ValueError, match="optimizer"):
+        SupervisedLoop(shim=shim, overlap_saves=True, model=torch.nn.Linear(2, 1))
 
 
 def test_the_rng_name_is_reserved(tmp_path: Path) -> None:

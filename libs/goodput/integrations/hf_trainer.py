@@ -37,6 +37,7 @@ from goodput.shim.numerics import replicated
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.step_protocol import end_step
+from goodput.shim.stop_vote import StopVote
 from goodput.shim.trainer import TrainerShim
 
 
@@ -60,6 +61,7 @@ class GoodputTrainerCallback(TrainerCallback):
         self._resumed = False
         self._resume_dir: Path | None = None
         self._started = 0.0
+        self._vote = StopVote()
 
     @property
     def exit_code(self) -> int:
@@ -130,6 +132,7 @@ class GoodputTrainerCallback(TrainerCallback):
             tokens=0,
             loss=_last_loss(state),
             state=lambda: training_state(state, **kwargs),
+            vote=self._vote,
             final=control.should_training_stop,
         ):
             control.should_training_stop = True

@@ -39,6 +39,7 @@ from goodput.shim.numerics import replicated
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.step_protocol import end_step
+from goodput.shim.stop_vote import StopVote
 from goodput.shim.trainer import TrainerShim
 
 #: where a Lightning checkpoint keeps the (first) optimizer's and LR scheduler's state dicts,
@@ -109,6 +110,7 @@ class GoodputCallback(pl.Callback):
         self._reported_step = -1
         self._restored_rng: dict[str, Any] | None = None
         self._finished = False
+        self._vote = StopVote()
 
     @property
     def exit_code(self) -> int:
@@ -191,6 +193,7 @@ class GoodputCallback(pl.Callback):
             tokens=0,
             loss=self.shim.numerics.last_loss,
             state=lambda: self._checkpoint(trainer),
+            vote=self._vote,
         ):
             trainer.should_stop = True
 

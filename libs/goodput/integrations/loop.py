@@ -11,6 +11,10 @@ Every object given by name is saved with its ``state_dict()`` and restored with
 with the torch RNG states, so a killed job resumes bit-identically. Rescale callbacks see the
 state under the same names: the built-in ``scale_lr`` finds ``optimizer`` and ``scheduler``.
 
+``overlap_saves=True`` makes each save return once its copy into host memory is launched:
+the copy runs during the next forward/backward and the optimizer step waits for it (only
+where the forward changes no saved buffer: not with batch norm's running statistics).
+
 Given its data loader (``data=``), the loop also saves where the data stream stands
 (:mod:`goodput.shim.data_position`) and hands out each step's micro-batches
 (:meth:`SupervisedLoop.micro_batches`: as many as the batch plan asks at this data-parallel
@@ -30,6 +34,7 @@ from goodput.shim.numerics import replicated
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.step_protocol import end_step
+from goodput.shim.stop_vote import StopVote
 from goodput.shim.trainer import TrainerShim
 
 #: the key of the RNG states in the saved state (a component may not use it)
@@ -69,12 +74,15 @@ class SupervisedLoop:
         plan: BatchPlan | None = None,
         rescale: tuple[RescaleCallback, ...] | list[RescaleCallback] = (),
         data: Iterable[Any] | None = None,
+        overlap_saves: bool = False,
         **components: Stateful,
     ) -> None:
         for reserved in (RNG_KEY, DATA_KEY):
             if reserved in components:
                 raise ValueError(f"{reserved!r} is reserved by the loop: name it otherwise")
         self.shim = shim if shim is not None else TrainerShim.from_env()
+        if overlap_saves:
+            self._guard_optimizers(components)
         self.components = components
         self.plan = plan
         self.data = LoaderPosition(data) if data is not None else None
@@ -87,10 +95,20 @@ class SupervisedLoop:
         self._loss: float | None = None
         self._tokens = 0
         self._started = 0.0
+        self._vote = StopVote()
 
     @property
     def exit_code(self) -> int:
         return self.shim.exit_code
+
+    def _guard_optimizers(self, components: dict[str, Stateful]) -> None:
+        """Saves overlap the next forward/backward; each optimizer step waits for the copy
+        (``TrainerShim.guard``). Only for models whose forward changes no saved buffer."""
+        optimizers = [c for c in components.values() if isinstance(c, torch.optim.Optimizer)]
+        if not optimizers:
+            raise ValueError("overlap_saves=True needs the optimizer among the components")
+        for optimizer in optimizers:
+            self.shim.guard(optimizer)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint holds: each component's state dict and the RNG states."""
@@ -190,6 +208,7 @@ class SupervisedLoop:
             tokens=self._tokens,
             loss=loss,
             state=self.state,
+            vote=self._vote,
             final=final,
         )
 

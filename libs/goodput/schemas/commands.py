@@ -65,7 +65,7 @@ class Restart(Command, tag="restart", kw_only=True):
     #: take the ranks from the nodes' ready standbys (those of a node with none start cold)
     standbys: bool = False
     #: a numerical rollback: the relaunched ranks restore the newest checkpoint before this
-    #: step (the first one a numerical fault may have touched), not the newest (schema 13)
+    #: step (the first one a numerical fault may have touched), not the newest (schema 14)
     restore_before_step: int | None = None
 
 
@@ -96,7 +96,7 @@ class HotSwap(Command, tag="hot_swap", kw_only=True):
     #: take the ranks from the nodes' ready standbys, the spare's included
     standbys: bool = False
     #: a numerical rollback: the relaunched ranks restore the newest checkpoint before this
-    #: step (the first one a numerical fault may have touched), not the newest (schema 13)
+    #: step (the first one a numerical fault may have touched), not the newest (schema 14)
     restore_before_step: int | None = None
 
 
@@ -109,7 +109,7 @@ class ScaleTo(Command, tag="scale_to", kw_only=True):
     #: take the ranks from the nodes' ready standbys
     standbys: bool = False
     #: a numerical rollback: the relaunched ranks restore the newest checkpoint before this
-    #: step (the first one a numerical fault may have touched), not the newest (schema 13)
+    #: step (the first one a numerical fault may have touched), not the newest (schema 14)
     restore_before_step: int | None = None
 
 
@@ -141,11 +141,24 @@ class InjectFault(Command, tag="inject_fault", kw_only=True):
 
 
 class RestoreToNode(Command, tag="restore_to_node", kw_only=True):
-    """Fill a node's local checkpoint volume from the nearest tier before its ranks start."""
+    """Fill a node's local checkpoint volume from the nearest tier before its ranks start.
+
+    For a checkpoint sharded across nodes, ``part`` is the part the node holds in the new
+    membership (its index in the launch order) and ``parts`` the new node count: the node
+    gets that part, and when the count differs from the checkpoint's (a reshard) every other
+    part staged beside it (schema 12). None: a whole checkpoint, or the part already there."""
 
     node: Token
     #: the checkpoint step to restore; None: the newest complete one
     step: int | None = None
+    part: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    parts: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.part is None) != (self.parts is None):
+            raise ValueError("part and parts come together")
+        if self.part is not None and self.parts is not None and self.part >= self.parts:
+            raise ValueError(f"part {self.part} of {self.parts} parts")
 
 
 class ResetGpu(Command, tag="reset_gpu", kw_only=True):

@@ -237,7 +237,7 @@ class ReplicaSplit(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 class Numerics(Event, tag="numerics", kw_only=True):
     """Trainer-side numerics of a window of steps, reduced over every rank and published by
-    rank 0 (schema 13): read from device accumulators once per window, never per step."""
+    rank 0 (schema 14): read from device accumulators once per window, never per step."""
 
     node: Token
     rank: int
@@ -290,7 +290,7 @@ class Signal(Event, tag="signal", kw_only=True):
     #: of the attempt exited with it (a job-wide OOM: the job's memory, not a node's; schema 12)
     rank_fault: RankFault = ""
     #: a numerical fault (``nonfinite``, ``loss_spike``, ``replica_mismatch``): the first step
-    #: it may have touched; a rollback goes to a clean checkpoint before it (schema 13)
+    #: it may have touched; a rollback goes to a clean checkpoint before it (schema 14)
     first_bad_step: int = -1
 
 

@@ -26,8 +26,8 @@ def agree_min(step: int | None) -> int | None:
 
 
 def any_rank(*flags: bool) -> list[bool]:
-    """Each flag true if it is true on any rank: the ranks must checkpoint and stop together,
-    or one would wait forever in the next collective for a peer that left."""
+    """Each flag true if it is true on any rank, now (a blocking all-reduce: for agreements
+    outside the step; a step's stop vote is pipelined, ``shim/stop_vote.py``)."""
     if not grouped():
         return list(flags)
     votes = all_reduce_ints([int(flag) for flag in flags], dist.ReduceOp.MAX)

@@ -49,6 +49,7 @@ from goodput.shim.group_sockets import opened_by
 from goodput.shim.rescale import BatchPlan
 from goodput.shim.step_faults import LeaveCold, OomRetry, classify, free_cuda_caches, leave_cold
 from goodput.shim.step_protocol import RestartRequested, end_step
+from goodput.shim.stop_vote import StopVote
 from goodput.warm_path import WARM_PATH, WarmPathTimeouts
 
 if TYPE_CHECKING:
@@ -229,6 +230,7 @@ def _train(
     stop_at: int | None,
     outcome: RunOutcome,
 ) -> None:
+    vote = StopVote()  # one per group: a ballot in flight on the group left behind is lost
     while job.step < total_steps:
         if shim.rejoin_pending():
             raise RestartRequested("a Rejoin command arrived")
@@ -248,6 +250,7 @@ def _train(
             tokens=job.tokens_per_step,
             loss=loss,
             state=job.state_dict,
+            vote=vote,
             final=step >= total_steps,
             compute_time_s=job.last_compute_time_s,
             restart_pending=shim.rejoin_pending,

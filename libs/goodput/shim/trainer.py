@@ -11,6 +11,9 @@
         if shim.should_stop(): break                               # SIGTERM / stop command
     shim.finish(state, step)               # final save, flush, exit code via shim.exit_code
 
+``shim.guard(optimizer)`` makes saves overlap the next forward/backward (see ``guard``);
+``restore`` prepares the save's host buffer, so the first save does not fault it in.
+
 It implements the example job's ``TrainingHooks`` protocol, so any loop written against that
 protocol is supervised by swapping in this object.
 """
@@ -24,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Literal
+
+import torch
 
 from goodput import schemas
 from goodput.checkpoint.engine import CheckpointEngine, NoCheckpointError
@@ -82,6 +87,8 @@ class TrainerShim:
         self._rescale_callbacks: list[RescaleCallback] = []
         #: the batch plan in force, saved with every checkpoint (``restore(plan=...)`` sets it)
         self.plan: BatchPlan | None = None
+        #: saves overlap the next forward/backward: an optimizer step waits for their copy
+        self._overlap = False
         self.engine: CheckpointEngine | TorchSaveCheckpointer
         if config.ckpt_mode == "torch-save":
             self.engine = TorchSaveCheckpointer(
@@ -155,6 +162,7 @@ class TrainerShim:
         self._busy("checkpoint-load")
         try:
             restored = self._restore_agreed(template_state)
+            self._prepare(template_state)
         finally:
             self._busy("")
         if restored is None:
@@ -333,15 +341,40 @@ class TrainerShim:
             log.info("checkpoint interval now %d steps from step %d", self.ckpt_every, step + 1)
         return due
 
+    def guard(self, optimizer: torch.optim.Optimizer) -> None:
+        """Overlap every later save with training: the copy into host memory runs during the
+        next forward/backward and ``optimizer.step()`` first waits for it, so a save's stall
+        is the hand-over, not the copy (``CheckpointEngine.guard``). Only where nothing but
+        this optimizer changes the saved state (batch norm's running statistics change in
+        the forward). The torch-save baseline ignores it."""
+        if isinstance(self.engine, CheckpointEngine):
+            self.engine.guard(optimizer)
+            self._overlap = True
+
+    def _prepare(self, state: dict[str, Any]) -> None:
+        """Allocate, touch and pin the save's host buffer outside any step; a failure only
+        leaves that cost to the first save (which reports its own problems)."""
+        if not isinstance(self.engine, CheckpointEngine):
+            return
+        try:
+            # the saved metadata is plain values: it adds no bytes to the buffer
+            self.engine.prepare(
+                state, dp_rank=self.config.local_rank, dp_world=self.config.local_world_size
+            )
+        except (RuntimeError, MemoryError, OSError) as exc:
+            log.warning("checkpoint buffer not prepared before the first save: %s", exc)
+
     def save(self, state: dict[str, Any], step: int) -> None:
+        """Snapshot ``state`` for step ``step`` and return; persisting goes on in background
+        (with ``guard``, the snapshot's copy too, until the guarded optimizer step)."""
+        saved = with_metadata(state, CheckpointMetadata(layout=self.layout, plan=self.plan))
+        where = {"dp_rank": self.config.local_rank, "dp_world": self.config.local_world_size}
         self._busy("checkpoint-save")
         try:
-            self.engine.save(
-                with_metadata(state, CheckpointMetadata(layout=self.layout, plan=self.plan)),
-                step,
-                dp_rank=self.config.local_rank,
-                dp_world=self.config.local_world_size,
-            )
+            if isinstance(self.engine, CheckpointEngine):
+                self.engine.save(saved, step, overlap=self._overlap, **where)
+            else:
+                self.engine.save(saved, step, **where)
         finally:
             self._busy("")
         self._last_saved_step = step

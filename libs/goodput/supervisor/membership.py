@@ -47,6 +47,15 @@ class Membership(msgspec.Struct, kw_only=True):
     def world_size(self) -> int:
         return len(self.active) * self.procs_per_node
 
+    def node_index(self, node: str) -> int:
+        """An active node's place in the launch order: its ranks are ``index x procs_per_node
+        + local rank`` (``GROUP_RANK``), and it holds part ``index`` of a checkpoint sharded
+        across nodes. A hot swap keeps the index, so the spare takes the failed node's part."""
+        try:
+            return self.active.index(node)
+        except ValueError:
+            raise MembershipError(f"node {node!r} is not active") from None
+
     def known(self, node: str) -> bool:
         return node in self.active or node in self.spares or node in self.failed
 

@@ -286,7 +286,7 @@ class AgentBackend(MembershipBackend):
             record = records[node]
             env = self.rank_environment(
                 node=node,
-                node_index=self.membership.active.index(node),
+                node_index=self.membership.node_index(node),
                 rank=rank,
                 local_rank=local_rank,
                 master_addr=master_addr,

@@ -22,8 +22,10 @@ from goodput.telemetry import tracer
 from goodput_services.actuator.rank_environments import RankEnvironments
 
 EventSink = Callable[[schemas.Event], Awaitable[None]]
-#: fills a node's local volume with the newest complete checkpoint; returns what it did
-NodePreparer = Callable[[str], Awaitable[str]]
+#: fills a node's local volume with the newest complete checkpoint (node, its index in the
+#: launch order: the part of a checkpoint sharded across nodes it holds, the node count);
+#: returns what it did
+NodePreparer = Callable[[str, int, int], Awaitable[str]]
 #: resets GPUs of a node (node, GPU indexes or [] for all, the run and attempt whose ranks
 #: stopped); returns whether it succeeded and what happened
 GpuResetter = Callable[[str, list[int], str, int], Awaitable[tuple[bool, str]]]
@@ -418,9 +420,14 @@ class MembershipBackend(RankEnvironments, ABC):
         """Before a relaunch: a swapped-in or returning node has an empty or stale volume."""
         if self.attempt <= 1 or self.ports.prepare_node is None or self.membership is None:
             return
-        nodes = self.membership.active
+        membership = self.membership
+        nodes = membership.active
         outcomes = await asyncio.gather(
-            *(self.ports.prepare_node(node) for node in nodes), return_exceptions=True
+            *(
+                self.ports.prepare_node(node, membership.node_index(node), len(nodes))
+                for node in nodes
+            ),
+            return_exceptions=True,
         )
         for node, outcome in zip(nodes, outcomes, strict=True):
             log.info("volume of %s prepared: %s", node, outcome)

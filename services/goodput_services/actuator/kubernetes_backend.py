@@ -285,7 +285,7 @@ class KubernetesBackend(MembershipBackend, PodSpecs):
             return "the actuator has no bus to reach standbys"
         env = self.rank_env(
             node=entry.node,
-            node_index=self.membership.active.index(entry.node),
+            node_index=self.membership.node_index(entry.node),
             rank=entry.rank,
             local_rank=entry.local_rank,
             master_addr=self.address(rank0),
@@ -322,7 +322,7 @@ class KubernetesBackend(MembershipBackend, PodSpecs):
         bodies = []
         for entry in entries:
             if entry in cold:
-                node_index = membership.active.index(entry.node)
+                node_index = membership.node_index(entry.node)
                 bodies.append(self._rank_pod(entry, node_index, master_addr, master_port))
             # known before it exists, so no watch event about it can be missed
             self.pods.add(entry)

@@ -150,7 +150,7 @@ class LocalBackend(MembershipBackend):
         logs = self._logs()
         for entry in dead:
             self.ranks.remove(entry)
-            node_index = self.membership.active.index(entry.node)
+            node_index = self.membership.node_index(entry.node)
             await self._start_rank(
                 entry.node, node_index, entry.rank, entry.local_rank, master_port, logs, standbys
             )

@@ -99,11 +99,14 @@ class ActuatorService(Service):
             kv = await self.bus.kv(subjects.STATE_BUCKET)
             await kv.put(subjects.kv_key(self.job, "job_status"), schemas.encode(event))
 
-    async def _restore_to_node(self, node: str) -> str:
-        """Ask the node's checkpoint tier to fill its volume, and wait for its answer."""
+    async def _restore_to_node(self, node: str, part: int, parts: int) -> str:
+        """Ask the node's checkpoint tier to fill its volume (with ``part`` of ``parts`` of a
+        checkpoint sharded across nodes), and wait for its answer."""
         assert self.bus is not None
         target = subjects.node_target(subjects.REPLICATOR, node)
-        command = schemas.RestoreToNode(job=self.job, node=node, reason="before launch")
+        command = schemas.RestoreToNode(
+            job=self.job, node=node, part=part, parts=parts, reason="before launch"
+        )
         timeout_s = self.options.restore_timeout_s
         result = await request(self.bus, target, command, timeout_s)
         if result is None:

@@ -13,7 +13,10 @@ checked depends on what is already known about its bytes:
   (``PeerServer.received``) against the manifest it holds now. Sizes are checked again.
 
 A copy with a missing, short or (when hashed) corrupt file is never reported, so the index
-cannot count it toward a complete step.
+cannot count it toward a complete step. A part of a checkpoint sharded across nodes is
+reported with its part, part count and commit id (its manifest, checked against its commit
+table when parsed); the parts staged for a reshard (``step-N.part-K``) are no step directory
+and are not reported: they are restore material, not copies.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Literal
 
 from goodput.checkpoint.format import (
     MANIFEST_NAME,
+    Manifest,
     ManifestError,
     Signature,
     check_sealed,
@@ -36,23 +40,33 @@ from goodput.checkpoint.format import (
     step_dir,
     verify_manifest_and_files,
 )
-from goodput.checkpoint.index.records import CopyRecord, FileRef, copy_key
+from goodput.checkpoint.index.records import CopyRecord, FileRef, copy_key, part_fields
 from goodput.schemas.events import StorageTier
 
 #: how a copy was checked before it was reported (see the module's docstring)
 Check = Literal["hashed", "sealed", "received"]
 
 
-def verify_copy(directory: Path, *, read_data: bool = True) -> tuple[list[FileRef], str]:
-    """(files, "") if the copy checks out, else ([], the problems). ``read_data``: hash
-    every file; otherwise only the manifest's seal and the files' sizes are checked."""
+def _checked_manifest(directory: Path, read_data: bool) -> tuple[Manifest | None, str]:
+    """(the manifest, "") if the copy checks out, else (None, the problems)."""
     if read_data:
         manifest, problems = verify_manifest_and_files(directory)
     else:
         manifest, problems = check_sealed(directory)
     if manifest is None or problems:
-        return [], f"{directory}: " + "; ".join(map(str, problems))
-    return [FileRef(e.name, e.size, e.xxh3_128) for e in manifest.files], ""
+        return None, f"{directory}: " + "; ".join(map(str, problems))
+    return manifest, ""
+
+
+def file_refs(manifest: Manifest) -> list[FileRef]:
+    return [FileRef(e.name, e.size, e.xxh3_128) for e in manifest.files]
+
+
+def verify_copy(directory: Path, *, read_data: bool = True) -> tuple[list[FileRef], str]:
+    """(files, "") if the copy checks out, else ([], the problems). ``read_data``: hash
+    every file; otherwise only the manifest's seal and the files' sizes are checked."""
+    manifest, problem = _checked_manifest(directory, read_data)
+    return (file_refs(manifest), "") if manifest is not None else ([], problem)
 
 
 @dataclass
@@ -150,17 +164,18 @@ class DiskHoldings:
                 stale = seen is None or seen.signature != signature
                 if stale or now - seen.verified_at > self.scrub_interval_s:
                     how = self._check(tier, directory) if stale else "hashed"
-                    files, problem = verify_copy(directory, read_data=how == "hashed")
+                    manifest, problem = _checked_manifest(directory, how == "hashed")
                     record = None
-                    if not problem:
+                    if manifest is not None:
                         record = CopyRecord(
                             step=step,
                             tier=tier,
                             holder=self.node,
                             owner=owner,
                             root=root,
-                            files=files,
+                            files=file_refs(manifest),
                             verified_ts=time.time_ns(),
+                            **part_fields(manifest.part),
                         )
                         if stale:
                             result.checked.append((record, how))

@@ -72,11 +72,12 @@ def index_lag_s(options: ReplicatorOptions) -> float:
 
 
 def identical_holders(snapshot: IndexSnapshot, mine: CopyRecord) -> set[str]:
-    """Live nodes whose own checkpoint of this step has exactly our files."""
+    """Live nodes whose own checkpoint of this step has exactly our files (for a part: the
+    same part of the same commit; no other part is ever identical)."""
     return {
         c.holder
         for c in snapshot.copies
-        if c.tier == "local" and c.step == mine.step and c.checksums() == mine.checksums()
+        if c.tier == "local" and c.step == mine.step and c.same_data(mine)
     }
 
 
@@ -116,7 +117,7 @@ def plan_replication(
     identical = {
         c.holder
         for c in snapshot.copies
-        if c.tier != "object_store" and c.step == mine.step and c.checksums() == mine.checksums()
+        if c.tier != "object_store" and c.step == mine.step and c.same_data(mine)
     } - {held.node}
     chosen = choose_peers(
         me, candidates, identical=identical, count=missing, block_label=options.block_label
@@ -126,8 +127,9 @@ def plan_replication(
     # Give peers with identical shards time to commit theirs (then no byte moves); of
     # nodes with identical data, the lowest-named sends first and the others wait longer,
     # so a peer that needs a real copy receives it once and links it for the rest.
+    # A part has no identical data on other nodes (it holds other ranks' shards): no wait.
     leader = min(identical_holders(snapshot, mine) | {held.node}) == held.node
-    patience = options.dedup_wait_s * (1 if leader else 2)
+    patience = 0.0 if mine.is_part else options.dedup_wait_s * (1 if leader else 2)
     if now - held.first_seen < patience and not set(chosen) <= identical:
         return Wait("replicate", f"step {mine.step}: waiting for peers with identical data")
     return [
@@ -177,11 +179,12 @@ def _should_wait_for_leader(
     """Nodes with identical data back up after the lowest-named of them (the leader) has
     stored the shards, so each unique shard is uploaded once. Lower-named live nodes that
     have not indexed this step yet may still turn out identical: they are waited for too,
-    at most ``backup_wait_s``."""
-    if now - held.first_seen >= options.backup_wait_s:
+    at most ``backup_wait_s``. A part of a checkpoint sharded across nodes has no identical
+    data elsewhere (each part holds other ranks' shards): it never waits."""
+    if mine.is_part or now - held.first_seen >= options.backup_wait_s:
         return False
     if any(
-        c.tier == "object_store" and c.step == mine.step and c.checksums() == mine.checksums()
+        c.tier == "object_store" and c.step == mine.step and c.same_data(mine)
         for c in snapshot.all_copies
     ):
         return False

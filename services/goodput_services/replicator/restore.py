@@ -1,43 +1,34 @@
 """Fill a node's local volume with a complete checkpoint from the nearest tier that has it.
 
-Sources, nearest first: the node's own volume, the copies it keeps for peers (identical
-data-parallel shards are found by checksum), live peers holding the step (same block
-first), then the object store. Every file is verified on arrival; a file that fails falls
-through to the next source, and a step that cannot be restored falls back to the previous
-complete step (unless a specific step was asked for).
+Sources, nearest first (:mod:`.restore_sources`): the node's own volume, the copies it keeps
+for peers (identical data-parallel shards are found by checksum), live peers holding the step
+(same block first), then the object store. Every file is verified on arrival; a file that
+fails falls through to the next source, and a step that cannot be restored falls back to the
+previous complete step (unless a specific step was asked for). A checkpoint sharded across
+nodes is restored part by part (:mod:`.restore_parts`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from goodput.checkpoint.format import (
-    Manifest,
-    ManifestError,
-    local_root,
-    read_manifest,
-    step_dir,
-    step_dir_name,
-)
+from goodput import schemas
+from goodput.checkpoint.format import local_root
+from goodput.checkpoint.format.parts import parse_staged_part
 from goodput.checkpoint.index.index import TIER_ORDER, IndexSnapshot, StepView
-from goodput.checkpoint.index.records import CopyRecord, FileRef
-from goodput.checkpoint.tiers.backup import read_listing
 from goodput.checkpoint.tiers.object_store import ObjectStore
-from goodput.checkpoint.tiers.peer import PeerClient, PeerError
-from goodput.checkpoint.tiers.restore import (
-    FALLBACK_ERRORS,
-    LocalSource,
-    ObjectStoreSource,
-    PeerSource,
-    RestoreError,
-    RestoreReport,
-    Source,
-    restore_to_volume,
+from goodput.checkpoint.tiers.restore import RestoreError, RestoreReport, restore_to_volume
+from goodput_services.replicator.restore_parts import NodePart, stage_parts
+from goodput_services.replicator.restore_sources import (
+    NothingToRestore,
+    close_all,
+    copy_sources,
+    find_manifest,
 )
-from goodput_services.replicator.topology import block_of
+
+__all__ = ["NothingToRestore", "RestoreOutcome", "restore_to_node"]
 
 
 @dataclass
@@ -48,17 +39,32 @@ class RestoreOutcome:
     seconds: float = 0.0
     fallbacks: list[str] = field(default_factory=list)
     bytes_by_tier: dict[str, int] = field(default_factory=dict)
+    #: the parts staged beside the node's own (a reshard of a checkpoint sharded across nodes)
+    staged: list[int] = field(default_factory=list)
+
+    def event(self, job: str, node: str) -> schemas.CheckpointRestored:
+        """What the replicator reports for a restore it made (rank -1: before any rank)."""
+        assert self.step is not None
+        return schemas.CheckpointRestored(
+            job=job,
+            node=node,
+            rank=-1,
+            step=self.step,
+            tier=self.tier,  # type: ignore[arg-type]
+            duration_s=self.seconds,
+            bytes=self.bytes,
+            fallbacks=self.fallbacks,
+        )
 
     @property
     def detail(self) -> str:
         if self.step is None:
             return "no complete checkpoint in any tier; nothing to restore"
         tiers = ", ".join(f"{t} {b} B" for t, b in sorted(self.bytes_by_tier.items()))
-        return f"step {self.step} restored from {self.tier} ({self.bytes} B moved: {tiers})"
-
-
-class NothingToRestore(LookupError):
-    """The asked-for step is not complete in any tier, or no candidate could be restored."""
+        detail = f"step {self.step} restored from {self.tier} ({self.bytes} B moved: {tiers})"
+        if self.staged:
+            detail += f"; parts {', '.join(map(str, self.staged))} staged beside it"
+        return detail
 
 
 async def restore_to_node(
@@ -70,7 +76,11 @@ async def restore_to_node(
     store: ObjectStore | None,
     step: int | None = None,
     block_label: str = "block",
+    assigned: NodePart | None = None,
 ) -> RestoreOutcome:
+    """Restore the newest complete step (or ``step``) onto the node's volume; for a
+    checkpoint sharded across nodes, the part ``assigned`` to the node (and every other
+    part beside it for a reshard)."""
     started = time.perf_counter()
     if step is not None:
         candidates = [snapshot.view(step)]
@@ -83,28 +93,41 @@ async def restore_to_node(
     fallbacks: list[str] = []
     for view in candidates:
         try:
-            report = await _restore_step(snapshot, view, job, node, node_dir, store, block_label)
+            if view.complete_owners():
+                reports = [
+                    await _restore_step(snapshot, view, job, node, node_dir, store, block_label)
+                ]
+            else:
+                volume = node_dir / local_root(job)
+                reports = await stage_parts(
+                    snapshot, view, node, volume, node_dir, store, block_label, assigned
+                )
         except (RestoreError, NothingToRestore) as exc:
             fallbacks.append(f"step {view.step}: {exc}"[:500])
             continue
-        outcome = _outcome(report, fallbacks)
+        outcome = _outcome(reports, fallbacks)
         outcome.seconds = time.perf_counter() - started
         return outcome
     raise NothingToRestore("; ".join(fallbacks))
 
 
-def _outcome(report: RestoreReport, fallbacks: list[str]) -> RestoreOutcome:
-    by_tier = report.bytes_by_tier()
-    used = {f.tier for f in report.files}
+def _outcome(reports: list[RestoreReport], fallbacks: list[str]) -> RestoreOutcome:
+    files = [f for report in reports for f in report.files]
+    by_tier: dict[str, int] = {}
+    for f in files:
+        by_tier[f.tier] = by_tier.get(f.tier, 0) + f.bytes_moved
+    used = {f.tier for f in files}
     tier = max(used, key=lambda t: TIER_ORDER[t]) if used else "local"
-    failed = sorted({a.split(": ", 1)[0] for f in report.files for a in f.failed_attempts})
+    failed = sorted({a.split(": ", 1)[0] for f in files for a in f.failed_attempts})
+    staged = [parsed[1] for r in reports if (parsed := parse_staged_part(r.directory.name))]
     return RestoreOutcome(
-        report.step,
+        reports[0].step,
         "local" if tier == "present" else tier,
         sum(by_tier.values()),
-        report.seconds,
+        sum(report.seconds for report in reports),
         fallbacks + [f"{name} failed" for name in failed],
         by_tier,
+        staged,
     )
 
 
@@ -121,73 +144,22 @@ async def _restore_step(
     if owner is None:
         raise NothingToRestore(f"step {view.step} is not complete")
     files = [loc.file for loc in view.owners[owner]]
-    holders = [c for c in view.copies if c.holder != node and c.tier != "object_store"]
-    me = snapshot.nodes.get(node)
-    my_block = block_of(me, block_label) if me else ""
-    holders.sort(
-        key=lambda c: (
-            block_of(snapshot.nodes[c.holder], block_label) != my_block,
-            c.owner != owner,
-            c.holder,
-        )
+    # identical data-parallel copies of other owners serve too (files match by checksum)
+    sources, peers = copy_sources(
+        snapshot,
+        view.copies,
+        node,
+        node_dir / local_root(job),
+        node_dir,
+        store,
+        block_label,
+        prefer=lambda c: c.owner != owner,
     )
-    peers = [
-        PeerSource(snapshot.nodes[c.holder].host, snapshot.nodes[c.holder].port, c.root)
-        for c in holders
-    ]
-    locals_ = [LocalSource(node_dir / local_root(job))] + [
-        LocalSource(node_dir / c.root) for c in view.copies if c.holder == node and c.tier == "peer"
-    ]
-    sources: list[Source] = [*locals_, *peers]
-    if store is not None:
-        sources.append(ObjectStoreSource(store))
     try:
-        manifest = await _find_manifest(view, owner, files, node, node_dir, store, snapshot)
+        own = [c for c in view.copies if c.owner == owner]
+        manifest = await find_manifest(own, files, node, node_dir, store, snapshot)
         return await restore_to_volume(
             view.step, manifest.files, node_dir / local_root(job), sources, manifest=manifest
         )
     finally:
-        await asyncio.gather(*(p.close() for p in peers), return_exceptions=True)
-
-
-async def _find_manifest(
-    view: StepView,
-    owner: str,
-    files: list[FileRef],
-    node: str,
-    node_dir: Path,
-    store: ObjectStore | None,
-    snapshot: IndexSnapshot,
-) -> Manifest:
-    """The owner's manifest, verbatim, from the nearest copy whose files match the index."""
-    wanted = {(f.name, f.size, f.xxh3_128) for f in files}
-    copies = sorted(
-        (c for c in view.copies if c.owner == owner),
-        key=lambda c: (c.holder != node, TIER_ORDER[c.tier]),
-    )
-    problems = []
-    for copy in copies:
-        try:
-            manifest = await _read_manifest(copy, node, node_dir, store, snapshot)
-        except (*FALLBACK_ERRORS, ManifestError) as exc:
-            problems.append(f"manifest from {copy.tier}:{copy.holder}: {exc}")
-            continue
-        if {(f.name, f.size, f.xxh3_128) for f in manifest.files} == wanted:
-            return manifest
-        problems.append(f"manifest from {copy.tier}:{copy.holder} differs from the index")
-    raise NothingToRestore("; ".join(problems) or f"no manifest for step {view.step}")
-
-
-async def _read_manifest(
-    copy: CopyRecord, node: str, node_dir: Path, store: ObjectStore | None, snapshot: IndexSnapshot
-) -> Manifest:
-    if copy.tier == "object_store":
-        if store is None:
-            raise PeerError("no object store configured")
-        namespace = copy.root
-        return await asyncio.to_thread(read_listing, store, namespace, copy.step)
-    if copy.holder == node:
-        return await asyncio.to_thread(read_manifest, step_dir(node_dir / copy.root, copy.step))
-    holder = snapshot.nodes[copy.holder]
-    async with await PeerClient.connect(holder.host, holder.port, timeout_s=5) as client:
-        return await client.fetch_manifest(f"{copy.root}/{step_dir_name(copy.step)}")
+        await close_all(peers)

@@ -23,6 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from goodput import schemas, subjects
 from goodput.checkpoint.format import (
     ChecksumMismatch,
@@ -35,7 +37,7 @@ from goodput.checkpoint.format import (
     write_retention_record,
 )
 from goodput.checkpoint.format.job_key import JobKeyError, configured_key
-from goodput.checkpoint.index.gc import collect_garbage
+from goodput.checkpoint.index.gc import collect_garbage, sweep_staged_parts
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from goodput.checkpoint.index.records import (
     STORE_HOLDER,
@@ -66,6 +68,7 @@ from goodput_services.replicator.planner import (
     sweeps_store,
 )
 from goodput_services.replicator.restore import NothingToRestore, restore_to_node
+from goodput_services.replicator.restore_parts import NodePart
 from goodput_services.replicator.triggers import follow_persisted
 
 #: what a push can fail with: the peer or the network, or a local file that changed under it
@@ -132,6 +135,7 @@ class ReplicatorService(Service):
         self._fresh: list[asyncio.Event] = []  # one per transfer loop: a new snapshot
         self._store_lock = asyncio.Lock()  # backups and the store sweep never overlap here
         self._sync_lock = asyncio.Lock()
+        self._volume_lock = asyncio.Lock()  # a restore stages parts; the sweep deletes them
         self._sync_asked = asyncio.Event()  # a checkpoint was persisted or received: sync now
         self.memory = Memory()
         self._tracer = tracer("goodput.replicator")
@@ -410,12 +414,11 @@ class ReplicatorService(Service):
             if isinstance(exc, ChecksumMismatch):
                 self._distrust(source)
             return
-        await self.index.put_copy(
-            CopyRecord(
-                step=mine.step,
+        await self.index.put_copy(  # the same files (and part, if one) as the own copy
+            msgspec.structs.replace(
+                mine,
                 tier="object_store",
                 holder=STORE_HOLDER,
-                owner=self.node,
                 root=namespace,
                 files=list(mine.files),
                 verified_ts=time.time_ns(),
@@ -449,9 +452,14 @@ class ReplicatorService(Service):
                 disks_of={self.node},
                 store=self.store if sweeps_store(snapshot, self.node) else None,
             )
-        if report.deleted:
-            self.counters.gc_deleted += len(report.deleted)
-            log.info("garbage collected", extra={"summary": report.summary()})
+        async with self._volume_lock:
+            swept = await asyncio.to_thread(sweep_staged_parts, self.volume)
+        if report.deleted or swept:
+            self.counters.gc_deleted += len(report.deleted) + len(swept)
+            log.info(
+                "garbage collected",
+                extra={"summary": report.summary(), "staged_parts": [p.name for p in swept]},
+            )
 
     # ---- restore ------------------------------------------------------------------------
 
@@ -463,33 +471,24 @@ class ReplicatorService(Service):
         await self._guarded("sync before restore", self._sync())
         snapshot = await self.index.snapshot(self.options.node_ttl_s)
         try:
-            outcome = await restore_to_node(
-                snapshot,
-                job=self.job,
-                node=self.node,
-                node_dir=self.node_dir,
-                store=self.store,
-                step=command.step,
-                block_label=self.options.block_label,
-            )
+            async with self._volume_lock:  # the staged-part sweep waits
+                outcome = await restore_to_node(
+                    snapshot,
+                    job=self.job,
+                    node=self.node,
+                    node_dir=self.node_dir,
+                    store=self.store,
+                    step=command.step,
+                    block_label=self.options.block_label,
+                    assigned=NodePart.of(command.part, command.parts),
+                )
         except NothingToRestore as exc:
             self._failed("restore", exc)
             return False, f"nothing restored: {exc}"
         if outcome.step is None:
             return True, outcome.detail
         self.counters.restored += 1
-        await self.bus.emit(
-            schemas.CheckpointRestored(
-                job=self.job,
-                node=self.node,
-                rank=-1,
-                step=outcome.step,
-                tier=outcome.tier,  # type: ignore[arg-type]
-                duration_s=outcome.seconds,
-                bytes=outcome.bytes,
-                fallbacks=outcome.fallbacks,
-            )
-        )
+        await self.bus.emit(outcome.event(self.job, self.node))
         return True, outcome.detail
 
 

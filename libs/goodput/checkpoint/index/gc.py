@@ -5,10 +5,13 @@ decides, on node disks and in the object store, and withdraw the deleted copies 
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput.checkpoint.format import node_dir, remove_dir_safely, step_dir
+from goodput.checkpoint.format import node_dir, parse_step_dir, remove_dir_safely, step_dir
+from goodput.checkpoint.format.parts import parse_staged_part, staged_parts
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from goodput.checkpoint.index.records import CopyRecord
 from goodput.checkpoint.index.retention import Retention, plan_gc
@@ -17,8 +20,37 @@ from goodput.checkpoint.tiers.object_store import ObjectNotFound, ObjectStore
 
 
 def delete_from_disk(node_dir: Path, copy: CopyRecord) -> None:
-    """Remove one local or peer copy from a node directory (gone already is fine)."""
-    remove_dir_safely(step_dir(node_dir / copy.root, copy.step))
+    """Remove one local or peer copy from a node directory (gone already is fine), and the
+    parts staged beside a local one for a reshard: they go with their step."""
+    root = node_dir / copy.root
+    remove_dir_safely(step_dir(root, copy.step))
+    if copy.tier == "local":
+        for staged in staged_parts(root, copy.step).values():
+            remove_dir_safely(staged)
+
+
+def orphaned_staged_parts(names: Iterable[str]) -> list[str]:
+    """The staged parts (``step-N.part-K``) among a volume's entries whose step directory is
+    not there: the engine's own retention or GC deleted the step, so they are dead weight."""
+    listed = set(names)
+    steps = {parse_step_dir(name) for name in listed} - {None}
+    return sorted(
+        name
+        for name in listed
+        if (parsed := parse_staged_part(name)) is not None and parsed[0] not in steps
+    )
+
+
+def sweep_staged_parts(volume: Path) -> list[Path]:
+    """Delete the volume's orphaned staged parts (run while no restore stages any)."""
+    try:
+        names = os.listdir(volume)
+    except FileNotFoundError:
+        return []
+    doomed = [volume / name for name in orphaned_staged_parts(names)]
+    for path in doomed:
+        remove_dir_safely(path)
+    return doomed
 
 
 def delete_from_store(store: ObjectStore, copies: list[CopyRecord], in_use: set[str]) -> int:

@@ -4,6 +4,12 @@ A step is complete when every file of one node's checkpoint of it (for pure data
 jobs that is the full state) is held, verified, by some live copy: on a live node's volume
 or peer area, or in the object store. Files are matched by checksum, so identical
 data-parallel replicas on different nodes serve as copies of each other.
+
+A checkpoint sharded across nodes is one part per node (``goodput.checkpoint.format.parts``):
+its step is complete when, for one commit id, every part 0..n-1 has a verified live copy on
+some tier. A part alone is never a checkpoint, a part is matched only with copies of the same
+part of the same commit, and a commit with a part that has no copy (a node lost during the
+global commit) leaves the step incomplete, so the previous complete step stays the newest.
 """
 
 from __future__ import annotations
@@ -88,21 +94,44 @@ class FileLocations:
         return {c.tier for c in self.copies}
 
 
+#: (commit id, part count): one checkpoint sharded across nodes
+Commit = tuple[str, int]
+
+
 @dataclass(frozen=True)
 class StepView:
-    """One step across tiers: each owner's file set, and where every file can be found."""
+    """One step across tiers: each owner's file set and where every file can be found
+    (whole checkpoints), and each commit's parts with their copies (sharded across nodes)."""
 
     step: int
     copies: tuple[CopyRecord, ...]
-    #: owner node -> its files with their locations
+    #: owner node -> its files with their locations (whole checkpoints only)
     owners: dict[str, tuple[FileLocations, ...]]
+    #: (commit, part count) -> part -> its live copies, nearest tier first
+    commits: dict[Commit, dict[int, tuple[CopyRecord, ...]]] = field(default_factory=dict)
 
     def complete_owners(self) -> list[str]:
         return sorted(o for o, files in self.owners.items() if all(f.copies for f in files))
 
+    def complete_commit(self) -> Commit | None:
+        """The commit of which every part has a copy (the smallest id if, oddly, several)."""
+        whole = [key for key, parts in self.commits.items() if len(parts) == key[1]]
+        return min(whole) if whole else None
+
+    def part_copies(self, part: int) -> tuple[CopyRecord, ...]:
+        """The live copies of ``part`` of the complete commit, nearest tier first."""
+        commit = self.complete_commit()
+        return self.commits[commit].get(part, ()) if commit else ()
+
+    @property
+    def part_count(self) -> int:
+        """How many parts the complete commit has; 0 for a whole checkpoint (or none)."""
+        commit = self.complete_commit()
+        return commit[1] if commit else 0
+
     @property
     def complete(self) -> bool:
-        return bool(self.complete_owners())
+        return bool(self.complete_owners()) or self.complete_commit() is not None
 
     def owner_for(self, node: str) -> str | None:
         """Whose checkpoint ``node`` should restore: its own if complete, else any complete one."""
@@ -110,12 +139,22 @@ class StepView:
         return node if node in complete else (complete[0] if complete else None)
 
     def complete_in(self, tier: StorageTier) -> bool:
-        """Some owner's full file set is on ``tier`` (each file somewhere on that tier)."""
-        return any(all(tier in f.tiers for f in files) for files in self.owners.values() if files)
+        """Some owner's full file set is on ``tier`` (each file somewhere on that tier), or
+        every part of one commit is."""
+        if any(all(tier in f.tiers for f in files) for files in self.owners.values() if files):
+            return True
+        return any(
+            len(parts) == count and all(any(c.tier == tier for c in cs) for cs in parts.values())
+            for (_, count), parts in self.commits.items()
+        )
 
     @property
     def bytes(self) -> int:
+        """The size of one full copy: the largest owner's, or the complete commit's parts."""
         sizes = [sum(f.file.size for f in files) for files in self.owners.values()]
+        commit = self.complete_commit()
+        if commit is not None:
+            sizes.append(sum(cs[0].total_bytes for cs in self.commits[commit].values()))
         return max(sizes, default=0)
 
 
@@ -143,19 +182,29 @@ class IndexSnapshot:
 
     def view(self, step: int) -> StepView:
         copies = tuple(c for c in self.copies if c.step == step)
+        commits: dict[Commit, dict[int, list[CopyRecord]]] = {}
+        for copy in sorted(copies, key=lambda c: (TIER_ORDER[c.tier], c.holder, c.owner)):
+            if copy.is_part:
+                commits.setdefault((copy.commit, copy.parts), {}).setdefault(copy.part, [])
+                commits[(copy.commit, copy.parts)][copy.part].append(copy)
+        copies_of_parts = {
+            key: {part: tuple(cs) for part, cs in sorted(parts.items())}
+            for key, parts in commits.items()
+        }
+        whole = [c for c in copies if not c.is_part]
         by_content: dict[tuple[int, str], list[CopyRecord]] = {}
-        for copy in copies:
+        for copy in whole:
             for f in copy.files:
                 holders = by_content.setdefault((f.size, f.xxh3_128), [])
                 if copy not in holders:
                     holders.append(copy)
         owners: dict[str, tuple[FileLocations, ...]] = {}
-        for copy in sorted(copies, key=lambda c: (c.owner, TIER_ORDER[c.tier])):
+        for copy in sorted(whole, key=lambda c: (c.owner, TIER_ORDER[c.tier])):
             if copy.owner not in owners:
                 owners[copy.owner] = tuple(
                     FileLocations(f, tuple(by_content[(f.size, f.xxh3_128)])) for f in copy.files
                 )
-        return StepView(step, copies, owners)
+        return StepView(step, copies, owners, copies_of_parts)
 
     def views(self) -> list[StepView]:
         return [self.view(step) for step in self.steps()]

@@ -5,10 +5,15 @@
 - ``<job>.copy.<step>.<tier>.<holder>.<owner>``: one verified copy of ``owner``'s checkpoint
   ``step`` on ``tier`` — in ``holder``'s volume (``local``), in ``holder``'s peer area
   (``peer``), or in the object store (``object_store``, holder ``store``) — with the checksum
-  of every file. A copy is published only after its files were hashed and matched.
+  of every file. A copy is published only after its files were hashed and matched. A copy of
+  one **part** of a checkpoint sharded across nodes (``goodput.checkpoint.format.parts``) also
+  names its part, the part count and the commit id its manifest carries; ``parts`` 0 is a
+  whole checkpoint.
 
 Records are versioned like the bus messages: a record of a newer schema than this build
-understands is refused rather than half-read.
+understands is refused rather than half-read. Schema 2: copy records of parts (``part``,
+``parts``, ``commit``); a build of schema 1 would count a part as a whole checkpoint, so it
+must refuse them.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from __future__ import annotations
 import msgspec
 
 from goodput import subjects
+from goodput.checkpoint.format.parts import MAX_PARTS, PartOf
 from goodput.schemas.events import StorageTier
 
-INDEX_SCHEMA_VERSION = 1
+INDEX_SCHEMA_VERSION = 2
 STORE_HOLDER = "store"
 
 
@@ -55,14 +61,47 @@ class CopyRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     root: str
     files: list[FileRef]
     verified_ts: int = 0
+    #: which part of a sharded checkpoint across nodes this copy holds (0..parts-1), of how
+    #: many, and the commit id every part of it carries; ``parts`` 0: a whole checkpoint
+    part: int = 0
+    parts: int = 0
+    commit: str = ""
     schema: int = INDEX_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.parts < 0 or self.parts > MAX_PARTS or not 0 <= self.part < max(self.parts, 1):
+            raise ValueError(f"part {self.part} of {self.parts}")
+        if bool(self.parts) != bool(self.commit):
+            raise ValueError("a part names its commit, a whole checkpoint none")
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
+    @property
+    def is_part(self) -> bool:
+        return self.parts > 0
+
+    @property
+    def part_key(self) -> tuple[str, int] | None:
+        """(commit, part) for a part, None for a whole checkpoint: copies are only ever
+        matched against copies of the same part."""
+        return (self.commit, self.part) if self.parts else None
+
     def checksums(self) -> frozenset[tuple[str, int, str]]:
         return frozenset((f.name, f.size, f.xxh3_128) for f in self.files)
+
+    def same_data(self, other: CopyRecord) -> bool:
+        """Whether ``other`` holds exactly these files of the same checkpoint or part (what
+        lets a peer verify and link instead of receiving): a part never matches another part."""
+        return self.part_key == other.part_key and self.checksums() == other.checksums()
+
+
+def part_fields(part: PartOf | msgspec.UnsetType) -> dict[str, int | str]:
+    """The copy record fields of a manifest's ``part`` (none for a whole checkpoint)."""
+    if isinstance(part, PartOf):
+        return {"part": part.part, "parts": part.count, "commit": part.commit}
+    return {}
 
 
 def node_key(job: str, node: str) -> str:

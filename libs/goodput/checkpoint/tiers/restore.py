@@ -179,11 +179,13 @@ async def restore_to_volume(
     *,
     manifest: Manifest,
     progress: Callable[[int], None] | None = None,
+    directory: Path | None = None,
 ) -> RestoreReport:
-    """Fill ``dest_root/step-<step>/`` with ``files`` and commit it with ``manifest``: the
-    owner's own manifest (a node restores exactly the checkpoint its engine can load)."""
+    """Fill ``dest_root/step-<step>/`` (or ``directory``: a staged part) with ``files`` and
+    commit it with ``manifest``: the owner's own manifest (a node restores exactly the
+    checkpoint its engine can load)."""
     started = time.perf_counter()
-    directory = step_dir(dest_root, step)
+    directory = directory or step_dir(dest_root, step)
     directory.mkdir(parents=True, exist_ok=True)
     report = RestoreReport(step, directory)
     tick = progress or (lambda _n: None)

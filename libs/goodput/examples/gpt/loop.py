@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from goodput.examples.gpt.hooks import TrainingHooks
 from goodput.examples.gpt.training import Trainer
 from goodput.shim.step_protocol import end_step
+from goodput.shim.stop_vote import StopVote
 
 
 @dataclass
@@ -30,6 +31,7 @@ def run_training(
     if restored is not None:
         trainer.load_state_dict(restored.state, restored.plan)
     result = LoopResult(first_step=trainer.step, step=trainer.step, stopped=False)
+    vote = StopVote()
     while trainer.step < total_steps:
         if stop_at is not None and trainer.step >= stop_at:
             result.stopped = True
@@ -48,6 +50,7 @@ def run_training(
             tokens=trainer.tokens_per_step,
             loss=loss,
             state=trainer.state_dict,
+            vote=vote,
             final=step >= total_steps,
             compute_time_s=trainer.last_compute_time_s,
         )

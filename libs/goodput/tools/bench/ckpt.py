@@ -11,7 +11,8 @@ dcp.save and dcp.async_save; --peers adds each
 peer at its best options (goodput.tools.bench.ckpt_savers) and reports goodput / best safe peer.
 The raw sequential write/read bandwidth of the same directory (dd, direct IO) is measured
 before and after, so every figure is also a fraction of what the disk can do. Restores are
-measured with a cold page cache.
+measured with a cold page cache. --sharded runs goodput.tools.bench.ckpt_sharded instead: a
+state sharded across nodes, the engine's parts against DCP.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ PEERS = (
     "torchsnapshot_async_take",
 )
 _console = Console(stderr=True)
+SIZE_GB = 2.0
+#: the sharded benchmark runs nodes x procs-per-node ranks on one machine
+SHARDED_SIZE_GB = 0.25
 
 
 def _factories(training: Training, writer_threads: int) -> dict[str, Callable[[Path], Saver]]:
@@ -320,6 +324,14 @@ def _print_table(report: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.sharded:  # another benchmark: its own module, its rank processes
+        from goodput.tools.bench.ckpt_sharded import run as run_sharded
+
+        if args.size_gb is None:
+            args.size_gb = SHARDED_SIZE_GB
+        return run_sharded(args)
+    if args.size_gb is None:
+        args.size_gb = SIZE_GB
     warnings.filterwarnings("ignore", module="torch.distributed")
     warnings.filterwarnings("ignore", module="torchsnapshot")
     parent = Path(args.dir) if args.dir else None
@@ -370,7 +382,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--size-gb", type=float, default=2.0, help="state size (model + Adam)")
+    parser.add_argument(
+        "--size-gb",
+        type=float,
+        help=f"state size (model + Adam; default {SIZE_GB}, with --sharded {SHARDED_SIZE_GB})",
+    )
     parser.add_argument("--dir", help="directory to benchmark (default: the system temp dir)")
     parser.add_argument(
         "--saves", type=_positive, default=3, help="saves per method (the first is cold)"
@@ -394,6 +410,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="cpu",
         help="where the model and Adam state live: cpu, or cuda (the current GPU, or cuda:N);"
         " with cuda every save copies from the GPU and every stall waits for its stream",
+    )
+    sharded = parser.add_argument_group(
+        "--sharded",
+        "an FSDP2 state sharded over a mesh spanning nodes (gloo rank processes here, a volume"
+        " per node): the engine's parts + global commit vs dcp.async_save into one shared"
+        " directory, and a replaced node's restore from its peer vs dcp.load; --saves repeats",
+    )
+    sharded.add_argument("--sharded", action="store_true", help="run this benchmark instead")
+    sharded.add_argument("--nodes", type=_positive, default=3, help="nodes (the last is replaced)")
+    sharded.add_argument("--procs-per-node", type=_positive, default=2, help="ranks per node")
+    sharded.add_argument(
+        "--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped"
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)

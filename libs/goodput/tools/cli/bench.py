@@ -15,6 +15,7 @@ BENCH_MODULES: list[str] = [
     "goodput.tools.bench.control_plane",
     "goodput.tools.bench.report",
     "goodput.tools.bench.store",
+    "goodput.tools.bench.shim",
 ]
 
 

@@ -1,4 +1,5 @@
-"""`goodput ckpt ls|verify|restore|gc`: the checkpoint tiers as the replicators index them."""
+"""`goodput ckpt ls|verify|restore|gc|export`: the checkpoint tiers as the replicators index
+them, and a checkpoint as a DCP checkpoint (`ckpt_export`, no bus)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ from goodput.config import (
 )
 from goodput.schemas.events import STORAGE_TIERS
 from goodput.subjects import DEFAULT_JOB
+from goodput.tools.cli.ckpt_export import register_export
 from goodput.tools.stack.launcher import resolve_url
 
 
@@ -63,13 +65,16 @@ async def _connect(args: argparse.Namespace) -> Bus:
 
 
 def _copy_json(copy: CopyRecord) -> dict[str, Any]:
-    return {
+    entry: dict[str, Any] = {
         "tier": copy.tier,
         "holder": copy.holder,
         "owner": copy.owner,
         "root": copy.root,
         "bytes": copy.total_bytes,
     }
+    if copy.is_part:
+        entry |= {"part": copy.part, "parts": copy.parts, "commit": copy.commit}
+    return entry
 
 
 def _view_json(view: StepView, with_files: bool) -> dict[str, Any]:
@@ -78,6 +83,7 @@ def _view_json(view: StepView, with_files: bool) -> dict[str, Any]:
         "complete": view.complete,
         "bytes": view.bytes,
         "complete_in": [t for t in STORAGE_TIERS if view.complete_in(t)],
+        "parts": view.part_count,
         "copies": [_copy_json(c) for c in view.copies],
     }
     owners = view.complete_owners()
@@ -102,7 +108,11 @@ def _where(view: StepView, tier: str) -> str:
         "peer": lambda c: f"{c.holder}←{c.owner}",
         "object_store": lambda c: c.owner,
     }[tier]
-    return ", ".join(sorted({labels(c) for c in copies}))
+    return ", ".join(sorted({labels(c) + _part_label(c) for c in copies}))
+
+
+def _part_label(copy: CopyRecord) -> str:
+    return f" #{copy.part}/{copy.parts}" if copy.is_part else ""
 
 
 async def _ls(args: argparse.Namespace, bus: Bus) -> int:
@@ -242,9 +252,27 @@ async def _verify(args: argparse.Namespace, bus: Bus) -> int:
     return 0 if results and all(r["ok"] for r in results) else 1
 
 
+def _part_spec(text: str) -> tuple[int, int]:
+    """``K/N`` (part K of N, 0 <= K < N) for ``--part``."""
+    part, _, parts = text.partition("/")
+    try:
+        spec = int(part), int(parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N, e.g. 1/3") from None
+    if not 0 <= spec[0] < spec[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: part K of N needs 0 <= K < N")
+    return spec
+
+
 async def _restore(args: argparse.Namespace, bus: Bus) -> int:
+    part, parts = args.part or (None, None)
     command = schemas.RestoreToNode(
-        job=args.job, node=args.node, step=args.step, reason="goodput ckpt restore"
+        job=args.job,
+        node=args.node,
+        step=args.step,
+        part=part,
+        parts=parts,
+        reason="goodput ckpt restore",
     )
     subscription = await bus.js.subscribe(
         subjects.event(args.job, schemas.kind_of(schemas.ActionResult)),
@@ -370,7 +398,7 @@ def _store_args(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "ckpt",
-        help="inspect, verify, restore and garbage-collect checkpoints across tiers",
+        help="inspect, verify, restore, garbage-collect and export checkpoints across tiers",
         description=(
             "The checkpoint tiers as the replicators index them: each node's local volume, the "
             "copies peers keep, and the object store. A step is complete when every file of a "
@@ -399,6 +427,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--node", type=node_name, required=True, help="the node whose volume to fill"
     )
     restore.add_argument("--step", type=int, help="this step (default: the newest complete one)")
+    restore.add_argument(
+        "--part",
+        type=_part_spec,
+        help="K/N: a checkpoint sharded across nodes: the node holds part K of N nodes"
+        " (N other than the checkpoint's part count stages every part, for a reshard)",
+    )
     restore.add_argument("--timeout", type=float, default=300.0, help="seconds to wait")
     _common(restore)
 
@@ -416,3 +450,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _store_args(gc)
     _common(gc)
+
+    register_export(actions)

@@ -48,7 +48,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "ckpt": (
         "goodput.tools.cli.ckpt",
-        "inspect, verify, restore and garbage-collect checkpoints across tiers",
+        "inspect, verify, restore, garbage-collect and export checkpoints across tiers",
     ),
     "chaos": (
         "goodput.tools.cli.chaos",

@@ -1,0 +1,96 @@
+"""Parts of a checkpoint sharded across nodes, moved by real replicators: each node's part
+goes to its peers and the object store; a node lost during the global commit leaves the
+previous step newest; a spare takes a lost node's part (from a peer, then from the object
+store when the peers are gone too); a part with a bad checksum is fetched again alone; a
+scale-down stages every part beside the node's own."""
+
+from __future__ import annotations
+
+import shutil
+
+from goodput.checkpoint.format import read_manifest, step_dir
+from goodput.checkpoint.format.parts import staged_parts
+from goodput.checkpoint.index.index import IndexSnapshot
+from tests.replicator.conftest import Harness
+from tests.replicator.parts import expected_part, files_of, write_parts
+
+STEP, LATER = 10, 20
+
+
+def spread(snapshot: IndexSnapshot, step: int, parts: int) -> bool:
+    """Every part of ``step`` on two peers and in the object store."""
+    view = snapshot.view(step)
+    return view.part_count == parts and all(
+        len({c.holder for c in view.part_copies(p) if c.tier == "peer"}) >= 2
+        and any(c.tier == "object_store" for c in view.part_copies(p))
+        for p in range(parts)
+    )
+
+
+def holds_part(h: Harness, node: str, step: int, part: int, parts: int = 3) -> None:
+    directory = step_dir(h.replicators.volume(node), step)
+    assert files_of(directory) == expected_part(step, part, parts)
+    assert read_manifest(directory).part.part == part
+
+
+async def test_parts_replicate_and_a_spare_takes_a_lost_nodes_part(gcs_harness: Harness) -> None:
+    h, reps = gcs_harness, gcs_harness.replicators
+    for name, block in (("node-0", "b0"), ("node-1", "b0"), ("node-2", "b1")):
+        reps.start(name, block=block)
+    write_parts([reps.volume(f"node-{p}") for p in range(3)], STEP)
+    snapshot = await h.until(
+        lambda s: spread(s, STEP, 3), what="each part on two peers and in the object store"
+    )
+    newest = snapshot.newest_complete()
+    assert newest is not None and newest.step == STEP and newest.part_count == 3
+    assert newest.complete_in("peer") and newest.complete_in("object_store")
+
+    # node-2 is killed during step 20's global commit: its part never appears
+    write_parts([reps.volume("node-0"), reps.volume("node-1"), None], LATER)
+    snapshot = await h.until(
+        lambda s: len([c for c in s.view(LATER).copies if c.tier == "local"]) == 2,
+        what="step 20's two committed parts indexed",
+    )
+    assert not snapshot.view(LATER).complete and snapshot.newest_complete().step == STEP
+
+    # a part with a bad checksum on node-0: only that file comes again, from a peer
+    damaged = step_dir(reps.volume("node-0"), STEP) / "data-r00001-000.bin"
+    data = bytearray(damaged.read_bytes())
+    data[100] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    result = await h.restore("node-0", part=(0, 3))
+    assert result.ok, result.detail
+    event = h.restored_event("node-0")
+    assert (event.step, event.tier, event.bytes) == (STEP, "peer", len(data))
+    holds_part(h, "node-0", STEP, 0)
+
+    # node-1 is lost with its disk; a spare with an empty volume takes its place (part 1)
+    reps.kill("node-1")
+    shutil.rmtree(reps.node_dir("node-1"))
+    reps.start("node-3", block="b0")
+    await h.until(lambda s: s.alive("node-3"), what="the spare announced")
+    result = await h.restore("node-3", part=(1, 3))
+    assert result.ok, result.detail
+    assert h.restored_event("node-3").tier == "peer"
+    holds_part(h, "node-3", STEP, 1)
+    assert staged_parts(reps.volume("node-3"), STEP) == {}
+
+    # the lost node's peers are gone too: the spare's part comes from the object store
+    for peer in ("node-0", "node-2"):
+        reps.kill(peer)
+        shutil.rmtree(reps.node_dir(peer))
+    reps.lose_volume("node-3")
+    result = await h.restore("node-3", part=(1, 3))
+    assert result.ok, result.detail
+    assert h.restored_event("node-3").tier == "object_store"
+    holds_part(h, "node-3", STEP, 1)
+
+    # scale-down 3 -> 2: the node keeps its part and stages the two others beside it
+    result = await h.restore("node-3", part=(0, 2))
+    assert result.ok and result.detail.endswith("; parts 0, 2 staged beside it"), result.detail
+    staged = staged_parts(reps.volume("node-3"), STEP)
+    assert sorted(staged) == [0, 2]
+    for part, directory in staged.items():
+        assert files_of(directory) == expected_part(STEP, part, 3)
+        assert read_manifest(directory).part.part == part
+    holds_part(h, "node-3", STEP, 1)

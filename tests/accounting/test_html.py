@@ -59,7 +59,7 @@ def test_html_report_files(tmp_path: Path) -> None:
         base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     ]
     assert inlined == [(out / "timeline.png").read_bytes(), (out / "badput.png").read_bytes()]
-    assert "38.41 %" in page and "restart_reprovision" in page
+    assert "37.20 %" in page and "restart_reprovision" in page
     assert json.loads((out / "report.json").read_text())["total_s"] == pytest.approx(EXPECTED_TOTAL)
 
 
@@ -74,7 +74,7 @@ def test_cli_html_from_an_event_log(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
     write_event_log(log, scenario_events())
     result = goodput_cli("report", "--events", str(log), "--html", str(tmp_path / "html"))
-    assert "38.41 %" in result.stdout
+    assert "37.20 %" in result.stdout
     assert "report.html" in result.stderr
     assert_self_contained((tmp_path / "html" / "report.html").read_text())
     png_size((tmp_path / "html" / "timeline.png").read_bytes())

@@ -146,9 +146,12 @@ def test_an_old_attempt_that_trained_on_is_replayed_training(tmp_path):
         booked[trained_s] = replay_file(str(path))["goodput"]["predicted_badput_s"]
     reprovision = {k: v["restart_reprovision"] for k, v in booked.items()}
     assert reprovision[0.0] - reprovision[8.0] == pytest.approx(8.0, abs=0.5)
-    # those 8 s ran on one of two nodes: half of them idle, and nothing of them lost
+    # those 8 s ran on one of two nodes at twice the 0.2 s healthy step: 4 s of step-time
+    # deviation, half the other 4 idle, and nothing of them lost
+    straggling = {k: v["straggler_slowdown"] for k, v in booked.items()}
+    assert straggling[8.0] - straggling[0.0] == pytest.approx(4.0, abs=0.5)
     idle = {k: v["scaled_down_idle"] for k, v in booked.items()}
-    assert idle[8.0] - idle[0.0] == pytest.approx(4.0, abs=0.5)
+    assert idle[8.0] - idle[0.0] == pytest.approx(2.0, abs=0.5)
     assert booked[8.0]["wasted_progress"] == pytest.approx(booked[0.0]["wasted_progress"], abs=0.5)
 
 
@@ -169,8 +172,8 @@ def _straggler_run(slowed_steps: list[list[float]], after_s: float | None = None
 
 def test_a_straggler_is_replayed_step_by_step_as_it_was_measured(tmp_path):
     """A straggler whose slowdown faded (under a moving load) costs what its slowed steps did:
-    the calculator stops counting it at the first step back near the healthy median, and the
-    window's mean alone slowed every replayed step to its end."""
+    the calculator charges each slow step and none of those back near the healthy median, and
+    the window's mean alone slowed every replayed step to its end."""
     straggling = {}
     for name, steps in (
         ("mean", []),
@@ -183,18 +186,21 @@ def test_a_straggler_is_replayed_step_by_step_as_it_was_measured(tmp_path):
         assert baseline["rules"].keys() == {"baseline-ignore-straggler"}
         straggling[name] = baseline["predicted_badput_s"]["straggler_slowdown"]
     assert straggling["steady"] == pytest.approx(straggling["mean"], abs=1.0)
-    # flagged about 30 s into its 36 s at 4×: a few seconds, not the rest of its 60
-    assert straggling["fading"] < straggling["mean"] - 10
+    # its 60 s window: 75 steps at 4× (0.8 s) for the mean; 45 at 4×, 40 back at 1× and the
+    # window's last 16 s at the mean (20 steps) when fading: 10 fewer slow steps, 0.6 s each
+    assert straggling["fading"] == pytest.approx(straggling["mean"] - 10 * 0.6, abs=1.0)
 
 
 def test_after_a_straggler_the_job_steps_at_the_pace_its_run_kept(tmp_path):
     """Slower steps after the window, as the run measured them, are what the calculator then
-    counts (here: 0.4 s steps past the 0.2 s median, a straggler's excess to the run's end)."""
+    counts against: here 0.4 s steps, most of the run's, become its median, and the 4×
+    window's steps (0.8 s) are charged their excess over them."""
     straggling = {}
     for after_s in (None, 0.4):
         path = tmp_path / f"after-{after_s}.json"
         path.write_text(json.dumps(_straggler_run([[4.0] * 75], after_s)))
         baseline = replay_file(str(path))["baseline"]
         straggling[after_s] = baseline["predicted_badput_s"]["straggler_slowdown"]
-    # about 185 steps after it, each 0.2 s over the healthy median
-    assert straggling[0.4] == pytest.approx(straggling[None] + 185 * 0.2, rel=0.2)
+    # the window's 75 steps at 0.8 s: 0.6 s over the 0.2 s median, 0.4 s over the 0.4 s one
+    assert straggling[None] == pytest.approx(75 * 0.6, rel=0.1)
+    assert straggling[0.4] == pytest.approx(75 * 0.4, rel=0.1)

@@ -33,6 +33,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.utils import WEIGHTS_NAME
 
+from goodput.shim.numerics import replicated
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.step_protocol import end_step
@@ -117,6 +118,11 @@ class GoodputTrainerCallback(TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        # the Trainer's logged loss and gradient norm (host values, every logging_steps)
+        parameters = replicated(kwargs.get("model"))
+        self.shim.numerics.observe(
+            state.global_step, _last_loss(state), _last_logged(state, "grad_norm"), parameters
+        )
         # the last step (max_steps seen by the Trainer's flow callback, or a stop) saves here,
         # before train() logs the summary of its call; on_train_end then only waits for it
         if end_step(
@@ -142,10 +148,15 @@ class GoodputTrainerCallback(TrainerCallback):
 
 def _last_loss(state: TrainerState) -> float:
     """The loss of the newest log entry (the Trainer logs every ``logging_steps``), or 0."""
+    return _last_logged(state, "loss") or 0.0
+
+
+def _last_logged(state: TrainerState, key: str) -> float | None:
+    """``key`` of the newest log entry holding it, or None."""
     for entry in reversed(state.log_history):
-        if "loss" in entry:
-            return float(entry["loss"])
-    return 0.0
+        if key in entry:
+            return float(entry[key])
+    return None
 
 
 def rng_states() -> dict[str, Any]:

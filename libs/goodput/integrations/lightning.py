@@ -35,6 +35,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 
 from goodput.integrations.loop import rng_states, set_rng_states
 from goodput.shim.data_position import DataPositionError, LoaderPosition, resumable_sampler
+from goodput.shim.numerics import replicated
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.step_protocol import end_step
@@ -182,12 +183,15 @@ class GoodputCallback(pl.Callback):
             return  # a micro-batch of an accumulation: no optimizer step, no step to report
         self._reported_step = step
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        # on the device until the window's end (goodput.shim.numerics): no sync per step
+        parameters = replicated(pl_module)
+        self.shim.numerics.observe(step, 0.0 if loss is None else loss, None, parameters)
         if end_step(
             self.shim,
             step,
             step_time_s=time.perf_counter() - self._started,
             tokens=0,
-            loss=float(loss) if loss is not None else 0.0,
+            loss=self.shim.numerics.last_loss,
             state=lambda: self._checkpoint(trainer),
             vote=self._vote,
         ):

@@ -3,7 +3,7 @@
     loop = SupervisedLoop(model=model, optimizer=optimizer, scheduler=scheduler, plan=plan)
     for step in loop.steps(total_steps):     # restores first; stops on SIGTERM / a stop command
         loss = train_step(...)
-        loop.step_done(loss, tokens)          # heartbeat, step event, checkpoint when due
+        loop.step_done(loss, tokens, grad_norm)  # heartbeat, step event, numerics, checkpoint
     sys.exit(loop.exit_code)                  # 143 after SIGTERM: the supervisor tells them apart
 
 Every object given by name is saved with its ``state_dict()`` and restored with
@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import torch
 
 from goodput.shim.data_position import LoaderPosition
+from goodput.shim.numerics import replicated
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
 from goodput.shim.step_protocol import end_step
@@ -211,7 +212,19 @@ class SupervisedLoop:
             final=final,
         )
 
-    def step_done(self, loss: float | torch.Tensor, tokens: int = 0) -> None:
-        """The step's loss (a float or a 0-d tensor) and tokens, for the job's step events."""
-        self._loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+    def step_done(
+        self,
+        loss: float | torch.Tensor,
+        tokens: int = 0,
+        grad_norm: float | torch.Tensor | None = None,
+    ) -> None:
+        """The step's loss (a float or a 0-d tensor), tokens and gradient norm (what
+        ``clip_grad_norm_`` returned), after its optimizer step. Tensors stay on their device:
+        the numerics monitor (``goodput.shim.numerics``) reads them once a window, and the
+        step event carries the newest loss it read, so no step waits for the device. The
+        ``model`` component's parameters are fingerprinted when due."""
+        parameters = replicated(self.components.get("model"))
+        self.shim.numerics.observe(self.step + 1, loss, grad_norm, parameters)
+        tensor = isinstance(loss, torch.Tensor)
+        self._loss = self.shim.numerics.last_loss if tensor else float(loss)
         self._tokens = tokens

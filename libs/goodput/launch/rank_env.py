@@ -60,6 +60,7 @@ VARIABLES: dict[str, str] = {
     "enable_fault_injection": "GOODPUT_ENABLE_FAULT_INJECTION",
     "standby": "GOODPUT_STANDBY",
     "device": "GOODPUT_DEVICE",
+    "restore_before_step": "GOODPUT_RESTORE_BEFORE_STEP",
 }
 
 #: torch's NCCL error handling for a rank that must outlive a peer's death (the names of torch
@@ -122,6 +123,8 @@ class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: nodes share one machine, so a local rank alone does not name a GPU of its own); None:
     #: its local rank (``goodput.launch.capacity.rank_device``)
     device: int | None = None
+    #: a numerical rollback's launch: restore the newest checkpoint before this step
+    restore_before_step: int | None = None
 
     def to_env(self) -> dict[str, str]:
         """The variables to put in a rank's environment (unset knobs left out)."""

@@ -64,6 +64,9 @@ class Restart(Command, tag="restart", kw_only=True):
     reset_gpus: dict[Token, list[int]] = msgspec.field(default_factory=dict)
     #: take the ranks from the nodes' ready standbys (those of a node with none start cold)
     standbys: bool = False
+    #: a numerical rollback: the relaunched ranks restore the newest checkpoint before this
+    #: step (the first one a numerical fault may have touched), not the newest (schema 14)
+    restore_before_step: int | None = None
 
 
 class RestartInProcess(Command, tag="restart_in_process", kw_only=True):
@@ -92,6 +95,9 @@ class HotSwap(Command, tag="hot_swap", kw_only=True):
     spare_node: TokenOrEmpty = ""
     #: take the ranks from the nodes' ready standbys, the spare's included
     standbys: bool = False
+    #: a numerical rollback: the relaunched ranks restore the newest checkpoint before this
+    #: step (the first one a numerical fault may have touched), not the newest (schema 14)
+    restore_before_step: int | None = None
 
 
 class ScaleTo(Command, tag="scale_to", kw_only=True):
@@ -102,6 +108,9 @@ class ScaleTo(Command, tag="scale_to", kw_only=True):
     drop_nodes: list[Token] = msgspec.field(default_factory=list)
     #: take the ranks from the nodes' ready standbys
     standbys: bool = False
+    #: a numerical rollback: the relaunched ranks restore the newest checkpoint before this
+    #: step (the first one a numerical fault may have touched), not the newest (schema 14)
+    restore_before_step: int | None = None
 
 
 class Rescale(Command, tag="rescale", kw_only=True):

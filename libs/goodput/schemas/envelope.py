@@ -47,7 +47,11 @@ import msgspec
 #: (``CheckpointRestored.pinned_bytes``)
 #: 13: ``RestoreToNode`` names the part of a checkpoint sharded across nodes the node holds in
 #: the new membership, and the new part count (``part``, ``parts``)
-SCHEMA_VERSION = 13
+#: 14: trainer-side numerics (``Numerics``: a window's loss and gradient norm, the replicas'
+#: parameter fingerprints) and the signals judged from them (``nonfinite``, ``loss_spike``,
+#: ``replica_mismatch``, with ``Signal.first_bad_step``) and the rollback they lead to
+#: (``restore_before_step`` on ``Restart``, ``HotSwap``, ``ScaleTo``)
+SCHEMA_VERSION = 14
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

@@ -212,8 +212,51 @@ class HostHealth(Event, tag="host_health", kw_only=True):
 
 
 SignalKind = Literal[
-    "crash", "hang", "missed_heartbeat", "straggler", "degraded_host", "job_down", "node_returned"
+    "crash",
+    "hang",
+    "missed_heartbeat",
+    "straggler",
+    "degraded_host",
+    "job_down",
+    "node_returned",
+    "nonfinite",
+    "loss_spike",
+    "replica_mismatch",
 ]
+#: the signals of a numerical fault (``supervisor/detect/numerics.py``), which a rollback cures
+NUMERICAL_SIGNALS: frozenset[str] = frozenset({"nonfinite", "loss_spike", "replica_mismatch"})
+
+
+class ReplicaSplit(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The data-parallel replicas of one model-parallel slot that disagreed, grouped by the
+    fingerprint they hold (each group: ranks, ascending; groups: largest first)."""
+
+    slot: int
+    groups: list[list[int]]
+
+
+class Numerics(Event, tag="numerics", kw_only=True):
+    """Trainer-side numerics of a window of steps, reduced over every rank and published by
+    rank 0 (schema 14): read from device accumulators once per window, never per step."""
+
+    node: Token
+    rank: int
+    #: the window's last step, and how many steps it holds
+    step: int
+    steps: int
+    loss_mean: float
+    loss_max: float
+    #: 0.0 when the loop reports no gradient norm
+    grad_norm_mean: float = 0.0
+    grad_norm_max: float = 0.0
+    #: steps of the window whose loss or gradient norm was NaN or infinite (on any rank)
+    nonfinite_steps: int = 0
+    #: the step whose parameters were fingerprinted (-1: none in this window)
+    fingerprint_step: int = -1
+    #: the fingerprint every replica agreed on (0 with disagreements or none taken)
+    fingerprint: int = 0
+    #: the slots whose replicas disagreed (empty: all agreed)
+    splits: list[ReplicaSplit] = msgspec.field(default_factory=list)
 
 
 #: why a rank's process could not go on, as its exit code says (``goodput.launch.rank_env``):
@@ -246,6 +289,9 @@ class Signal(Event, tag="signal", kw_only=True):
     #: a crash's CUDA cause, from the rank's exit code; on a signal with no node, every rank
     #: of the attempt exited with it (a job-wide OOM: the job's memory, not a node's; schema 12)
     rank_fault: RankFault = ""
+    #: a numerical fault (``nonfinite``, ``loss_spike``, ``replica_mismatch``): the first step
+    #: it may have touched; a rollback goes to a clean checkpoint before it (schema 14)
+    first_bad_step: int = -1
 
 
 class Decision(Event, tag="decision", kw_only=True):
@@ -410,6 +456,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Decision,
     ActionResult,
     GpuReset,
+    Numerics,
     JobStatus,
     RankRejoined,
     RunStarted,

@@ -41,6 +41,12 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     #: (rank 0 writes into a ``ckpt_dir`` every node shares), for comparisons
     ckpt_mode: Literal["async", "torch-save"] = "async"
     heartbeat_period_s: float = 0.5
+    #: steps per numerics window (loss and gradient norm read from the device once a window)
+    numerics_every: int = 10
+    #: steps between parameter fingerprints of the replicas (a multiple of numerics_every)
+    fingerprint_every: int = 100
+    #: a numerical rollback's launch: restore the newest checkpoint before this step
+    restore_before_step: int | None = None
     #: obey InjectFault commands (chaos testing: "hang" blocks the training loop, "slow"
     #: stretches the rank's compute)
     enable_fault_injection: bool = False
@@ -76,6 +82,7 @@ class ShimConfig(msgspec.Struct, kw_only=True):
             "ckpt_mode": rank_env.ckpt_mode,
             "heartbeat_period_s": rank_env.heartbeat_period_s,
             "enable_fault_injection": rank_env.enable_fault_injection,
+            "restore_before_step": rank_env.restore_before_step,
         }
         values.update(overrides)
         # unset knobs take this struct's defaults

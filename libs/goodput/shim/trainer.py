@@ -42,6 +42,7 @@ from goodput.shim.config import ShimConfig, node_parts
 from goodput.shim.injected_faults import InjectedFaults
 from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
+from goodput.shim.numerics import NumericsMonitor
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import (
     CheckpointMetadata,
@@ -52,6 +53,7 @@ from goodput.shim.restore_result import (
     resolve_restore,
     with_metadata,
 )
+from goodput.shim.rollback import bounded, discard_after
 from goodput.shim.schedule import CheckpointSchedule
 from goodput.shim.tracing import ShimTelemetry
 
@@ -68,6 +70,15 @@ class TrainerShim:
         self.exit_code = 0
         self._stop_reason = ""
         self._faults = InjectedFaults(config)
+        #: the loop's loss, gradient norm and parameters: ``shim.numerics.observe`` each step
+        self.numerics = NumericsMonitor(
+            read_every=config.numerics_every,
+            fingerprint_every=config.fingerprint_every,
+            mp_size=config.model_parallel_size,
+            publish=self._publish,
+            job=config.job,
+            node=config.node,
+        )
         #: set while the loop is the shim's own (``run``): Rejoin commands restart in process
         self._rejoins: RejoinMailbox | None = None
         #: the next restore may come from the engine's host buffers (this process kept them)
@@ -209,7 +220,8 @@ class TrainerShim:
         self, template_state: dict[str, Any]
     ) -> tuple[int, dict[str, Any], RestoreTier] | None:
         # a rank whose newest copy is corrupt falls back further: agree on the minimum, again
-        latest = self.engine.latest_complete_step()
+        before = self.config.restore_before_step  # a numerical rollback (shim/rollback.py)
+        latest = bounded(self.engine.latest_complete_step(), before)
         candidate = agree_min(latest)
         if candidate is None and any_rank(latest is not None)[0]:
             raise UnfilledVolumeError(
@@ -223,6 +235,8 @@ class TrainerShim:
         for _ in range(4):
             if candidate is None:
                 log.info("no common checkpoint in %s; starting from scratch", self.config.ckpt_dir)
+                if before is not None and self.config.local_rank == 0:
+                    discard_after(self.config.ckpt_dir, None)
                 return None
             try:
                 step, state, tier = self._load(candidate, template_state)
@@ -230,6 +244,8 @@ class TrainerShim:
                 step, state, tier = None, None, self._volume_tier
             agreed = agree_min(step)
             if agreed == step:
+                if before is not None and self.config.local_rank == 0:
+                    discard_after(self.config.ckpt_dir, step)
                 self._last_saved_step = step
                 if self.link is not None:
                     self.link.step = step

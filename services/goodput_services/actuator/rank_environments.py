@@ -29,6 +29,13 @@ class RankEnvironments:
     spec: schemas.StartJob | None
     membership: Membership | None
     attempt: int
+    #: (attempt, step): that attempt's ranks restore the newest checkpoint before the step
+    _rollback: tuple[int, int] | None = None
+
+    def roll_back_before(self, step: int | None) -> None:
+        """The next attempt's ranks (only those: a later relaunch resumes from the newest
+        checkpoint again) restore before ``step`` (None: the newest, as usual)."""
+        self._rollback = None if step is None else (self.attempt + 1, step)
 
     def rank_bus_environment(self) -> dict[str, str]:
         """The ``GOODPUT_NATS_*`` variables with which the shim reaches the bus like the
@@ -99,4 +106,9 @@ class RankEnvironments:
             # the job's own checkpoint directory (a shared one) wins over the node's volume
             ckpt_dir=self.spec.env.get(VARIABLES["ckpt_dir"]) or str(volume),
             device=device,
+            restore_before_step=(
+                self._rollback[1]
+                if self._rollback is not None and self._rollback[0] == self.attempt
+                else None
+            ),
         )

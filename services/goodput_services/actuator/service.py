@@ -192,6 +192,8 @@ class ActuatorService(Service):
 
     async def _run(self, command: schemas.Command) -> str | None:
         backend = self.backend
+        if isinstance(command, (schemas.Restart, schemas.HotSwap, schemas.ScaleTo)):
+            backend.roll_back_before(command.restore_before_step)
         match command:
             case schemas.StartJob():
                 return await backend.start_job(command)

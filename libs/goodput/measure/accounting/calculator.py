@@ -12,15 +12,14 @@ The method, in three passes (docs/GOODPUT.md defines every category precisely):
    executions claim their spans. :func:`goodput.measure.accounting.intervals.partition` resolves the
    overlaps by precedence, so every instant has one owner and the totals add up.
 3. **Split of kept work.** What a productive execution kept after stronger claims is split
-   into straggler excess (over the healthy median step time, while a straggler is flagged),
-   capacity idle while scaled down (the missing share of the nominal world size) and
+   into straggler excess (over the healthy median step time, for every slow step, flagged or
+   not: :mod:`goodput.measure.accounting.slowdown`), capacity idle while scaled down (the missing share of the nominal world size) and
    productive time. Executions that were thrown away count whole as wasted progress.
 """
 
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -44,13 +43,14 @@ from goodput.measure.accounting.report import (
 )
 from goodput.measure.accounting.rollbacks import Work, kept
 from goodput.measure.accounting.selection import SelectedJob, earliest_ns, select_job
+from goodput.measure.accounting.slowdown import KeptStep, step_time_deviation
 
 E = TypeVar("E", bound=schemas.Event)
 
 #: signals that mean training stopped (or will stop) for a fault, not for a plan
-FAILURE_SIGNALS = frozenset({"crash", "hang", "missed_heartbeat", "degraded_host", "job_down"})
-#: a flagged straggler has recovered once a step takes at most this much over the healthy median
-RECOVERED_TOLERANCE = 0.10
+FAILURE_SIGNALS = frozenset(
+    {"crash", "hang", "missed_heartbeat", "degraded_host", "job_down"} | schemas.NUMERICAL_SIGNALS
+)
 
 #: events that belong to the job's life and bound its accounting window
 _LIFECYCLE = (
@@ -314,43 +314,6 @@ class _Accounting:
 
     # -- pass 3: split what kept executions kept ---------------------------------------------
 
-    def straggler_excess(
-        self, executions: list[Execution], runs: list[Run]
-    ) -> tuple[dict[int, float], dict[int, float]]:
-        """Excess seconds per execution index while a straggler was flagged, and the healthy
-        median step time per world size."""
-        flags = sorted(
-            self.sec(e.observed_ts or e.ts)
-            for e in self.of(schemas.Signal)
-            if e.signal == "straggler"
-        )
-        ends = [x.end for x in executions]
-        firsts = (_flagged_from(flagged, ends, executions, runs) for flagged in flags)
-        covered = [first for first in firsts if first is not None]
-        # the most a flag can cover: from the first step ending after it to the end of its run
-        suspect: set[int] = set()
-        for first in covered:
-            suspect.update(range(first, runs[executions[first].run].last + 1))
-        healthy_by_size: dict[int, list[float]] = defaultdict(list)
-        for index, x in enumerate(executions):
-            if index not in suspect and x.kept > 0:
-                healthy_by_size[x.world_size].append(x.kept)
-        everything = [t for times in healthy_by_size.values() for t in times]
-        medians = {size: statistics.median(times) for size, times in healthy_by_size.items()}
-        fallback = statistics.median(everything) if everything else None
-
-        excess: dict[int, float] = {}
-        for index in covered:
-            run_last = runs[executions[index].run].last
-            while index <= run_last:
-                x = executions[index]
-                median = medians.get(x.world_size, fallback)
-                if median is None or x.kept <= median * (1 + RECOVERED_TOLERANCE):
-                    break
-                excess[index] = x.kept - median
-                index += 1
-        return excess, medians
-
     # -- assembly ----------------------------------------------------------------------------
 
     def report(self) -> GoodputReport:
@@ -372,16 +335,17 @@ class _Accounting:
                 executions[piece.owner].kept += piece.length  # type: ignore[index]
             else:
                 totals[piece.kind] += piece.length
-        excess, medians = self.straggler_excess(executions, runs)
+        slowdown = step_time_deviation([KeptStep(x.kept, x.world_size, x.run) for x in executions])
+        self.notes += slowdown.notes
         for index, x in enumerate(executions):
             if not x.productive:
                 totals[c.WASTED_PROGRESS] += x.kept
                 continue
-            slowdown = excess.get(index, 0.0)
-            idle = max(0, self.nominal - x.world_size) / self.nominal * (x.kept - slowdown)
-            totals[c.STRAGGLER] += slowdown
+            excess = slowdown.excess.get(index, 0.0)
+            idle = max(0, self.nominal - x.world_size) / self.nominal * (x.kept - excess)
+            totals[c.STRAGGLER] += excess
             totals[c.SCALED_DOWN] += idle
-            totals[c.PRODUCTIVE] += x.kept - slowdown - idle
+            totals[c.PRODUCTIVE] += x.kept - excess - idle
 
         uptime = sum(executions[r.last].end - executions[r.first].start for r in runs)
         return summarize(
@@ -395,7 +359,7 @@ class _Accounting:
             steps_productive=sum(x.productive for x in executions),
             steps_wasted=sum(not x.productive for x in executions),
             nominal_world_size=self.nominal,
-            healthy_step_time_s=medians,
+            healthy_step_time_s=slowdown.medians,
             timeline=self.timeline(executions, pieces, failures),
             notes=self.notes,
         )
@@ -460,19 +424,3 @@ def compute_events_goodput(
     nominal_world_size: int | None = None,
 ) -> GoodputReport:
     return _Accounting(select_job(events, job), nominal_world_size).report()
-
-
-def _flagged_from(
-    flagged: float, ends: list[float], executions: list[Execution], runs: list[Run]
-) -> int | None:
-    """The first execution a straggler flag at ``flagged`` covers: the next one of the run it
-    was raised in (``ends``: the executions' ends, in order). None when that run had ended (the
-    eviction stopped training as the flag came): the next run is another attempt, whose slow
-    steps (a standby rebuilt beside it) are not the evicted straggler's, and whose own
-    straggler a new flag would mark."""
-    index = bisect.bisect_right(ends, flagged)
-    if index >= len(executions):
-        return None
-    if executions[runs[executions[index].run].first].start > flagged:
-        return None
-    return index

@@ -37,6 +37,11 @@ What is detected:
   faults; faults the GPU fault table (:mod:`goodput.gpu_faults`) says ask for nothing (a
   thermal slowdown, XID 45) are not counted. **node_returned** when that host reports
   healthy again.
+* **nonfinite**, **loss_spike**, **replica_mismatch** — from the trainer's ``Numerics``
+  windows (:mod:`.numerics`): a NaN or infinite loss or gradient norm, a window's loss over
+  the median of the healthy ones by a MAD-scaled margin, data-parallel replicas holding
+  different parameters (the majority names the corrupt one; a node caught twice is
+  ``uncorrectable``). Each carries ``Signal.first_bad_step``, for the rollback.
 * **job_down** — the job should be running but no rank made progress (a step, or a busy
   checkpoint heartbeat) for ``jobset_downtime_threshold_s`` (``first_step_timeout_s`` while a
   started rank has not made its first step yet).

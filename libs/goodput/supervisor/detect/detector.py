@@ -21,6 +21,7 @@ from goodput.supervisor.detect.deadline_checks import (
 )
 from goodput.supervisor.detect.host_faults import fault_change, host_faults
 from goodput.supervisor.detect.incidents import Incidents
+from goodput.supervisor.detect.numerics import NumericsJudge
 from goodput.supervisor.detect.records import NodeRecord, RankRecord
 from goodput.supervisor.detect.run_state import RunState
 from goodput.supervisor.detect.thresholds import Thresholds
@@ -52,6 +53,7 @@ OBSERVED_EVENTS = (
     schemas.CheckpointRestored,
     schemas.HostHealth,
     schemas.RunStarted,
+    schemas.Numerics,
 )
 
 
@@ -67,6 +69,7 @@ class Detector:
         """Know nothing of any rank or node: the state of one run of the job."""
         self._run = RunState(self._thresholds)
         self._incidents = Incidents(self.job)
+        self._numerics = NumericsJudge()
 
     # ---- thresholds ----------------------------------------------------------------------------
 
@@ -102,6 +105,8 @@ class Detector:
                 return self.on_host_health(event, now)
             case schemas.CheckpointSaved() | schemas.CheckpointRestored():
                 return self.on_checkpoint(event, now)
+            case schemas.Numerics():
+                return self.on_numerics(event, now)
             case schemas.RunStarted():
                 # a new run counts attempts from 1 again: the old run's ranks would make its
                 # first attempt look stale, and its silence look like the new run hanging
@@ -358,6 +363,26 @@ class Detector:
             signals += self._incidents.straggler(
                 slow_rank, self._run.ranks[slow_rank].node, ratio, self._thresholds, now
             )
+        return signals
+
+    def on_numerics(self, event: schemas.Numerics, now: int) -> list[schemas.Signal]:
+        """A window of the trainer's numerics: non-finite values, a loss spike, replicas that
+        disagree (:mod:`.numerics`); each finding a signal through the open incident."""
+        nodes = {rank: record.node for rank, record in self._run.ranks.items()}
+        signals = []
+        for finding in self._numerics.observe(event, nodes):
+            for signal in self._incidents.failure(
+                finding.kind,
+                finding.node,
+                finding.rank,
+                finding.severity,
+                finding.reason,
+                observed_ns=event.ts,
+                now=now,
+            ):
+                signals.append(
+                    msgspec.structs.replace(signal, first_bad_step=finding.first_bad_step)
+                )
         return signals
 
     def on_checkpoint(

@@ -34,6 +34,7 @@ class Incidents:
         self.epoch = max(self.epoch, attempt)
         self.open = False
         self.reported_nodes.pop(node, None)
+        self.reported_nodes.pop("", None)  # a job-wide fault (a NaN loss): the restart ends it
 
     def failure(
         self,

@@ -35,7 +35,10 @@ from goodput.supervisor.jobstate.model import (
 from goodput.supervisor.membership import Membership, MembershipError
 
 #: signal kinds that mean training was interrupted (they count for MTBF and crash loops)
-FAILURE_KINDS = frozenset({"crash", "hang", "missed_heartbeat", "degraded_host", "job_down"})
+FAILURE_KINDS = (
+    frozenset({"crash", "hang", "missed_heartbeat", "degraded_host", "job_down"})
+    | schemas.NUMERICAL_SIGNALS  # a rollback restarts too: the crash-loop rules bound repeats
+)
 #: commands that restart the worker group
 RESTARTING = (schemas.Restart, schemas.RestartInProcess, schemas.HotSwap, schemas.ScaleTo)
 #: how many ids / records are remembered (older ones cannot be redelivered any more)

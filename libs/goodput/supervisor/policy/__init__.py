@@ -12,7 +12,8 @@ published ``Decision``; a bare list is reported as rule ``"script"``; ``[]`` mea
 nothing". A script may call the built-in policy (:func:`default_policy`) or its building
 blocks (:func:`scale_down`, :func:`scale_up`, :func:`replace_node`, :func:`replace_suspects`:
 the nodes the actuator places no rank on, ``NodeRecord.suspect``; :func:`evict_straggler`,
-:func:`reset_gpus`, :func:`standby_note`: whether a launch on some nodes should take their
+:func:`reset_gpus`, :func:`roll_back`: a numerical fault's rollback to the newest
+checkpoint before ``Signal.first_bad_step``, :func:`standby_note`: whether a launch on some nodes should take their
 ready standbys, ``JobState.standbys``; :func:`backend_lacks`: why the actuator's backend
 cannot run a rung, from what it declared, ``JobState.backend``) and change only what it wants. It gets copies of the signal and the state: changing them
 changes nothing. Its answer must pass :func:`validate`, or the built-in policy decides.
@@ -32,6 +33,7 @@ from goodput.supervisor.policy.builtin import (
     replace_node,
     replace_suspects,
     reset_gpus,
+    roll_back,
     scale_down,
     scale_up,
     standby_note,
@@ -60,6 +62,7 @@ __all__ = [
     "replace_node",
     "replace_suspects",
     "reset_gpus",
+    "roll_back",
     "scale_down",
     "scale_up",
     "standby_note",

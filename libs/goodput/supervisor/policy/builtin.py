@@ -53,6 +53,12 @@ Rules, in order (the rule name is what a ``Decision`` shows):
   ``job-oom`` — every rank ran out of GPU memory after its warm retry (``Signal.rank_fault``
   on a signal naming no node): the job's memory, not a node's, so every rank restarts cold
   and no node is blamed (a repeat is the crash-loop guard's to stop, never a node's eviction).
+* ``numerical-rollback`` — a numerical fault (``nonfinite``, ``loss_spike``, a first
+  ``replica_mismatch``): restart every rank from the newest checkpoint before
+  ``Signal.first_bad_step`` (``Restart.restore_before_step``; the shim discards its volume's
+  newer ones, which hold the fault). ``numerical-quarantine`` — a node whose replica
+  disagreed again (the detector's ``uncorrectable``): replace it (hot swap, else scale down)
+  and roll back the same way.
 
 A crash whose rank's CUDA context was poisoned (``rank_fault`` ``cuda-context``) or that ran
 out of GPU memory alone (``cuda-oom`` on a node) takes the rungs of any crash: that rank left
@@ -68,6 +74,8 @@ would refuse. An undeclared capability (an actuator that does not say) is tried.
 from __future__ import annotations
 
 from typing import Literal
+
+import msgspec
 
 from goodput import schemas
 from goodput.gpu_faults import node_remedy, reset_targets
@@ -126,6 +134,8 @@ def default_policy(signal: schemas.Signal, state: JobState) -> Plan:
         return scale_up(state, why=f"{signal.node} is back")
     if kind == "straggler":
         return evict_straggler(signal, state)
+    if kind in schemas.NUMERICAL_SIGNALS:
+        return roll_back(signal, state)
     record = state.node(signal.node) if signal.node else None
     if record is None and signal.rank_fault == "cuda-oom":
         warm, note = standby_note(state, state.active)
@@ -290,6 +300,29 @@ def warm_restart_failure(signal: schemas.Signal, state: JobState) -> Refusal | N
             if r.action == schemas.kind_of(schemas.RestartInProcess) and r.ts >= observed
         ),
         None,
+    )
+
+
+def roll_back(signal: schemas.Signal, state: JobState) -> Plan:
+    """A numerical fault: every rank restarts from the newest checkpoint before the first step
+    it may have touched; a repeat offender's node is replaced on the way."""
+    before = max(signal.first_bad_step, 0)
+    why = f"{signal.signal} ({signal.detail})"
+    back = f"roll back to the newest checkpoint before step {before}"
+    if signal.severity == "uncorrectable" and signal.node:
+        plan = replace_node(state, signal.node, why=f"{why}; quarantine {signal.node}")
+        commands = [
+            msgspec.structs.replace(c, restore_before_step=before)
+            if isinstance(c, (schemas.HotSwap, schemas.ScaleTo))
+            else c
+            for c in plan.commands
+        ]
+        return Plan(commands, "numerical-quarantine", f"{plan.reason}; {back}")
+    warm, note = standby_note(state, state.active)
+    return Plan(
+        [schemas.Restart(job=state.job, standbys=warm, restore_before_step=before)],
+        "numerical-rollback",
+        f"{why}: {back}{note}",
     )
 
 

@@ -59,6 +59,13 @@ class Execution:
     standbys_ready_ns: int | None = None
 
     @property
+    def rollback_bound(self) -> int | None:
+        """A numerical rollback's newest step to restore: the one before its fault (None: not
+        a rollback)."""
+        before = getattr(self.command, "restore_before_step", None)
+        return None if before is None else before - 1
+
+    @property
     def stops_ns(self) -> int:
         """When the old worker group stops: at once, or as late as the replayed run's did
         (a scale-up trains on until its new ranks are ready)."""

@@ -121,6 +121,12 @@ class CheckpointSystem:
     def first_durable_ns(capture: Capture) -> int:
         return min(capture.durable_ns.values())
 
+    def discard_after(self, step: int | None) -> None:
+        """A numerical rollback: the copies newer than ``step`` hold the fault; none is
+        restored again (the shim discards them, ``shim/rollback.py``). None: keep all."""
+        if step is not None:
+            self.captures = [c for c in self.captures if c.step <= step]
+
     def restore_from_host(self) -> tuple[Capture | None, str, float]:
         """An in-process restart: the newest snapshot, which every surviving rank holds in
         host memory (a replaced rank is sent it), read at the snapshot's bandwidth."""

@@ -59,6 +59,10 @@ class FaultsMixin:
             if node in active and self.phase in ("running", "saving"):
                 self._watch_straggler(active.index(node), node)
             return
+        if fault.kind == "sdc":  # training goes on; the next fingerprint step tells
+            if node in active:
+                self._corrupt[node] = self.actuator.attempt
+            return
         if fault.kind in BREAKING:
             self._broken[node] = fault.kind
             if fault.duration_s:
@@ -116,6 +120,28 @@ class FaultsMixin:
         elif kind == "lost_host":
             fed = self._fed.get(rank) or self._register(rank, FedRank(node))
             fed.heartbeating = fed.stepping = False
+
+    def _fingerprints(self) -> None:
+        """A fingerprint step: rank 0's window says the replicas agreed (the step a rollback
+        may go back to), or, while a replica of this attempt is corrupt, the split; training
+        then stops for the rollback (which throws away the steps since the corruption). A
+        relaunch reloads the parameters: an older attempt's flip is gone."""
+        active = self.actuator.membership.active
+        corrupt = [n for n, a in self._corrupt.items() if a == self.actuator.attempt]
+        self._corrupt.clear()
+        ranks = {node: position * self.job.gpus_per_node for position, node in enumerate(active)}
+        bad = [ranks[node] for node in corrupt if node in ranks]
+        if not bad:
+            self._feed(msg.replicas_agree(active[0], self.now, self.step))
+            return
+        for node in corrupt:
+            if ranks[node] not in self._fed:
+                self._register(ranks[node], FedRank(node))
+        self.interruptions += 1
+        self._fail()
+        good = [rank for node, rank in ranks.items() if node not in corrupt]
+        split = msg.replicas_split(active[0], self.now, self.step, good, bad)
+        self._feed_later(self._latency, split)
 
     def _register(self, rank: int, fed: FedRank) -> FedRank:
         """The sensor learns of a rank of this attempt that it has not followed so far."""

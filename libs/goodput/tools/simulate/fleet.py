@@ -18,6 +18,10 @@ kind reaches the sensor by its own path (see :mod:`goodput.tools.simulate.world`
   repaired;
 * ``node_down`` — the demo's node loss (replays only): its ranks are killed and its host
   monitor reports the node down; broken until repaired;
+* ``sdc`` — silent data corruption: a bit flips in one replica's parameters and training
+  goes on; the replicas' fingerprints disagree at the next fingerprint step
+  (``JobSpec.fingerprint_every_steps``), where the sensor hears of it (a ``Numerics`` event)
+  and the policy rolls back; a relaunch reloads the parameters (a transient flip);
 * ``straggler`` — a node computes slower by a factor for a while.
 
 A broken node is repaired after a log-normal time and returns to the spare pool.
@@ -34,9 +38,16 @@ from goodput.gpu_faults import xid_verdict
 from goodput.tools.simulate.profile import FailureModel, JobSpec
 
 FaultKind = Literal[
-    "crash", "hang", "gpu_xid", "correctable", "lost_host", "node_down", "straggler"
+    "crash", "hang", "gpu_xid", "correctable", "lost_host", "node_down", "straggler", "sdc"
 ]
-INTERRUPTING: tuple[FaultKind, ...] = ("crash", "hang", "gpu_xid", "correctable", "lost_host")
+INTERRUPTING: tuple[FaultKind, ...] = (
+    "crash",
+    "hang",
+    "gpu_xid",
+    "correctable",
+    "lost_host",
+    "sdc",
+)
 #: what the host monitor reports for each GPU fault kind
 XIDS: dict[str, int] = {"gpu_xid": 79, "correctable": 48}
 #: GPU kinds a GPU reset clears, and kinds that leave the node broken until it is repaired (or,

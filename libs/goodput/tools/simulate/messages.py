@@ -83,3 +83,22 @@ def checkpoint_restored(node: str, now: int, step: int, tier: str, duration_s: f
     return schemas.CheckpointRestored(
         job=JOB, ts=now, node=node, rank=0, step=step, tier=tier, duration_s=duration_s,  # type: ignore[arg-type]
     )  # fmt: skip
+
+
+def replicas_split(node: str, now: int, step: int, good: list[int], bad: list[int]):
+    """Rank 0's numerics window at a fingerprint step whose replicas disagreed."""
+    split = schemas.ReplicaSplit(
+        slot=0, groups=[good, bad] if len(good) >= len(bad) else [bad, good]
+    )
+    return schemas.Numerics(
+        job=JOB, ts=now, node=node, rank=0, step=step, steps=1, loss_mean=0.0, loss_max=0.0,
+        fingerprint_step=step, splits=[split],
+    )  # fmt: skip
+
+
+def replicas_agree(node: str, now: int, step: int) -> schemas.Numerics:
+    """Rank 0's numerics window at a fingerprint step where every replica agreed."""
+    return schemas.Numerics(
+        job=JOB, ts=now, node=node, rank=0, step=step, steps=1, loss_mean=0.0, loss_max=0.0,
+        fingerprint_step=step, fingerprint=1,
+    )  # fmt: skip

@@ -121,6 +121,8 @@ class JobSpec(Strict):
     state_gb_per_node: Positive
     #: the fixed checkpoint interval the job is started with
     checkpoint_interval_s: Positive
+    #: steps between the replicas' parameter fingerprints (the shim's ``fingerprint_every``)
+    fingerprint_every_steps: PositiveCount = 100
 
 
 class FailureModel(Strict):
@@ -141,6 +143,9 @@ class FailureModel(Strict):
     #: a failed node is repaired after a log-normal time with this median and shape
     repair_median_s: Positive
     repair_sigma: NonNegative
+    #: share of silent data corruption in one replica's parameters (0: none; the llama3-16k
+    #: preset states the published one)
+    sdc: NonNegative = 0.0
 
 
 class Preset(Strict):

@@ -176,6 +176,8 @@ class World(FaultsMixin, DecisionsMixin):
         self._broken: dict[str, str] = {}
         #: straggling nodes: how much slower the job steps with each, and its compute factor
         self._straggling: dict[str, Slowing] = {}
+        #: nodes whose replica a silent data corruption struck, and in which attempt
+        self._corrupt: dict[str, int] = {}
         self._compute_factor: dict[str, float] = {}
         self._failure_ns: int | None = None
         self._gen = 0
@@ -326,13 +328,21 @@ class World(FaultsMixin, DecisionsMixin):
         gen = self._gen
         cost = execution.cost if execution is not None else None
         if execution is not None:
+            self.ckpt.discard_after(execution.rollback_bound)  # a numerical rollback's
             capture, tier, restore_s = (
                 self.ckpt.restore_from_host()
                 if execution.in_process and cost is None
                 else self.ckpt.restore(
                     self._failure_ns or self.now,
                     fresh_node=fresh,
-                    at_most_step=cost.restored_step if cost is not None else None,
+                    at_most_step=min(
+                        (
+                            bound
+                            for bound in (cost and cost.restored_step, execution.rollback_bound)
+                            if bound is not None
+                        ),
+                        default=None,
+                    ),
                 )
             )
             self.step = capture.step if capture else 0
@@ -443,6 +453,8 @@ class World(FaultsMixin, DecisionsMixin):
             self._next_step = self.now + self._step_ns()
         if self._step_faults or self._repairs_at_step:
             self._step_events()
+        if self.step % self.job.fingerprint_every_steps == 0:
+            self._fingerprints()
 
     def _finish(self) -> None:
         """The job did its steps; its ranks exit (a replayed run's measured shutdown)."""

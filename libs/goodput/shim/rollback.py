@@ -1,0 +1,37 @@
+"""A numerical rollback's restore (issue 39): the newest checkpoint *before* the first step a
+numerical fault may have touched (``ShimConfig.restore_before_step``, set by the actuator for
+that one attempt), and the newer ones on this node's volume discarded, since they hold the
+fault: a later restart would otherwise resume from them.
+
+Only the node's own volume is cleaned (by its local rank 0, once every rank loaded); copies
+the replicator already sent to peers or the object store stay until retention drops them.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from goodput.checkpoint.format.files import remove_dir_safely
+from goodput.checkpoint.format.layout import step_dirs
+
+log = logging.getLogger(__name__)
+
+
+def bounded(latest: int | None, before_step: int | None) -> int | None:
+    """The newest step a restore may start looking from: ``latest``, or the step before
+    ``before_step`` when that is older (None: nothing before it, start from scratch)."""
+    if latest is None or before_step is None:
+        return latest
+    return min(latest, before_step - 1) if before_step > 0 else None
+
+
+def discard_after(root: str | Path, step: int | None) -> list[int]:
+    """Remove this volume's checkpoints newer than ``step`` (None: every one); the steps."""
+    removed = []
+    for found, path in step_dirs(root):
+        if (step is None or found > step) and remove_dir_safely(path):
+            removed.append(found)
+    if removed:
+        log.warning("numerical rollback: discarded checkpoints %s of %s", removed, root)
+    return removed

@@ -5,8 +5,9 @@ variables the recipe hands on) as a JSON line in ``$FAKE_SLURM_LOG``, and is as 
 real thing where the recipe could go wrong:
 
 - ``goodput``: parses its arguments with the real CLI's parser (a flag `goodput` refuses is
-  refused here, with its status 2); ``run`` exits with ``$FAKE_RUN_EXIT`` (``wait``: it runs
-  until signalled, as a training job does), the others with 0.
+  refused here, with its status 2); ``up`` leaves a service behind as the real one does (in a
+  session of its own, its parent gone), which ``down`` stops; ``run`` exits with
+  ``$FAKE_RUN_EXIT`` (``wait``: it runs until signalled, as a training job does).
 - ``srun``: accepts only the options of Slurm 22.05's srun that the recipe may use, then runs
   until signalled, as the agents' step does.
 - ``scontrol``: ``show hostnames`` expands a node list as Slurm does
@@ -47,6 +48,7 @@ import json, os, signal, sys, time
 def record(entry):
     entry["env"] = {{k: os.environ[k] for k in {handed_on!r} if k in os.environ}}
     entry["pid"] = os.getpid()
+    entry["ppid"] = os.getppid()
     with open(os.environ["FAKE_SLURM_LOG"], "a") as log:
         log.write(json.dumps(entry) + "\\n")
 def run_until_signalled():
@@ -64,6 +66,21 @@ command = next(a for a in argv if not a.startswith("-"))
 remainder = argv[argv.index("--"):] if "--" in argv else []
 build_parser(command).parse_args(argv[: len(argv) - len(remainder)])  # exits 2 on a bad flag
 record({{"cmd": "goodput", "argv": argv}})
+if command == "up":  # a service: in a session of its own, its parent gone, as `up` leaves it
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(0.3)  # its parent has exited: it belongs to whoever reaps orphans now
+            record({{"cmd": "service", "argv": []}})
+            run_until_signalled()
+        os._exit(0)
+    os.waitpid(child, 0)
+if command == "down":  # stops the stack's services, as the real one does
+    with open(os.environ["FAKE_SLURM_LOG"]) as log:
+        for entry in map(json.loads, log):
+            if entry["cmd"] == "service":
+                os.kill(entry["pid"], signal.SIGTERM)
 if command == "run":
     outcome = os.environ.get("FAKE_RUN_EXIT", "0")
     if outcome == "wait":

@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.longest, pytest.mark.timeout(1500)]
 REPO = Path(__file__).resolve().parents[3]
 RECIPE = REPO / "deploy" / "slurm" / "goodput.sbatch"
 MARK = "GOODPUT_SLURM_TEST_MARK"
-STEPS = 300
+STEPS = 3000
 CKPT_EVERY = 10
 #: the bound on a whole job: start, a hot swap, 300 steps on two shared cores
 JOB_WAIT_S = 600

@@ -106,16 +106,25 @@ def test_the_agents_run_in_one_step_that_a_lost_node_does_not_end(tmp_path: Path
 def test_the_job_checkpoints_with_the_engine_on_node_local_storage(tmp_path: Path) -> None:
     code, calls = _run(tmp_path)
     assert code == 0
+    (step,) = [c for c in calls if c["cmd"] == "srun"]
+    # the agents' state is node-local: the volume the actuator hands each rank is in it
+    assert Path(_flag(step["argv"], "--state-dir")).is_relative_to(tmp_path / "node-local")
     (run,) = _goodput(calls, "run")
-    env = dict(run[i + 1].split("=", 1) for i, arg in enumerate(run) if arg == "--env")
-    node_local = tmp_path / "node-local"
-    assert Path(env["GOODPUT_CKPT_DIR"]).is_relative_to(node_local)
-    assert "GOODPUT_CKPT_MODE" not in env  # the engine, the default: sharded, async
+    # neither a directory nor a mode of the job's own: the node's volume, the engine (sharded,
+    # async); the torch-save mode on a shared directory is gone
+    assert "--env" not in run[: run.index("--")]
     (up,) = _goodput(calls, "up")
     # a new node's volume is filled by its replicator before the launch: no waiver
     assert not any("restore_timeout_s" in arg for arg in up)
     assert "actuator:backend=agent" in up
     assert run[run.index("--") + 1 :] == TRAIN
+
+
+def test_a_checkpoint_directory_of_the_users_own_reaches_the_ranks(tmp_path: Path) -> None:
+    code, calls = _run(tmp_path, GOODPUT_CKPT_DIR="/local/ckpt")
+    assert code == 0
+    (run,) = _goodput(calls, "run")
+    assert _flag(run, "--env") == "GOODPUT_CKPT_DIR=/local/ckpt"
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,9 @@ def _spawn_agent(node: str, state_dir: Path, url: str, log) -> subprocess.Popen:
             str(state_dir),
             "--nats-url",
             url,
+            # every agent on this machine: their replicators would share the fixed peer port,
+            # and the job's checkpoints are on a shared directory (no tier has to carry them)
+            "--no-node-daemons",
         ],
         stdout=subprocess.DEVNULL,
         stderr=log,

@@ -150,6 +150,20 @@ def test_lost_node_is_one_uncorrectable_missed_heartbeat_in_time() -> None:
     assert signals[0].ts - signals[0].observed_ts <= limit * NS
 
 
+def test_a_node_lost_with_its_host_monitor_is_lost_though_it_reported_last() -> None:
+    """The host monitor died with the ranks, its last report after their last heartbeat (a
+    node agent's host killed outright): still a lost node, not one silent rank."""
+    detector = Detector(JOB)
+    events = steady(FOUR, 10)
+    events += [(at(t + 0.5), host("node1")) for t in range(0, 11, 2)]  # the last at 10.5 s
+    events += [(at(t), heartbeat(r, "node0", int(t))) for t in range(11, 40) for r in (0, 1)]
+    events += [(at(t + 0.5), host("node0")) for t in range(0, 40, 2)]
+    signals = feed(detector, events)
+    assert [(s.signal, s.node, s.rank, s.severity) for s in signals] == [
+        ("missed_heartbeat", "node1", None, "uncorrectable")
+    ]
+
+
 def test_one_silent_rank_on_a_reporting_host_is_correctable() -> None:
     detector = Detector(JOB)
     events = steady(FOUR, 5)

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from goodput.launch.exit_reason import REFUSED_EXIT_CODE
+from goodput.launch.restart_backoff import restart_delay
 from goodput.owned_process import ProcessIdentity, is_running, spawned
-from goodput.tools.stack.keeper import keeper_command, kept_service, restart_delay
+from goodput.tools.stack.keeper import keeper_command, kept_service
 from goodput.tools.stack.lock import StackBusy, stack_lock
 
 #: a service that crashes on its first two runs, then runs until stopped (runs counted in a file)

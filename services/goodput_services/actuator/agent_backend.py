@@ -14,7 +14,9 @@ The ladder is the local backend's: cold launch, kill, in-process restart (the su
 at rank 0's agent, the dead ranks are launched again by their agents), GPU reset (through the
 node's host monitor, as on every backend), hot swap and scale. A node whose agent is gone
 (its record lapsed) cannot be launched on: a launch there fails at once, and the sensor has
-seen the node lost (its ranks died with the agent, its host reports stopped). Standby ranks
+seen the node lost (its ranks died with the agent, its host reports stopped). A node that was
+only cut off comes back with its ranks of the attempt given up still running: they are killed
+as soon as its agent's record shows them (:func:`stray_ranks`). Standby ranks
 are the local backend's too, each agent keeping its host's (``agent_standbys``): on every node
 of the job, spares included (``standbys="all"`` in its capabilities).
 """
@@ -51,6 +53,8 @@ COMMAND_TIMEOUT_S = 30.0
 KILL_WAIT_S = 10.0
 #: after a launch, how long the agents may take to report the new ranks' pids
 PIDS_WAIT_S = 5.0
+#: why a rank of an attempt given up (its node was cut off, and is back) is killed
+STRAY_REASON = "a rank of an attempt given up while its node was lost"
 
 
 @dataclass
@@ -99,6 +103,8 @@ class AgentBackend(MembershipBackend):
         self._stopping: list[AgentRankEntry] = []
         #: rendezvous ports the run's attempts used (a new group's store needs a fresh one)
         self._used_ports: set[tuple[str, int]] = set()
+        #: (node, pid) of the strays already told to die (a record repeats every second)
+        self._strays_killed: set[tuple[str, int]] = set()
 
     async def connect_bus(self, bus: Bus) -> None:
         self.bus = bus
@@ -375,14 +381,21 @@ class AgentBackend(MembershipBackend):
         only)."""
         if record.run_id != self.run_id or not self.run_id:
             return
+        followed = [e for e in [*self.ranks, *self._stopping] if e.node == record.node]
+        strays = [
+            r
+            for r in stray_ranks(record, followed, self.attempt)
+            if (record.node, r.pid) not in self._strays_killed
+        ]
+        if strays:
+            self._strays_killed.update((record.node, r.pid) for r in strays)
+            untraced_task(self._kill_strays(record.node, strays))
         if self.standbys.changed(record) and self.state == "running":
             # the policy reads the ready standbys from the newest JobStatus
             untraced_task(self._report(f"standbys of {record.node}: {record.standbys}"))
         by_attempt = {(r.rank, r.attempt): r for r in record.ranks}
         by_pid = {(r.rank, r.pid): r for r in record.ranks}
-        for entry in [*self.ranks, *self._stopping]:
-            if entry.node != record.node:
-                continue
+        for entry in followed:
             # a rank restarted in process keeps its pid (its attempt moved on with the job's)
             rank = by_pid.get((entry.rank, entry.pid)) or (
                 None if entry.pid else by_attempt.get((entry.rank, entry.attempt))
@@ -399,6 +412,42 @@ class AgentBackend(MembershipBackend):
             self.state = "finished"
             untraced_task(self._report("every rank exited 0"))
             untraced_task(self.standbys.release(None))  # the run is over: so are its standbys
+
+    async def _kill_strays(self, node: str, strays: list[schemas.AgentRank]) -> None:
+        """Kill ranks an agent runs that this run gave up: its node was lost while they ran
+        (a partition) and is back; they would hold its GPUs and talk to the job's bus."""
+        ranks = sorted(r.rank for r in strays)
+        log.warning("ranks %s of %s belong to an attempt given up: killing them", ranks, node)
+        command = schemas.SignalRanks(
+            job=self.job,
+            node=node,
+            attempt=max(r.attempt for r in strays),
+            signal="kill",
+            ranks=ranks,
+            expected_reason=STRAY_REASON,
+        )
+        ok, detail = await self._agent_command(command)
+        if not ok:
+            log.warning("strays on %s not killed: %s", node, detail)
+
+
+def stray_ranks(
+    record: schemas.AgentRecord, followed: list[AgentRankEntry], attempt: int
+) -> list[schemas.AgentRank]:
+    """The ranks ``record`` reports running that no rank the backend follows on its node
+    (``followed``) is — matched by pid, or by rank and attempt while the pid is not known
+    yet — of an attempt older than ``attempt``: given up when their node was lost (ranks
+    there are not stopped), and running still because the node was only cut off."""
+    pids = {e.pid for e in followed if e.pid}
+    pending = {(e.rank, e.attempt) for e in followed if not e.pid}
+    return [
+        r
+        for r in record.ranks
+        if r.running
+        and r.attempt < attempt
+        and r.pid not in pids
+        and (r.rank, r.attempt) not in pending
+    ]
 
 
 async def _exited(entries: list[AgentRankEntry], timeout_s: float) -> bool:

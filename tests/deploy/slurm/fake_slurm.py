@@ -41,7 +41,13 @@ SRUN_OPTIONS = {
     "--gpus-per-node",
 }
 #: the variables the fakes record: what the recipe hands on to its commands
-HANDED_ON = ("GOODPUT_NATS_URL", "GOODPUT_NATS_TOKEN", "GOODPUT_STATE_DIR", "GOODPUT_CKPT_DIR")
+HANDED_ON = (
+    "GOODPUT_NATS_URL",
+    "GOODPUT_NATS_TOKEN",
+    "GOODPUT_STATE_DIR",
+    "GOODPUT_CKPT_DIR",
+    "GOODPUT_CKPT_KEY_FILE",
+)
 
 _PRELUDE = """\
 import json, os, signal, sys, time

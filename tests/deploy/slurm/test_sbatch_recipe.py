@@ -127,6 +127,22 @@ def test_a_checkpoint_directory_of_the_users_own_reaches_the_ranks(tmp_path: Pat
     assert _flag(run, "--env") == "GOODPUT_CKPT_DIR=/local/ckpt"
 
 
+def test_every_process_gets_the_jobs_checkpoint_key_kept_across_runs(tmp_path: Path) -> None:
+    """The agents' replicators and the ranks sign and check with it: one path on every node
+    (the shared home), the same key for a requeued run (SLURM_RESTART_COUNT=1)."""
+    code, first = _run(tmp_path)
+    assert code == 0
+    (key,) = {c["env"]["GOODPUT_CKPT_KEY_FILE"] for c in first}
+    assert Path(key).is_relative_to(tmp_path / "home")
+    assert Path(key).stat().st_mode & 0o777 == 0o600
+    secret = Path(key).read_bytes()
+    (tmp_path / "calls.jsonl").unlink()
+    code, again = _run(tmp_path, SLURM_RESTART_COUNT="1")
+    assert code == 0
+    assert {c["env"]["GOODPUT_CKPT_KEY_FILE"] for c in again} == {key}
+    assert Path(key).read_bytes() == secret
+
+
 @pytest.mark.parametrize(
     ("slurm", "nodes", "spares", "procs"),
     [

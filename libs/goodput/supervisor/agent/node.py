@@ -5,7 +5,8 @@ record every second and on every change of its ranks (with a few ports free on t
 rendezvous binds one), executes ``LaunchRanks``/``SignalRanks``/``KeepStandbys`` once each
 (``bus.commands.CommandRunner`` on ``agent-<node>``), makes up its standby ranks once the job
 steps after one was taken or died (as the local backend does: started while the ranks start
-up, they would slow them down), and — unless a host monitor reports this
+up, they would slow them down), runs the node's host monitor and replicator
+(:mod:`.daemons`) unless they run elsewhere, and — unless a host monitor reports this
 node — sends a host report (``HostHealth``: its ranks alive and expected) every two seconds,
 so that the sensor tells a lost node (its ranks and its reports silent) from a dead rank, and
 a node whose agent returns reports healthy again (``node_returned``). The bus going away
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from goodput import schemas, subjects
@@ -27,6 +29,7 @@ from goodput.bus.commands import until_stored
 from goodput.bus.job_events import next_step
 from goodput.bus.routing import decode_event_on
 from goodput.supervisor.agent import registry
+from goodput.supervisor.agent.daemons import NodeDaemons
 from goodput.supervisor.agent.host import free_port
 from goodput.supervisor.agent.ranks import HostRanks
 
@@ -40,6 +43,8 @@ HOST_REPORT_S = 2.0
 STOP_GRACE_S = 60.0
 #: free ports announced: a launch and an in-process restart within one refresh take two
 FREE_PORTS = 4
+#: how long the node daemons may take to stop (a service's own stop deadline is 20 s)
+DAEMON_STOP_S = 25.0
 
 
 class AgentLoopDied(RuntimeError):
@@ -57,17 +62,26 @@ class NodeAgent:
         bus_settings: BusSettings,
         state_dir: Path,
         host_report: bool = True,
+        daemons: NodeDaemons | None = None,
+        host_env: Mapping[str, str] | None = None,
     ):
         self.job, self.node, self.address, self.gpus = job, node, address, gpus
         self.bus_settings = bus_settings
         self.host_report = host_report
+        #: the host monitor and replicator it runs (None: they run elsewhere, or not at all)
+        self.daemons = daemons
         self.state_dir = state_dir
         self.instance = schemas.new_id()[:12]
         self.started_ts = schemas.now_ns()
         self.bus: Bus | None = None
         self._changed = asyncio.Event()
         self.ranks = HostRanks(
-            job=job, node=node, state_dir=state_dir, emit=self._emit, changed=self._changed.set
+            job=job,
+            node=node,
+            state_dir=state_dir,
+            emit=self._emit,
+            changed=self._changed.set,
+            host_env=host_env,
         )
 
     def record(self) -> schemas.AgentRecord:
@@ -112,6 +126,8 @@ class NodeAgent:
         tasks = [asyncio.create_task(runner.run()), asyncio.create_task(self._refresh(bus)), keeper]
         if self.host_report:
             tasks.append(asyncio.create_task(self._report_host(bus)))
+        if self.daemons is not None:  # once the name is held: a second agent starts none
+            tasks.append(asyncio.create_task(self.daemons.run()))
         log.info("agent of %s serving job %s at %s", self.node, self.job, self.address)
         stop = asyncio.create_task(stopping.wait())
         await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -126,9 +142,13 @@ class NodeAgent:
         await _cancelled([keeper])  # no standby is started while they are being stopped
         await self.ranks.stop(STOP_GRACE_S)
         await _cancelled([stop, *tasks])
+        if self.daemons is not None:  # after the ranks: their last checkpoint is indexed
+            await self.daemons.stop(DAEMON_STOP_S)
         with contextlib.suppress(Exception):
             await rejoins.unsubscribe()
             await asyncio.wait_for(registry.release(bus, self.job, self.node), 5)
+        if died:
+            raise AgentLoopDied(str(died[0].exception())) from died[0].exception()
 
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:
         match command:

@@ -2,7 +2,8 @@
 
 A rank is started the way the local backend starts one (its own session, so its group can be
 signalled; output to ``logs/ranks/attempt-NNN/<node>-rank<R>.log`` under the agent's state
-directory), with the environment the actuator wrote for it over this host's own; a command starting with
+directory), with the environment the actuator wrote for it over this host's own (and, under both, the
+collectives' interface the agent found: ``host_env``); a command starting with
 ``python``/``python3`` runs in the agent's own interpreter, as ``goodput run`` does locally. It is the
 agent's child and dies with it (``PR_SET_PDEATHSIG``): an agent gone is its node gone, and a
 rank left behind would keep a host the supervisor replaced in the job's collectives.
@@ -26,7 +27,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,9 +75,21 @@ class RankProcess:
 class HostRanks:
     """This host's ranks of the job's current run."""
 
-    def __init__(self, *, job: str, node: str, state_dir: Path, emit: EventSink, changed: Changed):
+    def __init__(
+        self,
+        *,
+        job: str,
+        node: str,
+        state_dir: Path,
+        emit: EventSink,
+        changed: Changed,
+        host_env: Mapping[str, str] | None = None,
+    ):
         self.job, self.node, self.state_dir = job, node, state_dir
         self.emit, self.changed = emit, changed
+        #: what this host adds under each rank's and standby's own environment (the
+        #: collectives' interface: ``goodput.launch.collective_sockets``)
+        self.host_env = dict(host_env or {})
         self.run_id = ""
         self.ranks: list[RankProcess] = []
         self.standbys = StandbyPool(
@@ -130,7 +143,8 @@ class HostRanks:
         config = (command.count, argv, command.workdir, command.env)
         if config != self._standby_config:  # a repeat keeps the pool (and what it disabled)
             self._standby_config = config
-            self.standbys.configure(command.count, argv, command.workdir or None, command.env)
+            env = {**self.host_env, **command.env}
+            self.standbys.configure(command.count, argv, command.workdir or None, env)
         if not command.count:
             await self.standbys.stop()
             return f"no standbys kept on {self.node}"
@@ -230,7 +244,7 @@ class HostRanks:
             return await asyncio.create_subprocess_exec(
                 *_interpreter(command.argv),
                 cwd=command.workdir or None,
-                env={**os.environ, **spec.env},
+                env={**os.environ, **self.host_env, **spec.env},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,

@@ -38,9 +38,11 @@ def check_heartbeat(
     alive = [run.ranks[r] for r in node.ranks if run.ranks[r].alive]
     silent = [r for r in alive if now - r.last_heartbeat_ns >= floor_ns]
     silent_s = (now - rank.last_heartbeat_ns) / NS
-    host_reports = (
-        node.last_health_ns > 0 and now - node.last_health_ns < t.heartbeat_timeout_s * NS
-    )
+    # the host's reports judged as its ranks' heartbeats are (``floor_ns``): a host monitor
+    # killed with its ranks may have sent its last report after their last heartbeat, so
+    # "within the whole timeout" would still hold when the deadline comes, and a lost node
+    # would be judged one silent rank on a reporting host (a restart its node cannot run)
+    host_reports = node.last_health_ns > 0 and now - node.last_health_ns < floor_ns
     if len(silent) == len(alive) and not host_reports:
         # remembered as the node's fault, so its host reporting healthy again returns it
         node.faults = (LOST_NODE,)

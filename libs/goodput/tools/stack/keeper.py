@@ -5,7 +5,8 @@ controller that crashed (a policy calling ``os._exit``, an OOM kill) left the jo
 until someone ran `up` again. So `up` starts each service under a keeper,
 ``python -m goodput.tools.stack.keeper --name KEY -- COMMAND…``, which the stack's record
 holds: the keeper runs the service and, when it exits, starts it again after a capped
-backoff (1, 2, 4 … 30 s; back to 1 s once a run lasted :data:`STEADY_S`), except when
+backoff (1, 2, 4 … 30 s; back to 1 s once a run lasted a minute:
+:mod:`goodput.launch.restart_backoff`), except when
 
 - the service refused its configuration (``REFUSED_EXIT_CODE``) or its flags (argparse's 2):
   it would refuse again; the keeper exits with that status and `up` reports the reason;
@@ -33,14 +34,11 @@ from types import FrameType
 import psutil
 
 from goodput.launch.exit_reason import EXIT_REASON_ENV, REFUSED_EXIT_CODE
+from goodput.launch.restart_backoff import restart_delay, restarts_in_a_row
 from goodput.owned_process import ProcessIdentity, identify, is_running
 
 #: exit statuses after which the service is not started again (see the module docstring)
 FINAL_CODES = frozenset({0, 2, REFUSED_EXIT_CODE})
-FIRST_DELAY_S = 1.0
-MAX_DELAY_S = 30.0
-#: a service that ran this long before exiting starts the backoff from the first delay again
-STEADY_S = 60.0
 #: the module run as the keeper (how a keeper is recognised on a command line)
 KEEPER_MODULE = "goodput.tools.stack.keeper"
 _PR_SET_PDEATHSIG = 1
@@ -49,11 +47,6 @@ _PR_SET_PDEATHSIG = 1
 def keeper_command(key: str, command: list[str]) -> list[str]:
     """The command line that runs ``command`` under a keeper (``key`` names it in its log)."""
     return [sys.executable, "-m", KEEPER_MODULE, "--name", key, "--", *command]
-
-
-def restart_delay(restarts_in_a_row: int) -> float:
-    """The backoff before the next start: doubling from :data:`FIRST_DELAY_S`, capped."""
-    return min(MAX_DELAY_S, FIRST_DELAY_S * 2 ** min(restarts_in_a_row, 16))
 
 
 def kept_service(keeper: ProcessIdentity) -> ProcessIdentity | None:
@@ -102,7 +95,7 @@ class Keeper:
                 return 0
             if code in FINAL_CODES:
                 return code
-            restarts = 0 if ran_s >= STEADY_S else restarts
+            restarts = restarts_in_a_row(restarts, ran_s)
             delay = restart_delay(restarts)
             restarts += 1
             print(

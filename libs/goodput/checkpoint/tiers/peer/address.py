@@ -18,6 +18,9 @@ from collections.abc import Mapping, Sequence
 from goodput.bus.settings import is_loopback
 
 ADVERTISE_HOST_ENV = "GOODPUT_ADVERTISE_HOST"
+#: the peer data plane's port where a deployment fixes one (every host the same: the
+#: Kubernetes manifests' ``containerPort``, a node agent's replicator)
+PEER_PORT = 7450
 #: what the replicators of one machine tell each other
 LOOPBACK = "127.0.0.1"
 

@@ -4,8 +4,9 @@ nodes and a spare, checkpoints on each node's own disk and no shared checkpoint 
 
 A node whose link is cut, and (separately) a node whose slurmd is killed, is survived inside
 the allocation (Slurm marks it down and keeps the job: ``--no-kill``; the supervisor swaps in
-the spare, which restores from a peer) and the job completes; after the job ends, and after a ``scancel``, no process of it is left (every
-process the job started carries the submission's marker variable). Skips, saying why, without
+the spare, which restores from a peer) and the job completes; after the job ends, and after
+a ``scancel``, no process of it is left (every process the job started carries the
+submission's marker variable). Skips, saying why, without
 root, namespaces or the Slurm binaries (``apt-get install -y slurm-wlm munge``).
 """
 
@@ -99,15 +100,6 @@ def _ended(slurm: Cluster, job: str) -> bool:
     return slurm.job(job).get("JobState") not in ("RUNNING", "PENDING", "COMPLETING", "CONFIGURING")
 
 
-def _unfilled(root: Path) -> bool:
-    """The known gap: nothing filled the spare's volume before its ranks' launch, as no
-    replicator runs on the agents' hosts yet (the actuator's pre-launch restore got no answer
-    from the spare's replicator; the spare's rank found no checkpoint)."""
-    actuator = "\n".join(p.read_text(errors="replace") for p in root.rglob("actuator.log"))
-    spare = "\n".join(p.read_text(errors="replace") for p in root.rglob("gpn2-rank*.log"))
-    return "no answer from replicator-gpn2" in actuator or "UnfilledVolumeError" in spare
-
-
 def _nothing_left(slurm: Cluster, tag: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while left := marked(MARK, tag):
@@ -153,21 +145,13 @@ def test_a_lost_node_is_survived_inside_the_allocation_and_nothing_is_left(
         if fault == "slurmd killed":
             slurm.start_slurmd(slurm.node("gpn1"))
         until(lambda: "decision hot-swap" in _job_output(slurm), "the hot swap", 120, logs)
-        until(lambda: _ended(slurm, job) or _unfilled(tmp_path), "the job's end", JOB_WAIT_S, logs)
+        until(lambda: _ended(slurm, job), "the job's end", JOB_WAIT_S, logs)
         ended_s = time.monotonic() - cut
-        unfilled = _unfilled(tmp_path)
-        if not _ended(slurm, job):  # the known gap (below): what is left is checked all the same
-            assert slurm.client("scancel", job).returncode == 0
         fields = slurm.job(job)
         if fault == "link cut":
             slurm.mend_link("gpn1")  # Slurm then ends what the cut-off node still ran
         _nothing_left(slurm, tag, 120)
         print(f"{fault}: checkpoint 2 after {trained_s:.0f} s; fault to end {ended_s:.0f} s")
-        if unfilled and fields.get("JobState") != "COMPLETED":
-            pytest.xfail(
-                "the spare found no checkpoint of the lost rank: no replicator runs on the "
-                "agents' hosts yet (issue 37, node daemons: branch agent-daemons)"
-            )
         assert (fields.get("JobState"), fields.get("ExitCode")) == ("COMPLETED", "0:0"), logs()
         assert "job finished" in _job_output(slurm), logs()
         summary = json.loads(result.read_text())  # rank 0's, at the end

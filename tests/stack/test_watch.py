@@ -1,9 +1,19 @@
-"""What `goodput run`/`demo` report about a followed job, from the events alone (no bus)."""
+"""What `goodput run`/`demo` report about a followed job, from the events alone (no bus), and
+the status `goodput run` exits with."""
 
 from __future__ import annotations
 
+import pytest
+
 from goodput import schemas
-from goodput.tools.stack.watch import JobWatcher, summary
+from goodput.launch.exit_reason import (
+    RUN_CANNOT_CONTINUE_EXIT_CODE,
+    RUN_EXIT_CODES,
+    RUN_FAILED_EXIT_CODE,
+    RUN_FINISHED_EXIT_CODE,
+)
+from goodput.supervisor.policy.builtin import NO_CAPACITY_RULE
+from goodput.tools.stack.watch import JobWatcher, run_exit_code, summary
 
 
 def status(attempt: int, state: str, world_size: int, detail: str = "") -> schemas.JobStatus:
@@ -52,3 +62,37 @@ def test_a_launch_failure_is_not_overwritten_by_the_stop_that_follows_it() -> No
     report = summary(watcher)
     assert report["state"] == "launch failed" and report["restarts"] == 0
     assert "exit code 3" in watcher.refusal
+
+
+def _decision(rule: str, *, acting: bool = True) -> schemas.Decision:
+    return schemas.Decision(
+        job="train",
+        signal_id="s",
+        policy="builtin",
+        rule=rule,
+        reason="why",
+        command_ids=["c"] if acting else [],
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "decisions", "code"),
+    [
+        ("finished", [], RUN_FINISHED_EXIT_CODE),
+        # the policy stopped the job for want of healthy nodes: a new allocation may go on
+        ("stopped", [_decision("hot-swap"), _decision(NO_CAPACITY_RULE)], 75),
+        # a decision that sent nothing after it does not change why the job stopped
+        ("stopped", [_decision(NO_CAPACITY_RULE), _decision("spare-node", acting=False)], 75),
+        ("stopped", [], RUN_FAILED_EXIT_CODE),  # a person's stop
+        ("stopped", [_decision("crash-loop-give-up")], RUN_FAILED_EXIT_CODE),
+        ("failed", [_decision(NO_CAPACITY_RULE)], RUN_FAILED_EXIT_CODE),
+        ("launch failed", [], RUN_FAILED_EXIT_CODE),
+        ("refused", [], RUN_FAILED_EXIT_CODE),
+    ],
+)
+def test_goodput_run_exits_75_only_when_it_cannot_continue_on_the_nodes_it_has(
+    state: str, decisions: list[schemas.Decision], code: int
+) -> None:
+    assert run_exit_code(state, decisions) == code
+    assert code in RUN_EXIT_CODES
+    assert RUN_CANNOT_CONTINUE_EXIT_CODE == 75  # sysexits' EX_TEMPFAIL, documented for Slurm

@@ -10,6 +10,10 @@ one file per service process and reads it back when the process is found gone.
 A service that refused its configuration exits with :data:`REFUSED_EXIT_CODE`, not 1: the
 keeper that restarts a crashed service under `goodput up` (``tools/stack/keeper.py``) must not
 restart one that will refuse again.
+
+`goodput run` ends with one of :data:`RUN_EXIT_CODES`, which a batch system acts on: the Slurm
+recipe (``deploy/slurm/goodput.sbatch``) requeues the job on :data:`RUN_CANNOT_CONTINUE_EXIT_CODE`
+only, so a job that failed for good is not run again.
 """
 
 from __future__ import annotations
@@ -25,6 +29,24 @@ EXIT_REASON_ENV = "GOODPUT_EXIT_REASON_FILE"
 #: exit status of a service that refused its configuration (options, config file, policy
 #: script): sysexits' EX_CONFIG; starting it again changes nothing
 REFUSED_EXIT_CODE = 78
+#: `goodput run`: the job finished
+RUN_FINISHED_EXIT_CODE = 0
+#: `goodput run`: the job failed for good, and another try would fail the same (its command
+#: cannot start, the controller gave up a crash loop, the actuator refused it, a person stopped
+#: it, ``--timeout`` passed)
+RUN_FAILED_EXIT_CODE = 1
+#: `goodput run`: its arguments are refused (argparse's own status)
+RUN_USAGE_EXIT_CODE = 2
+#: `goodput run`: goodput cannot continue the job on the nodes it has (the policy stopped it for
+#: want of healthy nodes): sysexits' EX_TEMPFAIL; a new allocation resumes from its checkpoints
+RUN_CANNOT_CONTINUE_EXIT_CODE = 75
+#: every status `goodput run` exits with, and what it means to a batch system
+RUN_EXIT_CODES: dict[int, str] = {
+    RUN_FINISHED_EXIT_CODE: "finished",
+    RUN_FAILED_EXIT_CODE: "failed for good: do not requeue",
+    RUN_USAGE_EXIT_CODE: "arguments refused: do not requeue",
+    RUN_CANNOT_CONTINUE_EXIT_CODE: "cannot continue on these nodes: requeue",
+}
 #: a reason longer than this is cut (it is shown as one line of a terminal)
 MAX_REASON_CHARS = 400
 

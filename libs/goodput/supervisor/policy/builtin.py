@@ -84,6 +84,10 @@ from goodput.supervisor.policy.plan import Plan
 from goodput.supervisor.policy.remedy import HOT_SWAP, SCALE_DOWN, straggler_costs
 
 REPEAT_FAILURES = 3
+#: the rule of a Stop for want of healthy nodes: `goodput run` then exits with
+#: goodput.launch.exit_reason.RUN_CANNOT_CONTINUE_EXIT_CODE (a new allocation may continue);
+#: a policy script that stops for the same reason may name its rule so
+NO_CAPACITY_RULE = "no-capacity"
 
 #: a field of ``BackendCapabilities``: what a rung needs of the backend
 Capability = Literal["in_process_restart", "standbys", "gpu_reset", "hot_swap", "scale"]
@@ -386,13 +390,13 @@ def scale_down(state: JobState, node: str, *, why: str) -> Plan:
     if lacks:
         return Plan(
             [schemas.Stop(job=state.job, reason=f"{why}; {lacks}")],
-            "no-capacity",
+            NO_CAPACITY_RULE,
             f"{why}: {lacks} and no other rung is left, stopping",
         )
     if replicas < 1:
         return Plan(
             [schemas.Stop(job=state.job, reason=f"{why}; not one whole replica left")],
-            "no-capacity",
+            NO_CAPACITY_RULE,
             f"{why}: fewer than {state.num_nodes_per_dp} healthy node(s) left, stopping",
         )
     keep = remaining[: replicas * state.num_nodes_per_dp]

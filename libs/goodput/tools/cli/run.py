@@ -42,7 +42,7 @@ from goodput.tools.stack.launcher import (
 )
 from goodput.tools.stack.runs import find_clash, missing_actuator
 from goodput.tools.stack.stop import stop_stack, undo_start
-from goodput.tools.stack.watch import JobWatcher, summary
+from goodput.tools.stack.watch import JobWatcher, run_exit_code, summary
 
 
 async def supervise(
@@ -249,7 +249,9 @@ def _send_and_follow(
 
 
 def report(args: argparse.Namespace, watcher: JobWatcher, console: Console) -> int:
-    """The run's outcome on stdout (one line, or JSON); exit 0 only when it finished."""
+    """The run's outcome on stdout (one line, or JSON); its exit status, one of
+    ``goodput.launch.exit_reason.RUN_EXIT_CODES``: 0 only when it finished, 75 when goodput
+    cannot continue on the nodes it has."""
     if watcher.state == "refused":
         print(f"goodput run: {watcher.refusal}", file=sys.stderr)
         return 1
@@ -268,7 +270,7 @@ def report(args: argparse.Namespace, watcher: JobWatcher, console: Console) -> i
             f"job {result['state']}: {result['steps']} steps, {result['restarts']} restart(s), "
             f"world sizes {result['world_size_history']}"
         )
-    return 0 if watcher.state == "finished" else 1
+    return run_exit_code(watcher.state, watcher.decisions)
 
 
 def rank_output(args: argparse.Namespace, watcher: JobWatcher) -> str:

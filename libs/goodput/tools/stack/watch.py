@@ -13,6 +13,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from goodput import schemas
 from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
+from goodput.launch.exit_reason import (
+    RUN_CANNOT_CONTINUE_EXIT_CODE,
+    RUN_FAILED_EXIT_CODE,
+    RUN_FINISHED_EXIT_CODE,
+)
+from goodput.supervisor.policy.builtin import NO_CAPACITY_RULE
 
 
 @dataclass
@@ -235,6 +241,18 @@ def launch_failure(exits: list[schemas.RankExited], attempt: int, world_size: in
     if code is None or code == 0:
         return ""
     return f"every rank exited with exit code {code} before the first step (attempt {attempt} on)"
+
+
+def run_exit_code(state: str, decisions: list[schemas.Decision]) -> int:
+    """The exit status of `goodput run` for a run that ended in ``state`` after ``decisions``:
+    finished, cannot continue (the last decision that sent commands stopped the job for want of
+    healthy nodes: a new allocation may go on from the checkpoints), or failed for good."""
+    if state == "finished":
+        return RUN_FINISHED_EXIT_CODE
+    acting = [d for d in decisions if d.command_ids]
+    if state == "stopped" and acting and acting[-1].rule == NO_CAPACITY_RULE:
+        return RUN_CANNOT_CONTINUE_EXIT_CODE
+    return RUN_FAILED_EXIT_CODE
 
 
 def summary(watcher: JobWatcher) -> dict:

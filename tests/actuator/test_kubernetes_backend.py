@@ -34,12 +34,13 @@ from goodput.checkpoint.format.job_key import KEY_FILE_ENV
 from goodput.config import ServiceConfig, load_service_config
 from goodput.supervisor.membership import MembershipError
 from goodput_services.actuator import kubernetes_watch
-from goodput_services.actuator.backend import Backend, BusPorts
+from goodput_services.actuator.backend import Backend
 from goodput_services.actuator.kubernetes_backend import IMMEDIATE_GRACE_S, KubernetesBackend
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
 from goodput_services.actuator.kubernetes_pods import run_tag
 from goodput_services.actuator.kubernetes_ranks import FORCE_GRACE_S
 from goodput_services.actuator.local_backend import LocalBackend
+from goodput_services.actuator.ports import BusPorts
 from goodput_services.actuator.service import ActuatorService
 from goodput_services.replicator.options import ReplicatorOptions
 

@@ -32,8 +32,8 @@ import pytest
 
 from goodput import schemas
 from goodput.bus import BusSettings
-from goodput_services.actuator.backend import BusPorts
 from goodput_services.actuator.kubernetes_backend import KubernetesBackend, KubernetesOptions
+from goodput_services.actuator.ports import BusPorts
 
 JOB = "wire"
 NAMESPACE = "goodput"

@@ -14,7 +14,7 @@ from goodput.supervisor.agent.host import is_loopback, visible_gpus
 from goodput.supervisor.membership import Membership
 from goodput_services.actuator.agent_backend import AgentBackend, AgentRankEntry
 from goodput_services.actuator.agent_directory import AgentDirectory
-from goodput_services.actuator.backend import BusPorts
+from goodput_services.actuator.ports import BusPorts
 
 
 def _record(node: str, *ranks: schemas.AgentRank, run_id: str = "r1") -> schemas.AgentRecord:

@@ -39,7 +39,8 @@ from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.agent_directory import AgentDirectory
 from goodput_services.actuator.agent_standbys import AgentStandbys
-from goodput_services.actuator.backend import BusPorts, MembershipBackend
+from goodput_services.actuator.backend import MembershipBackend
+from goodput_services.actuator.ports import BusPorts
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from goodput import schemas, subjects
 from goodput.bus import BusSettings
 from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.telemetry import untraced_task
-from goodput_services.actuator.backend import BusPorts, MembershipBackend
+from goodput_services.actuator.backend import MembershipBackend
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
 from goodput_services.actuator.kubernetes_pods import (
     LABEL_JOB,
@@ -56,6 +56,7 @@ from goodput_services.actuator.kubernetes_ranks import RankPod, RankPods, api_re
 from goodput_services.actuator.kubernetes_specs import PodSpecs
 from goodput_services.actuator.kubernetes_standbys import PodStandbys
 from goodput_services.actuator.kubernetes_watch import PodEvent, PodWatch, PodWatcher
+from goodput_services.actuator.ports import BusPorts
 
 log = logging.getLogger(__name__)
 

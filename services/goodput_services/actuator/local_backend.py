@@ -31,7 +31,8 @@ from goodput.launch.rank_logs import rank_log_dir, rank_log_name
 from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.supervisor.standby_pool import StandbyPool
 from goodput.telemetry import untraced_task
-from goodput_services.actuator.backend import BusPorts, MembershipBackend
+from goodput_services.actuator.backend import MembershipBackend
+from goodput_services.actuator.ports import BusPorts
 from goodput_services.actuator.strays import stop_strays
 
 log = logging.getLogger(__name__)

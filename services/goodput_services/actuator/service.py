@@ -16,8 +16,9 @@ from goodput.config import ServiceConfig
 from goodput.launch.rank_env import RankEnv
 from goodput.launch.standby_channel import assign_on_bus
 from goodput.supervisor.membership import MembershipError
-from goodput_services.actuator.backend import Backend, BusPorts
+from goodput_services.actuator.backend import Backend
 from goodput_services.actuator.options import ActuatorOptions
+from goodput_services.actuator.ports import BusPorts
 from goodput_services.base import Service
 
 log = logging.getLogger(__name__)

@@ -26,24 +26,24 @@ from pathlib import Path
 from typing import Any, Literal
 
 from goodput import schemas
-from goodput.checkpoint.engine import CheckpointEngine, NoCheckpointError
+from goodput.checkpoint.engine import CheckpointEngine
 from goodput.checkpoint.engine import events as ckpt_events
 from goodput.checkpoint.engine.host_restore import HostRestore, restore_from_host
 from goodput.checkpoint.engine.torch_save import TorchSaveCheckpointer
 from goodput.launch.rank_env import EXIT_TERMINATED
-from goodput.shim.agree import agree_min, all_reduce_min, any_rank, grouped
+from goodput.shim.agree import all_reduce_min, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
 from goodput.shim.config import ShimConfig, node_parts
 from goodput.shim.injected_faults import InjectedFaults
 from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
 from goodput.shim.rescale import BatchPlan, RescaleCallback
+from goodput.shim.restore_agreement import restore_agreed
 from goodput.shim.restore_result import (
     CheckpointMetadata,
     DpLayout,
     RestoreResult,
     RestoreTier,
-    UnfilledVolumeError,
     resolve_restore,
     with_metadata,
 )
@@ -200,34 +200,20 @@ class TrainerShim:
     def _restore_agreed(
         self, template_state: dict[str, Any]
     ) -> tuple[int, dict[str, Any], RestoreTier] | None:
-        # a rank whose newest copy is corrupt falls back further: agree on the minimum, again
-        latest = self.engine.latest_complete_step()
-        candidate = agree_min(latest)
-        if candidate is None and any_rank(latest is not None)[0]:
-            raise UnfilledVolumeError(
-                f"rank {self.config.rank} "
-                + (f"holds step {latest}" if latest is not None else "holds no checkpoint")
-                + f" in {self.config.ckpt_dir}, and some ranks "
-                + ("hold none" if latest is not None else "hold one")
-                + ": a node's volume was not filled before the launch; refusing to start "
-                "over from step 0 (restore it: goodput ckpt restore)"
-            )
-        for _ in range(4):
-            if candidate is None:
-                log.info("no common checkpoint in %s; starting from scratch", self.config.ckpt_dir)
-                return None
-            try:
-                step, state, tier = self._load(candidate, template_state)
-            except NoCheckpointError:
-                step, state, tier = None, None, self._volume_tier
-            agreed = agree_min(step)
-            if agreed == step:
-                self._last_saved_step = step
-                if self.link is not None:
-                    self.link.step = step
-                return step, state, tier  # type: ignore[return-value]
-            candidate = agreed
-        raise RuntimeError("ranks could not agree on a checkpoint to restore")
+        """The same step on every rank (``goodput.shim.restore_agreement``)."""
+        restored = restore_agreed(
+            self.engine.latest_complete_step(),
+            lambda step: self._load(step, template_state),
+            rank=self.config.rank,
+            where=self.config.ckpt_dir,
+        )
+        if restored is None:
+            log.info("no checkpoint in %s on any rank; starting from scratch", self.config.ckpt_dir)
+            return None
+        self._last_saved_step = restored[0]
+        if self.link is not None:
+            self.link.step = restored[0]
+        return restored
 
     @property
     def _volume_tier(self) -> RestoreTier:

@@ -160,3 +160,24 @@ def test_a_node_killed_during_the_commit_leaves_the_previous_step_for_every_rank
     run(tmp_path / "volumes", tmp_path / "out", 4, "--expected", str(expected))
     for result in results(tmp_path / "out", range(NODES * PER_NODE)):
         assert result["start"] == 4 and result["mismatches"] == []
+
+
+def test_a_scale_down_past_a_step_lacking_a_part_restores_the_previous_step_on_every_rank(
+    reference: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """3 -> 2 nodes where the newest step (6) lacks node 2's part (no node holds it) but both
+    survivors hold their own parts of it, with step 4's parts staged: every rank agrees on
+    step 6 first; new rank 0 can read its shards of it from part 0 alone, the others cannot
+    and fall back to step 4. Every rank then restores step 4 (rank 0 leaving the agreement a
+    round later than the others used to hang the job), exactly the saved state."""
+    volumes, expected = reference
+    for node in (0, 1):
+        root = tmp_path / "volumes" / f"node-{node}"
+        copy_step(volumes / f"node-{node}", 4, step_dir(root, 4))
+        copy_step(volumes / f"node-{node}", STEPS, step_dir(root, STEPS))
+        for other in {0, 1, 2} - {node}:
+            copy_step(volumes / f"node-{other}", 4, staged_part_dir(root, 4, other))
+    out = tmp_path / "out"
+    run(tmp_path / "volumes", out, STEPS, "--expected", str(expected), nodes=2)
+    for result in results(out, range(2 * PER_NODE)):
+        assert result["start"] == 4 and result["mismatches"] == []

@@ -200,10 +200,8 @@ async def test_with_the_peers_copies_gone_the_part_comes_from_the_object_store(
 
 async def test_a_scale_down_stages_every_part_and_reshards(tmp_path: Path, reference) -> None:
     """No spare: the job goes on with node-0 and node-2 (4 ranks), each with the part it
-    has and the two others staged beside it. (node-1's replicator is not frozen here: with
-    it frozen, the step the survivors saved after it froze has a part nobody replicated, and
-    the ranks' restore agrees on that step and hangs on the missing part: the engine's to
-    mend, issue 35.)"""
+    has and the two others staged beside it (node-1's replicator alive: every step's parts
+    are replicated; the next test freezes it)."""
     fault = _lose_node(wipe_peer_copies=False, freeze=False)
     run = await _run(tmp_path, "down", None, fault, spares=0)
     statuses = [e for e in run["events"] if isinstance(e, schemas.JobStatus)]
@@ -223,3 +221,35 @@ async def test_a_scale_down_stages_every_part_and_reshards(tmp_path: Path, refer
     restored = run["restored"]
     assert restored["world"] == 4 and restored["digest"] == run["saved"][restored["step"]]
     assert restored["digest"] == reference["saved"][restored["step"]]
+
+
+async def test_a_scale_down_past_a_step_whose_lost_part_was_never_copied(
+    tmp_path: Path, reference
+) -> None:
+    """As above with node-1's replicator frozen first: the survivors go on saving steps whose
+    node-1 part nobody copies, so those steps never complete. The survivors' own parts of
+    them are set aside, every rank restores the newest complete step, resharded, bit for bit
+    the state saved (the ranks used to agree on the newest step and hang on its lost part)."""
+    fault = _lose_node(wipe_peer_copies=False)
+    run = await _run(tmp_path, "down-frozen", None, fault, spares=0)
+    statuses = [e for e in run["events"] if isinstance(e, schemas.JobStatus)]
+    assert statuses[-1].active_nodes == ["node-0", "node-2"] and statuses[-1].world_size == 4
+    resumed = run["resumed_at"]
+    for node in ("node-0", "node-2"):
+        assert _prelaunch_restore(run["events"], node).step == resumed > 0
+    # before the relaunch the survivors had persisted a newer step, lacking node-1's part
+    events = run["events"]
+    relaunch = next(
+        i
+        for i, e in enumerate(events)
+        if isinstance(e, schemas.CheckpointRestored) and e.rank == -1
+    )
+    newer = [
+        e.step
+        for e in events[:relaunch]
+        if isinstance(e, schemas.CheckpointPersisted) and e.node == "node-0" and e.step > resumed
+    ]
+    assert newer, "no step newer than the one restored was saved before the scale-down"
+    restored = run["restored"]
+    assert restored["world"] == 4 and restored["step"] == resumed
+    assert restored["digest"] == reference["saved"][resumed]

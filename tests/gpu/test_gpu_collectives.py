@@ -24,7 +24,7 @@ def test_nccl_group_gets_cuda_tensors_and_answers_every_collective() -> None:
     # one rank: the vote and the agreement return their input without a collective; the
     # reduction, the barrier (with device_ids) and the object broadcast run on NCCL
     assert outcome["any_rank"] == {"value": [True, False]}
-    assert outcome["agree_min"] == {"value": 10}
+    assert outcome["agree_range"] == {"value": [10, 10]}
     assert outcome["max"] == {"value": [0, 7]}
     assert outcome["barrier"] == {"value": None}
     assert outcome["broadcast"] == {"value": "from 0"}

@@ -8,8 +8,8 @@ import time
 import msgspec
 import pytest
 
-from goodput.checkpoint.format import step_dir
-from goodput.checkpoint.format.parts import staged_part_dir
+from goodput.checkpoint.format import parse_step_dir, step_dir
+from goodput.checkpoint.format.parts import aside_part_dir, parse_aside_part, staged_part_dir
 from goodput.checkpoint.index.gc import delete_from_disk, orphaned_staged_parts
 from goodput.checkpoint.index.index import IndexSnapshot
 from goodput.checkpoint.index.records import (
@@ -33,7 +33,12 @@ from goodput_services.replicator.planner import (
     plan_backup,
     plan_replication,
 )
-from goodput_services.replicator.restore_parts import NodePart, PartPlan, plan_parts
+from goodput_services.replicator.restore_parts import (
+    NodePart,
+    PartPlan,
+    incomplete_newer,
+    plan_parts,
+)
 from goodput_services.replicator.restore_sources import NothingToRestore
 
 NOW_NS = time.time_ns()
@@ -198,6 +203,24 @@ def test_plan_parts_hot_swap_reshard_and_unknown() -> None:
     with pytest.raises(NothingToRestore, match="part 3 of 3"):
         NodePart.of(3, 3)
     assert NodePart.of(None, None) is None
+
+
+def test_only_newer_parts_of_no_complete_commit_are_set_aside() -> None:
+    complete = {10: ("c10", 3), 20: ("c20", 3)}
+    on_volume = {10: ("c10", 3), 20: ("c20", 3), 30: ("c30", 3), 40: None, 50: ("old", 3)}
+    newer = incomplete_newer(10, on_volume, complete.get)
+    # 20: complete; 40: not a part; 50: a commit of the step other than the complete one
+    assert newer == [30, 50]
+    assert incomplete_newer(30, on_volume, complete.get) == [50]
+
+
+def test_a_set_aside_part_goes_once_the_volume_holds_a_step_as_new(tmp_path) -> None:
+    aside = aside_part_dir(tmp_path, 30, "0123456789abcdef" * 2).name
+    assert aside == ".incomplete-step-0000000030.0123456789abcdef"
+    assert parse_aside_part(aside) == 30 and parse_step_dir(aside) is None
+    assert orphaned_staged_parts([aside, "step-0000000010"]) == []
+    assert orphaned_staged_parts([aside, "step-0000000030"]) == [aside]
+    assert orphaned_staged_parts([aside, "step-0000000040"]) == [aside]
 
 
 def test_staged_parts_go_with_their_step(tmp_path) -> None:

@@ -2,19 +2,21 @@
 goes to its peers and the object store; a node lost during the global commit leaves the
 previous step newest; a spare takes a lost node's part (from a peer, then from the object
 store when the peers are gone too); a part with a bad checksum is fetched again alone; a
-scale-down stages every part beside the node's own."""
+scale-down stages every part beside the node's own and sets aside the node's part of a newer
+step that can never complete."""
 
 from __future__ import annotations
 
 import shutil
 
-from goodput.checkpoint.format import read_manifest, step_dir
-from goodput.checkpoint.format.parts import staged_parts
+from goodput.checkpoint.format import read_manifest, step_dir, step_dirs
+from goodput.checkpoint.format.parts import aside_part_dir, staged_parts
+from goodput.checkpoint.index.gc import orphaned_staged_parts
 from goodput.checkpoint.index.index import IndexSnapshot
 from tests.replicator.conftest import Harness
 from tests.replicator.parts import expected_part, files_of, write_parts
 
-STEP, LATER = 10, 20
+STEP, LATER, NEWER = 10, 20, 30
 
 
 def spread(snapshot: IndexSnapshot, step: int, parts: int) -> bool:
@@ -85,9 +87,18 @@ async def test_parts_replicate_and_a_spare_takes_a_lost_nodes_part(gcs_harness: 
     assert h.restored_event("node-3").tier == "object_store"
     holds_part(h, "node-3", STEP, 1)
 
+    # a newer step whose other parts no node holds (their nodes lost before any copy)
+    newer = write_parts([reps.volume("node-3"), None, None], NEWER)
+
     # scale-down 3 -> 2: the node keeps its part and stages the two others beside it
     result = await h.restore("node-3", part=(0, 2))
     assert result.ok and result.detail.endswith("; parts 0, 2 staged beside it"), result.detail
+    # and sets its part of the newer step aside, out of the ranks' sight, kept
+    volume = reps.volume("node-3")
+    assert [step for step, _ in step_dirs(volume)] == [STEP]
+    aside = aside_part_dir(volume, NEWER, newer.commit)
+    assert files_of(aside) == expected_part(NEWER, 0, 3)
+    assert orphaned_staged_parts(p.name for p in volume.iterdir()) == []  # kept until GC
     staged = staged_parts(reps.volume("node-3"), STEP)
     assert sorted(staged) == [0, 2]
     for part, directory in staged.items():

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from goodput.shim import collectives
-from goodput.shim.agree import agree_min, any_rank
+from goodput.shim.agree import agree_range, any_rank
 from tests.examples.launch import free_port
 from tests.shim import fake_nccl
 
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: what each call returns on two ranks where rank 0 votes yes and rank r offers step 10 + r
 AGREED = {
     "any_rank": [True, False],
-    "agree_min": 10,
+    "agree_range": [10, 11],
     "max": [1, 7],
     "barrier": None,
     "broadcast": "from 0",
@@ -76,7 +76,7 @@ def main() -> None:
         "served": sorted(collectives.served_device_types()),
         "device": attempt(lambda: str(collectives.collective_device())),
         "any_rank": attempt(lambda: any_rank(rank == 0, False)),
-        "agree_min": attempt(lambda: agree_min(10 + rank)),
+        "agree_range": attempt(lambda: list(agree_range(10 + rank))),
         "max": attempt(lambda: collectives.all_reduce_ints([rank, 7], dist.ReduceOp.MAX)),
         "barrier": attempt(collectives.barrier),
         "broadcast": attempt(lambda: collectives.broadcast_object(f"from {rank}", src=0)),

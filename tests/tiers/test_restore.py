@@ -67,6 +67,29 @@ async def test_restore_from_peer(node, tmp_path: Path, peer: PeerServerProcess) 
     assert all("SourceMiss" in f.failed_attempts[0] for f in report.files)
 
 
+async def test_a_peer_serves_several_files_at_once_over_a_connection_each(
+    tmp_path: Path, peer: PeerServerProcess, ckpt
+) -> None:
+    """Two streams: the largest file and the next one come over two connections at once
+    (no more are opened); every file verified and committed, the report in manifest order."""
+    files = ckpt.random_files(5, 400_000, seed=7)
+    manifest = ckpt.make(tmp_path / "node0", STEP, files)
+    await replicate_to(peer, tmp_path / "node0")
+    async with PeerSource(peer.host, peer.port, "node0") as from_peer:
+        report = await restore_to_volume(
+            STEP, manifest.files, tmp_path / "fresh", [from_peer], manifest=manifest, streams=2
+        )
+        assert from_peer.connections == 2
+    assert_restored(tmp_path / "fresh", manifest, files)
+    assert [f.name for f in report.files] == [e.name for e in manifest.files]
+    async with PeerSource(peer.host, peer.port, "node0") as one_at_a_time:
+        await restore_to_volume(
+            STEP, manifest.files, tmp_path / "again", [one_at_a_time], manifest=manifest, streams=1
+        )
+        assert one_at_a_time.connections == 1
+    assert_restored(tmp_path / "again", manifest, files)
+
+
 async def test_restore_from_object_store(
     node, tmp_path: Path, gcs_store: GcsObjectStore, prefix: str
 ) -> None:

@@ -22,7 +22,12 @@ if TYPE_CHECKING:
         keep_global_batch,
         scale_lr,
     )
-    from goodput.shim.restore_result import DpLayout, RestoreResult, UnfilledVolumeError
+    from goodput.shim.restore_result import (
+        DpLayout,
+        RestoreResult,
+        UnfilledVolumeError,
+        UnrestorableCheckpointError,
+    )
     from goodput.shim.standby import JobRun, run_job
     from goodput.shim.trainer import TrainerShim
     from goodput.warm_path import WarmPathTimeouts
@@ -39,6 +44,7 @@ _EXPORTS = {
     "DpLayout": "goodput.shim.restore_result",
     "RestoreResult": "goodput.shim.restore_result",
     "UnfilledVolumeError": "goodput.shim.restore_result",
+    "UnrestorableCheckpointError": "goodput.shim.restore_result",
     "JobRun": "goodput.shim.standby",
     "run_job": "goodput.shim.standby",
     "EXIT_TERMINATED": "goodput.launch.rank_env",
@@ -63,6 +69,7 @@ __all__ = [
     "ShimConfig",
     "TrainerShim",
     "UnfilledVolumeError",
+    "UnrestorableCheckpointError",
     "WarmPathTimeouts",
     "adjust_schedule",
     "keep_global_batch",

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from goodput.shim.collectives import all_reduce_ints, grouped
 
-__all__ = ["agree_min", "all_reduce_min", "any_rank", "grouped"]
+__all__ = ["agree_range", "all_reduce_min", "any_rank", "grouped"]
 
 
 def all_reduce_min(values: list[int]) -> list[int]:
@@ -17,12 +17,15 @@ def all_reduce_min(values: list[int]) -> list[int]:
     return all_reduce_ints(values, dist.ReduceOp.MIN)
 
 
-def agree_min(step: int | None) -> int | None:
-    """The smallest of every rank's ``step`` (None on any rank: None); no-op without a group."""
+def agree_range(step: int | None) -> tuple[int | None, int | None]:
+    """The smallest and largest of every rank's ``step`` in one all-reduce (None counts as
+    below every step: the smallest is None when any rank has none, the largest only when all
+    have none). Equal ends mean every rank holds the same step; no-op without a group."""
     if not grouped():
-        return step
-    agreed = all_reduce_min([-1 if step is None else step])[0]
-    return None if agreed < 0 else agreed
+        return step, step
+    own = -1 if step is None else step
+    low, neg_high = all_reduce_min([own, -own])
+    return (None if low < 0 else low), (None if -neg_high < 0 else -neg_high)
 
 
 def any_rank(*flags: bool) -> list[bool]:

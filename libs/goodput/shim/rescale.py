@@ -27,7 +27,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
+from goodput import schemas
+
 if TYPE_CHECKING:
+    from goodput.shim.config import ShimConfig
     from goodput.shim.restore_result import DpLayout
 
 
@@ -205,3 +208,28 @@ BUILTIN_RULES: dict[str, Callable[[], list[RescaleCallback]]] = {
     "linear-lr": lambda: [scale_lr("linear"), adjust_schedule()],
     "sqrt-lr": lambda: [scale_lr("sqrt"), adjust_schedule()],
 }
+
+
+def plan_event(
+    config: ShimConfig,
+    layout: DpLayout,
+    step: int,
+    plan: BatchPlan,
+    applied: list[str],
+    rescaled_from_dp: int,
+) -> schemas.TrainingPlan:
+    """What the job's events say of the batch and LR the job trains with from ``step``."""
+    return schemas.TrainingPlan(
+        job=config.job,
+        node=config.node,
+        rank=config.rank,
+        step=step,
+        world_size=layout.world_size,
+        dp_size=layout.dp_size,
+        global_batch=plan.global_batch,
+        micro_batch=plan.micro_batch,
+        accumulation_steps=plan.accumulation_steps(layout.dp_size),
+        lr=plan.lr,
+        rescaled_from_dp=rescaled_from_dp,
+        callbacks=applied,
+    )

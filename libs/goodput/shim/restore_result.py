@@ -74,6 +74,12 @@ class UnfilledVolumeError(RuntimeError):
     the launch. Starting over from step 0 would throw away every step since the job began."""
 
 
+class UnrestorableCheckpointError(RuntimeError):
+    """The ranks hold checkpoints, but some rank could restore none of them intact at or
+    before the step the others offer: no step every rank can load. Starting over from step 0
+    would throw away every step since the job began, so every rank refuses together."""
+
+
 @dataclass(frozen=True)
 class RestoreResult:
     """A restored checkpoint: the step, the state and what it was saved under."""

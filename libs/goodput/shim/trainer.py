@@ -31,25 +31,25 @@ from typing import Any, Literal
 import torch
 
 from goodput import schemas
-from goodput.checkpoint.engine import CheckpointEngine, NoCheckpointError
+from goodput.checkpoint.engine import CheckpointEngine
 from goodput.checkpoint.engine import events as ckpt_events
 from goodput.checkpoint.engine.host_restore import HostRestore, restore_from_host
 from goodput.checkpoint.engine.torch_save import TorchSaveCheckpointer
 from goodput.launch.rank_env import EXIT_TERMINATED
-from goodput.shim.agree import agree_min, all_reduce_min, any_rank, grouped
+from goodput.shim.agree import all_reduce_min, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
 from goodput.shim.config import ShimConfig, node_parts
 from goodput.shim.injected_faults import InjectedFaults
 from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
 from goodput.shim.numerics import NumericsMonitor
-from goodput.shim.rescale import BatchPlan, RescaleCallback
+from goodput.shim.rescale import BatchPlan, RescaleCallback, plan_event
+from goodput.shim.restore_agreement import restore_agreed
 from goodput.shim.restore_result import (
     CheckpointMetadata,
     DpLayout,
     RestoreResult,
     RestoreTier,
-    UnfilledVolumeError,
     resolve_restore,
     with_metadata,
 )
@@ -196,62 +196,32 @@ class TrainerShim:
         self, step: int, plan: BatchPlan | None, applied: list[str], rescaled_from_dp: int
     ) -> None:
         """Rank 0 tells the job's events the batch and LR it trains with from ``step``."""
-        if plan is None or self.config.rank != 0:
-            return
-        layout = self.layout
-        self._publish(
-            schemas.TrainingPlan(
-                job=self.config.job,
-                node=self.config.node,
-                rank=self.config.rank,
-                step=step,
-                world_size=layout.world_size,
-                dp_size=layout.dp_size,
-                global_batch=plan.global_batch,
-                micro_batch=plan.micro_batch,
-                accumulation_steps=plan.accumulation_steps(layout.dp_size),
-                lr=plan.lr,
-                rescaled_from_dp=rescaled_from_dp,
-                callbacks=applied,
+        if plan is not None and self.config.rank == 0:
+            self._publish(
+                plan_event(self.config, self.layout, step, plan, applied, rescaled_from_dp)
             )
-        )
 
     def _restore_agreed(
         self, template_state: dict[str, Any]
     ) -> tuple[int, dict[str, Any], RestoreTier] | None:
-        # a rank whose newest copy is corrupt falls back further: agree on the minimum, again
-        before = self.config.restore_before_step  # a numerical rollback (shim/rollback.py)
-        latest = bounded(self.engine.latest_complete_step(), before)
-        candidate = agree_min(latest)
-        if candidate is None and any_rank(latest is not None)[0]:
-            raise UnfilledVolumeError(
-                f"rank {self.config.rank} "
-                + (f"holds step {latest}" if latest is not None else "holds no checkpoint")
-                + f" in {self.config.ckpt_dir}, and some ranks "
-                + ("hold none" if latest is not None else "hold one")
-                + ": a node's volume was not filled before the launch; refusing to start "
-                "over from step 0 (restore it: goodput ckpt restore)"
-            )
-        for _ in range(4):
-            if candidate is None:
-                log.info("no common checkpoint in %s; starting from scratch", self.config.ckpt_dir)
-                if before is not None and self.config.local_rank == 0:
-                    discard_after(self.config.ckpt_dir, None)
-                return None
-            try:
-                step, state, tier = self._load(candidate, template_state)
-            except NoCheckpointError:
-                step, state, tier = None, None, self._volume_tier
-            agreed = agree_min(step)
-            if agreed == step:
-                if before is not None and self.config.local_rank == 0:
-                    discard_after(self.config.ckpt_dir, step)
-                self._last_saved_step = step
-                if self.link is not None:
-                    self.link.step = step
-                return step, state, tier  # type: ignore[return-value]
-            candidate = agreed
-        raise RuntimeError("ranks could not agree on a checkpoint to restore")
+        """The same step on every rank (``goodput.shim.restore_agreement``), at or before a
+        numerical rollback's bound (``goodput.shim.rollback``: the newer steps are discarded)."""
+        before = self.config.restore_before_step
+        restored = restore_agreed(
+            bounded(self.engine.latest_complete_step(), before),
+            lambda step: self._load(step, template_state),
+            rank=self.config.rank,
+            where=self.config.ckpt_dir,
+        )
+        if before is not None and self.config.local_rank == 0:
+            discard_after(self.config.ckpt_dir, None if restored is None else restored[0])
+        if restored is None:
+            log.info("no checkpoint in %s on any rank; starting from scratch", self.config.ckpt_dir)
+            return None
+        self._last_saved_step = restored[0]
+        if self.link is not None:
+            self.link.step = restored[0]
+        return restored
 
     @property
     def _volume_tier(self) -> RestoreTier:

@@ -11,11 +11,21 @@ node's new shards (the shard records' per-block digests allow it), about ``1/nod
 Each part comes from the nearest holder of that very part of that commit (:mod:`.restore_sources`),
 verified per file, so a part whose file is corrupt on the volume is fetched again alone.
 Whether to hold, stage or move a part is :func:`plan_parts`'s pure decision.
+
+For a reshard, the node's own parts of newer steps whose commit the index does not hold
+complete (a node lost with the only copy of its part) are then set aside under a hidden name
+(:func:`goodput.checkpoint.format.parts.aside_part_dir`, :func:`set_aside`): every rank of a
+scale-down still holds its own part of such a step, so the ranks would agree on it first
+and restore it in vain (its other parts are not staged) before falling back together. Only
+for a reshard: with the same layout a newer step every node holds is the ranks' to use, and
+a snapshot taken before another node indexed its part would wrongly call it incomplete.
+Kept, not deleted: the GC sweep removes it once the volume holds a step at least as new.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +33,13 @@ from pathlib import Path
 from goodput.checkpoint.format import (
     Manifest,
     ManifestError,
+    fsync_dir,
     read_manifest,
     remove_dir_safely,
     step_dir,
+    step_dirs,
 )
-from goodput.checkpoint.format.parts import MAX_PARTS, PartOf, staged_part_dir
+from goodput.checkpoint.format.parts import MAX_PARTS, PartOf, aside_part_dir, staged_part_dir
 from goodput.checkpoint.index.index import Commit, IndexSnapshot, StepView
 from goodput.checkpoint.index.records import CopyRecord
 from goodput.checkpoint.tiers.object_store import ObjectStore
@@ -38,6 +50,8 @@ from goodput_services.replicator.restore_sources import (
     copy_sources,
     find_manifest,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,48 @@ def part_on_volume(directory: Path, commit: Commit) -> tuple[int | None, bool]:
     return None, True
 
 
+def incomplete_newer(
+    staged: int, on_volume: dict[int, Commit | None], complete: Callable[[int], Commit | None]
+) -> list[int]:
+    """The steps newer than ``staged`` whose part on the volume (its commit, by step) belongs
+    to no complete commit of that step by the index (``complete``): the ranks must not
+    offer them. A directory that is not a part (None) is left alone."""
+    return sorted(
+        step
+        for step, commit in on_volume.items()
+        if step > staged and commit is not None and complete(step) != commit
+    )
+
+
+def _parts_on_volume(volume: Path) -> dict[int, Commit | None]:
+    """The commit of each step directory's part on the volume (None: not a part)."""
+    found: dict[int, Commit | None] = {}
+    for step, directory in step_dirs(volume):
+        try:
+            part = read_manifest(directory).part
+        except ManifestError:
+            part = None
+        found[step] = (part.commit, part.count) if isinstance(part, PartOf) else None
+    return found
+
+
+def set_aside(volume: Path, staged: int, view_of: Callable[[int], StepView]) -> list[int]:
+    """Move the node's parts of newer steps that can never complete out of the ranks' sight
+    (:func:`incomplete_newer`); returns their steps."""
+    commits = _parts_on_volume(volume)
+    doomed = incomplete_newer(staged, commits, lambda step: view_of(step).complete_commit())
+    for step in doomed:
+        commit = commits[step]
+        assert commit is not None
+        aside = aside_part_dir(volume, step, commit[0])
+        remove_dir_safely(aside)  # the same commit set aside before (a restore repeated)
+        step_dir(volume, step).rename(aside)
+        log.info("step %d: this node's part belongs to no complete commit; set aside", step)
+    if doomed:
+        fsync_dir(volume)
+    return doomed
+
+
 async def stage_parts(
     snapshot: IndexSnapshot,
     view: StepView,
@@ -135,6 +191,8 @@ async def stage_parts(
     for part in plan.staged:
         into = staged_part_dir(volume, view.step, part)
         reports.append(await _stage(snapshot, view, commit, part, into, *here))
+    if plan.staged:  # a reshard: a newer step's own part is of no use without the others
+        await asyncio.to_thread(set_aside, volume, view.step, snapshot.view)
     return reports
 
 

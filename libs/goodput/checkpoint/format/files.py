@@ -128,15 +128,18 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def publish(temp: Path, final: Path) -> None:
-    """fsync ``temp`` and rename it to ``final``, then fsync the directory."""
+def publish(temp: Path, final: Path, *, sync_dir: bool = True) -> None:
+    """fsync ``temp`` and rename it to ``final``, then fsync the directory. ``sync_dir``
+    False: the caller fsyncs the directory once after several files, before anything that
+    must not be durable without them (a checkpoint's manifest) is written."""
     fd = open_regular(temp)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(temp, final)
-    fsync_dir(Path(final).parent)
+    if sync_dir:
+        fsync_dir(Path(final).parent)
 
 
 def write_file_durably(path: str | os.PathLike, data: bytes) -> None:

@@ -14,7 +14,9 @@ The tiers move a part like any checkpoint (its manifest lists exactly its own fi
 **complete** when, for one commit id, every part of the table has a verified copy somewhere.
 A node restoring the same layout needs only its own part; a reshard (another node count) needs
 the other parts too: they are staged beside the node's own part under
-:func:`staged_part_dir`, a name no step listing matches.
+:func:`staged_part_dir`, a name no step listing matches. A node's own part of a newer step
+that can never complete (another node's part of it was lost) is set aside before a restore
+under :func:`aside_part_dir`, a hidden name, so the ranks do not offer it.
 
 This module is the one owner of the part structs, the commit id and the staged-part layout.
 """
@@ -39,6 +41,7 @@ if TYPE_CHECKING:  # the manifest holds a PartOf, so it imports this module
 #: a commit table larger than this is garbage (4,096 nodes x a few hundred bytes fits easily)
 MAX_PARTS = 4096
 _STAGED_PART = re.compile(r"^step-(\d{10})\.part-(\d{5})$")
+_ASIDE_PART = re.compile(r"^\.incomplete-step-(\d{10})\.[0-9a-f]{16}$")
 
 
 class PartSummary(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -146,3 +149,17 @@ def staged_parts(root: str | os.PathLike, step: int) -> dict[int, Path]:
         if parsed is not None and parsed[0] == step:
             found[parsed[1]] = Path(root) / name
     return found
+
+
+def aside_part_dir(root: str | os.PathLike, step: int, commit: str) -> Path:
+    """Where a node's part of ``step`` from ``commit``, a commit that can no longer complete,
+    is kept instead of ``step-N``: hidden (a temp name to every lister, so neither the engine
+    nor the replicator's scan offers it), named by its commit so a later commit of the same
+    step never collides with it; kept until the volume holds a step at least as new."""
+    return Path(root) / f".incomplete-{step_dir_name(step)}.{commit[:16]}"
+
+
+def parse_aside_part(name: str) -> int | None:
+    """The step of a set-aside part's directory name, None for anything else."""
+    match = _ASIDE_PART.match(name)
+    return int(match.group(1)) if match else None

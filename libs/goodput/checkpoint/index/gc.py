@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from goodput.checkpoint.format import node_dir, parse_step_dir, remove_dir_safely, step_dir
-from goodput.checkpoint.format.parts import parse_staged_part, staged_parts
+from goodput.checkpoint.format.parts import parse_aside_part, parse_staged_part, staged_parts
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from goodput.checkpoint.index.records import CopyRecord
 from goodput.checkpoint.index.retention import Retention, plan_gc
@@ -31,18 +31,23 @@ def delete_from_disk(node_dir: Path, copy: CopyRecord) -> None:
 
 def orphaned_staged_parts(names: Iterable[str]) -> list[str]:
     """The staged parts (``step-N.part-K``) among a volume's entries whose step directory is
-    not there: the engine's own retention or GC deleted the step, so they are dead weight."""
+    not there: the engine's own retention or GC deleted the step, so they are dead weight.
+    Also the parts set aside as incomplete (``.incomplete-step-N.<commit>``) once the volume
+    holds a step at least as new: the job went on past them, nobody will restore them."""
     listed = set(names)
     steps = {parse_step_dir(name) for name in listed} - {None}
+    newest = max(steps, default=-1)
     return sorted(
         name
         for name in listed
-        if (parsed := parse_staged_part(name)) is not None and parsed[0] not in steps
+        if ((parsed := parse_staged_part(name)) is not None and parsed[0] not in steps)
+        or ((aside := parse_aside_part(name)) is not None and aside <= newest)
     )
 
 
 def sweep_staged_parts(volume: Path) -> list[Path]:
-    """Delete the volume's orphaned staged parts (run while no restore stages any)."""
+    """Delete the volume's orphaned staged and superseded set-aside parts (run while no
+    restore stages any)."""
     try:
         names = os.listdir(volume)
     except FileNotFoundError:

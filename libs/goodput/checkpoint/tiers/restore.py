@@ -2,9 +2,11 @@
 
 Per file, sources are tried in order (local volume, then peers, then the object store);
 a source that lacks the file, is unreachable, or serves bytes that fail the xxh3_128 check
-is skipped for the next one. Files land under hidden temp names and are renamed after
-verification; the manifest is written last, so the directory becomes a checkpoint only
-once everything is in place.
+is skipped for the next one. Files are fetched several at a time, largest first
+(:mod:`goodput.checkpoint.tiers.streams`, as a push sends them; a peer source opens a
+connection per concurrent fetch). They land under hidden temp names, each fsynced and renamed
+after verification; the directory is fsynced once, then the manifest is written last, so the
+directory becomes a checkpoint only once everything is durably in place.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from goodput.checkpoint.format import (
     Manifest,
     copy_and_hash,
     file_xxh3_128,
+    fsync_dir,
     is_regular_file,
     partial_path,
     publish,
@@ -33,6 +36,7 @@ from goodput.checkpoint.tiers.backup import DEFAULT_PREFIX, blob_key
 from goodput.checkpoint.tiers.object_store import ObjectNotFound, ObjectStore
 from goodput.checkpoint.tiers.peer.channel import Progress
 from goodput.checkpoint.tiers.peer.client import PeerClient, PeerError
+from goodput.checkpoint.tiers.streams import STREAMS, largest_first
 
 
 class SourceMiss(LookupError):
@@ -88,7 +92,8 @@ class LocalSource:
 
 class PeerSource:
     """Another node's peer server; ``remote_root`` is where that node keeps this node's
-    checkpoints, relative to the root it serves. Interrupted pulls resume on retry."""
+    checkpoints, relative to the root it serves. Interrupted pulls resume on retry. Each
+    concurrent fetch has a connection of its own (opened on demand, kept for the next)."""
 
     tier = "peer"
 
@@ -97,28 +102,33 @@ class PeerSource:
         self.port = port
         self.remote_root = remote_root.strip("/")
         self.name = f"peer:{host}:{port}/{self.remote_root}"
-        self._client: PeerClient | None = None
+        self._idle: list[PeerClient] = []
+        #: connections opened so far: at most the fetches that ran at once
+        self.connections = 0
 
     async def fetch(self, step: int, entry: FileEntry, partial: Path, progress: Progress) -> int:
         parts = [self.remote_root, step_dir_name(step), entry.name]
         remote = "/".join(p for p in parts if p)
-        if self._client is None:
-            self._client = await PeerClient.connect(self.host, self.port)
+        if self._idle:
+            client = self._idle.pop()
+        else:
+            client = await PeerClient.connect(self.host, self.port)
+            self.connections += 1
         try:
-            result = await self._client.get_file(
-                remote, partial, entry.size, entry.xxh3_128, progress
-            )
+            result = await client.get_file(remote, partial, entry.size, entry.xxh3_128, progress)
         except PeerError as exc:
+            self._idle.append(client)
             raise SourceMiss(str(exc)) from exc
-        except (OSError, EOFError):
-            await self.close()  # the connection is unusable mid-stream: reconnect next time
+        except BaseException:
+            await client.close()  # unusable mid-stream: the next fetch connects again
             raise
+        self._idle.append(client)
         return result.bytes_received
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        idle, self._idle = self._idle, []
+        for client in idle:
+            await client.close()
 
     async def __aenter__(self) -> PeerSource:
         return self
@@ -180,17 +190,24 @@ async def restore_to_volume(
     manifest: Manifest,
     progress: Callable[[int], None] | None = None,
     directory: Path | None = None,
+    streams: int = STREAMS,
 ) -> RestoreReport:
     """Fill ``dest_root/step-<step>/`` (or ``directory``: a staged part) with ``files`` and
     commit it with ``manifest``: the owner's own manifest (a node restores exactly the
-    checkpoint its engine can load)."""
+    checkpoint its engine can load). ``streams`` files are fetched at once."""
     started = time.perf_counter()
     directory = directory or step_dir(dest_root, step)
     directory.mkdir(parents=True, exist_ok=True)
-    report = RestoreReport(step, directory)
     tick = progress or (lambda _n: None)
-    for entry in files:
-        report.files.append(await _restore_file(step, entry, directory, sources, tick))
+
+    async def fetch(entry: FileEntry, _stream: int) -> FileRestore:
+        return await _restore_file(step, entry, directory, sources, tick)
+
+    restored = await largest_first(files, lambda e: e.size, fetch, streams)
+    # the renames above, durable before the manifest that makes them a checkpoint
+    for parent in sorted({(directory / entry.name).parent for entry in files}):
+        await asyncio.to_thread(fsync_dir, parent)
+    report = RestoreReport(step, directory, restored)
     write_manifest(directory, manifest)
     report.seconds = time.perf_counter() - started
     return report
@@ -216,7 +233,7 @@ async def _restore_file(
                 partial.unlink(missing_ok=True)
             attempts.append(f"{source.name}: {type(exc).__name__}: {exc}")
             continue
-        await asyncio.to_thread(publish, partial, final)
+        await asyncio.to_thread(publish, partial, final, sync_dir=False)
         return FileRestore(
             entry.name,
             source.tier,

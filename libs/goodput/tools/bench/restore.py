@@ -46,7 +46,6 @@ from goodput.checkpoint.format import (
 )
 from goodput.checkpoint.tiers.backup import backup_checkpoint
 from goodput.checkpoint.tiers.peer import PeerClient, PeerServerProcess
-from goodput.checkpoint.tiers.peer.client import PUSH_STREAMS
 from goodput.checkpoint.tiers.peer.loopback import measure_tcp_gbps
 from goodput.checkpoint.tiers.restore import (
     LocalSource,
@@ -55,6 +54,7 @@ from goodput.checkpoint.tiers.restore import (
     Source,
     restore_to_volume,
 )
+from goodput.checkpoint.tiers.streams import STREAMS
 from goodput.schemas.events import STORAGE_TIERS
 
 STEP = 1000
@@ -122,17 +122,17 @@ def measure(
         prewarm_memory(work / "scratch", 2 * replica_bytes)
     with console.status("measuring raw loopback TCP, to memory and to disk"):
         sink = work / "sink.bin"
-        loopback_gbps = measure_tcp_gbps(replica_bytes, streams=PUSH_STREAMS)
-        loopback_to_disk_gbps = measure_tcp_gbps(replica_bytes, to_file=sink, streams=PUSH_STREAMS)
+        loopback_gbps = measure_tcp_gbps(replica_bytes, streams=STREAMS)
+        loopback_to_disk_gbps = measure_tcp_gbps(replica_bytes, to_file=sink, streams=STREAMS)
         loopback_to_disk_buffered_gbps = measure_tcp_gbps(
-            replica_bytes, to_file=sink, direct=False, streams=PUSH_STREAMS
+            replica_bytes, to_file=sink, direct=False, streams=STREAMS
         )
     result: dict = {
         "size_gb": replica_bytes / 1e9,
         "files": file_count,
         "replica_bytes": replica_bytes,
         "prewarmed_bytes": 2 * replica_bytes,
-        "streams": PUSH_STREAMS,
+        "streams": STREAMS,
         "loopback_gbps": loopback_gbps,
         "loopback_to_disk_gbps": loopback_to_disk_gbps,
         "loopback_to_disk_buffered_gbps": loopback_to_disk_buffered_gbps,

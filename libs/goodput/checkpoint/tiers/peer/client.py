@@ -12,6 +12,7 @@ from pathlib import Path
 from goodput.checkpoint.format import (
     MANIFEST_NAME,
     ChecksumMismatch,
+    FileEntry,
     Manifest,
     Xxh3,
     hash_file,
@@ -35,8 +36,7 @@ from goodput.checkpoint.tiers.peer.protocol import (
     StatRequest,
     reply_decoder,
 )
-
-PUSH_STREAMS = 2  # connections per push; more did not help on 2 cores (docs/BENCHMARKS.md)
+from goodput.checkpoint.tiers.streams import STREAMS, largest_first
 
 
 class PeerError(RuntimeError):
@@ -148,7 +148,7 @@ class PeerClient:
         checkpoint_dir: Path,
         remote_dir: str,
         progress: Progress | None = None,
-        streams: int = PUSH_STREAMS,
+        streams: int = STREAMS,
     ) -> PushReport:
         """Replicate a committed checkpoint: each file (deduplicated/resumed by the peer),
         then the manifest, so the peer's copy becomes visible only when complete.
@@ -162,38 +162,26 @@ class PeerClient:
         started = time.perf_counter()
         checkpoint_dir = Path(checkpoint_dir)
         manifest = read_manifest(checkpoint_dir)
-        pending = sorted(manifest.files, key=lambda entry: entry.size, reverse=True)
-        results: list[PutResult] = []
-        failures: list[BaseException] = []
+        clients: list[PeerClient] = [self]
 
-        async def drain(client: PeerClient) -> None:
-            while pending and not failures:
-                entry = pending.pop(0)
-                try:
-                    results.append(
-                        await client.put_file(
-                            checkpoint_dir / entry.name,
-                            f"{remote_dir}/{entry.name}",
-                            entry.size,
-                            entry.xxh3_128,
-                            progress,
-                        )
-                    )
-                except Exception as exc:
-                    failures.append(exc)
+        async def put(entry: FileEntry, stream: int) -> PutResult:
+            return await clients[stream].put_file(
+                checkpoint_dir / entry.name,
+                f"{remote_dir}/{entry.name}",
+                entry.size,
+                entry.xxh3_128,
+                progress,
+            )
 
-        extra: list[PeerClient] = []
         try:
-            if streams > 1 and len(pending) > 1:
+            if streams > 1 and len(manifest.files) > 1:
                 host, port = self._channel.sock.getpeername()[:2]
-                for _ in range(min(streams, len(pending)) - 1):
-                    extra.append(await PeerClient.connect(host, port))
-            await asyncio.gather(*(drain(client) for client in (self, *extra)))
+                for _ in range(min(streams, len(manifest.files)) - 1):
+                    clients.append(await PeerClient.connect(host, port))
+            results = await largest_first(manifest.files, lambda e: e.size, put, len(clients))
         finally:
-            for client in extra:
+            for client in clients[1:]:
                 await client.close()
-        if failures:
-            raise failures[0]
         await self.commit(remote_dir, manifest.to_bytes())
         sent = sum(r.bytes_sent for r in results)
         skipped = sum(r.bytes_skipped for r in results)

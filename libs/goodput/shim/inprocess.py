@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch.distributed as dist
 
 from goodput import schemas
+from goodput.checkpoint.engine import CheckpointEngine
 from goodput.shim.group_abort import GroupAbort
 from goodput.shim.group_sockets import opened_by
 from goodput.shim.rescale import BatchPlan
@@ -158,15 +159,34 @@ def run_in_process(
     (:mod:`goodput.shim.group_sockets`; ``run_job`` knows them, a script's own group not).
     A CUDA failure this process cannot go on from (from a step, a restore or a rejoin) ends
     it with :class:`~goodput.shim.step_faults.LeaveCold`, whose exit code names it."""
+    cause: BaseException
     try:
         return _run(shim, job, total_steps, stop_at, timeouts, group_sockets)
-    except LeaveCold:
-        raise
+    except LeaveCold as leaving:
+        fault, cause = leaving.fault, leaving
     except Exception as exc:
         fault = classify(exc)
         if fault.kind == "recoverable":
             raise
-        raise leave_cold(fault) from exc
+        cause = exc
+    _settle_checkpoint(shim)
+    raise leave_cold(fault) from cause
+
+
+#: how long a rank leaving cold waits for the checkpoint it is persisting (host memory to disk:
+#: the poisoned context is not involved) before it leaves anyway
+SETTLE_S = 30.0
+
+
+def _settle_checkpoint(shim: TrainerShim) -> None:
+    """Let a checkpoint in flight end (durable, or failed) before the rank leaves, so its
+    progress is kept and the reason, logged next, is the rank log's last line (torch-save
+    mode saves synchronously: nothing is in flight)."""
+    if not isinstance(shim.engine, CheckpointEngine):
+        return
+    waiter = threading.Thread(target=shim.engine.wait_until_idle, daemon=True)
+    waiter.start()
+    waiter.join(SETTLE_S)
 
 
 def _run(

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import msgspec
+import nats.errors
 from rich.console import Console
 
 from goodput.bus import Bus, BusSettings, EmbeddedNats
@@ -314,16 +315,36 @@ class ServiceExited(SystemExit):
     that does not catch it still ends with that one line (and runs its ``finally``)."""
 
 
+class HealthUnknown(ServiceExited):
+    """The stack's health could not be read from its bus before the deadline (every query
+    timed out): one line, handled like a service that exited."""
+
+
+#: what a health query meets on a server too busy to answer in time; the next poll asks again
+TRANSIENT_BUS_ERRORS = (nats.errors.TimeoutError, asyncio.TimeoutError, ConnectionError)
+
+
 async def wait_healthy(settings, job, services, timeout_s, console) -> list[dict]:
     """The services' health once all are healthy or ``timeout_s`` passed; raises
     :class:`ServiceExited` as soon as one of them is found gone."""
     deadline = time.monotonic() + timeout_s
+    report: list[dict] | None = None
+    unanswered = ""
     with console.status("waiting for services to report healthy…"):
         while True:
             check_running(services)
-            report = await service_report(settings, job, services)
-            if all(s["healthy"] for s in report) or time.monotonic() > deadline:
+            try:
+                report = await service_report(settings, job, services)
+            except TRANSIENT_BUS_ERRORS as exc:  # a busy server: ask again until the deadline
+                unanswered = f"{type(exc).__name__}: {exc}"
+            done = report is not None and all(s["healthy"] for s in report)
+            if done or time.monotonic() > deadline:
                 check_running(services)  # a service that said healthy, then left
+                if report is None:
+                    raise HealthUnknown(
+                        f"the bus did not answer the health query within {timeout_s:g} s "
+                        f"({unanswered})"
+                    )
                 return report
             await asyncio.sleep(0.5)
 

@@ -187,8 +187,10 @@ def run_rank(bench: Bench, service_image: str, rank_image: str, steps: int) -> f
     """A node agent in the rank image, and `goodput run --backend agent` from the service
     image: the actuator has the agent start one rank of the example job, which trains
     `steps` steps under supervision. Seconds from submission to the job's end."""
-    agent = ["goodput", "agent", "--job", JOB, "--node", NODE, "--no-host-report",
-             "--state-dir", STATE]  # fmt: skip
+    # the node's host monitor and replicator run from the service image (as the Kubernetes
+    # DaemonSets do), so the agent runs none of its own
+    agent = ["goodput", "agent", "--job", JOB, "--node", NODE, "--no-node-daemons",
+             "--no-host-report", "--state-dir", STATE]  # fmt: skip
     env = ["--env-file", str(bench.env_file)]
     # the node's ranks are the host's processes, as under a node agent on bare metal: the
     # host monitor (hostPID) counts them alive by the pids the agent reports

@@ -90,6 +90,9 @@ def run(figures: dict, steps: int) -> None:
                     stack.run_rank(bench, podman.SERVICE, podman.RANK, steps), 1
                 )
                 stack.wait_healthy(bench, timeout_s=30)
+                figures["status_sees_killed_actuator_s"] = round(
+                    stack.status_sees_a_killed_service(bench, podman.SERVICE, "actuator", 60), 1
+                )
             finally:
                 bench.remove_containers()
 

@@ -12,6 +12,7 @@ where the manifests mount their Secrets.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import subprocess
@@ -208,3 +209,37 @@ def run_rank(bench: Bench, service_image: str, rank_image: str, steps: int) -> f
         print(bench.logs())
         raise Failed(f"test-images: the rank's job exited {result.returncode}")
     return time.monotonic() - started
+
+
+def status(bench: Bench, image: str, name: str) -> tuple[int, dict]:
+    """`goodput status --json` from the service image: a stack it did not start, its health
+    read from the bus alone. Its exit code and document."""
+    command = ["goodput", "status", "--job", JOB, "--json"]
+    options = ["--env-file", str(bench.env_file)]
+    done = subprocess.run([*bench.run_args(name, *options), image, *command],
+                          capture_output=True, text=True)  # fmt: skip
+    try:
+        return done.returncode, json.loads(done.stdout)
+    except json.JSONDecodeError as exc:
+        raise Failed(
+            f"test-images: goodput status printed no JSON ({exc}): {done.stderr[-800:]}"
+        ) from None
+
+
+def status_sees_a_killed_service(bench: Bench, image: str, service: str, timeout_s: float) -> float:
+    """`goodput status` exits 0 listing every service, then 1 naming ``service`` once its
+    container is killed (SIGKILL: no goodbye, its record goes stale). Seconds until it did."""
+    code, document = status(bench, image, "status-all-up")
+    names = sorted(entry["name"] for entry in document["services"])
+    if code != 0 or names != sorted(SERVICES):
+        raise Failed(f"test-images: goodput status exited {code} listing {names}, all up")
+    sh("podman", "kill", "-s", "KILL", f"{bench.tag}-{service}", capture=True)
+    killed = time.monotonic()
+    for attempt in range(int(timeout_s // 3) + 1):
+        code, document = status(bench, image, f"status-killed-{attempt}")
+        down = [e["name"] for e in document["services"] if not e["healthy"]]
+        if code == 1 and down == [service]:
+            return time.monotonic() - killed
+        time.sleep(3)
+    raise Failed(f"test-images: goodput status still exits {code} ({down} unhealthy) "
+                 f"{timeout_s:.0f} s after {service} was killed")  # fmt: skip

@@ -270,6 +270,9 @@ def run_service(service_class: type[Service], argv: list[str] | None = None) -> 
     try:
         config = load_service_config(service_class.name, argv)
         setup_logging(config.log_level, service=service_class.name, job=config.job)
+        # a fatal signal (a crash in native code: SIGSEGV, SIGBUS, SIGABRT...) leaves the
+        # threads' stacks in the log; without it the process vanishes without a line
+        faulthandler.enable(file=sys.stderr, all_threads=True)
         setup_tracing(f"goodput-{service_class.name}")
         setup_metrics(
             f"goodput-{service_class.name}",

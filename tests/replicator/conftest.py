@@ -4,6 +4,7 @@ written by the real CheckpointEngine, a real fake-gcs-server as the object store
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -149,6 +150,23 @@ class Replicators:
     def log(self, node: str) -> str:
         return (self.state_dir / f"replicator-{node}.log").read_text(errors="replace")[-4000:]
 
+    def standing(self, node: str) -> str:
+        """Whether the node's replicator still runs, or how it ended: a process killed from
+        outside (SIGKILL) leaves nothing in its log, and its peers see only its port close."""
+        code = self.processes[node].poll()
+        if code is None:
+            return "running"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"exited: killed by {signal.Signals(-code).name}"
+        return f"exited with status {code}"
+
+    def report(self) -> dict[str, str]:
+        """Each replicator's standing and the tail of its log, for a failure message."""
+        return {
+            node: f"[{self.standing(node)}] {self.log(node)[-1500:]}" for node in self.processes
+        }
+
 
 class Harness:
     """A bus connection with the job's event stream and index, and ways to wait on them."""
@@ -171,8 +189,8 @@ class Harness:
             if predicate(snapshot):
                 return snapshot
             if time.monotonic() > deadline:
-                logs = {n: self.replicators.log(n)[-1500:] for n in self.replicators.processes}
-                raise AssertionError(f"timed out waiting for {what}; logs: {json.dumps(logs)}")
+                logs = json.dumps(self.replicators.report())
+                raise AssertionError(f"timed out waiting for {what}; replicators: {logs}")
             await asyncio.sleep(0.2)
 
     async def events_of(self, kind: type, count: int, step: int) -> list:

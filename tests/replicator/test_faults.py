@@ -189,3 +189,20 @@ async def test_object_store_outage_delays_backups_but_loses_nothing(
     backed_up = await h.events_of(schemas.CheckpointBackedUp, 1, step=10)
     assert [e.node for e in backed_up] == ["node-0"]
     assert file_checksums(saved) == file_checksums(reps.volume("node-0") / saved.name)
+
+
+async def test_a_wait_that_times_out_says_which_replicator_died(dir_harness: Harness) -> None:
+    """A replicator killed from outside logs nothing (ci: its peers saw only its port close):
+    the harness's timeout message says which one is gone, and how it ended."""
+    h, reps = dir_harness, dir_harness.replicators
+    reps.start("node-0")
+    reps.start("node-1")
+    await h.until(lambda s: s.alive("node-0") and s.alive("node-1"), what="both announced")
+    reps.signal("node-1", signal.SIGKILL)
+    reps.processes["node-1"].wait(10)
+    with pytest.raises(AssertionError) as failed:
+        await h.until(lambda s: False, timeout_s=0.5, what="nothing")
+    message = str(failed.value)
+    assert "timed out waiting for nothing" in message
+    assert '"node-1": "[exited: killed by SIGKILL]' in message
+    assert '"node-0": "[running]' in message

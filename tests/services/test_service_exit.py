@@ -42,6 +42,15 @@ def test_a_service_whose_loop_returns_unasked_exits_non_zero(nats_server: Embedd
     assert "returned before any stop request" in result.stderr
 
 
+def test_a_service_that_crashes_in_native_code_leaves_its_stacks(nats_server: EmbeddedNats) -> None:
+    # a fatal signal ends the process before any Python handler runs: without faulthandler
+    # it vanished without a line (a replicator in a CI run, its peers only saw its port close)
+    result = run_dying_service(nats_server.url, "--crashes")
+    assert result.returncode == -signal.SIGSEGV, result.stderr
+    assert "Fatal Python error: Segmentation fault" in result.stderr
+    assert "in _crashes" in result.stderr
+
+
 @pytest.mark.parametrize("how", ["awaiting", "--blocking"])
 def test_a_service_whose_stop_hangs_exits_at_its_deadline_with_the_stacks(
     nats_server: EmbeddedNats, how: str

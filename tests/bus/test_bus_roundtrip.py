@@ -137,3 +137,17 @@ async def test_done_log_survives_a_new_runner(bus: Bus) -> None:
     except nats.js.errors.KeyNotFoundError as exc:
         raise AssertionError("no done record") from exc
     assert schemas.decode_event(entry.value).ok
+
+
+async def test_a_close_that_finds_the_connection_lost_is_quiet(bus: Bus, monkeypatch) -> None:
+    """The server went first (a cancelled Slurm allocation): closing raises nothing, so a
+    process that ends then ends without a traceback."""
+    real_close = bus.nc.close
+
+    async def lost() -> None:
+        await real_close()
+        raise ConnectionResetError("Connection lost")
+
+    monkeypatch.setattr(bus.nc, "close", lost)
+    await bus.close()
+    assert bus.nc.is_closed

@@ -484,4 +484,7 @@ class Bus:
             await self.nc.flush(timeout=2)
         except (*TRANSIENT_ERRORS, nats.errors.Error):
             log.debug("flush before close failed; closing anyway")
-        await self.nc.close()
+        try:
+            await self.nc.close()
+        except ConnectionError:  # the server went first (a cancelled allocation): closed anyway
+            log.debug("the connection was lost while closing")

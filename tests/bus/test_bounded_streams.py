@@ -125,6 +125,39 @@ async def test_a_stream_of_an_older_release_gets_a_limit(
     assert (await bus.js.stream_info(config.name)).config.max_bytes == config.max_bytes
 
 
+def _store_full() -> nats.js.errors.APIError:
+    return nats.js.errors.APIError(
+        code=500, err_code=10047, description="insufficient storage resources available"
+    )
+
+
+async def test_a_stream_and_a_bucket_added_by_another_process_at_once_are_kept(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two services provisioning at the same moment (two controllers): the server weighs the
+    second add beside the first's reservation and refuses it for storage, while the stream
+    (or bucket) is there. Seen once as a controller failing at start (ci32)."""
+    monkeypatch.delenv(SCALE_ENV, raising=False)
+    stream = next(s for s in stream_configs(store_limits(DEFAULT_SCALE)))
+    await bus.js.delete_stream(stream.name)
+    await bus.js.delete_key_value(subjects.SERVICES_BUCKET)
+    real_add, real_create = bus.js.add_stream, bus.js.create_key_value
+
+    async def added_by_both(config=None, **options):
+        await real_add(config, **options)  # the other process's add
+        raise _store_full()
+
+    async def created_by_both(config=None, **options):
+        await real_create(config, **options)
+        raise _store_full()
+
+    monkeypatch.setattr(bus.js, "add_stream", added_by_both)
+    monkeypatch.setattr(bus.js, "create_key_value", created_by_both)
+    await bus.provision()
+    assert (await bus.js.stream_info(stream.name)).config.max_bytes == stream.max_bytes
+    assert await bus.js.key_value(subjects.SERVICES_BUCKET) is not None
+
+
 async def test_a_server_store_smaller_than_the_limits_is_one_clear_line(tmp_path: Path) -> None:
     """The server reserves every stream's limit: one that does not fit is refused at
     provisioning, so a full stream can never take another's room."""

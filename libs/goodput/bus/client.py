@@ -8,7 +8,6 @@ exactly once (the stream's duplicate window absorbs the retries).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import ssl
@@ -333,6 +332,11 @@ class Bus:
             except nats.js.errors.BadRequestError:
                 # another process created it meanwhile, perhaps otherwise: converge to ours
                 current = (await self.js.stream_info(config.name)).config
+            except StoreTooSmallError:
+                # added at the same moment by another process: its reservation left ours no room
+                current = await self._stream_config(config.name)
+                if current is None:
+                    raise
         # An existing stream is updated, never added again: the server reserves the limit of
         # a stream "added" again on top of its own, and refuses it once the store is sized to
         # the sum. A limit a sizing process set is kept unless this one was told a scale.
@@ -345,8 +349,14 @@ class Bus:
         stream = await self._stream_config(name)
         if stream is None:
             # created, or by another process meanwhile (perhaps otherwise): converged below
-            with contextlib.suppress(nats.js.errors.BadRequestError):
+            try:
                 await self.js.create_key_value(config)
+            except nats.js.errors.BadRequestError:
+                pass
+            except nats.js.errors.APIError as exc:
+                # added at the same moment by another process (as for streams, above)
+                if exc.err_code not in STORE_FULL_CODES or await self._stream_config(name) is None:
+                    raise
             stream = (await self.js.stream_info(name)).config
         # change only the replica count, the limit and the discard policy, keep the rest
         keep_limit = not enforce and (stream.max_bytes or -1) > 0

@@ -43,6 +43,7 @@ from goodput.checkpoint.engine.parts_commit import PartLayout
 from goodput.checkpoint.format import MANIFEST_NAME, node_volume, peer_root, step_dir, step_dir_name
 from goodput.checkpoint.tiers.peer import PeerClient
 from goodput.checkpoint.tiers.restore import PeerSource, restore_to_volume
+from goodput.shim.collectives import all_reduce_ints, collective_device
 from goodput.tools.bench.ckpt_measure import PageCache
 
 JOB = "bench"
@@ -103,15 +104,13 @@ def same_bits(expected: list[torch.Tensor], state: Any) -> bool:
 
 def slowest(seconds: float) -> float:
     """The slowest rank's figure (the job waits for it)."""
-    value = torch.tensor([seconds], dtype=torch.float64)
+    value = torch.tensor([seconds], dtype=torch.float64, device=collective_device())
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return float(value.item())
 
 
 def every(flag: bool) -> bool:
-    value = torch.tensor([int(flag)])
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
-    return bool(value.item())
+    return bool(all_reduce_ints([int(flag)], dist.ReduceOp.MIN)[0])
 
 
 class Rank:

@@ -36,6 +36,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from goodput.tools.bench.arguments import device as device_arg
+from goodput.tools.bench.arguments import positive_int
 from goodput.tools.bench.ckpt_measure import (
     GB,
     MethodResult,
@@ -357,24 +359,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _device(text: str) -> str:
-    """``cpu`` or ``cuda`` (``cuda:N`` too), refused in one line where there is no GPU."""
-    if text != "cpu" and text.split(":")[0] != "cuda":
-        raise argparse.ArgumentTypeError(f"expected cpu or cuda, not {text!r}")
-    if text != "cpu" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(
-            f"{text}: CUDA is not available here (torch {torch.__version__})"
-        )
-    return text
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "ckpt",
@@ -389,12 +373,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--dir", help="directory to benchmark (default: the system temp dir)")
     parser.add_argument(
-        "--saves", type=_positive, default=3, help="saves per method (the first is cold)"
+        "--saves", type=positive_int, default=3, help="saves per method (the first is cold)"
     )
-    parser.add_argument("--writer-threads", type=_positive, default=4)
+    parser.add_argument("--writer-threads", type=positive_int, default=4)
     parser.add_argument(
         "--batch",
-        type=_positive,
+        type=positive_int,
         default=16,
         help="rows per forward/backward of the training loop the saves sit in",
     )
@@ -406,7 +390,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--device",
-        type=_device,
+        type=device_arg,
         default="cpu",
         help="where the model and Adam state live: cpu, or cuda (the current GPU, or cuda:N);"
         " with cuda every save copies from the GPU and every stall waits for its stream",
@@ -418,8 +402,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         " directory, and a replaced node's restore from its peer vs dcp.load; --saves repeats",
     )
     sharded.add_argument("--sharded", action="store_true", help="run this benchmark instead")
-    sharded.add_argument("--nodes", type=_positive, default=3, help="nodes (the last is replaced)")
-    sharded.add_argument("--procs-per-node", type=_positive, default=2, help="ranks per node")
+    sharded.add_argument(
+        "--nodes", type=positive_int, default=3, help="nodes (the last is replaced)"
+    )
+    sharded.add_argument("--procs-per-node", type=positive_int, default=2, help="ranks per node")
     sharded.add_argument(
         "--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped"
     )

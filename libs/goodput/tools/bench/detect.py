@@ -36,6 +36,7 @@ from goodput.bus.job_events import JobEvents
 from goodput.config import add_bus_arguments
 from goodput.launch.rank_env import knobs
 from goodput.supervisor.detect.thresholds import Thresholds
+from goodput.tools.bench.arguments import positive_int
 from goodput.tools.bench.job_waits import WAIT_S
 from goodput.tools.stack.launcher import start_stack, wait_healthy
 from goodput.tools.stack.stop import stop_stack
@@ -431,13 +432,6 @@ async def _run(
         await bus.close()
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "detect",
@@ -448,7 +442,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--fp-steps", type=int, default=500, help="unperturbed steps (default 500)")
     parser.add_argument(
         "--straggler-trials",
-        type=_positive_int,
+        type=positive_int,
         default=3,
         help="times a rank is slowed 1.5× (each found straggler is swapped out; default 3)",
     )

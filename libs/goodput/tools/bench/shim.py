@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from goodput.bus.embedded import free_port
+from goodput.tools.bench.arguments import device as device_arg
+from goodput.tools.bench.arguments import positive_int
 from goodput.tools.bench.shim_loop import MODES, LoopSpec, command
 
 _console = Console(stderr=True)
@@ -141,21 +143,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _device(text: str) -> str:
-    if text != "cpu" and text.split(":")[0] != "cuda":
-        raise argparse.ArgumentTypeError(f"expected cpu or cuda, not {text!r}")
-    if text != "cpu" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text}: CUDA is not available here")
-    return text
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "shim",
@@ -163,14 +150,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--ranks", type=_positive, default=2, help="rank processes (one group)")
-    parser.add_argument("--steps", type=_positive, default=20, help="steps per timed block")
-    parser.add_argument("--repeats", type=_positive, default=3, help="blocks per mode")
-    parser.add_argument("--width", type=_positive, default=512, help="MLP width")
-    parser.add_argument("--depth", type=_positive, default=4, help="MLP layers")
-    parser.add_argument("--batch", type=_positive, default=64, help="rows per step")
+    parser.add_argument("--ranks", type=positive_int, default=2, help="rank processes (one group)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="steps per timed block")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="blocks per mode")
+    parser.add_argument("--width", type=positive_int, default=512, help="MLP width")
+    parser.add_argument("--depth", type=positive_int, default=4, help="MLP layers")
+    parser.add_argument("--batch", type=positive_int, default=64, help="rows per step")
     parser.add_argument(
-        "--device", type=_device, default="cpu", help="cpu, or cuda (every rank on that GPU)"
+        "--device", type=device_arg, default="cpu", help="cpu, or cuda (every rank on that GPU)"
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)

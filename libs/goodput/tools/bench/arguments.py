@@ -1,0 +1,26 @@
+"""Argument types the bench commands share: one refusal, worded once, for each."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def device(text: str) -> str:
+    """``cpu`` or ``cuda`` (``cuda:N`` too), refused in one line where there is no GPU
+    (torch imported here: a bench without a device need not load it)."""
+    import torch
+
+    if text != "cpu" and text.split(":")[0] != "cuda":
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda, not {text!r}")
+    if text != "cpu" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(
+            f"{text}: CUDA is not available here (torch {torch.__version__})"
+        )
+    return text

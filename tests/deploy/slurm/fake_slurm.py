@@ -72,21 +72,28 @@ command = next(a for a in argv if not a.startswith("-"))
 remainder = argv[argv.index("--"):] if "--" in argv else []
 build_parser(command).parse_args(argv[: len(argv) - len(remainder)])  # exits 2 on a bad flag
 record({{"cmd": "goodput", "argv": argv}})
+def services():
+    with open(os.environ["FAKE_SLURM_LOG"]) as log:
+        return [entry for entry in map(json.loads, log) if entry["cmd"] == "service"]
 if command == "up":  # a service: in a session of its own, its parent gone, as `up` leaves it
     child = os.fork()
     if child == 0:
         os.setsid()
+        parent = os.getpid()
         if os.fork() == 0:
-            time.sleep(0.3)  # its parent has exited: it belongs to whoever reaps orphans now
+            while os.getppid() == parent:  # until its parent has gone: then it is an orphan,
+                time.sleep(0.01)  # reaped by whoever reaps orphans (the subreaper)
             record({{"cmd": "service", "argv": []}})
             run_until_signalled()
         os._exit(0)
     os.waitpid(child, 0)
+    deadline = time.monotonic() + 30  # `up --wait`: it returns once its service is running
+    while not services():
+        assert time.monotonic() < deadline, "fake up: its service never started"
+        time.sleep(0.01)
 if command == "down":  # stops the stack's services, as the real one does
-    with open(os.environ["FAKE_SLURM_LOG"]) as log:
-        for entry in map(json.loads, log):
-            if entry["cmd"] == "service":
-                os.kill(entry["pid"], signal.SIGTERM)
+    for entry in services():
+        os.kill(entry["pid"], signal.SIGTERM)
 if command == "run":
     outcome = os.environ.get("FAKE_RUN_EXIT", "0")
     if outcome == "wait":

@@ -8,12 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import nats.errors
+import nats.js.errors
 import pytest
 
 from goodput import subjects
 from goodput.bus import Bus, BusSettings
 from goodput.bus.cluster import EmbeddedCluster
-from goodput.bus.kv_scan import BATCH, current_entries
+from goodput.bus.kv_scan import BATCH, current_entries, subject_matches
 
 BUCKET = subjects.CKPT_INDEX_BUCKET
 STREAM = f"KV_{BUCKET}"
@@ -84,3 +85,33 @@ async def test_a_complete_read_after_the_bucket_lost_its_leader(cluster: Embedde
         assert read == expected
     finally:
         await bus.close()
+
+
+async def test_a_read_of_the_whole_bucket_holds_only_its_entries(bus: Bus) -> None:
+    """Each read writes its mark first; a filter that takes the mark in never returns it."""
+    expected = await _fill(bus, "job-a", 10)
+    assert await current_entries(bus, BUCKET, ">") == expected
+    assert await current_entries(bus, BUCKET, "*.copy.*") == expected
+
+
+async def test_a_bucket_nobody_made_is_not_found(bus: Bus) -> None:
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await current_entries(bus, "no-such-bucket")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "matches"),
+    [
+        (">", "a", True),
+        (">", "=goodput.read-mark", True),
+        ("a.>", "a", False),
+        ("a.>", "a.b.c", True),
+        ("*.copy.*", "job.copy.1", True),
+        ("*.copy.*", "job.copy.1.2", False),
+        ("job.*", "=goodput.read-mark", False),
+        ("job.copy", "job.copy", True),
+        ("job.copy", "job", False),
+    ],
+)
+def test_filters_match_as_nats_delivers(pattern: str, subject: str, matches: bool) -> None:
+    assert subject_matches(pattern, subject) is matches

@@ -50,6 +50,19 @@ def test_up_reports_every_service_healthy_and_down_stops_them(stack: Path) -> No
     assert not pid_alive(nats_pid)
 
 
+def test_up_with_no_nodes_starts_the_central_services_only(tmp_path: Path) -> None:
+    """Where node agents run each node's host monitor and replicator (Slurm, Kubernetes)."""
+    state_dir = tmp_path / "stack"
+    goodput_cli("up", "--state-dir", str(state_dir), "--job", JOB, "--nodes", "0", "--wait", "20")
+    try:
+        record = read_stack(state_dir)
+        assert record is not None and record.nodes == []
+        assert {s.key for s in record.services} == {"sensor", "controller", "actuator"}
+        assert all(s["healthy"] for s in stack_status(state_dir)["services"])
+    finally:
+        goodput_cli("down", "--state-dir", str(state_dir), check=False)
+
+
 def test_up_is_idempotent(stack: Path) -> None:
     before = {s.key: s.pid for s in read_stack(stack).services}  # type: ignore[union-attr]
     goodput_cli("up", "--state-dir", str(stack), "--job", JOB, "--wait", "20")

@@ -114,6 +114,9 @@ def test_the_job_checkpoints_with_the_engine_on_node_local_storage(tmp_path: Pat
     # async); the torch-save mode on a shared directory is gone
     assert "--env" not in run[: run.index("--")]
     (up,) = _goodput(calls, "up")
+    # the central services only: every node's agent runs that node's replicator, and a
+    # replicator of the batch script's own would be a phantom peer on one of those nodes' disks
+    assert _flag(up, "--nodes") == "0"
     # a new node's volume is filled by its replicator before the launch: no waiver
     assert not any("restore_timeout_s" in arg for arg in up)
     assert "actuator:backend=agent" in up

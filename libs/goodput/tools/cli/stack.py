@@ -100,9 +100,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_stack_arguments(up)
     up.add_argument(
         "--nodes",
-        type=count_at_least(1),
+        type=count_at_least(0),
         default=1,
-        help="local nodes (one host monitor and one checkpoint tier each)",
+        help="local nodes (one host monitor and one checkpoint tier each); 0: the central "
+        "services only, where node agents start each node's own (Slurm, Kubernetes)",
     )
     up.add_argument(
         "--nats-port",

@@ -1,6 +1,6 @@
 """Numerical faults injected by `goodput chaos` into the real example job on the real stack:
-a bit flipped in one of 3 data-parallel replicas (SDC) and a NaN loss are each found and
-rolled back, and the job ends bit-identical to an uninterrupted run (issue 39)."""
+a bit flipped in one of 3 data-parallel replicas (SDC), a NaN loss and a loss spike are each
+found and rolled back, and the job ends bit-identical to an uninterrupted run (issue 39)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests.stack.helpers import EventTap, job_on_stack
 
 pytestmark = pytest.mark.slow
 JOB = "job-num"
-STEPS = 80
+STEPS = 100
 #: a window every 5 steps, the replicas compared every 10, a checkpoint every 10
 FINGERPRINT_EVERY = 10
 ENV = knobs(enable_fault_injection=True, ckpt_every=10, numerics_every=5, fingerprint_every=10)
@@ -51,7 +51,7 @@ async def _rolled_back(tap: EventTap, kind: str) -> tuple[schemas.Signal, schema
     return signal, decision  # type: ignore[return-value]
 
 
-async def test_an_sdc_and_a_nan_are_rolled_back_and_the_job_ends_bit_identical(
+async def test_an_sdc_a_nan_and_a_spike_are_rolled_back_and_the_job_ends_bit_identical(
     tmp_path: Path,
 ) -> None:
     result = tmp_path / "result.json"
@@ -87,11 +87,20 @@ async def test_an_sdc_and_a_nan_are_rolled_back_and_the_job_ends_bit_identical(
             assert nan.ok, nan.detail
             signal, decision = await _rolled_back(tap, "nonfinite")
             assert decision.rule == "numerical-rollback", decision
+            assert signal.first_bad_step % 5 == 1 and signal.first_bad_step > 40  # its window
+            back = await tap.wait_for(_running(3), timeout_s=180)
+
+            await _step_reached(tap, 70, back.ts)
+            spike = await fire(faults.LossSpike(rank=1, factor=10), ctx)
+            assert spike.ok, spike.detail
+            signal, decision = await _rolled_back(tap, "loss_spike")
+            assert decision.rule == "numerical-rollback", decision
+            assert signal.first_bad_step % 5 == 1 and signal.first_bad_step > 65
             finished = await tap.wait_for(
                 lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished",
                 timeout_s=300,
             )
-            assert finished.attempt == 3
+            assert finished.attempt == 4
             # every replica holds the same parameters at the end, the flipped one included
             last = [e for e in tap.of(schemas.Numerics) if e.fingerprint_step == STEPS][-1]
             assert last.fingerprint and not last.splits

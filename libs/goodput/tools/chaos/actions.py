@@ -236,35 +236,32 @@ async def _numerical(ctx: ChaosContext, command: schemas.InjectFault) -> str:
     return f"{command.fault} command {command.command_id} sent to the trainer"
 
 
-async def nan_loss(spec: faults.NanLoss, ctx: ChaosContext) -> FaultOutcome:
+async def _rank_numerical(
+    spec: faults.NanLoss | faults.LossSpike, ctx: ChaosContext, fault: str, factor: float = 1.0
+) -> FaultOutcome:
+    """A numerical fault of one rank's next loss ("nan", "loss-spike")."""
     process = await ctx.rank(spec.rank)
     command = schemas.InjectFault(
         job=ctx.job,
         node=process.node,
-        fault="nan",
+        fault=fault,
         detail=str(process.rank),
-        reason="goodput chaos nan",
+        factor=factor,
+        reason=f"goodput chaos {spec.kind}",
     )
-    detail = await _numerical(ctx, command) + _not_injectable([process])
-    applied = msgspec.structs.replace(spec, rank=process.rank)
-    return FaultOutcome(spec.kind, _rank_target(process), True, detail, applied)
-
-
-async def loss_spike(spec: faults.LossSpike, ctx: ChaosContext) -> FaultOutcome:
-    process = await ctx.rank(spec.rank)
-    command = schemas.InjectFault(
-        job=ctx.job,
-        node=process.node,
-        fault="loss-spike",
-        detail=str(process.rank),
-        factor=spec.factor,
-        reason="goodput chaos loss-spike",
-    )
-    detail = await _numerical(ctx, command) + f" (loss × {spec.factor:g})"
+    detail = await _numerical(ctx, command) + (f" (loss × {factor:g})" if factor > 1 else "")
     applied = msgspec.structs.replace(spec, rank=process.rank)
     return FaultOutcome(
         spec.kind, _rank_target(process), True, detail + _not_injectable([process]), applied
     )
+
+
+async def nan_loss(spec: faults.NanLoss, ctx: ChaosContext) -> FaultOutcome:
+    return await _rank_numerical(spec, ctx, "nan")
+
+
+async def loss_spike(spec: faults.LossSpike, ctx: ChaosContext) -> FaultOutcome:
+    return await _rank_numerical(spec, ctx, "loss-spike", spec.factor)
 
 
 async def sdc(spec: faults.Sdc, ctx: ChaosContext) -> FaultOutcome:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 
+import msgspec
 import psutil
 import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -232,3 +233,36 @@ async def test_a_restarted_rank_is_found_by_its_new_pid(victim_job: VictimJob):
     assert outcome.ok and str(replacement.pid) in outcome.target
     assert replacement.wait(10) == -signal.SIGKILL
     assert victim_job.ranks[0].poll() is None
+
+
+async def test_numerical_faults_send_the_trainer_an_inject_fault(victim_job: VictimJob):
+    """nan and loss-spike name a rank, sdc a node (every rank of it: one replica)."""
+    result = await victim_job.cli("sdc", "--node", "node-0", "--json")
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    assert (outcome["fault"], outcome["target"], outcome["ok"]) == ("sdc", "node-0", True)
+    # rank 0 of node-0 was started without fault injection: its shim will refuse
+    assert "ranks 0, 1 flip" in outcome["detail"] and "rank(s) 0 were started" in outcome["detail"]
+    ctx = victim_job.context()
+    nan = await fire(faults.NanLoss(rank=1), ctx)
+    assert nan.ok and "WARNING" not in nan.detail, nan.detail
+    spike = await fire(faults.LossSpike(rank=3, factor=5), ctx)
+    assert spike.ok and "loss × 5" in spike.detail and "WARNING" in spike.detail
+    await ctx.close()
+
+    subscription = await victim_job.bus.js.pull_subscribe(
+        subjects.command(victim_job.job, subjects.TRAINER),
+        stream=subjects.COMMANDS_STREAM,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+    )
+    commands = [schemas.decode_command(m.data) for m in await subscription.fetch(3, timeout=5)]
+    assert [(c.fault, c.node, c.detail, c.factor) for c in commands] == [
+        ("sdc", "node-0", "", 1.0),
+        ("nan", "node-0", "1", 1.0),
+        ("loss-spike", "node-1", "3", 5.0),
+    ]
+
+
+def test_numerical_fault_arguments_are_checked_before_anything_is_sent() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"rank": 0, "factor": 1.0}, faults.LossSpike)

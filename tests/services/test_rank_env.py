@@ -39,6 +39,8 @@ def test_what_is_written_reads_back() -> None:
         heartbeat_period_s=0.25,
         enable_fault_injection=True,
         device=5,
+        numerics_every=5,
+        fingerprint_every=20,
     )
     env = written.to_env()
     assert env["RANK"] == "3" and env["GOODPUT_JOB"] == "j1" and env["GOODPUT_DEVICE"] == "5"
@@ -72,6 +74,20 @@ def test_a_malformed_variable_is_named() -> None:
         RankEnv.from_env({"GOODPUT_CKPT_EVERY": "often"})
     with pytest.raises(RankEnvError, match="GOODPUT_CKPT_MODE"):
         RankEnv.from_env({"GOODPUT_CKPT_MODE": "pickle"})
+    with pytest.raises(RankEnvError, match="GOODPUT_FINGERPRINT_EVERY='0'"):
+        RankEnv.from_env({"GOODPUT_FINGERPRINT_EVERY": "0"})
+
+
+def test_the_numerics_periods_reach_the_shim_and_must_nest(monkeypatch) -> None:
+    for variable in VARIABLES.values():
+        monkeypatch.delenv(variable, raising=False)
+    for key, value in knobs(numerics_every=5, fingerprint_every=20).items():
+        monkeypatch.setenv(key, value)
+    config = ShimConfig.from_env()
+    assert (config.numerics_every, config.fingerprint_every) == (5, 20)
+    monkeypatch.setenv(VARIABLES["fingerprint_every"], "12")
+    with pytest.raises(RankEnvError, match="GOODPUT_FINGERPRINT_EVERY=12 is not a multiple"):
+        ShimConfig.from_env()
 
 
 def test_a_standby_assignment_is_a_rank_env_and_a_standby_cannot_train_as_a_rank(

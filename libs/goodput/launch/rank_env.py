@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -61,6 +61,8 @@ VARIABLES: dict[str, str] = {
     "standby": "GOODPUT_STANDBY",
     "device": "GOODPUT_DEVICE",
     "restore_before_step": "GOODPUT_RESTORE_BEFORE_STEP",
+    "numerics_every": "GOODPUT_NUMERICS_EVERY",
+    "fingerprint_every": "GOODPUT_FINGERPRINT_EVERY",
 }
 
 #: torch's NCCL error handling for a rank that must outlive a peer's death (the names of torch
@@ -125,6 +127,10 @@ class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     device: int | None = None
     #: a numerical rollback's launch: restore the newest checkpoint before this step
     restore_before_step: int | None = None
+    #: steps per numerics window, and between the replicas' parameter fingerprints (a
+    #: multiple of it): ``goodput.shim.numerics``
+    numerics_every: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    fingerprint_every: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
     def to_env(self) -> dict[str, str]:
         """The variables to put in a rank's environment (unset knobs left out)."""

@@ -47,8 +47,7 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     fingerprint_every: int = 100
     #: a numerical rollback's launch: restore the newest checkpoint before this step
     restore_before_step: int | None = None
-    #: obey InjectFault commands (chaos testing: "hang" blocks the training loop, "slow"
-    #: stretches the rank's compute)
+    #: obey InjectFault commands (chaos testing: ``goodput.shim.injected_faults``)
     enable_fault_injection: bool = False
 
     @classmethod
@@ -83,10 +82,19 @@ class ShimConfig(msgspec.Struct, kw_only=True):
             "heartbeat_period_s": rank_env.heartbeat_period_s,
             "enable_fault_injection": rank_env.enable_fault_injection,
             "restore_before_step": rank_env.restore_before_step,
+            "numerics_every": rank_env.numerics_every,
+            "fingerprint_every": rank_env.fingerprint_every,
         }
         values.update(overrides)
         # unset knobs take this struct's defaults
-        return msgspec.convert({k: v for k, v in values.items() if v is not None}, cls)
+        config = msgspec.convert({k: v for k, v in values.items() if v is not None}, cls)
+        if config.fingerprint_every % config.numerics_every:
+            raise RankEnvError(
+                f"{VARIABLES['fingerprint_every']}={config.fingerprint_every} is not a multiple "
+                f"of {VARIABLES['numerics_every']}={config.numerics_every}: a fingerprint rides "
+                "on a numerics window's end"
+            )
+        return config
 
 
 def node_parts(config: ShimConfig) -> PartLayout | None:

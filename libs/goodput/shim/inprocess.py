@@ -47,6 +47,7 @@ from goodput import schemas
 from goodput.checkpoint.engine import CheckpointEngine
 from goodput.shim.group_abort import GroupAbort
 from goodput.shim.group_sockets import opened_by
+from goodput.shim.numerics import replicated
 from goodput.shim.rescale import BatchPlan
 from goodput.shim.step_faults import LeaveCold, OomRetry, classify, free_cuda_caches, leave_cold
 from goodput.shim.step_protocol import RestartRequested, end_step
@@ -68,6 +69,9 @@ class ResumableJob(Protocol):
     model and optimizer objects: the state is restored into them after ``regroup``. ``plan`` is
     the batch plan in force; a restore hands ``load_state_dict`` the checkpoint's, as the
     rescale callbacks left it (the same typed restore as a cold start's).
+
+    Each step's loss goes to the numerics monitor (``TrainerShim.numerics``), with the job's
+    ``last_grad_norm`` and its ``model``'s replicated parameters where it has them.
     """
 
     step: int
@@ -251,6 +255,7 @@ def _train(
     outcome: RunOutcome,
 ) -> None:
     vote = StopVote()  # one per group: a ballot in flight on the group left behind is lost
+    parameters = replicated(getattr(job, "model", None))
     while job.step < total_steps:
         if shim.rejoin_pending():
             raise RestartRequested("a Rejoin command arrived")
@@ -263,6 +268,7 @@ def _train(
         outcome.step_time_s += step_time_s
         outcome.step = step = job.step
         outcome.losses.append((step, loss))
+        shim.numerics.observe(step, loss, getattr(job, "last_grad_norm", None), parameters)
         stop = end_step(
             shim,
             step,

@@ -34,6 +34,11 @@ from goodput import schemas
 from goodput.checkpoint.engine.sharded_save import is_dtensor
 from goodput.shim.collectives import collective_device, grouped
 
+#: a step's (step, loss, parameters) → the loss to observe, its faults applied
+#: (``goodput.shim.injected_faults.InjectedFaults.at_step_boundary``)
+Injection = Callable[
+    [int, torch.Tensor | float, Callable[[], Iterable[torch.Tensor]] | None], torch.Tensor | float
+]
 #: module classes whose parameters are shards, not replicas: nothing under them is compared
 SHARDING_WRAPPERS = frozenset({"FullyShardedDataParallel"})
 #: fingerprints are kept modulo this, so a float64 (53-bit mantissa) holds them exactly
@@ -123,6 +128,7 @@ class NumericsMonitor:
         publish: Callable[[schemas.Event], None] | None = None,
         job: str = "local",
         node: str = "local",
+        inject: Injection | None = None,
     ):
         if read_every < 1 or fingerprint_every < 1 or fingerprint_every % read_every:
             raise ValueError(
@@ -140,6 +146,12 @@ class NumericsMonitor:
         self._observed = 0
         #: the newest loss read from the device (for a step report without a sync)
         self.last_loss = 0.0
+        #: chaos: what injected numerical faults make of a step before it is observed
+        self.inject = inject
+
+    def reset(self) -> None:
+        """Forget the window begun so far (a restore goes back to another step)."""
+        self._acc, self._observed = None, 0
 
     def observe(
         self,
@@ -150,6 +162,8 @@ class NumericsMonitor:
     ) -> WindowReading | None:
         """Add step ``step`` (after its optimizer step); at a window's end, reduce, read and
         return the window (``parameters``: what to fingerprint when one is due)."""
+        if self.inject is not None:
+            loss = self.inject(step, loss, parameters)
         loss_t = torch.as_tensor(loss).detach().to(torch.float64)
         device = loss_t.device
         gnorm_t = (

@@ -39,7 +39,7 @@ from goodput.launch.rank_env import EXIT_TERMINATED
 from goodput.shim.agree import all_reduce_min, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
 from goodput.shim.config import ShimConfig, node_parts
-from goodput.shim.injected_faults import InjectedFaults
+from goodput.shim.injected_faults import RANK_FAULT_KINDS, InjectedFaults
 from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
 from goodput.shim.numerics import NumericsMonitor
@@ -78,6 +78,7 @@ class TrainerShim:
             publish=self._publish,
             job=config.job,
             node=config.node,
+            inject=self._faults.at_step_boundary,
         )
         #: set while the loop is the shim's own (``run``): Rejoin commands restart in process
         self._rejoins: RejoinMailbox | None = None
@@ -159,6 +160,7 @@ class TrainerShim:
         the rescale callbacks left it. None: nothing to restore (``self.plan`` is ``plan``).
         """
         self.plan = plan
+        self.numerics.reset()  # a window begun before an in-process restart is not this one's
         self._busy("checkpoint-load")
         try:
             restored = self._restore_agreed(template_state)
@@ -458,7 +460,7 @@ class TrainerShim:
                     self.schedule.receive_interval(command.ts, command.every_steps)
             case schemas.Rejoin():
                 self._on_rejoin(command)
-            case schemas.InjectFault(fault="hang" | "slow"):
+            case schemas.InjectFault() if command.fault in RANK_FAULT_KINDS:
                 self._faults.apply(command)
             case schemas.Rescale():
                 # the world size changes by relaunch: save now so the new group loses nothing

@@ -182,6 +182,8 @@ class Trainer:
         self.last_compute_time_s = 0.0
         #: of which an injected delay (``slowdown``): what the next delay must not grow from
         self._last_delay_s = 0.0
+        #: the last step's gradient norm before clipping (None: not clipped), for the numerics
+        self.last_grad_norm: torch.Tensor | None = None
         self.regroup()
         self.optimizer = torch.optim.AdamW(
             self._param_groups(), lr=config.plan.lr, betas=config.betas
@@ -237,7 +239,9 @@ class Trainer:
             loss_sum += loss.detach()
         synced = time.perf_counter()
         if self.config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), self.config.grad_clip
+            )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()

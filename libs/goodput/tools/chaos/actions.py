@@ -217,6 +217,68 @@ async def hang_rank(spec: faults.HangRank, ctx: ChaosContext) -> FaultOutcome:
     return FaultOutcome(spec.kind, _rank_target(process), True, detail, applied)
 
 
+def _not_injectable(processes: list[RankTarget]) -> str:
+    """A warning for the ranks whose shim will refuse an injected fault ("" for none)."""
+    refusing = [str(p.rank) for p in processes if not p.injectable]
+    if not refusing:
+        return ""
+    return (
+        f"; WARNING: rank(s) {', '.join(refusing)} were started without "
+        "GOODPUT_ENABLE_FAULT_INJECTION=1, their shim will refuse it"
+    )
+
+
+async def _numerical(ctx: ChaosContext, command: schemas.InjectFault) -> str:
+    """Send a numerical fault to the trainer; the shims it targets apply it at their next
+    step boundary (``goodput.shim.injected_faults``)."""
+    bus = await ctx.bus()
+    await bus.send_command(subjects.TRAINER, command, retry_for_s=10)
+    return f"{command.fault} command {command.command_id} sent to the trainer"
+
+
+async def _rank_numerical(
+    spec: faults.NanLoss | faults.LossSpike, ctx: ChaosContext, fault: str, factor: float = 1.0
+) -> FaultOutcome:
+    """A numerical fault of one rank's next loss ("nan", "loss-spike")."""
+    process = await ctx.rank(spec.rank)
+    command = schemas.InjectFault(
+        job=ctx.job,
+        node=process.node,
+        fault=fault,
+        detail=str(process.rank),
+        factor=factor,
+        reason=f"goodput chaos {spec.kind}",
+    )
+    detail = await _numerical(ctx, command) + (f" (loss × {factor:g})" if factor > 1 else "")
+    applied = msgspec.structs.replace(spec, rank=process.rank)
+    return FaultOutcome(
+        spec.kind, _rank_target(process), True, detail + _not_injectable([process]), applied
+    )
+
+
+async def nan_loss(spec: faults.NanLoss, ctx: ChaosContext) -> FaultOutcome:
+    return await _rank_numerical(spec, ctx, "nan")
+
+
+async def loss_spike(spec: faults.LossSpike, ctx: ChaosContext) -> FaultOutcome:
+    return await _rank_numerical(spec, ctx, "loss-spike", spec.factor)
+
+
+async def sdc(spec: faults.Sdc, ctx: ChaosContext) -> FaultOutcome:
+    """Every rank of the node flips the same bit: one replica where a node holds one."""
+    node = await ctx.node(spec.node)
+    ranks = await ctx.ranks(node)
+    if not ranks:
+        raise ChaosError(f"no live rank on {node}: nothing to corrupt")
+    command = schemas.InjectFault(job=ctx.job, node=node, fault="sdc", reason="goodput chaos sdc")
+    detail = await _numerical(ctx, command) + (
+        f"; ranks {', '.join(str(p.rank) for p in ranks)} flip the top mantissa bit of element "
+        "0 of their first parameter after their next optimizer step"
+    )
+    applied = msgspec.structs.replace(spec, node=node)
+    return FaultOutcome(spec.kind, node, True, detail + _not_injectable(ranks), applied)
+
+
 # ---- nodes -----------------------------------------------------------------------------------
 
 
@@ -401,6 +463,9 @@ _IMPLEMENTATIONS: dict[type[faults.FaultSpec], Implementation] = {
     faults.HostFault: host_fault,  # type: ignore[dict-item]
     faults.SlowRank: slow_rank,  # type: ignore[dict-item]
     faults.HangRank: hang_rank,  # type: ignore[dict-item]
+    faults.NanLoss: nan_loss,  # type: ignore[dict-item]
+    faults.LossSpike: loss_spike,  # type: ignore[dict-item]
+    faults.Sdc: sdc,  # type: ignore[dict-item]
     faults.FillDisk: fill_disk,  # type: ignore[dict-item]
     faults.CorruptCheckpoint: corrupt_checkpoint,  # type: ignore[dict-item]
     faults.KillService: kill_service,  # type: ignore[dict-item]

@@ -87,6 +87,29 @@ class HangRank(FaultSpec, tag="hang-rank", kw_only=True):
     clear: bool = False
 
 
+class NanLoss(FaultSpec, tag="nan", kw_only=True):
+    """The rank's next loss, as its trainer shim's numerics see it, is NaN: a diverging step
+    (rolled back to the newest checkpoint before it)."""
+
+    rank: RankId | None = None
+
+
+class Sdc(FaultSpec, tag="sdc", kw_only=True):
+    """Silent data corruption: after their next optimizer step, the node's ranks flip the top
+    mantissa bit of element 0 of their first parameter (bit 22 in float32); that replica
+    trains on, found at the next fingerprint and rolled back to a checkpoint known clean."""
+
+    node: str | None = None
+
+
+class LossSpike(FaultSpec, tag="loss-spike", kw_only=True):
+    """A poisoned batch: the rank's next loss, as its trainer shim's numerics see it, is
+    factor× (a loss spike, rolled back)."""
+
+    rank: RankId | None = None
+    factor: Annotated[float, msgspec.Meta(gt=1, le=1000)] = 10.0
+
+
 class FillDisk(FaultSpec, tag="fill-disk", kw_only=True):
     """A ballast file in the node's checkpoint volume until less than free_mib MiB is free."""
 
@@ -125,6 +148,9 @@ FAULT_TYPES: tuple[type[FaultSpec], ...] = (
     HostFault,
     SlowRank,
     HangRank,
+    NanLoss,
+    Sdc,
+    LossSpike,
     FillDisk,
     CorruptCheckpoint,
     KillService,

@@ -94,6 +94,16 @@ FAULT_ARGUMENTS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
         ),
     ],
     "hang-rank": [_RANK, _CLEAR],
+    "nan": [_RANK],
+    "sdc": [_NODE],
+    "loss-spike": [
+        _RANK,
+        (
+            "--factor",
+            "factor",
+            {"type": float, "default": 10.0, "help": "the loss × this, > 1 (default: 10)"},
+        ),
+    ],
     "fill-disk": [
         _NODE,
         (
@@ -141,8 +151,12 @@ EPILOG = (
         "\n\nTargets are resolved from the state directory (stack.json, nats.json, node volumes) and"
         "\nthe job status the actuator keeps in KV; a rank pid is signalled only after its own"
         "\nenvironment confirms it is that rank of that job. Host faults need the host monitor"
-        "\nstarted with --set enable_fault_injection=true, hang-rank a trainer started with"
-        "\nGOODPUT_ENABLE_FAULT_INJECTION=1."
+        "\nstarted with --set enable_fault_injection=true; hang-rank, nan, sdc and loss-spike a"
+        "\ntrainer started with GOODPUT_ENABLE_FAULT_INJECTION=1, whose shim applies them at"
+        "\nits next step boundary. nan and loss-spike change the loss its numerics monitor"
+        "\nsees (the detectors and the rollback are what is tested, the training is not"
+        "\nchanged); sdc flips a bit of the node's replica of the model, which trains on until"
+        "\nthe next fingerprint (GOODPUT_FINGERPRINT_EVERY steps) finds it."
     )
 )
 

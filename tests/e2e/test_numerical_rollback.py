@@ -1,0 +1,126 @@
+"""Numerical faults injected by `goodput chaos` into the real example job on the real stack:
+a bit flipped in one of 3 data-parallel replicas (SDC), a NaN loss and a loss spike are each
+found and rolled back, and the job ends bit-identical to an uninterrupted run (issue 39)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from goodput import schemas
+from goodput.launch.rank_env import knobs
+from goodput.tools.chaos import ChaosContext, fire
+from goodput.tools.chaos import spec as faults
+from tests.examples.launch import TINY_MODEL_ARGS, Launcher, read_result
+from tests.stack.helpers import EventTap, job_on_stack
+
+pytestmark = pytest.mark.slow
+JOB = "job-num"
+STEPS = 100
+#: a window every 5 steps, the replicas compared every 10, a checkpoint every 10
+FINGERPRINT_EVERY = 10
+ENV = knobs(enable_fault_injection=True, ckpt_every=10, numerics_every=5, fingerprint_every=10)
+
+
+def _running(attempt: int):
+    return lambda e: (
+        isinstance(e, schemas.JobStatus) and e.attempt == attempt and e.state == "running"
+    )
+
+
+async def _step_reached(tap: EventTap, step: int, after_ts: int) -> schemas.StepDone:
+    return await tap.wait_for(  # type: ignore[return-value]
+        lambda e: isinstance(e, schemas.StepDone) and e.step >= step,
+        timeout_s=240,
+        what=f"step {step}",
+        after_ts=after_ts,
+    )
+
+
+async def _rolled_back(tap: EventTap, kind: str) -> tuple[schemas.Signal, schemas.Decision]:
+    signal = await tap.wait_for(
+        lambda e: isinstance(e, schemas.Signal) and e.signal == kind,
+        timeout_s=120,
+        what=f"{kind} signal",
+    )
+    decision = await tap.wait_for(
+        lambda e: isinstance(e, schemas.Decision) and e.signal_id == signal.signal_id
+    )
+    return signal, decision  # type: ignore[return-value]
+
+
+async def test_an_sdc_a_nan_and_a_spike_are_rolled_back_and_the_job_ends_bit_identical(
+    tmp_path: Path,
+) -> None:
+    result = tmp_path / "result.json"
+    argv = ["--steps", str(STEPS), "--result", str(result), *TINY_MODEL_ARGS]
+    start = schemas.StartJob(
+        job=JOB,
+        argv=[sys.executable, "-m", "goodput.examples.gpt.supervised", *argv],
+        nodes=3,
+        procs_per_node=1,
+        spares=0,
+        env=ENV,
+    )
+    state = tmp_path / "stack"
+    async with job_on_stack(state, JOB, 3, start) as (_, tap):
+        ctx = ChaosContext.open(state)
+        try:
+            fired_at = await _step_reached(tap, 22, 0)
+            sdc = await fire(faults.Sdc(node="node-1"), ctx)
+            assert sdc.ok and "WARNING" not in sdc.detail, sdc.detail
+            signal, decision = await _rolled_back(tap, "replica_mismatch")
+            # found at the first fingerprint after the flip: the one before it agreed
+            found = next(e for e in tap.of(schemas.Numerics) if e.splits and e.ts <= signal.ts)
+            assert found.step > fired_at.step and found.step % FINGERPRINT_EVERY == 0
+            assert found.splits[0].groups == [[0, 2], [1]], found.splits
+            agreed = [e for e in tap.of(schemas.Numerics) if e.fingerprint_step == found.step - 10]
+            assert agreed and agreed[0].fingerprint and not agreed[0].splits
+            assert signal.node == "node-1" and signal.first_bad_step == found.step - 9
+            assert decision.rule == "numerical-rollback", decision
+            back = await tap.wait_for(_running(2), timeout_s=180)
+
+            await _step_reached(tap, 45, back.ts)
+            nan = await fire(faults.NanLoss(rank=2), ctx)
+            assert nan.ok, nan.detail
+            signal, decision = await _rolled_back(tap, "nonfinite")
+            assert decision.rule == "numerical-rollback", decision
+            assert signal.first_bad_step % 5 == 1 and signal.first_bad_step > 40  # its window
+            back = await tap.wait_for(_running(3), timeout_s=180)
+
+            await _step_reached(tap, 70, back.ts)
+            spike = await fire(faults.LossSpike(rank=1, factor=10), ctx)
+            assert spike.ok, spike.detail
+            signal, decision = await _rolled_back(tap, "loss_spike")
+            assert decision.rule == "numerical-rollback", decision
+            assert signal.first_bad_step % 5 == 1 and signal.first_bad_step > 65
+            finished = await tap.wait_for(
+                lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished",
+                timeout_s=300,
+            )
+            assert finished.attempt == 4
+            # every replica holds the same parameters at the end, the flipped one included
+            last = [e for e in tap.of(schemas.Numerics) if e.fingerprint_step == STEPS][-1]
+            assert last.fingerprint and not last.splits
+        finally:
+            await ctx.close()
+
+    launcher = Launcher(tmp_path)
+    reference = tmp_path / "reference.json"
+    try:
+        launcher.run(
+            3,
+            [
+                *argv[:2],
+                *("--ckpt-dir", str(tmp_path / "reference"), "--result", str(reference)),
+                *TINY_MODEL_ARGS,
+            ],
+            timeout_s=300,
+        )
+    finally:
+        launcher.close()
+    rolled_back, uninterrupted = read_result(result), read_result(reference)
+    assert rolled_back["steps"] == uninterrupted["steps"] == STEPS
+    assert rolled_back["params_sha256"] == uninterrupted["params_sha256"]

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from goodput import schemas, subjects
+from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.service_health import read_records
 from tests.controller.helpers import spawn_service
 from tests.stack.helpers import EventTap
 
@@ -39,13 +40,10 @@ def decide(signal, state):
 
 
 async def _health(bus: Bus) -> schemas.ServiceHealth:
-    """The controller's health record, wherever its key is."""
-    kv = await bus.kv(subjects.SERVICES_BUCKET)
-    for key in await kv.keys():
-        record = schemas.decode_event((await kv.get(key)).value or b"")
-        if isinstance(record, schemas.ServiceHealth) and record.service == "controller":
-            return record
-    raise AssertionError("no controller health record")
+    """The controller's health record, read as `goodput status` reads it."""
+    records, ignored = await read_records(bus, JOB, "controller")
+    assert records and not ignored, (records, ignored)
+    return max(records, key=lambda record: record.ts)
 
 
 async def _fresh_and_healthy(bus: Bus) -> schemas.ServiceHealth:

@@ -27,7 +27,9 @@ def test_every_mode_is_measured_against_the_plain_loop_of_the_same_run(
     for name in MODES:
         assert report["modes"][name]["step_ms"]["min"] > 0
     blocks = 1 + 2  # the warm-up and the repeats
-    for name in ("shim", "shim_save", "shim_save_blocking"):
+    for name in ("shim", "shim_save", "shim_save_blocking", "shim_numerics"):
         assert report["votes"][name]["launched"] == blocks * 4
         assert 0 <= report["votes"][name]["waited"] <= blocks * 4
     assert report["votes"]["vote_blocking"]["launched"] == 0
+    # the numerics monitor compared the replicas once a block, and they agreed
+    assert report["fingerprints_agreed"] == blocks

@@ -22,7 +22,7 @@ from rich.table import Table
 from goodput.bus.embedded import free_port
 from goodput.tools.bench.arguments import device as device_arg
 from goodput.tools.bench.arguments import positive_int
-from goodput.tools.bench.shim_loop import MODES, LoopSpec, command
+from goodput.tools.bench.shim_loop import MODES, LoopSpec, command, numerics_every
 
 _console = Console(stderr=True)
 #: how long the other ranks may take to exit once rank 0 has reported
@@ -93,14 +93,20 @@ def run_benchmark(spec: LoopSpec) -> dict[str, Any]:
             name: {"launched": launched, "waited": waited}
             for name, (launched, waited) in result["votes"].items()
         },
+        "fingerprints_agreed": result["fingerprints_agreed"],
         "notes": {
             "overhead_ms": "(mode's block − plain's block of the same repeat) / steps, rank 0,"
             " device-synced at both ends of a block",
             "shim_save": "one overlapped save per block (shim.guard(optimizer))",
             "shim_save_blocking": "one save per block, its copy inside the call",
             "vote_blocking": "the shim with the stop voted by a blocking all-reduce every step",
+            "shim_numerics": "the shim with each step's loss and gradient norm given to the"
+            f" numerics monitor, a window read every {numerics_every(spec.steps)} steps, the"
+            f" replicas' parameters fingerprinted and compared every {spec.steps} steps",
             "votes": "ballots the pipelined vote launched, and those whose answer was not in yet"
             " when read (the host waited)",
+            "fingerprints_agreed": "shim_numerics: comparisons of the replicas' fingerprints"
+            " that found them equal, rank 0, warm-up block included",
             "bus": "no bus: the step report is queued for no link",
         },
     }

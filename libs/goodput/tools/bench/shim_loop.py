@@ -15,12 +15,18 @@ per-step overhead is its block's time less the plain loop's, over the steps:
   runs during the next forward/backward, the optimizer step waits for it;
 * ``shim_save_blocking``: one save in the block, its copy inside the call (no guard);
 * ``vote_blocking``: ``shim`` with the stop voted as before the pipelined vote (a blocking
-  all-reduce of "checkpoint, stop" at every step), for the vote's share.
+  all-reduce of "checkpoint, stop" at every step), for the vote's share;
+* ``shim_numerics``: ``shim`` with every step's loss and gradient norm given to the numerics
+  monitor (accumulated on the device, a window read every :func:`numerics_every` steps) and
+  the replicas' parameters fingerprinted and compared once a block — more often than the
+  default of every 100 steps, so its share is an upper bound. Every rank's copy of the MLP
+  starts from the same seed and trains on the same batch: the ranks are replicas, and agree.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import tempfile
 import time
@@ -39,7 +45,7 @@ from goodput.shim.step_protocol import end_step
 from goodput.shim.stop_vote import StopVote
 from goodput.shim.trainer import TrainerShim
 
-MODES = ("plain", "shim", "shim_save", "shim_save_blocking", "vote_blocking")
+MODES = ("plain", "shim", "shim_save", "shim_save_blocking", "vote_blocking", "shim_numerics")
 SAVING = ("shim_save", "shim_save_blocking")
 
 
@@ -65,6 +71,8 @@ class _Mode:
     shim: TrainerShim | None
     vote: StopVote
     step: int
+    #: numerics windows whose replicas' fingerprints agreed (``shim_numerics``)
+    fingerprints_agreed: int = 0
 
     def state(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
@@ -78,12 +86,22 @@ def _model(spec: LoopSpec) -> torch.nn.Module:
     return torch.nn.Sequential(*layers).to(spec.device)
 
 
-def _train_step(mode: _Mode, batch: torch.Tensor) -> torch.Tensor:
+def numerics_every(steps: int) -> int:
+    """The numerics window of a block of ``steps`` (a window must end inside it)."""
+    return 10 if steps % 10 == 0 else steps
+
+
+def _train_step(mode: _Mode, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The step's loss, and its gradient norm where the mode reports one (a loop that clips
+    has it anyway: ``clip_grad_norm_`` with no limit only measures)."""
     loss = mode.model(batch).square().mean()
     loss.backward()
+    grad_norm = None
+    if mode.name == "shim_numerics":
+        grad_norm = torch.nn.utils.clip_grad_norm_(mode.model.parameters(), math.inf)
     mode.optimizer.step()
     mode.optimizer.zero_grad(set_to_none=True)
-    return loss
+    return loss, grad_norm
 
 
 def _blocking_vote_end(mode: _Mode, step: int, state: Callable[[], dict[str, Any]]) -> None:
@@ -105,10 +123,13 @@ def _block(mode: _Mode, spec: LoopSpec, batch: torch.Tensor) -> float:
     _sync(spec.device)
     started = time.perf_counter()
     for _ in range(spec.steps):
-        _train_step(mode, batch)
+        loss, grad_norm = _train_step(mode, batch)
         mode.step += 1
         if mode.shim is None:
             continue
+        if mode.name == "shim_numerics":
+            window = mode.shim.numerics.observe(mode.step, loss, grad_norm, mode.model.parameters)
+            mode.fingerprints_agreed += window is not None and window.fingerprint is not None
         if mode.name == "vote_blocking":
             _blocking_vote_end(mode, mode.step, mode.state)
             continue
@@ -141,6 +162,8 @@ def _modes(spec: LoopSpec, rank: int, root: Path) -> list[_Mode]:
                 ckpt_dir=str(root / name / str(rank)),
                 ckpt_every=spec.steps if name in SAVING else 0,
                 keep_last=1,
+                numerics_every=numerics_every(spec.steps),
+                fingerprint_every=spec.steps,
             )
             shim = TrainerShim(config, install_signal_handlers=False)
             if name == "shim_save":
@@ -195,7 +218,16 @@ def run_rank(rank: int, spec: LoopSpec) -> None:
                 for t in [*modes[0].model.parameters(), *_moments(modes[0].optimizer)]
             )
             votes = {m.name: (m.vote.launched, m.vote.waited) for m in modes if m.shim}
-            _say("done", {"seconds": seconds, "state_bytes": state_bytes, "votes": votes})
+            fingerprints = next(m.fingerprints_agreed for m in modes if m.name == "shim_numerics")
+            _say(
+                "done",
+                {
+                    "seconds": seconds,
+                    "state_bytes": state_bytes,
+                    "votes": votes,
+                    "fingerprints_agreed": fingerprints,
+                },
+            )
     # leave together, over the host (a mixed group's barrier might set up NCCL, which two
     # ranks on one GPU cannot): a rank leaving while its peer's gloo threads talk aborts it
     dist.all_reduce(torch.zeros(1))

@@ -6,17 +6,27 @@ the XIDs seen and, on drivers that report one, the driver's own recovery action
 (``nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)``, named by
 :data:`DRIVER_ACTIONS`). Every fault maps to one :data:`Action`, mildest first:
 
-* ``none`` — nothing to do: a side effect or a corrected error (XID 45, the cleanup after an
-  application was killed — our own restarts cause it; 92, single-bit ECC errors, corrected;
-  a thermal slowdown, which the straggler detector weighs by the steps it slows, debounced);
-* ``restart`` — the application's fault: restart the job, keep the node (13, 31, 43, 68, 109:
-  an illegal memory access, a bad launch, a killed kernel; 94, a *contained* ECC error: the
+* ``none`` — nothing to do: a side effect, a corrected error or an event the driver handled
+  (XID 45, the cleanup after an application was killed — our own restarts cause it; 38, 43, a
+  firmware or channel event whose application ends by itself, its exit restarting it; 63, a
+  row remapping pending for the next reset, which work may run beside; 92, single-bit ECC
+  errors, corrected; a thermal slowdown, which the straggler detector weighs by the steps it
+  slows, debounced);
+* ``restart`` — the application's fault: restart the job, keep the node (13, 31, 32, 68, 69:
+  an illegal memory access, a bad push buffer, a bad class; 94, a *contained* ECC error: the
   driver killed the one application that touched the bad row, the GPU is fine). NVIDIA's
   device plugin ignores these XIDs for the same reason: they say nothing about the hardware;
-* ``reset_gpu`` — a GPU reset clears it (46, 48, 63, 95, 119, 120 ...; uncorrected volatile ECC
-  counts, since the reset clears the count and activates the remapped rows);
-* ``replace_node`` — reboot or service the node: the job moves off it (79, fallen off the bus;
-  64, row remapping failed; a lost GPU).
+* ``reset_gpu`` — a GPU reset clears it (46, 48, 62, 64, 74, 95, 109, 119, 120, 140 ...;
+  uncorrected volatile ECC counts, since the reset clears the count and activates the
+  remapped rows);
+* ``replace_node`` — reboot or service the node: the job moves off it (79, fallen off the bus:
+  NVIDIA's RESTART_BM; a lost GPU).
+
+Each XID's action is NVIDIA's *immediate* resolution bucket in the Xid catalogue (IGNORE:
+none, RESTART_APP: restart, RESET_GPU: reset_gpu, RESTART_BM: replace_node; a WORKFLOW_ bucket
+by its first step), not its investigatory one (CONTACT_SUPPORT, an RMA): a node is taken out
+of the job by the policy's repeat and reset-failed rules when the immediate action does not
+hold, not on the first event.
 
 The driver's recovery action is preferred where reported: it knows the GPU's state, the
 table only the code. A driver saying ``none`` caps the verdict at ``restart`` (the
@@ -57,30 +67,64 @@ class Verdict:
     reason: str
 
 
-#: NVIDIA's Xid catalogue, the codes a training job meets: code -> (action, what it means)
+#: NVIDIA's Xid catalogue, the codes a training job meets: code -> (action, what it means).
+#: Each comment is the catalogue's row for Ampere and newer GPUs (mnemonic, "Resolution
+#: Bucket (Immediate Action)"; https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html,
+#: read through its spreadsheet of October 2025).
 XIDS: dict[int, Verdict] = {
+    # ROBUST_CHANNEL_GR_EXCEPTION: RESTART_APP
     13: Verdict("restart", "graphics engine exception: the application's illegal access"),
+    # ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT: RESTART_APP
     31: Verdict("restart", "GPU memory page fault: the application's illegal address"),
-    32: Verdict("reset_gpu", "corrupted push buffer stream: driver or bus error"),
-    38: Verdict("reset_gpu", "driver firmware error"),
-    43: Verdict("restart", "a channel stopped by the application's fault"),
+    # ROBUST_CHANNEL_PBDMA_ERROR: RESTART_APP (investigatory: CHECK_APP/CUDA)
+    32: Verdict("restart", "invalid or corrupted push buffer stream from the application"),
+    # ROBUST_CHANNEL_FECS_ERR_WATCHDOG_TIMEOUT: IGNORE (investigatory: CONTACT_SUPPORT)
+    38: Verdict("none", "driver firmware watchdog timeout: the driver recovers"),
+    # ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR: IGNORE — the application's channel is stopped
+    # and it ends by itself (its exit restarts it); the GPU stays healthy
+    43: Verdict("none", "a channel stopped after the application's fault: the GPU is fine"),
+    # ROBUST_CHANNEL_PREEMPTIVE_REMOVAL: WORKFLOW_XID_45 — beside another XID, IGNORE (follow
+    # that one); alone, RESTART_FM (NVSwitch systems' fabric manager, not the job's)
     45: Verdict("none", "preemptive cleanup after the application ended"),
+    # ROBUST_CHANNEL_GPU_TIMEOUT_ERROR: RESET_GPU
     46: Verdict("reset_gpu", "GPU stopped processing"),
+    # ROBUST_CHANNEL_GPU_ECC_DBE: WORKFLOW_XID_48, whose first step is NVIDIA Health
+    # Validation's "drain: reset_gpu" (the reset activates the remapped rows; a contained
+    # error also reported as XID 94 with the driver's recovery action none is only restarted)
     48: Verdict("reset_gpu", "double-bit ECC error (rows remapped at the reset)"),
+    # PMU_BREAKPOINT: unused on Ampere and newer (CONTACT_SUPPORT); older GPUs reset it
     61: Verdict("reset_gpu", "internal micro-controller breakpoint"),
+    # PMU_HALT_ERROR: RESET_GPU
     62: Verdict("reset_gpu", "internal micro-controller halt"),
-    63: Verdict("reset_gpu", "row remapping pending: a reset activates it"),
-    64: Verdict("replace_node", "row remapping failed: the memory is bad, service the board"),
-    68: Verdict("restart", "video processor exception in the application"),
-    69: Verdict("reset_gpu", "graphics engine class error"),
+    # INFOROM_DRAM_RETIREMENT_EVENT: IGNORE — the remapping is pending until the next reset,
+    # and work may run beside it ("A100 GPU memory error management", row-remapping pending
+    # flag); the uncorrectable error behind it comes as XID 48/94/95 with their own actions
+    63: Verdict("none", "row remapping pending until the next GPU reset"),
+    # INFOROM_DRAM_RETIREMENT_FAILURE: RESET_GPU (investigatory: CONTACT_SUPPORT, an RMA by
+    # NVIDIA's row-remapping thresholds: a GPU that fails again is replaced by the policy)
+    64: Verdict("reset_gpu", "row remapping failed: reset, and service the board"),
+    # ROBUST_CHANNEL_NVDEC0_ERROR: RESTART_APP
+    68: Verdict("restart", "video decoder exception in the application"),
+    # ROBUST_CHANNEL_GR_CLASS_ERROR: RESTART_APP (investigatory: CHECK_APP/CUDA)
+    69: Verdict("restart", "graphics engine class error: the application's"),
+    # NVLINK_ERROR: WORKFLOW_NVLINK_ERR, whose first step is NVIDIA Health Validation's
+    # "drain, then reset_gpu → restart_os → service_required"
     74: Verdict("reset_gpu", "NVLink error (a link that fails again is replaced)"),
+    # ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS: RESTART_BM
     79: Verdict("replace_node", "GPU fell off the bus: reboot the node"),
+    # EXCESSIVE_SBE_INTERRUPTS: IGNORE
     92: Verdict("none", "high single-bit ECC error rate: corrected, the data is intact"),
+    # ROBUST_CHANNEL_CONTAINED_ERROR: RESTART_APP
     94: Verdict("restart", "contained ECC error: the application was killed, the GPU is fine"),
+    # ROBUST_CHANNEL_UNCONTAINED_ERROR: RESET_GPU
     95: Verdict("reset_gpu", "uncontained ECC error"),
-    109: Verdict("restart", "context switch timeout in the application"),
+    # ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR: RESET_GPU
+    109: Verdict("reset_gpu", "context switch timeout"),
+    # GSP_RPC_TIMEOUT: RESET_GPU
     119: Verdict("reset_gpu", "GSP RPC timeout"),
+    # GSP_ERROR: RESET_GPU
     120: Verdict("reset_gpu", "GSP error"),
+    # UNRECOVERABLE_ECC_ERROR_ESCAPE: RESET_GPU
     140: Verdict("reset_gpu", "unrecovered ECC error in GPU memory"),
 }
 
@@ -182,7 +226,9 @@ def node_remedy(faults: Sequence[str], gpus: Sequence[schemas.GpuHealth]) -> Rem
     named = {f: fault_verdict(f) for f in faults}
     if not faults or any(v is None for v in named.values()):
         return None
-    judged = {gpu.index: gpu_verdict(gpu) for gpu in gpus}
+    # a GPU with nothing to report is not judged: its "no GPU fault" would name the remedy of
+    # a node whose fault asks nothing
+    judged = {gpu.index: gpu_verdict(gpu) for gpu in gpus if _reports(gpu)}
     # a name a GPU record explains is judged through the record (and its driver's action)
     explained = {f"{XID_FAULT_PREFIX}{xid}" for gpu in gpus for xid in gpu.xid_errors}
     if any(gpu.ecc_uncorrected for gpu in gpus):
@@ -195,6 +241,13 @@ def node_remedy(faults: Sequence[str], gpus: Sequence[schemas.GpuHealth]) -> Rem
     if verdict.action == "reset_gpu" and not any(v.action == "reset_gpu" for v in unexplained):
         targets = sorted(i for i, v in judged.items() if v.action == "reset_gpu")
     return Remedy(verdict.action, targets, verdict.reason)
+
+
+def _reports(gpu: schemas.GpuHealth) -> bool:
+    """Whether a GPU record says anything the table or its driver judges."""
+    if gpu.xid_errors or gpu.ecc_uncorrected or not gpu.present:
+        return True
+    return DRIVER_ACTIONS.get(gpu.recovery_action, "none") != "none"
 
 
 def reset_targets(faults: Sequence[str], gpus: Sequence[schemas.GpuHealth]) -> list[int] | None:

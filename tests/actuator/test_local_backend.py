@@ -10,11 +10,13 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import pid_alive
+from goodput.launch.rank_env import EXIT_CODES, rank_fault
 from tests.stack.helpers import EventTap
 
 JOB = "job-act"
@@ -206,6 +208,21 @@ async def test_a_job_of_no_shape_is_refused_and_a_good_one_starts_after(rig) -> 
     assert (await tap.result_of(good)).ok
     assert (await _status(tap, 1)).world_size == 4
     assert actuator.process.poll() is None
+
+
+async def test_a_rank_poisoned_before_the_shim_ran_exits_with_its_cuda_cause(rig) -> None:
+    """A device-side assert while the script builds its model, before any goodput import (the
+    fake CUDA context of tests/shim: no GPU here): the rank's exit names the cause (86), which
+    the sensor reads as a poisoned context, not as an ordinary crash (1)."""
+    bus, tap, _ = rig
+    script = Path(__file__).resolve().parents[1] / "shim" / "cuda_exit_script.py"
+    start = msgspec.structs.replace(
+        _start(nodes=1, procs=1, spares=0), argv=[sys.executable, str(script), "import-assert"]
+    )
+    await bus.send_command("actuator", start)
+    exited = await tap.wait_for(lambda e: isinstance(e, schemas.RankExited), 120)
+    assert exited.exit_code == EXIT_CODES["cuda-context"] and exited.signal is None
+    assert rank_fault(exited.exit_code) == "cuda-context"
 
 
 async def test_job_finishes_when_every_rank_exits_zero(rig) -> None:

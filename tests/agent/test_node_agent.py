@@ -20,6 +20,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, DoneLog
 from goodput.bus.embedded import EmbeddedNats
 from goodput.bus.job_events import JobEvents
+from goodput.launch.rank_env import EXIT_CODES
 from goodput.supervisor.agent import registry
 from goodput.supervisor.agent.node import NodeAgent
 from goodput.supervisor.agent.registry import NodeHeld
@@ -168,5 +169,36 @@ async def test_ranks_run_on_through_a_bus_outage_and_their_exits_are_reported_af
             )
             assert (stopped.signal, stopped.expected_reason) == (signal.SIGTERM, "stop")
         assert len(events.of(schemas.RankStarted)) == 2
+    finally:
+        await events.stop()
+
+
+async def test_a_rank_poisoned_before_the_shim_ran_is_reported_with_its_cuda_cause(
+    bus: Bus, nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """The agent starts its ranks with the exit hook first on PYTHONPATH: a device-side assert
+    at the script's module level (tests/shim's fake CUDA context: no GPU here) exits 86."""
+    script = Path(__file__).resolve().parents[1] / "shim" / "cuda_exit_script.py"
+    agent = _agent(nats_server, tmp_path)
+    events = await JobEvents(bus, JOB, all_runs=True).start()
+    try:
+        async with _running(agent, bus):
+            launch = schemas.LaunchRanks(
+                job=JOB,
+                node="n0",
+                run_id="run-1",
+                attempt=1,
+                argv=["python", str(script), "import-assert"],
+                ranks=[
+                    schemas.RankLaunch(
+                        rank=0, local_rank=0, env={"WORLD_SIZE": "1", "GOODPUT_JOB": JOB}
+                    )
+                ],
+            )
+            await bus.send_command(subjects.node_target(subjects.AGENT, "n0"), launch)
+            exited = await events.wait_for(
+                lambda e: isinstance(e, schemas.RankExited), 60, "the rank's exit"
+            )
+            assert (exited.exit_code, exited.signal) == (EXIT_CODES["cuda-context"], None)
     finally:
         await events.stop()

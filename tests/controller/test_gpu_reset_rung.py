@@ -23,7 +23,9 @@ def xid_gpu(index: int, *xids: int) -> schemas.GpuHealth:
     ("faults", "gpus", "targets"),
     [
         (["gpu_xid:48"], [xid_gpu(3, 48)], [3]),
-        (["gpu_xid:119", "gpu_xid:63"], [xid_gpu(0, 119), xid_gpu(5, 63)], [0, 5]),
+        (["gpu_xid:119", "gpu_xid:140"], [xid_gpu(0, 119), xid_gpu(5, 140)], [0, 5]),
+        # a row remapping pending (63) waits for the next reset: it asks for none itself
+        (["gpu_xid:119", "gpu_xid:63"], [xid_gpu(0, 119), xid_gpu(5, 63)], [0]),
         (["ecc_uncorrected"], [schemas.GpuHealth(index=2, uuid="g", ecc_uncorrected=4)], [2]),
         (["gpu_xid:95"], [], []),  # injected: no GPU record, reset them all
         (["gpu_xid:79"], [xid_gpu(1, 79)], None),  # off the bus: reboot, not reset

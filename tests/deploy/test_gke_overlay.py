@@ -59,24 +59,24 @@ def secrets(credentials) -> dict[str, dict[str, Any]]:
 
 
 def test_every_rendered_object_is_valid_for_the_current_kubernetes(objects) -> None:
-    assert len(objects) == 19
+    assert len(objects) == 20
     for obj in objects:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
 def test_the_registry_is_set_once_and_reaches_every_goodput_container(objects) -> None:
     overlay = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
-    (entry,) = overlay["images"]
-    wanted = f"{entry['newName']}:{entry['newTag']}"
+    wanted = {e["name"]: f"{e['newName']}:{e['newTag']}" for e in overlay["images"]}
+    # the base and the overlay name the images unqualified: only the overlay says where
+    assert set(wanted) == {"goodput-service", "goodput-rank"}
     images = {
-        c["image"]
-        for spec in pod_specs(objects).values()
-        for c in spec["containers"]
-        if not c["image"].startswith("nats:")
+        name: {c["image"] for c in spec["containers"] + spec.get("initContainers", [])}
+        for name, spec in pod_specs(objects).items()
+        if name != "goodput-nats"
     }
-    assert images == {wanted}
-    # the base names the same image, unqualified: only the overlay says where it lives
-    assert entry["name"] == "goodput-service"
+    # the rank agents run the job from the rank image; every service from the service image
+    assert images.pop("goodput-rank-agent") == {wanted["goodput-rank"]}
+    assert set().union(*images.values()) == {wanted["goodput-service"]}
 
 
 def _documented_pools() -> dict[str, str]:
@@ -98,6 +98,7 @@ def test_every_workload_lands_on_a_documented_node_pool(objects) -> None:
         "goodput-nats": "cpu",
         "goodput-hostmon": "gpu",
         "goodput-replicator": "gpu",
+        "goodput-rank-agent": "gpu",
     }
     for name, pool in placed.items():
         assert name.removeprefix("goodput-") in pools[pool], f"README: {name} on {pool}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -164,6 +165,21 @@ def nccl_error_handling(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of :data:`NCCL_ERROR_HANDLING` that ``env`` leaves unset: a value the user
     chose (``StartJob.env``, their launcher's environment) wins."""
     return {name: value for name, value in NCCL_ERROR_HANDLING.items() if name not in env}
+
+
+#: the directory whose ``sitecustomize`` hooks a launched process's uncaught exceptions, so
+#: that a CUDA fault outside the shim's loop still exits 86/87 (``goodput.shim.exit_hook``);
+#: a path of this installation: only a launcher on the ranks' own machine (the local backend,
+#: a node agent) can name it, and the rank image puts it on its PYTHONPATH itself
+RANK_BOOT_DIR = Path(__file__).resolve().parents[1] / "shim" / "rank_boot"
+
+
+def with_rank_boot(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with :data:`RANK_BOOT_DIR` first on ``PYTHONPATH`` (kept once, the job's own
+    entries after it)."""
+    boot = str(RANK_BOOT_DIR)
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != boot]
+    return {**env, "PYTHONPATH": os.pathsep.join([boot, *rest])}
 
 
 def knobs(**values: Any) -> dict[str, str]:

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from goodput.launch.rank_env import VARIABLES, RankEnv
+from goodput.launch.rank_env import VARIABLES, RankEnv, with_rank_boot
 from goodput.launch.standby_channel import READY, encode_assignment
 from goodput.telemetry import untraced_task
 
@@ -173,12 +173,14 @@ class StandbyPool:
                 process = await asyncio.create_subprocess_exec(
                     *self.argv,
                     cwd=self.cwd,
-                    env={
-                        **os.environ,
-                        **self.env,
-                        VARIABLES["node"]: node,
-                        VARIABLES["standby"]: "1",
-                    },
+                    env=with_rank_boot(
+                        {
+                            **os.environ,
+                            **self.env,
+                            VARIABLES["node"]: node,
+                            VARIABLES["standby"]: "1",
+                        }
+                    ),
                     stdin=theirs,
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,

@@ -27,6 +27,7 @@ from goodput.bus.embedded import free_port
 from goodput.bus.settings import FILE_FIELDS
 from goodput.checkpoint.format import node_volume
 from goodput.launch import capacity
+from goodput.launch.rank_env import with_rank_boot
 from goodput.launch.rank_logs import rank_log_dir, rank_log_name
 from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.supervisor.standby_pool import StandbyPool
@@ -388,7 +389,7 @@ class LocalBackend(MembershipBackend):
             volume=self.volume(node),
             device=self._device(node_index, local_rank),
         )
-        return {**os.environ, **env}
+        return with_rank_boot({**os.environ, **env})
 
     def _device(self, node_index: int, local_rank: int) -> int:
         """The GPU a rank binds where it has one: every local node is this machine, so its

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from goodput import schemas
-from goodput.launch.rank_env import RankEnv, RankEnvError
+from goodput.launch.rank_env import RankEnv, RankEnvError, with_rank_boot
 from goodput.launch.rank_logs import rank_log_dir, rank_log_name
 from goodput.supervisor.standby_pool import StandbyPool
 
@@ -244,7 +244,7 @@ class HostRanks:
             return await asyncio.create_subprocess_exec(
                 *_interpreter(command.argv),
                 cwd=command.workdir or None,
-                env={**os.environ, **self.host_env, **spec.env},
+                env=with_rank_boot({**os.environ, **self.host_env, **spec.env}),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import nats.errors
 
@@ -35,7 +36,7 @@ from goodput.checkpoint.index.index import (
     job_keys,
     split_records,
 )
-from goodput.checkpoint.index.records import CopyRecord, NodeAddressRecord
+from goodput.checkpoint.index.records import CopyRecord, NodeAddressRecord, key_kind
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,11 @@ class FollowerCounts:
     """What the follower has read: complete reads, and the changes since the newest one."""
 
     reads: int = 0
-    #: messages and value bytes received after the newest complete read
-    messages: int = 0
-    bytes: int = 0
-    #: of those, read marks (other readers' and this one's ``current`` snapshots)
-    marks: int = 0
+    #: messages and value bytes received after the newest complete read, by the kind of key:
+    #: "node" (announcements), "copy", or "mark" (read marks: other readers' complete reads
+    #: and this one's ``current`` snapshots)
+    messages: Counter[str] = field(default_factory=Counter)
+    bytes: Counter[str] = field(default_factory=Counter)
 
 
 class IndexFollower:
@@ -142,10 +143,10 @@ class IndexFollower:
             return
         assert self._read is not None
         for change in changes:
-            self.counts.messages += 1
-            self.counts.bytes += len(change.value or b"")
+            kind = "mark" if change.is_mark else key_kind(change.key)
+            self.counts.messages[kind] += 1
+            self.counts.bytes[kind] += len(change.value or b"")
             if change.is_mark:
-                self.counts.marks += 1
                 continue
             record = None if change.value is None else decode_entry(change.key, change.value)
             if record is None:  # deleted, or no longer a valid record

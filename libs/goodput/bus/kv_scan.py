@@ -132,18 +132,19 @@ class LiveRead:
     initial: int
     subscription: Any = None
     entries: dict[str, bytes] = field(default_factory=dict)
-    #: stream sequence of the newest message delivered, and its consumer sequence
+    #: stream sequence of the newest message delivered, its consumer sequence, and how many
+    #: messages the consumer held after it
     seq: int = 0
     delivered: int = 0
+    pending: int = 0
 
     async def drain(self, mark_seq: int, timeout_s: float) -> bool:
         """Fetch the entries pending at creation into :attr:`entries`; whether the store
         held the mark at ``mark_seq`` or later."""
         mark_seen = False
-        remaining = self.initial
-        while remaining:
-            changes, remaining = await self._fetch(min(remaining, BATCH), timeout_s)
-            for change in changes:
+        self.pending = self.initial
+        while self.pending:
+            for change in await self._fetch(min(self.pending, BATCH), timeout_s):
                 if change.is_mark:
                     mark_seen = mark_seen or change.seq >= mark_seq
                 elif change.value is None:
@@ -153,11 +154,13 @@ class LiveRead:
         return mark_seen
 
     async def changes(self, wait_s: float) -> list[Change]:
-        """The changes after those already fetched, in the log's order: waits up to
-        ``wait_s`` for the first, then takes every one pending. Empty if none came while the
-        consumer is alive; raises :class:`ReadLost` if it is gone or skipped messages."""
+        """The next changes after those already fetched, in the log's order: a batch of
+        those pending, else the first to come within ``wait_s``. Empty if none came while
+        the consumer is alive; raises :class:`ReadLost` if it is gone or skipped messages."""
+        if self.pending:
+            return await self._fetch(min(self.pending, BATCH), wait_s)
         try:
-            first, remaining = await self._fetch(1, wait_s, heartbeat_s=wait_s / 3)
+            return await self._fetch(1, wait_s, heartbeat_s=wait_s / 3)
         except nats.js.errors.FetchTimeoutError:
             return []  # the server sent heartbeats: the consumer is alive, nothing changed
         except nats.errors.TimeoutError:
@@ -166,16 +169,11 @@ class LiveRead:
             return []
         except nats.js.errors.APIError as exc:  # e.g. 409: the consumer was deleted
             raise ReadLost(f"consumer {self.consumer}: {exc}") from None
-        changes = first
-        while remaining:
-            more, remaining = await self._fetch(min(remaining, BATCH), wait_s)
-            changes.extend(more)
-        return changes
 
     async def _fetch(
         self, count: int, timeout_s: float, heartbeat_s: float | None = None
-    ) -> tuple[list[Change], int]:
-        """Up to ``count`` messages as changes, and how many are still pending after them."""
+    ) -> list[Change]:
+        """Up to ``count`` messages as changes (:attr:`pending`: how many are left)."""
         if self.subscription is None:
             self.subscription = await self.bus.js.pull_subscribe_bind(
                 stream=self.stream, name=self.consumer
@@ -195,7 +193,8 @@ class LiveRead:
             deleted = operation in (KV_DEL, KV_PURGE) or not message.data
             key = message.subject[len(self.prefix) :]
             changes.append(Change(key, None if deleted else message.data, sequence.stream))
-        return changes, messages[-1].metadata.num_pending
+        self.pending = messages[-1].metadata.num_pending
+        return changes
 
     async def _alive(self) -> bool:
         try:

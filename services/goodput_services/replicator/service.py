@@ -1,6 +1,7 @@
 """The replicator service process: one per node, moving checkpoints between tiers.
 
-Control plane on the bus (the index in ``gp_ckpt_index``, events, ``RestoreToNode``), data
+Control plane on the bus (the index in ``gp_ckpt_index``, read once and then followed by its
+changes: ``checkpoint.index.follower``; events, ``RestoreToNode``), data
 plane peer to peer: the node's peer server serves its directory (own volume and the copies it
 keeps for peers) over direct TCP. Loops: sync (announce the node, check and index what its
 disk holds: every ``poll_s``, and at once when the engine reports a checkpoint of this node

@@ -96,7 +96,9 @@ class IndexFollower:
                     log.warning("index follower: %s; reading the whole index again", exc)
                     await self._drop()
                 except (nats.errors.Error, TimeoutError) as exc:
-                    log.warning("index follower: %r; reading the whole index again", exc)
+                    # once per outage, not once per retry
+                    level = logging.WARNING if retry_s == RETRY_S else logging.DEBUG
+                    log.log(level, "index follower: %r; reading the whole index again", exc)
                     await self._drop()
                     await asyncio.sleep(retry_s)
                     retry_s = min(2 * retry_s, 1.0)

@@ -21,7 +21,7 @@ from goodput.checkpoint.index.records import CopyRecord, FileRef, NodeAddressRec
 JOB = "job-follow"
 STREAM = f"KV_{subjects.CKPT_INDEX_BUCKET}"
 #: records present before the follower starts: many, so a re-read would show in the counts
-NODES = 40
+NODES = 100
 STEPS = 6
 
 

@@ -1,11 +1,14 @@
 """One job's checkpoint index kept in memory by following the bucket's changes.
 
-A replicator used to read the whole index every poll: at 512 nodes one read is 21 MB, and all
-replicators together read about N² x 41 KB/s. The follower reads it completely once (the
+A replicator used to read the whole index every poll: at 2,048 nodes one read is ~17 MB and
+seconds of CPU, and the fleet's replicators together read N² times a node's records each
+second (``goodput bench index-reads``). The follower reads it completely once (the
 read protocol of ``bus/kv_scan.py``, its mark included, so the first view is current), keeps
 that read's consumer open and from then on receives only what changes: the messages, and
-the bytes, it takes grow with the index's changes, not with the fleet. Records are decoded
-once, when they change, and a snapshot's lists are rebuilt only after a change.
+the bytes, it takes grow with the index's changes, not with its size (every node's
+announcement each ``poll_s`` is such a change, though: that part still grows with the fleet).
+Records are decoded once, when they change, and a snapshot's lists are rebuilt only after a
+change.
 
 A lost consumer (a server restart, a leader change, the inactivity threshold after a long
 pause) or one that skipped a message makes it read completely again, and it says so in the

@@ -9,11 +9,14 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import nats.errors
 import pytest
 
 from goodput import subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.cluster import EmbeddedCluster
 from goodput.checkpoint.index.follower import IndexBehind, IndexFollower
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from goodput.checkpoint.index.records import CopyRecord, FileRef, NodeAddressRecord, encode
@@ -38,8 +41,7 @@ def copies_of(snapshot: IndexSnapshot) -> set[tuple[int, str, str, str]]:
     return {(c.step, c.tier, c.holder, c.owner) for c in snapshot.all_copies}
 
 
-@pytest.fixture
-async def writer(bus: Bus) -> CheckpointIndex:
+async def filled(bus: Bus) -> CheckpointIndex:
     """Another node's writer, on a connection of its own, with the job's records in place."""
     index = CheckpointIndex(bus, JOB)
     for n in range(NODES):
@@ -47,6 +49,11 @@ async def writer(bus: Bus) -> CheckpointIndex:
         for step in range(STEPS):
             await index.put_copy(copy(step, f"node-{n}", f"node-{n}"))
     return index
+
+
+@pytest.fixture
+async def writer(bus: Bus) -> CheckpointIndex:
+    return await filled(bus)
 
 
 @contextlib.asynccontextmanager
@@ -139,6 +146,39 @@ async def test_a_restarted_server_means_a_complete_read_again(
         assert (STEPS, "local", "node-5", "node-5") in seen
         assert len(seen) == NODES * STEPS + 1
         assert follower.counts.reads == 2
+
+
+@pytest.mark.slow
+async def test_losing_the_server_of_its_consumer_means_a_complete_read_again(
+    tmp_path: Path,
+) -> None:
+    """On a three-server cluster: the server holding the follower's consumer (one replica)
+    is killed; the follower reads the index again from a survivor, writes made after the
+    loss included."""
+    with EmbeddedCluster(tmp_path / "nats") as cluster:
+        bus = await Bus.connect(BusSettings(url=cluster.url), name="test-writer")
+        try:
+            await bus.provision()
+            writer = await filled(bus)
+            async with following(cluster.url) as follower:
+                (consumer,) = await bus.js.consumers_info(STREAM)
+                assert consumer.cluster is not None and consumer.cluster.leader
+                member = int(consumer.cluster.leader.rsplit("-", 1)[1])
+                await asyncio.to_thread(cluster.kill, member)
+                for _ in range(300):  # the bucket may be electing a leader: writes refused
+                    try:
+                        await writer.put_copy(copy(STEPS, "node-7", "node-7"))
+                        await writer.delete_copy(copy(0, "node-7", "node-7"))
+                        break
+                    except nats.errors.Error:
+                        await asyncio.sleep(0.1)
+                seen = copies_of(await follower.snapshot(current=True, timeout_s=60))
+                assert (STEPS, "local", "node-7", "node-7") in seen
+                assert (0, "local", "node-7", "node-7") not in seen
+                assert len(seen) == NODES * STEPS
+                assert follower.counts.reads == 2
+        finally:
+            await bus.close()
 
 
 async def test_no_snapshot_before_a_complete_read(bus: Bus) -> None:

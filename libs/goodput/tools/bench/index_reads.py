@@ -229,6 +229,7 @@ async def measure(nodes: int, args: argparse.Namespace, state_dir: Path, console
         "after_announcement_bytes_per_s": [round(a["node_bytes_per_s"]) for a in after],
         "after_messages_per_s": [round(a["messages_per_s"], 1) for a in after],
         "follower_complete_reads": [a["complete_reads"] for a in after],
+        "follower_complete_read_s": [round(a["initial_read_s"], 3) for a in after],
         "before_vs_after": [round(r, 1) for r in ratios],
     }
 

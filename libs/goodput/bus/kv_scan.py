@@ -16,6 +16,12 @@ log. Just after its leader was killed, a bucket's new leader served a read witho
 delete its predecessor had acknowledged (a deleted copy read as live). So each read first
 writes a mark and must see it: the store applies the log in order, so a store holding the
 mark holds every write acknowledged before it; one that does not is read again.
+
+A read can stay open (:func:`open_read`, :class:`LiveRead`): after the entries pending at
+its creation, the same consumer delivers every later change in the log's order, each
+message numbered by the consumer, so a gap or a lost consumer (server restart, inactivity
+threshold) is seen, never silently skipped (``checkpoint.index.follower`` follows the index
+so).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import nats.errors
 import nats.js.errors
@@ -56,30 +64,162 @@ async def current_entries(
 
     Raises ``nats.errors.TimeoutError`` rather than return a partial or stale view: a
     partial index could make a complete checkpoint look incomplete, or the reverse."""
+    read = await open_read(bus, bucket, keys, timeout_s)
+    await read.close()
+    return read.entries
+
+
+async def open_read(bus: Bus, bucket: str, keys: str = ">", timeout_s: float = 10.0) -> LiveRead:
+    """A complete, current read (as :func:`current_entries`) whose consumer stays open, so
+    that what it fetches next are the changes after the read: close it when done."""
     deadline = time.monotonic() + timeout_s
-    prefix = f"$KV.{bucket}."
     while True:
+        mark_seq = await write_mark(bus, bucket, timeout_s)
+        read = await _open(bus, bucket, keys, timeout_s)
         try:
-            mark = await bus.js.publish(f"{prefix}{READ_MARK_KEY}", b"1", timeout=timeout_s)
-        except nats.js.errors.NoStreamResponseError:
-            await bus.js.stream_info(f"KV_{bucket}")  # NotFoundError where there is no bucket
+            mark_seen = await read.drain(mark_seq, timeout_s)
+        except BaseException:
+            await read.close()
             raise
-        entries, mark_seen = await _read(bus, bucket, keys, mark.seq, timeout_s)
         if mark_seen:
-            return entries
+            return read
+        await read.close()
         if time.monotonic() + STALE_RETRY_S > deadline:
             raise StaleReadError
         await asyncio.sleep(STALE_RETRY_S)
 
 
-async def _read(
-    bus: Bus, bucket: str, keys: str, mark_seq: int, timeout_s: float
-) -> tuple[dict[str, bytes], bool]:
-    """One pass: the entries, and whether the store held the mark at ``mark_seq`` or later."""
+async def write_mark(bus: Bus, bucket: str, timeout_s: float = 10.0) -> int:
+    """Write the read mark; its stream sequence. A reader that has seen a message at or past
+    it has seen every write acknowledged before this call."""
+    try:
+        ack = await bus.js.publish(kv_subject(bucket, READ_MARK_KEY), b"1", timeout=timeout_s)
+    except nats.js.errors.NoStreamResponseError:
+        await bus.js.stream_info(f"KV_{bucket}")  # NotFoundError where there is no bucket
+        raise
+    return ack.seq
+
+
+class Change(NamedTuple):
+    """One message of the bucket's log as a reader sees it."""
+
+    #: the key without the bucket's prefix (:data:`READ_MARK_KEY` for a mark)
+    key: str
+    #: the new value; None: the key was deleted or purged
+    value: bytes | None
+    #: its stream sequence
+    seq: int
+
+    @property
+    def is_mark(self) -> bool:
+        return self.key == READ_MARK_KEY
+
+
+class ReadLost(nats.errors.Error):
+    """The consumer behind a :class:`LiveRead` is gone or skipped messages: read again."""
+
+
+@dataclass
+class LiveRead:
+    """An ephemeral pull consumer on the bucket's log (deliver last per subject, then every
+    change), with the entries it delivered so far."""
+
+    bus: Bus
+    stream: str
+    consumer: str
+    prefix: str
+    #: the pending count when it was created: exact, as nothing is delivered unasked
+    initial: int
+    subscription: Any = None
+    entries: dict[str, bytes] = field(default_factory=dict)
+    #: stream sequence of the newest message delivered, its consumer sequence, and how many
+    #: messages the consumer held after it
+    seq: int = 0
+    delivered: int = 0
+    pending: int = 0
+
+    async def drain(self, mark_seq: int, timeout_s: float) -> bool:
+        """Fetch the entries pending at creation into :attr:`entries`; whether the store
+        held the mark at ``mark_seq`` or later."""
+        mark_seen = False
+        self.pending = self.initial
+        while self.pending:
+            for change in await self._fetch(min(self.pending, BATCH), timeout_s):
+                if change.is_mark:
+                    mark_seen = mark_seen or change.seq >= mark_seq
+                elif change.value is None:
+                    self.entries.pop(change.key, None)
+                else:
+                    self.entries[change.key] = change.value
+        return mark_seen
+
+    async def changes(self, wait_s: float) -> list[Change]:
+        """The next changes after those already fetched, in the log's order: a batch of
+        those pending, else the first to come within ``wait_s``. Empty if none came while
+        the consumer is alive; raises :class:`ReadLost` if it is gone or skipped messages."""
+        if self.pending:
+            return await self._fetch(min(self.pending, BATCH), wait_s)
+        try:
+            return await self._fetch(1, wait_s, heartbeat_s=wait_s / 3)
+        except nats.js.errors.FetchTimeoutError:
+            return []  # the server sent heartbeats: the consumer is alive, nothing changed
+        except nats.errors.TimeoutError:
+            if not await self._alive():
+                raise ReadLost(f"consumer {self.consumer} is gone") from None
+            return []
+        except nats.js.errors.APIError as exc:  # e.g. 409: the consumer was deleted
+            raise ReadLost(f"consumer {self.consumer}: {exc}") from None
+
+    async def _fetch(
+        self, count: int, timeout_s: float, heartbeat_s: float | None = None
+    ) -> list[Change]:
+        """Up to ``count`` messages as changes (:attr:`pending`: how many are left)."""
+        if self.subscription is None:
+            self.subscription = await self.bus.js.pull_subscribe_bind(
+                stream=self.stream, name=self.consumer
+            )
+        messages = await self.subscription.fetch(count, timeout=timeout_s, heartbeat=heartbeat_s)
+        changes = []
+        for message in messages:
+            sequence = message.metadata.sequence
+            if sequence.consumer != self.delivered + 1:
+                raise ReadLost(
+                    f"consumer {self.consumer} delivered #{sequence.consumer} after "
+                    f"#{self.delivered}"
+                )
+            self.delivered = sequence.consumer
+            self.seq = max(self.seq, sequence.stream)
+            operation = (message.headers or {}).get(KV_OP)
+            deleted = operation in (KV_DEL, KV_PURGE) or not message.data
+            key = message.subject[len(self.prefix) :]
+            changes.append(Change(key, None if deleted else message.data, sequence.stream))
+        self.pending = messages[-1].metadata.num_pending
+        return changes
+
+    async def _alive(self) -> bool:
+        try:
+            await self.bus.js.consumer_info(self.stream, self.consumer)
+        except nats.js.errors.NotFoundError:
+            return False
+        except nats.errors.Error as exc:  # no server to ask (restarting): read again then
+            raise ReadLost(f"consumer {self.consumer}: {exc!r}") from None
+        return True
+
+    async def close(self) -> None:
+        """Free the consumer now; the inactivity threshold frees it if this fails."""
+        if self.subscription is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self.subscription.unsubscribe()
+        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
+            await self.bus.js.delete_consumer(self.stream, self.consumer)
+
+
+async def _open(bus: Bus, bucket: str, keys: str, timeout_s: float) -> LiveRead:
+    """A new consumer of the entries matching ``keys`` and the mark, not fetched from yet."""
     stream = f"KV_{bucket}"
-    prefix = f"$KV.{bucket}."
-    wanted = f"{prefix}{keys}"
-    mark = f"{prefix}{READ_MARK_KEY}"
+    prefix = kv_subject(bucket, "")
+    wanted = kv_subject(bucket, keys)
+    mark = kv_subject(bucket, READ_MARK_KEY)
     # overlapping filters are refused: a filter that takes in the mark reads it already
     filters = [wanted] if subject_matches(wanted, mark) else [wanted, mark]
     info = await bus.js.add_consumer(
@@ -93,32 +233,12 @@ async def _read(
             num_replicas=1,
         ),
     )
-    entries: dict[str, bytes] = {}
-    mark_seen = False
-    remaining = info.num_pending
-    if not remaining:
-        await _delete(bus, stream, info.name)
-        return entries, mark_seen
-    subscription = await bus.js.pull_subscribe_bind(stream=stream, name=info.name)
-    try:
-        while remaining:
-            messages = await subscription.fetch(min(remaining, BATCH), timeout=timeout_s)
-            for message in messages:
-                if message.subject == mark:
-                    mark_seen = mark_seen or message.metadata.sequence.stream >= mark_seq
-                    continue
-                key = message.subject[len(prefix) :]
-                operation = (message.headers or {}).get(KV_OP)
-                if operation in (KV_DEL, KV_PURGE) or not message.data:
-                    entries.pop(key, None)
-                else:
-                    entries[key] = message.data
-            remaining = messages[-1].metadata.num_pending
-    finally:
-        with contextlib.suppress(nats.errors.Error):
-            await subscription.unsubscribe()
-        await _delete(bus, stream, info.name)
-    return entries, mark_seen
+    return LiveRead(bus, stream, info.name, prefix, info.num_pending)
+
+
+def kv_subject(bucket: str, key: str) -> str:
+    """The subject a bucket's entry (or a filter of keys) is written and read on."""
+    return f"$KV.{bucket}.{key}"
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -130,9 +250,3 @@ def subject_matches(pattern: str, subject: str) -> bool:
         if i >= len(tokens) or token not in ("*", tokens[i]):
             return False
     return len(pattern.split(".")) == len(tokens)
-
-
-async def _delete(bus: Bus, stream: str, consumer: str) -> None:
-    """Free the consumer now; the inactivity threshold frees it if this fails."""
-    with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-        await bus.js.delete_consumer(stream, consumer)

@@ -1,6 +1,7 @@
 """The replicator service process: one per node, moving checkpoints between tiers.
 
-Control plane on the bus (the index in ``gp_ckpt_index``, events, ``RestoreToNode``), data
+Control plane on the bus (the index in ``gp_ckpt_index``, read once and then followed by its
+changes: ``checkpoint.index.follower``; events, ``RestoreToNode``), data
 plane peer to peer: the node's peer server serves its directory (own volume and the copies it
 keeps for peers) over direct TCP. Loops: sync (announce the node, check and index what its
 disk holds: every ``poll_s``, and at once when the engine reports a checkpoint of this node
@@ -14,11 +15,10 @@ the peer server's own hashing) is :mod:`.holdings`'s.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from goodput.checkpoint.format import (
     write_retention_record,
 )
 from goodput.checkpoint.format.job_key import JobKeyError, configured_key
+from goodput.checkpoint.index.follower import IndexFollower
 from goodput.checkpoint.index.gc import collect_garbage, sweep_staged_parts
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from goodput.checkpoint.index.records import (
@@ -69,6 +70,7 @@ from goodput_services.replicator.planner import (
 )
 from goodput_services.replicator.restore import NothingToRestore, restore_to_node
 from goodput_services.replicator.restore_parts import NodePart
+from goodput_services.replicator.rounds import Rounds
 from goodput_services.replicator.triggers import follow_persisted
 
 #: what a push can fail with: the peer or the network, or a local file that changed under it
@@ -128,11 +130,11 @@ class ReplicatorService(Service):
             require=tuple(self.options.gc_require),
         )
         self.counters = Counters()
+        self.rounds = Rounds(self.stopping, self.counters)
         self.index: CheckpointIndex | None = None
+        self.follower: IndexFollower | None = None
         self.peer_server: PeerServer | None = None
-        self.snapshot: IndexSnapshot | None = None
         self.held: dict[str, CopyRecord] = {}
-        self._fresh: list[asyncio.Event] = []  # one per transfer loop: a new snapshot
         self._store_lock = asyncio.Lock()  # backups and the store sweep never overlap here
         self._sync_lock = asyncio.Lock()
         self._volume_lock = asyncio.Lock()  # a restore stages parts; the sweep deletes them
@@ -148,6 +150,7 @@ class ReplicatorService(Service):
     async def _run(self) -> None:
         assert self.bus is not None
         self.index = CheckpointIndex(self.bus, self.job)
+        self.follower = IndexFollower(self.bus, self.job)
         self.node_dir.mkdir(parents=True, exist_ok=True)
         self.peer_server = PeerServer(
             self.node_dir,
@@ -172,11 +175,13 @@ class ReplicatorService(Service):
                 "no checkpoint key (GOODPUT_CKPT_KEY_FILE): manifests and the peer data plane"
                 " are unauthenticated"
             )
+        rounds = self.rounds
         loops = [
-            self._every(self.options.poll_s, self._sync, "sync", woken_by=self._sync_asked),
-            self._on_snapshot(self._replicate, "replicate"),
-            self._on_snapshot(self._backup, "backup"),
-            self._every(self.options.gc_interval_s, self._collect_garbage, "gc", delay=True),
+            self.follower.run(self.stopping),
+            rounds.every(self.options.poll_s, self._sync, "sync", woken_by=self._sync_asked),
+            rounds.on_snapshot(self._replicate, "replicate"),
+            rounds.on_snapshot(self._backup, "backup"),
+            rounds.every(self.options.gc_interval_s, self._collect_garbage, "gc", delay=True),
         ]
         if not self.options.legacy_scan:
             loops.append(
@@ -196,63 +201,6 @@ class ReplicatorService(Service):
         log.info("replicator stopping", extra=hashing_fields())
         if self.peer_server is not None:
             await self.peer_server.close()
-
-    # ---- loop machinery -----------------------------------------------------------------
-
-    def _failed(self, what: str, exc: BaseException) -> None:
-        self.counters.last_error = f"{what}: {type(exc).__name__}: {exc}"[:300]
-        log.warning("%s failed: %r", what, exc)
-
-    async def _guarded(self, what: str, work: Awaitable[None]) -> None:
-        """The one place an unexpected failure of a round is caught: it is logged and shown
-        in health, and the loop goes on (one bad round must not stop replication for good).
-        Expected failures (transfers, the object store) are handled where they happen."""
-        try:
-            await work
-        except Exception as exc:
-            self._failed(what, exc)
-
-    async def _pause(self, seconds: float, woken_by: asyncio.Event | None = None) -> None:
-        """Sleep ``seconds``, less if the service stops or ``woken_by`` is set."""
-        waits = [asyncio.ensure_future(self.stopping.wait())]
-        if woken_by is not None:
-            waits.append(asyncio.ensure_future(woken_by.wait()))
-        try:
-            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
-
-    async def _every(
-        self,
-        period_s: float,
-        work: Callable[[], Awaitable[None]],
-        what: str,
-        delay: bool = False,
-        woken_by: asyncio.Event | None = None,
-    ) -> None:
-        """Run ``work`` every ``period_s``, and at once whenever ``woken_by`` is set."""
-        if delay:
-            await self._pause(period_s)
-        while not self.stopping.is_set():
-            if woken_by is not None:
-                woken_by.clear()  # what sets it from here on asks for another round
-            await self._guarded(what, work())
-            await self._pause(period_s, woken_by)
-
-    async def _on_snapshot(
-        self, work: Callable[[IndexSnapshot], Awaitable[None]], what: str
-    ) -> None:
-        """Run ``work`` on each new snapshot; slow work simply skips the ones it missed."""
-        fresh = asyncio.Event()
-        self._fresh.append(fresh)
-        while not self.stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(fresh.wait(), 1.0)
-            if not fresh.is_set() or self.snapshot is None:
-                continue
-            fresh.clear()
-            await self._guarded(what, work(self.snapshot))
 
     # ---- sync: announce and index what the disk holds ----------------------------------
 
@@ -291,7 +239,7 @@ class ReplicatorService(Service):
                     **hashing_fields(),
                 },
             )
-        snapshot = await self.index.snapshot(self.options.node_ttl_s)
+        snapshot = await self._snapshot()
         indexed = {
             copy_key(self.job, c): c
             for c in snapshot.copies_held_by(self.node)
@@ -305,14 +253,20 @@ class ReplicatorService(Service):
         self.held = held
         self.memory.local_steps_seen |= {c.step for c in held.values() if c.tier == "local"}
         if puts or deletes:
-            snapshot = await self.index.snapshot(self.options.node_ttl_s)
-        self.snapshot = snapshot
+            snapshot = await self._snapshot()
         self.memory.last_backup = recall_last_backup(
             snapshot, self.node, time.monotonic(), self.memory
         )
-        for fresh in self._fresh:
-            fresh.set()
+        self.rounds.publish(snapshot)
         await asyncio.to_thread(self._publish_safe_steps, snapshot)
+
+    async def _snapshot(self, current: bool = False) -> IndexSnapshot:
+        """The index as the follower holds it, with this node's own writes in it;
+        ``current``: with every write acknowledged anywhere before the call."""
+        assert self.follower is not None and self.index is not None
+        return await self.follower.snapshot(
+            self.options.node_ttl_s, after_seq=self.index.written_seq, current=current
+        )
 
     def _publish_safe_steps(self, snapshot: IndexSnapshot) -> None:
         """The ranks' engines delete old checkpoints from the volume but have no bus: tell
@@ -364,7 +318,7 @@ class ReplicatorService(Service):
         except TRANSFER_ERRORS as exc:
             # pick another peer for a while; the partial files on this one let a retry resume
             self.memory.cooldown_until[peer.node] = time.monotonic() + self.options.node_ttl_s
-            self._failed(f"replicate step {mine.step} to {peer.node}", exc)
+            self.rounds.failed(f"replicate step {mine.step} to {peer.node}", exc)
             if isinstance(exc, SourceMismatch | ChecksumMismatch):
                 self._distrust(source)
             return
@@ -410,7 +364,7 @@ class ReplicatorService(Service):
                     raise BackupIncomplete("blobs vanished during the backup (concurrent sweep)")
         except BACKUP_ERRORS as exc:
             self.memory.backup_retry_at = time.monotonic() + max(2.0, self.options.poll_s)
-            self._failed(f"back up step {mine.step}", exc)
+            self.rounds.failed(f"back up step {mine.step}", exc)
             if isinstance(exc, ChecksumMismatch):
                 self._distrust(source)
             return
@@ -442,7 +396,7 @@ class ReplicatorService(Service):
 
     async def _collect_garbage(self) -> None:
         assert self.index is not None
-        snapshot = await self.index.snapshot(self.options.node_ttl_s)
+        snapshot = await self._snapshot()
         async with self._store_lock:
             report = await collect_garbage(
                 self.index,
@@ -468,8 +422,8 @@ class ReplicatorService(Service):
         if command.node != self.node:
             return False, f"this replicator serves {self.node}, not {command.node}"
         # index a checkpoint the ranks committed a moment ago, if any
-        await self._guarded("sync before restore", self._sync())
-        snapshot = await self.index.snapshot(self.options.node_ttl_s)
+        await self.rounds.guarded("sync before restore", self._sync())
+        snapshot = await self._snapshot(current=True)
         try:
             async with self._volume_lock:  # the staged-part sweep waits
                 outcome = await restore_to_node(
@@ -483,7 +437,7 @@ class ReplicatorService(Service):
                     assigned=NodePart.of(command.part, command.parts),
                 )
         except NothingToRestore as exc:
-            self._failed("restore", exc)
+            self.rounds.failed("restore", exc)
             return False, f"nothing restored: {exc}"
         if outcome.step is None:
             return True, outcome.detail

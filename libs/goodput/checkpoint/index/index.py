@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_OP, KeyValue
 
 from goodput import subjects
 from goodput.bus import Bus
-from goodput.bus.kv_scan import current_entries
+from goodput.bus.kv_scan import current_entries, kv_subject
 from goodput.checkpoint.index.records import (
     CopyRecord,
     FileRef,
@@ -44,44 +45,77 @@ TIER_ORDER: dict[str, int] = {"present": 0, "local": 0, "peer": 1, "object_store
 DEFAULT_NODE_TTL_S = 15.0
 
 
+#: a record of the index bucket, as its key's kind says to decode it
+Record = NodeAddressRecord | CopyRecord
+
+
 class CheckpointIndex:
     """Reads and writes the index records of one job in the ``gp_ckpt_index`` bucket."""
 
     def __init__(self, bus: Bus, job: str):
         self.bus = bus
         self.job = job
+        #: stream sequence of this object's newest acknowledged write: a reader that has seen
+        #: the bucket's log up to it sees every write made here (read-your-writes)
+        self.written_seq = 0
 
     async def _kv(self) -> KeyValue:
         return await self.bus.kv(subjects.CKPT_INDEX_BUCKET)
 
+    def _wrote(self, seq: int) -> None:
+        self.written_seq = max(self.written_seq, seq)
+
     async def announce(self, record: NodeAddressRecord) -> None:
-        await (await self._kv()).put(node_key(self.job, record.node), encode(record))
+        self._wrote(await (await self._kv()).put(node_key(self.job, record.node), encode(record)))
 
     async def put_copy(self, record: CopyRecord) -> None:
-        await (await self._kv()).put(copy_key(self.job, record), encode(record))
+        self._wrote(await (await self._kv()).put(copy_key(self.job, record), encode(record)))
 
     async def delete_copy(self, record: CopyRecord) -> None:
-        await (await self._kv()).delete(copy_key(self.job, record))
+        # KeyValue.delete writes this marker too but does not return its sequence
+        subject = kv_subject(subjects.CKPT_INDEX_BUCKET, copy_key(self.job, record))
+        self._wrote((await self.bus.js.publish(subject, headers={KV_OP: KV_DEL})).seq)
 
     async def snapshot(self, node_ttl_s: float = DEFAULT_NODE_TTL_S) -> IndexSnapshot:
         """Every record of the job, read in one complete pass (a timeout raises instead of
         returning a partial view, which could make a complete step look incomplete)."""
-        entries = await current_entries(
-            self.bus, subjects.CKPT_INDEX_BUCKET, subjects.kv_key(self.job, ">")
-        )
-        nodes: dict[str, NodeAddressRecord] = {}
-        copies: list[CopyRecord] = []
-        for key, value in entries.items():
-            kind = key_kind(key)
-            try:
-                if kind == "node":
-                    record = decode_node(value)
-                    nodes[record.node] = record
-                elif kind == "copy":
-                    copies.append(decode_copy(value))
-            except IndexRecordError as exc:
-                log.warning("ignoring undecodable index record %s: %s", key, exc)
+        entries = await current_entries(self.bus, subjects.CKPT_INDEX_BUCKET, job_keys(self.job))
+        decoded = (decode_entry(key, value) for key, value in entries.items())
+        nodes, copies = split_records(r for r in decoded if r is not None)
         return IndexSnapshot(nodes, copies, node_ttl_s)
+
+
+def job_keys(job: str) -> str:
+    """The key filter of every index record of ``job``."""
+    return subjects.kv_key(job, ">")
+
+
+def decode_entry(key: str, value: bytes) -> Record | None:
+    """The record an index entry holds; None (logged) for one that is no valid record: a
+    forged or newer entry is skipped, never half-read."""
+    kind = key_kind(key)
+    try:
+        if kind == "node":
+            return decode_node(value)
+        if kind == "copy":
+            return decode_copy(value)
+    except IndexRecordError as exc:
+        log.warning("ignoring undecodable index record %s: %s", key, exc)
+    return None
+
+
+def split_records(
+    records: Iterable[Record],
+) -> tuple[dict[str, NodeAddressRecord], list[CopyRecord]]:
+    """Node name -> its address record, and every copy record: what a snapshot holds."""
+    nodes: dict[str, NodeAddressRecord] = {}
+    copies: list[CopyRecord] = []
+    for record in records:
+        if isinstance(record, NodeAddressRecord):
+            nodes[record.node] = record
+        else:
+            copies.append(record)
+    return nodes, copies
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ BENCH_MODULES: list[str] = [
     "goodput.tools.bench.report",
     "goodput.tools.bench.store",
     "goodput.tools.bench.shim",
+    "goodput.tools.bench.index_reads",
 ]
 
 

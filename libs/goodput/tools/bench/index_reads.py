@@ -1,0 +1,328 @@
+"""`goodput bench index-reads`: one replicator's checkpoint-index bytes read per second, by a
+complete read every poll (the replicator before issue 36) and by the index follower.
+
+A real nats-server holds the index of N simulated nodes, each with the copy records the
+store sizing counts (``INDEX_COPIES_PER_NODE``, each listing ``ranks_per_node + 2`` files).
+While a writer changes one node per second (a new step's copy on each tier, the oldest
+step's withdrawn) and every node announces itself every ``--announce-s`` (as each
+replicator does every ``poll_s``), a reader on a connection of its own takes a snapshot
+every ``--poll-s``: first by a complete read (``CheckpointIndex.snapshot``, then a pause of
+a poll, as the sync loop ran), then from an ``IndexFollower``. The figure is the payload
+bytes that reader's connection received in the window, per second (the follower's one
+complete read at start-up is reported apart); the two alternate ``--repeats`` times under
+the same writers, and each repeat's ratio is reported. A complete read that takes longer
+than a poll caps the first figure (the reader is busy reading: its time is shown too). The
+follower's bytes are also split by record: copies (what checkpoints change) and node
+announcements, which every reader receives from every node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from goodput import subjects
+from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.kv_scan import kv_subject
+from goodput.bus.store_sizing import INDEX_COPIES_PER_NODE, StoreScale, store_limits
+from goodput.checkpoint.index.follower import IndexFollower
+from goodput.checkpoint.index.index import CheckpointIndex
+from goodput.checkpoint.index.records import (
+    STORE_HOLDER,
+    CopyRecord,
+    FileRef,
+    NodeAddressRecord,
+    encode,
+    node_key,
+)
+from goodput.tools.bench.arguments import positive_int
+
+JOB = "bench-index-read"
+#: the tiers each kept step has a copy on (store sizing: 3 tiers x the steps kept + 1)
+TIERS = ("local", "peer", "object_store")
+STEPS_KEPT = INDEX_COPIES_PER_NODE // len(TIERS)
+#: writes in flight while the index is filled
+FILL_CONCURRENCY = 256
+
+
+def _node(n: int) -> str:
+    return f"node-{n:05d}"
+
+
+def _address(n: int) -> NodeAddressRecord:
+    return NodeAddressRecord(
+        node=_node(n), host=f"10.0.{n // 256}.{n % 256}", port=7400, ts=time.time_ns()
+    )
+
+
+def _copies(n: int, nodes: int, step: int, ranks: int) -> list[CopyRecord]:
+    """Node ``n``'s checkpoint ``step`` on each tier: its volume, a peer's, the store."""
+    owner = _node(n)
+    files = [
+        FileRef(f"rank-{r:05d}.distcp", 3 << 30, f"{step:08x}{n:08x}{r:016x}") for r in range(ranks)
+    ]
+    files += [
+        FileRef(".metadata", 65536, f"{step:08x}{n:08x}{'m' * 16}"),
+        FileRef("manifest", 4096, f"{step:08x}{n:08x}{'f' * 16}"),
+    ]
+    holders = {"local": owner, "peer": _node((n + 1) % nodes), "object_store": STORE_HOLDER}
+    return [
+        CopyRecord(step=step, tier=tier, holder=holders[tier], owner=owner, root=owner, files=files)
+        for tier in TIERS
+    ]
+
+
+async def _fill(index: CheckpointIndex, nodes: int, ranks: int) -> int:
+    """Every node's address and the copies of the steps it keeps; the records written."""
+    writes = [index.announce(_address(n)) for n in range(nodes)]
+    writes += [
+        index.put_copy(record)
+        for n in range(nodes)
+        for step in range(STEPS_KEPT)
+        for record in _copies(n, nodes, step, ranks)
+    ]
+    for start in range(0, len(writes), FILL_CONCURRENCY):
+        await asyncio.gather(*writes[start : start + FILL_CONCURRENCY])
+    return len(writes)
+
+
+class Writers:
+    """The fleet's index traffic: one node's checkpoint changes per second, and every node's
+    announcement every ``announce_s`` (published without waiting for acks, spread evenly)."""
+
+    def __init__(self, bus: Bus, nodes: int, ranks: int, announce_s: float):
+        self.index = CheckpointIndex(bus, JOB)
+        self.bus = bus
+        self.nodes, self.ranks, self.announce_s = nodes, ranks, announce_s
+
+    async def churn(self) -> None:
+        turn = 0
+        while True:
+            n = turn % self.nodes
+            newest = STEPS_KEPT + turn // self.nodes
+            for record in _copies(n, self.nodes, newest, self.ranks):
+                await self.index.put_copy(record)
+            for record in _copies(n, self.nodes, newest - STEPS_KEPT, self.ranks):
+                await self.index.delete_copy(record)
+            turn += 1
+            await asyncio.sleep(1.0)
+
+    async def announce(self) -> None:
+        slices = 50
+        while self.announce_s > 0:
+            started = time.monotonic()
+            for index in range(slices):
+                for n in range(index, self.nodes, slices):
+                    subject = kv_subject(subjects.CKPT_INDEX_BUCKET, node_key(JOB, _node(n)))
+                    await self.bus.nc.publish(subject, encode(_address(n)))
+                pause = started + (index + 1) * self.announce_s / slices - time.monotonic()
+                await asyncio.sleep(max(pause, 0))
+
+
+async def _received(bus: Bus) -> int:
+    await bus.nc.flush()
+    return bus.nc.stats["in_bytes"]
+
+
+async def _full_reads(url: str, window_s: float, poll_s: float) -> dict:
+    """The sync loop before issue 36: a complete read, then a pause of a poll."""
+    bus = await Bus.connect(BusSettings(url=url), name="goodput-bench-index-full")
+    try:
+        index = CheckpointIndex(bus, JOB)
+        start_bytes, started = await _received(bus), time.monotonic()
+        reads, read_s = 0, 0.0
+        while time.monotonic() - started < window_s:
+            begun = time.monotonic()
+            await index.snapshot()
+            read_s += time.monotonic() - begun
+            reads += 1
+            await asyncio.sleep(poll_s)
+        elapsed = time.monotonic() - started
+        return {
+            "bytes_per_s": (await _received(bus) - start_bytes) / elapsed,
+            "reads": reads,
+            "read_s": read_s / reads,
+        }
+    finally:
+        await bus.close()
+
+
+async def _followed(url: str, window_s: float, poll_s: float) -> dict:
+    """The follower: one complete read, then a snapshot from memory every poll."""
+    bus = await Bus.connect(BusSettings(url=url), name="goodput-bench-index-follow")
+    follower = IndexFollower(bus, JOB)
+    stopping = asyncio.Event()
+    task = asyncio.create_task(follower.run(stopping))
+    try:
+        begun = time.monotonic()
+        await follower.snapshot(timeout_s=120)
+        initial_bytes, initial_s = await _received(bus), time.monotonic() - begun
+        started = time.monotonic()
+        while time.monotonic() - started < window_s:
+            await follower.snapshot()
+            await asyncio.sleep(poll_s)
+        elapsed = time.monotonic() - started
+        counts = follower.counts
+        return {
+            "bytes_per_s": (await _received(bus) - initial_bytes) / elapsed,
+            "copy_bytes_per_s": counts.bytes["copy"] / elapsed,
+            "node_bytes_per_s": counts.bytes["node"] / elapsed,
+            "messages_per_s": counts.messages.total() / elapsed,
+            "initial_read_bytes": initial_bytes,
+            "initial_read_s": initial_s,
+            "complete_reads": follower.counts.reads,
+        }
+    finally:
+        stopping.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await bus.close()
+
+
+async def measure(nodes: int, args: argparse.Namespace, state_dir: Path, console: Console) -> dict:
+    """Before and after, alternating ``args.repeats`` times, at ``nodes`` simulated nodes."""
+    scale = StoreScale(nodes=nodes, ranks_per_node=args.ranks_per_node)
+    with EmbeddedNats(state_dir, store_bytes=store_limits(scale).server_bytes) as server:
+        bus = await Bus.connect(BusSettings(url=server.url), name="goodput-bench-index-writers")
+        try:
+            await bus.provision(scale=scale)
+            writers = Writers(bus, nodes, args.ranks_per_node, args.announce_s)
+            records = await _fill(writers.index, nodes, args.ranks_per_node)
+            console.print(f"  {nodes} nodes: {records:,} index records written")
+            loops = [asyncio.create_task(writers.churn()), asyncio.create_task(writers.announce())]
+            before, after = [], []
+            try:
+                for repeat in range(args.repeats):
+                    before.append(await _full_reads(server.url, args.seconds, args.poll_s))
+                    after.append(await _followed(server.url, args.seconds, args.poll_s))
+                    console.print(
+                        f"  {nodes} nodes, repeat {repeat + 1}/{args.repeats}: complete reads "
+                        f"{before[-1]['bytes_per_s'] / 1e6:,.2f} MB/s, follower "
+                        f"{after[-1]['bytes_per_s'] / 1e3:,.1f} kB/s"
+                    )
+            finally:
+                for loop in loops:
+                    loop.cancel()
+                await asyncio.gather(*loops, return_exceptions=True)
+        finally:
+            await bus.close()
+    ratios = [
+        b["bytes_per_s"] / max(a["bytes_per_s"], 1.0) for b, a in zip(before, after, strict=True)
+    ]
+    return {
+        "nodes": nodes,
+        "records": records,
+        "complete_read_bytes": after[0]["initial_read_bytes"],
+        "complete_read_s": [round(b["read_s"], 3) for b in before],
+        "before_bytes_per_s": [round(b["bytes_per_s"]) for b in before],
+        "after_bytes_per_s": [round(a["bytes_per_s"]) for a in after],
+        "after_copy_bytes_per_s": [round(a["copy_bytes_per_s"]) for a in after],
+        "after_announcement_bytes_per_s": [round(a["node_bytes_per_s"]) for a in after],
+        "after_messages_per_s": [round(a["messages_per_s"], 1) for a in after],
+        "follower_complete_reads": [a["complete_reads"] for a in after],
+        "follower_complete_read_s": [round(a["initial_read_s"], 3) for a in after],
+        "before_vs_after": [round(r, 1) for r in ratios],
+    }
+
+
+def _span(values: list[float], scale: float, digits: int) -> str:
+    low, high = min(values) / scale, max(values) / scale
+    return f"{low:,.{digits}f}" if low == high else f"{low:,.{digits}f}-{high:,.{digits}f}"
+
+
+def _show(result: dict) -> None:
+    table = Table(
+        title="one replicator's index bytes read per second (copies: the follower's copy records)"
+    )
+    columns = (
+        "nodes",
+        "records",
+        "read MB",
+        "read s",
+        "before MB/s",
+        "after kB/s",
+        "copies kB/s",
+        "ratio",
+    )
+    for column in columns:
+        table.add_column(column, justify="right")
+    for r in result["sweep"]:
+        table.add_row(
+            str(r["nodes"]),
+            f"{r['records']:,}",
+            f"{r['complete_read_bytes'] / 1e6:,.1f}",
+            _span(r["complete_read_s"], 1, 2),
+            _span(r["before_bytes_per_s"], 1e6, 2),
+            _span(r["after_bytes_per_s"], 1e3, 1),
+            _span(r["after_copy_bytes_per_s"], 1e3, 2),
+            _span(r["before_vs_after"], 1, 0),
+        )
+    Console().print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    sweep = []
+    for nodes in args.nodes:
+        with tempfile.TemporaryDirectory(prefix="goodput-bench-index-") as tmp:
+            sweep.append(asyncio.run(measure(nodes, args, Path(tmp), console)))
+    result = {
+        "sweep": sweep,
+        "poll_s": args.poll_s,
+        "announce_s": args.announce_s,
+        "seconds": args.seconds,
+        "repeats": args.repeats,
+        "ranks_per_node": args.ranks_per_node,
+        "changes": "one node per second: a new step on 3 tiers, the oldest withdrawn",
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _show(result)
+    return 0
+
+
+def _node_counts(text: str) -> list[int]:
+    return [positive_int(part) for part in text.split(",")]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "index-reads",
+        help="a replicator's index bytes read per second: a complete read per poll vs the follower",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--nodes",
+        type=_node_counts,
+        default=[512, 2048],
+        help="simulated node count(s), comma-separated (default 512,2048)",
+    )
+    parser.add_argument(
+        "--ranks-per-node", type=positive_int, default=8, help="files per copy - 2 (default 8)"
+    )
+    parser.add_argument("--seconds", type=float, default=10.0, help="each window (default 10)")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=3, help="before/after alternations (default 3)"
+    )
+    parser.add_argument(
+        "--poll-s", type=float, default=1.0, help="the replicator's poll_s (default 1)"
+    )
+    parser.add_argument(
+        "--announce-s",
+        type=float,
+        default=1.0,
+        help="each node's announcement period, the replicators' poll_s (default 1; 0: none)",
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=run)

@@ -10,6 +10,7 @@ import torch
 from goodput.checkpoint.engine import NoCheckpointError
 from goodput.checkpoint.engine import events as ckpt_events
 from goodput.checkpoint.engine.torch_save import TorchSaveCheckpointer, checkpoint_path
+from goodput.checkpoint.format import write_clean_record
 
 
 def _state(value: float) -> dict:
@@ -33,6 +34,15 @@ def test_saves_block_until_durable_and_restore_the_newest(tmp_path: Path) -> Non
     # the whole write is a stall: training waited for it
     assert [e.step for e in snapshots] == [e.step for e in persisted] == [10, 20, 30]
     assert all(s.stall_s == p.duration_s > 0 for s, p in zip(snapshots, persisted, strict=True))
+
+
+def test_the_known_clean_file_is_kept_beside_the_newest(tmp_path: Path) -> None:
+    """The ranks agreed at step 25: a rollback restores step 20, which retention keeps."""
+    writer = TorchSaveCheckpointer(tmp_path, writer=True, keep_last=1)
+    write_clean_record(tmp_path, 25)
+    for step in (10, 20, 30, 40):
+        writer.save(_state(step), step)
+    assert writer.steps() == [20, 40]
 
 
 def test_a_corrupt_newest_file_falls_back_and_nothing_loadable_is_a_clear_error(

@@ -1,6 +1,12 @@
 """Numerical faults injected by `goodput chaos` into the real example job on the real stack:
 a bit flipped in one of 3 data-parallel replicas (SDC), a NaN loss and a loss spike are each
-found and rolled back, and the job ends bit-identical to an uninterrupted run (issue 39)."""
+found and rolled back, and the job ends bit-identical to an uninterrupted run (issue 39).
+
+The replicas are compared every 50 steps while a node keeps only its newest checkpoints (one
+every 5 steps; the engine keeps 3, the replicator's GC 2, every second, neither waiting for a
+peer's copy): the clean checkpoint a rollback needs is out of that span by the time a fault
+is found, and only its protection (``checkpoint/format/clean_record.py``) keeps it on the
+volumes."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from goodput import schemas
+from goodput.checkpoint.engine.catalog import DEFAULT_KEEP_LAST
 from goodput.launch.rank_env import knobs
 from goodput.tools.chaos import ChaosContext, fire
 from goodput.tools.chaos import spec as faults
@@ -18,10 +25,25 @@ from tests.stack.helpers import EventTap, job_on_stack
 
 pytestmark = pytest.mark.slow
 JOB = "job-num"
-STEPS = 100
-#: a window every 5 steps, the replicas compared every 10, a checkpoint every 10
-FINGERPRINT_EVERY = 10
-ENV = knobs(enable_fault_injection=True, ckpt_every=10, numerics_every=5, fingerprint_every=10)
+STEPS = 150
+#: a window every 5 steps, the replicas compared every 50, a checkpoint every 5: the newest
+#: DEFAULT_KEEP_LAST checkpoints span 10 steps, far less than the fingerprint period
+FINGERPRINT_EVERY = 50
+CKPT_EVERY = 5
+ENV = knobs(
+    enable_fault_injection=True,
+    ckpt_every=CKPT_EVERY,
+    numerics_every=5,
+    fingerprint_every=FINGERPRINT_EVERY,
+)
+#: the job keeps its interval (Young's, hundreds of steps for this job, would leave nothing
+#: for retention to delete), and both deleters delete as soon as the rule lets them: a peer's
+#: copy lags by seconds here, and the guard waiting for one would keep every step meanwhile
+EAGER_RETENTION = (
+    *("--service-set", "controller:settings={checkpoint_interval={enabled=false}}"),
+    *("--service-set", "replicator:gc_require=[]"),
+    *("--service-set", "replicator:gc_interval_s=1"),
+)
 
 
 def _running(attempt: int):
@@ -65,10 +87,10 @@ async def test_an_sdc_a_nan_and_a_spike_are_rolled_back_and_the_job_ends_bit_ide
         env=ENV,
     )
     state = tmp_path / "stack"
-    async with job_on_stack(state, JOB, 3, start) as (_, tap):
+    async with job_on_stack(state, JOB, 3, start, *EAGER_RETENTION) as (_, tap):
         ctx = ChaosContext.open(state)
         try:
-            fired_at = await _step_reached(tap, 22, 0)
+            fired_at = await _step_reached(tap, FINGERPRINT_EVERY + 2, 0)
             sdc = await fire(faults.Sdc(node="node-1"), ctx)
             assert sdc.ok and "WARNING" not in sdc.detail, sdc.detail
             signal, decision = await _rolled_back(tap, "replica_mismatch")
@@ -76,26 +98,39 @@ async def test_an_sdc_a_nan_and_a_spike_are_rolled_back_and_the_job_ends_bit_ide
             found = next(e for e in tap.of(schemas.Numerics) if e.splits and e.ts <= signal.ts)
             assert found.step > fired_at.step and found.step % FINGERPRINT_EVERY == 0
             assert found.splits[0].groups == [[0, 2], [1]], found.splits
-            agreed = [e for e in tap.of(schemas.Numerics) if e.fingerprint_step == found.step - 10]
+            clean = found.step - FINGERPRINT_EVERY
+            agreed = [e for e in tap.of(schemas.Numerics) if e.fingerprint_step == clean]
             assert agreed and agreed[0].fingerprint and not agreed[0].splits
-            assert signal.node == "node-1" and signal.first_bad_step == found.step - 9
+            assert signal.node == "node-1" and signal.first_bad_step == clean + 1
             assert decision.rule == "numerical-rollback", decision
+            # the ranks had saved more than retention keeps past the clean checkpoint...
+            newer = {e.step for e in tap.of(schemas.CheckpointPersisted) if e.step > clean}
+            assert len(newer) >= DEFAULT_KEEP_LAST, newer
             back = await tap.wait_for(_running(2), timeout_s=180)
+            # ...and every rank restored the clean one, kept for it
+            for rank in range(3):
+                restored = await tap.wait_for(
+                    lambda e, r=rank: isinstance(e, schemas.CheckpointRestored) and e.rank == r,
+                    timeout_s=120,
+                    what=f"rank {rank}'s restore",
+                    after_ts=decision.ts,
+                )
+                assert restored.step == clean, restored  # type: ignore[attr-defined]
 
-            await _step_reached(tap, 45, back.ts)
+            await _step_reached(tap, clean + 10, back.ts)
             nan = await fire(faults.NanLoss(rank=2), ctx)
             assert nan.ok, nan.detail
             signal, decision = await _rolled_back(tap, "nonfinite")
             assert decision.rule == "numerical-rollback", decision
-            assert signal.first_bad_step % 5 == 1 and signal.first_bad_step > 40  # its window
+            assert signal.first_bad_step % 5 == 1 and signal.first_bad_step > clean + 10
             back = await tap.wait_for(_running(3), timeout_s=180)
 
-            await _step_reached(tap, 70, back.ts)
+            await _step_reached(tap, 2 * FINGERPRINT_EVERY + 2, back.ts)
             spike = await fire(faults.LossSpike(rank=1, factor=10), ctx)
             assert spike.ok, spike.detail
             signal, decision = await _rolled_back(tap, "loss_spike")
             assert decision.rule == "numerical-rollback", decision
-            assert signal.first_bad_step % 5 == 1 and signal.first_bad_step > 65
+            assert signal.first_bad_step % 5 == 1 and signal.first_bad_step > 2 * FINGERPRINT_EVERY
             finished = await tap.wait_for(
                 lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished",
                 timeout_s=300,

@@ -5,8 +5,10 @@
 ``cuda:gloo cuda``, a group that serves CUDA tensors only, as NCCL does, on the one GPU):
 every rank builds the same seeded model; after step 7 rank
 FLIP_RANK flips one bit of one parameter (a silent data corruption), and at step 3 rank
-NAN_RANK's loss is NaN. Prints one JSON object: ``{"value": [each window's reading]}``, or
-the error the windows raised and the file that raised it (``collectives_rank.attempt``).
+NAN_RANK's loss is NaN. A second monitor sees the same steps without the NaN. Prints one
+JSON object: ``{"value": {"readings": [each window's reading], "clean": [steps the monitor
+called known clean], "clean_without_nan": [the second monitor's]}}``, or the error the
+windows raised and the file that raised it (``collectives_rank.attempt``).
 """
 
 from __future__ import annotations
@@ -36,13 +38,17 @@ def main() -> None:
     print(json.dumps(outcome, default=lambda o: {"slot": o.slot, "groups": o.groups}))
 
 
-def windows(rank: int, flip_rank: int, nan_rank: int, device: str) -> list[dict]:
+def windows(rank: int, flip_rank: int, nan_rank: int, device: str) -> dict[str, list]:
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 4).to(device)
-    monitor = NumericsMonitor(read_every=5, fingerprint_every=5)
+    clean: list[int] = []
+    clean_without_nan: list[int] = []
+    monitor = NumericsMonitor(read_every=5, fingerprint_every=5, on_clean=clean.append)
+    steady = NumericsMonitor(read_every=5, fingerprint_every=5, on_clean=clean_without_nan.append)
     readings = []
     for step in range(1, 16):
-        loss = torch.tensor(1.0 + step + rank, device=device)  # step + 2 on 3 ranks
+        finite = torch.tensor(1.0 + step + rank, device=device)  # step + 2 on 3 ranks
+        loss = finite
         if step == 3 and rank == nan_rank:
             loss = torch.tensor(float("nan"), device=device)
         if step == 8 and rank == flip_rank:
@@ -51,9 +57,10 @@ def windows(rank: int, flip_rank: int, nan_rank: int, device: str) -> list[dict]
                 words[5] ^= 1 << 30  # one bit of one weight, on one replica
         norm = torch.tensor(0.5, device=device)
         reading = monitor.observe(step, loss, norm, model.parameters)
+        steady.observe(step, finite, norm, model.parameters)
         if reading is not None:
             readings.append(asdict(reading) | {"step": step})
-    return readings
+    return {"readings": readings, "clean": clean, "clean_without_nan": clean_without_nan}
 
 
 if __name__ == "__main__":

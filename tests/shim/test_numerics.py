@@ -98,8 +98,12 @@ def test_an_nccl_like_group_gets_cuda_tensors_only() -> None:
 
 
 def assert_flip_and_nan_found(outcomes: list[dict]) -> None:
-    per_rank = [outcome["value"] for outcome in outcomes]
+    per_rank = [outcome["value"]["readings"] for outcome in outcomes]
     assert per_rank[0] == per_rank[1] == per_rank[2]
+    # known clean on every rank: nothing after the NaN's window; without it, the window to
+    # step 5, where the replicas last agreed
+    assert [outcome["value"]["clean"] for outcome in outcomes] == [[]] * 3
+    assert [outcome["value"]["clean_without_nan"] for outcome in outcomes] == [[5]] * 3
     first, second, third = per_rank[0]
     assert first["nonfinite_steps"] == 1 and first["fingerprint"] is not None
     # steps 1-5 on ranks 0-2: losses 1 + step + rank, less rank 2's NaN at step 3
@@ -109,6 +113,29 @@ def assert_flip_and_nan_found(outcomes: list[dict]) -> None:
     for later in (second, third):
         assert later["fingerprint"] is None and later["nonfinite_steps"] == 0
         assert later["splits"] == [{"slot": 0, "groups": [[0, 2], [1]]}]
+
+
+def test_a_step_is_known_clean_where_replicas_agreed_and_nothing_suspect_came_since() -> None:
+    """One process (its own replica): every fingerprint agrees. A non-finite window stops the
+    claims until a restore (a rollback goes back before it); a window without a fingerprint,
+    or a monitor given no parameters, claims nothing."""
+    clean: list[int] = []
+    monitor = NumericsMonitor(read_every=2, fingerprint_every=4, on_clean=clean.append)
+    params = [torch.ones(3)]
+    for step in range(1, 9):
+        monitor.observe(step, 1.0, 0.5, lambda: params)
+    assert clean == [4, 8]
+    monitor.observe(9, float("nan"), 0.5, lambda: params)
+    for step in range(10, 17):
+        monitor.observe(step, 1.0, 0.5, lambda: params)
+    assert clean == [4, 8]  # 12 and 16 agreed, but after the NaN
+    monitor.reset()
+    for step in range(9, 13):
+        monitor.observe(step, 1.0, 0.5, lambda: params)
+    assert clean == [4, 8, 12]
+    for step in range(13, 17):
+        monitor.observe(step, 1.0, 0.5, None)
+    assert clean == [4, 8, 12]
 
 
 def test_a_window_begun_mid_way_counts_only_its_steps() -> None:

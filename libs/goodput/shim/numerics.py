@@ -16,6 +16,13 @@ reductions: per slot, the largest fingerprint and the largest negated one (a SUM
 all-reduce of ``4 + 2 mp`` float64s, whatever the world size); only when a slot's extremes
 differ does a third collective (an all-gather of one float64 per rank) name the groups.
 
+**Known clean.** A window's reading is the same on every rank. The last fingerprint step at
+which every replica agreed, with no window since the last restore having shown a non-finite
+value or a disagreement, is where a numerical rollback may come back to: ``on_clean`` is told
+of each such step (the shim records it in the volume, so retention keeps a checkpoint at or
+before it: ``goodput.checkpoint.format.clean_record``). A loss spike is the supervisor's to
+judge, not the rank's: it does not stop the claim.
+
 Collectives run on the device the group serves (``shim/collectives.py``: CUDA tensors for
 NCCL, CPU ones for gloo). Every rank must call
 :meth:`NumericsMonitor.observe` at every step (the windows end at the same steps everywhere).
@@ -129,6 +136,7 @@ class NumericsMonitor:
         job: str = "local",
         node: str = "local",
         inject: Injection | None = None,
+        on_clean: Callable[[int], None] | None = None,
     ):
         if read_every < 1 or fingerprint_every < 1 or fingerprint_every % read_every:
             raise ValueError(
@@ -148,10 +156,15 @@ class NumericsMonitor:
         self.last_loss = 0.0
         #: chaos: what injected numerical faults make of a step before it is observed
         self.inject = inject
+        #: told of each fingerprint step known clean (every replica agreed, nothing suspect)
+        self.on_clean = on_clean
+        #: a window since the last restore was non-finite or split: nothing after is clean
+        self._suspect = False
 
     def reset(self) -> None:
-        """Forget the window begun so far (a restore goes back to another step)."""
-        self._acc, self._observed = None, 0
+        """Forget the window begun so far and any suspicion (a restore goes back to another
+        step: a rollback's is before the fault)."""
+        self._acc, self._observed, self._suspect = None, 0, False
 
     def observe(
         self,
@@ -191,7 +204,16 @@ class NumericsMonitor:
         self._acc, self._observed = _empty(device), 0
         if self.publish is not None and _rank() == 0:
             self.publish(self.event(step, reading, step if due else -1))
+        self._judge(step, reading)
         return reading
+
+    def _judge(self, step: int, reading: WindowReading) -> None:
+        """Mark ``step`` known clean when its replicas agreed and nothing suspect came since
+        the last restore; a non-finite window or a split ends that until the next restore."""
+        if reading.nonfinite_steps or reading.splits:
+            self._suspect = True
+        elif reading.fingerprint is not None and not self._suspect and self.on_clean is not None:
+            self.on_clean(step)
 
     def event(self, step: int, reading: WindowReading, fingerprint_step: int) -> schemas.Numerics:
         return schemas.Numerics(

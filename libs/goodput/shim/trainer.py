@@ -25,6 +25,7 @@ import os
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,7 +54,7 @@ from goodput.shim.restore_result import (
     resolve_restore,
     with_metadata,
 )
-from goodput.shim.rollback import bounded, discard_after
+from goodput.shim.rollback import bounded, discard_after, mark_clean
 from goodput.shim.schedule import CheckpointSchedule
 from goodput.shim.tracing import ShimTelemetry
 
@@ -70,6 +71,8 @@ class TrainerShim:
         self.exit_code = 0
         self._stop_reason = ""
         self._faults = InjectedFaults(config)
+        # the writer of the volume's checkpoints records in it the steps known clean
+        writer_rank = config.local_rank if config.ckpt_mode != "torch-save" else config.rank
         #: the loop's loss, gradient norm and parameters: ``shim.numerics.observe`` each step
         self.numerics = NumericsMonitor(
             read_every=config.numerics_every,
@@ -79,6 +82,7 @@ class TrainerShim:
             job=config.job,
             node=config.node,
             inject=self._faults.at_step_boundary,
+            on_clean=partial(mark_clean, config.ckpt_dir) if writer_rank == 0 else None,
         )
         #: set while the loop is the shim's own (``run``): Rejoin commands restart in process
         self._rejoins: RejoinMailbox | None = None

@@ -11,11 +11,13 @@ from pathlib import Path
 from goodput.checkpoint.engine.events import CheckpointRetentionDeleted, Listener, emit
 from goodput.checkpoint.format import (
     TRASH_PREFIX,
+    CleanRecordError,
     ManifestError,
     RetentionRecordError,
     VerifyProblem,
     check_file_sizes,
     parse_tmp_step_dir,
+    read_clean_record,
     read_manifest,
     read_retention_record,
     remove_dir_safely,
@@ -23,7 +25,7 @@ from goodput.checkpoint.format import (
     step_dirs,
     verify_files,
 )
-from goodput.checkpoint.index.retention import deletable_steps
+from goodput.checkpoint.index.retention import clean_step, decide_retention
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +87,12 @@ def apply_retention(
     The newest ``keep_last`` complete checkpoints are kept; when the node's replicator
     publishes a retention record in ``root``, older ones go only behind a newer step it says
     is safe (complete in every ``require`` tier, e.g. on a peer). A record that cannot be
-    read keeps everything. Deletion renames to a hidden trash name first, so a concurrent
-    reader never sees a half-deleted checkpoint. Stale ``.tmp-`` directories older than the
-    newest complete checkpoint (left by a killed writer) and leftover trash are removed too.
+    read keeps everything. The newest complete checkpoint at or before the step the ranks'
+    clean record names is kept too (a numerical rollback restores it); a clean record that
+    cannot be read protects nothing extra. Deletion renames to a hidden trash name first, so
+    a concurrent reader never sees a half-deleted checkpoint. Stale ``.tmp-`` directories
+    older than the newest complete checkpoint (left by a killed writer) and leftover trash
+    are removed too.
     """
     infos = list_checkpoints(root)
     complete = [info.step for info in infos if info.complete]
@@ -98,7 +103,11 @@ def apply_retention(
         doomed: set[int] = set()
     else:
         safe = None if record is None else set(record.safe_steps)
-        doomed = set(deletable_steps([info.step for info in infos], complete, keep_last, safe))
+        protected = clean_step(complete, known_clean_through(root))
+        decision = decide_retention([i.step for i in infos], complete, keep_last, safe, protected)
+        for step, why in decision.kept.items():
+            log.debug("retention keeps step %d: %s", step, why)
+        doomed = set(decision.delete)
     deleted = []
     for info in infos:
         if info.step not in doomed:
@@ -118,3 +127,13 @@ def apply_retention(
         ):
             shutil.rmtree(Path(root) / name, ignore_errors=True)
     return deleted
+
+
+def known_clean_through(root: str | os.PathLike) -> int | None:
+    """The step the volume's ranks are known clean through; None (nothing protected) when
+    there is no clean record or it cannot be trusted."""
+    try:
+        return read_clean_record(root)
+    except CleanRecordError as exc:
+        log.warning("retention protects no known-clean checkpoint: %s", exc)
+        return None

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from goodput.checkpoint.engine.catalog import DEFAULT_KEEP_LAST
+from goodput.checkpoint.engine.catalog import DEFAULT_KEEP_LAST, known_clean_through
 from goodput.checkpoint.engine.events import (
     CheckpointPersisted,
     CheckpointRestored,
@@ -32,7 +32,7 @@ from goodput.checkpoint.engine.restore import NoCheckpointError
 from goodput.checkpoint.engine.sharded_save import is_dtensor
 from goodput.checkpoint.engine.tree import flatten
 from goodput.checkpoint.format import parse_step_dir, step_dir_name
-from goodput.checkpoint.index.retention import deletable_steps
+from goodput.checkpoint.index.retention import clean_step, decide_retention
 
 _SUFFIX = ".pt"
 
@@ -143,10 +143,11 @@ class TorchSaveCheckpointer:
         """Nothing is in flight: every save finished before it returned."""
 
     def _apply_retention(self) -> None:
-        """The plain keep-newest rule: no replicator copies ``.pt`` files, so no record of
-        safe steps can apply to them."""
+        """The plain keep-newest rule (no replicator copies ``.pt`` files, so no record of
+        safe steps can apply to them), and the known-clean checkpoint kept."""
         if self.keep_last <= 0:
             return
         steps = self.steps()
-        for old in deletable_steps(steps, steps, self.keep_last, safe=None):
+        protected = clean_step(steps, known_clean_through(self.root))
+        for old in decide_retention(steps, steps, self.keep_last, None, protected).delete:
             checkpoint_path(self.root, old).unlink(missing_ok=True)

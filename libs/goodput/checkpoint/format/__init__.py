@@ -14,11 +14,20 @@
   sealed manifest) and intact (every byte against its digest).
 - :mod:`~goodput.checkpoint.format.retention_record`: the volume's ``.goodput-retention`` (which steps
   the replicator says are safe to delete behind).
+- :mod:`~goodput.checkpoint.format.clean_record`: the volume's ``.goodput-clean`` (the last step its
+  ranks know numerically clean: the checkpoint a rollback restores is kept).
 
 The engine (``goodput.checkpoint.engine``), the tiers (``goodput.checkpoint.tiers``), the replicator and the CLI all
 import these; nothing else formats or parses a step directory or a manifest.
 """
 
+from goodput.checkpoint.format.clean_record import (
+    CLEAN_RECORD_NAME,
+    CleanRecordError,
+    read_clean_record,
+    remove_clean_record,
+    write_clean_record,
+)
 from goodput.checkpoint.format.files import (
     ChecksumMismatch,
     NotRegularFile,
@@ -89,6 +98,7 @@ from goodput.checkpoint.format.verify import (
 )
 
 __all__ = [
+    "CLEAN_RECORD_NAME",
     "FORMAT",
     "KIND_DCP",
     "KIND_ENGINE",
@@ -100,6 +110,7 @@ __all__ = [
     "TMP_PREFIX",
     "TRASH_PREFIX",
     "ChecksumMismatch",
+    "CleanRecordError",
     "FileEntry",
     "HashTotals",
     "Manifest",
@@ -134,9 +145,11 @@ __all__ = [
     "partial_path",
     "peer_root",
     "publish",
+    "read_clean_record",
     "read_manifest",
     "read_manifest_bytes",
     "read_retention_record",
+    "remove_clean_record",
     "remove_dir_safely",
     "step_dir",
     "step_dir_name",
@@ -146,6 +159,7 @@ __all__ = [
     "verify_files",
     "verify_manifest_and_files",
     "write_all",
+    "write_clean_record",
     "write_file_durably",
     "write_manifest",
     "write_retention_record",

@@ -145,17 +145,46 @@ def publish(temp: Path, final: Path, *, sync_dir: bool = True) -> None:
 def write_file_durably(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` under a hidden temporary name, fsync, rename over ``path``, fsync the
     directory: readers see the old content or the new, never a part."""
-    path = Path(path)
+    _write_and_replace(Path(path), data, durable=True)
+
+
+def replace_file(path: str | os.PathLike, data: bytes) -> None:
+    """Like :func:`write_file_durably` for readers (old content or new, never a part) but
+    without the fsyncs: for small records written from a training loop, where an fsync can
+    wait behind a checkpoint's writes, and whose loss in a crash costs only what they add."""
+    _write_and_replace(Path(path), data, durable=False)
+
+
+def _write_and_replace(path: Path, data: bytes, *, durable: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        write_all(fd, memoryview(data))
-        os.fsync(fd)
+        try:
+            write_all(fd, memoryview(data))
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)  # no temp file left behind in the volume
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def read_small_file(path: str | os.PathLike, max_bytes: int) -> bytes:
+    """A whole small record (never blocking on a FIFO); OSError when it is absent, not a
+    regular file, or larger than ``max_bytes`` (then it is not read whole)."""
+    fd = open_regular(path)
+    try:
+        data = os.read(fd, max_bytes + 1)
     finally:
         os.close(fd)
-    os.replace(temp, path)
-    fsync_dir(path.parent)
+    if len(data) > max_bytes:
+        raise OSError(f"larger than {max_bytes} bytes")
+    return data
 
 
 def remove_dir_safely(path: Path) -> bool:

@@ -4,7 +4,7 @@ The ranks' checkpoint engine deletes old checkpoints from its volume but has no 
 node's replicator tells it through the volume: after each index sync it writes this record
 (atomically: temp file, fsync, rename) with the ``require`` tiers and the steps complete in
 every one of them. The engine then deletes only behind a safe step
-(:func:`goodput.checkpoint.index.retention.deletable_steps`). No record: no replicator serves the
+(:func:`goodput.checkpoint.index.retention.decide_retention`). No record: no replicator serves the
 volume, and the plain keep-newest rule applies. This module is the only reader and writer.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from goodput.checkpoint.format.files import open_regular, write_file_durably
+from goodput.checkpoint.format.files import read_small_file, write_file_durably
 
 RETENTION_RECORD_NAME = ".goodput-retention"
 RETENTION_RECORD_VERSION = 1
@@ -56,7 +56,7 @@ def write_retention_record(
     data = encode_retention_record(require, safe_steps)
     path = retention_record_path(volume)
     try:
-        if _read(path) == data:
+        if read_small_file(path, MAX_RECORD_BYTES) == data:
             return False
     except OSError:
         pass  # absent (a new or wiped volume) or damaged: write it
@@ -69,7 +69,7 @@ def read_retention_record(volume: str | os.PathLike) -> RetentionRecord | None:
     but cannot be trusted (its reader must then delete nothing)."""
     path = retention_record_path(volume)
     try:
-        data = _read(path)
+        data = read_small_file(path, MAX_RECORD_BYTES)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -84,15 +84,3 @@ def read_retention_record(volume: str | os.PathLike) -> RetentionRecord | None:
             f"this build reads {RETENTION_RECORD_VERSION}"
         )
     return record
-
-
-def _read(path: Path) -> bytes:
-    """The whole file (never blocking on a FIFO); OSError when it is absent or too big."""
-    fd = open_regular(path)
-    try:
-        data = os.read(fd, MAX_RECORD_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_RECORD_BYTES:
-        raise OSError(f"larger than {MAX_RECORD_BYTES} bytes")
-    return data

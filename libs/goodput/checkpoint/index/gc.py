@@ -5,18 +5,28 @@ decides, on node disks and in the object store, and withdraw the deleted copies 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput.checkpoint.format import node_dir, parse_step_dir, remove_dir_safely, step_dir
+from goodput.checkpoint.format import (
+    CleanRecordError,
+    node_dir,
+    parse_step_dir,
+    read_clean_record,
+    remove_dir_safely,
+    step_dir,
+)
 from goodput.checkpoint.format.parts import parse_aside_part, parse_staged_part, staged_parts
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from goodput.checkpoint.index.records import CopyRecord
 from goodput.checkpoint.index.retention import Retention, plan_gc
 from goodput.checkpoint.tiers.backup import DEFAULT_PREFIX, listing_key, listing_step, read_listing
 from goodput.checkpoint.tiers.object_store import ObjectNotFound, ObjectStore
+
+log = logging.getLogger(__name__)
 
 
 def delete_from_disk(node_dir: Path, copy: CopyRecord) -> None:
@@ -27,6 +37,30 @@ def delete_from_disk(node_dir: Path, copy: CopyRecord) -> None:
     if copy.tier == "local":
         for staged in staged_parts(root, copy.step).values():
             remove_dir_safely(staged)
+
+
+def volumes_clean_through(
+    state_dir: Path, snapshot: IndexSnapshot, disks_of: Iterable[str]
+) -> dict[str, int]:
+    """Per node of ``disks_of``, the step its ranks are known clean through, from the clean
+    record of the volume its local copies live in (a numerical rollback restores the newest
+    checkpoint at or before it: :func:`plan_gc` keeps it). A record that cannot be trusted
+    protects nothing extra (logged); a node without one is left out."""
+    volumes = {
+        (c.holder, c.root)
+        for c in snapshot.all_copies
+        if c.tier == "local" and c.holder in disks_of
+    }
+    clean: dict[str, int] = {}
+    for holder, root in sorted(volumes):
+        try:
+            step = read_clean_record(node_dir(state_dir, holder) / root)
+        except CleanRecordError as exc:
+            log.warning("garbage collection protects no known-clean checkpoint: %s", exc)
+            continue
+        if step is not None:
+            clean[holder] = step
+    return clean
 
 
 def orphaned_staged_parts(names: Iterable[str]) -> list[str]:
@@ -110,9 +144,11 @@ async def collect_garbage(
     disks_of: set[str],
     store: ObjectStore | None,
 ) -> GcReport:
-    """Apply :func:`plan_gc` to the node disks in ``disks_of`` (under ``state_dir``) and, when
-    ``store`` is given, to the object store; withdraw the deleted copies from the index."""
-    doomed = plan_gc(snapshot, retention)
+    """Apply :func:`plan_gc` to the node disks in ``disks_of`` (under ``state_dir``), their
+    volumes' known-clean checkpoints kept, and, when ``store`` is given, to the object store;
+    withdraw the deleted copies from the index."""
+    clean = await asyncio.to_thread(volumes_clean_through, state_dir, snapshot, disks_of)
+    doomed = plan_gc(snapshot, retention, clean)
     report = GcReport([])
     for copy in doomed:
         if copy.tier != "object_store" and copy.holder in disks_of:

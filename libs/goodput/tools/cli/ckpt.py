@@ -29,7 +29,7 @@ from goodput.checkpoint.format.job_key import (
     configured_key,
     key_file_from_env,
 )
-from goodput.checkpoint.index.gc import collect_garbage
+from goodput.checkpoint.index.gc import collect_garbage, volumes_clean_through
 from goodput.checkpoint.index.index import (
     DEFAULT_NODE_TTL_S,
     CheckpointIndex,
@@ -317,13 +317,14 @@ async def _gc(args: argparse.Namespace, bus: Bus) -> int:
         },
         require=tuple(args.require),
     )
+    state_dir = Path(args.state_dir).resolve()
+    disks = {n for n in snapshot.nodes if node_dir(state_dir, n).is_dir()}
     if args.dry_run:
-        doomed = plan_gc(snapshot, retention)
-        report_copies = doomed
+        report_copies = plan_gc(
+            snapshot, retention, volumes_clean_through(state_dir, snapshot, disks)
+        )
         blobs = 0
     else:
-        state_dir = Path(args.state_dir).resolve()
-        disks = {n for n in snapshot.nodes if node_dir(state_dir, n).is_dir()}
         report = await collect_garbage(
             index,
             snapshot,

@@ -54,7 +54,10 @@ def test_run_refuses_bad_flags(tmp_path: Path, flag: str, value: str, words: tup
 def test_up_refuses_an_invalid_job_name(tmp_path: Path) -> None:
     state = tmp_path / "state"
     one_line_error(goodput("up", "--state-dir", str(state), "--job", "a b"), "invalid job name")
-    one_line_error(goodput("up", "--state-dir", str(state), "--nodes", "0"), "--nodes")
+    # 0 nodes is the central services only (node agents run the rest): below it is refused
+    one_line_error(
+        goodput("up", "--state-dir", str(state), "--nodes", "-1"), "--nodes", "at least 0"
+    )
     assert not state.exists()
 
 

@@ -3,10 +3,10 @@ resumption after the peer is killed mid-transfer."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import xxhash
 
 from goodput.checkpoint.format import ChecksumMismatch, committed_steps, partial_path, read_manifest
 from goodput.checkpoint.tiers.peer import PeerClient, PeerError, PeerServer, PeerServerProcess
+from tests.tiers.budget_relay import BudgetRelay
 
 
 async def connect(peer: PeerServerProcess) -> PeerClient:
@@ -212,8 +213,6 @@ async def test_parallel_push_resumes_after_the_receiving_peer_is_killed(
     ckpt.make(tmp_path / "node0", 7, files)
     source = tmp_path / "node0" / "step-0000000007"
     replica = peer.root / "node0" / "step-0000000007"
-    sent = 0
-    killed = threading.Event()
 
     def on_disk() -> int:
         """Bytes the receiver has written (files come and go under it: publish renames)."""
@@ -223,35 +222,23 @@ async def test_parallel_push_resumes_after_the_receiving_peer_is_killed(
                 count += path.stat().st_size if path.is_file() else 0
         return count
 
-    def kill_once_something_is_on_disk() -> None:
-        # Not at a count of bytes sent: what the sender counts may still sit in socket buffers
-        # and in the receiver's unwritten 8 MiB buffers, all lost with the process (a loaded
-        # machine made a kill "halfway" find nothing on disk).
-        while not killed.is_set():
-            if on_disk() > 0:
-                peer.kill()
-                killed.set()
-            time.sleep(0.005)
-
-    def hold_at_three_quarters(n: int) -> None:
-        # the sender waits for the kill, so the receiver cannot have the whole checkpoint
-        nonlocal sent
-        sent += n
-        if sent >= total * 3 // 4:
-            killed.wait(timeout=120)
-
-    killer = threading.Thread(target=kill_once_something_is_on_disk, daemon=True)
-    killer.start()
-    client = await connect(peer)
-    try:
+    # the receiver gets three quarters of the bytes at most, over its three connections; it is
+    # killed once some of them are on its disk (a kill timed by the sender's progress once came
+    # after everything had arrived: the client sends from worker threads)
+    async with BudgetRelay(peer.host, peer.port, budget=total * 3 // 4) as relay:
+        client = await PeerClient.connect(relay.host, relay.port)
+        push = asyncio.create_task(
+            client.push_checkpoint(source, "node0/step-0000000007", streams=3)
+        )
+        await asyncio.wait_for(relay.exhausted.wait(), timeout=120)
+        deadline = time.monotonic() + 60
+        while on_disk() == 0:
+            assert time.monotonic() < deadline, "nothing reached the receiver's disk"
+            await asyncio.sleep(0.01)
+        peer.kill()
         with pytest.raises((ConnectionError, OSError)):
-            await client.push_checkpoint(
-                source, "node0/step-0000000007", hold_at_three_quarters, streams=3
-            )
-    finally:
-        killed.set()
-        killer.join()
-    await client.close()
+            await asyncio.wait_for(push, timeout=120)
+        await client.close()
     assert not (replica / "manifest.json").exists()
     for name in ckpt.visible(replica):  # a file another stream completed is verified
         assert (replica / name).read_bytes() == files[name]
@@ -275,20 +262,25 @@ async def test_pull_resumes_after_the_sending_peer_is_killed(
     data = os.urandom(48 << 20)
     ckpt.make(peer.root / "node0", 6, {"big.bin": data})
     partial = tmp_path / ".big.bin.partial"
-    received = 0
 
-    def kill_early(n: int) -> None:
-        nonlocal received
-        received += n
-        if received >= 16 << 20 and peer.process is not None:
-            peer.kill()
+    def written() -> int:
+        return partial.stat().st_size if partial.exists() else 0
 
-    client = await connect(peer)
-    with pytest.raises((ConnectionError, OSError, EOFError)):
-        await client.get_file(
-            "node0/step-0000000006/big.bin", partial, len(data), xxh3(data), kill_early
+    # the client gets 24 MiB at most; the sender is killed once 16 MiB are on the client's disk
+    async with BudgetRelay(peer.host, peer.port, budget=24 << 20, to_upstream=False) as relay:
+        client = await PeerClient.connect(relay.host, relay.port)
+        pull = asyncio.create_task(
+            client.get_file("node0/step-0000000006/big.bin", partial, len(data), xxh3(data))
         )
-    await client.close()
+        await asyncio.wait_for(relay.exhausted.wait(), timeout=120)
+        deadline = time.monotonic() + 60
+        while written() < 16 << 20:
+            assert time.monotonic() < deadline, f"{written()} bytes on disk, not 16 MiB"
+            await asyncio.sleep(0.01)
+        peer.kill()
+        with pytest.raises((ConnectionError, OSError, EOFError)):
+            await asyncio.wait_for(pull, timeout=120)
+        await client.close()
     kept = partial.stat().st_size
     assert kept >= 16 << 20
 

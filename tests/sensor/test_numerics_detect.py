@@ -69,6 +69,27 @@ def test_a_poisoned_batch_is_a_spike_and_stays_out_of_the_history() -> None:
     assert [f.kind for f in judge.observe(window(320, 3 * losses[-1]), NODES)] == ["loss_spike"]
 
 
+def test_a_job_restored_from_an_early_step_is_judged_against_that_timeline() -> None:
+    """A spare restored from step 20 of a job at step 1,500 (the newest checkpoint every part
+    of was that old): step 21's loss is step 21's, not a spike over step 1,500's."""
+    judge = NumericsJudge()
+    losses = clean_losses(1_500, 3)
+    for end in range(10, 1_501, 10):
+        agreed = {"fingerprint_step": end, "fingerprint": 5} if end == 100 else {}
+        assert judge.observe(window(end, max(losses[end - 10 : end]), **agreed), NODES) == []
+    assert judge.last_agreed_step == 100
+    for end in range(30, 301, 10):  # the same steps again, from step 20 on
+        assert judge.observe(window(end, max(losses[end - 10 : end])), NODES) == [], end
+    # what it learnt of the abandoned steps went with them: step 100's agreement too
+    assert judge.last_agreed_step == -1
+    split = [schemas.ReplicaSplit(slot=0, groups=[[0, 2], [1]])]
+    (mismatch,) = judge.observe(window(310, 2.0, fingerprint_step=310, splits=split), NODES)
+    assert mismatch.first_bad_step == 0
+    # and a spike of this timeline is still one
+    (spike,) = judge.observe(window(320, 3 * losses[300]), NODES)
+    assert spike.kind == "loss_spike" and spike.first_bad_step == 311
+
+
 def test_nothing_is_judged_during_warm_up() -> None:
     judge = NumericsJudge(SpikeRule(window=20, min_windows=5))
     for end in range(10, 51, 10):

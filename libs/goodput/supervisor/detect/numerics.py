@@ -8,7 +8,11 @@ clock passed in, every finding with its reason.
   join the history). The threshold is learned from the job's own losses, like the hang
   timeout from its own step times; ``min_rise`` of the median is the least rise that counts,
   for a loss so steady its MAD is about 0. Only a rise counts: a falling loss is training.
-  Nothing is judged before ``min_windows`` windows were seen (warm-up).
+  Nothing is judged before ``min_windows`` windows were seen (warm-up). A job that went back
+  (a window starting at or before a step already seen: a restart from a checkpoint) forgets
+  the windows past that point: they belong to a timeline it abandoned, whose later, lower
+  losses would make the earlier ones look like spikes (a spare restored from step 20 of a job
+  at step 1,500 was once "rolled back" for its step-21 loss, in a crash loop).
 - **Replica mismatch**: data-parallel replicas holding different parameters. The largest
   group of a slot, when a strict majority, is taken as right and the others as corrupt; with
   no majority (two replicas, or a three-way split) every replica of the split is suspect.
@@ -30,6 +34,8 @@ from goodput import schemas
 
 #: a normal distribution's standard deviation is about this × its median absolute deviation
 MAD_TO_SIGMA = 1.4826
+#: agreed fingerprint steps remembered, so that a job that went back finds the one before
+AGREED_KEPT = 64
 
 
 class SpikeRule(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -71,17 +77,24 @@ class NumericsJudge:
 
     def __init__(self, rule: SpikeRule | None = None):
         self.rule = rule or SpikeRule()
-        self._peaks: deque[float] = deque(maxlen=self.rule.window)
+        #: the healthy windows' (last step, largest loss), oldest first
+        self._peaks: deque[tuple[int, float]] = deque(maxlen=self.rule.window)
         self._seen = 0
         #: nodes whose ranks were found disagreeing with their replicas so far
         self._offenders: set[str] = set()
-        #: the newest step fingerprinted with every replica agreeing (-1: none yet)
-        self.last_agreed_step = -1
+        #: steps fingerprinted with every replica agreeing, oldest first
+        self._agreed: deque[int] = deque(maxlen=AGREED_KEPT)
+
+    @property
+    def last_agreed_step(self) -> int:
+        """The newest step fingerprinted with every replica agreeing (-1: none yet)."""
+        return self._agreed[-1] if self._agreed else -1
 
     def observe(self, event: schemas.Numerics, nodes: Mapping[int, str]) -> list[Finding]:
         """The findings of one window (oldest first); ``nodes``: each rank's node."""
         findings: list[Finding] = []
         first = event.step - event.steps + 1
+        self._go_back_to(first)
         if event.nonfinite_steps:
             findings.append(
                 Finding(
@@ -92,21 +105,30 @@ class NumericsJudge:
                     "or infinite loss or gradient norm",
                 )
             )
-        elif (spike := self._spike(event.loss_max)) is not None:
+        elif (spike := self._spike(event.step, event.loss_max)) is not None:
             findings.append(
                 Finding(kind="loss_spike", first_bad_step=first, step=event.step, reason=spike)
             )
         if event.fingerprint_step >= 0:
             mismatch = self._mismatch(event, nodes)
             if not mismatch:
-                self.last_agreed_step = event.fingerprint_step
+                self._agreed.append(event.fingerprint_step)
             findings += mismatch
         return findings
 
-    def _spike(self, peak: float) -> str | None:
-        """Why ``peak`` is a spike, or None (then it joins the history)."""
+    def _go_back_to(self, first: int) -> None:
+        """Forget what was seen from step ``first`` on: the job restarted before it."""
+        while self._peaks and self._peaks[-1][0] >= first:
+            self._peaks.pop()
+            self._seen = len(self._peaks)  # the warm-up counts again from what is left
+        while self._agreed and self._agreed[-1] >= first:
+            self._agreed.pop()
+
+    def _spike(self, step: int, peak: float) -> str | None:
+        """Why ``peak`` (the window ending at ``step``) is a spike, or None (then it joins the
+        history)."""
         self._seen += 1
-        history = self._peaks
+        history = [loss for _, loss in self._peaks]
         if self._seen > self.rule.min_windows and len(history) >= self.rule.min_windows:
             median = statistics.median(history)
             mad = statistics.median(abs(v - median) for v in history)
@@ -120,7 +142,7 @@ class NumericsJudge:
                     f"({self.rule.mad_factor:g} x 1.4826 x MAD {mad:.3g}, at least "
                     f"{self.rule.min_rise:.0%} of the median)"
                 )
-        history.append(peak)
+        self._peaks.append((step, peak))
         return None
 
     def _mismatch(self, event: schemas.Numerics, nodes: Mapping[int, str]) -> list[Finding]:

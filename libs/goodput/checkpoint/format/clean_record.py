@@ -24,7 +24,7 @@ from typing import Annotated
 
 import msgspec
 
-from goodput.checkpoint.format.files import read_small_file, replace_file
+from goodput.checkpoint.format.files import read_versioned_record, replace_file
 
 CLEAN_RECORD_NAME = ".goodput-clean"
 CLEAN_RECORD_VERSION = 1
@@ -60,20 +60,12 @@ def remove_clean_record(volume: str | os.PathLike) -> None:
 def read_clean_record(volume: str | os.PathLike) -> int | None:
     """The step the volume's ranks are known clean through, or None when there is no record;
     CleanRecordError when one exists but cannot be trusted (then protect nothing extra)."""
-    path = clean_record_path(volume)
-    try:
-        data = read_small_file(path, MAX_CLEAN_RECORD_BYTES)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise CleanRecordError(f"clean record {path}: {exc}") from exc
-    try:
-        record = msgspec.json.decode(data, type=CleanRecord)
-    except msgspec.DecodeError as exc:
-        raise CleanRecordError(f"clean record {path}: {exc}") from exc
-    if record.version != CLEAN_RECORD_VERSION:
-        raise CleanRecordError(
-            f"clean record {path}: version {record.version}, "
-            f"this build reads {CLEAN_RECORD_VERSION}"
-        )
-    return record.step
+    record = read_versioned_record(
+        clean_record_path(volume),
+        CleanRecord,
+        max_bytes=MAX_CLEAN_RECORD_BYTES,
+        version=CLEAN_RECORD_VERSION,
+        what="clean record",
+        error=CleanRecordError,
+    )
+    return None if record is None else record.step

@@ -14,6 +14,9 @@ import shutil
 import stat
 import time
 from pathlib import Path
+from typing import Protocol, TypeVar
+
+import msgspec
 
 from goodput.checkpoint.format.hashing import Xxh3, add_read_cpu
 from goodput.checkpoint.format.layout import trash_path
@@ -185,6 +188,40 @@ def read_small_file(path: str | os.PathLike, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise OSError(f"larger than {max_bytes} bytes")
     return data
+
+
+class Versioned(Protocol):
+    version: int
+
+
+RecordT = TypeVar("RecordT", bound=Versioned)
+
+
+def read_versioned_record(
+    path: Path,
+    record_type: type[RecordT],
+    *,
+    max_bytes: int,
+    version: int,
+    what: str,
+    error: type[ValueError],
+) -> RecordT | None:
+    """A small JSON record of a volume (the retention and clean records): None when there is
+    none; ``error``, one line naming ``what`` and the path, when it cannot be read, decoded
+    or is of another version than this build's (its reader then trusts nothing of it)."""
+    try:
+        data = read_small_file(path, max_bytes)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise error(f"{what} {path}: {exc}") from exc
+    try:
+        record = msgspec.json.decode(data, type=record_type)
+    except msgspec.DecodeError as exc:
+        raise error(f"{what} {path}: {exc}") from exc
+    if record.version != version:
+        raise error(f"{what} {path}: version {record.version}, this build reads {version}")
+    return record
 
 
 def remove_dir_safely(path: Path) -> bool:

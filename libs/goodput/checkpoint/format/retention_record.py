@@ -16,7 +16,11 @@ from pathlib import Path
 
 import msgspec
 
-from goodput.checkpoint.format.files import read_small_file, write_file_durably
+from goodput.checkpoint.format.files import (
+    read_small_file,
+    read_versioned_record,
+    write_file_durably,
+)
 
 RETENTION_RECORD_NAME = ".goodput-retention"
 RETENTION_RECORD_VERSION = 1
@@ -67,20 +71,11 @@ def write_retention_record(
 def read_retention_record(volume: str | os.PathLike) -> RetentionRecord | None:
     """The volume's record, or None when there is none; RetentionRecordError when it exists
     but cannot be trusted (its reader must then delete nothing)."""
-    path = retention_record_path(volume)
-    try:
-        data = read_small_file(path, MAX_RECORD_BYTES)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise RetentionRecordError(f"retention record {path}: {exc}") from exc
-    try:
-        record = msgspec.json.decode(data, type=RetentionRecord)
-    except msgspec.DecodeError as exc:
-        raise RetentionRecordError(f"retention record {path}: {exc}") from exc
-    if record.version != RETENTION_RECORD_VERSION:
-        raise RetentionRecordError(
-            f"retention record {path}: version {record.version}, "
-            f"this build reads {RETENTION_RECORD_VERSION}"
-        )
-    return record
+    return read_versioned_record(
+        retention_record_path(volume),
+        RetentionRecord,
+        max_bytes=MAX_RECORD_BYTES,
+        version=RETENTION_RECORD_VERSION,
+        what="retention record",
+        error=RetentionRecordError,
+    )

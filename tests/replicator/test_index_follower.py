@@ -59,17 +59,11 @@ async def writer(bus: Bus) -> CheckpointIndex:
 @contextlib.asynccontextmanager
 async def following(url: str, wait_s: float = 1.0) -> AsyncIterator[IndexFollower]:
     bus = await Bus.connect(BusSettings(url=url), name="test-follower")
-    follower = IndexFollower(bus, JOB, wait_s=wait_s)
-    stopping = asyncio.Event()
-    task = asyncio.create_task(follower.run(stopping))
     try:
-        await follower.snapshot()
-        yield follower
+        async with IndexFollower(bus, JOB, wait_s=wait_s).running() as follower:
+            await follower.snapshot()
+            yield follower
     finally:
-        stopping.set()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         await bus.close()
 
 

@@ -21,9 +21,11 @@ read mark, waited for).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import nats.errors
@@ -83,6 +85,20 @@ class IndexFollower:
         self._seq = 0
         self._advanced = asyncio.Event()
         self._built: tuple[dict[str, NodeAddressRecord], list[CopyRecord]] | None = None
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[IndexFollower]:
+        """Follow in a task of its own for the block (a tool's, a test's; a service runs
+        :meth:`run` among its loops)."""
+        stopping = asyncio.Event()
+        task = asyncio.create_task(self.run(stopping))
+        try:
+            yield self
+        finally:
+            stopping.set()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Read, then follow, until ``stopping`` is set (or the task is cancelled)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import tempfile
 import time
@@ -158,33 +157,27 @@ async def _full_reads(url: str, window_s: float, poll_s: float) -> dict:
 async def _followed(url: str, window_s: float, poll_s: float) -> dict:
     """The follower: one complete read, then a snapshot from memory every poll."""
     bus = await Bus.connect(BusSettings(url=url), name="goodput-bench-index-follow")
-    follower = IndexFollower(bus, JOB)
-    stopping = asyncio.Event()
-    task = asyncio.create_task(follower.run(stopping))
     try:
-        begun = time.monotonic()
-        await follower.snapshot(timeout_s=120)
-        initial_bytes, initial_s = await _received(bus), time.monotonic() - begun
-        started = time.monotonic()
-        while time.monotonic() - started < window_s:
-            await follower.snapshot()
-            await asyncio.sleep(poll_s)
-        elapsed = time.monotonic() - started
-        counts = follower.counts
-        return {
-            "bytes_per_s": (await _received(bus) - initial_bytes) / elapsed,
-            "copy_bytes_per_s": counts.bytes["copy"] / elapsed,
-            "node_bytes_per_s": counts.bytes["node"] / elapsed,
-            "messages_per_s": counts.messages.total() / elapsed,
-            "initial_read_bytes": initial_bytes,
-            "initial_read_s": initial_s,
-            "complete_reads": follower.counts.reads,
-        }
+        async with IndexFollower(bus, JOB).running() as follower:
+            begun = time.monotonic()
+            await follower.snapshot(timeout_s=120)
+            initial_bytes, initial_s = await _received(bus), time.monotonic() - begun
+            started = time.monotonic()
+            while time.monotonic() - started < window_s:
+                await follower.snapshot()
+                await asyncio.sleep(poll_s)
+            elapsed = time.monotonic() - started
+            counts = follower.counts
+            return {
+                "bytes_per_s": (await _received(bus) - initial_bytes) / elapsed,
+                "copy_bytes_per_s": counts.bytes["copy"] / elapsed,
+                "node_bytes_per_s": counts.bytes["node"] / elapsed,
+                "messages_per_s": counts.messages.total() / elapsed,
+                "initial_read_bytes": initial_bytes,
+                "initial_read_s": initial_s,
+                "complete_reads": follower.counts.reads,
+            }
     finally:
-        stopping.set()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         await bus.close()
 
 

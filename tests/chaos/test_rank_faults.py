@@ -25,6 +25,16 @@ from tests.chaos.processes import (
 )
 
 
+async def _trainer_commands(victim_job: VictimJob, count: int) -> list[schemas.Command]:
+    """The first ``count`` commands sent to the job's trainers, from the stream's start."""
+    subscription = await victim_job.bus.js.pull_subscribe(
+        subjects.command(victim_job.job, subjects.TRAINER),
+        stream=subjects.COMMANDS_STREAM,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+    )
+    return [schemas.decode_command(m.data) for m in await subscription.fetch(count, timeout=5)]
+
+
 async def test_kill_rank_from_the_cli(victim_job: VictimJob):
     result = await victim_job.cli("kill-rank", "--rank", "1", "--json")
     assert result.returncode == 0, result.stderr
@@ -189,12 +199,7 @@ async def test_slow_rank_asks_an_injectable_ranks_shim_to_stretch_its_compute(
     assert not refused.ok and "GOODPUT_ENABLE_FAULT_INJECTION" in refused.detail
     await ctx.close()
 
-    subscription = await victim_job.bus.js.pull_subscribe(
-        subjects.command(victim_job.job, subjects.TRAINER),
-        stream=subjects.COMMANDS_STREAM,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-    )
-    commands = [schemas.decode_command(m.data) for m in await subscription.fetch(2, timeout=5)]
+    commands = await _trainer_commands(victim_job, 2)
     assert [(c.fault, c.node, c.detail, c.factor, c.duration_s, c.clear) for c in commands] == [
         ("slow", "node-0", "1", 1.5, 0.3, False),
         ("slow", "node-0", "1", 1.0, 0.0, True),
@@ -209,13 +214,7 @@ async def test_hang_rank_sends_the_trainer_an_inject_fault(victim_job: VictimJob
     assert warned.ok and "GOODPUT_ENABLE_FAULT_INJECTION" in warned.detail
     await ctx.close()
 
-    subscription = await victim_job.bus.js.pull_subscribe(
-        subjects.command(victim_job.job, subjects.TRAINER),
-        stream=subjects.COMMANDS_STREAM,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-    )
-    messages = await subscription.fetch(2, timeout=5)
-    commands = [schemas.decode_command(m.data) for m in messages]
+    commands = await _trainer_commands(victim_job, 2)
     assert [(c.fault, c.node, c.detail, c.clear) for c in commands] == [
         ("hang", "node-0", "1", False),
         ("hang", "node-1", "2", False),
@@ -250,12 +249,7 @@ async def test_numerical_faults_send_the_trainer_an_inject_fault(victim_job: Vic
     assert spike.ok and "loss × 5" in spike.detail and "WARNING" in spike.detail
     await ctx.close()
 
-    subscription = await victim_job.bus.js.pull_subscribe(
-        subjects.command(victim_job.job, subjects.TRAINER),
-        stream=subjects.COMMANDS_STREAM,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-    )
-    commands = [schemas.decode_command(m.data) for m in await subscription.fetch(3, timeout=5)]
+    commands = await _trainer_commands(victim_job, 3)
     assert [(c.fault, c.node, c.detail, c.factor) for c in commands] == [
         ("sdc", "node-0", "", 1.0),
         ("nan", "node-0", "1", 1.0),

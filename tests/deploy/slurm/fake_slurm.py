@@ -6,7 +6,8 @@ real thing where the recipe could go wrong:
 
 - ``goodput``: parses its arguments with the real CLI's parser (a flag `goodput` refuses is
   refused here, with its status 2); ``up`` leaves a service behind as the real one does (in a
-  session of its own, its parent gone), which ``down`` stops; ``run`` exits with
+  session of its own, its parent gone), which ``down`` stops and waits for (SIGTERM, then
+  SIGKILL: the real stop, :func:`goodput.owned_process.terminate`); ``run`` exits with
   ``$FAKE_RUN_EXIT`` (``wait``: it runs until signalled, as a training job does).
 - ``srun``: accepts only the options of Slurm 22.05's srun that the recipe may use, then runs
   until signalled, as the agents' step does.
@@ -83,7 +84,10 @@ if command == "up":  # a service: in a session of its own, its parent gone, as `
         if os.fork() == 0:
             while os.getppid() == parent:  # until its parent has gone: then it is an orphan,
                 time.sleep(0.01)  # reaped by whoever reaps orphans (the subreaper)
-            record({{"cmd": "service", "argv": []}})
+            import msgspec
+            from goodput.owned_process import identify
+            identity = msgspec.to_builtins(identify(os.getpid()))  # what `down` checks
+            record({{"cmd": "service", "argv": [], "identity": identity}})
             run_until_signalled()
         os._exit(0)
     os.waitpid(child, 0)
@@ -91,9 +95,11 @@ if command == "up":  # a service: in a session of its own, its parent gone, as `
     while not services():
         assert time.monotonic() < deadline, "fake up: its service never started"
         time.sleep(0.01)
-if command == "down":  # stops the stack's services, as the real one does
+if command == "down":  # stops the stack's services and waits for them, as the real one does
+    import msgspec
+    from goodput.owned_process import ProcessIdentity, terminate
     for entry in services():
-        os.kill(entry["pid"], signal.SIGTERM)
+        terminate(msgspec.convert(entry["identity"], ProcessIdentity), timeout_s=10, group=True)
 if command == "run":
     outcome = os.environ.get("FAKE_RUN_EXIT", "0")
     if outcome == "wait":

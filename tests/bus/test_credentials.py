@@ -39,25 +39,27 @@ async def test_a_client_signs_in_provisions_and_round_trips(secure_nats: SecureN
 async def test_a_credential_the_server_does_not_know_is_refused_in_one_line(
     secure_nats: SecureNats,
 ) -> None:
-    started = time.monotonic()
-    with pytest.raises(BusCredentialsError) as refused:
-        await Bus.connect(secure_nats.settings(secure_nats.stranger), name="t")
+    with pytest.raises(BusCredentialsError) as refused:  # at once: not retried as an outage
+        await Bus.connect(
+            secure_nats.settings(secure_nats.stranger), name="t", initial_timeout_s=0.01
+        )
     message = str(refused.value)
     assert "refused" in message and "Authorization Violation" in message
     assert str(secure_nats.stranger) in message and "\n" not in message
     assert _seed(secure_nats.stranger) not in message
-    assert time.monotonic() - started < 10  # not retried for the 30 s of an outage
 
 
 async def test_tls_the_server_refuses_is_one_line_at_once(secure_nats: SecureNats) -> None:
+    """At once: on the first try, never retried as an outage (a deadline too short for a
+    second try turns a retry into ``BusUnavailableError``). Without a certificate the TLS 1.3
+    alert races a reset in about four tries in ten, so twenty tries meet the reset."""
     settings = secure_nats.settings()
     without_certificate = msgspec.structs.replace(settings, tls_cert_file="", tls_key_file="")
     other_ca = msgspec.structs.replace(settings, tls_ca_file=str(secure_nats.tls.client_cert))
     for wrong, expected in ((without_certificate, "certificate"), (other_ca, "verify failed")):
-        started = time.monotonic()
-        with pytest.raises(BusCredentialsError, match=expected):
-            await Bus.connect(wrong, name="t")
-        assert time.monotonic() - started < 10
+        for _ in range(20):
+            with pytest.raises(BusCredentialsError, match=expected):
+                await Bus.connect(wrong, name="t", initial_timeout_s=0.01)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,7 +23,7 @@ from nats.js.api import DiscardPolicy, KeyValueConfig, PubAck, StorageType, Stre
 from nats.js.kv import KeyValue
 
 from goodput import schemas, subjects
-from goodput.bus.credentials import BusCredentialsError
+from goodput.bus.connect_refusal import connect_refusal
 from goodput.bus.settings import BusSettings, stream_replicas
 from goodput.bus.store_sizing import (
     DEFAULT_SCALE,
@@ -236,41 +235,27 @@ class Bus:
         async def attempt() -> NatsClient:
             # The first connection fails fast (so a wrong password is an error, not a hang);
             # once connected, the client reconnects forever.
+            client = NatsClient()
             try:
-                return await connect_once()
-            except nats.errors.Error as exc:
-                # the server's -ERR during the handshake ('Authorization Violation',
-                # 'Authentication Expired'…) reaches the client as a plain nats error
-                if not isinstance(exc, nats.errors.AuthorizationError) and not any(
-                    word in str(exc).lower() for word in ("authorization", "authentication")
-                ):
-                    raise
-                reason = str(exc).removeprefix("nats: ").strip("'")
-                raise BusCredentialsError(
-                    f"the NATS server at {settings.url} refused {settings.describe_auth()}: "
-                    f"{reason}"
-                ) from None
-            except (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError):
-                raise  # the connection dropped mid-handshake (a server restarting): retried
-            except ssl.SSLError as exc:  # a refused certificate: no retry makes it verify
-                raise BusCredentialsError(
-                    f"TLS with the NATS server at {settings.url} failed: {exc}"
-                ) from None
-
-        async def connect_once() -> NatsClient:
-            client = await nats.connect(
-                **options,
-                name=name,
-                connect_timeout=2,
-                allow_reconnect=False,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25,
-                ping_interval=5,
-                max_outstanding_pings=3,
-                disconnected_cb=on_disconnect,
-                reconnected_cb=on_reconnect,
-                error_cb=on_error,
-            )
+                await client.connect(
+                    **options,
+                    name=name,
+                    connect_timeout=2,
+                    allow_reconnect=False,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.25,
+                    ping_interval=5,
+                    max_outstanding_pings=3,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
+                    error_cb=on_error,
+                )
+            except Exception as exc:
+                # nats-py keeps the INFO it read before failing; it has no public accessor
+                refused = connect_refusal(exc, settings, client._server_info)
+                if refused is not None:
+                    raise refused from None
+                raise
             client.options["allow_reconnect"] = True
             return client
 

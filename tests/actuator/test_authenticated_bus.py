@@ -37,10 +37,10 @@ RANK_SCRIPT = """\
 import sys, time
 import torch
 from goodput.shim import TrainerShim
-from goodput.shim.trainer import wait_for_bus
+from goodput.shim.link import wait_for_bus
 
 shim = TrainerShim.from_env()
-print("bus connected:", wait_for_bus(shim, 30), flush=True)
+print("bus connected:", wait_for_bus(shim.link, 30), flush=True)
 state = {"w": torch.zeros(4)}
 for step in (1, 2):
     state["w"] += 1

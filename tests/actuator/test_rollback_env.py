@@ -4,11 +4,13 @@ checkpoint again."""
 
 from __future__ import annotations
 
+from goodput import schemas
 from goodput.launch.rank_env import VARIABLES
 
 from .test_kubernetes_backend import _env, _start, rig  # noqa: F401
 
 BOUND = VARIABLES["restore_before_step"]
+SKIP = VARIABLES["skip_steps"]
 
 
 async def test_only_the_rollback_attempt_restores_before_the_fault(rig) -> None:  # noqa: F811
@@ -24,3 +26,22 @@ async def test_only_the_rollback_attempt_restores_before_the_fault(rig) -> None:
     await backend.restart("a crash later")  # its command carries no bound: nor do its ranks
     later = api.created[before:]
     assert later and all(BOUND not in _env(pod) for pod in later)
+
+
+async def test_skipped_batches_stay_skipped_in_every_later_attempt(rig) -> None:  # noqa: F811
+    """Unlike the bound: a relaunch from a checkpoint before the window would otherwise train
+    on the poisoned batch again."""
+    backend, api, _ = rig
+    await backend.start_job(_start())
+    assert all(SKIP not in _env(pod) for pod in api.created)
+    backend.roll_back_before(41)
+    backend.skip_data(schemas.StepWindow(41, 45))
+    before = len(api.created)
+    await backend.restart("loss_spike: roll back")
+    assert {_env(pod)[SKIP] for pod in api.created[before:]} == {"41-45"}
+    backend.skip_data(schemas.StepWindow(90, 95))
+    before = len(api.created)
+    await backend.restart("a crash later")
+    later = api.created[before:]
+    assert later and {_env(pod)[SKIP] for pod in later} == {"41-45,90-95"}
+    assert all(BOUND not in _env(pod) for pod in later)

@@ -29,6 +29,23 @@ def test_a_numerical_fault_rolls_back_before_its_first_step(kind: str) -> None:
     assert outcome.state.active == job(spares=1).active  # nobody replaced on a first fault
 
 
+@pytest.mark.parametrize("kind", ["nonfinite", "loss_spike", "replica_mismatch"])
+def test_only_a_loss_spikes_rollback_skips_the_batches_it_was_seen_in(kind: str) -> None:
+    """A poisoned batch would spike again; a diverging step or a flipped bit is no batch's."""
+    node = "n1" if kind == "replica_mismatch" else ""
+    sig = signal(kind, node, first_bad_step=41, last_bad_step=45)
+    (command,) = handle(job(spares=1), sig).commands
+    assert isinstance(command, schemas.Restart) and command.restore_before_step == 41
+    if kind == "loss_spike":
+        assert command.skip_steps == schemas.StepWindow(41, 45)
+        assert "skip the batches of steps 41-45" in handle(job(spares=1), sig).decision.reason
+    else:
+        assert command.skip_steps is None
+    # a window the signal does not give (a sensor of schema 14) skips nothing
+    old = signal("loss_spike", "", first_bad_step=41)
+    assert handle(job(spares=1), old).commands[0].skip_steps is None
+
+
 def test_a_replica_that_disagrees_again_is_quarantined_and_rolled_back() -> None:
     sig = signal("replica_mismatch", "n3", "uncorrectable", first_bad_step=101)
     swapped = handle(job(spares=1), sig)

@@ -1,6 +1,7 @@
 """Numerical faults injected by `goodput chaos` into the real example job on the real stack:
 a bit flipped in one of 3 data-parallel replicas (SDC), a NaN loss and a loss spike are each
-found and rolled back, and the job ends bit-identical to an uninterrupted run (issue 39).
+found and rolled back, the spike's window of batches skipped, and the job ends bit-identical
+to an uninterrupted run that skipped the same batches (issue 39).
 
 The replicas are compared every 50 steps while a node keeps only its newest checkpoints (one
 every 5 steps; the engine keeps 3, the replicator's GC 2, every second, neither waiting for a
@@ -131,6 +132,10 @@ async def test_an_sdc_a_nan_and_a_spike_are_rolled_back_and_the_job_ends_bit_ide
             signal, decision = await _rolled_back(tap, "loss_spike")
             assert decision.rule == "numerical-rollback", decision
             assert signal.first_bad_step % 5 == 1 and signal.first_bad_step > 2 * FINGERPRINT_EVERY
+            # a poisoned batch would spike again: the window's batches are skipped
+            skipped = f"{signal.first_bad_step}-{signal.last_bad_step}"
+            assert signal.last_bad_step == signal.first_bad_step + 4
+            assert f"skip the batches of steps {skipped}" in decision.reason, decision
             finished = await tap.wait_for(
                 lambda e: isinstance(e, schemas.JobStatus) and e.state == "finished",
                 timeout_s=300,
@@ -150,6 +155,7 @@ async def test_an_sdc_a_nan_and_a_spike_are_rolled_back_and_the_job_ends_bit_ide
             [
                 *argv[:2],
                 *("--ckpt-dir", str(tmp_path / "reference"), "--result", str(reference)),
+                *("--skip-steps", skipped),  # what the spike's rollback skipped, from the start
                 *TINY_MODEL_ARGS,
             ],
             timeout_s=300,
@@ -158,4 +164,8 @@ async def test_an_sdc_a_nan_and_a_spike_are_rolled_back_and_the_job_ends_bit_ide
         launcher.close()
     rolled_back, uninterrupted = read_result(result), read_result(reference)
     assert rolled_back["steps"] == uninterrupted["steps"] == STEPS
+    first, last = map(int, skipped.split("-"))
+    # the rolled-back run differs from an uninterrupted one by exactly the skipped batches
+    assert rolled_back["skipped_steps"] == uninterrupted["skipped_steps"]
+    assert rolled_back["skipped_steps"] == list(range(first, last + 1))
     assert rolled_back["params_sha256"] == uninterrupted["params_sha256"]

@@ -25,6 +25,33 @@ def test_result_file_describes_the_run(tmp_path: Path) -> None:
     assert result["final_loss"] == result["losses"][-1][1] and result["mean_step_time_s"] > 0
 
 
+def _run(tmp_path: Path, name: str, *extra: str) -> dict[str, Any]:
+    args = ["--steps", "6", "--ckpt-every", "2", "--ckpt-dir", str(tmp_path / name)]
+    assert main([*args, "--result", str(tmp_path / f"{name}.json"), *TINY_MODEL_ARGS, *extra]) == 0
+    return read_result(tmp_path / f"{name}.json")
+
+
+def test_skipped_steps_are_counted_but_not_trained_on(tmp_path: Path) -> None:
+    """What a loss spike's rollback does to the batches of its window (GOODPUT_SKIP_STEPS):
+    the run ends at the same step, trained on every batch but those."""
+    skipped = _run(tmp_path, "skipped", "--skip-steps", "3-4")
+    again = _run(tmp_path, "again", "--skip-steps", "3-4")
+    whole = _run(tmp_path, "whole")
+    assert skipped["steps"] == whole["steps"] == 6 and skipped["skipped_steps"] == [3, 4]
+    assert [step for step, _ in skipped["losses"]] == [1, 2, 5, 6]
+    # the steps before the window are the whole run's; after it, the model differs
+    assert skipped["losses"][:2] == whole["losses"][:2]
+    assert skipped["params_sha256"] != whole["params_sha256"]
+    assert skipped["params_sha256"] == again["params_sha256"]  # and deterministically so
+
+
+@pytest.mark.parametrize("bad", ["4-3", "0-2", "3", "a-b", "3-4-5"])
+def test_a_step_window_that_does_not_parse_is_refused(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["--ckpt-dir", str(tmp_path), "--skip-steps", bad])
+    assert refused.value.code == 2  # argparse's one line
+
+
 def test_batch_that_does_not_split_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="micro-batch"):
         main(["--ckpt-dir", str(tmp_path), "--global-batch", "7", "--micro-batch", "2"])
@@ -55,6 +82,9 @@ class InMemoryHooks:
     ) -> None:
         self.steps.append(step)
         self.compute_times.append(compute_time_s)
+
+    def skips_data(self, step: int) -> bool:
+        return False
 
     def compute_slowdown(self) -> float:
         return 1.0

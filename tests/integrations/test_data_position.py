@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from goodput import schemas
 from goodput.integrations.loop import SupervisedLoop
 from goodput.shim import BatchPlan, ShimConfig, TrainerShim, keep_global_batch
 from goodput.shim.data_position import DataPositionError, ResumableSampler
@@ -25,6 +26,7 @@ def train(
     stop_after: int | None = None,
     world_size: int = 1,
     rank: int = 0,
+    skip_steps: tuple[schemas.StepWindow, ...] = (),
 ) -> tuple[SupervisedLoop, list[list[int]]]:
     """The loop on one rank of ``world_size`` (no process group: each rank's data is what this
     test checks); returns the sample indices each step trained on."""
@@ -32,7 +34,11 @@ def train(
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=PLAN.lr)
     config = ShimConfig(
-        ckpt_dir=str(directory), ckpt_every=ckpt_every, world_size=world_size, rank=rank
+        ckpt_dir=str(directory),
+        ckpt_every=ckpt_every,
+        world_size=world_size,
+        rank=rank,
+        skip_steps=skip_steps,
     )
     loader = torch.utils.data.DataLoader(
         Indexed(), batch_size=PLAN.micro_batch, sampler=ResumableSampler(SAMPLES, seed=3)
@@ -92,6 +98,22 @@ def test_after_two_to_one_ranks_the_global_batches_go_on_in_order(tmp_path: Path
     assert one.restored is not None and one.restored.rescaled
     assert one.accumulation_steps == 2 and one.plan == PLAN
     assert seen == reference[4:]
+
+
+def test_a_skipped_window_draws_its_batches_and_trains_on_none(tmp_path: Path) -> None:
+    """A loss spike's rollback: the steps of its window are counted and their batches drawn
+    from the loader, and the steps after it train on what the uninterrupted run did, across
+    an epoch's end (40 samples, 8 a step: an epoch is 5 steps) and a resume."""
+    _, reference = train(tmp_path / "reference", 16, ckpt_every=4)
+    window = (schemas.StepWindow(6, 7),)
+    first, first_seen = train(
+        tmp_path / "skipping", 16, ckpt_every=4, skip_steps=window, stop_after=9
+    )
+    assert first.skipped == [6, 7] and first.step == 9
+    resumed, resumed_seen = train(tmp_path / "skipping", 16, ckpt_every=4, skip_steps=window)
+    assert resumed.restored is not None and resumed.restored.step == 9
+    assert resumed.skipped == [] and resumed.step == 16
+    assert first_seen + resumed_seen == reference[:5] + reference[7:]
 
 
 def test_a_loader_that_batches_otherwise_than_the_plan_is_refused(tmp_path: Path) -> None:

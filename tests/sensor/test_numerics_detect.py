@@ -121,7 +121,7 @@ def test_without_a_majority_every_replica_of_the_split_is_suspect() -> None:
     assert all("no majority" in f.reason for f in findings)
 
 
-def test_the_detector_signals_a_numerical_fault_with_its_first_bad_step() -> None:
+def test_the_detector_signals_a_numerical_fault_with_its_window() -> None:
     detector = Detector(JOB)
     now = 1_700_000_000 * 10**9
     for rank, node in NODES.items():
@@ -135,3 +135,4 @@ def test_the_detector_signals_a_numerical_fault_with_its_first_bad_step() -> Non
     assert signal.first_bad_step == 0 and signal.severity == "correctable"
     (nan,) = Detector(JOB).on_event(window(50, 2.0, nonfinite_steps=1), now)
     assert nan.signal == "nonfinite" and nan.first_bad_step == 41 and nan.node == ""
+    assert nan.last_bad_step == 50  # the window it was seen in ends there

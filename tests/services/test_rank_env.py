@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import pytest
 
+from goodput import schemas
 from goodput.launch.rank_env import (
     NCCL_ERROR_HANDLING,
     VARIABLES,
     RankEnv,
     RankEnvError,
+    format_step_windows,
     knobs,
     nccl_error_handling,
 )
 from goodput.launch.standby_channel import decode_assignment, encode_assignment
-from goodput.shim.trainer import ShimConfig
+from goodput.shim.trainer import ShimConfig, TrainerShim
 
 
 def test_what_is_written_reads_back() -> None:
@@ -41,6 +43,7 @@ def test_what_is_written_reads_back() -> None:
         device=5,
         numerics_every=5,
         fingerprint_every=20,
+        skip_steps="41-45,90-90",
     )
     env = written.to_env()
     assert env["RANK"] == "3" and env["GOODPUT_JOB"] == "j1" and env["GOODPUT_DEVICE"] == "5"
@@ -76,6 +79,23 @@ def test_a_malformed_variable_is_named() -> None:
         RankEnv.from_env({"GOODPUT_CKPT_MODE": "pickle"})
     with pytest.raises(RankEnvError, match="GOODPUT_FINGERPRINT_EVERY='0'"):
         RankEnv.from_env({"GOODPUT_FINGERPRINT_EVERY": "0"})
+
+
+@pytest.mark.parametrize("bad", ["45-41", "0-3", "41", "41-45,", "a-b", "41-45;90-95"])
+def test_a_skipped_window_that_does_not_parse_is_named(bad: str) -> None:
+    with pytest.raises(RankEnvError, match=f"GOODPUT_SKIP_STEPS={bad!r}"):
+        RankEnv.from_env({"GOODPUT_SKIP_STEPS": bad})
+
+
+def test_the_skipped_windows_reach_the_shim(monkeypatch) -> None:
+    for variable in VARIABLES.values():
+        monkeypatch.delenv(variable, raising=False)
+    windows = (schemas.StepWindow(41, 45), schemas.StepWindow(90, 90))
+    monkeypatch.setenv(VARIABLES["skip_steps"], format_step_windows(windows))
+    config = ShimConfig.from_env()
+    assert config.skip_steps == windows
+    shim = TrainerShim(config, install_signal_handlers=False)
+    assert [s for s in range(100) if shim.skips_data(s)] == [41, 42, 43, 44, 45, 90]
 
 
 def test_the_numerics_periods_reach_the_shim_and_must_nest(monkeypatch) -> None:

@@ -22,10 +22,10 @@ RANK_SCRIPT = """
 import os, sys, time
 import torch
 from goodput.shim import TrainerShim
-from goodput.shim.trainer import wait_for_bus
+from goodput.shim.link import wait_for_bus
 
 shim = TrainerShim.from_env()
-wait_for_bus(shim)
+wait_for_bus(shim.link)
 state = {"w": torch.zeros(4)}
 steps = int(os.environ["STEPS"])
 for step in range(1, steps + 1):

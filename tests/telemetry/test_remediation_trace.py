@@ -36,10 +36,10 @@ RANK_SCRIPT = """\
 import os, sys
 import torch
 from goodput.shim import TrainerShim
-from goodput.shim.trainer import wait_for_bus
+from goodput.shim.link import wait_for_bus
 
 shim = TrainerShim.from_env()
-wait_for_bus(shim)
+wait_for_bus(shim.link)
 state = {"w": torch.zeros(4)}
 restored = shim.restore(state)
 first = restored.step + 1 if restored else 1

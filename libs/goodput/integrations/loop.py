@@ -23,6 +23,7 @@ size), so a resume goes on with the next unseen batch, mid-epoch, at any data-pa
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
@@ -36,6 +37,8 @@ from goodput.shim.restore_result import RestoreResult
 from goodput.shim.step_protocol import end_step
 from goodput.shim.stop_vote import StopVote
 from goodput.shim.trainer import TrainerShim
+
+log = logging.getLogger(__name__)
 
 #: the key of the RNG states in the saved state (a component may not use it)
 RNG_KEY = "rng"
@@ -96,6 +99,9 @@ class SupervisedLoop:
         self._tokens = 0
         self._started = 0.0
         self._vote = StopVote()
+        #: the steps skipped by this process (``_skips_next``)
+        self.skipped: list[int] = []
+        self._told_no_skip = False
 
     @property
     def exit_code(self) -> int:
@@ -172,6 +178,8 @@ class SupervisedLoop:
         self.restore()
         try:
             while self.step < total_steps:
+                if self._skips_next():
+                    continue
                 self._loss = None
                 self._started = time.perf_counter()
                 yield self.step + 1
@@ -190,6 +198,23 @@ class SupervisedLoop:
             self.shim.finish(self.state(), self.step)
             raise
         self.shim.finish(self.state(), self.step)
+
+    def _skips_next(self) -> bool:
+        """Skip the next step (a loss spike's window, ``shim.skips_data``): its micro-batches
+        are drawn from the loader and not trained on, and the step counts as done. Only the
+        loop's own loader can be advanced: without ``data=`` the step is run (one error line)."""
+        if not self.shim.skips_data(self.step + 1):
+            return False
+        if self.data is None:
+            if not self._told_no_skip:
+                log.error("steps to skip, but the loop has no data=: it trains on their batches")
+                self._told_no_skip = True
+            return False
+        for _ in self.micro_batches():
+            pass
+        self._count_step()
+        self.skipped.append(self.step)
+        return True
 
     def _count_step(self) -> None:
         self.step += 1

@@ -64,6 +64,7 @@ VARIABLES: dict[str, str] = {
     "restore_before_step": "GOODPUT_RESTORE_BEFORE_STEP",
     "numerics_every": "GOODPUT_NUMERICS_EVERY",
     "fingerprint_every": "GOODPUT_FINGERPRINT_EVERY",
+    "skip_steps": "GOODPUT_SKIP_STEPS",
 }
 
 #: torch's NCCL error handling for a rank that must outlive a peer's death (the names of torch
@@ -91,6 +92,29 @@ _FLAGS = ("enable_fault_injection", "standby")
 
 class RankEnvError(ValueError):
     """A variable of the rank environment does not parse; the message names it."""
+
+
+#: ``GOODPUT_SKIP_STEPS``: ``first-last`` step windows separated by commas
+STEP_WINDOWS_PATTERN = r"^[0-9]+-[0-9]+(,[0-9]+-[0-9]+)*$"
+
+
+def format_step_windows(windows: tuple[schemas.StepWindow, ...]) -> str:
+    """Windows as ``GOODPUT_SKIP_STEPS`` spells them ("" for none)."""
+    return ",".join(f"{w.first}-{w.last}" for w in windows)
+
+
+def parse_step_windows(text: str) -> tuple[schemas.StepWindow, ...]:
+    """The windows ``text`` spells (:func:`format_step_windows`); a malformed one raises
+    :class:`RankEnvError` naming the variable."""
+    if not text:
+        return ()
+    try:
+        return tuple(
+            msgspec.convert(item.split("-"), schemas.StepWindow, strict=False)
+            for item in text.split(",")
+        )
+    except msgspec.ValidationError as exc:
+        raise RankEnvError(f"{VARIABLES['skip_steps']}={text!r}: {exc}") from None
 
 
 class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -132,6 +156,13 @@ class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: multiple of it): ``goodput.shim.numerics``
     numerics_every: Annotated[int, msgspec.Meta(ge=1)] | None = None
     fingerprint_every: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    #: steps whose batches the rank trains on none of (a loss spike's windows, kept by the
+    #: actuator from the rollback on): ``first-last`` items separated by commas
+    skip_steps: Annotated[str, msgspec.Meta(pattern=STEP_WINDOWS_PATTERN)] | None = None
+
+    def skipped_windows(self) -> tuple[schemas.StepWindow, ...]:
+        """:attr:`skip_steps` as windows (none when unset)."""
+        return parse_step_windows(self.skip_steps or "")
 
     def to_env(self) -> dict[str, str]:
         """The variables to put in a rank's environment (unset knobs left out)."""
@@ -158,7 +189,9 @@ class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 msgspec.convert({field: values[field]}, cls, strict=False)
             except msgspec.ValidationError as exc:
                 raise RankEnvError(f"{variable}={raw!r}: {str(exc).split(' - at ')[0]}") from None
-        return msgspec.convert(values, cls, strict=False)
+        rank_env = msgspec.convert(values, cls, strict=False)
+        rank_env.skipped_windows()  # each window checked here, before training
+        return rank_env
 
 
 def nccl_error_handling(env: Mapping[str, str]) -> dict[str, str]:

@@ -47,6 +47,7 @@ from goodput.schemas.commands import (
     SetThresholds,
     SignalRanks,
     StartJob,
+    StepWindow,
     Stop,
 )
 from goodput.schemas.envelope import (
@@ -166,6 +167,7 @@ __all__ = [
     "StartJob",
     "StepDone",
     "StepSeconds",
+    "StepWindow",
     "Stop",
     "Token",
     "TokenOrEmpty",

@@ -17,6 +17,20 @@ from goodput.warm_path import WARM_PATH
 MAX_STANDBYS_PER_NODE = 8
 
 
+class StepWindow(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """Steps ``first`` to ``last``, both included: the window a numerical fault was seen in."""
+
+    first: Annotated[int, msgspec.Meta(ge=1)]
+    last: Annotated[int, msgspec.Meta(ge=1)]
+
+    def __post_init__(self) -> None:
+        if self.last < self.first:
+            raise ValueError(f"a step window ends at or after it begins: {self.first}-{self.last}")
+
+    def __contains__(self, step: int) -> bool:
+        return self.first <= step <= self.last
+
+
 class Command(Message, kw_only=True):
     command_id: CommandId = msgspec.field(default_factory=new_id)
     #: the decision that caused it, for tracing a remediation end to end
@@ -67,6 +81,9 @@ class Restart(Command, tag="restart", kw_only=True):
     #: a numerical rollback: the relaunched ranks restore the newest checkpoint before this
     #: step (the first one a numerical fault may have touched), not the newest (schema 14)
     restore_before_step: int | None = None
+    #: a loss spike's rollback: the ranks of this launch and every later one train on no batch
+    #: of these steps (the window the spike was seen in: a poisoned batch is in it; schema 15)
+    skip_steps: StepWindow | None = None
 
 
 class RestartInProcess(Command, tag="restart_in_process", kw_only=True):

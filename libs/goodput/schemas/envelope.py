@@ -51,7 +51,9 @@ import msgspec
 #: parameter fingerprints) and the signals judged from them (``nonfinite``, ``loss_spike``,
 #: ``replica_mismatch``, with ``Signal.first_bad_step``) and the rollback they lead to
 #: (``restore_before_step`` on ``Restart``, ``HotSwap``, ``ScaleTo``)
-SCHEMA_VERSION = 14
+#: 15: a loss spike's rollback skips the data of the window it was seen in
+#: (``Signal.last_bad_step``, ``Restart.skip_steps``, ``StepWindow``)
+SCHEMA_VERSION = 15
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

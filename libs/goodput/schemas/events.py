@@ -292,6 +292,8 @@ class Signal(Event, tag="signal", kw_only=True):
     #: a numerical fault (``nonfinite``, ``loss_spike``, ``replica_mismatch``): the first step
     #: it may have touched; a rollback goes to a clean checkpoint before it (schema 14)
     first_bad_step: int = -1
+    #: the last step of the window it was seen in (-1: none; schema 15)
+    last_bad_step: int = -1
 
 
 class Decision(Event, tag="decision", kw_only=True):

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_from_env
 from goodput.checkpoint.engine.catalog import DEFAULT_KEEP_LAST
@@ -47,6 +48,8 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     fingerprint_every: int = 100
     #: a numerical rollback's launch: restore the newest checkpoint before this step
     restore_before_step: int | None = None
+    #: steps whose batches this rank trains on none of (a loss spike's rollback)
+    skip_steps: tuple[schemas.StepWindow, ...] = ()
     #: obey InjectFault commands (chaos testing: ``goodput.shim.injected_faults``)
     enable_fault_injection: bool = False
 
@@ -84,6 +87,7 @@ class ShimConfig(msgspec.Struct, kw_only=True):
             "restore_before_step": rank_env.restore_before_step,
             "numerics_every": rank_env.numerics_every,
             "fingerprint_every": rank_env.fingerprint_every,
+            "skip_steps": rank_env.skipped_windows(),
         }
         values.update(overrides)
         # unset knobs take this struct's defaults

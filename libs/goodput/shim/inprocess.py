@@ -85,6 +85,10 @@ class ResumableJob(Protocol):
 
     def train_step(self, slowdown: float = 1.0) -> float: ...
 
+    def skip_step(self) -> None:
+        """Advance past the next step's batch without training on it (a loss spike's)."""
+        ...
+
     def release_group(self) -> None: ...
 
     def regroup(self) -> None: ...
@@ -146,6 +150,8 @@ class RunOutcome:
     step_time_s: float = 0.0
     #: in-process restarts this process went through
     restarts: int = 0
+    #: steps whose batch was skipped (a loss spike's window), as the loop passed them
+    skipped: list[int] = field(default_factory=list)
 
 
 def run_in_process(
@@ -256,12 +262,19 @@ def _train(
 ) -> None:
     vote = StopVote()  # one per group: a ballot in flight on the group left behind is lost
     parameters = replicated(getattr(job, "model", None))
+    can_skip = callable(getattr(job, "skip_step", None))
+    if shim.config.skip_steps and not can_skip:
+        log.error("the job has no skip_step(): it trains on the batches it was to skip")
     while job.step < total_steps:
         if shim.rejoin_pending():
             raise RestartRequested("a Rejoin command arrived")
         if stop_at is not None and job.step >= stop_at:
             outcome.stopped = True
             return
+        if can_skip and shim.skips_data(job.step + 1):
+            job.skip_step()
+            outcome.skipped.append(job.step)
+            continue
         started = time.perf_counter()
         loss = job.train_step(slowdown=shim.compute_slowdown())
         step_time_s = time.perf_counter() - started

@@ -204,3 +204,15 @@ class BusLink:
         except Exception:
             log.exception("cannot subscribe to trainer commands; they will be missed")
             return None
+
+
+def wait_for_bus(link: BusLink | None, timeout_s: float = 10.0) -> bool:
+    """Block until ``link`` (a shim's) is connected (tests and short jobs use this)."""
+    if link is None:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while not link.failure:  # a link that gave up will not connect: no use waiting
+        remaining = deadline - time.monotonic()
+        if link.connected.wait(max(min(remaining, 0.05), 0)) or remaining <= 0:
+            break
+    return link.connected.is_set()

@@ -294,6 +294,10 @@ class TrainerShim:
             )
         )
 
+    def skips_data(self, step: int) -> bool:
+        """Whether the batch of ``step`` is skipped: in a loss spike's window (``skip_steps``)."""
+        return any(step in window for window in self.config.skip_steps)
+
     def compute_slowdown(self) -> float:
         """The injected straggler's factor while it lasts (``InjectFault`` "slow"), else 1.0."""
         return self._faults.compute_slowdown()
@@ -485,15 +489,3 @@ class TrainerShim:
         report = checkpoint_report(event, self.config.job, self.config.node, self.config.rank)
         if report is not None:
             self._publish(report)
-
-
-def wait_for_bus(shim: TrainerShim, timeout_s: float = 10.0) -> bool:
-    """Block until the shim's bus link is connected (tests and short jobs use this)."""
-    if shim.link is None:
-        return False
-    deadline = time.monotonic() + timeout_s
-    while not shim.link.failure:  # a link that gave up will not connect: no use waiting
-        remaining = deadline - time.monotonic()
-        if shim.link.connected.wait(max(min(remaining, 0.05), 0)) or remaining <= 0:
-            break
-    return shim.link.connected.is_set()

@@ -15,7 +15,12 @@ from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_to_env
 from goodput.checkpoint.format.job_key import key_env, key_file_from_env
-from goodput.launch.rank_env import VARIABLES, RankEnv, nccl_error_handling
+from goodput.launch.rank_env import (
+    VARIABLES,
+    RankEnv,
+    format_step_windows,
+    nccl_error_handling,
+)
 from goodput.supervisor.membership import Membership
 from goodput.telemetry import current_traceparent
 
@@ -31,11 +36,18 @@ class RankEnvironments:
     attempt: int
     #: (attempt, step): that attempt's ranks restore the newest checkpoint before the step
     _rollback: tuple[int, int] | None = None
+    #: the windows whose batches every rank skips, oldest first
+    _skips: tuple[schemas.StepWindow, ...] = ()
 
     def roll_back_before(self, step: int | None) -> None:
         """The next attempt's ranks (only those: a later relaunch resumes from the newest
         checkpoint again) restore before ``step`` (None: the newest, as usual)."""
         self._rollback = None if step is None else (self.attempt + 1, step)
+
+    def skip_data(self, window: schemas.StepWindow) -> None:
+        """Every later attempt's ranks skip the batches of ``window`` too: a relaunch from a
+        checkpoint before it would otherwise train on the poisoned batch again."""
+        self._skips = (*self._skips, window)
 
     def rank_bus_environment(self) -> dict[str, str]:
         """The ``GOODPUT_NATS_*`` variables with which the shim reaches the bus like the
@@ -111,4 +123,5 @@ class RankEnvironments:
                 if self._rollback is not None and self._rollback[0] == self.attempt
                 else None
             ),
+            skip_steps=format_step_windows(self._skips) or None,
         )

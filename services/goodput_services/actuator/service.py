@@ -195,6 +195,8 @@ class ActuatorService(Service):
         backend = self.backend
         if isinstance(command, (schemas.Restart, schemas.HotSwap, schemas.ScaleTo)):
             backend.roll_back_before(command.restore_before_step)
+        if isinstance(command, schemas.Restart) and command.skip_steps is not None:
+            backend.skip_data(command.skip_steps)
         match command:
             case schemas.StartJob():
                 return await backend.start_job(command)

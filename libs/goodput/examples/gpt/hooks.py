@@ -37,6 +37,11 @@ class TrainingHooks(Protocol):
         """
         ...
 
+    def skips_data(self, step: int) -> bool:
+        """Whether the loop skips the batch of ``step`` (the loss spike's window of a numerical
+        rollback): it advances past the batch without training on it."""
+        ...
+
     def compute_slowdown(self) -> float:
         """How many times as long this rank's next step should compute: 1.0, or more while a
         straggler is injected for chaos testing (a slow device, seen from the host)."""

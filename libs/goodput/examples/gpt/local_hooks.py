@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from goodput import schemas
 from goodput.shim.collectives import broadcast_object, grouped
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import (
@@ -98,6 +99,7 @@ class LocalFileHooks:
         keep: int = 3,
         log_every: int = 10,
         handle_sigterm: bool = True,
+        skip_steps: tuple[schemas.StepWindow, ...] = (),
     ) -> None:
         if keep < 1:
             raise ValueError("keep must be at least 1")
@@ -109,6 +111,7 @@ class LocalFileHooks:
         self._rescale_callbacks: list[RescaleCallback] = []
         self.keep = keep
         self.log_every = log_every
+        self.skip_steps = skip_steps
         self.directory.mkdir(parents=True, exist_ok=True)
         self._stop = threading.Event()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
@@ -171,6 +174,9 @@ class LocalFileHooks:
                 step_time_s * 1e3,
                 tokens / step_time_s,
             )
+
+    def skips_data(self, step: int) -> bool:
+        return any(step in window for window in self.skip_steps)
 
     def compute_slowdown(self) -> float:
         return 1.0

@@ -18,6 +18,7 @@ class LoopResult:
     stopped: bool  # ended early on a stop request, before ``total_steps``
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) run here
     step_time_s: float = 0.0  # total time spent in training steps here (no checkpoint, no startup)
+    skipped: list[int] = field(default_factory=list)  # steps whose batch was skipped here
 
 
 def run_training(
@@ -36,6 +37,10 @@ def run_training(
         if stop_at is not None and trainer.step >= stop_at:
             result.stopped = True
             break
+        if hooks.skips_data(trainer.step + 1):
+            trainer.skip_step()
+            result.skipped.append(trainer.step)
+            continue
         started = time.perf_counter()
         loss = trainer.train_step(slowdown=hooks.compute_slowdown())
         step_time_s = time.perf_counter() - started

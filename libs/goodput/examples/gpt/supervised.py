@@ -75,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stopped=outcome.stopped,
                 losses=outcome.losses,
                 step_time_s=outcome.step_time_s,
+                skipped=outcome.skipped,
             )
             train.write_json(train.result_record(built[0], loop), args.result)
     finally:

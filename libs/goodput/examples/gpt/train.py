@@ -27,7 +27,7 @@ from goodput.examples.gpt.local_hooks import LocalFileHooks
 from goodput.examples.gpt.loop import LoopResult, run_training
 from goodput.examples.gpt.model import ModelConfig
 from goodput.examples.gpt.training import TrainConfig, Trainer, params_sha256
-from goodput.launch.rank_env import RankEnv
+from goodput.launch.rank_env import RankEnv, parse_step_windows
 from goodput.shim.rescale import BUILTIN_RULES, BatchPlan
 
 
@@ -66,6 +66,7 @@ def local_file_hooks(args: argparse.Namespace, info: DistInfo) -> TrainingHooks:
         world_size=info.world_size,
         keep=args.keep,
         log_every=args.log_every,
+        skip_steps=args.skip_steps,
     )
 
 
@@ -102,6 +103,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--exit-at-step", type=int, help="save and exit after this step (as on SIGTERM)"
     )
     parser.add_argument("--result", type=Path, help="JSON summary written by rank 0 at the end")
+    parser.add_argument(
+        "--skip-steps",
+        type=parse_step_windows,
+        default=(),
+        metavar="FIRST-LAST[,...]",
+        help="train on no batch of these steps, as a loss spike's rollback skips them under "
+        "goodput (GOODPUT_SKIP_STEPS): the run it would have been",
+    )
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--dist-timeout-s", type=float, default=300.0)
     return parser.parse_args(argv)
@@ -136,6 +145,9 @@ def result_record(trainer: Trainer, outcome: LoopResult) -> dict[str, Any]:
         "final_loss": outcome.losses[-1][1] if outcome.losses else None,
         "mean_step_time_s": outcome.step_time_s / len(outcome.losses) if outcome.losses else None,
         "losses": outcome.losses,
+        # the steps whose batches were not trained on (a loss spike's rollback): the run
+        # differs from an uninterrupted one by exactly these
+        "skipped_steps": outcome.skipped,
     }
 
 

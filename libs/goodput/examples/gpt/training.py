@@ -252,6 +252,12 @@ class Trainer:
             dist.all_reduce(loss_sum)
         return loss_sum.item() / (self.plan.global_batch // self.plan.micro_batch)
 
+    def skip_step(self) -> None:
+        """Count the next step done without training on its batch (a loss spike's window):
+        the data position moves past it; the weights, the optimizer and the LR schedule do not
+        (a batch's samples are a function of its step, so nothing else needs to be consumed)."""
+        self.step += 1
+
     def regroup(self) -> None:
         """Wrap the model for the current default process group (at start, after an
         in-process restart joined a fresh one, and once a trainer built before any group — a

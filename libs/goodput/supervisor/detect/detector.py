@@ -381,7 +381,9 @@ class Detector:
                 now=now,
             ):
                 signals.append(
-                    msgspec.structs.replace(signal, first_bad_step=finding.first_bad_step)
+                    msgspec.structs.replace(
+                        signal, first_bad_step=finding.first_bad_step, last_bad_step=finding.step
+                    )
                 )
         return signals
 

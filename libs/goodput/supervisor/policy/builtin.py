@@ -56,7 +56,8 @@ Rules, in order (the rule name is what a ``Decision`` shows):
 * ``numerical-rollback`` — a numerical fault (``nonfinite``, ``loss_spike``, a first
   ``replica_mismatch``): restart every rank from the newest checkpoint before
   ``Signal.first_bad_step`` (``Restart.restore_before_step``; the shim discards its volume's
-  newer ones, which hold the fault). ``numerical-quarantine`` — a node whose replica
+  newer ones, which hold the fault); a loss spike's also skips the batches of the window it
+  was seen in (``Restart.skip_steps``: a poisoned batch would spike again). ``numerical-quarantine`` — a node whose replica
   disagreed again (the detector's ``uncorrectable``): replace it (hot swap, else scale down)
   and roll back the same way.
 
@@ -323,11 +324,21 @@ def roll_back(signal: schemas.Signal, state: JobState) -> Plan:
         ]
         return Plan(commands, "numerical-quarantine", f"{plan.reason}; {back}")
     warm, note = standby_note(state, state.active)
-    return Plan(
-        [schemas.Restart(job=state.job, standbys=warm, restore_before_step=before)],
-        "numerical-rollback",
-        f"{why}: {back}{note}",
+    skip = spike_window(signal)
+    skipped = f"; skip the batches of steps {skip.first}-{skip.last}" if skip else ""
+    restart = schemas.Restart(
+        job=state.job, standbys=warm, restore_before_step=before, skip_steps=skip
     )
+    return Plan([restart], "numerical-rollback", f"{why}: {back}{skipped}{note}")
+
+
+def spike_window(signal: schemas.Signal) -> schemas.StepWindow | None:
+    """The steps whose batches a loss spike's rollback skips: the window it was seen in (a
+    poisoned batch is one of them, and training on it again would spike again). A NaN or a
+    replica mismatch skips none: a diverging step or a flipped bit is no batch's fault."""
+    if signal.signal != "loss_spike" or not 1 <= signal.first_bad_step <= signal.last_bad_step:
+        return None
+    return schemas.StepWindow(signal.first_bad_step, signal.last_bad_step)
 
 
 def replace_node(state: JobState, node: str, *, why: str) -> Plan:

@@ -6,11 +6,12 @@ plane peer to peer: the node's peer server serves its directory (own volume and 
 keeps for peers) over direct TCP. Loops: sync (announce the node when its record is due —
 at start, on change, as a slow refresh: ``checkpoint.index.announcement`` —, check and index
 what its disk holds: every ``poll_s``, and at once when the engine reports a checkpoint of
-this node persisted or the peer server commits a copy; then tell the engine, in the volume, behind which
-steps it may delete), replicate (newest own checkpoint to chosen peers), back up (every k-th
-checkpoint or every T seconds, to the object store), collect garbage (by the retention
-policy). How a copy is checked before it is indexed (hashed, or trusted after the engine's or
-the peer server's own hashing) is :mod:`.holdings`'s.
+this node persisted or the peer server commits a copy; then tell the engine, in the volume,
+behind which steps it may delete), replicate (newest own checkpoint to chosen peers), back
+up (every k-th checkpoint or every T seconds, to the object store), collect garbage (by the
+retention policy). An orderly stop withdraws the node's address. How a copy is checked
+before it is indexed (hashed, or trusted after the engine's or the peer server's own
+hashing) is :mod:`.holdings`'s.
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ JOB = "job-rep"
 #: fast polling so tests take seconds, not minutes
 FAST = {
     "poll_s": "0.2",
-    "node_ttl_s": "4",
     "dedup_wait_s": "3",
     "backup_wait_s": "3",
     "backup_every": "1",
@@ -135,17 +134,21 @@ class Replicators:
             process.kill()
         process.wait()
 
+    def stop(self, node: str) -> None:
+        """Stop the node's replicator in order (SIGTERM), as its pod's or unit's stop does."""
+        process = self.processes.pop(node)
+        if process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
     def stop_all(self) -> None:
         for node in list(self.processes):
-            process = self.processes.pop(node)
-            if process.poll() is None:
-                process.send_signal(signal.SIGCONT)
-                process.terminate()
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            self.stop(node)
 
     def log(self, node: str) -> str:
         return (self.state_dir / f"replicator-{node}.log").read_text(errors="replace")[-4000:]
@@ -179,7 +182,14 @@ class Harness:
         self.events = EventTap(bus, JOB)
 
     async def snapshot(self) -> IndexSnapshot:
-        return await self.index.snapshot(node_ttl_s=4)
+        return await self.index.snapshot()
+
+    async def lose_node(self, node: str) -> None:
+        """The node dies (its replicator killed, no orderly stop) and the supervisor, which
+        counts it failed, withdraws its address as the actuator does: no peer waits out the
+        node TTL (the default, minutes) to stop counting it."""
+        self.replicators.kill(node)
+        await self.index.withdraw_node(node)
 
     async def until(self, predicate, timeout_s: float = 40.0, what: str = "condition"):
         """Poll the index until ``predicate(snapshot)`` holds; return the snapshot."""
@@ -227,7 +237,7 @@ def ckpt_cli(h: Harness, *args: str, check: bool = True) -> subprocess.Completed
         "ckpt",
         *args,
         *("--job", JOB, "--nats-url", h.replicators.url),
-        *("--state-dir", str(h.replicators.state_dir), "--node-ttl", "4"),
+        *("--state-dir", str(h.replicators.state_dir)),
         check=check,
     )
 

@@ -115,13 +115,13 @@ async def test_scrubbing_withdraws_a_copy_that_rotted_on_disk(dir_harness: Harne
 
 async def test_a_peer_gone_is_replaced_then_rejoins(dir_harness: Harness) -> None:
     h, reps = dir_harness, dir_harness.replicators
-    # node-0 counts a silent node alive for 10 s, not 4: on a loaded machine writing and
-    # indexing the checkpoint took longer than 4 s, and node-0 never tried the dead peer
-    reps.start("node-0", block="b0", dedup_wait_s="0", node_ttl_s="10")
+    reps.start("node-0", block="b0", dedup_wait_s="0")
     reps.start("node-1", block="b0")
     reps.start("node-2", block="b1")
     await h.until(lambda s: len(s.live_nodes()) == 3, what="three nodes announced")
-    reps.kill("node-1")  # still announced for a few seconds: node-0 will try it and fail
+    # died unseen (no supervisor withdraws it): still announced, node-0 tries it, fails and
+    # cools it down (peer_cooldown_s) rather than wait out the node TTL
+    reps.kill("node-1")
     write_checkpoint(reps.volume("node-0"), 10, seed=4)
     await h.until(lambda s: peer_copies(s, "node-0", 10) == {"node-2"}, what="the distant copy")
     assert "replicate step 10 to node-1" in await wait_health(h, "node-0", "node-1")
@@ -138,8 +138,8 @@ async def test_replicator_killed_mid_transfer_resumes_after_restart(
     dir_harness: Harness,
 ) -> None:
     h, reps = dir_harness, dir_harness.replicators
-    reps.start("node-0", replicas="1", dedup_wait_s="0", node_ttl_s="60")
-    reps.start("node-1", node_ttl_s="60")
+    reps.start("node-0", replicas="1", dedup_wait_s="0")
+    reps.start("node-1")
     await h.until(lambda s: len(s.live_nodes()) == 2, what="two nodes announced")
     # the receiving node freezes: node-0's push connects and then waits on it
     reps.signal("node-1", signal.SIGSTOP)

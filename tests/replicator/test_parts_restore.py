@@ -67,7 +67,7 @@ async def test_parts_replicate_and_a_spare_takes_a_lost_nodes_part(gcs_harness: 
     holds_part(h, "node-0", STEP, 0)
 
     # node-1 is lost with its disk; a spare with an empty volume takes its place (part 1)
-    reps.kill("node-1")
+    await h.lose_node("node-1")
     shutil.rmtree(reps.node_dir("node-1"))
     reps.start("node-3", block="b0")
     await h.until(lambda s: s.alive("node-3"), what="the spare announced")
@@ -79,7 +79,7 @@ async def test_parts_replicate_and_a_spare_takes_a_lost_nodes_part(gcs_harness: 
 
     # the lost node's peers are gone too: the spare's part comes from the object store
     for peer in ("node-0", "node-2"):
-        reps.kill(peer)
+        await h.lose_node(peer)
         shutil.rmtree(reps.node_dir(peer))
     reps.lose_volume("node-3")
     result = await h.restore("node-3", part=(1, 3))

@@ -157,3 +157,7 @@ def test_options_are_checked() -> None:
     for bad in ({"keep_locl": 1}, {"keep_peer": 0}, {"gc_require": ["tape"]}, {"poll_s": "x"}):
         with pytest.raises(SystemExit):
             ReplicatorOptions.from_mapping(bad)
+    # the announcement's refresh, a third of the TTL, is checked once per poll
+    with pytest.raises(SystemExit, match=r"node_ttl_s \(2\) must be at least 3 x poll_s \(1\)"):
+        ReplicatorOptions.from_mapping({"node_ttl_s": 2, "poll_s": 1})
+    assert ReplicatorOptions.from_mapping({"node_ttl_s": 3, "poll_s": 1}).node_ttl_s == 3

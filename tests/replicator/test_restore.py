@@ -57,7 +57,7 @@ async def test_restore_from_peer_then_from_object_store(gcs_harness: Harness) ->
 
     # the peers are lost too (process and disk): the object store refills it
     for peer in ("node-1", "node-2"):
-        reps.kill(peer)
+        await h.lose_node(peer)
         shutil.rmtree(reps.node_dir(peer))
     reps.lose_volume("node-0")
     result = await h.restore("node-0")

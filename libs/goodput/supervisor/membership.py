@@ -43,6 +43,19 @@ class Membership(msgspec.Struct, kw_only=True):
                 return self.return_node(command.node)
         return self
 
+    def newly_failed(self, command: schemas.Command) -> list[str]:
+        """The nodes ``command`` makes count as failed (a hot swap's failed node, a scale's
+        dropped ones); none for a command the actuator would refuse. Their checkpoint tier
+        goes with them: the actuator withdraws their addresses from the checkpoint index
+        rather than let every peer wait out the node TTL (a node that still lives says so
+        again at its next poll)."""
+        try:
+            after = self.after(command)
+        except MembershipError:
+            return []
+        before = set(self.failed)
+        return [node for node in after.failed if node not in before]
+
     @property
     def world_size(self) -> int:
         return len(self.active) * self.procs_per_node

@@ -7,11 +7,14 @@ import contextlib
 import logging
 from pathlib import Path
 
+import nats.errors
+
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.bus.commands import request
 from goodput.bus.job_events import next_step
 from goodput.bus.routing import decode_event_on
+from goodput.checkpoint.index.index import CheckpointIndex
 from goodput.config import ServiceConfig
 from goodput.launch.rank_env import RankEnv
 from goodput.launch.standby_channel import assign_on_bus
@@ -23,6 +26,8 @@ from goodput_services.base import Service
 
 log = logging.getLogger(__name__)
 
+#: how long withdrawing a failed node's address from the checkpoint index may take
+WITHDRAW_TIMEOUT_S = 5.0
 #: how long a pod standby may take to answer its assignment before its rank starts cold
 STANDBY_ASSIGN_TIMEOUT_S = 10.0
 
@@ -193,6 +198,8 @@ class ActuatorService(Service):
 
     async def _run(self, command: schemas.Command) -> str | None:
         backend = self.backend
+        if backend.membership is not None:
+            await self._withdraw_addresses(backend.membership.newly_failed(command))
         if isinstance(command, (schemas.Restart, schemas.HotSwap, schemas.ScaleTo)):
             backend.roll_back_before(command.restore_before_step)
         if isinstance(command, schemas.Restart) and command.skip_steps is not None:
@@ -219,6 +226,20 @@ class ActuatorService(Service):
             case schemas.Stop():
                 return await backend.stop(command.reason)
         return None
+
+    async def _withdraw_addresses(self, nodes: list[str]) -> None:
+        """Before the relaunch (whose restores choose sources): failed nodes hold nothing
+        for the checkpoint tiers, so their address records leave the index now, not when
+        the node TTL expires. A failure is logged, not raised: the TTL is the backstop."""
+        assert self.bus is not None
+        index = CheckpointIndex(self.bus, self.job)
+        for node in nodes:
+            try:
+                await asyncio.wait_for(index.withdraw_node(node), WITHDRAW_TIMEOUT_S)
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning("address of failed node %s not withdrawn: %r", node, exc)
+                continue
+            log.info("failed node's address withdrawn from the checkpoint index: %s", node)
 
     def command_fence(self, command: schemas.Command) -> str:
         """The run, attempt and state of the job: a restart begun by an actuator that died

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from goodput.checkpoint.index.index import DEFAULT_NODE_TTL_S
+from goodput.checkpoint.index.index import DEFAULT_NODE_TTL_S, REFRESHES_PER_TTL
 from goodput.checkpoint.index.retention import DEFAULT_KEEP, DEFAULT_REQUIRE
 
 
@@ -47,10 +47,16 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     backup_wait_s: float = 30.0
     #: a push that takes longer is abandoned (and resumed on the next attempt)
     push_timeout_s: float = 300.0
-    #: polling period of the node's disk; the node is announced in the index as often
+    #: polling period of the node's disk (the node is announced only when its record is due:
+    #: ``checkpoint.index.announcement``)
     poll_s: float = 1.0
-    #: a node whose announcement is older than this holds nothing, as far as the index is concerned
+    #: a node whose announcement is older than this holds nothing, as far as the index is
+    #: concerned; an unchanged announcement is refreshed every third of it. The backstop for
+    #: a node that dies unseen: an orderly stop, and the supervisor counting a node failed,
+    #: withdraw its record at once
     node_ttl_s: float = DEFAULT_NODE_TTL_S
+    #: a peer that failed a copy is not chosen again for this long
+    peer_cooldown_s: float = 15.0
     #: held copies are fully re-hashed this often (bit rot, tampering)
     scrub_interval_s: float = 600.0
     #: the behaviour before event-driven replication, kept as the benchmark's baseline:
@@ -74,6 +80,12 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         unknown = set(parsed.gc_require) - {"local", "peer", "object_store"}
         if unknown:
             raise SystemExit(f"invalid gc_require tiers {sorted(unknown)}")
+        if parsed.poll_s <= 0 or parsed.node_ttl_s < REFRESHES_PER_TTL * parsed.poll_s:
+            raise SystemExit(
+                f"node_ttl_s ({parsed.node_ttl_s:g}) must be at least {REFRESHES_PER_TTL} x "
+                f"poll_s ({parsed.poll_s:g}) > 0: the announcement is refreshed every "
+                f"1/{REFRESHES_PER_TTL} of the TTL, checked every poll"
+            )
         if min(parsed.keep_local, parsed.keep_peer, parsed.keep_object_store) < 1:
             raise SystemExit("keep_local, keep_peer and keep_object_store must be at least 1")
         return parsed

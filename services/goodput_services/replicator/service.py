@@ -3,13 +3,15 @@
 Control plane on the bus (the index in ``gp_ckpt_index``, read once and then followed by its
 changes: ``checkpoint.index.follower``; events, ``RestoreToNode``), data
 plane peer to peer: the node's peer server serves its directory (own volume and the copies it
-keeps for peers) over direct TCP. Loops: sync (announce the node, check and index what its
-disk holds: every ``poll_s``, and at once when the engine reports a checkpoint of this node
-persisted or the peer server commits a copy; then tell the engine, in the volume, behind which
-steps it may delete), replicate (newest own checkpoint to chosen peers), back up (every k-th
-checkpoint or every T seconds, to the object store), collect garbage (by the retention
-policy). How a copy is checked before it is indexed (hashed, or trusted after the engine's or
-the peer server's own hashing) is :mod:`.holdings`'s.
+keeps for peers) over direct TCP. Loops: sync (announce the node when its record is due —
+at start, on change, as a slow refresh: ``checkpoint.index.announcement`` —, check and index
+what its disk holds: every ``poll_s``, and at once when the engine reports a checkpoint of
+this node persisted or the peer server commits a copy; then tell the engine, in the volume,
+behind which steps it may delete), replicate (newest own checkpoint to chosen peers), back
+up (every k-th checkpoint or every T seconds, to the object store), collect garbage (by the
+retention policy). An orderly stop withdraws the node's address. How a copy is checked
+before it is indexed (hashed, or trusted after the engine's or the peer server's own
+hashing) is :mod:`.holdings`'s.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 
 from goodput import schemas, subjects
 from goodput.checkpoint.format import (
@@ -37,6 +40,7 @@ from goodput.checkpoint.format import (
     write_retention_record,
 )
 from goodput.checkpoint.format.job_key import JobKeyError, configured_key
+from goodput.checkpoint.index.announcement import announcement_due
 from goodput.checkpoint.index.follower import IndexFollower
 from goodput.checkpoint.index.gc import collect_garbage, sweep_staged_parts
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
@@ -140,6 +144,8 @@ class ReplicatorService(Service):
         self._volume_lock = asyncio.Lock()  # a restore stages parts; the sweep deletes them
         self._sync_asked = asyncio.Event()  # a checkpoint was persisted or received: sync now
         self.memory = Memory()
+        #: stream sequence of this process's newest announcement; 0 before the first
+        self._announced_seq = 0
         self._tracer = tracer("goodput.replicator")
 
     # ---- service hooks ------------------------------------------------------------------
@@ -199,6 +205,7 @@ class ReplicatorService(Service):
 
     async def on_stop(self) -> None:
         log.info("replicator stopping", extra=hashing_fields())
+        await self._withdraw_announcement()
         if self.peer_server is not None:
             await self.peer_server.close()
 
@@ -210,17 +217,7 @@ class ReplicatorService(Service):
 
     async def _sync_once(self) -> None:
         assert self.index is not None and self.peer_server is not None
-        await self.index.announce(
-            NodeAddressRecord(
-                node=self.node,
-                host=self.advertise_host,
-                port=self.peer_server.port,
-                labels=dict(self.options.labels),
-                object_store=self.store_spec,
-                gcs_endpoint=self.options.gcs_endpoint,
-                ts=time.time_ns(),
-            )
-        )
+        await self._announce_if_due(await self._snapshot())  # before a scan that may take long
         scan = await asyncio.to_thread(self.holdings.scan)
         held = scan.held
         for problem in scan.problems:
@@ -259,6 +256,45 @@ class ReplicatorService(Service):
         )
         self.rounds.publish(snapshot)
         await asyncio.to_thread(self._publish_safe_steps, snapshot)
+
+    async def _announce_if_due(self, snapshot: IndexSnapshot) -> None:
+        """Write this node's address record if it is due (``index/announcement.py``: at
+        start, on change, when the index lost it, or as the slow refresh), not every poll."""
+        assert self.index is not None and self.peer_server is not None
+        now_ns = time.time_ns()
+        wanted = NodeAddressRecord(
+            node=self.node,
+            host=self.advertise_host,
+            port=self.peer_server.port,
+            labels=dict(self.options.labels),
+            object_store=self.store_spec,
+            gcs_endpoint=self.options.gcs_endpoint,
+            ts=now_ns,
+        )
+        reason = announcement_due(
+            wanted,
+            snapshot.nodes.get(self.node),
+            announced=bool(self._announced_seq),
+            now_ns=now_ns,
+            node_ttl_s=self.options.node_ttl_s,
+        )
+        if reason is not None:
+            self._announced_seq = await self.index.announce(wanted)
+            log.info("node announced", extra={"reason": reason, "seq": self._announced_seq})
+
+    async def _withdraw_announcement(self) -> None:
+        """An orderly stop takes the node's address record with it, so no peer waits out the
+        TTL on it; only the record this process wrote (a newer one of its node stays)."""
+        if self.index is None or not self._announced_seq:
+            return
+        try:
+            withdrawn = await asyncio.wait_for(
+                self.index.withdraw_node(self.node, if_last_seq=self._announced_seq), 2.0
+            )
+        except (nats.errors.Error, TimeoutError) as exc:  # the TTL ends it instead
+            log.warning("address record not withdrawn: %r", exc)
+            return
+        log.info("address record withdrawn" if withdrawn else "address record rewritten by another")
 
     async def _snapshot(self, current: bool = False) -> IndexSnapshot:
         """The index as the follower holds it, with this node's own writes in it;
@@ -317,7 +353,7 @@ class ReplicatorService(Service):
                     )
         except TRANSFER_ERRORS as exc:
             # pick another peer for a while; the partial files on this one let a retry resume
-            self.memory.cooldown_until[peer.node] = time.monotonic() + self.options.node_ttl_s
+            self.memory.cooldown_until[peer.node] = time.monotonic() + self.options.peer_cooldown_s
             self.rounds.failed(f"replicate step {mine.step} to {peer.node}", exc)
             if isinstance(exc, SourceMismatch | ChecksumMismatch):
                 self._distrust(source)

@@ -5,8 +5,8 @@ seconds of CPU, and the fleet's replicators together read N² times a node's rec
 second (``goodput bench index-reads``). The follower reads it completely once (the
 read protocol of ``bus/kv_scan.py``, its mark included, so the first view is current), keeps
 that read's consumer open and from then on receives only what changes: the messages, and
-the bytes, it takes grow with the index's changes, not with its size (every node's
-announcement each ``poll_s`` is such a change, though: that part still grows with the fleet).
+the bytes, it takes grow with the index's changes, not with its size (a node's address
+record is written on change and refreshed every few minutes: ``index/announcement.py``).
 Records are decoded once, when they change, and a snapshot's lists are rebuilt only after a
 change.
 

@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from nats.js.api import Header
+from nats.js.errors import APIError
 from nats.js.kv import KV_DEL, KV_OP, KeyValue
 
 from goodput import subjects
@@ -41,9 +43,18 @@ from goodput.schemas.events import StorageTier
 log = logging.getLogger(__name__)
 
 TIER_ORDER: dict[str, int] = {"present": 0, "local": 0, "peer": 1, "object_store": 2}
-#: a node whose announcement is older than this holds nothing, as far as the index is concerned
-DEFAULT_NODE_TTL_S = 15.0
+#: a node whose announcement is older than this holds nothing, as far as the index is
+#: concerned. Announcements are written on change and refreshed every ``node_ttl_s /
+#: REFRESHES_PER_TTL`` (``index/announcement.py``): the TTL is the backstop for a node that
+#: died unseen; a node that stops in order, or that the supervisor counts as failed, has its
+#: record withdrawn at once (:meth:`CheckpointIndex.withdraw_node`)
+DEFAULT_NODE_TTL_S = 900.0
+#: refreshes in one TTL: a node missing one refresh (a bus outage, a leader change) still lives
+REFRESHES_PER_TTL = 3
 
+
+#: JetStream's refusals of a conditional write whose subject's last sequence differs
+WRONG_LAST_SEQUENCE = (10071, 10164)
 
 #: a record of the index bucket, as its key's kind says to decode it
 Record = NodeAddressRecord | CopyRecord
@@ -65,8 +76,29 @@ class CheckpointIndex:
     def _wrote(self, seq: int) -> None:
         self.written_seq = max(self.written_seq, seq)
 
-    async def announce(self, record: NodeAddressRecord) -> None:
-        self._wrote(await (await self._kv()).put(node_key(self.job, record.node), encode(record)))
+    async def announce(self, record: NodeAddressRecord) -> int:
+        """Write the node's address record; its stream sequence (what a withdrawal names)."""
+        seq = await (await self._kv()).put(node_key(self.job, record.node), encode(record))
+        self._wrote(seq)
+        return seq
+
+    async def withdraw_node(self, node: str, *, if_last_seq: int = 0) -> bool:
+        """Delete ``node``'s address record: it holds nothing from now on (its copies stop
+        counting). ``if_last_seq``: only if the record is still the one written at that
+        sequence (a replicator stopping must not withdraw a newer announcement of its node's);
+        False when it was not. Removing an absent record is harmless (a marker is written)."""
+        subject = kv_subject(subjects.CKPT_INDEX_BUCKET, node_key(self.job, node))
+        headers = {KV_OP: KV_DEL}
+        if if_last_seq:
+            headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(if_last_seq)
+        try:
+            ack = await self.bus.js.publish(subject, headers=headers)
+        except APIError as exc:
+            if if_last_seq and exc.err_code in WRONG_LAST_SEQUENCE:
+                return False
+            raise
+        self._wrote(ack.seq)
+        return True
 
     async def put_copy(self, record: CopyRecord) -> None:
         self._wrote(await (await self._kv()).put(copy_key(self.job, record), encode(record)))

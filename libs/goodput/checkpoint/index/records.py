@@ -1,7 +1,9 @@
 """What the replicators keep in the ``gp_ckpt_index`` KV bucket (keys prefixed ``<job>.``).
 
 - ``<job>.node.<node>``: the node's peer data-plane address, topology labels and object store,
-  refreshed every few seconds; a stale one means the node is gone and holds nothing.
+  written on change and refreshed every few minutes (``index/announcement.py``); deleted when
+  the node stops in order or the supervisor counts it failed. An absent or stale one means
+  the node is gone and holds nothing.
 - ``<job>.copy.<step>.<tier>.<holder>.<owner>``: one verified copy of ``owner``'s checkpoint
   ``step`` on ``tier`` — in ``holder``'s volume (``local``), in ``holder``'s peer area
   (``peer``), or in the object store (``object_store``, holder ``store``) — with the checksum
@@ -46,7 +48,7 @@ class NodeAddressRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     #: the object store this node backs up to ("dir:…" or "gcs:…") and its emulator endpoint
     object_store: str = ""
     gcs_endpoint: str = ""
-    #: epoch ns of the last refresh
+    #: epoch ns of the write (a change or a refresh): what the node TTL reads
     ts: int = 0
     schema: int = INDEX_SCHEMA_VERSION
 

@@ -4,8 +4,9 @@ complete read every poll (the replicator before issue 36) and by the index follo
 A real nats-server holds the index of N simulated nodes, each with the copy records the
 store sizing counts (``INDEX_COPIES_PER_NODE``, each listing ``ranks_per_node + 2`` files).
 While a writer changes one node per second (a new step's copy on each tier, the oldest
-step's withdrawn) and every node announces itself every ``--announce-s`` (as each
-replicator does every ``poll_s``), a reader on a connection of its own takes a snapshot
+step's withdrawn) and every node rewrites its address record every ``--announce-s`` (by
+default the replicators' backstop refresh, a third of the node TTL; ``--announce-s 1`` is
+the replicators before announcing on change, once per ``poll_s``), a reader on a connection of its own takes a snapshot
 every ``--poll-s``: first by a complete read (``CheckpointIndex.snapshot``, then a pause of
 a poll, as the sync loop ran), then from an ``IndexFollower``. The figure is the payload
 bytes that reader's connection received in the window, per second (the follower's one
@@ -13,7 +14,7 @@ complete read at start-up is reported apart); the two alternate ``--repeats`` ti
 the same writers, and each repeat's ratio is reported. A complete read that takes longer
 than a poll caps the first figure (the reader is busy reading: its time is shown too). The
 follower's bytes are also split by record: copies (what checkpoints change) and node
-announcements, which every reader receives from every node.
+announcements, which every reader receives from every node that writes one.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from goodput import subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.kv_scan import kv_subject
 from goodput.bus.store_sizing import INDEX_COPIES_PER_NODE, StoreScale, store_limits
+from goodput.checkpoint.index.announcement import refresh_s
 from goodput.checkpoint.index.follower import IndexFollower
-from goodput.checkpoint.index.index import CheckpointIndex
+from goodput.checkpoint.index.index import DEFAULT_NODE_TTL_S, CheckpointIndex
 from goodput.checkpoint.index.records import (
     STORE_HOLDER,
     CopyRecord,
@@ -95,7 +97,8 @@ async def _fill(index: CheckpointIndex, nodes: int, ranks: int) -> int:
 
 class Writers:
     """The fleet's index traffic: one node's checkpoint changes per second, and every node's
-    announcement every ``announce_s`` (published without waiting for acks, spread evenly)."""
+    address record rewritten every ``announce_s`` (published without waiting for acks,
+    spread evenly)."""
 
     def __init__(self, bus: Bus, nodes: int, ranks: int, announce_s: float):
         self.index = CheckpointIndex(bus, JOB)
@@ -244,6 +247,7 @@ def _show(result: dict) -> None:
         "before MB/s",
         "after kB/s",
         "copies kB/s",
+        "announce kB/s",
         "ratio",
     )
     for column in columns:
@@ -257,6 +261,7 @@ def _show(result: dict) -> None:
             _span(r["before_bytes_per_s"], 1e6, 2),
             _span(r["after_bytes_per_s"], 1e3, 1),
             _span(r["after_copy_bytes_per_s"], 1e3, 2),
+            _span(r["after_announcement_bytes_per_s"], 1e3, 2),
             _span(r["before_vs_after"], 1, 0),
         )
     Console().print(table)
@@ -314,8 +319,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--announce-s",
         type=float,
-        default=1.0,
-        help="each node's announcement period, the replicators' poll_s (default 1; 0: none)",
+        default=refresh_s(DEFAULT_NODE_TTL_S),
+        help="each node's announcement period: the replicators' refresh of an unchanged record"
+        " (default %(default)g); 1: every poll, as before announcing on change; 0: none",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)

@@ -381,7 +381,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--node-ttl",
         type=float,
         default=DEFAULT_NODE_TTL_S,
-        help="a node not heard from for this many seconds holds nothing",
+        help="a node whose address record is older than this many seconds holds nothing (the"
+        " replicators' node_ttl_s; they refresh an unchanged record every third of it, and a"
+        " stopped or failed node's is withdrawn at once; default %(default)g)",
     )
     add_bus_arguments(parser)
     parser.set_defaults(func=cmd_ckpt)

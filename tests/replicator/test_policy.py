@@ -121,32 +121,35 @@ def test_the_newest_complete_step_is_never_deleted() -> None:
     assert plan_gc(snapshot([]), retention) == []
 
 
-def test_retention_keeps_each_holders_known_clean_local_copy_and_nothing_more() -> None:
+def test_retention_keeps_the_known_clean_copy_on_every_tier_and_nothing_more() -> None:
     """Per holder, the newest local copy at or before the step its ranks are known clean
-    through stays; peer copies and the other holders' copies go as before."""
+    through stays; on peers and in the object store, the newest at or before the oldest
+    clean step known (a quarantined node's spare restores it from there); nothing else."""
     retention = Retention(keep={"local": 1, "peer": 1, "object_store": 1}, require=())
     copies = [copy(s, "local", h) for s in (10, 20, 30, 40) for h in ("node-0", "node-1")]
     copies += [copy(s, "peer", "node-2") for s in (10, 20, 30, 40)]
+    copies += [copy(s, "object_store", "store") for s in (10, 20, 30, 40)]
 
     def doomed(clean: dict[str, int] | None) -> set[tuple[int, str, str]]:
         return {(c.step, c.tier, c.holder) for c in plan_gc(snapshot(copies), retention, clean)}
 
     plain = doomed(None)
     assert {(s, t) for s, t, _ in plain} == {
-        (s, t) for s in (10, 20, 30) for t in ("local", "peer")
+        (s, t) for s in (10, 20, 30) for t in ("local", "peer", "object_store")
     }
-    assert doomed({"node-0": 25}) == plain - {(20, "local", "node-0")}
+    shared = {(20, "peer", "node-2"), (20, "object_store", "store")}
+    assert doomed({"node-0": 25}) == plain - {(20, "local", "node-0")} - shared
     assert doomed({"node-0": 25, "node-1": 30}) == plain - {
         (20, "local", "node-0"),
         (30, "local", "node-1"),
-    }
+    } - shared  # the older of the two claims, on the shared tiers
     # a claim newer than every copy keeps only what is kept anyway; one older than every
     # copy keeps nothing; a holder of no copy of its own step keeps its next older one
     assert doomed({"node-0": 99}) == plain
     assert doomed({"node-0": 5}) == plain
     copies.remove(copy(20, "local", "node-0"))
     plain = doomed(None)
-    assert doomed({"node-0": 25}) == plain - {(10, "local", "node-0")}
+    assert doomed({"node-0": 25}) == plain - {(10, "local", "node-0")} - shared
 
 
 def test_options_are_checked() -> None:

@@ -119,11 +119,14 @@ def plan_gc(
 
     ``clean_through``: per holder, the step its volume's ranks are known clean through (its
     clean record); the holder's newest local copy at or before it is kept (:func:`clean_step`).
-    The rule's floor depends on no holder's copies, so asking it per holder changes nothing
-    else."""
+    The copies on peers and in the object store keep theirs too, at or before the oldest
+    step any record given says (a quarantined node's spare has no local copy: it restores
+    the clean checkpoint from a peer or the store). The rule's floor depends on no holder's
+    copies, so asking it per holder changes nothing else."""
     complete = [v for v in snapshot.views() if v.complete]
     safe = _safe(complete, retention.require)
     clean_through = clean_through or {}
+    job_clean = min(clean_through.values(), default=None)
     doomed = []
     for tier in STORAGE_TIERS:
         complete_here = [v.step for v in complete if v.complete_in(tier)]
@@ -133,10 +136,9 @@ def plan_gc(
                 holders.setdefault(c.holder, []).append(c)
         for holder, copies in holders.items():
             steps = {c.step for c in copies}
-            protected = None
-            if tier == "local":
-                held = [step for step in complete_here if step in steps]
-                protected = clean_step(held, clean_through.get(holder))
+            held = [step for step in complete_here if step in steps]
+            clean = clean_through.get(holder) if tier == "local" else job_clean
+            protected = clean_step(held, clean)
             decision = decide_retention(steps, complete_here, retention.keep[tier], safe, protected)
             gone = set(decision.delete)
             doomed += [c for c in copies if c.step in gone]

@@ -214,12 +214,19 @@ class Harness:
         raise AssertionError(f"{len(found)} {kind.__name__} events for step {step}, not {count}")
 
     async def restore(
-        self, node: str, step: int | None = None, part: tuple[int, int] | None = None
+        self,
+        node: str,
+        step: int | None = None,
+        part: tuple[int, int] | None = None,
+        before_step: int | None = None,
     ) -> schemas.ActionResult:
         """Send ``RestoreToNode`` (``part``: (part, parts) of a checkpoint sharded across
-        nodes, as the actuator sends it) and wait for its result."""
+        nodes, as the actuator sends it; ``before_step``: a rollback's bound) and wait for
+        its result."""
         index, count = part or (None, None)
-        command = schemas.RestoreToNode(job=JOB, node=node, step=step, part=index, parts=count)
+        command = schemas.RestoreToNode(
+            job=JOB, node=node, step=step, part=index, parts=count, before_step=before_step
+        )
         await self.bus.send_command(subjects.node_target(subjects.REPLICATOR, node), command)
         return await self.events.wait_for(
             lambda e: isinstance(e, schemas.ActionResult) and e.command_id == command.command_id,

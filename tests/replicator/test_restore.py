@@ -7,6 +7,7 @@ import shutil
 
 from goodput import schemas, subjects
 from goodput.checkpoint.engine import CheckpointEngine
+from goodput.checkpoint.format import write_clean_record
 from tests.ckpt.helpers import assert_bit_exact
 from tests.replicator.conftest import (
     JOB,
@@ -85,3 +86,43 @@ async def test_restore_with_nothing_saved_is_a_no_op(dir_harness: Harness) -> No
         lambda e: isinstance(e, schemas.ActionResult) and e.command_id == wrong.command_id
     )
     assert not refused.ok and "serves node-0" in refused.detail
+
+
+async def test_a_rollbacks_restore_fills_the_volume_with_the_clean_step_kept_on_the_peer(
+    dir_harness: Harness,
+) -> None:
+    """A quarantined node's spare starts empty and the newest step holds the numerical
+    fault: the peer kept the known-clean step past its own retention (one copy kept), and the
+    rollback's restore fetches that one, the step the ranks will restore."""
+    h, reps = dir_harness, dir_harness.replicators
+    eager = {"gc_interval_s": "1", "gc_require": "[]", "keep_peer": "1", "keep_local": "1"}
+    reps.start("node-0", **eager)
+    reps.start("node-1", **eager)
+    for node in ("node-0", "node-1"):  # every node's ranks record the step known clean
+        write_clean_record(reps.volume(node), STEP)
+    for step in (STEP, 2 * STEP, 3 * STEP):  # each node's ranks save (data parallel)
+        for node in ("node-0", "node-1"):
+            write_checkpoint(reps.volume(node), step, seed=step)
+        await h.until(
+            lambda s, step=step: peer_copies(s, "node-0", step) == {"node-1"},
+            what=f"step {step} copied to the peer",
+        )
+    # the peer's GC ran (it deleted step 200, neither its newest nor known clean) and kept
+    # the clean step, which its own retention (one copy) would have deleted
+    snapshot = await h.until(
+        lambda s: not peer_copies(s, "node-0", 2 * STEP),
+        what="a garbage collection of the peer's copies",
+    )
+    assert peer_copies(snapshot, "node-0", STEP) == {"node-1"}
+    reps.lose_volume("node-0")
+    result = await h.restore("node-0", before_step=STEP + 1)  # the step after the clean one
+    assert result.ok, result.detail
+    assert h.restored_event("node-0").step == STEP
+    with CheckpointEngine(reps.volume("node-0"), keep_last=0) as engine:
+        step, state = engine.restore()
+    assert step == STEP
+    assert_bit_exact(make_state(STEP), state)
+    nothing = await h.restore("node-0", before_step=STEP)  # none older: nothing to fetch
+    assert nothing.ok and "nothing to restore" in nothing.detail
+    refused = await h.restore("node-0", step=3 * STEP, before_step=3 * STEP)
+    assert not refused.ok and "not before step 300" in refused.detail

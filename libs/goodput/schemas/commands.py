@@ -170,6 +170,9 @@ class RestoreToNode(Command, tag="restore_to_node", kw_only=True):
     step: int | None = None
     part: Annotated[int, msgspec.Meta(ge=0)] | None = None
     parts: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    #: a numerical rollback's launch: the newest complete step before this one, which the
+    #: ranks will restore (the newest holds the fault; schema 15)
+    before_step: int | None = None
 
     def __post_init__(self) -> None:
         if (self.part is None) != (self.parts is None):

@@ -52,7 +52,8 @@ import msgspec
 #: ``replica_mismatch``, with ``Signal.first_bad_step``) and the rollback they lead to
 #: (``restore_before_step`` on ``Restart``, ``HotSwap``, ``ScaleTo``)
 #: 15: a loss spike's rollback skips the data of the window it was seen in
-#: (``Signal.last_bad_step``, ``Restart.skip_steps``, ``StepWindow``)
+#: (``Signal.last_bad_step``, ``Restart.skip_steps``, ``StepWindow``); a rollback's launch
+#: fills a node's volume with the checkpoint its ranks restore (``RestoreToNode.before_step``)
 SCHEMA_VERSION = 15
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value

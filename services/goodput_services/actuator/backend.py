@@ -386,7 +386,9 @@ class MembershipBackend(RankEnvironments, ABC):
         nodes = membership.active
         outcomes = await asyncio.gather(
             *(
-                self.ports.prepare_node(node, membership.node_index(node), len(nodes))
+                self.ports.prepare_node(
+                    node, membership.node_index(node), len(nodes), self.rollback_bound()
+                )
                 for node in nodes
             ),
             return_exceptions=True,

@@ -11,9 +11,9 @@ from goodput.launch.rank_env import RankEnv
 
 EventSink = Callable[[schemas.Event], Awaitable[None]]
 #: fills a node's local volume with the newest complete checkpoint (node, its index in the
-#: launch order: the part of a checkpoint sharded across nodes it holds, the node count);
-#: returns what it did
-NodePreparer = Callable[[str, int, int], Awaitable[str]]
+#: launch order: the part of a checkpoint sharded across nodes it holds, the node count, and
+#: a numerical rollback's bound: the newest before that step, else None); returns what it did
+NodePreparer = Callable[[str, int, int, int | None], Awaitable[str]]
 #: resets GPUs of a node (node, GPU indexes or [] for all, the run and attempt whose ranks
 #: stopped); returns whether it succeeded and what happened
 GpuResetter = Callable[[str, list[int], str, int], Awaitable[tuple[bool, str]]]

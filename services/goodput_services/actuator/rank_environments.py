@@ -44,6 +44,11 @@ class RankEnvironments:
         checkpoint again) restore before ``step`` (None: the newest, as usual)."""
         self._rollback = None if step is None else (self.attempt + 1, step)
 
+    def rollback_bound(self) -> int | None:
+        """The step this attempt's ranks restore before (a numerical rollback's), else None."""
+        rollback = self._rollback
+        return rollback[1] if rollback is not None and rollback[0] == self.attempt else None
+
     def skip_data(self, window: schemas.StepWindow) -> None:
         """Every later attempt's ranks skip the batches of ``window`` too: a relaunch from a
         checkpoint before it would otherwise train on the poisoned batch again."""
@@ -118,10 +123,6 @@ class RankEnvironments:
             # the job's own checkpoint directory (a shared one) wins over the node's volume
             ckpt_dir=self.spec.env.get(VARIABLES["ckpt_dir"]) or str(volume),
             device=device,
-            restore_before_step=(
-                self._rollback[1]
-                if self._rollback is not None and self._rollback[0] == self.attempt
-                else None
-            ),
+            restore_before_step=self.rollback_bound(),
             skip_steps=format_step_windows(self._skips) or None,
         )

@@ -105,13 +105,20 @@ class ActuatorService(Service):
             kv = await self.bus.kv(subjects.STATE_BUCKET)
             await kv.put(subjects.kv_key(self.job, "job_status"), schemas.encode(event))
 
-    async def _restore_to_node(self, node: str, part: int, parts: int) -> str:
+    async def _restore_to_node(
+        self, node: str, part: int, parts: int, before_step: int | None
+    ) -> str:
         """Ask the node's checkpoint tier to fill its volume (with ``part`` of ``parts`` of a
-        checkpoint sharded across nodes), and wait for its answer."""
+        checkpoint sharded across nodes; before ``before_step`` for a rollback), and wait."""
         assert self.bus is not None
         target = subjects.node_target(subjects.REPLICATOR, node)
         command = schemas.RestoreToNode(
-            job=self.job, node=node, part=part, parts=parts, reason="before launch"
+            job=self.job,
+            node=node,
+            part=part,
+            parts=parts,
+            before_step=before_step,
+            reason="before launch",
         )
         timeout_s = self.options.restore_timeout_s
         result = await request(self.bus, target, command, timeout_s)

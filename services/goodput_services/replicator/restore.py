@@ -77,17 +77,24 @@ async def restore_to_node(
     step: int | None = None,
     block_label: str = "block",
     assigned: NodePart | None = None,
+    before_step: int | None = None,
 ) -> RestoreOutcome:
-    """Restore the newest complete step (or ``step``) onto the node's volume; for a
-    checkpoint sharded across nodes, the part ``assigned`` to the node (and every other
-    part beside it for a reshard)."""
+    """Restore the newest complete step (or ``step``; before ``before_step``, a numerical
+    rollback's bound, when given) onto the node's volume; for a checkpoint sharded across
+    nodes, the part ``assigned`` to the node (and every other part beside it for a reshard)."""
     started = time.perf_counter()
     if step is not None:
         candidates = [snapshot.view(step)]
         if not candidates[0].complete:
             raise NothingToRestore(f"step {step} is not complete in any tier")
+        if before_step is not None and step >= before_step:
+            raise NothingToRestore(f"step {step} is not before step {before_step}")
     else:
-        candidates = [v for v in snapshot.views() if v.complete]
+        candidates = [
+            v
+            for v in snapshot.views()
+            if v.complete and (before_step is None or v.step < before_step)
+        ]
         if not candidates:
             return RestoreOutcome(None, "none")
     fallbacks: list[str] = []

@@ -469,6 +469,7 @@ class ReplicatorService(Service):
                     node_dir=self.node_dir,
                     store=self.store,
                     step=command.step,
+                    before_step=command.before_step,
                     block_label=self.options.block_label,
                     assigned=NodePart.of(command.part, command.parts),
                 )

@@ -14,6 +14,7 @@ from goodput.supervisor.jobstate.folds import observe_event
 from goodput.tools.simulate import messages as msg
 from goodput.tools.simulate.actuator import Execution
 from goodput.tools.simulate.profile import SimulateError
+from goodput.tools.simulate.records import Pace
 
 
 class DecisionsMixin:
@@ -44,7 +45,12 @@ class DecisionsMixin:
                 relaunching = True
                 self._at(execution.stops_ns, self._stop_group, execution)
                 if execution.cost is not None and execution.cost.trained_on_steps:
-                    self._step_s = execution.cost.trained_on_pace_s  # it trains on, slower
+                    # it trains on, slower, its steps ending as measured from the decision (the
+                    # one in flight too: else it may miss the stop, and the step it saved)
+                    self._step_s = execution.cost.trained_on_pace_s
+                    self._pace = Pace(saves=self._pace.saves)
+                    if self._next_step is not None:
+                        self._next_step = self.now + self._step_ns()
             self._at(execution.done_ns, self._executed, execution)
             if execution.standbys_ready_ns is not None:
                 self._at(execution.standbys_ready_ns, self._standbys_ready)

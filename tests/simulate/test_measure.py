@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from goodput import schemas
@@ -159,3 +160,18 @@ def test_each_step_and_save_is_measured_as_the_calculator_keeps_it() -> None:
     assert kept == pytest.approx(sum(s for _, s in costs["first_steps_s"]), abs=1e-3)
     charged = report.badput["checkpoint_save"] - 0.3  # less the start-up's save of step 0
     assert charged == pytest.approx(0.14, abs=1e-3)
+
+
+def test_a_remediation_s_load_is_every_rank_s() -> None:
+    """A rank whose load ends after rank 0's holds the job in its load too: the calculator
+    charges the union of every rank's, and a replay at rank 0's alone booked the rest as
+    start-up (0.27 s predicted against 0.47 s measured under load)."""
+    events = _scale_down_run()
+    up = min(e.ts for e in events if isinstance(e, schemas.RankStarted) and e.attempt == 2)
+    for rank, end_s in ((0, 0.5), (1, 0.8)):
+        restored = msg.checkpoint_restored(f"node-{rank}", up + int(end_s * NS), 5, "local", 0.2)
+        events.append(msgspec.structs.replace(restored, rank=rank))
+    down = measured_costs(events)["remediations"][0]
+    assert down["restore_s"] == 0.4  # [0.3, 0.5] and [0.6, 0.8] after the ranks started
+    assert down["restored_step"] == 5
+    assert down["startup_s"] == 1.6  # 2 s from the ranks started to the first step, less 0.4

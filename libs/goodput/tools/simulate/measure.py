@@ -5,7 +5,8 @@ price the same faults with what this machine measured, instead of a profile's gu
 costs are means over the reference rank's (rank 0) reports; each remediation's own cost is
 measured as ``goodput report`` splits it: from the decision to the new attempt's ranks started
 (a restart's relaunch, which an ``ActionResult``'s duration does not show: it is answered once
-the processes are spawned), the checkpoint load, then start-up until the first step began;
+the processes are spawned), the checkpoint load (the union of every rank's: a rank whose load
+ends after rank 0's is charged too), then start-up until the first step began;
 and how long the old attempt went on training after the decision (a scale-up stops it only
 once the new ranks are ready: 0.7–19 s of a 5–23 s relaunch in the demos). Steps are priced
 per phase (the first attempt, then after each remediation): a job scaled down runs at a
@@ -28,7 +29,7 @@ import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from goodput import schemas
 
@@ -54,12 +55,18 @@ class _Open:
     started_ns: int = 0
     rejoined_ns: int = 0
 
+    #: every rank's checkpoint load (start, end ns): the calculator charges their union
+    loads: list[tuple[int, int]] = field(default_factory=list)
+    #: the step rank 0 restored (every rank restores the same)
+    restored_step: int | None = None
+
     @property
     def up_ns(self) -> int:
         return self.started_ns or self.rejoined_ns
 
-    restore_s: float = 0.0
-    restored_step: int | None = None
+    @property
+    def restore_s(self) -> float:
+        return _length(_merged(self.loads)) / 1e9
 
 
 def measured_costs(
@@ -114,8 +121,10 @@ def measured_costs(
                     current.started_ns = max(current.started_ns, event.ts)
             case schemas.RankRejoined() if current is not None:
                 current.rejoined_ns = max(current.rejoined_ns, event.ts)
-            case schemas.CheckpointRestored(rank=0) if current is not None:
-                current.restore_s, current.restored_step = event.duration_s, event.step
+            case schemas.CheckpointRestored() if current is not None and event.rank >= 0:
+                current.loads.append((event.ts - int(event.duration_s * 1e9), event.ts))
+                if event.rank == 0:
+                    current.restored_step = event.step
             case schemas.CheckpointSaved():
                 start = event.ts - int(event.stall_s * 1e9)
                 saves.append((start, event.ts, event.step, event.rank))

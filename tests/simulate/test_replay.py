@@ -247,3 +247,23 @@ def test_a_forged_measured_step_is_one_line(tmp_path, forged):
     path.write_text(json.dumps(run))
     with pytest.raises(SimulateError, match="replay section is incomplete"):
         replay_file(str(path))
+
+
+def test_saves_outside_the_steps_are_booked_as_saves_at_no_extra_time(tmp_path):
+    """The first start's save of step 0 and the last step's at the end are inside the run's
+    measured start-up and shutdown, where the calculator charges them as saves: the replay
+    books them so, and the goodput stays what it was."""
+    results = {}
+    for outside in (False, True):
+        run = _paced_run(paced=True)
+        if outside:
+            saves = run["replay"]["costs"]["first_saves_s"]
+            run["replay"]["costs"]["first_saves_s"] = [[0, 0.1, 0.2], *saves, [100, 0.1, 0.2]]
+        path = tmp_path / f"outside-{outside}.json"
+        path.write_text(json.dumps(run))
+        results[outside] = replay_file(str(path))["baseline"]
+    before, after = (results[k]["predicted_badput_s"] for k in (False, True))
+    assert after["checkpoint_save"] == pytest.approx(before["checkpoint_save"] + 0.4, abs=0.01)
+    assert after["program_startup"] == pytest.approx(before["program_startup"] - 0.2, abs=0.01)
+    assert after["job_down"] == pytest.approx(before["job_down"] - 0.2, abs=0.01)
+    assert results[True]["predicted"] == results[False]["predicted"]

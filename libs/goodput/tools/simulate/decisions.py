@@ -68,7 +68,11 @@ class DecisionsMixin:
     def _stop_group(self, execution: Execution) -> None:
         """The worker group stops: a running job saves first (SIGTERM), a failed one is lost."""
         if self._failure_ns is None and self.phase in ("running", "saving"):
+            captures = self.ckpt.captures
+            saved = bool(captures) and captures[-1].step == self.step
             self.ckpt.capture(self.step, self.now)
+            if not saved:  # a step saved already is not saved twice
+                self._book_unpaced_save(after=True)
         self._gen += 1
         self._next_step = None
         reason = schemas.kind_of(type(execution.command))

@@ -278,8 +278,8 @@ def _pace(
     less the saves in it (``union``: every rank's stalls, merged), outside stragglers' windows
     (their slowdown is measured apart); and each save as [step, rank 0's stall, the job's
     wait]: the union of every rank's stall, which the calculator charges, where the
-    controller prices the interval with rank 0's (a save before the phase's first step, a
-    first start's of step 0, is the start-up's)."""
+    controller prices the interval with rank 0's (a save after the phase's last step, a
+    stopped attempt's, is the phase's; one before the first phase, of step 0, the first's)."""
     phase = phases[index]
     steps = []
     for previous, step in zip([None, *phase], phase, strict=False):
@@ -290,7 +290,7 @@ def _pace(
             steps.append([step.step, round(max(span, 0.0), 4)])
     by_step: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
     for start, end, step, rank in saves:
-        if _phase_at(end, phases) == index:
+        if (_phase_at(end, phases) or 0) == index:  # before the first phase: its start's
             by_step[step].append((start, end, rank))
     stalls = []
     for step, spans in sorted(by_step.items()):

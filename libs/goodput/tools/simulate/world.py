@@ -50,10 +50,11 @@ from goodput.tools.simulate.faults import FaultsMixin
 from goodput.tools.simulate.fleet import Fault, StepFault, node_names
 from goodput.tools.simulate.profile import CostProfile, JobSpec, SimulateError
 from goodput.tools.simulate.records import NS, T0, FedRank, MeasuredCosts, Pace, Slowing
+from goodput.tools.simulate.saves import SAVE, SavesMixin
 from goodput.tools.simulate.strategies import Strategy
 
 JOB = msg.JOB
-SAVE, LOAD = "checkpoint-save", "checkpoint-load"
+LOAD = "checkpoint-load"
 POLICY_TIMEOUT_S = 120.0
 
 
@@ -72,7 +73,7 @@ class Result:
     final_interval_steps: int
 
 
-class World(FaultsMixin, DecisionsMixin):
+class World(FaultsMixin, DecisionsMixin, SavesMixin):
     def __init__(
         self,
         job: JobSpec,
@@ -415,6 +416,8 @@ class World(FaultsMixin, DecisionsMixin):
         if gen != self._gen:
             return
         self.phase = "running"
+        if self.step == 0:
+            self._book_unpaced_save(after=False)
         self._next_step = self.now + self._step_ns()
 
     def _step_ns(self) -> int:
@@ -467,33 +470,4 @@ class World(FaultsMixin, DecisionsMixin):
         self._next_step = None
         self.phase = "down"
         self.end, self._stopped = self.now + self._shutdown_ns, True
-
-    def _saved(self, gen: int, stall_s: float, waited_s: float) -> None:
-        """A save the job waited ``waited_s`` for, rank 0's of ``stall_s``."""
-        if gen != self._gen:
-            return
-        capture = self.ckpt.capture(self.step, self.now)
-        self.phase = "running"
-        for fed in self._fed.values():
-            if fed.busy == SAVE:
-                fed.busy = ""  # its next step tells the sensor
-        ref = self._fed.get(0)
-        node = ref.node if ref is not None else self.actuator.membership.active[0]
-        size = self.job.state_gb_per_node
-        saved = msg.checkpoint_saved(node, self.now, self.step, stall_s, size)
-        self._tell(saved)
-        if waited_s > stall_s:  # a replay's: the job waited for its other ranks' saves too
-            active, per_node = self.actuator.membership.active, self.job.gpus_per_node
-            self.stream.append(msg.slowest_saved(active, per_node, saved, waited_s))
-        self.state = observe_event(self.state, saved, self.now)
-        durable = CheckpointSystem.first_durable_ns(capture)
-        self._at(durable, self._persisted, capture.step, (durable - capture.taken_ns) / NS, node)
-        self._next_step = self.now + self._step_ns()
-
-    def _persisted(self, step: int, duration_s: float, node: str) -> None:
-        persisted = msg.checkpoint_persisted(
-            node, self.now, step, max(duration_s, self.ckpt.stall_s)
-        )
-        self.stream.append(persisted)
-        self.state = observe_event(self.state, persisted, self.now)
-        self._apply(self.controller.recommend_checkpoint_interval(self.state, self.now))
+        self._book_unpaced_save(after=True)

@@ -171,7 +171,10 @@ def measured_costs(
         for w, p, ended in zip(windows, struck, cut, strict=True)
     ]
     union = _merged([(start, end) for start, end, _, _ in saves])
-    paces = [_pace(index, phases, saves, union, windows) for index in range(len(phases))]
+    by_phase = _saves_by_phase(saves, phases)
+    paces = [
+        _pace(phase, saved, union, windows) for phase, saved in zip(phases, by_phase, strict=True)
+    ]
     for remediation, step_s, pace in zip(remediations, phase_step_s[1:], paces[1:], strict=True):
         remediation |= {"step_time_s": step_s, **pace}
     lifecycle_end = max((e.ts for e in ordered if _ends_run(e)), default=0)
@@ -266,21 +269,33 @@ def _after(phase: list[schemas.StepDone], window: tuple[int, int]) -> list:
     return [s for s in phase if s.ts > window[1]]
 
 
+def _saves_by_phase(
+    saves: list[tuple[int, int, int, int]], phases: list[list[schemas.StepDone]]
+) -> list[dict[int, list[tuple[int, int, int]]]]:
+    """Every rank's saves (start, end, rank) by step, per phase: the phase running when it
+    ended (a stopped attempt's save is its own), the first phase's before it began (the save
+    of step 0). One pass, a bisection each: a large job saves 16,000 ranks at a time."""
+    began = [(_began(phase), index) for index, phase in enumerate(phases) if phase]
+    starts = [ts for ts, _ in began]
+    by_phase: list[dict[int, list[tuple[int, int, int]]]] = [defaultdict(list) for _ in phases]
+    for start, end, step, rank in saves:
+        at = bisect.bisect_right(starts, end) - 1
+        by_phase[began[at][1] if at >= 0 else 0][step].append((start, end, rank))
+    return by_phase
+
+
 def _pace(
-    index: int,
-    phases: list[list[schemas.StepDone]],
-    saves: list[tuple[int, int, int, int]],
+    phase: list[schemas.StepDone],
+    saved: dict[int, list[tuple[int, int, int]]],
     union: list[tuple[int, int]],
     windows: Sequence[tuple[int, int]],
 ) -> dict[str, list[list[float]]]:
-    """Phase ``index``'s steps and saves one by one, as [step, seconds] pairs: each step's span
-    as the calculator takes it (from the previous step's end; the phase's first, its own time)
-    less the saves in it (``union``: every rank's stalls, merged), outside stragglers' windows
-    (their slowdown is measured apart); and each save as [step, rank 0's stall, the job's
-    wait]: the union of every rank's stall, which the calculator charges, where the
-    controller prices the interval with rank 0's (a save after the phase's last step, a
-    stopped attempt's, is the phase's; one before the first phase, of step 0, the first's)."""
-    phase = phases[index]
+    """A phase's steps and saves one by one, as [step, seconds] pairs: each step's span as the
+    calculator takes it (from the previous step's end; the phase's first, its own time) less
+    the saves in it (``union``: every rank's stalls, merged), outside stragglers' windows
+    (their slowdown is measured apart); and each of its saves (``saved``) as [step, rank 0's
+    stall, the job's wait]: the union of every rank's stall, which the calculator charges,
+    where the controller prices the interval with rank 0's."""
     steps = []
     for previous, step in zip([None, *phase], phase, strict=False):
         if not _inside(step.ts, windows):
@@ -288,12 +303,8 @@ def _pace(
             if previous is not None:
                 span = (step.ts - previous.ts - _overlap(union, previous.ts, step.ts)) / 1e9
             steps.append([step.step, round(max(span, 0.0), 4)])
-    by_step: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
-    for start, end, step, rank in saves:
-        if (_phase_at(end, phases) or 0) == index:  # before the first phase: its start's
-            by_step[step].append((start, end, rank))
     stalls = []
-    for step, spans in sorted(by_step.items()):
+    for step, spans in sorted(saved.items()):
         waited = _length(_merged([(start, end) for start, end, _ in spans])) / 1e9
         own = next(((e - s) / 1e9 for s, e, rank in spans if rank == 0), waited)
         stalls.append([step, round(own, 4), round(waited, 4)])

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
+import pytest
+
 from goodput import schemas
+from goodput.measure.accounting.calculator import compute_events_goodput
 from goodput.tools.simulate import messages as msg
 from goodput.tools.simulate.measure import measured_costs
 
@@ -120,3 +124,54 @@ def test_a_straggler_ended_by_a_relaunch_has_no_pace_after_it() -> None:
     window = (steps[8].ts, steps[14].ts)  # from the first phase into the scale-down
     costs = measured_costs(events, slow_windows=[window])
     assert costs["slowed_after_step_s"] == [None]
+
+
+def _loaded_phase() -> list[schemas.Event]:
+    """Two ranks step at 0.5 s; a save of step 0 before the first step (in the start-up), and
+    one of step 3 in which rank 1 stalls 0.1 s after rank 0's 0.04 s, the step after it
+    taking 0.8 s from step 3's end (a loaded machine's, with the saves)."""
+    started = msg.rank_started("node-0", 0, T0, 2, 1)
+    done = [T0 + 5 * NS + int(s * NS) for s in (0.5, 1.0, 1.5, 2.3, 2.8)]
+    steps = [msg.step_done("node-0", 0, ts, n, 0.5, 0.5, 2) for n, ts in enumerate(done, 1)]
+    rank1 = schemas.CheckpointSaved(
+        job=msg.JOB, ts=done[2] + NS // 5, node="node-1", rank=1, step=3, stall_s=0.1, bytes=0
+    )
+    saves = [
+        msg.checkpoint_saved("node-0", T0 + 4 * NS, 0, 0.3, 0.0),
+        msg.checkpoint_saved("node-0", done[2] + NS // 20, 3, 0.04, 0.0),
+        rank1,
+    ]
+    return [started, *steps, *saves]
+
+
+def test_each_step_and_save_is_measured_as_the_calculator_keeps_it() -> None:
+    """On a loaded machine the step after a save runs slow and rank 1's save stalls the job
+    beyond rank 0's: a replay at one step time and rank 0's mean stall priced neither."""
+    events = _loaded_phase()
+    costs = measured_costs(events)
+    # step 4: 0.8 s after step 3 less the 0.14 s the two saves stalled it
+    assert costs["first_steps_s"] == [[1, 0.5], [2, 0.5], [3, 0.5], [4, 0.66], [5, 0.5]]
+    # rank 0's stall, which the controller reads, and the union the job waited for; the
+    # start's save of step 0 too, which the replay books inside its start-up
+    assert costs["first_saves_s"] == [[0, 0.3, 0.3], [3, 0.04, 0.14]]
+    assert costs["checkpoint_stall_s"] == round((0.3 + 0.04) / 2, 4)  # rank 0's, as before
+    # what the calculator keeps of the steps and charges for the phase's saves
+    report = compute_events_goodput(events, job=msg.JOB, nominal_world_size=2)
+    kept = report.productive_s + report.badput["straggler_slowdown"]
+    assert kept == pytest.approx(sum(s for _, s in costs["first_steps_s"]), abs=1e-3)
+    assert report.badput["checkpoint_save"] == pytest.approx(0.3 + 0.14, abs=1e-3)
+
+
+def test_a_remediation_s_load_is_every_rank_s() -> None:
+    """A rank whose load ends after rank 0's holds the job in its load too: the calculator
+    charges the union of every rank's, and a replay at rank 0's alone booked the rest as
+    start-up (0.27 s predicted against 0.47 s measured under load)."""
+    events = _scale_down_run()
+    up = min(e.ts for e in events if isinstance(e, schemas.RankStarted) and e.attempt == 2)
+    for rank, end_s in ((0, 0.5), (1, 0.8)):
+        restored = msg.checkpoint_restored(f"node-{rank}", up + int(end_s * NS), 5, "local", 0.2)
+        events.append(msgspec.structs.replace(restored, rank=rank))
+    down = measured_costs(events)["remediations"][0]
+    assert down["restore_s"] == 0.4  # [0.3, 0.5] and [0.6, 0.8] after the ranks started
+    assert down["restored_step"] == 5
+    assert down["startup_s"] == 1.6  # 2 s from the ranks started to the first step, less 0.4

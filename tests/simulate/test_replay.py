@@ -204,3 +204,66 @@ def test_after_a_straggler_the_job_steps_at_the_pace_its_run_kept(tmp_path):
     # the window's 75 steps at 0.8 s: 0.6 s over the 0.2 s median, 0.4 s over the 0.4 s one
     assert straggling[None] == pytest.approx(75 * 0.6, rel=0.1)
     assert straggling[0.4] == pytest.approx(75 * 0.4, rel=0.1)
+
+
+def _paced_run(paced: bool) -> dict:
+    """The baseline without a fault, 100 steps of 0.2 s, saving every 20 steps: each step
+    after a save ran 0.5 s and each save stalled the job 0.15 s, rank 0 0.05 s of it (a
+    loaded machine's); ``paced``: the run measured them one by one."""
+    costs = COSTS | {"remediations": [], "slowdowns": [], "fault_delays_s": []}
+    if paced:
+        after_save = {21, 41, 61, 81}
+        steps = [[n, 0.5 if n in after_save else 0.2] for n in range(1, 101)]
+        costs |= {
+            "first_steps_s": steps,
+            "first_saves_s": [[n, 0.05, 0.15] for n in (20, 40, 60, 80)],
+        }
+    replay = demo_run(0, 50.0)["replay"] | {"total_steps": 100, "faults": [], "costs": costs}
+    run = {"goodput_pct": 50.0, "badput": {}, "replay": replay}
+    return run | {"baseline": run}
+
+
+def test_each_step_and_save_is_replayed_as_its_run_measured_it(tmp_path):
+    """The calculator charges a loaded machine's slow steps (flagged or not) and every rank's
+    save stall: a replay at one step time and rank 0's stall predicted neither."""
+    booked = {}
+    for paced in (False, True):
+        path = tmp_path / f"paced-{paced}.json"
+        path.write_text(json.dumps(_paced_run(paced)))
+        baseline = replay_file(str(path))["baseline"]
+        assert baseline["steps"] == 100
+        booked[paced] = baseline["predicted_badput_s"]
+    assert booked[False]["straggler_slowdown"] == 0.0
+    # four steps 0.3 s over the 0.2 s median, and four saves of 0.15 s
+    assert booked[True]["straggler_slowdown"] == pytest.approx(4 * 0.3, abs=0.01)
+    assert booked[True]["checkpoint_save"] == pytest.approx(4 * 0.15, abs=0.01)
+
+
+@pytest.mark.parametrize("forged", [[[1, -0.2]], [[1, "nan"]], [[1]]])
+def test_a_forged_measured_step_is_one_line(tmp_path, forged):
+    run = _paced_run(paced=True)
+    run["replay"]["costs"]["first_steps_s"] = forged
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    with pytest.raises(SimulateError, match="replay section is incomplete"):
+        replay_file(str(path))
+
+
+def test_saves_outside_the_steps_are_booked_as_saves_at_no_extra_time(tmp_path):
+    """The first start's save of step 0 and the last step's at the end are inside the run's
+    measured start-up and shutdown, where the calculator charges them as saves: the replay
+    books them so, and the goodput stays what it was."""
+    results = {}
+    for outside in (False, True):
+        run = _paced_run(paced=True)
+        if outside:
+            saves = run["replay"]["costs"]["first_saves_s"]
+            run["replay"]["costs"]["first_saves_s"] = [[0, 0.1, 0.2], *saves, [100, 0.1, 0.2]]
+        path = tmp_path / f"outside-{outside}.json"
+        path.write_text(json.dumps(run))
+        results[outside] = replay_file(str(path))["baseline"]
+    before, after = (results[k]["predicted_badput_s"] for k in (False, True))
+    assert after["checkpoint_save"] == pytest.approx(before["checkpoint_save"] + 0.4, abs=0.01)
+    assert after["program_startup"] == pytest.approx(before["program_startup"] - 0.2, abs=0.01)
+    assert after["job_down"] == pytest.approx(before["job_down"] - 0.2, abs=0.01)
+    assert results[True]["predicted"] == results[False]["predicted"]

@@ -14,6 +14,7 @@ from goodput.supervisor.jobstate.folds import observe_event
 from goodput.tools.simulate import messages as msg
 from goodput.tools.simulate.actuator import Execution
 from goodput.tools.simulate.profile import SimulateError
+from goodput.tools.simulate.records import Pace
 
 
 class DecisionsMixin:
@@ -44,7 +45,12 @@ class DecisionsMixin:
                 relaunching = True
                 self._at(execution.stops_ns, self._stop_group, execution)
                 if execution.cost is not None and execution.cost.trained_on_steps:
-                    self._step_s = execution.cost.trained_on_pace_s  # it trains on, slower
+                    # it trains on, slower, its steps ending as measured from the decision (the
+                    # one in flight too: else it may miss the stop, and the step it saved)
+                    self._step_s = execution.cost.trained_on_pace_s
+                    self._pace = Pace(saves=self._pace.saves)
+                    if self._next_step is not None:
+                        self._next_step = self.now + self._step_ns()
             self._at(execution.done_ns, self._executed, execution)
             if execution.standbys_ready_ns is not None:
                 self._at(execution.standbys_ready_ns, self._standbys_ready)
@@ -62,7 +68,11 @@ class DecisionsMixin:
     def _stop_group(self, execution: Execution) -> None:
         """The worker group stops: a running job saves first (SIGTERM), a failed one is lost."""
         if self._failure_ns is None and self.phase in ("running", "saving"):
+            captures = self.ckpt.captures
+            saved = bool(captures) and captures[-1].step == self.step
             self.ckpt.capture(self.step, self.now)
+            if not saved:  # a step saved already is not saved twice
+                self._book_unpaced_save(after=True)
         self._gen += 1
         self._next_step = None
         reason = schemas.kind_of(type(execution.command))

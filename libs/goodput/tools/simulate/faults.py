@@ -170,6 +170,11 @@ class FaultsMixin:
             return max(s.at(step) for s in self._stepwise)
         return self._slow
 
+    def _step_time(self, step: int) -> float:
+        """How long the job takes for ``step``: a replayed attempt's measured time for it,
+        unless a straggler slows it, else the attempt's healthy step time, slowed."""
+        return self._pace.step_s(step, self._step_s, self._slowdown(step))
+
     def _straggler_ends(self, node: str) -> None:
         slowing = self._straggling.pop(node, None)
         if slowing is None:

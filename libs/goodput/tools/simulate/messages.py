@@ -7,6 +7,8 @@ pid is its rank + 1 (any unique number serves the sensor).
 
 from __future__ import annotations
 
+import msgspec
+
 from goodput import schemas
 from goodput.gpu_faults import XID_FAULT_PREFIX
 
@@ -70,6 +72,18 @@ def host_report(
 def checkpoint_saved(node: str, now: int, step: int, stall_s: float, size_gb: float):
     return schemas.CheckpointSaved(
         job=JOB, ts=now, node=node, rank=0, step=step, stall_s=stall_s, bytes=int(size_gb * 1e9)
+    )
+
+
+def slowest_saved(
+    active: list[str], gpus_per_node: int, saved: schemas.CheckpointSaved, waited_s: float
+) -> schemas.CheckpointSaved:
+    """The job's last rank's part of ``saved``, rank 0's save: in a replay, the union of every
+    rank's stalls, ``waited_s``, which the job waited for and ``goodput report`` charges
+    beyond rank 0's own (the controller reads rank 0's alone)."""
+    position = len(active) - 1
+    return msgspec.structs.replace(
+        saved, node=active[position], rank=position * gpus_per_node, stall_s=waited_s
     )
 
 

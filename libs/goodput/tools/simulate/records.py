@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 NS = 1_000_000_000
 #: the simulated clock's origin (epoch ns): the sensor treats 0 as "never"
@@ -41,6 +42,34 @@ class Slowing:
 
 
 @dataclass(frozen=True, slots=True)
+class Pace:
+    """A replayed phase's steps and saves as its run measured them, by step (seconds): a
+    loaded machine's steps are not one constant (the step after a save, or one the load
+    caught, ran 1.5-2x the phase's median, and the calculator charges it as slowdown), and the
+    job waits for every rank's save, not only rank 0's. A step or save the run did not make
+    in that phase is priced at the phase's step time, and a save at the profile's stall and the
+    run's mean wait."""
+
+    steps: Mapping[int, float] = field(default_factory=dict)
+    #: per step saved: (rank 0's stall, which the controller hears, the job's wait for every
+    #: rank's, which the calculator charges)
+    saves: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+    #: the job's mean wait for a save, for one the run did not make (None: rank 0's stall)
+    save_wait_s: float | None = None
+
+    def step_s(self, step: int, healthy_s: float, slowdown: float) -> float:
+        """``step``'s time: as measured, unless a straggler slows it (its factor prices it
+        over the phase's healthy step: a run measures a straggler's window apart)."""
+        if slowdown == 1.0 and step in self.steps:
+            return self.steps[step]
+        return healthy_s * slowdown
+
+    def save_s(self, step: int, stall_s: float) -> tuple[float, float]:
+        """A save of ``step``: (rank 0's stall, the job's wait); ``stall_s``: the profile's."""
+        return self.saves.get(step) or (stall_s, max(stall_s, self.save_wait_s or 0.0))
+
+
+@dataclass(frozen=True, slots=True)
 class RemediationCost:
     """What one remediation of a replayed run cost, measured from its events (seconds)."""
 
@@ -57,6 +86,8 @@ class RemediationCost:
     #: doing this many steps (slower than its phase's while the new ranks start beside it)
     trained_on_s: float = 0.0
     trained_on_steps: int = 0
+    #: the steps and saves of the phase it started, one by one
+    pace: Pace = field(default_factory=Pace)
 
     @property
     def trained_on_pace_s(self) -> float:
@@ -76,10 +107,13 @@ class MeasuredCosts:
         by_action: dict[str, list[RemediationCost]],
         first_startup_s: float,
         first_step_time_s: float | None = None,
+        first_pace: Pace | None = None,
     ):
-        """``first_step_time_s``: the first attempt's mean step time (None: the run's mean)."""
+        """``first_step_time_s``: the first attempt's mean step time (None: the run's mean);
+        ``first_pace``: its steps and saves one by one."""
         self.first_startup_s = first_startup_s
         self.first_step_time_s = first_step_time_s
+        self.first_pace = first_pace or Pace()
         self._left = {action: list(costs) for action, costs in by_action.items()}
         everything = [c for costs in by_action.values() for c in costs]
         self._means = {a: _mean_cost(c) for a, c in by_action.items() if c}

@@ -7,12 +7,20 @@ prediction is made without the run's goodput or badput, only from its setup (nod
 steps, checkpoint interval), its faults, unit costs (step time, checkpoint stall and persist,
 decision, the first start-up and the final shutdown) and what each remediation cost (relaunch,
 restore, start-up, the step restored, the step time of the phase it started) measured from its
-events (:mod:`goodput.tools.simulate.measure`); a straggler slows the job's steps as they were
-measured while it ran, step by step (a run measured before they were: by their mean), and the
-job steps at the pace it kept after it once it ends.
+events (:mod:`goodput.tools.simulate.measure`); each phase's steps and saves take what the run
+measured for each (its step's span less the saves in it, and the union of every rank's stall:
+a loaded machine's steps are not one constant, and the calculator charges the slow ones);
+a straggler slows the job's steps as they were measured while it ran, step by step (a run
+measured before they were: by their mean), and the job steps at the pace it kept after it
+once it ends. A step or save the run did not make in that phase (the controller's interval
+fell elsewhere, a rollback went further) is priced at the phase's mean step and the mean save.
 """
 
 from __future__ import annotations
+
+import math
+import statistics
+from itertools import chain
 
 from goodput.tools.simulate.demo_run import (
     HOST_PROBE_S,
@@ -29,7 +37,7 @@ from goodput.tools.simulate.profile import (
     RestartCosts,
     SimulateError,
 )
-from goodput.tools.simulate.records import MeasuredCosts, RemediationCost
+from goodput.tools.simulate.records import MeasuredCosts, Pace, RemediationCost
 
 
 def replay_file(path: str) -> dict:
@@ -61,10 +69,16 @@ def _replay(run: dict, setup: str) -> dict:
             for f, delay in zip(info["faults"], delays, strict=True)
             if f["ok"]
         ]
-        measured = _measured(costs)
+        entries = [costs.get("first_saves_s"), *(r.get("saves_s") for r in costs["remediations"])]
+        waits = [_cost(save[2]) for save in chain.from_iterable(e or () for e in entries)]
+        wait_s = statistics.fmean(waits) if waits else None
+        measured = _measured(costs, wait_s)
         profile = _profile(costs, measured)
         first = MeasuredCosts(
-            measured, float(costs["first_startup_s"]), _seconds(costs.get("first_step_time_s"))
+            measured,
+            float(costs["first_startup_s"]),
+            _seconds(costs.get("first_step_time_s")),
+            _pace(costs.get("first_steps_s"), costs.get("first_saves_s"), wait_s),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise SimulateError(f"the {setup} run's replay section is incomplete: {exc}") from None
@@ -79,7 +93,7 @@ def _replay(run: dict, setup: str) -> dict:
     )
 
 
-def _measured(costs: dict) -> dict[str, list[RemediationCost]]:
+def _measured(costs: dict, wait_s: float | None) -> dict[str, list[RemediationCost]]:
     by_action: dict[str, list[RemediationCost]] = {}
     for entry in costs["remediations"]:
         step = entry.get("restored_step")
@@ -92,9 +106,28 @@ def _measured(costs: dict) -> dict[str, list[RemediationCost]]:
                 step_time_s=_seconds(entry.get("step_time_s")),
                 trained_on_s=float(entry.get("trained_on_s") or 0.0),
                 trained_on_steps=int(entry.get("trained_on_steps") or 0),
+                pace=_pace(entry.get("steps_s"), entry.get("saves_s"), wait_s),
             )
         )
     return by_action
+
+
+def _pace(steps: list | None, saves: list | None, wait_s: float | None) -> Pace:
+    """A phase's measured steps ([step, seconds]) and saves ([step, rank 0's stall, the job's
+    wait]); none: a run measured before they were. ``wait_s``: the run's mean wait."""
+    return Pace(
+        {int(step): _cost(seconds) for step, seconds in steps or ()},
+        {int(step): (_cost(own), _cost(waited)) for step, own, waited in saves or ()},
+        wait_s,
+    )
+
+
+def _cost(value: object) -> float:
+    """Measured seconds: a forged or broken record's negative, infinite or NaN is refused."""
+    seconds = float(value)  # type: ignore[arg-type]
+    if not 0.0 <= seconds < math.inf:
+        raise ValueError(f"{value!r} is not a measured number of seconds")
+    return seconds
 
 
 def _seconds(value: object) -> float | None:

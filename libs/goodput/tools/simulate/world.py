@@ -49,11 +49,12 @@ from goodput.tools.simulate.decisions import DecisionsMixin
 from goodput.tools.simulate.faults import FaultsMixin
 from goodput.tools.simulate.fleet import Fault, StepFault, node_names
 from goodput.tools.simulate.profile import CostProfile, JobSpec, SimulateError
-from goodput.tools.simulate.records import NS, T0, FedRank, MeasuredCosts, Slowing
+from goodput.tools.simulate.records import NS, T0, FedRank, MeasuredCosts, Pace, Slowing
+from goodput.tools.simulate.saves import SAVE, SavesMixin
 from goodput.tools.simulate.strategies import Strategy
 
 JOB = msg.JOB
-SAVE, LOAD = "checkpoint-save", "checkpoint-load"
+LOAD = "checkpoint-load"
 POLICY_TIMEOUT_S = 120.0
 
 
@@ -72,7 +73,7 @@ class Result:
     final_interval_steps: int
 
 
-class World(FaultsMixin, DecisionsMixin):
+class World(FaultsMixin, DecisionsMixin, SavesMixin):
     def __init__(
         self,
         job: JobSpec,
@@ -106,6 +107,8 @@ class World(FaultsMixin, DecisionsMixin):
         self._startup_s = profile.restart.startup_s
         #: this attempt's healthy step time: a replayed run's phases each ran at their own
         self._step_s = job.step_time_s
+        #: a replayed attempt's steps and saves as its run measured them (none: at ``_step_s``)
+        self._pace = Pace()
         #: a replay: the highest step done so far (it restores the run's step once reached)
         self._highest_step = 0
         self._follow_every_rank = follow_every_rank
@@ -355,12 +358,15 @@ class World(FaultsMixin, DecisionsMixin):
                 tier = tier if capture is not None else "local"
         else:
             capture, tier, restore_s, restored = None, "none", 0.0, False
+        self._pace = Pace()
         if cost is not None:
             self._startup_s = cost.startup_s
             self._step_s = cost.step_time_s or self.job.step_time_s
+            self._pace = cost.pace
         elif execution is None and self.measured is not None:
             self._startup_s = self.measured.first_startup_s
             self._step_s = self.measured.first_step_time_s or self.job.step_time_s
+            self._pace = self.measured.first_pace
         elif execution is not None and execution.warm:
             self._startup_s = self.profile.restart.warm_startup_s
         else:
@@ -410,15 +416,17 @@ class World(FaultsMixin, DecisionsMixin):
         if gen != self._gen:
             return
         self.phase = "running"
+        if self.step == 0:
+            self._book_unpaced_save(after=False)
         self._next_step = self.now + self._step_ns()
 
     def _step_ns(self) -> int:
         """How long the next step takes."""
-        return int(self._step_s * self._slowdown(self.step + 1) * NS)
+        return int(self._step_time(self.step + 1) * NS)
 
     def _step(self) -> None:
         self.step += 1
-        step_time = self._step_s * self._slowdown(self.step)
+        step_time = self._step_time(self.step)
         world = len(self._fed)
         reported: schemas.StepDone | None = None
         for rank, fed in self._fed.items():
@@ -448,7 +456,8 @@ class World(FaultsMixin, DecisionsMixin):
                 if fed.stepping:
                     fed.busy = SAVE
                     self._beat(rank, fed)
-            self._at(self.now + int(self.ckpt.stall_s * NS), self._saved, self._gen)
+            stall, waited = self._pace.save_s(self.step, self.ckpt.stall_s)
+            self._at(self.now + int(waited * NS), self._saved, self._gen, stall, waited)
         else:
             self._next_step = self.now + self._step_ns()
         if self._step_faults or self._repairs_at_step:
@@ -461,30 +470,4 @@ class World(FaultsMixin, DecisionsMixin):
         self._next_step = None
         self.phase = "down"
         self.end, self._stopped = self.now + self._shutdown_ns, True
-
-    def _saved(self, gen: int) -> None:
-        if gen != self._gen:
-            return
-        capture = self.ckpt.capture(self.step, self.now)
-        self.phase = "running"
-        for fed in self._fed.values():
-            if fed.busy == SAVE:
-                fed.busy = ""  # its next step tells the sensor
-        ref = self._fed.get(0)
-        node = ref.node if ref is not None else self.actuator.membership.active[0]
-        saved = msg.checkpoint_saved(
-            node, self.now, self.step, self.ckpt.stall_s, self.job.state_gb_per_node
-        )
-        self._tell(saved)
-        self.state = observe_event(self.state, saved, self.now)
-        durable = CheckpointSystem.first_durable_ns(capture)
-        self._at(durable, self._persisted, capture.step, (durable - capture.taken_ns) / NS, node)
-        self._next_step = self.now + self._step_ns()
-
-    def _persisted(self, step: int, duration_s: float, node: str) -> None:
-        persisted = msg.checkpoint_persisted(
-            node, self.now, step, max(duration_s, self.ckpt.stall_s)
-        )
-        self.stream.append(persisted)
-        self.state = observe_event(self.state, persisted, self.now)
-        self._apply(self.controller.recommend_checkpoint_interval(self.state, self.now))
+        self._book_unpaced_save(after=True)

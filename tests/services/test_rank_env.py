@@ -44,6 +44,7 @@ def test_what_is_written_reads_back() -> None:
         numerics_every=5,
         fingerprint_every=20,
         skip_steps="41-45,90-90",
+        launched_ns=1_764_000_000_000_000_000,
     )
     env = written.to_env()
     assert env["RANK"] == "3" and env["GOODPUT_JOB"] == "j1" and env["GOODPUT_DEVICE"] == "5"

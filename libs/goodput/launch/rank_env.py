@@ -65,6 +65,7 @@ VARIABLES: dict[str, str] = {
     "numerics_every": "GOODPUT_NUMERICS_EVERY",
     "fingerprint_every": "GOODPUT_FINGERPRINT_EVERY",
     "skip_steps": "GOODPUT_SKIP_STEPS",
+    "launched_ns": "GOODPUT_LAUNCHED_NS",
 }
 
 #: torch's NCCL error handling for a rank that must outlive a peer's death (the names of torch
@@ -137,6 +138,10 @@ class RankEnv(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     num_nodes_per_dp: int = 1
     #: W3C traceparent of the launch span: the rank's restore and first step continue it
     traceparent: str = ""
+    #: when the actuator launched this rank (epoch ns): the trainer's commands are read from
+    #: then, so one sent while the rank starts up (the interval the controller sends again
+    #: after a relaunch) is not missed; None: from when the rank's bus link starts
+    launched_ns: schemas.EpochNs | None = None
     # the job's knobs (StartJob.env); None: unset, the reader's default applies
     ckpt_dir: str | None = None
     ckpt_every: int | None = None

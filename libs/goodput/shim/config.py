@@ -48,6 +48,8 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     fingerprint_every: int = 100
     #: a numerical rollback's launch: restore the newest checkpoint before this step
     restore_before_step: int | None = None
+    #: when the actuator launched this rank: its commands are read from then (None: now)
+    launched_ns: int | None = None
     #: steps whose batches this rank trains on none of (a loss spike's rollback)
     skip_steps: tuple[schemas.StepWindow, ...] = ()
     #: obey InjectFault commands (chaos testing: ``goodput.shim.injected_faults``)
@@ -88,6 +90,7 @@ class ShimConfig(msgspec.Struct, kw_only=True):
             "numerics_every": rank_env.numerics_every,
             "fingerprint_every": rank_env.fingerprint_every,
             "skip_steps": rank_env.skipped_windows(),
+            "launched_ns": rank_env.launched_ns,
         }
         values.update(overrides)
         # unset knobs take this struct's defaults

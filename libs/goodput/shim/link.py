@@ -45,6 +45,7 @@ class BusLink:
         rank: int,
         heartbeat_period_s: float,
         on_command: Callable[[schemas.Command], None],
+        commands_since_ns: int | None = None,
     ):
         self.settings = settings
         self.job = job
@@ -59,7 +60,8 @@ class BusLink:
         #: why the link gave up on the bus ("" while connected or still trying)
         self.failure = ""
         self._events: queue.Queue[object] = queue.Queue()
-        self._started_ns = time.time_ns()
+        #: the trainer's commands are read from then: the rank's launch, never the future
+        self._commands_since_ns = min(commands_since_ns or time.time_ns(), time.time_ns())
         self._thread = threading.Thread(target=self._main, name="goodput-bus-link", daemon=True)
         self._thread.start()
 
@@ -189,8 +191,9 @@ class BusLink:
                 return
             self.on_command(command)
 
-        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self._started_ns / 1e9))
-        start += f".{self._started_ns % 10**9:09d}Z"
+        since = self._commands_since_ns
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since / 1e9))
+        start += f".{since % 10**9:09d}Z"
         try:
             return await bus.js.subscribe(
                 subjects.command(self.job, subjects.TRAINER),

@@ -128,6 +128,7 @@ class TrainerShim:
                 rank=config.rank,
                 heartbeat_period_s=config.heartbeat_period_s,
                 on_command=self._on_command,
+                commands_since_ns=config.launched_ns,
             )
         if install_signal_handlers:
             signal.signal(signal.SIGTERM, self._on_signal)

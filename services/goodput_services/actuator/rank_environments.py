@@ -8,6 +8,7 @@ environment, the bus the shim reaches, and the NCCL error handling an in-process
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,7 @@ class RankEnvironments:
             num_nodes_per_dp=nodes_per_dp,
             # the launch's trace context: the shim's restore and first step continue it
             traceparent=current_traceparent(),
+            launched_ns=time.time_ns(),
             # the job's own checkpoint directory (a shared one) wins over the node's volume
             ckpt_dir=self.spec.env.get(VARIABLES["ckpt_dir"]) or str(volume),
             device=device,

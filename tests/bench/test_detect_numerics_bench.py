@@ -9,10 +9,11 @@ import math
 import pytest
 import torch
 
+from goodput import schemas
 from goodput.launch.rank_env import knobs
 from goodput.shim.numerics import fingerprint
 from goodput.tools.bench import detect_numerics, fingerprint_cost
-from goodput.tools.bench.detect_numerics import TRIALS, bound_s, bound_steps
+from goodput.tools.bench.detect_numerics import TRIALS, bound_s, bound_steps, spikes_judged
 
 
 def test_each_trial_is_bounded_by_its_reading_period_plus_the_step_it_lands_late() -> None:
@@ -30,8 +31,24 @@ def test_the_jobs_periods_are_knobs_the_shim_accepts() -> None:
     )
     assert env == {"GOODPUT_NUMERICS_EVERY": "10", "GOODPUT_FINGERPRINT_EVERY": "50"}
     assert detect_numerics.FINGERPRINT_EVERY % detect_numerics.NUMERICS_EVERY == 0
-    # the spike is judged only after the judge's warm-up: more steps than its windows
-    assert detect_numerics.SPIKE_WARMUP_STEPS > 10 * detect_numerics.NUMERICS_EVERY
+
+
+def window(end: int, steps: int = 10) -> schemas.Numerics:
+    return schemas.Numerics(
+        job="bench", node="node-0", rank=0, step=end, steps=steps, loss_mean=1.5, loss_max=2.0
+    )
+
+
+def test_the_spike_waits_for_the_judges_warm_up_in_the_jobs_current_timeline() -> None:
+    """Run 2 of 2026-11-29: the job went back to step 25 (a hot swap) and later on to a
+    checkpoint at 257; at step 273 only 4 windows of its timeline were behind the judge, and
+    the spike sent then was not judged. The bench now asks the judge."""
+    first_run = [window(end) for end in range(10, 251, 10)]
+    assert spikes_judged(first_run)
+    back_and_on = [*first_run, window(30, steps=5), window(40), window(260, steps=3), window(270)]
+    assert not spikes_judged(back_and_on)
+    later = [*back_and_on, *(window(end) for end in range(280, 330, 10))]
+    assert spikes_judged(later)
 
 
 def test_a_70b_model_on_8_way_tensor_parallel_h100s_by_arithmetic() -> None:

@@ -14,13 +14,16 @@ cannot tell the flipped replica from the sound one and names both suspect.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
-from goodput.supervisor.detect.numerics import SpikeRule
+from goodput.supervisor.detect.numerics import NumericsJudge
 from goodput.tools.bench.detect_waits import (
+    LOOK_S,
+    BenchError,
     after_resume,
     signal_after,
     step_of,
@@ -54,9 +57,6 @@ TRIALS = (
     Trial("loss-spike", "loss_spike", NUMERICS_EVERY),
     Trial("sdc", "replica_mismatch", FINGERPRINT_EVERY),
 )
-#: steps the spike's judge must have seen before it judges (its warm-up), counted from step 0:
-#: windows before a rollback's restore step stay in its history
-SPIKE_WARMUP_STEPS = (SpikeRule().min_windows + 1) * NUMERICS_EVERY
 
 
 def bound_steps(trial: Trial) -> int:
@@ -76,15 +76,9 @@ async def run_trials(bus: Bus, log: JobEvents, job: str, poll_s: float) -> dict:
 
 
 async def _trial(bus: Bus, log: JobEvents, job: str, trial: Trial, poll_s: float) -> dict:
-    status = await stepping_on(log, 2)
     if trial.fault == "loss-spike":
-        await log.wait_for(
-            lambda e: (
-                isinstance(e, schemas.StepDone) and e.rank == 0 and e.step >= SPIKE_WARMUP_STEPS
-            ),
-            WAIT_S,
-            f"step {SPIKE_WARMUP_STEPS} (the spike judge's warm-up)",
-        )
+        await _spikes_judged(log)
+    status = await stepping_on(log, 2)
     median_s = step_times(log, last=50)["median"]
     node = status.active_nodes[-1] if trial.fault == "sdc" else status.active_nodes[0]
     command = schemas.InjectFault(
@@ -125,9 +119,29 @@ async def _trial(bus: Bus, log: JobEvents, job: str, trial: Trial, poll_s: float
         "step_median_s": median_s,
         "first_bad_step": found.first_bad_step,
         "decision": decision.rule,
-        "nodes_named": sorted({e.node for e in same}),
+        "nodes_named": sorted({e.node for e in same if e.node}),  # job-wide: none
         "detail": found.detail,
     }
+
+
+def spikes_judged(events: list[schemas.Event]) -> bool:
+    """Whether the sensor's judge, given the job's windows so far, judges the next one's loss:
+    its warm-up counts the windows of the job's current timeline only, and a job that went
+    back to an early checkpoint and then on to a newer one has fewer behind it than its step
+    says (the judge itself answers: its rule has one owner)."""
+    judge = NumericsJudge()
+    for event in events:
+        if isinstance(event, schemas.Numerics):
+            judge.observe(event, {})
+    return judge.judging_spikes
+
+
+async def _spikes_judged(log: JobEvents, timeout_s: float = 2 * WAIT_S) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not spikes_judged(log.events):
+        if asyncio.get_running_loop().time() >= deadline:
+            raise BenchError(f"the spike judge was not warmed up within {timeout_s:g} s")
+        await asyncio.sleep(LOOK_S)
 
 
 def table_rows(numerics: dict) -> list[tuple[str, str, str]]:

@@ -51,6 +51,17 @@ def test_the_spike_waits_for_the_judges_warm_up_in_the_jobs_current_timeline() -
     assert spikes_judged(later)
 
 
+def test_the_spike_is_sent_where_its_window_does_not_end_at_a_fingerprint() -> None:
+    clear = detect_numerics.spike_clear_of_a_fingerprint
+    assert detect_numerics.window_end(191) == detect_numerics.window_end(200) == 200
+    # a fault lands one or two steps after the step reported when it was sent
+    assert not clear(189)  # lands at 190 or 191: 191 is in 191-200
+    assert not clear(199)  # lands at 200 or 201: 200 is
+    assert clear(200) and clear(188)
+    sent = [step for step in range(1, 101) if clear(step)]
+    assert len(sent) == 100 - 2 * 11  # 39-49 and 89-99 are not
+
+
 def test_a_70b_model_on_8_way_tensor_parallel_h100s_by_arithmetic() -> None:
     at_h200 = fingerprint_cost.projected(70e9, 2, 8, 398.0, 100)
     assert at_h200["bytes_per_gpu"] == 17.5e9

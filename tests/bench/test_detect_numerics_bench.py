@@ -132,4 +132,4 @@ def test_the_table_shows_each_figure_beside_its_bound() -> None:
     rows = detect_numerics.table_rows(numerics)
     assert ("nan → nonfinite, steps", "7", "≤ 11") in rows
     assert ("sdc → replica_mismatch, s", "2.5", "≤ 3.2") in rows
-    assert ("sdc: nodes named suspect", "node-0, node-1", "node-1 flipped") in rows
+    assert ("sdc: node the signal named", "node-0, node-1", "node-1 flipped") in rows

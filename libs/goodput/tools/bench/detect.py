@@ -331,6 +331,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
+    Console().print(table_of(result))
+    return 0
+
+
+def table_of(result: dict) -> Table:
+    """The report as a table: each figure beside its target or bound."""
     table = Table(title="fault → signal")
     table.add_column("figure")
     table.add_column("measured", justify="right")
@@ -356,8 +362,7 @@ def run(args: argparse.Namespace) -> int:
         f"≤ {fingerprint_cost.BUDGET_SHARE:.0%}",
     )
     table.add_row("load_average", " → ".join(f"{x:g}" for x in result["load_average"]), "")
-    Console().print(table)
-    return 0
+    return table
 
 
 async def _run(

@@ -186,6 +186,6 @@ def table_rows(numerics: dict) -> list[tuple[str, str, str]]:
         ]
     sdc = numerics["sdc"]
     rows.append(
-        ("sdc: nodes named suspect", ", ".join(sdc["nodes_named"]), f"{sdc['node']} flipped")
+        ("sdc: node the signal named", ", ".join(sdc["nodes_named"]), f"{sdc['node']} flipped")
     )
     return rows

@@ -11,7 +11,7 @@ import pytest
 
 from goodput import schemas
 from goodput.bus.job_events import JobEvents
-from goodput.tools.bench.detect import BenchError, _stepping_on
+from goodput.tools.bench.detect_waits import BenchError, stepping_on
 
 JOB = "bench"
 
@@ -45,7 +45,7 @@ def exited(ts: int) -> schemas.RankExited:
 def settled(events: list[schemas.Event]) -> schemas.JobStatus:
     log = JobEvents(None, JOB)  # type: ignore[arg-type]  # never started: events set by hand
     log.events = events
-    return asyncio.run(_stepping_on(log, 2, timeout_s=0))
+    return asyncio.run(stepping_on(log, 2, timeout_s=0))
 
 
 def test_a_running_job_on_two_stepping_nodes_is_settled() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+import msgspec
 import pytest
 
 from goodput import schemas
@@ -94,6 +95,25 @@ def test_nothing_is_judged_during_warm_up() -> None:
     judge = NumericsJudge(SpikeRule(window=20, min_windows=5))
     for end in range(10, 51, 10):
         assert judge.observe(window(end, 10.0 if end == 50 else 2.0), NODES) == []
+
+
+def test_the_judge_says_when_its_warm_up_is_behind_in_the_current_timeline() -> None:
+    """`goodput bench detect` waits on this before its spike: a job restored from step 25
+    (windows 30-250 forgotten) that then jumps to a newer checkpoint (step 257) has 4 windows
+    behind it, not 27 (bench run of 2026-11-29: the spike went unjudged)."""
+    judge = NumericsJudge(SpikeRule(window=20, min_windows=5))
+    for end in range(10, 41, 10):
+        judge.observe(window(end, 2.0), NODES)
+        assert not judge.judging_spikes
+    judge.observe(window(50, 2.0), NODES)
+    assert judge.judging_spikes  # the next window is judged
+    (spike,) = judge.observe(window(60, 10.0), NODES)
+    assert spike.kind == "loss_spike"
+    judge.observe(msgspec.structs.replace(window(30, 2.0), steps=5), NODES)  # back to step 25
+    assert not judge.judging_spikes
+    judge.observe(msgspec.structs.replace(window(260, 2.0), steps=3), NODES)  # on to 257
+    assert not judge.judging_spikes
+    assert judge.observe(window(270, 10.0), NODES) == []  # not judged: 4 windows behind it
 
 
 def test_the_majority_names_the_corrupt_replica_and_a_repeat_is_uncorrectable() -> None:

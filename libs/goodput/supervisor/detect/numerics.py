@@ -90,6 +90,12 @@ class NumericsJudge:
         """The newest step fingerprinted with every replica agreeing (-1: none yet)."""
         return self._agreed[-1] if self._agreed else -1
 
+    @property
+    def judging_spikes(self) -> bool:
+        """Whether the next window's loss is judged: the warm-up is behind, counted in the
+        job's current timeline (a restart forgets the windows after its restore step)."""
+        return self._seen >= self.rule.min_windows and len(self._peaks) >= self.rule.min_windows
+
     def observe(self, event: schemas.Numerics, nodes: Mapping[int, str]) -> list[Finding]:
         """The findings of one window (oldest first); ``nodes``: each rank's node."""
         findings: list[Finding] = []

@@ -7,7 +7,12 @@ positive, reported by kind with the machine's load average and the step times;
 the straggler signal; the slowest trial is the figure, a signal naming the other node counts as
 a false positive); a kill -9 of a rank (seconds until the crash signal); a rank whose training loop hangs while
 its heartbeats go on (seconds until the hang signal); a rank frozen whole (SIGSTOP: seconds
-until the missed-heartbeat signal). Each fault is remediated before the next one.
+until the missed-heartbeat signal); then a NaN loss, a 10× loss spike and an SDC of one node's
+replica, each timed to its numerical signal and its rollback (``detect_numerics.py``). Each
+fault is remediated before the next one. Before the stack starts, the parameter
+fingerprint's hashing bandwidth on this CPU and the example model's fingerprint are timed
+(``fingerprint_cost.py``): its share of the job's median step, and a 70B model's cost on
+H100s by arithmetic from named bandwidths.
 
 ``--record FILE`` keeps what the straggler detector saw (rank starts, step reports, straggler
 signals) up to the last straggler trial as gzipped JSON lines of the events, for replay through the pure detector in tests.
@@ -36,7 +41,17 @@ from goodput.bus.job_events import JobEvents
 from goodput.config import add_bus_arguments
 from goodput.launch.rank_env import knobs
 from goodput.supervisor.detect.thresholds import Thresholds
+from goodput.tools.bench import detect_numerics, fingerprint_cost
 from goodput.tools.bench.arguments import positive_int
+from goodput.tools.bench.detect_waits import (
+    BenchError,
+    after_resume,
+    signal_after,
+    step_at,
+    step_of,
+    step_times,
+    stepping_on,
+)
 from goodput.tools.bench.job_waits import WAIT_S
 from goodput.tools.stack.launcher import start_stack, wait_healthy
 from goodput.tools.stack.stop import stop_stack
@@ -53,95 +68,6 @@ HEARTBEAT_TIMEOUT_S = 3.0
 #: a hang on a sub-second step (the example's) is found within this long
 HANG_TARGET_S = 3.0
 POLL_S = 0.5
-
-
-def _settled_since(log: JobEvents, ts: int) -> bool:
-    stepped = False
-    for event in reversed(log.events):
-        if event.ts < ts:
-            break
-        if isinstance(event, schemas.RankStarted | schemas.RankExited):
-            return False
-        stepped = stepped or (isinstance(event, schemas.StepDone) and event.rank == 0)
-    return stepped
-
-
-class BenchError(Exception):
-    """The benchmark cannot go on; its message is the one line the user sees."""
-
-
-async def _stepping_on(log: JobEvents, nodes: int, timeout_s: float = WAIT_S) -> schemas.JobStatus:
-    """The job's current status once it runs on ``nodes`` nodes whose ranks step again.
-
-    A status read while the job relaunches (a remediation of a previous fault, or of a false
-    positive) names ranks that are exiting, or fewer nodes after an eviction that found no
-    spare: wait for a running status with every active node's ranks, no rank started or exited
-    since, and a step of rank 0 after it.
-    """
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        status = next((e for e in reversed(log.events) if isinstance(e, schemas.JobStatus)), None)
-        if (
-            status is not None
-            and status.state == "running"
-            and len(status.active_nodes) >= nodes
-            and all(status.pids.get(node) for node in status.active_nodes)
-            and _settled_since(log, status.ts)
-        ):
-            return status
-        if status is not None and status.state in ("finished", "failed", "stopped"):
-            raise BenchError(
-                f"the job is {status.state} ({status.detail}); nothing left to measure"
-            )
-        if asyncio.get_running_loop().time() >= deadline:
-            seen = (
-                f"{status.state} on {len(status.active_nodes)} node(s) ({status.detail})"
-                if status
-                else "no job status"
-            )
-            raise BenchError(
-                f"the job did not run on {nodes} stepping nodes within {timeout_s:g} s; "
-                f"last status: {seen}"
-            )
-        await asyncio.sleep(POLL_S)
-
-
-def _step(log: JobEvents) -> int:
-    return next(
-        (e.step for e in reversed(log.events) if isinstance(e, schemas.StepDone) and e.rank == 0),
-        0,
-    )
-
-
-async def _after_resume(log: JobEvents, since_ts: int, steps: int = 15) -> None:
-    """Wait until the job runs a new attempt and made ``steps`` steps in it."""
-    restarted = await log.wait_for(
-        lambda e: isinstance(e, schemas.JobStatus) and e.state == "running",
-        WAIT_S,
-        "the job running again",
-        after_ts=since_ts,
-    )
-    first = await log.wait_for(
-        lambda e: isinstance(e, schemas.StepDone) and e.rank == 0,
-        WAIT_S,
-        "the first step after resume",
-        after_ts=restarted.ts,
-    )
-    await log.wait_for(
-        lambda e: isinstance(e, schemas.StepDone) and e.rank == 0 and e.step >= first.step + steps,
-        WAIT_S,
-        f"{steps} steps after resume",
-        after_ts=first.ts,
-    )
-
-
-async def _signal_after(log: JobEvents, kind: str, since_ts: int, timeout_s: float = 120.0):
-    return await log.wait_for(
-        lambda e: isinstance(e, schemas.Signal) and e.signal == kind,
-        timeout_s,
-        f"a {kind} signal",
-        after_ts=since_ts,
-    )
 
 
 async def _window_full(log: JobEvents) -> None:
@@ -181,10 +107,10 @@ async def _straggler_trial(bus: Bus, log: JobEvents, job: str) -> tuple[int, flo
     (``goodput chaos slow-rank --method sigstop``) also stops the rank while it waits for its
     peer or reports, so its compute grew only 1.27-1.4× under load and detection took longer.
     """
-    status = await _stepping_on(log, 2)
+    status = await stepping_on(log, 2)
     await _window_full(log)
     node = status.active_nodes[1]
-    slowed_at_step, slowed_ts = _step(log), schemas.now_ns()
+    slowed_at_step, slowed_ts = step_of(log), schemas.now_ns()
     slow = schemas.InjectFault(
         job=job,
         node=node,
@@ -195,14 +121,14 @@ async def _straggler_trial(bus: Bus, log: JobEvents, job: str) -> tuple[int, flo
     )
     await bus.send_command(subjects.TRAINER, slow)
     try:
-        found = await _signal_after(log, "straggler", slowed_ts, STRAGGLER_MAX_S)
+        found = await signal_after(log, "straggler", slowed_ts, STRAGGLER_MAX_S)
     finally:
         await bus.send_command(
             subjects.TRAINER,
             msgspec.structs.replace(slow, command_id=schemas.new_id(), clear=True),
         )
-    steps = _step_at(log, found.ts) - slowed_at_step
-    await _after_resume(log, found.ts)
+    steps = step_at(log, found.ts) - slowed_at_step
+    await after_resume(log, found.ts)
     return steps, (found.ts - slowed_ts) / NS, found.node, node
 
 
@@ -234,7 +160,12 @@ async def _measure(
             nodes=2,
             procs_per_node=1,
             spares=spares,
-            env=knobs(ckpt_every=25, enable_fault_injection=True),
+            env=knobs(
+                ckpt_every=25,
+                enable_fault_injection=True,
+                numerics_every=detect_numerics.NUMERICS_EVERY,
+                fingerprint_every=detect_numerics.FINGERPRINT_EVERY,
+            ),
         ),
     )
     with console.status(f"unperturbed run of {fp_steps} steps (false positives)…"):
@@ -250,7 +181,7 @@ async def _measure(
     result["straggler_false_positives"] = false.get("straggler", 0)
     result["hang_false_positives"] = false.get("hang", 0)
     result["unperturbed_steps"] = fp_steps
-    result["unperturbed_step_time_s"] = _step_times(log)
+    result["unperturbed_step_time_s"] = step_times(log)
     result["load_average"] = [round(os.getloadavg()[0], 1)]
 
     detections = []
@@ -270,41 +201,64 @@ async def _measure(
     if record:
         _record(log, record, until_ts=schemas.now_ns())
 
-    status = await _stepping_on(log, 2)
+    status = await stepping_on(log, 2)
     victim = status.pids[status.active_nodes[0]][0]
     killed_ts = schemas.now_ns()
     os.kill(victim, signal.SIGKILL)
-    found = await _signal_after(log, "crash", killed_ts)
+    found = await signal_after(log, "crash", killed_ts)
     result["crash_detect_s"] = (found.ts - killed_ts) / NS
-    await _after_resume(log, found.ts)
+    await after_resume(log, found.ts)
 
-    status = await _stepping_on(log, 2)
+    status = await stepping_on(log, 2)
     node = status.active_nodes[1]
-    result["hang_step_time_s"] = _step_times(log, last=50)
+    result["hang_step_time_s"] = step_times(log, last=50)
     hang_ts = schemas.now_ns()
     await bus.send_command(
         subjects.TRAINER, schemas.InjectFault(job=job, node=node, fault="hang", detail="1")
     )
     with console.status("rank 1's training loop hangs (heartbeats go on)…"):
-        found = await _signal_after(log, "hang", hang_ts)
+        found = await signal_after(log, "hang", hang_ts)
     result["hang_detect_s"] = (found.ts - hang_ts) / NS
-    await _after_resume(log, found.ts)
+    await after_resume(log, found.ts)
 
-    status = await _stepping_on(log, 2)
+    status = await stepping_on(log, 2)
     victim = status.pids[status.active_nodes[0]][0]
     frozen_ts = schemas.now_ns()
     os.kill(victim, signal.SIGSTOP)
     try:
-        found = await _signal_after(log, "missed_heartbeat", frozen_ts)
+        found = await signal_after(log, "missed_heartbeat", frozen_ts)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGCONT)
     result["missed_heartbeat_detect_s"] = (found.ts - frozen_ts) / NS
     result["heartbeat_timeout_s"] = HEARTBEAT_TIMEOUT_S
     result["heartbeat_polling_period_s"] = POLL_S
+    await after_resume(log, found.ts)
+
+    with console.status("a NaN, a loss spike and an SDC, one at a time…"):
+        result["numerics"] = await detect_numerics.run_trials(bus, log, job, POLL_S)
     result["load_average"].append(round(os.getloadavg()[0], 1))
     await bus.send_command(subjects.ACTUATOR, schemas.Stop(job=job, reason="benchmark done"))
     return result
+
+
+def _fingerprint_cost(bandwidth: dict, example: dict, result: dict) -> dict:
+    """The fingerprint's measured bandwidth, the example job's share of its median step
+    (unperturbed stretch) and the 70B-on-H100 arithmetic."""
+    every = detect_numerics.FINGERPRINT_EVERY
+    return {
+        "cpu_bandwidth_gbs": bandwidth,
+        "example_model": example,
+        "fingerprint_every": every,
+        "example_step_median_s": result["unperturbed_step_time_s"]["median"],
+        "example_share_of_step": fingerprint_cost.share_per_step(
+            example["fingerprint_s"], every, result["unperturbed_step_time_s"]["median"]
+        ),
+        "budget_share": fingerprint_cost.BUDGET_SHARE,
+        "llama_70b_h100_tp8_every_100": fingerprint_cost.seventy_b_on_h100(
+            bandwidth["bfloat16"]["median"], 100
+        ),
+    }
 
 
 def _signals_by_kind(log: JobEvents) -> dict[str, int]:
@@ -313,19 +267,6 @@ def _signals_by_kind(log: JobEvents) -> dict[str, int]:
         if isinstance(event, schemas.Signal):
             counts[event.signal] = counts.get(event.signal, 0) + 1
     return counts
-
-
-def _step_times(log: JobEvents, last: int | None = None) -> dict[str, float]:
-    """Rank 0's step time (s), median and 95th percentile: over every step so far, or its
-    ``last`` steps (the hang timeout is a few of them)."""
-    times = [e.step_time_s for e in log.events if isinstance(e, schemas.StepDone) and e.rank == 0]
-    times = sorted(times[-last:] if last else times)
-    if not times:
-        return {}
-    return {
-        "median": round(times[len(times) // 2], 3),
-        "p95": round(times[int(0.95 * (len(times) - 1))], 3),
-    }
 
 
 def _record(log: JobEvents, path: Path, until_ts: int) -> None:
@@ -341,17 +282,6 @@ def _record(log: JobEvents, path: Path, until_ts: int) -> None:
                 out.write(msgspec.json.encode(event) + b"\n")
 
 
-def _step_at(log: JobEvents, ts: int) -> int:
-    return max(
-        (
-            e.step
-            for e in log.events
-            if isinstance(e, schemas.StepDone) and e.rank == 0 and e.ts <= ts
-        ),
-        default=0,
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     flags = {
@@ -360,9 +290,14 @@ def run(args: argparse.Namespace) -> int:
             f"thresholds={{heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S},"
             f"heartbeat_polling_period_s={POLL_S},straggler_window={STRAGGLER_WINDOW}}}",
         ],
+        # seven restarts within minutes: measured here, not backed off as a crash loop
+        "controller": ["--set", "settings={crash_loop={max_restarts=50}}"],
     }
     with tempfile.TemporaryDirectory(prefix="goodput-bench-detect-") as tmp:
         state_dir = Path(args.state_dir or tmp).resolve()
+        with console.status("the fingerprint's hashing bandwidth on this CPU…"):
+            bandwidth = fingerprint_cost.bandwidth_gbs(args.fingerprint_repeats)
+            example = fingerprint_cost.example_fingerprint_s()
         try:
             nodes = 2 + args.straggler_trials + 1
             stack, settings = start_stack(args, state_dir, "bench", nodes, console, flags)
@@ -382,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         finally:
             stop_stack(state_dir)
+    result["fingerprint_cost"] = _fingerprint_cost(bandwidth, example, result)
     result["targets"] = {
         "crash_detect_s": 1.0,
         "missed_heartbeat_detect_s": HEARTBEAT_TIMEOUT_S + POLL_S,
@@ -395,6 +331,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
+    Console().print(table_of(result))
+    return 0
+
+
+def table_of(result: dict) -> Table:
+    """The report as a table: each figure beside its target or bound."""
     table = Table(title="fault → signal")
     table.add_column("figure")
     table.add_column("measured", justify="right")
@@ -411,9 +353,16 @@ def run(args: argparse.Namespace) -> int:
         ", ".join(f"{s:g}" for s in result["straggler_detect_s_each"]),
         "",
     )
+    for row in detect_numerics.table_rows(result["numerics"]):
+        table.add_row(*row)
+    cost = result["fingerprint_cost"]
+    table.add_row(
+        "fingerprint, share of the example's step",
+        f"{cost['example_share_of_step']:.3%}",
+        f"≤ {fingerprint_cost.BUDGET_SHARE:.0%}",
+    )
     table.add_row("load_average", " → ".join(f"{x:g}" for x in result["load_average"]), "")
-    Console().print(table)
-    return 0
+    return table
 
 
 async def _run(
@@ -435,7 +384,8 @@ async def _run(
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "detect",
-        help="time from fault to signal: crash, hang, straggler, missed heartbeat",
+        help="time from fault to signal: crash, hang, straggler, missed heartbeat, NaN, loss"
+        " spike, SDC; the fingerprint's cost",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -445,6 +395,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=positive_int,
         default=3,
         help="times a rank is slowed 1.5× (each found straggler is swapped out; default 3)",
+    )
+    parser.add_argument(
+        "--fingerprint-repeats",
+        type=positive_int,
+        default=3,
+        help="timings of the fingerprint per parameter set and dtype (default 3)",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--state-dir", help="keep the stack's state and logs here (default: temp)")

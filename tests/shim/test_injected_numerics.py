@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from goodput import schemas
-from goodput.shim.injected_faults import RANK_FAULT_KINDS, SDC_ELEMENT, sdc_bit
+from goodput.shim.injected_faults import RANK_FAULT_KINDS, SDC_ELEMENT, flip_bit, sdc_bit
 from goodput.shim.numerics import fingerprint
 from goodput.shim.trainer import ShimConfig, TrainerShim
 
@@ -66,6 +66,23 @@ def test_sdc_flips_one_bit_of_the_first_parameter_once(tmp_path: Path) -> None:
     assert torch.equal(now, after[0]) and reading is not None
     assert reading.fingerprint == int(fingerprint(after))
     assert reading.fingerprint != int(fingerprint(before))
+
+
+def test_sdc_flips_a_bit_of_a_sharded_parameters_local_shard() -> None:
+    """Under FSDP2/HSDP the parameters are DTensors: the bit flips in this rank's shard."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = distribute_tensor(torch.ones(4, 2), init_device_mesh("cpu", (1,)), [Shard(0)])
+        before = sharded.to_local().clone()
+        assert "parameter 0 (torch.float32)" in flip_bit([sharded])
+        flipped = before.view(-1).view(torch.int32) ^ sharded.to_local().view(-1).view(torch.int32)
+        assert flipped[SDC_ELEMENT].item() == 1 << 22 and int(flipped.count_nonzero()) == 1
+    finally:
+        dist.destroy_process_group()
 
 
 def test_nan_and_loss_spike_change_the_next_loss_the_monitor_sees(tmp_path: Path) -> None:

@@ -163,6 +163,32 @@ def test_sharded_parameters_are_left_out_of_the_fingerprint() -> None:
         dist.destroy_process_group()
 
 
+def test_hsdp_replicas_are_compared_shard_by_shard() -> None:
+    """HSDP, 2 replicas x 2 shards over 4 real gloo ranks: the ranks holding the same shard
+    are compared (slot = the shard), a bit flipped in rank 3's shard after step 7 splits
+    shard 1's replicas at step 10 (two replicas: no majority, both named), and step 5, where
+    they agreed, is the last known clean."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.shim.hsdp_numerics_rank", str(rank), "3"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+        )
+        for rank in range(4)
+    ]
+    outputs = [p.communicate(timeout=240)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0, 0, 0]
+    for out in outputs:
+        outcome = json.loads(out.decode().strip().splitlines()[-1])
+        first, split, after = outcome["readings"]
+        assert first["fingerprint"] is not None and not first["splits"]
+        assert split["fingerprint"] is None
+        assert split["splits"] == after["splits"] == [{"slot": 1, "groups": [[1], [3]]}]
+        assert outcome["clean"] == [5]
+
+
 def test_parameters_under_a_sharding_wrapper_are_not_compared() -> None:
     """FSDP1's flat parameters and ZeRO's partitions are shards: nothing of them is handed
     to the fingerprint (a real FSDP1 wrapper on a one-rank gloo group)."""

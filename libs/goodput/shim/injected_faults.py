@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 import torch
 
 from goodput import schemas
+from goodput.checkpoint.engine.sharded_save import is_dtensor
 
 if TYPE_CHECKING:
     from goodput.shim.config import ShimConfig
@@ -49,8 +50,10 @@ def sdc_bit(dtype: torch.dtype) -> int:
 
 def flip_bit(parameters: Iterable[torch.Tensor]) -> str:
     """Flip :func:`sdc_bit` of element :data:`SDC_ELEMENT` of the first floating-point,
-    contiguous, non-empty parameter, in place; what was flipped ("" when none qualifies)."""
-    for index, parameter in enumerate(parameters):
+    contiguous, non-empty parameter (of a DTensor's, its local shard: this replica's copy of
+    it under HSDP), in place; what was flipped ("" when none qualifies)."""
+    for index, held in enumerate(parameters):
+        parameter = held.to_local() if is_dtensor(held) else held  # type: ignore[attr-defined]
         if (
             not parameter.is_floating_point()
             or not parameter.is_contiguous()

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from goodput import schemas
 from goodput.checkpoint.engine.sharded_save import is_dtensor
 from goodput.shim.collectives import collective_device, grouped
+from goodput.shim.replica_layout import hsdp_slots
 
 #: a step's (step, loss, parameters) → the loss to observe, its faults applied
 #: (``goodput.shim.injected_faults.InjectedFaults.at_step_boundary``)
@@ -55,18 +56,21 @@ _COUNT, _LOSS_SUM, _GNORM_SUM, _NONFINITE, _LOSS_MAX, _GNORM_MAX = range(6)
 _SUMS = 4
 
 
-def fingerprint(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
+def fingerprint(parameters: Iterable[torch.Tensor], *, sharded: bool = False) -> torch.Tensor:
     """A 0-d int64 tensor on the parameters' device: the sum of their 32-bit words (16-bit
     for a tensor of an odd number of 16-bit elements) modulo 2^52. No host sync.
 
-    Sharded parameters (DTensors: FSDP2, tensor parallelism) are left out: their shards
-    differ from rank to rank by design, and which ranks hold the same shard is the sharding's
-    business, not ``rank // model_parallel_size``; comparing them would find every replica
-    corrupt. Replicated parameters (DDP, plain tensors) are what is compared."""
+    Sharded parameters (DTensors: FSDP2, tensor parallelism) are left out unless ``sharded``:
+    their shards differ from rank to rank by design, and which ranks hold the same shard is
+    the sharding's business, not ``rank // model_parallel_size``; comparing them would find
+    every replica corrupt. With ``sharded`` (an HSDP layout the monitor compares by shard:
+    ``goodput.shim.replica_layout``) each DTensor's local shard is summed too."""
     total: torch.Tensor | None = None
     for parameter in parameters:
         if is_dtensor(parameter):
-            continue
+            if not sharded:
+                continue
+            parameter = parameter.to_local()  # type: ignore[attr-defined]
         flat = parameter.detach().contiguous().reshape(-1)
         if flat.numel() == 0:
             continue
@@ -200,7 +204,13 @@ class NumericsMonitor:
         if step % self.read_every:
             return None
         due = parameters is not None and step % self.fingerprint_every == 0
-        reading = self._read(device, fingerprint(parameters()) if due else None)  # type: ignore[misc]
+        own, slots = None, self.mp_size
+        if due:
+            held = list(parameters())  # type: ignore[misc]
+            hsdp = hsdp_slots(held, _world()) if self.mp_size == 1 else None
+            slots = hsdp or self.mp_size
+            own = fingerprint(held, sharded=hsdp is not None)
+        reading = self._read(device, own, slots)
         self._acc, self._observed = _empty(device), 0
         if self.publish is not None and _rank() == 0:
             self.publish(self.event(step, reading, step if due else -1))
@@ -232,17 +242,17 @@ class NumericsMonitor:
             splits=reading.splits,
         )
 
-    def _read(self, device: torch.device, own: torch.Tensor | None) -> WindowReading:
+    def _read(self, device: torch.device, own: torch.Tensor | None, slots: int) -> WindowReading:
         world, rank = _world(), _rank()
         assert self._acc is not None
         sums = self._acc[:_SUMS].clone()
         maxima = [self._acc[_SUMS:]]
         if own is not None:  # this rank's slot holds (fp, -fp); every other slot -inf
             value = own.to(device=device, dtype=torch.float64)
-            slots = torch.full((2, self.mp_size), -math.inf, dtype=torch.float64, device=device)
-            slots[0, rank % self.mp_size] = value
-            slots[1, rank % self.mp_size] = -value
-            maxima.append(slots.reshape(-1))
+            extremes = torch.full((2, slots), -math.inf, dtype=torch.float64, device=device)
+            extremes[0, rank % slots] = value
+            extremes[1, rank % slots] = -value
+            maxima.append(extremes.reshape(-1))
         peak = torch.cat(maxima)
         if world > 1:
             target = collective_device()
@@ -255,11 +265,11 @@ class NumericsMonitor:
         agreed: int | None = None
         splits: list[schemas.ReplicaSplit] = []
         if own is not None:
-            high, negated_low = figures[2 : 2 + self.mp_size], figures[2 + self.mp_size :]
+            high, negated_low = figures[2 : 2 + slots], figures[2 + slots :]
             if all(h == -n for h, n in zip(high, negated_low, strict=True)):
-                agreed = int(high[0]) if self.mp_size == 1 else _combine(high)
+                agreed = int(high[0]) if slots == 1 else _combine(high)
             else:
-                splits = replica_splits(_gather(own, world), self.mp_size)
+                splits = replica_splits(_gather(own, world), slots)
         self.last_loss = loss_sum / count if count else self.last_loss
         return WindowReading(
             steps=self._observed,

@@ -15,7 +15,8 @@ clock passed in, every finding with its reason.
   at step 1,500 was once "rolled back" for its step-21 loss, in a crash loop).
 - **Replica mismatch**: data-parallel replicas holding different parameters. The largest
   group of a slot, when a strict majority, is taken as right and the others as corrupt; with
-  no majority (two replicas, or a three-way split) every replica of the split is suspect.
+  no majority (two replicas, or a three-way split) no replica can be named: one finding
+  names none, and no node is counted an offender (a sound one would be quarantined next).
   A node whose rank disagreed before is a repeat offender: its finding is ``uncorrectable`` (its
   node is to be replaced), the first one ``correctable`` (a rollback cures a transient flip).
 """
@@ -156,18 +157,22 @@ class NumericsJudge:
         first = self.last_agreed_step + 1
         for split in event.splits:
             replicas = sum(len(group) for group in split.groups)
-            majority = len(split.groups[0]) * 2 > replicas
-            suspects = (
-                [r for g in split.groups[1:] for r in g]
-                if majority
-                else sorted(r for g in split.groups for r in g)
-            )
-            why = (
-                f"replicas {split.groups[0]} agree against {split.groups[1:]}"
-                if majority
-                else f"no majority among replicas {split.groups}: each is suspect"
-            )
-            for rank in suspects:
+            where = f"model-parallel slot {split.slot} at step {event.fingerprint_step}"
+            if len(split.groups[0]) * 2 <= replicas:
+                # no majority (two replicas, a three-way split): no replica can be named, so
+                # none is blamed nor counted against its node; the rollback is the remedy
+                findings.append(
+                    Finding(
+                        kind="replica_mismatch",
+                        first_bad_step=first,
+                        step=event.fingerprint_step,
+                        reason=f"{where}: no majority among replicas {split.groups}, none "
+                        "can be named",
+                    )
+                )
+                continue
+            why = f"replicas {split.groups[0]} agree against {split.groups[1:]}"
+            for rank in (r for g in split.groups[1:] for r in g):
                 node = nodes.get(rank, "")
                 repeat = bool(node) and node in self._offenders
                 self._offenders.add(node)
@@ -179,8 +184,7 @@ class NumericsJudge:
                         rank=rank,
                         node=node,
                         severity="uncorrectable" if repeat else "correctable",
-                        reason=f"model-parallel slot {split.slot} at step "
-                        f"{event.fingerprint_step}: {why}"
+                        reason=f"{where}: {why}"
                         + (f"; node {node} disagreed before (repeat offender)" if repeat else ""),
                     )
                 )

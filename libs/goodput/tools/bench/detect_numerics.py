@@ -10,7 +10,7 @@ step boundary after the command reaches it, which may be the step after the one 
 when it was sent), in steps; in seconds, those steps at the 95th percentile of the job's
 last 50 steps before the trial (at its median, a loaded run's NaN once took 2.03 s against a
 1.95 s "bound"), plus the sensor's poll. On 2 nodes (2 replicas) an SDC has no majority: the judge
-cannot tell the flipped replica from the sound one and names both suspect.
+cannot tell the flipped replica from the sound one, and its signal names neither.
 """
 
 from __future__ import annotations

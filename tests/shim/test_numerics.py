@@ -100,10 +100,10 @@ def test_an_nccl_like_group_gets_cuda_tensors_only() -> None:
 def assert_flip_and_nan_found(outcomes: list[dict]) -> None:
     per_rank = [outcome["value"]["readings"] for outcome in outcomes]
     assert per_rank[0] == per_rank[1] == per_rank[2]
-    # known clean on every rank: nothing after the NaN's window; without it, the window to
-    # step 5, where the replicas last agreed
+    # known clean on every rank: nothing after the NaN's window; without it, the step before
+    # the window to step 5, where the replicas last agreed
     assert [outcome["value"]["clean"] for outcome in outcomes] == [[]] * 3
-    assert [outcome["value"]["clean_without_nan"] for outcome in outcomes] == [[5]] * 3
+    assert [outcome["value"]["clean_without_nan"] for outcome in outcomes] == [[0]] * 3
     first, second, third = per_rank[0]
     assert first["nonfinite_steps"] == 1 and first["fingerprint"] is not None
     # steps 1-5 on ranks 0-2: losses 1 + step + rank, less rank 2's NaN at step 3
@@ -116,26 +116,28 @@ def assert_flip_and_nan_found(outcomes: list[dict]) -> None:
 
 
 def test_a_step_is_known_clean_where_replicas_agreed_and_nothing_suspect_came_since() -> None:
-    """One process (its own replica): every fingerprint agrees. A non-finite window stops the
-    claims until a restore (a rollback goes back before it); a window without a fingerprint,
-    or a monitor given no parameters, claims nothing."""
+    """One process (its own replica): every fingerprint agrees, and the claim is the step
+    before that fingerprint's window (a loss spike in the window is the supervisor's to find,
+    and its rollback goes before the window). A non-finite window stops the claims until a
+    restore (a rollback goes back before it); a window without a fingerprint, or a monitor
+    given no parameters, claims nothing."""
     clean: list[int] = []
     monitor = NumericsMonitor(read_every=2, fingerprint_every=4, on_clean=clean.append)
     params = [torch.ones(3)]
     for step in range(1, 9):
         monitor.observe(step, 1.0, 0.5, lambda: params)
-    assert clean == [4, 8]
+    assert clean == [2, 6]  # fingerprints at 4 and 8, each window 2 steps long
     monitor.observe(9, float("nan"), 0.5, lambda: params)
     for step in range(10, 17):
         monitor.observe(step, 1.0, 0.5, lambda: params)
-    assert clean == [4, 8]  # 12 and 16 agreed, but after the NaN
+    assert clean == [2, 6]  # 12 and 16 agreed, but after the NaN
     monitor.reset()
     for step in range(9, 13):
         monitor.observe(step, 1.0, 0.5, lambda: params)
-    assert clean == [4, 8, 12]
+    assert clean == [2, 6, 10]
     for step in range(13, 17):
         monitor.observe(step, 1.0, 0.5, None)
-    assert clean == [4, 8, 12]
+    assert clean == [2, 6, 10]
 
 
 def test_a_window_begun_mid_way_counts_only_its_steps() -> None:
@@ -166,8 +168,8 @@ def test_sharded_parameters_are_left_out_of_the_fingerprint() -> None:
 def test_hsdp_replicas_are_compared_shard_by_shard() -> None:
     """HSDP, 2 replicas x 2 shards over 4 real gloo ranks: the ranks holding the same shard
     are compared (slot = the shard), a bit flipped in rank 3's shard after step 7 splits
-    shard 1's replicas at step 10 (two replicas: no majority, both named), and step 5, where
-    they agreed, is the last known clean."""
+    shard 1's replicas at step 10 (two replicas: no majority, both named), and the step
+    before the window of step 5, where they agreed, is the last known clean."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     processes = [
         subprocess.Popen(
@@ -186,7 +188,7 @@ def test_hsdp_replicas_are_compared_shard_by_shard() -> None:
         assert first["fingerprint"] is not None and not first["splits"]
         assert split["fingerprint"] is None
         assert split["splits"] == after["splits"] == [{"slot": 1, "groups": [[1], [3]]}]
-        assert outcome["clean"] == [5]
+        assert outcome["clean"] == [0]
 
 
 def test_parameters_under_a_sharding_wrapper_are_not_compared() -> None:

@@ -18,10 +18,13 @@ differ does a third collective (an all-gather of one float64 per rank) name the 
 
 **Known clean.** A window's reading is the same on every rank. The last fingerprint step at
 which every replica agreed, with no window since the last restore having shown a non-finite
-value or a disagreement, is where a numerical rollback may come back to: ``on_clean`` is told
-of each such step (the shim records it in the volume, so retention keeps a checkpoint at or
-before it: ``goodput.checkpoint.format.clean_record``). A loss spike is the supervisor's to
-judge, not the rank's: it does not stop the claim.
+value or a disagreement, bounds where a numerical rollback may come back to: ``on_clean`` is
+told of the step before that fingerprint's window, which the shim records in the volume so
+that retention keeps a checkpoint at or before it (``goodput.checkpoint.format.clean_record``).
+A loss spike is the supervisor's to judge, not the rank's: it does not stop the claim, and
+its rollback goes before the window it was seen in, hence the claim stops short of the
+window (a claim of the fingerprint step itself once kept only a checkpoint inside a spike's
+window, and the rollback found nothing older).
 
 Collectives run on the device the group serves (``shim/collectives.py``: CUDA tensors for
 NCCL, CPU ones for gloo). Every rank must call
@@ -218,12 +221,15 @@ class NumericsMonitor:
         return reading
 
     def _judge(self, step: int, reading: WindowReading) -> None:
-        """Mark ``step`` known clean when its replicas agreed and nothing suspect came since
-        the last restore; a non-finite window or a split ends that until the next restore."""
+        """When the replicas agreed at ``step`` and nothing suspect came since the last
+        restore, mark the step before this window known clean: the window's own steps may
+        hold a loss spike, which only the supervisor judges (its rollback goes before the
+        window, so the checkpoint kept for it must be older than the window). A non-finite
+        window or a split ends the claims until the next restore."""
         if reading.nonfinite_steps or reading.splits:
             self._suspect = True
         elif reading.fingerprint is not None and not self._suspect and self.on_clean is not None:
-            self.on_clean(step)
+            self.on_clean(step - reading.steps)
 
     def event(self, step: int, reading: WindowReading, fingerprint_step: int) -> schemas.Numerics:
         return schemas.Numerics(

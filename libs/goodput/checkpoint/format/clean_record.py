@@ -1,8 +1,9 @@
 """``<volume>/.goodput-clean``: the last step this node's ranks know to be numerically clean.
 
-A numerical rollback (issue 39) restores the newest checkpoint at or before the last step at
-which every data-parallel replica's fingerprint agreed, no window having shown a non-finite
-value or a disagreement since. The ranks know that step (``goodput.shim.numerics``); the
+A numerical rollback (issue 39) restores the newest checkpoint before the first step a fault
+may have touched: at the latest, the step before the window of the last fingerprint at which
+every data-parallel replica agreed, no window having shown a non-finite value or a
+disagreement since. The ranks know that step (``goodput.shim.numerics``); the
 volume's deleters — the engine's retention and the replicator's garbage collection — do not,
 and each keeps only a few newest checkpoints. So the writer of the volume's checkpoints (its
 local rank 0) records the step here, and each deleter keeps the newest complete checkpoint at

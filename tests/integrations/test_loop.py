@@ -136,27 +136,25 @@ def _train_corruptible(
             with torch.no_grad():
                 model[0].weight.view(-1).view(torch.int32)[3] ^= 1 << 22
         loop.step_done(loss, tokens=16)
+        # each save durable before the next: the engine drops a snapshot still waiting when
+        # a newer one comes (newest wins), and this test needs steps 4 and 8 on the volume
+        loop.shim.engine.wait_until_idle()
     return loop
 
 
 def test_a_rollback_restores_before_the_fault_and_ends_bit_identical(tmp_path: Path) -> None:
     """A bit flipped after step 9 is in the step-12 checkpoint. Relaunched to restore before
-    step 10 (the first step the fault may have touched), the job resumes from the newest
-    checkpoint before it (step 8; step 4 when the engine dropped step 8's snapshot for step
-    12's, as it does when a save finds the previous one still persisting), drops the step-12
-    checkpoint (a later restart must not resume from it) and ends as the run that was never
-    corrupted did."""
+    step 10 (the first step the fault may have touched), the job resumes from step 8, drops
+    the step-12 checkpoint (a later restart must not resume from it) and ends as the run
+    that was never corrupted did."""
     from goodput.checkpoint.format.layout import step_dirs
 
     reference = _train_corruptible(tmp_path / "reference", 12)
     corrupted = _train_corruptible(tmp_path / "run", 12, corrupt_at=9)
     with pytest.raises(AssertionError):
         assert_identical(corrupted.state(), reference.state())
-    saved = [step for step, _ in step_dirs(tmp_path / "run")]
-    # newest first; the final save always lands, and so does the first (nothing older waits)
-    assert saved[0] == 12 and 4 in saved
+    assert [step for step, _ in step_dirs(tmp_path / "run")] == [12, 8, 4]
     rolled_back = _train_corruptible(tmp_path / "run", 12, before=10)
-    assert rolled_back.restored is not None
-    assert rolled_back.restored.step == max(step for step in saved if step < 10)
+    assert rolled_back.restored is not None and rolled_back.restored.step == 8
     assert rolled_back.step == 12
     assert_identical(rolled_back.state(), reference.state())

@@ -130,12 +130,17 @@ async def test_gc_by_hand_follows_the_retention_flags(dir_harness: Harness) -> N
     snapshot = await h.until(lambda s: s.steps() == [20], what="step 10 gone from the index")
     assert snapshot.newest_complete().step == 20
 
-    # node-0's ranks know step 25 clean: its newest local checkpoint at or before it stays
+    # node-0's ranks know step 25 clean: the newest checkpoint at or before it stays on every
+    # tier (a spare restores it from a peer or the store), and goes once 35 is known clean
     steps[30] = write_checkpoint(reps.volume("node-0"), 30, seed=3)
     await h.until(lambda s: peer_copies(s, "node-0", 30) and in_store(s, "node-0", 30))
     write_clean_record(reps.volume("node-0"), 25)
     for dry_run in (("--dry-run",), ()):
         run = ckpt_cli(h, "gc", *dry_run, "--json", *keep_one, *require_all)
-        deleted = sorted((c["step"], c["tier"]) for c in json.loads(run.stdout)["deleted"])
-        assert deleted == [(20, "object_store"), (20, "peer")], dry_run
+        assert json.loads(run.stdout)["deleted"] == [], dry_run
     assert steps[20].exists() and steps[30].exists()
+    write_clean_record(reps.volume("node-0"), 35)
+    run = ckpt_cli(h, "gc", "--json", *keep_one, *require_all)
+    deleted = sorted((c["step"], c["tier"]) for c in json.loads(run.stdout)["deleted"])
+    assert deleted == [(20, "local"), (20, "object_store"), (20, "peer")]
+    assert not steps[20].exists() and steps[30].exists()

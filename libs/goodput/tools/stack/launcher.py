@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import msgspec
-import nats.errors
 from rich.console import Console
 
 from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.client import TRANSIENT_ERRORS
 from goodput.bus.cluster import EmbeddedCluster, cluster_size
 from goodput.bus.embedded import read_record
 from goodput.checkpoint.format.job_key import stack_key_env
@@ -320,10 +320,6 @@ class HealthUnknown(ServiceExited):
     timed out): one line, handled like a service that exited."""
 
 
-#: what a health query meets on a server too busy to answer in time; the next poll asks again
-TRANSIENT_BUS_ERRORS = (nats.errors.TimeoutError, asyncio.TimeoutError, ConnectionError)
-
-
 async def wait_healthy(settings, job, services, timeout_s, console) -> list[dict]:
     """The services' health once all are healthy or ``timeout_s`` passed; raises
     :class:`ServiceExited` as soon as one of them is found gone."""
@@ -335,7 +331,9 @@ async def wait_healthy(settings, job, services, timeout_s, console) -> list[dict
             check_running(services)
             try:
                 report = await service_report(settings, job, services)
-            except TRANSIENT_BUS_ERRORS as exc:  # a busy server: ask again until the deadline
+            # a busy server, or a cluster still electing its JetStream leader (503): the next
+            # poll asks again, until the deadline
+            except TRANSIENT_ERRORS as exc:
                 unanswered = f"{type(exc).__name__}: {exc}"
             done = report is not None and all(s["healthy"] for s in report)
             if done or time.monotonic() > deadline:

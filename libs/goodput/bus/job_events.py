@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import nats.js.errors
@@ -29,23 +29,36 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
-from goodput.bus.client import Bus
+from goodput.bus.client import Bus, retry_transient
 from goodput.bus.routing import decode_event_on
 
 log = logging.getLogger(__name__)
 E = TypeVar("E", bound=schemas.Event)
+R = TypeVar("R")
 POLL_S = 0.02
 #: how often a follower checks that its consumer survived (a restarted server forgets it)
 GUARD_S = 2.0
 #: how long stopping a follower may wait on the bus
 STOP_S = 5.0
+#: how long a read of the event stream's state waits out a transient bus error
+STREAM_READ_S = 30.0
+
+
+async def _read_stream(read: Callable[[], Awaitable[R]]) -> R:
+    """``read`` of the event stream, asked again through a transient error (a cluster
+    electing the stream's leader after losing its server answers with timeouts and 503s for
+    a few seconds): a report or a follower started then waits, it does not fail."""
+    result: R = await retry_transient(read, deadline_s=STREAM_READ_S, what="read GP_EVENTS")
+    return result
 
 
 async def count_events(bus: Bus, job: str) -> int:
     """How many events of ``job`` the GP_EVENTS stream holds now."""
     try:
-        info = await bus.js.stream_info(
-            subjects.EVENTS_STREAM, subjects_filter=subjects.events_of(job)
+        info = await _read_stream(
+            lambda: bus.js.stream_info(
+                subjects.EVENTS_STREAM, subjects_filter=subjects.events_of(job)
+            )
         )
     except nats.js.errors.NotFoundError:
         return 0  # the bus was never provisioned: nothing was ever stored
@@ -76,7 +89,7 @@ async def newest_run(bus: Bus, job: str) -> tuple[int, schemas.RunStarted] | Non
     """
     subject = subjects.event(job, schemas.kind_of(schemas.RunStarted))
     try:
-        message = await bus.js.get_last_msg(subjects.EVENTS_STREAM, subject)
+        message = await _read_stream(lambda: bus.js.get_last_msg(subjects.EVENTS_STREAM, subject))
     except nats.js.errors.NotFoundError:
         return None  # no such stream, or no run started on it
     try:
@@ -98,7 +111,7 @@ async def rolled_off(bus: Bus) -> int:
     """How many of GP_EVENTS's first sequences it no longer holds (discarded past its byte
     or age limit); 0 when it still holds everything it stored, or does not exist."""
     try:
-        info = await bus.js.stream_info(subjects.EVENTS_STREAM)
+        info = await _read_stream(lambda: bus.js.stream_info(subjects.EVENTS_STREAM))
     except nats.js.errors.NotFoundError:
         return 0
     return max(0, info.state.first_seq - 1) if info.state.messages else info.state.last_seq

@@ -14,7 +14,7 @@ a peer's death is (:data:`NCCL_ERROR_HANDLING`): the actuator writes it under th
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -102,6 +102,11 @@ STEP_WINDOWS_PATTERN = r"^[0-9]+-[0-9]+(,[0-9]+-[0-9]+)*$"
 def format_step_windows(windows: tuple[schemas.StepWindow, ...]) -> str:
     """Windows as ``GOODPUT_SKIP_STEPS`` spells them ("" for none)."""
     return ",".join(f"{w.first}-{w.last}" for w in windows)
+
+
+def skipped(step: int, windows: Iterable[schemas.StepWindow]) -> bool:
+    """Whether the batch of ``step`` is skipped: it lies in one of ``windows``."""
+    return any(step in window for window in windows)
 
 
 def parse_step_windows(text: str) -> tuple[schemas.StepWindow, ...]:

@@ -36,7 +36,7 @@ from goodput.checkpoint.engine import CheckpointEngine
 from goodput.checkpoint.engine import events as ckpt_events
 from goodput.checkpoint.engine.host_restore import HostRestore, restore_from_host
 from goodput.checkpoint.engine.torch_save import TorchSaveCheckpointer
-from goodput.launch.rank_env import EXIT_TERMINATED
+from goodput.launch.rank_env import EXIT_TERMINATED, skipped
 from goodput.shim.agree import all_reduce_min, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
 from goodput.shim.config import ShimConfig, node_parts
@@ -297,7 +297,7 @@ class TrainerShim:
 
     def skips_data(self, step: int) -> bool:
         """Whether the batch of ``step`` is skipped: in a loss spike's window (``skip_steps``)."""
-        return any(step in window for window in self.config.skip_steps)
+        return skipped(step, self.config.skip_steps)
 
     def compute_slowdown(self) -> float:
         """The injected straggler's factor while it lasts (``InjectFault`` "slow"), else 1.0."""

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from goodput import schemas
+from goodput.launch.rank_env import skipped
 from goodput.shim.collectives import broadcast_object, grouped
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import (
@@ -176,7 +177,7 @@ class LocalFileHooks:
             )
 
     def skips_data(self, step: int) -> bool:
-        return any(step in window for window in self.skip_steps)
+        return skipped(step, self.skip_steps)
 
     def compute_slowdown(self) -> float:
         return 1.0

@@ -86,7 +86,7 @@ async def test_each_node_is_asked_for_its_part_of_the_new_membership(
         assert sorted(asked) == [("node-1", 1, 2), ("node-2", 0, 2)]
         assert announced == [{"node-1", "node-2"}] * 2, "node-0 withdrawn before the restores"
 
-        # scale down to one node: it holds part 0 of 1 (the replicator stages every part)
+        # scale down to one node: it holds part 0 of 1 (its ranks read every part, all staged)
         asked.clear()
         announced.clear()
         scale = schemas.ScaleTo(job=JOB, num_dp_replicas=1, drop_nodes=["node-2"])

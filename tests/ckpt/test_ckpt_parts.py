@@ -19,8 +19,12 @@ import pytest
 import torch
 
 from goodput.checkpoint.engine import NoCheckpointError, latest_complete_step, restore_checkpoint
-from goodput.checkpoint.format import read_manifest, step_dir
+from goodput.checkpoint.engine.part_sources import lacking
+from goodput.checkpoint.format import Manifest, read_manifest, step_dir
 from goodput.checkpoint.format.parts import PartOf, staged_part_dir
+from goodput.checkpoint.format.parts_needed import parts_needed
+from goodput.checkpoint.format.placement import shard_box
+from goodput.checkpoint.format.sharded import read_records
 from tests.ckpt.fsdp_job import mismatches
 from tests.ckpt.rank_procs import run_ranks_of
 
@@ -101,15 +105,30 @@ def test_a_replaced_volume_holding_only_its_part_ends_bit_identical(
 def test_a_scale_down_to_two_nodes_reshards_from_the_three_parts(
     reference: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """3 -> 2 nodes: each new node's volume holds its own old part, the others staged beside
-    it; the restored shards are the saved global tensors exactly, the global batch is kept,
+    """3 -> 2 nodes: each new node's volume holds its own old part and, staged beside it, only
+    the part ``parts_needed`` predicts from its FSDP2 records (what the replicator stages);
+    the restored shards are the saved global tensors exactly, the global batch is kept,
     and the losses go on as the uninterrupted run's (up to the reduction order)."""
     volumes, expected = reference
-    for node in (0, 1):
+    for node, needs in ((0, {0, 1}), (1, {1, 2})):  # 33 rows: old ranks' 6 each, new 9
         root = tmp_path / "volumes" / f"node-{node}"
         copy_step(volumes / f"node-{node}", 4, step_dir(root, 4))
-        for other in {0, 1, 2} - {node}:
+        own = read_manifest(step_dir(root, 4))
+        assert isinstance(own.part, PartOf)
+        needed = parts_needed(
+            own.part.table,
+            node,
+            read_records(step_dir(root, 4), own),
+            [entry.shape for entry in own.tensors],
+            node,
+            2,
+        )
+        assert needed.parts == needs, needed.reason
+        for other in needs - {node}:
             copy_step(volumes / f"node-{other}", 4, staged_part_dir(root, 4, other))
+        # a rank lacking a part it needs is told that one, not every part it lacks
+        lacks = lacking(own, read_records(step_dir(root, 4), own), *new_regions(own, node))
+        assert lacks == {other: "not staged" for other in needs - {node}}
     out = tmp_path / "out"
     run(tmp_path / "volumes", out, STEPS, "--expected", str(expected), nodes=2)
     reference_losses = results(expected, [0])[0]["losses"]
@@ -122,6 +141,19 @@ def test_a_scale_down_to_two_nodes_reshards_from_the_three_parts(
             assert result["losses"][step] == pytest.approx(reference_losses[step], rel=1e-5)
     manifest = read_manifest(step_dir(tmp_path / "volumes" / "node-1", STEPS))
     assert isinstance(manifest.part, PartOf) and manifest.part.count == 2
+
+
+def new_regions(
+    manifest: Manifest, node: int
+) -> tuple[list[tuple[tuple[int, ...], tuple[int, ...]]], dict[int, str]]:
+    """The regions new node ``node``'s last rank fills (FSDP2 over 2 nodes of 2 ranks, by
+    torch's rule), and every other part reported as not staged."""
+    rank, mesh = node * PER_NODE + PER_NODE - 1, (2 * PER_NODE,)
+    regions = [
+        shard_box(entry.shape, mesh, (0,), (rank,)) if len(entry.shape) else ((), ())
+        for entry in manifest.tensors
+    ]
+    return regions, {other: "not staged" for other in range(NODES) if other != node}
 
 
 def test_a_restore_lacking_a_part_names_it_and_consolidates_with_all(

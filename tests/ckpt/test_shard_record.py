@@ -27,7 +27,7 @@ def record(rank: int = 1, *, blocks: int = 2, fmt: str = SHARD_FORMAT) -> ShardR
         stream_offset=0,
         nbytes=120,
         blocks=["0" * 32] * blocks,
-        placement="Shard(dim=0)",
+        placement="S(0)",
         mesh=[2],
     )
     return ShardRecord(format=fmt, rank=rank, world=2, block_bytes=64, pieces=[piece])

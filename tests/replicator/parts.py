@@ -41,7 +41,9 @@ def rank_bytes(step: int, rank: int, seed: int = 0) -> bytes:
     return rng.standard_normal(ROWS, dtype=np.float32).tobytes()
 
 
-def _rank_files(step: int, rank: int, world: int, seed: int) -> dict[str, tuple[bytes, int]]:
+def _rank_files(
+    step: int, rank: int, world: int, seed: int, placement: str = "S(0)"
+) -> dict[str, tuple[bytes, int]]:
     data = rank_bytes(step, rank, seed)
     record = ShardRecord(
         format=SHARD_FORMAT,
@@ -56,7 +58,7 @@ def _rank_files(step: int, rank: int, world: int, seed: int) -> dict[str, tuple[
                 stream_offset=0,
                 nbytes=len(data),
                 blocks=[xxhash.xxh3_128_hexdigest(data)],
-                placement="Shard(dim=0)",
+                placement=placement,
                 mesh=[world],
             )
         ],
@@ -68,11 +70,11 @@ def _rank_files(step: int, rank: int, world: int, seed: int) -> dict[str, tuple[
 
 
 def part_entries(
-    step: int, ranks: list[int], world: int, seed: int
+    step: int, ranks: list[int], world: int, seed: int, placement: str = "S(0)"
 ) -> tuple[list[FileEntry], dict]:
     contents: dict[str, tuple[bytes, int]] = {}
     for rank in ranks:
-        contents |= _rank_files(step, rank, world, seed)
+        contents |= _rank_files(step, rank, world, seed, placement)
     entries = [
         FileEntry(name=name, size=len(data), xxh3_128=xxhash.xxh3_128_hexdigest(data), dp_rank=rank)
         for name, (data, rank) in sorted(contents.items())
@@ -81,13 +83,18 @@ def part_entries(
 
 
 def write_parts(
-    volumes: list[Path | None], step: int, ranks_per_part: int = 2, seed: int = 0
+    volumes: list[Path | None],
+    step: int,
+    ranks_per_part: int = 2,
+    seed: int = 0,
+    placement: str = "S(0)",
 ) -> PartOf:
     """Write part ``i`` of ``step`` onto ``volumes[i]`` (None: that node died before the
-    commit, so its part is missing) and return the commit table's PartOf of part 0."""
+    commit, so its part is missing) and return the commit table's PartOf of part 0. Each rank
+    holds one ``Shard(0)`` shard of one tensor (``placement``: the text its record says)."""
     world = len(volumes) * ranks_per_part
     parts = [list(range(p * ranks_per_part, (p + 1) * ranks_per_part)) for p in range(len(volumes))]
-    built = [part_entries(step, ranks, world, seed) for ranks in parts]
+    built = [part_entries(step, ranks, world, seed, placement) for ranks in parts]
     table = [summarize(p, parts[p], entries) for p, (entries, _) in enumerate(built)]
     for p, volume in enumerate(volumes):
         if volume is None:
@@ -116,7 +123,12 @@ def write_parts(
 
 
 def expected_part(
-    step: int, part: int, parts: int, ranks_per_part: int = 2, seed: int = 0
+    step: int,
+    part: int,
+    parts: int,
+    ranks_per_part: int = 2,
+    seed: int = 0,
+    placement: str = "S(0)",
 ) -> dict[str, bytes]:
     """Every data file of ``part`` (name -> bytes), as :func:`write_parts` wrote it."""
     world = parts * ranks_per_part
@@ -124,7 +136,7 @@ def expected_part(
     return {
         name: data
         for rank in ranks
-        for name, (data, _) in _rank_files(step, rank, world, seed).items()
+        for name, (data, _) in _rank_files(step, rank, world, seed, placement).items()
     }
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from goodput.checkpoint.format import parse_step_dir, step_dir
 from goodput.checkpoint.format.parts import aside_part_dir, parse_aside_part, staged_part_dir
+from goodput.checkpoint.format.parts_needed import NeededParts
 from goodput.checkpoint.index.gc import delete_from_disk, orphaned_staged_parts
 from goodput.checkpoint.index.index import IndexSnapshot
 from goodput.checkpoint.index.records import (
@@ -37,6 +38,7 @@ from goodput_services.replicator.restore_parts import (
     NodePart,
     PartPlan,
     incomplete_newer,
+    narrow,
     plan_parts,
 )
 from goodput_services.replicator.restore_sources import NothingToRestore
@@ -191,7 +193,8 @@ def test_plan_parts_hot_swap_reshard_and_unknown() -> None:
     assert plan_parts(3, NodePart(1, 3), None) == PartPlan(1, reason="part 1")
     # a returning node at another place: the part on its volume is kept aside, not lost
     assert plan_parts(3, NodePart(1, 3), 2) == PartPlan(1, move_aside=2, reason="part 1")
-    # scale-down 3 -> 2: every part; the one on the volume stays step-N
+    # scale-down 3 -> 2: every other part, until the own part's records narrow it (below);
+    # the one on the volume stays step-N
     assert plan_parts(3, NodePart(1, 2), 2).own == 2
     assert plan_parts(3, NodePart(1, 2), 2).staged == (0, 1)
     assert plan_parts(3, NodePart(1, 2), None).staged == (0, 2)
@@ -203,6 +206,17 @@ def test_plan_parts_hot_swap_reshard_and_unknown() -> None:
     with pytest.raises(NothingToRestore, match="part 3 of 3"):
         NodePart.of(3, 3)
     assert NodePart.of(None, None) is None
+
+
+def test_a_reshard_stages_only_the_parts_needed_or_every_one_when_unpredictable() -> None:
+    plan = plan_parts(3, NodePart(1, 2), 2)
+    narrowed = narrow(plan, NeededParts(frozenset({1, 2}), "node 1 of 2 reads parts 1, 2"))
+    assert narrowed == PartPlan(
+        2, (1,), reason="reshard 3 -> 2 parts: node 1 of 2 reads parts 1, 2"
+    )
+    assert narrow(plan, NeededParts(frozenset({2}), "")).staged == ()
+    unknown = narrow(plan, NeededParts(None, "every part staged: placement '_S(0, 2)'"))
+    assert unknown.staged == (0, 1) and unknown.reason.endswith("'_S(0, 2)'")
 
 
 def test_only_newer_parts_of_no_complete_commit_are_set_aside() -> None:

@@ -2,7 +2,8 @@
 goes to its peers and the object store; a node lost during the global commit leaves the
 previous step newest; a spare takes a lost node's part (from a peer, then from the object
 store when the peers are gone too); a part with a bad checksum is fetched again alone; a
-scale-down stages every part beside the node's own and sets aside the node's part of a newer
+scale-down stages beside the node's own part only the parts its new ranks read (every part
+when its records' placement is not predictable) and sets aside the node's part of a newer
 step that can never complete."""
 
 from __future__ import annotations
@@ -90,9 +91,10 @@ async def test_parts_replicate_and_a_spare_takes_a_lost_nodes_part(gcs_harness: 
     # a newer step whose other parts no node holds (their nodes lost before any copy)
     newer = write_parts([reps.volume("node-3"), None, None], NEWER)
 
-    # scale-down 3 -> 2: the node keeps its part and stages the two others beside it
+    # scale-down 3 -> 2: the node keeps its part (1) and stages beside it only part 0: new
+    # node 0's ranks hold the first half of the tensor, old ranks 0..2 (parts 0 and 1)
     result = await h.restore("node-3", part=(0, 2))
-    assert result.ok and result.detail.endswith("; parts 0, 2 staged beside it"), result.detail
+    assert result.ok and result.detail.endswith("; part 0 staged beside it"), result.detail
     # and sets its part of the newer step aside, out of the ranks' sight, kept
     volume = reps.volume("node-3")
     assert [step for step, _ in step_dirs(volume)] == [STEP]
@@ -100,8 +102,44 @@ async def test_parts_replicate_and_a_spare_takes_a_lost_nodes_part(gcs_harness: 
     assert files_of(aside) == expected_part(NEWER, 0, 3)
     assert orphaned_staged_parts(p.name for p in volume.iterdir()) == []  # kept until GC
     staged = staged_parts(reps.volume("node-3"), STEP)
-    assert sorted(staged) == [0, 2]
+    assert sorted(staged) == [0]
     for part, directory in staged.items():
         assert files_of(directory) == expected_part(STEP, part, 3)
         assert read_manifest(directory).part.part == part
     holds_part(h, "node-3", STEP, 1)
+
+
+async def test_a_scale_down_stages_on_each_node_only_the_parts_its_new_ranks_read(
+    dir_harness: Harness,
+) -> None:
+    h, reps = dir_harness, dir_harness.replicators
+    nodes = ["node-0", "node-1", "node-2"]
+    for name in nodes:
+        reps.start(name)
+    write_parts([reps.volume(name) for name in nodes], STEP)
+    # a step whose records name a placement the rule does not know (torch's _StridedShard)
+    write_parts([reps.volume(name) for name in nodes], LATER, placement="_S(0, 2)")
+    await h.until(
+        lambda s: all(s.view(step).complete for step in (STEP, LATER)),
+        what="every part of both steps indexed",
+    )
+
+    # 3 -> 2 nodes of 2 ranks: new node 0 reads old ranks 0..2 (parts 0, 1), node 1 ranks
+    # 3..5 (parts 1, 2); each stages one other part, not two
+    for place, wanted in ((0, 1), (1, 2)):
+        node = nodes[place]
+        result = await h.restore(node, step=STEP, part=(place, 2))
+        assert result.ok, result.detail
+        assert result.detail.endswith(f"; part {wanted} staged beside it"), result.detail
+        staged = staged_parts(reps.volume(node), STEP)
+        assert sorted(staged) == [wanted]
+        assert files_of(staged[wanted]) == expected_part(STEP, wanted, 3)
+        # one part moved (its data and records; the manifest is written, not moved)
+        assert h.restored_event(node).bytes == sum(map(len, files_of(staged[wanted]).values()))
+        assert "reads parts" in reps.log(node)
+
+    # what cannot be predicted is staged whole, as before, and the log says why
+    result = await h.restore("node-0", step=LATER, part=(0, 2))
+    assert result.ok and result.detail.endswith("; parts 1, 2 staged beside it"), result.detail
+    assert sorted(staged_parts(reps.volume("node-0"), LATER)) == [1, 2]
+    assert "'_S(0, 2)' is not predictable" in reps.log("node-0")

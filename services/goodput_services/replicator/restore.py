@@ -63,7 +63,8 @@ class RestoreOutcome:
         tiers = ", ".join(f"{t} {b} B" for t, b in sorted(self.bytes_by_tier.items()))
         detail = f"step {self.step} restored from {self.tier} ({self.bytes} B moved: {tiers})"
         if self.staged:
-            detail += f"; parts {', '.join(map(str, self.staged))} staged beside it"
+            noun = "part" if len(self.staged) == 1 else "parts"
+            detail += f"; {noun} {', '.join(map(str, self.staged))} staged beside it"
         return detail
 
 
@@ -81,7 +82,8 @@ async def restore_to_node(
 ) -> RestoreOutcome:
     """Restore the newest complete step (or ``step``; before ``before_step``, a numerical
     rollback's bound, when given) onto the node's volume; for a checkpoint sharded across
-    nodes, the part ``assigned`` to the node (and every other part beside it for a reshard)."""
+    nodes, the part ``assigned`` to the node (and, for a reshard, beside it the other parts
+    its new ranks read)."""
     started = time.perf_counter()
     if step is not None:
         candidates = [snapshot.view(step)]

@@ -2,11 +2,16 @@
 
 The node holds, as ``step-N``, the part of its place in the new launch order (``NodePart``,
 from ``RestoreToNode``): a hot-swapped spare gets the failed node's part. When the new node
-count differs from the checkpoint's part count (a reshard), the engine needs every part: the
-ones the node lacks are staged beside its own as ``step-N.part-K``
-(``goodput.checkpoint.format.parts.staged_part_dir``). That costs the whole checkpoint on every
-node; a smarter plan would stage only the byte ranges of the old shards that overlap the
-node's new shards (the shard records' per-block digests allow it), about ``1/nodes`` of it.
+count differs from the checkpoint's part count (a reshard), the node's new ranks read the old
+shards that overlap their new ones: the node's own part is staged first (as ``step-N``), then
+its verified shard records say where the new shards lie
+(:func:`goodput.checkpoint.format.parts_needed.parts_needed`: the same mesh, its outer
+dimension scaled, checked against those records), and only the other parts holding an
+overlapping shard are staged beside it as ``step-N.part-K``
+(``goodput.checkpoint.format.parts.staged_part_dir``): about two per node for FSDP2 going
+N -> N-1, none for HSDP with a replica per node. When the layout cannot be predicted (a
+placement the rule does not know, a mesh that does not scale, records that disagree with the
+rule) every part is staged, as before, and the plan's reason says why.
 
 Each part comes from the nearest holder of that very part of that commit (:mod:`.restore_sources`),
 verified per file, so a part whose file is corrupt on the volume is fetched again alone.
@@ -25,6 +30,7 @@ Kept, not deleted: the GC sweep removes it once the volume holds a step at least
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +46,8 @@ from goodput.checkpoint.format import (
     step_dirs,
 )
 from goodput.checkpoint.format.parts import MAX_PARTS, PartOf, aside_part_dir, staged_part_dir
+from goodput.checkpoint.format.parts_needed import NeededParts, parts_needed
+from goodput.checkpoint.format.sharded import read_records
 from goodput.checkpoint.index.index import Commit, IndexSnapshot, StepView
 from goodput.checkpoint.index.records import CopyRecord
 from goodput.checkpoint.tiers.object_store import ObjectStore
@@ -104,6 +112,29 @@ def plan_parts(count: int, assigned: NodePart | None, on_volume: int | None) -> 
     own = on_volume if on_volume is not None else min(assigned.part, count - 1)
     staged = tuple(p for p in range(count) if p != own)
     return PartPlan(own, staged, reason=f"reshard {count} -> {assigned.parts} parts")
+
+
+def narrow(plan: PartPlan, needed: NeededParts) -> PartPlan:
+    """A reshard's plan staging only the parts ``needed`` (all of them when it is None)."""
+    keep = (
+        plan.staged if needed.parts is None else tuple(p for p in plan.staged if p in needed.parts)
+    )
+    return dataclasses.replace(plan, staged=keep, reason=f"{plan.reason}: {needed.reason}")
+
+
+def needed_by(directory: Path, assigned: NodePart) -> NeededParts:
+    """:func:`parts_needed` for the node's new place, from the part staged in ``directory``
+    (its manifest and shard records, verified as read)."""
+    try:
+        manifest = read_manifest(directory)
+        records = read_records(directory, manifest)
+    except (ManifestError, OSError) as exc:
+        return NeededParts(None, f"every part staged: its own part's records unreadable ({exc})")
+    part = manifest.part
+    if not isinstance(part, PartOf):  # replaced since it was staged as that part
+        return NeededParts(None, "every part staged: its own part is no part any more")
+    shapes = [entry.shape for entry in manifest.tensors]
+    return parts_needed(part.table, part.part, records, shapes, assigned.part, assigned.parts)
 
 
 def part_on_volume(directory: Path, commit: Commit) -> tuple[int | None, bool]:
@@ -188,10 +219,15 @@ async def stage_parts(
         await asyncio.to_thread(remove_dir_safely, own_dir)
     here = (node, volume, node_dir, store, block_label)
     reports = [await _stage(snapshot, view, commit, plan.own, own_dir, *here)]
+    if plan.staged:  # a reshard: only the parts holding shards the node's new ranks read
+        assert assigned is not None
+        plan = narrow(plan, await asyncio.to_thread(needed_by, own_dir, assigned))
+    log.info("step %d: %s", view.step, plan.reason)
     for part in plan.staged:
         into = staged_part_dir(volume, view.step, part)
         reports.append(await _stage(snapshot, view, commit, part, into, *here))
-    if plan.staged:  # a reshard: a newer step's own part is of no use without the others
+    if assigned is not None and assigned.parts != commit[1]:
+        # a reshard: a newer step's own part is of no use without the others
         await asyncio.to_thread(set_aside, volume, view.step, snapshot.view)
     return reports
 

@@ -11,11 +11,13 @@ is still checked against its shard records' block digests.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from goodput.checkpoint.format import KIND_SHARDED, Manifest, ManifestError, read_manifest
 from goodput.checkpoint.format.parts import PartOf, staged_part_name, staged_parts
+from goodput.checkpoint.format.parts_needed import parts_holding
 from goodput.checkpoint.format.sharded import ShardRecord
 
 
@@ -74,9 +76,41 @@ def staged_shards(path: Path, manifest: Manifest) -> tuple[list[SavedShards], di
     return usable, missing
 
 
+def lacking(
+    manifest: Manifest,
+    records: Sequence[ShardRecord],
+    boxes: Sequence[tuple[tuple[int, ...], tuple[int, ...]]],
+    missing: dict[int, str],
+) -> dict[int, str]:
+    """Of the ``missing`` parts, those holding shards that overlap ``boxes`` (the regions the
+    rank fills, per tensor) by the saved layout, checked against the own part's ``records``
+    (``format.parts_needed.parts_holding``); all of them when that layout is not predictable."""
+    own = manifest.part
+    if not isinstance(own, PartOf):
+        return missing
+    shapes = [entry.shape for entry in manifest.tensors]
+    holding = parts_holding(own.table, own.part, records, shapes, boxes)
+    needed = {index: why for index, why in missing.items() if holding and index in holding}
+    return needed or missing
+
+
+def _runs(indices: list[int]) -> str:
+    """``[1, 2, 3, 7]`` as ``1..3, 7``: thousands of parts stay one readable line."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ", ".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in runs)
+
+
 def missing_parts_line(step: int, missing: dict[int, str]) -> str:
-    """One line naming the parts a restore lacks, and where they belong."""
-    named = ", ".join(f"{index} ({why})" for index, why in sorted(missing.items()))
+    """One line naming the parts a restore lacks (grouped by why), and where they belong."""
+    by_why: dict[str, list[int]] = {}
+    for index, why in sorted(missing.items()):
+        by_why.setdefault(why, []).append(index)
+    named = ", ".join(f"{_runs(indices)} ({why})" for why, indices in by_why.items())
     example = staged_part_name(step, min(missing)) if missing else ""
     return (
         f"needs shards of parts it lacks: {named}; stage them beside the node's own part "

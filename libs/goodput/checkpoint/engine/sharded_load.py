@@ -36,6 +36,7 @@ from goodput.checkpoint.engine.fileio import CorruptCheckpointError, DirectIOPol
 from goodput.checkpoint.engine.node_segments import StreamSource
 from goodput.checkpoint.engine.part_sources import (
     SavedShards,
+    lacking,
     missing_parts_line,
     staged_shards,
 )
@@ -50,16 +51,13 @@ from goodput.checkpoint.engine.reshard import (
 from goodput.checkpoint.engine.restore import _bind_targets, _merge
 from goodput.checkpoint.engine.sharded_save import is_dtensor, local_box
 from goodput.checkpoint.engine.tree import dtype_from_name, unflatten
-from goodput.checkpoint.format import Manifest, NotRegularFile, open_regular
+from goodput.checkpoint.format import Manifest, ManifestError, NotRegularFile, open_regular
 from goodput.checkpoint.format.sharded import (
-    MAX_RECORD_BYTES,
     ShardPiece,
     ShardRecord,
-    check_record_layout,
     data_entries,
-    parse_record,
-    record_entries,
 )
+from goodput.checkpoint.format.sharded import read_records as records_of
 
 #: one read's range at most (its staging buffer); larger overlaps are read in several
 MAX_READ_BYTES = 64 << 20
@@ -86,18 +84,12 @@ def _read_exact(path: Path, offset: int, length: int, out: memoryview) -> None:
 
 
 def read_records(path: Path, manifest: Manifest) -> list[ShardRecord]:
-    """Every rank's shard record, each checked against its manifest entry and its layout
-    against the data files' sealed sizes (before anything is allocated)."""
-    records = []
-    for entry in record_entries(manifest):
-        if entry.size > MAX_RECORD_BYTES:
-            raise CorruptCheckpointError(f"{entry.name}: implausibly large ({entry.size} bytes)")
-        data = bytearray(entry.size)
-        _read_exact(path / entry.name, 0, entry.size, memoryview(data))
-        record = parse_record(bytes(data), entry, manifest.dp_world)
-        check_record_layout(record, manifest)
-        records.append(record)
-    return records
+    """Every rank's shard record, checked (``format.sharded.read_records``); raises
+    CorruptCheckpointError."""
+    try:
+        return records_of(path, manifest)
+    except ManifestError as exc:
+        raise CorruptCheckpointError(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -241,7 +233,7 @@ def load_shards(
     ``sources[rank]`` that holds them intact; the state has the checkpoint's structure
     (``into``'s tensors in it)."""
     sources = sources or {}
-    own = SavedShards(path, manifest, _records(path, manifest))
+    own = SavedShards(path, manifest, read_records(path, manifest))
     count = len(manifest.tensors)
     targets: list[Any] = [None] * count
     skeleton = unflatten(manifest.tree, tensor_count=count)  # before allocating
@@ -260,15 +252,19 @@ def load_shards(
         readable = []
         for part in staged:
             try:
-                part.records.extend(_records(part.path, part.manifest))
+                part.records.extend(read_records(part.path, part.manifest))
                 readable.append(part)
             except CorruptCheckpointError as bad:
                 missing[part.index] = str(bad)
         try:
             tasks = _plan(manifest, [own, *readable], boxes, max_read_bytes)
         except ReshardError as again:
+            if not missing:
+                raise CorruptCheckpointError(str(again)) from again
+            regions = [(box.offsets, box.shape) for _, box in boxes]
+            lacks = lacking(manifest, own.records, regions, missing)
             raise CorruptCheckpointError(
-                f"{again}: {missing_parts_line(manifest.step, missing)}" if missing else str(again)
+                f"{again}: {missing_parts_line(manifest.step, lacks)}"
             ) from again
     block_bytes = own.records[0].block_bytes
     # largest reads first, so the pool ends together
@@ -289,13 +285,6 @@ def load_shards(
     return ShardedLoad(
         unflatten(manifest.tree, lambda i: targets[i], tensor_count=count), memory, volume
     )
-
-
-def _records(path: Path, manifest: Manifest) -> list[ShardRecord]:
-    try:
-        return read_records(path, manifest)
-    except ValueError as exc:  # ManifestError included
-        raise CorruptCheckpointError(str(exc)) from exc
 
 
 def _plan(

@@ -43,6 +43,7 @@ from goodput.checkpoint.format import (
     write_file_durably,
 )
 from goodput.checkpoint.format.parts import PartOf
+from goodput.checkpoint.format.placement import placement_text
 from goodput.checkpoint.format.sharded import (
     DEFAULT_BLOCK_BYTES,
     SHARD_FORMAT,
@@ -113,8 +114,7 @@ def _piece(
     if tuple(local.shape) != box.shape:
         raise ValueError(f"tensor {index}: local shape {list(local.shape)} != {list(box.shape)}")
     mesh = list(tensor.device_mesh.shape)  # type: ignore[attr-defined]
-    placement = ",".join(str(p) for p in placements)
-    return _Piece(index, box, placement, mesh), local.detach()
+    return _Piece(index, box, placement_text(placements), mesh), local.detach()
 
 
 def plan_save(

@@ -16,11 +16,14 @@ shards that overlap its new local shard and still verify every byte it uses.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 import msgspec
 import xxhash
 
+from goodput.checkpoint.format.files import NotRegularFile, open_regular
 from goodput.checkpoint.format.manifest import FileEntry, Manifest, ManifestError
 from goodput.checkpoint.format.parts import PartOf
 from goodput.checkpoint.format.tensor_layout import check_ranges, check_tiling, shape_nbytes
@@ -44,7 +47,8 @@ class ShardPiece(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nbytes: int
     #: xxh3_128 of each ``block_bytes`` block of its bytes (the last one may be shorter)
     blocks: list[str]
-    #: how the tensor was placed when saved, e.g. ``Shard(dim=0)`` on mesh ``[2]``; "" plain
+    #: how the tensor was placed when saved (``format.placement``), e.g. ``S(0)`` on mesh
+    #: ``[2]``; "" plain
     placement: str = ""
     mesh: list[int] = []
 
@@ -153,3 +157,43 @@ def check_record_layout(record: ShardRecord, manifest: Manifest) -> None:
                 raise ManifestError(f"{where}: outside tensor {piece.tensor}'s {tensor.shape}")
         ranges.append((piece.stream_offset, piece.nbytes, where))
     check_ranges(ranges, stream_bytes)
+
+
+def _read_whole(path: Path, size: int) -> bytes:
+    """The ``size`` bytes of the regular file ``path``; ManifestError naming what is wrong."""
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError as exc:
+        raise ManifestError(f"{path.name}: missing") from exc
+    except NotRegularFile as exc:
+        raise ManifestError(f"{path.name}: not a regular file") from exc
+    except OSError as exc:
+        raise ManifestError(f"{path.name}: unreadable ({exc.strerror or exc})") from exc
+    try:
+        data = bytearray()
+        while len(data) < size:
+            chunk = os.pread(fd, size - len(data), len(data))
+            if not chunk:
+                raise ManifestError(f"{path.name}: short file")
+            data += chunk
+        return bytes(data)
+    except OSError as exc:
+        raise ManifestError(f"{path.name}: unreadable ({exc.strerror or exc})") from exc
+    finally:
+        os.close(fd)
+
+
+def read_records(directory: Path, manifest: Manifest) -> list[ShardRecord]:
+    """Every shard record ``manifest`` lists in ``directory``, each checked against its
+    manifest entry and its layout against the data files' sealed sizes (before anything is
+    allocated). Raises ManifestError."""
+    records = []
+    for entry in record_entries(manifest):
+        if entry.size > MAX_RECORD_BYTES:
+            raise ManifestError(f"{entry.name}: implausibly large ({entry.size} bytes)")
+        record = parse_record(
+            _read_whole(directory / entry.name, entry.size), entry, manifest.dp_world
+        )
+        check_record_layout(record, manifest)
+        records.append(record)
+    return records

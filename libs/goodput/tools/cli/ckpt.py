@@ -434,7 +434,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--part",
         type=_part_spec,
         help="K/N: a checkpoint sharded across nodes: the node holds part K of N nodes"
-        " (N other than the checkpoint's part count stages every part, for a reshard)",
+        " (N other than the checkpoint's part count also stages the parts its new ranks read,"
+        " for a reshard)",
     )
     restore.add_argument("--timeout", type=float, default=300.0, help="seconds to wait")
     _common(restore)

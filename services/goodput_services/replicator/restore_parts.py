@@ -8,8 +8,8 @@ its verified shard records say where the new shards lie
 (:func:`goodput.checkpoint.format.parts_needed.parts_needed`: the same mesh, its outer
 dimension scaled, checked against those records), and only the other parts holding an
 overlapping shard are staged beside it as ``step-N.part-K``
-(``goodput.checkpoint.format.parts.staged_part_dir``): about two per node for FSDP2 going
-N -> N-1, none for HSDP with a replica per node. When the layout cannot be predicted (a
+(``goodput.checkpoint.format.parts.staged_part_dir``): for FSDP2 going N -> N-1 at most two
+per tensor, often none besides its own; none for HSDP with a replica per node. When the layout cannot be predicted (a
 placement the rule does not know, a mesh that does not scale, records that disagree with the
 rule) every part is staged, as before, and the plan's reason says why.
 

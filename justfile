@@ -34,11 +34,12 @@ test-images:
 test-quick:
     {{bin}}/pytest -q -m "not slow"
 
-# ruff lint and format check, and the import contracts (layering) of pyproject.toml
+# ruff lint and format check, the import contracts (layering) and the type check (mypy) of pyproject.toml
 lint:
     {{bin}}/ruff check libs services tests
     {{bin}}/ruff format --check libs services tests
     {{bin}}/lint-imports
+    {{bin}}/mypy
 
 # reformat and autofix
 fmt:

@@ -47,8 +47,9 @@ class Service:
     """Subclass, set ``name``, override :meth:`loops` and (if it takes commands) :meth:`execute`."""
 
     name: ClassVar[str] = "service"
-    #: subject token of the commands this service executes (``None``: takes no commands)
-    command_target: ClassVar[str | None] = None
+    #: subject token of the commands this service executes (``None``: takes no commands); a
+    #: service of one node (the replicator, the host monitor) sets its own per instance
+    command_target: str | None = None
     #: the struct ``config.options`` is converted to once, at start-up, as ``self.options``
     #: (unknown fields rejected); ``None``: the service reads ``config.options`` itself
     options_type: ClassVar[type[msgspec.Struct] | None] = None
@@ -155,7 +156,12 @@ class Service:
                 fence=self.command_fence,
             )
             tasks.append(asyncio.create_task(self.commands.run(), name="commands"))
-        tasks += [asyncio.create_task(coro, name=coro.__qualname__) for coro in self.loops()]
+        # a coroutine object has the qualified name of its function (Coroutine, the abstract
+        # type loops() promises, does not say so)
+        tasks += [
+            asyncio.create_task(coro, name=getattr(coro, "__qualname__", None))
+            for coro in self.loops()
+        ]
         log.info("service started", extra={"instance": self.instance, "bus": self.config.bus.url})
         stop_wait = asyncio.create_task(self._stopping.wait())
         done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)

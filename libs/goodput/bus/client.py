@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import nats
@@ -68,6 +69,13 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 
 class BusUnavailableError(RuntimeError):
     """The bus stayed unreachable longer than the caller was willing to wait."""
+
+
+#: the bus is away for now: a transient error, or it stayed away longer than a call waits
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, BusUnavailableError)
+#: any failure of a bus call that is logged and tried again later: a transient error or any
+#: other nats reports (JetStream's included)
+BUS_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, nats.errors.Error)
 
 
 class StoreTooSmallError(RuntimeError):
@@ -243,7 +251,8 @@ class Bus:
                     connect_timeout=2,
                     allow_reconnect=False,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.25,
+                    # nats-py annotates an int, but sleeps this many seconds: a float is right
+                    reconnect_time_wait=0.25,  # type: ignore[arg-type]
                     ping_interval=5,
                     max_outstanding_pings=3,
                     disconnected_cb=on_disconnect,
@@ -293,22 +302,23 @@ class Bus:
         limits = store_limits(told or DEFAULT_SCALE)
         replicas = self.replicas
         for config in stream_configs(limits):
-            wanted = dataclasses.replace(config, num_replicas=replicas)
+            stream = dataclasses.replace(config, num_replicas=replicas)
             await retry_transient(
-                lambda wanted=wanted: self._converge_stream(wanted, enforce=told is not None),
+                functools.partial(self._converge_stream, stream, enforce=told is not None),
                 deadline_s=retry_for_s,
                 what=f"create stream {config.name}",
             )
         for bucket in bucket_configs(limits):
-            wanted = dataclasses.replace(bucket, replicas=replicas)
+            kv = dataclasses.replace(bucket, replicas=replicas)
             self._kv[bucket.bucket] = await retry_transient(
-                lambda wanted=wanted: self._converge_bucket(wanted, enforce=told is not None),
+                functools.partial(self._converge_bucket, kv, enforce=told is not None),
                 deadline_s=retry_for_s,
                 what=f"create bucket {bucket.bucket}",
             )
         return limits
 
     async def _converge_stream(self, config: StreamConfig, *, enforce: bool) -> None:
+        assert config.name is not None  # stream_configs names each stream
         current = await self._stream_config(config.name)
         if current is None:
             try:
@@ -405,7 +415,7 @@ class Bus:
             subjects.event_for(event), event, msg_id=schemas.new_id(), retry_for_s=retry_for_s
         )
 
-    async def emit_many(self, events: list[schemas.Event], *, window: int = 2000) -> int:
+    async def emit_many(self, events: Sequence[schemas.Event], *, window: int = 2000) -> int:
         """Publish many facts pipelined (acks awaited per window); stragglers retried one by one."""
         stored = 0
         for start in range(0, len(events), window):
@@ -477,7 +487,7 @@ class Bus:
         self._closing.set()
         try:
             await self.nc.flush(timeout=2)
-        except (*TRANSIENT_ERRORS, nats.errors.Error):
+        except BUS_ERRORS:
             log.debug("flush before close failed; closing anyway")
         try:
             await self.nc.close()

@@ -32,7 +32,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 
 from goodput import schemas, subjects
-from goodput.bus.client import TRANSIENT_ERRORS, Bus, BusUnavailableError
+from goodput.bus.client import OUTAGE_ERRORS, Bus
 from goodput.bus.consumer import DurableConsumer
 from goodput.telemetry import tracer
 
@@ -46,10 +46,8 @@ Fence = Callable[[schemas.Command], str]
 
 T = TypeVar("T")
 
-#: errors that mean the bus is away for now: a claim or a record is tried again. Any other
-#: (a bucket lost with the server's store) fails the handling: the message is redelivered
-#: and its claim decides, rather than a service stuck retrying what cannot succeed
-_OUTAGE = (*TRANSIENT_ERRORS, BusUnavailableError)
+#: an in-progress ack lost: the bus away, or any other nats error; the next may get through
+_PROGRESS_LOST: tuple[type[BaseException], ...] = (*OUTAGE_ERRORS, nats.errors.Error)
 
 
 def _no_fence(command: schemas.Command) -> str:
@@ -59,12 +57,14 @@ def _no_fence(command: schemas.Command) -> str:
 async def until_stored(operation: Callable[[], Awaitable[T]], what: str) -> T:
     """Run ``operation`` until it succeeds, through any bus outage, for as long as the caller
     lives (cancelling it is the only way out): a lost write here would repeat a command, a
-    failed read reorder them."""
+    failed read reorder them. Only an outage is tried again: any other error (a bucket lost
+    with the server's store) fails the handling, the message is redelivered and its claim
+    decides, rather than a service stuck retrying what cannot succeed."""
     delay, failures = 0.05, 0
     while True:
         try:
             return await operation()
-        except _OUTAGE as exc:
+        except OUTAGE_ERRORS as exc:
             failures += 1
             if failures == 1 or failures % 30 == 0:
                 log.warning("%s: bus unavailable (%r); trying again", what, exc)
@@ -207,7 +207,7 @@ class CommandRunner:
             await asyncio.sleep(self._progress_every_s)
             try:
                 await msg.in_progress()
-            except (*_OUTAGE, nats.errors.Error) as exc:  # the next may get through
+            except _PROGRESS_LOST as exc:
                 log.debug("in-progress ack lost: %r", exc)
 
     async def _run_once(self, command: schemas.Command) -> None:

@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
-from goodput.bus.client import TRANSIENT_ERRORS, Bus, BusUnavailableError
+from goodput.bus.client import BUS_ERRORS, OUTAGE_ERRORS, Bus
 from goodput.telemetry import TRACEPARENT, extract_context, tracer
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class DurableConsumer:
                 messages = await subscription.fetch(self.batch, timeout=1.0)
             except nats.errors.TimeoutError:
                 continue
-            except (*TRANSIENT_ERRORS, nats.js.errors.Error, nats.errors.Error) as exc:
+            except BUS_ERRORS as exc:
                 log.debug("consumer %s waiting for the bus: %r", self.durable, exc)
                 subscription = (
                     None if isinstance(exc, nats.js.errors.NotFoundError) else subscription
@@ -168,7 +168,7 @@ class DurableConsumer:
             )
         except asyncio.CancelledError:
             raise
-        except (*TRANSIENT_ERRORS, BusUnavailableError) as exc:
+        except OUTAGE_ERRORS as exc:
             log.error("dead letter not stored (%r); the message will be redelivered", exc)
             await self._settle(msg.nak(delay=1.0))
             return
@@ -188,5 +188,5 @@ class DurableConsumer:
         """An ack lost to an outage only means a redelivery, which idempotency absorbs."""
         try:
             await ack
-        except (*TRANSIENT_ERRORS, nats.errors.Error) as exc:
+        except BUS_ERRORS as exc:
             log.warning("ack lost (%r); the message will be redelivered", exc)

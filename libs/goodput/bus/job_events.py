@@ -26,6 +26,7 @@ from typing import TypeVar
 
 import nats.js.errors
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
@@ -93,12 +94,12 @@ async def newest_run(bus: Bus, job: str) -> tuple[int, schemas.RunStarted] | Non
     except nats.js.errors.NotFoundError:
         return None  # no such stream, or no run started on it
     try:
-        event = decode_event_on(message.subject, message.data or b"")
+        event = decode_event_on(message.subject or "", message.data or b"")
     except schemas.SchemaError as exc:
         log.warning("newest run start of %s does not decode (%s); following all", job, exc)
         return None
-    if not isinstance(event, schemas.RunStarted):
-        return None
+    if not isinstance(event, schemas.RunStarted) or message.seq is None:
+        return None  # a reply without its sequence has no position to follow from
     return message.seq, event
 
 
@@ -172,7 +173,7 @@ class JobEvents:
         self._on_event = on_event
         self._keep = keep
         self._all_runs = all_runs
-        self._subscription = None
+        self._subscription: JetStreamContext.PushSubscription | None = None
         self._guard: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         #: stream sequence of the newest event applied (a new consumer starts after it)

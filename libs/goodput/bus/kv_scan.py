@@ -233,7 +233,8 @@ async def _open(bus: Bus, bucket: str, keys: str, timeout_s: float) -> LiveRead:
             num_replicas=1,
         ),
     )
-    return LiveRead(bus, stream, info.name, prefix, info.num_pending)
+    # a server that leaves the count out (None) has nothing pending for this read either
+    return LiveRead(bus, stream, info.name, prefix, info.num_pending or 0)
 
 
 def kv_subject(bucket: str, key: str) -> str:

@@ -12,7 +12,7 @@ is :mod:`goodput.bus.store_sizing`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 from goodput import schemas, subjects
 
@@ -61,6 +61,18 @@ def event_bytes(event: schemas.Event) -> int:
     return stored_bytes(subjects.event_for(event), schemas.encode(event))
 
 
+class _Common(TypedDict):
+    """The fields every sample event shares, typed so each ``**common`` is checked."""
+
+    job: str
+    ts: int
+
+
+class _CommandCommon(_Common):
+    decision_id: str
+    reason: str
+
+
 def sample_events(widths: Widths) -> dict[str, schemas.Event]:
     """One event of each counted kind, every field as wide as ``widths`` makes it."""
     job, node, rank = widths.job, widths.node, widths.rank
@@ -73,7 +85,7 @@ def sample_events(widths: Widths) -> dict[str, schemas.Event]:
         )
         for i in range(widths.ranks_per_node)
     ]
-    common = {"job": job, "ts": ts}
+    common = _Common(job=job, ts=ts)
     return {
         "step": schemas.StepDone(
             **common,
@@ -197,7 +209,7 @@ def sample_commands(widths: Widths) -> dict[str, tuple[str, schemas.Command]]:
         for i in range(RANK_ENV_VARIABLES)
     }
     argv = ["python", "-m", "train", "--config", f"/configs/{job}.yaml"]
-    common = {"job": job, "ts": 2**62, "decision_id": schemas.new_id(), "reason": "r" * 64}
+    common = _CommandCommon(job=job, ts=2**62, decision_id=schemas.new_id(), reason="r" * 64)
     target = subjects.node_target(subjects.AGENT, node)
     launch = schemas.LaunchRanks(
         **common,

@@ -140,7 +140,7 @@ def main(workdir: Path, parts: bool) -> int:
 
     fresh, fresh_optim = build(seed=1, world=world)
     model_sd, optim_sd = get_state_dict(fresh, fresh_optim)  # creates the optimizer's state
-    loaded = {"model": model_sd, "optim": optim_sd, "step": 0}
+    loaded: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "step": 0}
     dcp.load(loaded, checkpoint_id=workdir / "dcp")
     set_state_dict(
         fresh, fresh_optim, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"]

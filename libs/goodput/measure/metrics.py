@@ -89,11 +89,12 @@ class JobProgressMetrics:
         match event:
             case schemas.RunStarted():
                 self.newest_step = None
-            case schemas.StepDone() if self.newest_step is None:
-                self.newest_step = event.step  # a sensor started mid-job counts from here
-            case schemas.StepDone() if event.step > self.newest_step:
-                self.steps.add(event.step - self.newest_step, self.attributes)
-                self.newest_step = event.step
+            case schemas.StepDone():
+                if self.newest_step is None:
+                    self.newest_step = event.step  # a sensor started mid-job counts from here
+                elif event.step > self.newest_step:
+                    self.steps.add(event.step - self.newest_step, self.attributes)
+                    self.newest_step = event.step
 
     def signal(self, kind: str) -> None:
         self.signals.add(1, {**self.attributes, SIGNAL: kind})

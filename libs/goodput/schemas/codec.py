@@ -14,11 +14,11 @@ from goodput.schemas.events import EVENT_TYPES, Event
 
 _encoder = msgspec.msgpack.Encoder()
 # a Union built from the tuples, so adding a schema to a tuple is the only step
-_event_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES])  # type: ignore[valid-type]  # noqa: UP007
-_command_decoder = msgspec.msgpack.Decoder(type=Union[COMMAND_TYPES])  # type: ignore[valid-type]  # noqa: UP007
+_event_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES])  # noqa: UP007
+_command_decoder = msgspec.msgpack.Decoder(type=Union[COMMAND_TYPES])  # noqa: UP007
 _claim_decoder = msgspec.msgpack.Decoder(type=CommandClaim)
 _agent_decoder = msgspec.msgpack.Decoder(type=AgentRecord)
-_any_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES + COMMAND_TYPES])  # type: ignore[valid-type]  # noqa: UP007
+_any_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES + COMMAND_TYPES])  # noqa: UP007
 
 
 def encode(message: Message) -> bytes:

@@ -3,17 +3,25 @@ shim publishes about its saves and restores."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypedDict
 
 from goodput import schemas
 from goodput.checkpoint.engine import events as ckpt_events
+
+
+class _RankFields(TypedDict):
+    """Who reports: the fields every report shares, typed so each ``**common`` is checked."""
+
+    job: str
+    node: str
+    rank: int
 
 
 def checkpoint_report(
     event: ckpt_events.CheckpointEvent, job: str, node: str, rank: int
 ) -> schemas.Event | None:
     """The bus event for one engine event of this rank (None: not reported)."""
-    common = {"job": job, "node": node, "rank": rank}
+    common = _RankFields(job=job, node=node, rank=rank)
     match event:
         case ckpt_events.CheckpointSaved():
             return schemas.CheckpointSaved(

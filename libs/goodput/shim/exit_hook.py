@@ -38,7 +38,7 @@ def cuda_exit(failure: BaseException) -> tuple[int, str] | None:
     if fault.kind == "recoverable":
         return None
     # leave_cold logs the reason as one line, as the shim's loop does
-    return int(leave_cold(fault).code), fault.reason
+    return leave_cold(fault).exit_code, fault.reason
 
 
 def classified_exit(

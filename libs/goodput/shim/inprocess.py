@@ -75,9 +75,14 @@ class ResumableJob(Protocol):
     """
 
     step: int
-    tokens_per_step: int
     last_compute_time_s: float
-    plan: BatchPlan | None
+
+    # read, never set, by the shim: a job may compute them
+    @property
+    def tokens_per_step(self) -> int: ...
+
+    @property
+    def plan(self) -> BatchPlan | None: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 

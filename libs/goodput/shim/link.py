@@ -201,7 +201,10 @@ class BusLink:
                 cb=handle,
                 ordered_consumer=True,
                 config=ConsumerConfig(
-                    deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start
+                    deliver_policy=DeliverPolicy.BY_START_TIME,
+                    # nats-py annotates a datetime, but passes an RFC 3339 string on as it is
+                    # (a datetime would lose the nanoseconds)
+                    opt_start_time=start,  # type: ignore[arg-type]
                 ),
             )
         except Exception:

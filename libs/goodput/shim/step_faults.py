@@ -125,7 +125,8 @@ class LeaveCold(SystemExit):
     ``except Exception`` in the script keeps a poisoned process running)."""
 
     def __init__(self, fault: StepFault) -> None:
-        super().__init__(EXIT_CODES[fault.rank_fault])
+        self.exit_code = EXIT_CODES[fault.rank_fault]
+        super().__init__(self.exit_code)
         self.fault = fault
 
 

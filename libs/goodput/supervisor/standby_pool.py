@@ -181,7 +181,7 @@ class StandbyPool:
                             VARIABLES["standby"]: "1",
                         }
                     ),
-                    stdin=theirs,
+                    stdin=theirs.fileno(),
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,

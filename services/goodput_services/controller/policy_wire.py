@@ -47,7 +47,7 @@ class Call(_Message, tag="call"):
 
 class Answer(_Message, tag="answer"):
     call: int
-    commands: list[AnyCommand] = msgspec.field(default_factory=list)  # type: ignore[valid-type]
+    commands: list[AnyCommand] = msgspec.field(default_factory=list)
     rule: str = ""
     reason: str = ""
     #: the script raised, or its plan failed validation (then no commands), one line

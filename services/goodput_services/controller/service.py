@@ -45,7 +45,7 @@ class ControllerRecord(msgspec.Struct, kw_only=True):
     """What survives the leader: the job state and the commands not yet known to be sent."""
 
     state: JobState | None = None
-    outbox: list[AnyCommand] = msgspec.field(default_factory=list)  # type: ignore[valid-type]
+    outbox: list[AnyCommand] = msgspec.field(default_factory=list)
     #: decisions not yet published (published with their id as message id: never twice)
     decisions: list[schemas.Decision] = msgspec.field(default_factory=list)
     #: W3C traceparent of the remediation each stored decision, command and deferred signal
@@ -272,11 +272,10 @@ class ControllerService(Service):
             case schemas.CheckpointSaved(rank=0) | schemas.CheckpointPersisted(rank=0) if (
                 state is not None
             ):
-                self._set_state(observe_event(state, event, now))
+                observed = observe_event(state, event, now)
+                self._set_state(observed)
                 if isinstance(event, schemas.CheckpointPersisted):
-                    await self._apply(
-                        self.controller.recommend_checkpoint_interval(self.record.state, now)
-                    )
+                    await self._apply(self.controller.recommend_checkpoint_interval(observed, now))
 
     async def _start(self, status: schemas.JobStatus, now: int) -> None:
         """A job's first launch: its state, or a recorded refusal when no state can hold it."""

@@ -26,7 +26,7 @@ import nats.js.errors
 
 from goodput import schemas, subjects
 from goodput.bus import BusUnavailableError
-from goodput.bus.client import TRANSIENT_ERRORS
+from goodput.bus.client import BUS_ERRORS
 from goodput.checkpoint.format import node_volume
 from goodput.config import ServiceConfig
 from goodput.telemetry import tracer
@@ -69,7 +69,7 @@ class HostMonitorService(Service):
         if not config.node:
             raise SystemExit("the host monitor serves one node: pass --node NAME")
         self.node = config.node
-        self.command_target = subjects.node_target(subjects.HOST_MONITOR, self.node)  # type: ignore[misc]
+        self.command_target = subjects.node_target(subjects.HOST_MONITOR, self.node)
         self.volume = (
             Path(self.options.volume)
             if self.options.volume
@@ -312,7 +312,7 @@ class HostMonitorService(Service):
         except nats.js.errors.KeyNotFoundError:
             self._job_status = None
             return None
-        except (*TRANSIENT_ERRORS, nats.errors.Error) as exc:
+        except BUS_ERRORS as exc:
             log.debug("job status not readable: %r", exc)
             return self._job_status
         try:

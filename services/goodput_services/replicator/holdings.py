@@ -162,7 +162,7 @@ class DiskHoldings:
                 signature = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
                 seen = self._seen.get(directory)
                 stale = seen is None or seen.signature != signature
-                if stale or now - seen.verified_at > self.scrub_interval_s:
+                if seen is None or stale or now - seen.verified_at > self.scrub_interval_s:
                     how = self._check(tier, directory) if stale else "hashed"
                     manifest, problem = _checked_manifest(directory, how == "hashed")
                     record = None

@@ -12,6 +12,7 @@ import msgspec
 
 from goodput.checkpoint.index.index import DEFAULT_NODE_TTL_S, REFRESHES_PER_TTL
 from goodput.checkpoint.index.retention import DEFAULT_KEEP, DEFAULT_REQUIRE
+from goodput.schemas.events import StorageTier
 
 
 class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -68,7 +69,7 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     keep_local: int = DEFAULT_KEEP["local"]
     keep_peer: int = DEFAULT_KEEP["peer"]
     keep_object_store: int = DEFAULT_KEEP["object_store"]
-    gc_require: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_REQUIRE))
+    gc_require: list[StorageTier] = msgspec.field(default_factory=lambda: list(DEFAULT_REQUIRE))
     gc_interval_s: float = 30.0
 
     @classmethod
@@ -77,9 +78,6 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             parsed = msgspec.convert(options, cls, strict=False)
         except msgspec.ValidationError as exc:
             raise SystemExit(f"invalid replicator option: {exc}") from exc
-        unknown = set(parsed.gc_require) - {"local", "peer", "object_store"}
-        if unknown:
-            raise SystemExit(f"invalid gc_require tiers {sorted(unknown)}")
         if parsed.poll_s <= 0 or parsed.node_ttl_s < REFRESHES_PER_TTL * parsed.poll_s:
             raise SystemExit(
                 f"node_ttl_s ({parsed.node_ttl_s:g}) must be at least {REFRESHES_PER_TTL} x "

@@ -57,6 +57,7 @@ from goodput.checkpoint.tiers.object_store import ObjectNotFound, open_object_st
 from goodput.checkpoint.tiers.peer import PeerClient, PeerError, PeerServer, SourceMismatch
 from goodput.checkpoint.tiers.peer.address import AddressError, advertised_host
 from goodput.config import ServiceConfig
+from goodput.schemas.events import StorageTier
 from goodput.telemetry import tracer
 from goodput_services.base import Service
 from goodput_services.replicator.counters import Counters, hashing_fields
@@ -310,7 +311,7 @@ class ReplicatorService(Service):
         require = self._attainable(snapshot)
         write_retention_record(self.volume, require, safe_steps(snapshot, require))
 
-    def _attainable(self, snapshot: IndexSnapshot) -> tuple[str, ...]:
+    def _attainable(self, snapshot: IndexSnapshot) -> tuple[StorageTier, ...]:
         return attainable(self.retention.require, snapshot, has_store=self.store is not None)
 
     def _distrust(self, checkpoint_dir: Path) -> None:

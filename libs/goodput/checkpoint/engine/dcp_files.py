@@ -71,7 +71,7 @@ class DirectHashingStream:
         return len(view)
 
     def _drain(self, length: int) -> None:
-        pwrite_all(self._fd, memoryview(self._staging)[:length], self._written)
+        pwrite_all(self._fd, self._staging.data[:length], self._written)
         self._written += self._filled
         self._filled = 0
 
@@ -110,9 +110,9 @@ class HashingFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        stream = DirectHashingStream(Path(path))
+        hashing = DirectHashingStream(Path(path))
         try:
-            yield stream
+            yield hashing
         finally:
-            stream.close()
-        Path(f"{os.fspath(path)}{DIGEST_SUFFIX}").write_text(stream.hasher.hexdigest())
+            hashing.close()
+        Path(f"{os.fspath(path)}{DIGEST_SUFFIX}").write_text(hashing.hasher.hexdigest())

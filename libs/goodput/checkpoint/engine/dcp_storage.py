@@ -243,9 +243,10 @@ class GoodputStorageReader(FileSystemReader):
         if self._digests is not None and self._digests.get(name) != xxhash.xxh3_128_hexdigest(data):
             raise CorruptCheckpointError(f"step {self.step}: {name} does not match its digest")
         metadata = load_metadata(data)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:

@@ -117,7 +117,7 @@ def write_data_file(path: Path, data: torch.Tensor, size: int, policy: DirectIOP
 
     ``data`` is a page-aligned uint8 CPU tensor with room for ``size`` rounded up to a page.
     """
-    view = memoryview(data.numpy())
+    view = data.numpy().data
     if policy.wanted:
         try:
             return _write(path, view, size, direct=True)

@@ -89,7 +89,7 @@ def _own_files(manifest: Manifest, plan: SavePlan, data: torch.Tensor) -> list[F
     ]
     if sum(entry.size for entry in mine) != plan.slice_bytes:
         return "the manifest's data files do not tile this rank's slice"
-    view = memoryview(data.numpy())
+    view = data.numpy().data
     for entry in mine:
         start = entry.offset - plan.slice_start
         if xxhash.xxh3_128_hexdigest(view[start : start + entry.size]) != entry.xxh3_128:
@@ -119,7 +119,7 @@ def _from_peer(
     the bytes hashed are the bytes used), into the views; False if they are not the file's
     (the views then hold bad bytes, which the volume read of the file replaces)."""
     hasher = xxhash.xxh3_128()
-    view = memoryview(staging.numpy())
+    view = staging.numpy().data
     for lo in range(0, entry.size, len(view)):
         size = min(len(view), entry.size - lo)
         if not peer.read(entry.offset + lo, view[:size]):

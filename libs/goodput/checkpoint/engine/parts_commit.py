@@ -98,7 +98,8 @@ class PartLayout:
 
         # torch has no public accessor of the default group's store; a clone is this
         # thread's own connection, so its polls never wait behind the trainer's store calls
-        return distributed_c10d._get_default_store().clone()
+        # (torch's stub of Store lacks clone, which its binding has)
+        return distributed_c10d._get_default_store().clone()  # type: ignore[attr-defined]
 
 
 class PartReport(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

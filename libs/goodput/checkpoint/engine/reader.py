@@ -110,8 +110,8 @@ def _landing(
     (padding, skipped tensors) laid one after another in ``staging``.
     """
     if segment.target is not None:
-        return [memoryview(segment.target.numpy())]
-    spare = memoryview(staging.numpy())
+        return [segment.target.numpy().data]
+    spare = staging.numpy().data
     if direct:
         return [spare[: align_up(segment.size, IO_ALIGN)]]
     views: list[memoryview] = []
@@ -124,7 +124,7 @@ def _landing(
         if begin > position:
             views.append(spare[used : used + begin - position])
             used += begin - position
-        views.append(memoryview(target[lo:hi].numpy()))
+        views.append(target[lo:hi].numpy().data)
         position = begin + hi - lo
     if position < end:
         views.append(spare[used : used + end - position])

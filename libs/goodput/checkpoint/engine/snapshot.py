@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from goodput.checkpoint.engine.buffers import HostBuffer, byte_view
+from goodput.checkpoint.engine.node_segments import SharedBuffer
 from goodput.checkpoint.engine.plan import SavePlan
 
 COPY_CHUNK_BYTES = 64 << 20
@@ -83,7 +84,7 @@ class PendingCopy:
         for future in self.futures:
             future.result()
         for event in self.events:
-            torch.cuda.current_stream(event.device).wait_event(event)  # type: ignore[attr-defined]
+            torch.cuda.current_stream(event.device).wait_event(event)
 
     def wait(self) -> None:
         """Block until every byte is in the host buffer; re-raises a failed copy's error."""
@@ -145,7 +146,7 @@ class Snapshotter:
         self,
         tensors: list[torch.Tensor],
         plan: SavePlan,
-        buffer: HostBuffer,
+        buffer: HostBuffer | SharedBuffer,
         pending: PendingCopy | None = None,
     ) -> PendingCopy:
         """Launch the copy of ``plan``'s slice of ``tensors`` into ``buffer``; returns at once.

@@ -325,7 +325,7 @@ class _ExportPlanner(DefaultSavePlanner):
             return self.values[index.fqn]
         chunk = self.chunks[(index.fqn, index.offset)]
         data = torch.empty(chunk.nbytes, dtype=torch.uint8)
-        self.read(chunk, memoryview(data.numpy()))
+        self.read(chunk, data.numpy().data)
         self.written += chunk.nbytes
         self.progress(self.written)
         return data.view(chunk.dtype).reshape(chunk.shape)

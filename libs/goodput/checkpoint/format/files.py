@@ -191,7 +191,9 @@ def read_small_file(path: str | os.PathLike, max_bytes: int) -> bytes:
 
 
 class Versioned(Protocol):
-    version: int
+    # read-only: the records are frozen structs
+    @property
+    def version(self) -> int: ...
 
 
 RecordT = TypeVar("RecordT", bound=Versioned)

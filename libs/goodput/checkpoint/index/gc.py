@@ -69,7 +69,7 @@ def orphaned_staged_parts(names: Iterable[str]) -> list[str]:
     Also the parts set aside as incomplete (``.incomplete-step-N.<commit>``) once the volume
     holds a step at least as new: the job went on past them, nobody will restore them."""
     listed = set(names)
-    steps = {parse_step_dir(name) for name in listed} - {None}
+    steps = {step for name in listed if (step := parse_step_dir(name)) is not None}
     newest = max(steps, default=-1)
     return sorted(
         name

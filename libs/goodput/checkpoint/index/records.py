@@ -20,6 +20,8 @@ must refuse them.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import msgspec
 
 from goodput import subjects
@@ -99,11 +101,19 @@ class CopyRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.part_key == other.part_key and self.checksums() == other.checksums()
 
 
-def part_fields(part: PartOf | msgspec.UnsetType) -> dict[str, int | str]:
+class PartFields(TypedDict, total=False):
+    """A sharded checkpoint's part fields of a :class:`CopyRecord`."""
+
+    part: int
+    parts: int
+    commit: str
+
+
+def part_fields(part: PartOf | msgspec.UnsetType) -> PartFields:
     """The copy record fields of a manifest's ``part`` (none for a whole checkpoint)."""
     if isinstance(part, PartOf):
-        return {"part": part.part, "parts": part.count, "commit": part.commit}
-    return {}
+        return PartFields(part=part.part, parts=part.count, commit=part.commit)
+    return PartFields()
 
 
 def node_key(job: str, node: str) -> str:

@@ -37,8 +37,8 @@ DEFAULT_REQUIRE: tuple[StorageTier, ...] = ("peer",)
 
 @dataclass(frozen=True)
 class Retention:
-    keep: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_KEEP))
-    require: tuple[str, ...] = DEFAULT_REQUIRE
+    keep: dict[StorageTier, int] = field(default_factory=lambda: dict(DEFAULT_KEEP))
+    require: tuple[StorageTier, ...] = DEFAULT_REQUIRE
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,8 @@ def decide_retention(
 
 
 def attainable(
-    require: Iterable[str], snapshot: IndexSnapshot, *, has_store: bool
-) -> tuple[str, ...]:
+    require: Iterable[StorageTier], snapshot: IndexSnapshot, *, has_store: bool
+) -> tuple[StorageTier, ...]:
     """The tiers of ``require`` this job can reach at all: a guard no copy can ever meet would
     keep every checkpoint forever. A peer needs a second node in the job's index (live or not:
     a peer that is down is what the guard waits out), the object store a configured store."""
@@ -103,12 +103,12 @@ def attainable(
     return tuple(tier for tier in require if reachable.get(tier, True))
 
 
-def safe_steps(snapshot: IndexSnapshot, require: Iterable[str]) -> set[int]:
+def safe_steps(snapshot: IndexSnapshot, require: Iterable[StorageTier]) -> set[int]:
     """Complete steps that are complete in every tier of ``require`` (live copies only)."""
     return _safe([v for v in snapshot.views() if v.complete], tuple(require))
 
 
-def _safe(complete: list[StepView], require: tuple[str, ...]) -> set[int]:
+def _safe(complete: list[StepView], require: tuple[StorageTier, ...]) -> set[int]:
     return {v.step for v in complete if all(v.complete_in(t) for t in require)}
 
 

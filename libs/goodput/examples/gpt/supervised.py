@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # what the command line sets wins over the environment; the rest the shim reads from the
     # environment once it is a rank (a standby learns its volume only from its assignment)
-    options: dict[str, object] = {}
+    options: dict[str, Any] = {}
     if "--ckpt-dir" not in argv:
         argv += ["--ckpt-dir", "checkpoints"]
     else:

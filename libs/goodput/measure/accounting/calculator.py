@@ -242,7 +242,7 @@ class _Accounting:
         most one step before the run ended, or the controller acted on it."""
         fault = self.sec(signal.observed_ts or signal.ts)
         acted = decision is not None
-        target = owner(self.sec(decision.ts) if acted else fault)
+        target = owner(self.sec(decision.ts) if decision is not None else fault)
         if signal.signal not in FAILURE_SIGNALS and not acted:
             return
         last_span_start = executions[target.before.last].start if target.before else 0.0
@@ -279,7 +279,7 @@ class _Accounting:
             self.restarts.append(restarted)
         if recovery_from is not None and restarted is not None and restarted > recovery_from:
             claims.append(Claim(recovery_from, restarted, c.RESTART, c.RESTART))
-            startup_from = restarted
+            startup_from: float | None = restarted
         else:
             startup_from = min(started, default=None)
         if startup_from is not None and outage.after is not None:
@@ -332,7 +332,7 @@ class _Accounting:
         totals: dict[str, float] = defaultdict(float)
         for piece in pieces:
             if piece.kind == WORK:
-                executions[piece.owner].kept += piece.length  # type: ignore[index]
+                executions[piece.execution].kept += piece.length
             else:
                 totals[piece.kind] += piece.length
         slowdown = step_time_deviation([KeptStep(x.kept, x.world_size, x.run) for x in executions])
@@ -404,7 +404,7 @@ class _Accounting:
         spans: list[Span] = []
         for piece in pieces:
             if piece.kind == WORK:
-                kept = executions[piece.owner].productive  # type: ignore[index]
+                kept = executions[piece.execution].productive
                 category = c.PRODUCTIVE if kept else c.WASTED_PROGRESS
             else:
                 category = piece.kind

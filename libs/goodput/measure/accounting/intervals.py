@@ -10,7 +10,7 @@ up to the total by construction.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -44,7 +44,7 @@ class Claim:
     start: float
     end: float
     kind: str
-    owner: Hashable
+    owner: str | int
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +52,18 @@ class Piece:
     start: float
     end: float
     kind: str
-    owner: Hashable
+    owner: str | int
 
     @property
     def length(self) -> float:
         return self.end - self.start
+
+    @property
+    def execution(self) -> int:
+        """A ``WORK`` piece's owner: the index of its step execution."""
+        if not isinstance(self.owner, int):
+            raise TypeError(f"a {self.kind} piece is owned by {self.owner!r}, no step execution")
+        return self.owner
 
 
 def partition(claims: Iterable[Claim], start: float, end: float) -> list[Piece]:

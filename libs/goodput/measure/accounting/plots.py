@@ -8,6 +8,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.typing import LineStyleType
 
 from goodput.measure.accounting import categories as c
 from goodput.measure.accounting.report import GoodputReport
@@ -26,7 +27,7 @@ COLORS: dict[str, str] = {
     c.JOB_DOWN: "#7f7f7f",
 }
 
-MARKER_STYLES: dict[str, tuple[str, str]] = {
+MARKER_STYLES: dict[str, tuple[str, LineStyleType]] = {
     "failure": ("#d62728", "-"),
     "restart": ("#8c564b", "--"),
     "checkpoint": ("#1f77b4", ":"),

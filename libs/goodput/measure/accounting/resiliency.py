@@ -167,10 +167,10 @@ def _prepare(records: Iterable[ResiliencyEvent], job: str | None) -> tuple[str, 
     chosen.sort(key=_instant)
     # several nodes log the same termination: the last one ends the run
     deduplicated: list[_Record] = []
-    for record in chosen:
-        if deduplicated and record[2] == JOB_TERMINATED and deduplicated[-1][2] == JOB_TERMINATED:
+    for entry in chosen:
+        if deduplicated and entry[2] == JOB_TERMINATED and deduplicated[-1][2] == JOB_TERMINATED:
             deduplicated.pop()
-        deduplicated.append(record)
+        deduplicated.append(entry)
     return job, deduplicated
 
 
@@ -282,7 +282,7 @@ def compute_resiliency_goodput(
     worked: list[list[Piece]] = [[] for _ in stretches]
     for piece in pieces:
         if piece.kind == WORK:
-            worked[piece.owner].append(piece)  # type: ignore[index]
+            worked[piece.execution].append(piece)
         else:
             totals[piece.kind] += piece.length
     for (first, last), kept_pieces in zip(stretches, worked, strict=True):
@@ -304,11 +304,11 @@ def compute_resiliency_goodput(
         notes.append(
             "no reference step time: kept checkpoint-to-checkpoint time counts as productive"
         )
-    spans = []
+    spans: list[Span] = []
     for piece in pieces:
         category = piece.kind
         if piece.kind == WORK:
-            kept = segments[stretches[piece.owner][0]].productive  # type: ignore[index]
+            kept = segments[stretches[piece.execution][0]].productive
             category = c.PRODUCTIVE if kept else c.WASTED_PROGRESS
         if spans and spans[-1].category == category:
             spans[-1] = Span(start_s=spans[-1].start_s, end_s=piece.end, category=category)

@@ -47,7 +47,7 @@ class SelectedJob:
 
     def add(self, event: schemas.Event) -> None:
         if type(event) is not schemas.StepDone:
-            if not (type(event) is schemas.CheckpointRestored and event.rank < 0):  # type: ignore[attr-defined]
+            if not (type(event) is schemas.CheckpointRestored and event.rank < 0):
                 self.events.append(event)  # a tier filling a node's volume is not training
             return
         start = earliest_ns(event)

@@ -72,7 +72,7 @@ def step_time_deviation(steps: Sequence[KeptStep]) -> Slowdown:
     result = Slowdown(medians={size: statistics.median(t) for size, t in by_size.items()})
     size_limits = {size: _limit(result.medians[size], t) for size, t in by_size.items()}
     run_refs = {
-        key: (median := statistics.median(times), _limit(median, times))
+        key: (run_median := statistics.median(times), _limit(run_median, times))
         for key, times in by_run.items()
         if len(times) >= MIN_RUN_STEPS
     }

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 #: seconds a replay waits for the next message before calling the bus stuck
 REPLAY_IDLE_TIMEOUT_S = 10.0
 
-_event_decoder = msgspec.json.Decoder(type=Union[schemas.EVENT_TYPES])  # type: ignore[valid-type]  # noqa: UP007
+_event_decoder = msgspec.json.Decoder(type=Union[schemas.EVENT_TYPES])  # noqa: UP007
 _resiliency_decoder = msgspec.json.Decoder(type=ResiliencyEvent)
 
 

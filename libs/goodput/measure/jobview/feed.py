@@ -12,6 +12,7 @@ import asyncio
 import logging
 
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
@@ -31,7 +32,7 @@ class JobFeed:
         self._events = JobEvents(bus, model.job, model.apply, keep=False)
         #: heartbeats that did not decode (undecodable events: ``JobEvents.undecodable``)
         self.undecodable_heartbeats = 0
-        self._heartbeats = None
+        self._heartbeats: Subscription | None = None
 
     @property
     def caught_up(self) -> asyncio.Event:

@@ -10,7 +10,7 @@ import msgspec
 NodeRole = Literal["active", "spare", "failed", "unknown"]
 CheckpointStage = Literal["saved", "persisted", "replicated", "backed_up"]
 #: where each tier's copy lives, in the order a restore prefers them
-TIER_TITLES: dict[str, str] = {
+TIER_TITLES: dict[CheckpointStage, str] = {
     "saved": "host memory (snapshot)",
     "persisted": "local volume",
     "replicated": "peer",

@@ -41,7 +41,9 @@ def expand_nodelist(nodelist: str) -> list[str]:
 
 def _split_top_level(text: str) -> list[str]:
     """Split at commas outside brackets."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in text:
         if char == "[":
             depth += 1

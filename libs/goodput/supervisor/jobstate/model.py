@@ -15,7 +15,7 @@ Node order matters: the active nodes, in list order, form the data-parallel repl
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import TYPE_CHECKING, Literal, TypeAlias, Union
 
 import msgspec
 
@@ -23,7 +23,12 @@ from goodput import schemas
 from goodput.supervisor.membership import Membership
 
 Role = Literal["active", "spare", "failed"]
-AnyCommand = Union[schemas.COMMAND_TYPES]  # type: ignore[valid-type]  # noqa: UP007
+if TYPE_CHECKING:
+    # a Union built from a tuple is no type a checker can read: to it, any command is a
+    # Command (the fields they all share); msgspec decodes the tagged union
+    AnyCommand: TypeAlias = schemas.Command
+else:
+    AnyCommand = Union[schemas.COMMAND_TYPES]  # noqa: UP007
 
 #: commands the actuator executes and answers with an ActionResult; the rest go to the trainers
 ACTUATOR_COMMANDS = (
@@ -90,7 +95,7 @@ class DeferredSignal(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class PendingCommand(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A command sent to the actuator whose ActionResult has not come yet."""
 
-    command: AnyCommand  # type: ignore[valid-type]
+    command: AnyCommand
     ts: int
     #: the signal it remediates (None: not a remediation)
     signal: schemas.Signal | None = None

@@ -90,7 +90,9 @@ class _Rate:
         return (self.count - 1) / max(self.last - self.first, 1e-9)
 
 
-def _start_publisher(url: str, job: str, count: int, path: str) -> multiprocessing.Process:
+def _start_publisher(
+    url: str, job: str, count: int, path: str
+) -> multiprocessing.process.BaseProcess:
     process = multiprocessing.get_context("spawn").Process(
         target=_publish_in_child, args=(url, job, count, path), daemon=True
     )

@@ -97,7 +97,7 @@ def tensors_of(value: Any) -> Iterator[torch.Tensor]:
 def digests(state: Any) -> list[int]:
     """One xxh3_64 per tensor, in visiting order (restored states keep the saved structure)."""
     return [
-        xxhash.xxh3_64_intdigest(memoryview(byte_view(t.detach().cpu()).numpy()))
+        xxhash.xxh3_64_intdigest(byte_view(t.detach().cpu()).numpy().data)
         for t in tensors_of(state)
     ]
 

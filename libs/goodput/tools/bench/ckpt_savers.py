@@ -19,6 +19,7 @@ import importlib.util
 import shutil
 import socket
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,8 @@ def dcp_saver(state: dict, directory: Path, *, asynchronous: bool) -> Saver:
     def save(step: int) -> Callable[[], Path]:
         path = directory / f"dcp-{step}"
         future = dcp.async_save(state, checkpoint_id=path) if asynchronous else None
+        # without a stager, async_save answers the upload's Future
+        assert future is None or isinstance(future, Future)
         if not asynchronous:
             dcp.save(state, checkpoint_id=path)
 
@@ -119,9 +122,12 @@ def dcp_staged_saver(
     into pinned memory with non-blocking copies.
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint import FileSystemWriter, StorageWriter
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+    from torch.distributed.checkpoint.state_dict_saver import (
+        AsyncCheckpointerType,
+        AsyncSaveResponse,
+    )
 
     from goodput.checkpoint.engine.dcp_storage import GoodputStorageReader, GoodputStorageWriter
 
@@ -137,6 +143,7 @@ def dcp_staged_saver(
     staging: list[Any] = []
 
     def save(step: int) -> Callable[[], Path]:
+        writer: StorageWriter
         if goodput_io:
             writer = GoodputStorageWriter(directory, step, keep_last=1, thread_count=writer_threads)
             path = directory / f"step-{step:010d}"
@@ -146,6 +153,8 @@ def dcp_staged_saver(
         response = dcp.async_save(
             state, storage_writer=writer, async_checkpointer_type=kind, async_stager=stager
         )
+        # an asynchronous stager's save answers both futures, staging and upload
+        assert isinstance(response, AsyncSaveResponse)
         staging.append(response.staging_completion)
 
         def durable() -> Path:

@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def node_name(node: int) -> str:
     return f"node{node}"
 
 
-def build(size_bytes: int, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def build(size_bytes: int, world: int) -> tuple[torch.nn.Sequential, torch.optim.Optimizer]:
     """``LAYERS`` square linear layers whose weights, biases and AdamW moments (4 bytes each,
     3 copies) make about ``size_bytes``, FSDP2-sharded over one mesh of every rank."""
     width = max(16, int(math.sqrt(size_bytes / (12 * LAYERS))) // 16 * 16)
@@ -67,8 +68,10 @@ def build(size_bytes: int, world: int) -> tuple[torch.nn.Module, torch.optim.Opt
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def train_step(model: torch.nn.Module, optim: torch.optim.Optimizer, step: int) -> None:
-    width = model[0].in_features
+def train_step(model: torch.nn.Sequential, optim: torch.optim.Optimizer, step: int) -> None:
+    first = model[0]
+    assert isinstance(first, torch.nn.Linear)  # build's layers (fully_shard keeps the class)
+    width = first.in_features
     x = torch.randn(8, width, generator=torch.Generator().manual_seed(step))
     model(x).pow(2).mean().backward()
     optim.step()
@@ -159,6 +162,7 @@ def save_goodput(
 def save_dcp(state: Any, step: int, shared: Path, group: dist.ProcessGroup) -> tuple[float, float]:
     started = time.perf_counter()
     future = dcp.async_save(state, checkpoint_id=shared / step_dir_name(step), process_group=group)
+    assert isinstance(future, Future)  # without a stager, async_save answers the upload's
     stall = time.perf_counter() - started
     future.result()
     return stall, time.perf_counter() - started

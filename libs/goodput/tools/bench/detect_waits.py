@@ -89,6 +89,7 @@ async def after_resume(log: JobEvents, since_ts: int, steps: int = 15) -> None:
         "the first step after resume",
         after_ts=restarted.ts,
     )
+    assert isinstance(first, schemas.StepDone)  # the only kind its predicate matches
     await log.wait_for(
         lambda e: isinstance(e, schemas.StepDone) and e.rank == 0 and e.step >= first.step + steps,
         WAIT_S,

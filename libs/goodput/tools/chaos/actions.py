@@ -18,7 +18,7 @@ import msgspec
 
 from goodput import schemas, subjects
 from goodput.bus.cluster import EmbeddedCluster
-from goodput.bus.embedded import EmbeddedNats, EmbeddedNatsError, read_record
+from goodput.bus.embedded import EmbeddedNats, EmbeddedNatsError, ServerRecord, read_record
 from goodput.bus.routing import decode_event_on
 from goodput.owned_process import is_running, stale_line, standing
 from goodput.tools.chaos import spec as faults
@@ -427,7 +427,7 @@ async def restart_nats(spec: faults.RestartNats, ctx: ChaosContext) -> FaultOutc
     if recorded.cluster_ports:
         cluster = EmbeddedCluster.from_record(ctx.state_dir)
         server = cluster.members[spec.member]
-        start = functools.partial(cluster.restart, spec.member)
+        start: Callable[[], ServerRecord] = functools.partial(cluster.restart, spec.member)
     else:
         server = EmbeddedNats(ctx.state_dir, port=record.port, detach=True)
         start = server.start

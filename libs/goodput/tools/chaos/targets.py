@@ -33,6 +33,14 @@ class ChaosError(RuntimeError):
     """A fault that cannot be applied (no such target, nothing to act on)."""
 
 
+#: the job's status cannot be read: no bus, no status yet, or the bus away for now
+_NO_STATUS: tuple[type[BaseException], ...] = (
+    ChaosError,
+    nats.js.errors.KeyNotFoundError,
+    *TRANSIENT_ERRORS,
+)
+
+
 @dataclass(frozen=True)
 class RankTarget:
     rank: int
@@ -115,7 +123,7 @@ class ChaosContext:
             entry = await asyncio.wait_for(
                 kv.get(subjects.kv_key(self.job, "job_status")), timeout=3
             )
-        except (ChaosError, nats.js.errors.KeyNotFoundError, *TRANSIENT_ERRORS):
+        except _NO_STATUS:
             return None
         status = schemas.decode_event(entry.value or b"")
         return status if isinstance(status, schemas.JobStatus) else None

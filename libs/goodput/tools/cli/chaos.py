@@ -271,7 +271,7 @@ def cmd_fault(args: argparse.Namespace) -> int:
     async def go():
         ctx = _context(args)
         try:
-            if args.kind == "slow-rank" and args.detach:
+            if isinstance(spec, faults.SlowRank) and args.detach:
                 return await slow_rank_detached(spec, ctx)
             return await fire(spec, ctx)
         finally:

@@ -84,10 +84,10 @@ def run(args: argparse.Namespace) -> int:
             outcomes[setup] = run_once(args, plan, state_dir, console)
     results = {setup: outcome.summary for setup, outcome in outcomes.items()}
     reports = {setup: outcome.report for setup, outcome in outcomes.items()}
-    for setup, report in reports.items():
+    for name, report in reports.items():
         if report is not None and args.html:
-            where = Path(args.html) if setup == "goodput" else Path(args.html) / setup
-            results[setup]["html_report"] = str(write_html_report(report, where))
+            where = Path(args.html) if name == "goodput" else Path(args.html) / name
+            results[name]["html_report"] = str(write_html_report(report, where))
     result = _combine(results, steps, time.monotonic() - started)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -159,8 +159,9 @@ def _print(
                 f"checkpoint interval retuned {len(intervals)} time(s), last: "
                 f"{intervals[-1]['reason']}"
             )
-        if reports.get(setup) is not None:
-            Console().print(render_report(reports[setup]))
+        report = reports.get(setup)
+        if report is not None:
+            Console().print(render_report(report))
         if "html_report" in run_result:
             console.print(f"HTML report ({setup}): {run_result['html_report']}", soft_wrap=True)
     if "baseline_goodput_pct" in result:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -25,6 +26,7 @@ from goodput.config import (
 from goodput.measure.accounting import (
     EventLogError,
     GoodputReport,
+    ResiliencyEvent,
     compute_goodput,
     iter_event_log,
     replay_from_bus,
@@ -108,7 +110,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.events:
             if args.export:
                 raise ReportError("--export writes events replayed from the bus; drop --events")
-            events = iter_event_log(args.events, strict=not args.skip_invalid)
+            events: Iterable[schemas.Event] | Iterable[ResiliencyEvent] = iter_event_log(
+                args.events, strict=not args.skip_invalid
+            )
             job = args.job
         else:
             job = _job_for_bus(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -83,7 +84,7 @@ class Driver:
         fired = 0
         try:
             for fault in self.scenario.faults:
-                if not await self._wait(lambda f=fault, s=settled: s() and self._reached(f)):
+                if not await self._wait(functools.partial(self._due, fault, settled)):
                     return
                 settled = await self._inject(fault)
                 fired += 1
@@ -105,6 +106,10 @@ class Driver:
 
     def _reached(self, fault: DemoFault) -> bool:
         return self.watcher.step >= fault.at * self.steps
+
+    def _due(self, fault: DemoFault, settled: Callable[[], bool]) -> bool:
+        """``fault`` may fire: the job settled since the last one and reached its step."""
+        return settled() and self._reached(fault)
 
     def _job_stepping_since(self, since: float, attempt_after: int) -> Callable[[], bool]:
         """The job runs and steps in an attempt newer than ``attempt_after``, after ``since``."""

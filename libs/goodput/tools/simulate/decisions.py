@@ -15,9 +15,10 @@ from goodput.tools.simulate import messages as msg
 from goodput.tools.simulate.actuator import Execution
 from goodput.tools.simulate.profile import SimulateError
 from goodput.tools.simulate.records import Pace
+from goodput.tools.simulate.world_parts import WorldParts
 
 
-class DecisionsMixin:
+class DecisionsMixin(WorldParts):
     # ---- the controller ---------------------------------------------------------------------
 
     def _decide(self, signal: schemas.Signal) -> None:

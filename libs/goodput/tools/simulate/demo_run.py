@@ -121,7 +121,8 @@ def step_fault(
     if kind is None:
         raise SimulateError(f"cannot simulate a {entry['action']!r} fault")
     repair_step = entry.get("repair_at_step")
-    by_step = setup == "goodput" and repair_step is not None
+    repair_at_step = int(repair_step) if setup == "goodput" and repair_step is not None else None
+    by_step = repair_at_step is not None
     duration = 0.0
     if kind == "straggler":
         duration = float(entry.get("duration_s") or 0.0) if duration_s is None else duration_s
@@ -136,7 +137,7 @@ def step_fault(
         slowdown=float(slowdown),
         slowed_steps=tuple(float(f) for f in slowed_steps),
         after_step_s=None if after_step_s is None else float(after_step_s),
-        repair_at_step=int(repair_step) if by_step else None,
+        repair_at_step=repair_at_step,
         delay_s=float(delay_s),
     )
 

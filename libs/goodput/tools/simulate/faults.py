@@ -11,9 +11,10 @@ from __future__ import annotations
 from goodput.tools.simulate import messages as msg
 from goodput.tools.simulate.fleet import BREAKING, RESET_CLEARS, XIDS, Fault
 from goodput.tools.simulate.records import NS, T0, FedRank, Slowing
+from goodput.tools.simulate.world_parts import WorldParts
 
 
-class FaultsMixin:
+class FaultsMixin(WorldParts):
     def _step_events(self) -> None:
         """A replayed run's faults and repairs that come due at the step just done."""
         for due, node in [r for r in self._repairs_at_step if r[0] <= self.step]:

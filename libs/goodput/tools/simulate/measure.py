@@ -296,18 +296,18 @@ def _pace(
     (their slowdown is measured apart); and each of its saves (``saved``) as [step, rank 0's
     stall, the job's wait]: the union of every rank's stall, which the calculator charges,
     where the controller prices the interval with rank 0's."""
-    steps = []
+    steps: list[list[float]] = []
     for previous, step in zip([None, *phase], phase, strict=False):
         if not _inside(step.ts, windows):
             span = step.step_time_s
             if previous is not None:
                 span = (step.ts - previous.ts - _overlap(union, previous.ts, step.ts)) / 1e9
             steps.append([step.step, round(max(span, 0.0), 4)])
-    stalls = []
-    for step, spans in sorted(saved.items()):
+    stalls: list[list[float]] = []
+    for saved_step, spans in sorted(saved.items()):
         waited = _length(_merged([(start, end) for start, end, _ in spans])) / 1e9
         own = next(((e - s) / 1e9 for s, e, rank in spans if rank == 0), waited)
-        stalls.append([step, round(own, 4), round(waited, 4)])
+        stalls.append([saved_step, round(own, 4), round(waited, 4)])
     return {"steps_s": steps, "saves_s": stalls}
 
 

@@ -17,12 +17,13 @@ from goodput.supervisor.jobstate.folds import observe_event
 from goodput.tools.simulate import messages as msg
 from goodput.tools.simulate.checkpoints import CheckpointSystem
 from goodput.tools.simulate.records import NS
+from goodput.tools.simulate.world_parts import WorldParts
 
 #: what a rank is busy with while it saves (its heartbeats say so)
 SAVE = "checkpoint-save"
 
 
-class SavesMixin:
+class SavesMixin(WorldParts):
     def _saved(self, gen: int, stall_s: float, waited_s: float) -> None:
         """A save the job waited ``waited_s`` for, rank 0's of ``stall_s``."""
         if gen != self._gen:

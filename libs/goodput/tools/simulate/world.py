@@ -200,7 +200,7 @@ class World(FaultsMixin, DecisionsMixin, SavesMixin):
         self._latency = int(profile.detection.event_latency_s * NS)
         self._sensor_dirty = True
         self._deadline: int | None = None
-        self._slow_key: tuple = ()
+        self._slow_key: tuple[int, int] | tuple[()] = ()
         self._straggle_changes = 0
         self._slow = 1.0
         #: the active stragglers when one of them slows step by step (a replay's), else none
@@ -341,7 +341,10 @@ class World(FaultsMixin, DecisionsMixin, SavesMixin):
                     at_most_step=min(
                         (
                             bound
-                            for bound in (cost and cost.restored_step, execution.rollback_bound)
+                            for bound in (
+                                cost.restored_step if cost is not None else None,
+                                execution.rollback_bound,
+                            )
                             if bound is not None
                         ),
                         default=None,
@@ -351,10 +354,14 @@ class World(FaultsMixin, DecisionsMixin, SavesMixin):
             self.step = capture.step if capture else 0
             restored = capture is not None
             restored_step = cost.restored_step if cost is not None else None
-            if restored_step is not None and restored_step <= self._highest_step:
+            if (
+                cost is not None
+                and restored_step is not None
+                and restored_step <= self._highest_step
+            ):
                 # what the run lost is measured: the step every rank restored
                 self.step = restored_step
-                restore_s, restored = cost.restore_s, True  # type: ignore[union-attr]
+                restore_s, restored = cost.restore_s, True
                 tier = tier if capture is not None else "local"
         else:
             capture, tier, restore_s, restored = None, "none", 0.0, False

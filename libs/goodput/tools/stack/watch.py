@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 
 import msgspec
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from goodput import schemas
 from goodput.bus import Bus
@@ -58,7 +65,7 @@ class JobWatcher:
         self.ended = asyncio.Event()
         self._events: JobEvents | None = None
         self._progress: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
         self._in_run = self.run_start is None
         self._running_attempt = 0
         #: the run's first attempt, its world size, and its ranks' exits until a step is seen

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from goodput import schemas
+from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
-from goodput_services.actuator.skip_history import RunSkips, fold, run_windows
+from goodput_services.actuator.skip_history import RunSkips, fold, read_run_windows, run_windows
 from tests.actuator.test_local_backend import JOB, Actuator
 from tests.stack.helpers import EventTap
 
@@ -130,3 +130,37 @@ async def test_the_window_survives_an_actuator_restart(stack, tmp_path: Path) ->
     await _ok(bus, tap, schemas.Stop(job=JOB))
     await _ok(bus, tap, _start("run-b", argv=argv))
     assert (await _told(tmp_path, 5))[4] == "-"
+
+
+# ---- the read: what GP_CMDS holds, forged and rolled off ----------------------------------
+
+
+async def test_the_read_takes_the_runs_commands_and_leaves_out_what_is_not_one(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone on the bus may publish on the actuator's subject: bytes that do not decode
+    and a command naming another job are not the run's; a later run's commands are not read."""
+    subject = subjects.command(JOB, subjects.ACTUATOR)
+    forged = _spike(schemas.StepWindow(7, 8))
+    forged.job = "other-job"
+    current = _start()
+    for command in (_start(), _spike(SPIKE), _spike(SPIKE)):  # a window sent twice
+        await bus.send_command(subjects.ACTUATOR, command)
+    await bus.js.publish(subject, b"\xff not a command")
+    await bus.publish(subject, forged, msg_id="forged")
+    for command in (_spike(LATER), current, _spike(schemas.StepWindow(200, 201))):
+        await bus.send_command(subjects.ACTUATOR, command)
+    assert await read_run_windows(bus, current) == (SPIKE, LATER)
+    # a new run skips none of them, and says nothing: its start is no loss
+    assert await read_run_windows(bus, _start("run-b")) == ()
+    assert "rolled off" not in caplog.text
+
+
+async def test_windows_whose_run_start_rolled_off_are_not_taken_and_the_start_says_so(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    await bus.send_command(subjects.ACTUATOR, _spike(SPIKE))  # its StartJob is gone
+    current = _start()
+    await bus.send_command(subjects.ACTUATOR, current)
+    assert await read_run_windows(bus, current) == ()
+    assert "41-45" in caplog.text and "rolled off" in caplog.text

@@ -5,6 +5,9 @@ plan's 2 accumulation steps over the same global batches; ``scale_lr`` needs no 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +18,9 @@ from goodput import schemas
 from goodput.shim import BatchPlan, ShimConfig, TrainerShim, keep_global_batch, scale_lr
 from goodput.shim.data_position import DataPositionError, ResumableSampler
 from goodput.shim.rescale import RescaleCallback
+from tests.examples.launch import free_port
 from tests.integrations.extras import require
-from tests.integrations.harness import SAMPLES, Indexed, assert_identical
+from tests.integrations.harness import REPO, SAMPLES, Indexed, assert_identical
 
 L = require("lightning")
 
@@ -195,6 +199,35 @@ def test_a_spike_window_rolled_back_and_skipped_ends_as_a_run_that_skipped_it(
     assert {int(s["step"]) for s in state["optimizer_states"][0]["state"].values()} == {10}
     with pytest.raises(AssertionError, match="differs"):
         assert_identical(weights(reference), weights(plain))
+
+
+def test_two_ddp_ranks_skip_a_window_together(tmp_path: Path) -> None:
+    """Under DDP (two processes, gloo): Lightning's own skip (a None loss) raises there, the
+    zero gradients goodput gives a skipped step are reduced like any, and both ranks end
+    with the same weights, the optimizer and per-step schedule moved for the trained steps
+    only."""
+    port = free_port()
+    script = Path(__file__).with_name("lightning_ddp_skip.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOODPUT_")}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "LOCAL_RANK": "0"}
+    env |= {"WORLD_SIZE": "2", "PYTHONPATH": os.pathsep.join([*sys.path, str(REPO)])}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"rank{r}.pt"), str(tmp_path / f"{r}")],
+            env={**env, "NODE_RANK": str(r)},
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / f"rank{r}.log", "wb"),  # noqa: SIM115
+        )
+        for r in (0, 1)
+    ]
+    codes = [rank.wait(300) for rank in ranks]
+    logs = "".join((tmp_path / f"rank{r}.log").read_text()[-2000:] for r in (0, 1))
+    assert codes == [0, 0], logs
+    first, second = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert first["step"] == second["step"] == 8
+    assert_identical(first["state_dict"], second["state_dict"])
+    assert first["lr_schedulers"][0]["last_epoch"] == 6  # 8 steps, 3-4 skipped
+    assert {int(s["step"]) for s in first["optimizer_states"][0]["state"].values()} == {6}
 
 
 def test_keep_global_batch_from_two_ranks_to_one_accumulates_two_batches(tmp_path: Path) -> None:

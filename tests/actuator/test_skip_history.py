@@ -13,6 +13,7 @@ import pytest
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.commands import DoneLog
 from goodput_services.actuator.skip_history import RunSkips, fold, read_run_windows, run_windows
 from tests.actuator.test_local_backend import JOB, Actuator
 from tests.stack.helpers import EventTap
@@ -164,3 +165,18 @@ async def test_windows_whose_run_start_rolled_off_are_not_taken_and_the_start_sa
     await bus.send_command(subjects.ACTUATOR, current)
     assert await read_run_windows(bus, current) == ()
     assert "41-45" in caplog.text and "rolled off" in caplog.text
+
+
+async def test_a_refused_start_begins_no_run(bus: Bus) -> None:
+    """A StartJob of another run sent while this one went was refused (recorded so in
+    gp_done): the restarts after it are still this run's."""
+    refused = _start("run-b")
+    for command in (_start(), _spike(SPIKE), refused, _spike(LATER)):
+        await bus.send_command(subjects.ACTUATOR, command)
+    await DoneLog(bus, JOB, subjects.ACTUATOR).record(
+        refused.command_id,
+        schemas.ActionResult(job=JOB, command_id=refused.command_id, action="start_job", ok=False),
+    )
+    current = _start()
+    await bus.send_command(subjects.ACTUATOR, current)
+    assert await read_run_windows(bus, current) == (SPIKE, LATER)

@@ -27,6 +27,7 @@ import nats.js.errors
 from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.client import retry_transient
+from goodput.bus.commands import DoneLog
 from goodput.launch.rank_env import format_step_windows
 
 log = logging.getLogger(__name__)
@@ -72,9 +73,11 @@ async def read_commands_before(bus: Bus, job: str, command_id: str) -> list[sche
     """The commands to ``job``'s actuator kept in GP_CMDS, in the order sent, up to the one
     with ``command_id`` (the one in hand). One that does not decode, or names another job
     than its subject, is left out: anyone on the bus may publish there, and the actuator
-    refused to run it too."""
+    refused to run it too. So is a ``StartJob`` the actuator refused (its result in
+    ``gp_done``, one lookup a start): it began no run."""
     subject = subjects.command(job, subjects.ACTUATOR)
     commands: list[schemas.Command] = []
+    done = DoneLog(bus, job, subjects.ACTUATOR)
     seq = 1
     while True:
         try:
@@ -94,8 +97,25 @@ async def read_commands_before(bus: Bus, job: str, command_id: str) -> list[sche
             continue
         if command.command_id == command_id:
             return commands
-        if not subjects.mismatch(subject, command):
-            commands.append(command)
+        if subjects.mismatch(subject, command):
+            continue
+        if isinstance(command, schemas.StartJob) and await _refused(done, command):
+            continue  # no run began: the restarts after it were the earlier run's
+        commands.append(command)
+
+
+async def _refused(done: DoneLog, start: schemas.StartJob) -> bool:
+    """Whether the actuator recorded ``start`` as refused (a run was going, too few nodes).
+    A result rolled off ``gp_done`` or unreadable counts as run: the run is taken as begun."""
+    try:
+        result = await retry_transient(
+            functools.partial(done.result, start.command_id),
+            deadline_s=READ_DEADLINE_S,
+            what=f"read {subjects.DONE_BUCKET}",
+        )
+    except schemas.SchemaError:
+        return False
+    return result is not None and not result.ok
 
 
 async def read_run_windows(bus: Bus, start: schemas.StartJob) -> tuple[schemas.StepWindow, ...]:

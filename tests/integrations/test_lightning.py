@@ -97,6 +97,7 @@ def train(
     skip: tuple[schemas.StepWindow, ...] = (),
     restore_before: int | None = None,
     interval: str = "epoch",
+    module_type: type[Regression] | None = None,
 ) -> tuple[GoodputCallback, Any, Regression]:
     torch.manual_seed(0)
     config = ShimConfig(
@@ -135,7 +136,7 @@ def train(
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    module = Regression(scheduler, interval)
+    module = (module_type or Regression)(scheduler, interval)
     try:
         trainer.fit(module, loader, ckpt_path=goodput.resume_path())
     except Crash:
@@ -199,6 +200,33 @@ def test_a_spike_window_rolled_back_and_skipped_ends_as_a_run_that_skipped_it(
     assert {int(s["step"]) for s in state["optimizer_states"][0]["state"].values()} == {10}
     with pytest.raises(AssertionError, match="differs"):
         assert_identical(weights(reference), weights(plain))
+
+
+class ManualRegression(Regression):
+    """Optimizes by hand: its steps are its own, so none can be skipped for it."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        loss = super().training_step(batch, batch_idx)
+        self.manual_backward(loss)
+        optimizer.step()
+        return loss
+
+
+def test_a_module_optimizing_by_hand_trains_on_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    goodput, trainer, _ = train(
+        tmp_path, skip=(WINDOW,), scheduler=False, module_type=ManualRegression
+    )
+    assert "optimizes manually: it trains on their batches" in caplog.text
+    # every step trained is reported, the window's too
+    assert trainer.global_step == 12 and goodput.shim.reported == list(range(1, 13))
 
 
 def test_two_ddp_ranks_skip_a_window_together(tmp_path: Path) -> None:

@@ -113,6 +113,8 @@ class GoodputCallback(pl.Callback):
         self._restored_rng: dict[str, Any] | None = None
         self._finished = False
         self._vote = StopVote()
+        #: the module skips the steps of the shim's windows (``lightning_skip``)
+        self._skipping = False
 
     @property
     def exit_code(self) -> int:
@@ -154,8 +156,10 @@ class GoodputCallback(pl.Callback):
                     f"plan runs {accumulation} accumulation steps: leave it to the plan"
                 )
             trainer.accumulate_grad_batches = accumulation
-        if self.shim.config.skip_steps:
-            skip_windows(self.shim, trainer, pl_module)  # a loss spike's batches
+        # a loss spike's batches: drawn, not trained on (a manual optimization trains on)
+        self._skipping = bool(self.shim.config.skip_steps) and skip_windows(
+            self.shim, trainer, pl_module
+        )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the loops are restored by now (on_fit_start comes before them): the resumed step
@@ -186,7 +190,7 @@ class GoodputCallback(pl.Callback):
         if step == self._reported_step:
             return  # a micro-batch of an accumulation: no optimizer step, no step to report
         self._reported_step = step
-        if self.shim.skips_data(step):
+        if self._skipping and self.shim.skips_data(step):
             return  # its batches drawn, not trained on: nothing to report or save
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         # on the device until the window's end (goodput.shim.numerics): no sync per step

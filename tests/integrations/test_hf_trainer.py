@@ -201,3 +201,17 @@ def test_after_two_to_one_ranks_the_trainer_goes_on_with_the_plans_global_batche
     assert (resumed["restored"], resumed["global_step"]) == (6, 10)
     assert (resumed["accumulation"], resumed["lr"]) == (2, RANK_PLAN.lr)
     assert resumed["steps"] == reference["steps"][6:]
+
+
+@pytest.mark.timeout(600)  # two Trainer processes side by side
+def test_two_data_parallel_ranks_skip_a_window_together(tmp_path: Path) -> None:
+    """Two ranks (accelerate's gloo group) told to skip steps 3-4: the gradients each drops
+    were reduced across both, and both end with the same weights, the optimizer and the LR
+    scheduler stepped for the 8 steps trained only."""
+    from tests.integrations.hf_rank import run_ranks
+
+    two = run_ranks(tmp_path / "ckpt", tmp_path, world=2, skip="3-4")
+    for rank in two:
+        assert rank["global_step"] == 10
+        assert (rank["optimizer_steps"], rank["scheduler_steps"]) == ({8}, 8)
+    assert_identical(two[0]["weights"], two[1]["weights"])

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 
 from goodput.shim.trainer import TrainerShim
 
@@ -51,8 +50,10 @@ def skip_windows(shim: TrainerShim, trainer: pl.Trainer, module: pl.LightningMod
     def skipped_training_step(*args: Any, **kwargs: Any) -> Any:
         if not skipping():
             return training_step(*args, **kwargs)
+        # one float on one device: parameters may differ in dtype, or sit on several devices
         trained = [p for p in module.parameters() if p.requires_grad]
-        return torch.stack([p.sum() for p in trained]).sum() * 0.0
+        device = trained[0].device
+        return sum(p.sum().float().to(device) * 0.0 for p in trained)
 
     def skipped_optimizer_step(
         epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Callable[[], Any]

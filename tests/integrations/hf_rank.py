@@ -6,7 +6,9 @@ node's: they share the checkpoint directory CKPT. With WORLD > 1 the Trainer run
 parallel itself (accelerate's gloo group on CPU, its sampler sharded per rank), as it would
 under ``goodput run``. The batch plan keeps the global batch (``keep_global_batch``), so one
 rank accumulates what two ran side by side. Writes the sample indices each optimizer step
-trained on, and the LR and accumulation it ran with, to ``OUT/rank-RANK.pt``.
+trained on, and the LR and accumulation it ran with, to ``OUT/rank-RANK.pt``, with the final
+weights and how far the optimizer and LR scheduler stepped. ``INTEG_SKIP_STEPS`` (spelled as
+``GOODPUT_SKIP_STEPS``) gives the ranks step windows to skip.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import transformers
 
 from goodput import schemas
 from goodput.integrations.hf_trainer import GoodputTrainerCallback
+from goodput.launch.rank_env import parse_step_windows
 from goodput.shim import BatchPlan, ShimConfig, TrainerShim, keep_global_batch
 from tests.examples.launch import free_port
 
@@ -64,9 +67,12 @@ class Record(transformers.TrainerCallback):
             self.shim._on_command(schemas.Stop(job="j", reason="test"))
 
 
-def run_ranks(ckpt: Path, out: Path, world: int, stop_at: int | None = None) -> list[dict]:
+def run_ranks(
+    ckpt: Path, out: Path, world: int, stop_at: int | None = None, skip: str = ""
+) -> list[dict]:
     """Start ``world`` rank processes of one node; what each wrote."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env["INTEG_SKIP_STEPS"] = skip
     env["HF_HUB_OFFLINE"] = "1"
     argv = [str(ckpt), str(out)] + ([str(stop_at)] if stop_at is not None else [])
     processes = [
@@ -99,6 +105,7 @@ def train(rank: int, world: int, ckpt: Path, stop_at: int | None) -> dict[str, A
         rank=rank,
         local_rank=rank,
         local_world_size=world,
+        skip_steps=parse_step_windows(os.environ.get("INTEG_SKIP_STEPS", "")),
     )
     shim = TrainerShim(config, install_signal_handlers=False)
     goodput = GoodputTrainerCallback(shim=shim, plan=PLAN, rescale=[keep_global_batch])
@@ -125,6 +132,11 @@ def train(rank: int, world: int, ckpt: Path, stop_at: int | None) -> dict[str, A
         "accumulation": trainer.args.gradient_accumulation_steps,
         "global_step": trainer.state.global_step,
         "lr": goodput.plan.lr if goodput.plan is not None else None,
+        "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "optimizer_steps": {
+            int(s["step"]) for s in trainer.optimizer.state_dict()["state"].values()
+        },
+        "scheduler_steps": trainer.lr_scheduler.state_dict()["last_epoch"],
     }
 
 

@@ -54,14 +54,20 @@ def train(
     stop_at: int | None = None,
     world_size: int = 1,
     rescale: list[RescaleCallback] | None = None,
+    skip: tuple[schemas.StepWindow, ...] = (),
+    restore_before: int | None = None,
 ) -> tuple[GoodputTrainerCallback, transformers.Trainer]:
     torch.manual_seed(0)
     inputs = torch.randn(64, 4)
     data = [{"inputs": x, "targets": x.sum(dim=0, keepdim=True)} for x in inputs]
-    shim = TrainerShim(
-        ShimConfig(ckpt_dir=str(directory / "ckpt"), ckpt_every=4, world_size=world_size),
-        install_signal_handlers=False,
+    config = ShimConfig(
+        ckpt_dir=str(directory / "ckpt"),
+        ckpt_every=4,
+        world_size=world_size,
+        skip_steps=skip,
+        restore_before_step=restore_before,
     )
+    shim = TrainerShim(config, install_signal_handlers=False)
     goodput = GoodputTrainerCallback(shim=shim, plan=PLAN, rescale=rescale or [])
     # the stop arrives before goodput's callback looks at this step
     callbacks = [StopAt(shim, stop_at)] if stop_at is not None else []
@@ -107,6 +113,31 @@ def test_a_stopped_training_resumes_bit_identically(
     expected, actual = final_state(tmp_path / "reference"), final_state(tmp_path / "resumed")
     assert_identical(actual, expected)
     assert not list(scratch.iterdir())  # removed when training ended
+
+
+WINDOW = schemas.StepWindow(5, 6)
+
+
+def test_a_spike_window_rolled_back_and_skipped_ends_as_a_run_that_skipped_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trained on the window's batches, rolled back before it (the actuator's bound) and
+    told to skip it: the same weights, optimizer, schedule, RNG and Trainer state as a run
+    that skipped it from its start, whose optimizer and schedule stepped for the 8 steps
+    trained only."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    train(tmp_path / "plain")
+    _, reference = train(tmp_path / "reference", skip=(WINDOW,))
+    train(tmp_path / "rolled", stop_at=6)  # the window trained, saved at 4 and 6
+    goodput, rolled = train(tmp_path / "rolled", skip=(WINDOW,), restore_before=WINDOW.first)
+    assert goodput.restored is not None and goodput.restored.step == 4
+    assert rolled.state.global_step == reference.state.global_step == 10
+    expected, actual = final_state(tmp_path / "reference"), final_state(tmp_path / "rolled")
+    assert_identical(actual, expected)
+    assert {int(s["step"]) for s in actual["optimizer"]["state"].values()} == {8}
+    assert actual["scheduler"]["last_epoch"] == 8
+    with pytest.raises(AssertionError, match="differs"):
+        assert_identical(actual["model"], final_state(tmp_path / "plain")["model"])
 
 
 def test_a_resume_at_another_dp_size_runs_the_rescale_callbacks(
@@ -170,3 +201,17 @@ def test_after_two_to_one_ranks_the_trainer_goes_on_with_the_plans_global_batche
     assert (resumed["restored"], resumed["global_step"]) == (6, 10)
     assert (resumed["accumulation"], resumed["lr"]) == (2, RANK_PLAN.lr)
     assert resumed["steps"] == reference["steps"][6:]
+
+
+@pytest.mark.timeout(600)  # two Trainer processes side by side
+def test_two_data_parallel_ranks_skip_a_window_together(tmp_path: Path) -> None:
+    """Two ranks (accelerate's gloo group) told to skip steps 3-4: the gradients each drops
+    were reduced across both, and both end with the same weights, the optimizer and the LR
+    scheduler stepped for the 8 steps trained only."""
+    from tests.integrations.hf_rank import run_ranks
+
+    two = run_ranks(tmp_path / "ckpt", tmp_path, world=2, skip="3-4")
+    for rank in two:
+        assert rank["global_step"] == 10
+        assert (rank["optimizer_steps"], rank["scheduler_steps"]) == ({8}, 8)
+    assert_identical(two[0]["weights"], two[1]["weights"])

@@ -5,6 +5,9 @@ plan's 2 accumulation steps over the same global batches; ``scale_lr`` needs no 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +18,9 @@ from goodput import schemas
 from goodput.shim import BatchPlan, ShimConfig, TrainerShim, keep_global_batch, scale_lr
 from goodput.shim.data_position import DataPositionError, ResumableSampler
 from goodput.shim.rescale import RescaleCallback
+from tests.examples.launch import free_port
 from tests.integrations.extras import require
-from tests.integrations.harness import SAMPLES, Indexed, assert_identical
+from tests.integrations.harness import REPO, SAMPLES, Indexed, assert_identical
 
 L = require("lightning")
 
@@ -30,12 +34,12 @@ class Crash(RuntimeError):
 
 
 class Regression(L.LightningModule):
-    def __init__(self, scheduler: bool = True) -> None:
+    def __init__(self, scheduler: bool = True, interval: str = "epoch") -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
             torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1)
         )
-        self.scheduler = scheduler
+        self.scheduler, self.interval = scheduler, interval
         #: the sample indices of each optimizer step, in order
         self.seen: list[list[int]] = []
         self._batch: list[int] = []
@@ -53,7 +57,8 @@ class Regression(L.LightningModule):
         optimizer = torch.optim.AdamW(self.parameters(), lr=PLAN.lr)
         if not self.scheduler:
             return optimizer
-        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)]
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        return [optimizer], [{"scheduler": scheduler, "interval": self.interval}]
 
 
 class CrashAfter(L.Callback):
@@ -89,12 +94,20 @@ def train(
     rescale: list[RescaleCallback] | None = None,
     scheduler: bool = True,
     batch_size: int = PLAN.micro_batch,
+    skip: tuple[schemas.StepWindow, ...] = (),
+    restore_before: int | None = None,
+    interval: str = "epoch",
+    module_type: type[Regression] | None = None,
 ) -> tuple[GoodputCallback, Any, Regression]:
     torch.manual_seed(0)
-    shim = TrainerShim(
-        ShimConfig(ckpt_dir=str(directory), ckpt_every=ckpt_every, world_size=world_size),
-        install_signal_handlers=False,
+    config = ShimConfig(
+        ckpt_dir=str(directory),
+        ckpt_every=ckpt_every,
+        world_size=world_size,
+        skip_steps=skip,
+        restore_before_step=restore_before,
     )
+    shim = TrainerShim(config, install_signal_handlers=False)
     loader = torch.utils.data.DataLoader(
         Indexed(), batch_size=batch_size, sampler=ResumableSampler(SAMPLES, seed=3)
     )
@@ -123,7 +136,7 @@ def train(
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    module = Regression(scheduler)
+    module = (module_type or Regression)(scheduler, interval)
     try:
         trainer.fit(module, loader, ckpt_path=goodput.resume_path())
     except Crash:
@@ -157,6 +170,92 @@ def test_a_stop_command_mid_epoch_saves_and_resumes_bit_identically(tmp_path: Pa
     assert goodput.restored is not None and goodput.restored.step == 3
     assert module.seen == reference_module.seen[3:]
     assert_identical(weights(resumed), weights(reference))
+
+
+WINDOW = schemas.StepWindow(5, 6)
+
+
+def test_a_spike_window_rolled_back_and_skipped_ends_as_a_run_that_skipped_it(
+    tmp_path: Path,
+) -> None:
+    """Trained on the window's batches, rolled back before it (the actuator's bound) and
+    told to skip it: the same weights, optimizer and schedule as a run that skipped it from
+    its start, which trained on every batch but exactly the window's."""
+    every = {"ckpt_every": 3, "interval": "step"}  # the LR steps with the optimizer
+    _, plain, plain_module = train(tmp_path / "plain", **every)
+    _, reference, reference_module = train(tmp_path / "reference", skip=(WINDOW,), **every)
+    train(tmp_path / "rolled", crash_after=6, **every)  # the window trained, saved at 6
+    goodput, rolled, module = train(
+        tmp_path / "rolled", skip=(WINDOW,), restore_before=WINDOW.first, **every
+    )
+    assert goodput.restored is not None and goodput.restored.step == 3
+    assert rolled.global_step == reference.global_step == plain.global_step == 12
+    assert reference_module.seen == plain_module.seen[:4] + plain_module.seen[6:]
+    assert module.seen == plain_module.seen[3:4] + plain_module.seen[6:]
+    assert goodput.shim.reported == [4, *range(7, 13)]  # a skipped step is not reported
+    assert_identical(weights(rolled), weights(reference))
+    # the optimizer and the per-step schedule moved for the 10 steps trained, not the skipped
+    state = weights(rolled)
+    assert state["lr_schedulers"][0]["last_epoch"] == 10
+    assert {int(s["step"]) for s in state["optimizer_states"][0]["state"].values()} == {10}
+    with pytest.raises(AssertionError, match="differs"):
+        assert_identical(weights(reference), weights(plain))
+
+
+class ManualRegression(Regression):
+    """Optimizes by hand: its steps are its own, so none can be skipped for it."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        loss = super().training_step(batch, batch_idx)
+        self.manual_backward(loss)
+        optimizer.step()
+        return loss
+
+
+def test_a_module_optimizing_by_hand_trains_on_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    goodput, trainer, _ = train(
+        tmp_path, skip=(WINDOW,), scheduler=False, module_type=ManualRegression
+    )
+    assert "optimizes manually: it trains on their batches" in caplog.text
+    # every step trained is reported, the window's too
+    assert trainer.global_step == 12 and goodput.shim.reported == list(range(1, 13))
+
+
+def test_two_ddp_ranks_skip_a_window_together(tmp_path: Path) -> None:
+    """Under DDP (two processes, gloo): Lightning's own skip (a None loss) raises there, the
+    zero gradients goodput gives a skipped step are reduced like any, and both ranks end
+    with the same weights, the optimizer and per-step schedule moved for the trained steps
+    only."""
+    port = free_port()
+    script = Path(__file__).with_name("lightning_ddp_skip.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOODPUT_")}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "LOCAL_RANK": "0"}
+    env |= {"WORLD_SIZE": "2", "PYTHONPATH": os.pathsep.join([*sys.path, str(REPO)])}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"rank{r}.pt"), str(tmp_path / f"{r}")],
+            env={**env, "NODE_RANK": str(r)},
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / f"rank{r}.log", "wb"),  # noqa: SIM115
+        )
+        for r in (0, 1)
+    ]
+    codes = [rank.wait(300) for rank in ranks]
+    logs = "".join((tmp_path / f"rank{r}.log").read_text()[-2000:] for r in (0, 1))
+    assert codes == [0, 0], logs
+    first, second = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert first["step"] == second["step"] == 8
+    assert_identical(first["state_dict"], second["state_dict"])
+    assert first["lr_schedulers"][0]["last_epoch"] == 6  # 8 steps, 3-4 skipped
+    assert {int(s["step"]) for s in first["optimizer_states"][0]["state"].values()} == {6}
 
 
 def test_keep_global_batch_from_two_ranks_to_one_accumulates_two_batches(tmp_path: Path) -> None:

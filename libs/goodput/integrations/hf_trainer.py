@@ -14,6 +14,8 @@ resumes only from a checkpoint directory, so ``resume_path`` writes the newest c
 rank holds as one, in a temporary directory removed when training ends: the Trainer loads it
 itself and skips the batches already trained (a bit-identical resume). The rescale callbacks
 see the state under ``model``, ``optimizer`` and ``scheduler``: the built-in rules' defaults.
+The steps of a loss spike's windows (``GOODPUT_SKIP_STEPS``) update nothing: no optimizer or
+LR scheduler step (:mod:`goodput.integrations.hf_skip`, which says what they still change).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.utils import WEIGHTS_NAME
 
+from goodput.integrations.hf_skip import SkippedSteps
 from goodput.shim.numerics import replicated
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import RestoreResult
@@ -62,6 +65,7 @@ class GoodputTrainerCallback(TrainerCallback):
         self._resume_dir: Path | None = None
         self._started = 0.0
         self._vote = StopVote()
+        self._skipped = SkippedSteps(self.shim)
 
     @property
     def exit_code(self) -> int:
@@ -115,9 +119,18 @@ class GoodputTrainerCallback(TrainerCallback):
     ) -> None:
         self._started = time.perf_counter()
 
+    def on_pre_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._skipped.before_optimizer_step(
+            state.global_step + 1, kwargs["model"], kwargs["lr_scheduler"]
+        )
+
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        if self._skipped.step_ended():
+            return  # a loss spike's batch, not trained on: nothing to report or save
         # the Trainer's logged loss and gradient norm (host values, every logging_steps)
         parameters = replicated(kwargs.get("model"))
         self.shim.numerics.observe(

@@ -21,7 +21,8 @@ the checkpoint (:mod:`goodput.shim.data_position`): Lightning restarts a plain l
 at batch 0, the sampler goes on with the next unseen batch. The batch plan is applied on every
 resume: Lightning's ``accumulate_grad_batches`` is the plan's accumulation at the
 data-parallel size in force (what ``keep_global_batch`` changes), the loader's batch size must
-be the plan's ``micro_batch``.
+be the plan's ``micro_batch``. The steps of a loss spike's windows (``GOODPUT_SKIP_STEPS``)
+draw their batches and train on none of them (:mod:`goodput.integrations.lightning_skip`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import lightning
 import lightning.pytorch as pl
 from lightning.pytorch.plugins.io import CheckpointIO
 
+from goodput.integrations.lightning_skip import skip_windows
 from goodput.integrations.loop import rng_states, set_rng_states
 from goodput.shim.data_position import DataPositionError, LoaderPosition, resumable_sampler
 from goodput.shim.numerics import replicated
@@ -111,6 +113,8 @@ class GoodputCallback(pl.Callback):
         self._restored_rng: dict[str, Any] | None = None
         self._finished = False
         self._vote = StopVote()
+        #: the module skips the steps of the shim's windows (``lightning_skip``)
+        self._skipping = False
 
     @property
     def exit_code(self) -> int:
@@ -152,6 +156,10 @@ class GoodputCallback(pl.Callback):
                     f"plan runs {accumulation} accumulation steps: leave it to the plan"
                 )
             trainer.accumulate_grad_batches = accumulation
+        # a loss spike's batches: drawn, not trained on (a manual optimization trains on)
+        self._skipping = bool(self.shim.config.skip_steps) and skip_windows(
+            self.shim, trainer, pl_module
+        )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the loops are restored by now (on_fit_start comes before them): the resumed step
@@ -182,6 +190,8 @@ class GoodputCallback(pl.Callback):
         if step == self._reported_step:
             return  # a micro-batch of an accumulation: no optimizer step, no step to report
         self._reported_step = step
+        if self._skipping and self.shim.skips_data(step):
+            return  # its batches drawn, not trained on: nothing to report or save
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         # on the device until the window's end (goodput.shim.numerics): no sync per step
         parameters = replicated(pl_module)

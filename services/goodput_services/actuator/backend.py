@@ -192,6 +192,9 @@ class MembershipBackend(RankEnvironments, ABC):
                 f"{self.run_id}); stop it first"
             )
         self.spec, self.run_id, self.attempt = spec, spec.run_id, 0
+        # a run started again (after the actuator restarted) skips what it was told to
+        run_skips = self.ports.run_skips
+        self.begin_skips(await run_skips(spec) if run_skips is not None else ())
         await self.emit(
             schemas.RunStarted(
                 job=self.job,

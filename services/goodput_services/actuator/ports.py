@@ -28,6 +28,9 @@ AssignStandby = Callable[[str, RankEnv], Awaitable[str]]
 #: returns once the job publishes a step after the call (the job trains again): standbys are
 #: started then, never while the ranks start up, whom they would slow down
 NextStep = Callable[[], Awaitable[None]]
+#: the step windows a run skips from its start: those its earlier restarts were told (a run
+#: started again by a restarted actuator), none for a new run
+RunSkipsReader = Callable[[schemas.StartJob], Awaitable[tuple[schemas.StepWindow, ...]]]
 
 
 @dataclass(frozen=True)
@@ -47,3 +50,5 @@ class BusPorts:
     next_step: NextStep | None = None
     #: how a pod standby is handed its rank (None: pod standbys start cold)
     assign_standby: AssignStandby | None = None
+    #: where a run's skip windows are read back from (None: a run starts with none)
+    run_skips: RunSkipsReader | None = None

@@ -24,6 +24,7 @@ from goodput.launch.rank_env import (
 )
 from goodput.supervisor.membership import Membership
 from goodput.telemetry import current_traceparent
+from goodput_services.actuator.skip_history import with_window
 
 
 class RankEnvironments:
@@ -37,7 +38,8 @@ class RankEnvironments:
     attempt: int
     #: (attempt, step): that attempt's ranks restore the newest checkpoint before the step
     _rollback: tuple[int, int] | None = None
-    #: the windows whose batches every rank skips, oldest first
+    #: the windows whose batches every rank of the run skips, oldest first: read back from
+    #: the run's commands at its start (``skip_history``), then one more per spike's restart
     _skips: tuple[schemas.StepWindow, ...] = ()
 
     def roll_back_before(self, step: int | None) -> None:
@@ -53,7 +55,12 @@ class RankEnvironments:
     def skip_data(self, window: schemas.StepWindow) -> None:
         """Every later attempt's ranks skip the batches of ``window`` too: a relaunch from a
         checkpoint before it would otherwise train on the poisoned batch again."""
-        self._skips = (*self._skips, window)
+        self._skips = with_window(self._skips, window)
+
+    def begin_skips(self, windows: tuple[schemas.StepWindow, ...]) -> None:
+        """A run (re)starts: its ranks skip ``windows`` (those of its earlier restarts), and
+        no rollback bound of another run's attempt is left over."""
+        self._skips, self._rollback = windows, None
 
     def rank_bus_environment(self) -> dict[str, str]:
         """The ``GOODPUT_NATS_*`` variables with which the shim reaches the bus like the

@@ -10,7 +10,7 @@ from pathlib import Path
 import nats.errors
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, BusSettings
+from goodput.bus import Bus, BusSettings, BusUnavailableError
 from goodput.bus.commands import request
 from goodput.bus.job_events import next_step
 from goodput.bus.routing import decode_event_on
@@ -22,6 +22,7 @@ from goodput.supervisor.membership import MembershipError
 from goodput_services.actuator.backend import Backend
 from goodput_services.actuator.options import ActuatorOptions
 from goodput_services.actuator.ports import BusPorts
+from goodput_services.actuator.skip_history import read_run_windows
 from goodput_services.base import Service
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class ActuatorService(Service):
             rejoin=self._rejoin_round,
             next_step=self._next_step,
             assign_standby=self._assign_standby,
+            run_skips=self._run_skips,
         )
         self.backend = create_backend(
             self.options,
@@ -184,6 +186,17 @@ class ActuatorService(Service):
         """Hand a pod standby its rank over the bus (``goodput.launch.standby_channel``)."""
         assert self.bus is not None
         return await assign_on_bus(self.bus.nc, subject, env, STANDBY_ASSIGN_TIMEOUT_S)
+
+    async def _run_skips(self, start: schemas.StartJob) -> tuple[schemas.StepWindow, ...]:
+        """The windows of the run's restarts before ``start`` (``skip_history``). A bus
+        that does not answer starts the run without them, in one error line: a spike's batch
+        met again is rolled back again, a run that does not start loses everything."""
+        assert self.bus is not None
+        try:
+            return await read_run_windows(self.bus, start)
+        except (nats.errors.Error, BusUnavailableError) as exc:
+            log.error("run %s starts without its earlier skip windows: %s", start.run_id, exc)
+            return ()
 
     async def _next_step(self) -> None:
         assert self.bus is not None

@@ -1,0 +1,212 @@
+"""The simulated fleet of `goodput bench control-plane`: ranks that publish what the shim's link
+publishes, at the link's rates, from a few publisher processes.
+
+Each rank heartbeats on core NATS every ``heartbeat_s`` (the link's ``heartbeat_period_s``),
+publishes a ``StepDone`` into JetStream every ``step_s`` and, every ``ckpt_every`` steps, a
+``CheckpointSaved`` and (a step later) a ``CheckpointPersisted``: the link's subjects, the
+project's codec and the ``Nats-Msg-Id`` header the link's ``emit`` sets. The link awaits each
+ack from its own connection; a publisher process stands for thousands of ranks, so it
+pipelines (``publish_async``) and counts the acks. The ranks of a synchronous job finish a step
+together: a step's events leave within its first :data:`STEP_SPREAD_S`, spread evenly.
+
+Every publisher schedules by the wall clock in ticks of :data:`TICK_S` from a start shared by
+all of them; when it falls behind it catches up, so what it could not keep shows as lag (how
+late a tick left after its time) and as acks short of the events due. Both are reported:
+a bench whose publishers publish less than they claim would be a fake result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing
+import queue
+import time
+from dataclasses import dataclass
+
+from goodput import schemas, subjects
+from goodput.bus import Bus, BusSettings
+
+JOB = "cp"
+TICK_S = 0.01
+#: a step's events leave within this long after the step ends (the ranks are not in lockstep)
+STEP_SPREAD_S = 0.5
+#: the counters each publisher keeps in its shared array, by index
+COUNTERS = (
+    "heartbeats",
+    "events_due",
+    "events_acked",
+    "events_failed",
+    "ckpt_events_acked",
+    "lag_max_s",
+)
+HEARTBEATS, DUE, ACKED, FAILED, CKPT_ACKED, LAG_MAX = range(len(COUNTERS))
+
+
+@dataclass(frozen=True)
+class FleetShape:
+    nodes: int
+    procs_per_node: int
+    heartbeat_s: float
+    step_s: float
+    ckpt_every: int
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+def node_name(n: int) -> str:
+    return f"sim-{n}"
+
+
+def node_ranks(shape: FleetShape, n: int) -> range:
+    return range(n * shape.procs_per_node, (n + 1) * shape.procs_per_node)
+
+
+class _Publisher:
+    """The ranks of nodes ``[first, last)``, published from one connection."""
+
+    def __init__(self, bus: Bus, shape: FleetShape, first: int, last: int, counters) -> None:
+        self.bus, self.shape, self.counters = bus, shape, counters
+        self.ranks = [r for n in range(first, last) for r in node_ranks(shape, n)]
+        self.beats = {
+            r: schemas.Heartbeat(
+                job=JOB, node=node_name(r // shape.procs_per_node), rank=r, pid=100_000 + r, step=0
+            )
+            for r in self.ranks
+        }
+        self.silent: set[int] = set()
+        self.beat_ticks = max(round(shape.heartbeat_s / TICK_S), 1)
+        self.step_ticks = max(round(shape.step_s / TICK_S), 1)
+        self.spread_ticks = max(min(round(STEP_SPREAD_S / TICK_S), self.step_ticks), 1)
+        self.lags: list[float] = []
+
+    async def tick(self, k: int) -> None:
+        """Everything due at tick ``k``: a slice of the heartbeats and of the step's events."""
+        step = k // self.step_ticks
+        for r in self.ranks[k % self.beat_ticks :: self.beat_ticks]:
+            if r not in self.silent:
+                beat = self.beats[r]
+                beat.step = step
+                await self.bus.publish_core(subjects.heartbeat(JOB, beat.node, r), beat)
+                self.counters[HEARTBEATS] += 1
+        offset = k % self.step_ticks
+        if step == 0 or offset >= self.spread_ticks:
+            return
+        for r in self.ranks[offset :: self.spread_ticks]:
+            if r not in self.silent:
+                for event in self._events(r, step):
+                    await self._store(event)
+
+    def _events(self, rank: int, step: int) -> list[schemas.Event]:
+        """What rank ``rank`` reports as step ``step`` ends (the link's order)."""
+        node, shape = self.beats[rank].node, self.shape
+        common = {"job": JOB, "node": node, "rank": rank}
+        events: list[schemas.Event] = [
+            schemas.StepDone(
+                **common,
+                step=step,
+                step_time_s=shape.step_s,
+                tokens=4096 * 8,
+                loss=2.0,
+                world_size=shape.ranks,
+                compute_time_s=shape.step_s * 0.9,
+            )
+        ]
+        if step % shape.ckpt_every == 0:
+            events.append(schemas.CheckpointSaved(**common, step=step, stall_s=0.2, bytes=4 << 30))
+        if step > 1 and (step - 1) % shape.ckpt_every == 0:
+            events.append(
+                schemas.CheckpointPersisted(
+                    **common,
+                    step=step - 1,
+                    path=f"/ckpt/{JOB}/step-{step - 1:010d}/rank-{rank:05d}",
+                    bytes=4 << 30,
+                    duration_s=shape.step_s,
+                )
+            )
+        return events
+
+    async def _store(self, event: schemas.Event) -> None:
+        """As the link's ``emit``: the event's subject, its encoding, a fresh message id."""
+        payload = schemas.encode(event)
+        self.counters[DUE] += 1
+        ack = await self.bus.js.publish_async(
+            subjects.event_for(event),
+            payload,
+            wait_stall=5.0,
+            headers={"Nats-Msg-Id": schemas.new_id()},
+        )
+        ack.add_done_callback(self._counter(isinstance(event, schemas.StepDone)))
+
+    def _counter(self, step: bool):
+        def count(future: asyncio.Future) -> None:
+            if future.cancelled() or future.exception() is not None:
+                self.counters[FAILED] += 1
+            else:
+                self.counters[ACKED] += 1
+                if not step:
+                    self.counters[CKPT_ACKED] += 1
+
+        return count
+
+
+def publish(
+    url: str,
+    shape: FleetShape,
+    first: int,
+    last: int,
+    start_at: float,
+    commands: multiprocessing.Queue,
+    counters,
+    stopped_at,
+    results: multiprocessing.Queue,
+) -> None:
+    """Publisher process for nodes ``[first, last)``, ticking from wall time ``start_at``.
+
+    Commands: ``("silence", node)`` (its ranks stop; ``stopped_at`` gets the time),
+    ``("resume", node)``, ``("mark", 0)`` (lags are kept from here), ``("quit", 0)`` (the lags
+    kept go to ``results``)."""
+
+    async def main() -> None:
+        bus = await Bus.connect(BusSettings(url=url), name=f"goodput-bench-fleet-{first}")
+        publisher = _Publisher(bus, shape, first, last, counters)
+        marked = False
+        k = 0
+        while True:
+            while True:
+                try:
+                    action, node = commands.get_nowait()
+                except queue.Empty:
+                    break
+                if action == "quit":
+                    await bus.nc.flush()
+                    await bus.close()
+                    results.put((first, publisher.lags if marked else []))
+                    return
+                if action == "mark":
+                    marked = True
+                elif action == "silence":
+                    publisher.silent.update(node_ranks(shape, node))
+                    stopped_at.value = time.time_ns()
+                elif action == "resume":
+                    publisher.silent.difference_update(node_ranks(shape, node))
+            due = int((time.time() - start_at) / TICK_S)
+            while k <= due:
+                lag = time.time() - (start_at + k * TICK_S)
+                await publisher.tick(k)
+                if marked:
+                    publisher.lags.append(lag)
+                    counters[LAG_MAX] = max(counters[LAG_MAX], lag)
+                k += 1
+            await asyncio.sleep(max(start_at + k * TICK_S - time.time(), 0))
+
+    asyncio.run(main())
+
+
+def shares(nodes: int, processes: int) -> list[tuple[int, int]]:
+    """Nodes ``[first, last)`` of each publisher process, as even as they divide."""
+    processes = min(processes, nodes)
+    bounds = [nodes * i // processes for i in range(processes + 1)]
+    return list(itertools.pairwise(bounds))

@@ -44,9 +44,8 @@ PUBLISHER_FIGURES = {
     "events_kept_pct",
     "ckpt_events_acked",
     "events_failed",
-    "lag_p50_s",
-    "lag_p99_s",
-    "lag_max_s",
+    "cpu_pct",
+    *(f"{role}_lag_{q}_s" for role in ("heartbeats", "events") for q in ("p50", "p99", "max")),
 }
 
 
@@ -68,6 +67,7 @@ def test_a_small_fleet_is_measured_through_the_real_services(
     # the simulated ranks published what they were due to, and the bus stored it all
     assert 90 <= publishers["heartbeats_kept_pct"] <= 110
     assert 90 <= publishers["events_kept_pct"] <= 110 and publishers["events_failed"] == 0
+    assert publishers["cpu_pct"] > 0 and publishers["heartbeats_lag_p50_s"] is not None
     assert publishers["ckpt_events_acked"] > 0  # a checkpoint every 2 steps of 1 s
     # the server saw at least what the publishers sent: heartbeats and events, and the acks
     published = publishers["heartbeats_per_s"] + publishers["events_acked_per_s"]

@@ -39,6 +39,7 @@ from goodput.tools.bench.arguments import positive_int
 from goodput.tools.bench.control_plane_fleet import (
     COUNTERS,
     JOB,
+    ROLES,
     FleetShape,
     node_name,
     node_ranks,
@@ -66,48 +67,53 @@ WARM_UP_S = 5.0
 
 
 class Fleet:
-    """The publisher processes and how to reach the one that owns a node.
+    """The publisher processes (one per share of the nodes and role) and how to reach those
+    that own a node.
 
     Forked, before this process opens a connection or an event loop: forked, no semaphore
     needs a resource tracker process (spawned publishers would leave one running)."""
 
-    def __init__(self, url: str, shape: FleetShape, processes: int):
+    def __init__(self, url: str, shape: FleetShape, shares_count: int):
         context = multiprocessing.get_context("fork")
         self.shape = shape
-        self.parts = shares(shape.nodes, processes)
+        self.parts = [(part, role) for part in shares(shape.nodes, shares_count) for role in ROLES]
         self.commands = [context.Queue() for _ in self.parts]
         self.counters = [context.Array("d", len(COUNTERS), lock=False) for _ in self.parts]
         self.stopped_at = context.Value("q", 0)
         self.results = context.Queue()
-        start_at = time.time() + 1.0 + 0.2 * len(self.parts)  # each connects first
+        self.start_at = time.time() + 1.0 + 0.1 * len(self.parts)  # each connects first
         self.processes = [
             context.Process(
                 target=publish,
                 args=(
-                    *(url, shape, first, last, start_at),
+                    *(url, shape, first, last, role, self.start_at),
                     *(commands, counters, self.stopped_at, self.results),
                 ),
                 daemon=True,
             )
-            for (first, last), commands, counters in zip(
+            for ((first, last), role), commands, counters in zip(
                 self.parts, self.commands, self.counters, strict=True
             )
         ]
         for process in self.processes:
             process.start()
-        self.start_at = start_at
 
     def send(self, action: str, node: int = 0) -> None:
-        for (first, last), commands in zip(self.parts, self.commands, strict=True):
+        for ((first, last), _), commands in zip(self.parts, self.commands, strict=True):
             if action in ("mark", "quit") or first <= node < last:
                 commands.put((action, node))
 
-    def stop(self) -> list[float]:
-        """Quit every publisher; the lags they kept after the mark."""
+    def cpu_s(self) -> float:
+        """User + system seconds the publishers have used so far."""
+        return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in self.processes)
+
+    def stop(self) -> dict[str, list[float]]:
+        """Quit every publisher; the lags each role kept after the mark."""
         self.send("quit")
-        lags: list[float] = []
+        lags: dict[str, list[float]] = {role: [] for role in ROLES}
         for _ in self.processes:
-            lags += self.results.get(timeout=60)[1]
+            role, kept = self.results.get(timeout=60)
+            lags[role] += kept
         for process in self.processes:
             process.join(10)
         return lags
@@ -196,10 +202,10 @@ async def _measure(
     try:
         await asyncio.sleep(max(fleet.start_at - time.time(), 0) + WARM_UP_S)
         server = psutil.Process(server_pid)
-        before = await snapshot(bus, services, server, monitor_port, fleet.counters)
+        before = await snapshot(bus, services, server, monitor_port, fleet.counters, fleet.cpu_s())
         fleet.send("mark")
         detection = await _rounds(bus, fleet, services, rounds, console)
-        after = await snapshot(bus, services, server, monitor_port, fleet.counters)
+        after = await snapshot(bus, services, server, monitor_port, fleet.counters, fleet.cpu_s())
     finally:
         lags = fleet.stop()
         await bus.close()
@@ -223,6 +229,7 @@ def _one_size(nodes: int, args: argparse.Namespace) -> dict:
         heartbeat_s=args.heartbeat_s,
         step_s=args.step_s,
         ckpt_every=args.ckpt_every,
+        host_report_s=args.host_report_s,
     )
     # the job's scale, as its operator would tell the bus (GOODPUT_STORE_SCALE)
     scale = StoreScale(
@@ -230,6 +237,7 @@ def _one_size(nodes: int, args: argparse.Namespace) -> dict:
         ranks_per_node=args.procs_per_node,
         step_s=args.step_s,
         checkpoint_s=args.step_s * args.ckpt_every,
+        host_report_s=args.host_report_s,
     )
     limits = store_limits(scale)
     monitor_port = free_port()
@@ -272,6 +280,7 @@ def run(args: argparse.Namespace) -> int:
         "heartbeat_s": args.heartbeat_s,
         "step_s": args.step_s,
         "ckpt_every": args.ckpt_every,
+        "host_report_s": args.host_report_s,
         "publisher_processes": args.publishers,
         "cpus": psutil.cpu_count(),
         "load_average": [round(x, 2) for x in psutil.getloadavg()],
@@ -335,6 +344,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=SHIM_DEFAULTS["ckpt_every"],
         help="steps between checkpoints: each rank's CheckpointSaved, and a step later its "
         "CheckpointPersisted (default %(default)d, the shim's)",
+    )
+    parser.add_argument(
+        "--host-report-s",
+        type=_positive_float,
+        default=StoreScale().host_report_s,
+        help="seconds between a node's host reports, the host monitor's (default %(default)g)",
     )
     parser.add_argument(
         "--publishers",

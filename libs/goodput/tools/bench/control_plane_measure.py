@@ -130,10 +130,16 @@ class Snapshot:
     events_bytes: int
     events_messages: int
     publishers: list[list[float]] = field(default_factory=list)
+    publishers_cpu_s: float = 0.0
 
 
 async def snapshot(
-    bus: Bus, services: list[Service], server: psutil.Process, monitor_port: int, counters
+    bus: Bus,
+    services: list[Service],
+    server: psutil.Process,
+    monitor_port: int,
+    counters,
+    publishers_cpu_s: float,
 ) -> Snapshot:
     info = await bus.js.stream_info(subjects.EVENTS_STREAM)
     server_times = server.cpu_times()
@@ -145,6 +151,7 @@ async def snapshot(
         events_bytes=info.state.bytes,
         events_messages=info.state.messages,
         publishers=[list(c) for c in counters],
+        publishers_cpu_s=publishers_cpu_s,
     )
 
 
@@ -182,7 +189,7 @@ def figures(before: Snapshot, after: Snapshot, services: list[Service], events_l
 
 
 def publisher_figures(
-    before: Snapshot, after: Snapshot, heartbeats_due_per_s: float, lags: list[float]
+    before: Snapshot, after: Snapshot, heartbeats_due_per_s: float, lags: dict[str, list[float]]
 ) -> dict:
     """What the simulated ranks published in the window against what was due: heartbeats
     against the ranks' rate (less the silenced ones'), stored events acked against those the
@@ -195,9 +202,8 @@ def publisher_figures(
             a[index] - b[index] for a, b in zip(after.publishers, before.publishers, strict=True)
         )
 
-    ordered = sorted(lags)
-
-    def quantile(q: float) -> float | None:
+    def quantile(role: str, q: float) -> float | None:
+        ordered = sorted(lags[role])
         return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)], 3) if ordered else None
 
     heartbeats, acked, due = delta("heartbeats"), delta("events_acked"), delta("events_due")
@@ -210,7 +216,11 @@ def publisher_figures(
         "events_kept_pct": round(100 * acked / due, 1) if due else None,
         "ckpt_events_acked": round(delta("ckpt_events_acked")),
         "events_failed": round(sum(c[COUNTERS.index("events_failed")] for c in after.publishers)),
-        "lag_p50_s": quantile(0.5),
-        "lag_p99_s": quantile(0.99),
-        "lag_max_s": quantile(1.0),
+        # how late the ticks of each role's processes left (a tick is 10 ms of the schedule)
+        **{
+            f"{role}_lag_{name}_s": quantile(role, q)
+            for role in lags
+            for name, q in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
+        },
+        "cpu_pct": round(100 * (after.publishers_cpu_s - before.publishers_cpu_s) / window, 1),
     }

@@ -31,7 +31,9 @@ def show(result: dict) -> None:
         "kept up",
         "heartbeats kept %",
         "events kept %",
-        "lag p99 s",
+        "beat lag p99 s",
+        "event lag p99 s",
+        "publishers CPU %",
     ):
         detection.add_column(column, justify="right")
     for r in result["sweep"]:
@@ -58,7 +60,9 @@ def show(result: dict) -> None:
             "yes" if r["kept_up"] else "no",
             str(publishers["heartbeats_kept_pct"]),
             str(publishers["events_kept_pct"]),
-            str(publishers["lag_p99_s"]),
+            str(publishers["heartbeats_lag_p99_s"]),
+            str(publishers["events_lag_p99_s"]),
+            str(publishers["cpu_pct"]),
         )
     console = Console()
     console.print(services)

@@ -76,19 +76,21 @@ class Service:
             return []
 
     def stop(self) -> None:
-        """SIGTERM to the keeper (it passes it on and waits for the service), as `down` does."""
+        """SIGTERM to the keeper (it passes it on and waits for the service), as `down` does;
+        SIGKILL to the keeper's session (it and the service) if that takes over 30 s."""
         try:
             keeper = psutil.Process(self.keeper.pid)
             keeper.send_signal(signal.SIGTERM)
             keeper.wait(30)
         except psutil.NoSuchProcess:
             pass
+        except psutil.TimeoutExpired:
+            os.killpg(self.keeper.pid, signal.SIGKILL)
 
 
 def start_services(url: str, state_dir: Path, scale_env: dict[str, str]) -> list[Service]:
     """The sensor and the controller, each under its keeper as the stack starts them, with
     the store scale in their environment (they provision the bus with it)."""
-    os.environ.update(scale_env)
     started = [
         spawn_service(
             name,
@@ -97,7 +99,7 @@ def start_services(url: str, state_dir: Path, scale_env: dict[str, str]) -> list
             url=url,
             state_dir=state_dir,
             extra=extra,
-            secrets=stack_key_env(state_dir),
+            secrets={**stack_key_env(state_dir), **scale_env},
         )
         for name, extra in SERVICES.items()
     ]

@@ -24,6 +24,8 @@ FIGURES = {
     "window_s",
     "services",
     "nats_server_cpu_pct",
+    "events_pending_at_start",
+    "events_pending_at_end",
     "bus_in_msgs_per_s",
     "bus_out_msgs_per_s",
     "bus_in_bytes_per_s",
@@ -52,7 +54,7 @@ PUBLISHER_FIGURES = {
 def test_a_small_fleet_is_measured_through_the_real_services(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    args = ["bench", "control-plane", "--nodes", "6", "--procs-per-node", "2", "--rounds", "2"]
+    args = ["bench", "control-plane", "--nodes", "6", "--procs-per-node", "2", "--rounds", "3"]
     args += ["--step-s", "1", "--ckpt-every", "2", "--publishers", "2", "--json"]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
@@ -63,8 +65,10 @@ def test_a_small_fleet_is_measured_through_the_real_services(
     for service in ("sensor", "controller"):
         assert size["services"][service]["cpu_pct"] > 0
         assert size["services"][service]["rss_mb"] > 10  # an interpreter with the library
+    assert len(size["events_pending_at_end"]) == 2  # the sensor's and controller's consumers
     publishers = size["publishers"]
-    # the simulated ranks published what they were due to, and the bus stored it all
+    # the simulated ranks published what they were due to, and the bus stored it all (a
+    # rank's beats in a window are counted to one beat: heartbeat_s / window, 5 % here)
     assert 90 <= publishers["heartbeats_kept_pct"] <= 110
     assert 90 <= publishers["events_kept_pct"] <= 110 and publishers["events_failed"] == 0
     assert publishers["cpu_pct"] > 0 and publishers["heartbeats_lag_p50_s"] is not None

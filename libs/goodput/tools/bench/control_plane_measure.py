@@ -133,6 +133,8 @@ class Snapshot:
     events_messages: int
     publishers: list[list[float]] = field(default_factory=list)
     publishers_cpu_s: float = 0.0
+    #: the events each durable consumer of GP_EVENTS (the services') has yet to be delivered
+    consumers_pending: dict[str, int] = field(default_factory=dict)
 
 
 async def snapshot(
@@ -144,6 +146,7 @@ async def snapshot(
     publishers_cpu_s: float,
 ) -> Snapshot:
     info = await bus.js.stream_info(subjects.EVENTS_STREAM)
+    consumers = await bus.js.consumers_info(subjects.EVENTS_STREAM)
     server_times = server.cpu_times()
     return Snapshot(
         wall=time.monotonic(),
@@ -154,6 +157,9 @@ async def snapshot(
         events_messages=info.state.messages,
         publishers=[list(c) for c in counters],
         publishers_cpu_s=publishers_cpu_s,
+        consumers_pending={
+            c.config.durable_name: c.num_pending or 0 for c in consumers if c.config.durable_name
+        },
     )
 
 
@@ -176,6 +182,9 @@ def figures(before: Snapshot, after: Snapshot, services: list[Service], events_l
             }
             for s in services
         },
+        # a consumer that keeps up has about a batch pending; one behind, a growing backlog
+        "events_pending_at_start": before.consumers_pending,
+        "events_pending_at_end": after.consumers_pending,
         "nats_server_cpu_pct": round(100 * (after.server_cpu_s - before.server_cpu_s) / window, 1),
         "bus_in_msgs_per_s": round(per_s["in_msgs"]),
         "bus_out_msgs_per_s": round(per_s["out_msgs"]),
@@ -195,7 +204,9 @@ def publisher_figures(
 ) -> dict:
     """What the simulated ranks published in the window against what was due: heartbeats
     against the ranks' rate (less the silenced ones'), stored events acked against those the
-    schedule made due (which a publisher behind its schedule makes late: see the lags)."""
+    schedule made due (which a publisher behind its schedule makes late: see the lags). A
+    rank's beats in the window are counted to within one: the heartbeat rate is good to
+    ``heartbeat_s / window`` (2 % in a 25 s window)."""
     window = after.wall - before.wall
 
     def delta(name: str) -> float:

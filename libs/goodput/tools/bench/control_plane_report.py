@@ -17,6 +17,7 @@ def show(result: dict) -> None:
         "nats-server CPU %",
         "bus msgs/s in/out",
         "bus kB/s in/out",
+        "events pending at end (durables)",
         "events GB/day",
         "limit holds h",
     ):
@@ -47,6 +48,7 @@ def show(result: dict) -> None:
             str(r["nats_server_cpu_pct"]),
             f"{r['bus_in_msgs_per_s']:,} / {r['bus_out_msgs_per_s']:,}",
             f"{r['bus_in_bytes_per_s'] / 1e3:,.0f} / {r['bus_out_bytes_per_s'] / 1e3:,.0f}",
+            " / ".join(f"{p:,}" for _, p in sorted(r["events_pending_at_end"].items())),
             f"{r['events_growth_bytes_per_day'] / 1e9:,.2f}",
             str(r["events_limit_holds_h"]),
         )

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import queue
 import statistics
 import tempfile
 import time
@@ -108,14 +109,27 @@ class Fleet:
         return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in self.processes)
 
     def stop(self) -> dict[str, list[float]]:
-        """Quit every publisher; the lags each role kept after the mark."""
+        """Quit every publisher; the lags each role kept after the mark. A publisher that
+        died (its traceback is on stderr) ends the bench in one line: its figures are short."""
         self.send("quit")
         lags: dict[str, list[float]] = {role: [] for role in ROLES}
-        for _ in self.processes:
-            role, kept = self.results.get(timeout=60)
-            lags[role] += kept
+        answered = 0
+        try:
+            for _ in self.processes:
+                role, kept = self.results.get(timeout=60)
+                lags[role] += kept
+                answered += 1
+        except queue.Empty:
+            pass
         for process in self.processes:
             process.join(10)
+            if process.is_alive():
+                process.kill()
+        if answered < len(self.processes):
+            raise SystemExit(
+                f"{len(self.processes) - answered} of {len(self.processes)} publisher processes "
+                "did not finish (see their errors above): no figures"
+            )
         return lags
 
 

@@ -48,10 +48,12 @@ COUNTERS = (
     "events_due",
     "events_acked",
     "events_failed",
+    "steps_acked",
+    "host_reports_acked",
     "ckpt_events_acked",
     "lag_max_s",
 )
-HEARTBEATS, DUE, ACKED, FAILED, CKPT_ACKED, LAG_MAX = range(len(COUNTERS))
+HEARTBEATS, DUE, ACKED, FAILED, STEPS_ACKED, HOSTS_ACKED, CKPT_ACKED, LAG_MAX = range(len(COUNTERS))
 
 
 @dataclass(frozen=True)
@@ -182,16 +184,19 @@ class _Publisher:
             wait_stall=5.0,
             headers={"Nats-Msg-Id": schemas.new_id()},
         )
-        ack.add_done_callback(self._counter(isinstance(event, schemas.StepDone)))
+        ack.add_done_callback(self._counter(event))
 
-    def _counter(self, step: bool):
+    def _counter(self, event: schemas.Event):
+        kind = {schemas.StepDone: STEPS_ACKED, schemas.HostHealth: HOSTS_ACKED}.get(
+            type(event), CKPT_ACKED
+        )
+
         def count(future: asyncio.Future) -> None:
             if future.cancelled() or future.exception() is not None:
                 self.counters[FAILED] += 1
             else:
                 self.counters[ACKED] += 1
-                if not step:
-                    self.counters[CKPT_ACKED] += 1
+                self.counters[kind] += 1
 
         return count
 

@@ -227,7 +227,11 @@ def publisher_figures(
         "events_acked_per_s": round(acked / window, 1),
         "events_due_per_s": round(due / window, 1),
         "events_kept_pct": round(100 * acked / due, 1) if due else None,
-        "ckpt_events_acked": round(delta("ckpt_events_acked")),
+        # of the acked: each rank's steps, each node's host reports, checkpoint events
+        **{
+            name: round(delta(name))
+            for name in ("steps_acked", "host_reports_acked", "ckpt_events_acked")
+        },
         "events_failed": round(sum(c[COUNTERS.index("events_failed")] for c in after.publishers)),
         # how late the ticks of each role's processes left (a tick is 10 ms of the schedule)
         **{

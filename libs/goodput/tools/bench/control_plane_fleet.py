@@ -38,6 +38,8 @@ from goodput.bus import Bus, BusSettings
 #: as long as the store sizing's widest job name (``Widths.job_name_chars``): stored bytes alike
 JOB = "cp-bench-70b-job"
 TICK_S = 0.01
+#: ticks a publisher behind its schedule runs before it reads its commands again
+CATCH_UP_TICKS = 10
 #: a step's events leave within this long after the step ends (the ranks are not in lockstep)
 STEP_SPREAD_S = 0.5
 #: what one publisher process of a share of the nodes publishes
@@ -246,7 +248,9 @@ def publish(
                 elif action == "resume":
                     publisher.silent.difference_update(node_ranks(shape, node))
                     publisher.lost.discard(node)
-            due = int((time.time() - start_at) / TICK_S)
+            # a publisher behind its schedule catches up a few ticks at a time, reading its
+            # commands between: a silence or a quit must not wait for it to catch up
+            due = min(int((time.time() - start_at) / TICK_S), k + CATCH_UP_TICKS)
             while k <= due:
                 lag = time.time() - (start_at + k * TICK_S)
                 await publisher.tick(k)

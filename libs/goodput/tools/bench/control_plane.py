@@ -1,17 +1,19 @@
 """`goodput bench control-plane`: the control plane at the users' size on this machine.
 
-Simulated ranks (``--nodes`` x ``--procs-per-node``, in ``--publishers`` processes:
-:mod:`.control_plane_fleet`) publish what the shim's link publishes — heartbeats, a
-``StepDone`` per step, checkpoint events every ``--ckpt-every`` steps — through a real
-nats-server, provisioned as the stack provisions it for that job's scale (``store_sizing``),
-into the real sensor and controller, started as `goodput up` starts them. In rounds, one
-node's ranks fall silent; the time from then to the sensor's missed-heartbeat signal is the
-detection latency, and the node is then restarted (its ranks' ``RankStarted`` close the
-incident). Over the window of the rounds it reports each service's CPU (% of one core) and
-RSS, the bus's messages and bytes per second (the server's ``/varz``), the event store's
-growth per day against its limit, and whether the publishers kept their rate
-(:mod:`.control_plane_measure`). The sensor keeps up when every silent node is detected
-within the timeout plus two polls plus a second of slack and no healthy node is reported.
+Simulated ranks (``--nodes`` x ``--procs-per-node``, from two processes for each of
+``--publishers`` shares of the nodes: :mod:`.control_plane_fleet`) publish what the shim's
+link publishes — heartbeats, a ``StepDone`` per step, checkpoint events every
+``--ckpt-every`` steps — and each node its host reports, through a real nats-server,
+provisioned as the stack provisions it for that job's scale (``store_sizing``), into the
+real sensor and controller, started as `goodput up` starts them. In rounds, one node is
+lost (its ranks and host fall silent); the time from then to the sensor's missed-heartbeat
+signal is the detection latency, and the node is then restarted (its ranks' ``RankStarted``
+close the incident). Over the window of the rounds it reports each service's CPU (% of one
+core) and RSS, the bus's messages and bytes per second (the server's ``/varz``), the event
+store's growth per day against its limit, the services' event backlogs, and whether the
+publishers kept their rate (:mod:`.control_plane_measure`). The sensor keeps up when every
+lost node is detected within the timeout plus two polls plus a second of slack and no
+healthy node is reported.
 """
 
 from __future__ import annotations
@@ -295,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
         "step_s": args.step_s,
         "ckpt_every": args.ckpt_every,
         "host_report_s": args.host_report_s,
-        "publisher_processes": args.publishers,
+        "publisher_processes": args.publishers * len(ROLES),
         "cpus": psutil.cpu_count(),
         "load_average": [round(x, 2) for x in psutil.getloadavg()],
     }
@@ -369,7 +371,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--publishers",
         type=positive_int,
         default=4,
-        help="processes publishing the simulated ranks (default 4)",
+        help="shares of the nodes, each published by two processes: its ranks' heartbeats, "
+        "and its events (default 4: 8 processes)",
     )
     parser.add_argument("--rounds", type=positive_int, default=6, help="silent nodes per size")
     parser.add_argument("--json", action="store_true", help="machine-readable output")

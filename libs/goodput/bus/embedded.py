@@ -139,10 +139,13 @@ class EmbeddedNats:
         member: int = -1,
         cluster_ports: list[int] | None = None,
         store_bytes: int | None = None,
+        monitor_port: int | None = None,
     ):
         """``member`` (0, 1, …) of a cluster whose routes listen on ``cluster_ports``; by
         default a server on its own. ``store_bytes``: its JetStream store's limit (default:
-        what every stream and bucket of the bus's scale needs, ``store_sizing``)."""
+        what every stream and bucket of the bus's scale needs, ``store_sizing``).
+        ``monitor_port``: serve the server's HTTP monitoring (``/varz``: its message and byte
+        counters) on loopback there, for the benches; none by default."""
         self.state_dir = Path(state_dir)
         self.port = port or free_port()
         self.detach = detach
@@ -153,6 +156,7 @@ class EmbeddedNats:
         self.log_path = self.state_dir / f"nats-server{suffix}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.store_bytes = store_bytes or server_store_bytes()
+        self.monitor_port = monitor_port
 
     @property
     def url(self) -> str:
@@ -185,6 +189,8 @@ class EmbeddedNats:
             "--config",
             str(self.store_dir.with_suffix(".conf")),
         ]
+        if self.monitor_port:
+            args += ["--http_port", str(self.monitor_port)]
         if self.cluster_ports:
             routes = ",".join(f"nats-route://127.0.0.1:{port}" for port in self.cluster_ports)
             own = self.cluster_ports[self.member]

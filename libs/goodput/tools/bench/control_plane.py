@@ -1,11 +1,19 @@
-"""`goodput bench control-plane`: can one sensor watch thousands of nodes on this machine?
+"""`goodput bench control-plane`: the control plane at the users' size on this machine.
 
-Simulated nodes (one rank each, in a separate publisher process) heartbeat at 1 Hz over the
-real embedded NATS server to the real sensor service process. In rounds, one node falls
-silent; the time from its last heartbeat to the sensor's missed-heartbeat signal is the
-detection latency, and the node is then restarted (a RankStarted closes the incident). The
-sensor keeps up when every silent node is detected within the timeout plus two polls plus
-a second of slack and no healthy node is ever reported.
+Simulated ranks (``--nodes`` x ``--procs-per-node``, from two processes for each of
+``--publishers`` shares of the nodes: :mod:`.control_plane_fleet`) publish what the shim's
+link publishes — heartbeats, a ``StepDone`` per step, checkpoint events every
+``--ckpt-every`` steps — and each node its host reports, through a real nats-server,
+provisioned as the stack provisions it for that job's scale (``store_sizing``), into the
+real sensor and controller, started as `goodput up` starts them. In rounds, one node is
+lost (its ranks and host fall silent); the time from then to the sensor's missed-heartbeat
+signal is the detection latency, and the node is then restarted (its ranks' ``RankStarted``
+close the incident). Over the window of the rounds it reports each service's CPU (% of one
+core) and RSS, the bus's messages and bytes per second (the server's ``/varz``), the event
+store's growth per day against its limit, the services' event backlogs, and whether the
+publishers kept their rate (:mod:`.control_plane_measure`). The sensor keeps up when every
+lost node is detected within the timeout plus two polls plus a second of slack and no
+healthy node is reported.
 """
 
 from __future__ import annotations
@@ -14,67 +22,121 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import queue
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 import psutil
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from rich.console import Console
-from rich.table import Table
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus.embedded import free_port
+from goodput.bus.store_sizing import StoreScale, scale_to_env, store_limits
+from goodput.shim.config import ShimConfig
+from goodput.tools.bench.arguments import positive_int
+from goodput.tools.bench.control_plane_fleet import (
+    COUNTERS,
+    JOB,
+    ROLES,
+    FleetShape,
+    node_name,
+    node_ranks,
+    publish,
+    shares,
+)
+from goodput.tools.bench.control_plane_measure import (
+    NS,
+    POLL_S,
+    TIMEOUT_S,
+    figures,
+    publisher_figures,
+    snapshot,
+    start_services,
+)
+from goodput.tools.bench.control_plane_report import show
 
-NS = 1e9
-TIMEOUT_S = 2.0
-POLL_S = 0.25
-JOB = "cp"
+#: the link's defaults: a beat every half second, a checkpoint every 50 steps
+SHIM_DEFAULTS = {f.name: f.default for f in msgspec.structs.fields(ShimConfig)}
+#: a 70B model's step on a few thousand GPUs takes seconds (Llama-3-70B-class runs report
+#: 4-10 s per global batch of ~4M tokens): 5 s is a realistic step, and a busier bus than 10 s
+DEFAULT_STEP_S = 5.0
+#: seconds after the publishers start before the window opens: every rank seen and learned
+WARM_UP_S = 5.0
 
 
-def _simulate(url: str, nodes: int, commands: multiprocessing.Queue, stopped_at) -> None:
-    """Publisher process: every node beats once a second, spread evenly over the second."""
+class Fleet:
+    """The publisher processes (one per share of the nodes and role) and how to reach those
+    that own a node.
 
-    async def main() -> None:
-        bus = await Bus.connect(BusSettings(url=url), name="goodput-bench-simulated-nodes")
-        silent: set[int] = set()
-        beats = [
-            schemas.Heartbeat(job=JOB, node=f"sim-{n}", rank=n, pid=100_000 + n, step=0)
-            for n in range(nodes)
+    Forked, before this process opens a connection or an event loop: forked, no semaphore
+    needs a resource tracker process (spawned publishers would leave one running)."""
+
+    def __init__(self, url: str, shape: FleetShape, shares_count: int):
+        context = multiprocessing.get_context("fork")
+        self.shape = shape
+        self.parts = [(part, role) for part in shares(shape.nodes, shares_count) for role in ROLES]
+        self.commands = [context.Queue() for _ in self.parts]
+        self.counters = [context.Array("d", len(COUNTERS), lock=False) for _ in self.parts]
+        self.stopped_at = context.Value("q", 0)
+        self.results = context.Queue()
+        self.start_at = time.time() + 1.0 + 0.1 * len(self.parts)  # each connects first
+        self.processes = [
+            context.Process(
+                target=publish,
+                args=(
+                    *(url, shape, first, last, role, self.start_at),
+                    *(commands, counters, self.stopped_at, self.results),
+                ),
+                daemon=True,
+            )
+            for ((first, last), role), commands, counters in zip(
+                self.parts, self.commands, self.counters, strict=True
+            )
         ]
-        slices = 100  # publish a hundredth of the nodes every 10 ms
-        per_slice = max(nodes // slices, 1)
-        step = 0
-        while True:
-            second_start = time.monotonic()
-            step += 1
-            for index in range(slices):
-                while not commands.empty():
-                    action, rank = commands.get_nowait()
-                    if action == "quit":
-                        await bus.close()
-                        return
-                    if action == "silence":
-                        silent.add(rank)
-                        stopped_at.value = time.time_ns()
-                    else:
-                        silent.discard(rank)
-                for n in range(index * per_slice, min((index + 1) * per_slice, nodes)):
-                    if n not in silent:
-                        beats[n].step = step
-                        await bus.nc.publish(
-                            subjects.heartbeat(JOB, beats[n].node, n), schemas.encode(beats[n])
-                        )
-                await asyncio.sleep(max(second_start + (index + 1) / slices - time.monotonic(), 0))
+        for process in self.processes:
+            process.start()
 
-    asyncio.run(main())
+    def send(self, action: str, node: int = 0) -> None:
+        for ((first, last), _), commands in zip(self.parts, self.commands, strict=True):
+            if action in ("mark", "quit") or first <= node < last:
+                commands.put((action, node))
+
+    def cpu_s(self) -> float:
+        """User + system seconds the publishers have used so far."""
+        return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in self.processes)
+
+    def stop(self) -> dict[str, list[float]]:
+        """Quit every publisher; the lags each role kept after the mark. A publisher that
+        died (its traceback is on stderr) ends the bench in one line: its figures are short."""
+        self.send("quit")
+        lags: dict[str, list[float]] = {role: [] for role in ROLES}
+        answered = 0
+        try:
+            for _ in self.processes:
+                role, kept = self.results.get(timeout=60)
+                lags[role] += kept
+                answered += 1
+        except queue.Empty:
+            pass
+        for process in self.processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+        if answered < len(self.processes):
+            raise SystemExit(
+                f"{len(self.processes) - answered} of {len(self.processes)} publisher processes "
+                "did not finish (see their errors above): no figures"
+            )
+        return lags
 
 
-async def _measure(url: str, sensor_pid: int, nodes: int, rounds: int, console: Console) -> dict:
-    bus = await Bus.connect(BusSettings(url=url), name="goodput-bench-control-plane")
+async def _rounds(bus: Bus, fleet: Fleet, services, rounds: int, console: Console) -> dict:
+    """Silence one node per round and time the sensor's signal; the detection figures."""
     signals: list[schemas.Signal] = []
 
     async def collect(msg) -> None:
@@ -89,66 +151,52 @@ async def _measure(url: str, sensor_pid: int, nodes: int, rounds: int, console: 
         ordered_consumer=True,
         config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
     )
-    context = multiprocessing.get_context("spawn")
-    commands = context.Queue()
-    stopped_at = context.Value("q", 0)
-    simulator = context.Process(
-        target=_simulate, args=(url, nodes, commands, stopped_at), daemon=True
-    )
-    simulator.start()
-    sensor = psutil.Process(sensor_pid)
-    await asyncio.sleep(4.0)  # every node seen at least once and learned
-    cpu_before, wall_before = sensor.cpu_times(), time.monotonic()
+    shape = fleet.shape
     latencies: list[float] = []
-    missed = 0
-    for round_index in range(rounds):
-        victim = (round_index * 7919) % nodes
+    missed, silent_s = 0, 0.0
+    limit = TIMEOUT_S + 2 * POLL_S + 1.0
+    victims = [(i * 7919) % shape.nodes for i in range(rounds)]
+    for index, victim in enumerate(victims):
         seen = len(signals)
-        commands.put(("silence", victim))
-        deadline = time.monotonic() + TIMEOUT_S + 2 * POLL_S + 1.0
+        fleet.send("silence", victim)
+        silenced = time.monotonic()
         found = None
-        while time.monotonic() < deadline + 5 and found is None:
-            found = next((s for s in signals[seen:] if s.node == f"sim-{victim}"), None)
+        while time.monotonic() - silenced < limit + 5 and found is None:
+            found = next((s for s in signals[seen:] if s.node == node_name(victim)), None)
             await asyncio.sleep(0.02)
         if found is None:
             missed += 1
         else:
-            # the fault is the first beat that did not come: a second after the last one
-            latencies.append((found.ts - stopped_at.value) / NS)
-        commands.put(("resume", victim))
-        await bus.emit(
-            schemas.RankStarted(
-                job=JOB,
-                node=f"sim-{victim}",
-                rank=victim,
-                local_rank=0,
-                world_size=nodes,
-                pid=100_000 + victim,
-                attempt=round_index + 2,
+            latencies.append((found.ts - fleet.stopped_at.value) / NS)
+        fleet.send("resume", victim)
+        silent_s += time.monotonic() - silenced
+        for rank in node_ranks(shape, victim):
+            await bus.emit(
+                schemas.RankStarted(
+                    job=JOB,
+                    node=node_name(victim),
+                    rank=rank,
+                    local_rank=rank % shape.procs_per_node,
+                    world_size=shape.ranks,
+                    pid=100_000 + rank,
+                    attempt=index + 2,
+                )
             )
-        )
+        for service in services:
+            service.sample_rss()
         console.print(
-            f"  {nodes} nodes, round {round_index + 1}/{rounds}: "
+            f"  {shape.nodes} x {shape.procs_per_node}, round {index + 1}/{rounds}: "
             + (f"{latencies[-1]:.2f} s" if found else "not detected")
         )
         await asyncio.sleep(1.5)
-    cpu_after, wall_after = sensor.cpu_times(), time.monotonic()
-    commands.put(("quit", 0))
-    simulator.join(10)
-    await bus.close()
-    victims = {f"sim-{(i * 7919) % nodes}" for i in range(rounds)}
-    false_positives = sum(1 for s in signals if s.node not in victims)
-    cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
-    limit = TIMEOUT_S + 2 * POLL_S + 1.0
+    false_positives = sum(1 for s in signals if s.node not in {node_name(v) for v in victims})
     return {
-        "nodes": nodes,
         "p50_detect_s": round(statistics.median(latencies), 3) if latencies else None,
         "p99_detect_s": round(_percentile(latencies, 0.99), 3) if latencies else None,
         "missed": missed,
         "false_positives": false_positives,
         "kept_up": missed == 0 and false_positives == 0 and max(latencies, default=99) <= limit,
-        "sensor_cpu_pct": round(100 * cpu_s / (wall_after - wall_before), 1),
-        "heartbeats_per_s": nodes,
+        "silent_rank_s": silent_s * shape.procs_per_node,
     }
 
 
@@ -157,89 +205,175 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-def _start_sensor(url: str, state_dir: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "goodput_services.sensor",
-            "--job",
-            JOB,
-            "--nats-url",
-            url,
-            "--state-dir",
-            str(state_dir),
-            "--set",
-            f"thresholds={{heartbeat_timeout_s={TIMEOUT_S},heartbeat_polling_period_s={POLL_S},"
-            "heartbeat_safety_factor=1.0,first_heartbeat_timeout_s=5.0}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(state_dir / "sensor.log", "ab"),
+async def _measure(
+    url: str, monitor_port: int, server_pid: int, fleet: Fleet, rounds: int, services, limits
+) -> dict:
+    console = Console(stderr=True)
+    shape = fleet.shape
+    try:
+        bus = await Bus.connect(BusSettings(url=url), name="goodput-bench-control-plane")
+    except BaseException:
+        fleet.stop()
+        raise
+    try:
+        await asyncio.sleep(max(fleet.start_at - time.time(), 0) + WARM_UP_S)
+        server = psutil.Process(server_pid)
+        before = await snapshot(bus, services, server, monitor_port, fleet.counters, fleet.cpu_s())
+        fleet.send("mark")
+        detection = await _rounds(bus, fleet, services, rounds, console)
+        after = await snapshot(bus, services, server, monitor_port, fleet.counters, fleet.cpu_s())
+    finally:
+        lags = fleet.stop()
+        await bus.close()
+    window = after.wall - before.wall
+    due = (shape.ranks * window - detection.pop("silent_rank_s")) / shape.heartbeat_s / window
+    return {
+        "nodes": shape.nodes,
+        "procs_per_node": shape.procs_per_node,
+        "ranks": shape.ranks,
+        **detection,
+        **figures(before, after, services, limits.streams[subjects.EVENTS_STREAM]),
+        "events_formula_bytes_per_day": round(limits.events_per_s_bytes * 86400),
+        "publishers": publisher_figures(before, after, due, lags),
+    }
+
+
+def _one_size(nodes: int, args: argparse.Namespace) -> dict:
+    shape = FleetShape(
+        nodes=nodes,
+        procs_per_node=args.procs_per_node,
+        heartbeat_s=args.heartbeat_s,
+        step_s=args.step_s,
+        ckpt_every=args.ckpt_every,
+        host_report_s=args.host_report_s,
     )
+    # the job's scale, as its operator would tell the bus (GOODPUT_STORE_SCALE)
+    scale = StoreScale(
+        nodes=nodes,
+        ranks_per_node=args.procs_per_node,
+        step_s=args.step_s,
+        checkpoint_s=args.step_s * args.ckpt_every,
+        host_report_s=args.host_report_s,
+    )
+    limits = store_limits(scale)
+    monitor_port = free_port()
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-cp-") as tmp:
+        state_dir = Path(tmp)
+        with EmbeddedNats(
+            state_dir, store_bytes=limits.server_bytes, monitor_port=monitor_port
+        ) as server:
+            asyncio.run(_provision(server.url, scale))
+            services = start_services(server.url, state_dir, scale_to_env(scale))
+            try:
+                time.sleep(2.0)  # subscribed and leading
+                assert server.process is not None
+                fleet = Fleet(server.url, shape, args.publishers)
+                return asyncio.run(
+                    _measure(
+                        server.url,
+                        monitor_port,
+                        server.process.pid,
+                        fleet,
+                        args.rounds,
+                        services,
+                        limits,
+                    )
+                )
+            finally:
+                for service in services:
+                    service.stop()
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
-    sizes = [int(n) for n in str(args.nodes).split(",")]
-    sweep = []
-    for nodes in sizes:
-        with tempfile.TemporaryDirectory(prefix="goodput-bench-cp-") as tmp:
-            state_dir = Path(tmp)
-            with EmbeddedNats(state_dir) as server:
-                asyncio.run(_provision(server.url))
-                sensor = _start_sensor(server.url, state_dir)
-                try:
-                    time.sleep(2.0)
-                    sweep.append(
-                        asyncio.run(_measure(server.url, sensor.pid, nodes, args.rounds, console))
-                    )
-                finally:
-                    sensor.terminate()
-                    sensor.wait(30)
-    kept = [r["nodes"] for r in sweep if r["kept_up"]]
+    sweep = [_one_size(nodes, args) for nodes in args.nodes]
+    kept = [r["ranks"] for r in sweep if r["kept_up"]]
     result = {
         **sweep[-1],
         "sweep": sweep,
-        "max_nodes_kept_up": max(kept) if kept else 0,
+        "max_ranks_kept_up": max(kept) if kept else 0,
         "heartbeat_timeout_s": TIMEOUT_S,
         "heartbeat_polling_period_s": POLL_S,
+        "heartbeat_s": args.heartbeat_s,
+        "step_s": args.step_s,
+        "ckpt_every": args.ckpt_every,
+        "host_report_s": args.host_report_s,
+        "publisher_processes": args.publishers * len(ROLES),
+        "cpus": psutil.cpu_count(),
+        "load_average": [round(x, 2) for x in psutil.getloadavg()],
     }
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0
-    table = Table(title="one sensor, nodes heartbeating at 1 Hz")
-    for column in ("nodes", "p50 detect s", "p99 detect s", "sensor CPU %", "kept up"):
-        table.add_column(column, justify="right")
-    for r in sweep:
-        table.add_row(
-            str(r["nodes"]),
-            str(r["p50_detect_s"]),
-            str(r["p99_detect_s"]),
-            str(r["sensor_cpu_pct"]),
-            "yes" if r["kept_up"] else "no",
-        )
-    Console().print(table)
+    else:
+        show(result)
     return 0
 
 
-async def _provision(url: str) -> None:
+async def _provision(url: str, scale: StoreScale) -> None:
     bus = await Bus.connect(BusSettings(url=url), name="goodput-bench")
-    await bus.provision()
+    await bus.provision(scale=scale)
     await bus.close()
+
+
+def _node_counts(text: str) -> list[int]:
+    return [positive_int(part) for part in text.split(",")]
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "control-plane",
-        help="detection latency and sensor CPU with thousands of simulated nodes",
+        help="sensor and controller CPU, bus traffic, store growth and detection at fleet size",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--nodes",
-        default="1024,4096,10000",
-        help="simulated node count(s), comma-separated (default 1024,4096,10000)",
+        type=_node_counts,
+        default=[512, 2048],
+        help="simulated node count(s), comma-separated (default 512,2048)",
     )
-    parser.add_argument("--rounds", type=int, default=8, help="silent nodes per size (default 8)")
+    parser.add_argument(
+        "--procs-per-node", type=positive_int, default=8, help="ranks per node (default 8)"
+    )
+    parser.add_argument(
+        "--heartbeat-s",
+        type=_positive_float,
+        default=SHIM_DEFAULTS["heartbeat_period_s"],
+        help="each rank's heartbeat period, the link's (default %(default)g)",
+    )
+    parser.add_argument(
+        "--step-s",
+        type=_positive_float,
+        default=DEFAULT_STEP_S,
+        help="seconds per training step: a StepDone per rank per step (default %(default)g, "
+        "a 70B model's step on thousands of GPUs)",
+    )
+    parser.add_argument(
+        "--ckpt-every",
+        type=positive_int,
+        default=SHIM_DEFAULTS["ckpt_every"],
+        help="steps between checkpoints: each rank's CheckpointSaved, and a step later its "
+        "CheckpointPersisted (default %(default)d, the shim's)",
+    )
+    parser.add_argument(
+        "--host-report-s",
+        type=_positive_float,
+        default=StoreScale().host_report_s,
+        help="seconds between a node's host reports, the host monitor's (default %(default)g)",
+    )
+    parser.add_argument(
+        "--publishers",
+        type=positive_int,
+        default=4,
+        help="shares of the nodes, each published by two processes: its ranks' heartbeats, "
+        "and its events (default 4: 8 processes)",
+    )
+    parser.add_argument("--rounds", type=positive_int, default=6, help="silent nodes per size")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)

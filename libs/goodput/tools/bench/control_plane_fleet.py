@@ -150,10 +150,11 @@ class _Publisher:
     def _events(self, rank: int, step: int) -> list[schemas.Event]:
         """What rank ``rank`` reports as step ``step`` ends (the link's order)."""
         node, shape = self.beats[rank].node, self.shape
-        common = {"job": JOB, "node": node, "rank": rank}
         events: list[schemas.Event] = [
             schemas.StepDone(
-                **common,
+                job=JOB,
+                node=node,
+                rank=rank,
                 step=step,
                 step_time_s=shape.step_s,
                 tokens=4096 * 8,
@@ -163,11 +164,17 @@ class _Publisher:
             )
         ]
         if step % shape.ckpt_every == 0:
-            events.append(schemas.CheckpointSaved(**common, step=step, stall_s=0.2, bytes=4 << 30))
+            events.append(
+                schemas.CheckpointSaved(
+                    job=JOB, node=node, rank=rank, step=step, stall_s=0.2, bytes=4 << 30
+                )
+            )
         if step > 1 and (step - 1) % shape.ckpt_every == 0:
             events.append(
                 schemas.CheckpointPersisted(
-                    **common,
+                    job=JOB,
+                    node=node,
+                    rank=rank,
                     step=step - 1,
                     path=f"/ckpt/{JOB}/step-{step - 1:010d}/rank-{rank:05d}",
                     bytes=4 << 30,

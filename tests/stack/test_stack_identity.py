@@ -27,7 +27,7 @@ from goodput.owned_process import (
 )
 from goodput.tools.stack.keeper import KEEPER_MODULE, keeper_command, kept_service
 from goodput.tools.stack.record import ServiceProcess, StackRecord, read_stack, write_stack
-from tests.conftest import goodput_cli
+from tests.conftest import goodput_cli, refused_in_one_line
 from tests.stack.conftest import stack_status
 
 JOB = "job-a"
@@ -169,9 +169,7 @@ def test_a_corrupt_record_is_one_line_and_down_still_stops_everything(stack: Pat
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
     up = goodput_cli("up", "--state-dir", str(stack), "--job", JOB, check=False)
-    assert up.returncode != 0 and "Traceback" not in up.stderr, up.stderr
-    assert len(up.stderr.strip().splitlines()) == 1, up.stderr
-    assert "stack.json is unreadable" in up.stderr and "goodput down" in up.stderr
+    refused_in_one_line(up, "stack.json is unreadable", "goodput down")
 
     down = goodput_cli("down", "--state-dir", str(stack))
     assert "Traceback" not in down.stderr, down.stderr

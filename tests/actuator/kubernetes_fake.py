@@ -217,6 +217,9 @@ class FakePodWatch:
 
 
 class Recorder:
+    """What a backend emits, in order (the ``emit`` of its ``BusPorts``), and a bounded wait
+    for one."""
+
     def __init__(self) -> None:
         self.events: list[schemas.Event] = []
 

@@ -27,6 +27,7 @@ from goodput.launch.standby_channel import (
     await_assignment_on_bus,
 )
 from goodput_services.actuator.kubernetes_standbys import standby_env
+from tests.processes import kill_async
 
 from .kubernetes_fake import (
     JOB,
@@ -232,6 +233,4 @@ async def test_a_standby_process_with_the_pods_environment_takes_its_rank_over_t
         assert process.returncode == 0
     finally:
         READY_FILE.unlink(missing_ok=True)
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await kill_async(process)

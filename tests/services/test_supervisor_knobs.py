@@ -26,6 +26,7 @@ from goodput_services.hostmon.options import HostMonitorOptions
 from goodput_services.sensor.options import SensorOptions
 from goodput_services.sensor.service import SensorService
 from tests.conftest import refused_in_one_line
+from tests.processes import stop
 from tests.services.test_options import start_service
 
 README = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "README.md"
@@ -231,8 +232,7 @@ async def test_a_sensor_started_with_the_seeds_knobs_is_healthy_with_them(
         assert record is not None and record.healthy, record
     finally:
         await bus.close()
-        sensor.terminate()
-        sensor.wait(timeout=60)
+        stop(sensor, timeout_s=60)
 
 
 def readme_rows() -> dict[str, list[str]]:

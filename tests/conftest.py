@@ -98,3 +98,20 @@ def goodput_cli(
             f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
         )
     return result
+
+
+def refused_in_one_line(
+    result: subprocess.CompletedProcess, *words: str, code: int | None = None
+) -> str:
+    """Assert a command was refused as users are promised: a failing exit status (``code``
+    where named), one line on stderr holding every one of ``words``, no traceback; the line."""
+    if code is None:
+        assert result.returncode != 0, result.stdout + result.stderr
+    else:
+        assert result.returncode == code, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]

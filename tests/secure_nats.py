@@ -29,6 +29,7 @@ from goodput.bus import BusSettings
 from goodput.bus.embedded import free_port, nats_server_binary
 from goodput.bus.settings import settings_to_env
 from tests.nats_auth import Operator, new_key
+from tests.processes import stop
 
 AUTH_KINDS = ("creds", "nkey")
 #: a loaded two-core machine starts nats-server in well under this
@@ -174,5 +175,4 @@ def secure_nats(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Secu
             log=log,
         )
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        stop(server, timeout_s=10)

@@ -25,6 +25,7 @@ from goodput.bus.settings import ENV_VARS
 from goodput.config import ServiceConfig
 from goodput_services.actuator.service import ActuatorService
 from tests.conftest import goodput_cli
+from tests.processes import stop
 from tests.secure_nats import make_certificates
 from tests.stack.helpers import EventTap
 from tests.telemetry.helpers import running
@@ -71,8 +72,7 @@ def secure_bus(tmp_path: Path) -> Iterator[BusSettings]:
             url=f"tls://127.0.0.1:{port}", user=USER, password=PASSWORD, tls_ca_file=str(ca)
         )
     finally:
-        server.terminate()
-        server.wait()
+        stop(server)
         log.close()
 
 

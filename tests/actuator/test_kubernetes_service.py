@@ -1,6 +1,6 @@
 """The warm ladder on Kubernetes through the REAL actuator service and a REAL nats-server: the
 service's Rejoin round and its standby assignment over the bus, against the Kubernetes API
-FAKE of test_kubernetes_backend (no cluster runs here).
+FAKE of kubernetes_fake (no cluster runs here).
 
 The trainers are stand-ins on the bus (``Survivors``: they answer a Rejoin as the shim does,
 ``RankRejoined``), and one standby pod's process is the real standby side of
@@ -27,7 +27,7 @@ from goodput_services.controller.service import ControllerService
 from tests.stack.helpers import EventTap
 from tests.telemetry.helpers import running
 
-from .test_kubernetes_backend import (
+from .kubernetes_fake import (
     JOB,
     OPTIONS,
     POOL,

@@ -1,4 +1,4 @@
-"""Standby pods of the Kubernetes backend, against the API FAKE of test_kubernetes_backend, and
+"""Standby pods of the Kubernetes backend, against the API FAKE of kubernetes_fake, and
 their bus channel (goodput.launch.standby_channel, pod flavour) against a real nats-server.
 
 The standbys' assignments go through ``FakeAssignments``, a FAKE of the actuator service's
@@ -27,16 +27,15 @@ from goodput.launch.standby_channel import (
     await_assignment_on_bus,
 )
 from goodput_services.actuator.kubernetes_standbys import standby_env
+from tests.processes import kill_async
 
-from .test_kubernetes_backend import (  # noqa: F401
+from .kubernetes_fake import (
     JOB,
     RUN,
     FakeKubernetesApi,
-    Recorder,
     _env,
     _pinned_node,
     _start,
-    rig,
 )
 
 
@@ -82,7 +81,7 @@ def _with_standbys(count: int) -> schemas.StartJob:
     return msgspec.structs.replace(_start(nodes=2, spares=1, procs=2), standbys=count)
 
 
-async def test_standby_pods_live_on_the_spare_with_its_gpus_and_are_reported_ready(rig) -> None:  # noqa: F811
+async def test_standby_pods_live_on_the_spare_with_its_gpus_and_are_reported_ready(rig) -> None:
     backend, api, recorder = rig
     await backend.start_job(_with_standbys(2))
     pods = _standby_pods(api)
@@ -106,7 +105,7 @@ async def test_standby_pods_live_on_the_spare_with_its_gpus_and_are_reported_rea
     assert _standby_pods(api) == []
 
 
-async def test_a_hot_swap_hands_the_spares_standbys_the_failed_nodes_ranks(rig) -> None:  # noqa: F811
+async def test_a_hot_swap_hands_the_spares_standbys_the_failed_nodes_ranks(rig) -> None:
     backend, api, recorder = rig
     told = FakeAssignments()
     backend.ports = replace(backend.ports, assign_standby=told)
@@ -146,7 +145,7 @@ async def test_a_hot_swap_hands_the_spares_standbys_the_failed_nodes_ranks(rig) 
 
 
 async def test_a_standby_that_does_not_take_its_rank_is_deleted_and_the_rank_starts_cold(
-    rig,  # noqa: F811
+    rig,
 ) -> None:
     backend, api, recorder = rig
     await backend.start_job(_with_standbys(2))
@@ -164,7 +163,7 @@ async def test_a_standby_that_does_not_take_its_rank_is_deleted_and_the_rank_sta
     assert recorder.of(schemas.JobStatus)[-1].state == "running"
 
 
-async def test_a_standby_pod_that_ends_before_ready_stops_standbys_on_its_node(rig) -> None:  # noqa: F811
+async def test_a_standby_pod_that_ends_before_ready_stops_standbys_on_its_node(rig) -> None:
     backend, api, recorder = rig
     await backend.start_job(_with_standbys(1))
     (pod,) = _standby_pods(api)
@@ -234,6 +233,4 @@ async def test_a_standby_process_with_the_pods_environment_takes_its_rank_over_t
         assert process.returncode == 0
     finally:
         READY_FILE.unlink(missing_ok=True)
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await kill_async(process)

@@ -34,6 +34,7 @@ from goodput import schemas
 from goodput.bus import BusSettings
 from goodput_services.actuator.kubernetes_backend import KubernetesBackend, KubernetesOptions
 from goodput_services.actuator.ports import BusPorts
+from tests.actuator.kubernetes_fake import Recorder
 
 JOB = "wire"
 NAMESPACE = "goodput"
@@ -209,22 +210,6 @@ def _node(name: str) -> dict[str, Any]:
         "spec": {},
         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
     }
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[schemas.Event] = []
-
-    async def __call__(self, event: schemas.Event) -> None:
-        self.events.append(event)
-
-    async def wait_for(self, predicate) -> schemas.Event:
-        for _ in range(1000):  # a bound on waiting, not a speed requirement
-            found = [e for e in self.events if predicate(e)]
-            if found:
-                return found[-1]
-            await asyncio.sleep(0.01)
-        raise AssertionError("expected event never came")
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import pid_alive
 from goodput.launch.rank_logs import rank_log
+from tests.processes import stop
 from tests.stack.helpers import EventTap
 
 JOB = "job-launch-fail"
@@ -113,8 +114,7 @@ async def test_a_launch_failing_mid_way_stops_the_ranks_it_started(
         assert _running(start.argv[-1]) == []
         assert actuator.poll() is None  # a failed launch is a result, not a crash
     finally:
-        actuator.terminate()
-        actuator.wait(90)
+        stop(actuator, timeout_s=90)
 
 
 async def test_a_rank_forked_without_a_watcher_thread_is_not_left_running(
@@ -142,8 +142,7 @@ async def test_a_rank_forked_without_a_watcher_thread_is_not_left_running(
         assert actuator.poll() is None
         assert child_pids_of(actuator.pid) == set()
     finally:
-        actuator.terminate()
-        actuator.wait(90)
+        stop(actuator, timeout_s=90)
 
 
 def child_pids_of(pid: int) -> set[int]:
@@ -172,5 +171,4 @@ async def test_a_start_job_past_the_bounds_from_the_bus_is_refused_before_a_fork
         assert not result.ok and "this machine cannot run the job" in result.detail
         assert events.of(schemas.RankStarted) == [] and events.of(schemas.RunStarted) == []
     finally:
-        actuator.terminate()
-        actuator.wait(90)
+        stop(actuator, timeout_s=90)

@@ -17,6 +17,7 @@ from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import pid_alive
 from goodput.launch.rank_env import EXIT_CODES, rank_fault
+from tests import processes
 from tests.stack.helpers import EventTap
 
 JOB = "job-act"
@@ -58,9 +59,8 @@ class Actuator:
         )
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(90)
+        if self.process is not None:
+            processes.stop(self.process, timeout_s=90)
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import msgspec
 
 from goodput.launch.rank_env import NCCL_ERROR_HANDLING
 
-from .test_kubernetes_backend import _env, _start, rig  # noqa: F401
+from .kubernetes_fake import _env, _start
 
 
-async def test_rank_pods_get_nccl_error_handling_unless_the_job_sets_it(rig) -> None:  # noqa: F811
+async def test_rank_pods_get_nccl_error_handling_unless_the_job_sets_it(rig) -> None:
     backend, api, _ = rig
     await backend.start_job(_start())
     for pod in api.created:
@@ -26,7 +26,7 @@ async def test_rank_pods_get_nccl_error_handling_unless_the_job_sets_it(rig) -> 
     assert {_env(p)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] for p in second_run} == {"1"}
 
 
-async def test_a_rank_pod_binds_the_first_gpu_it_holds(rig) -> None:  # noqa: F811
+async def test_a_rank_pod_binds_the_first_gpu_it_holds(rig) -> None:
     """A pod holds its own GPUs (``gpus_per_rank``): local rank 1's pod sees one GPU, device
     0, which the shim binds (``local_rank`` would name a GPU the pod does not have); a CPU pod
     is told no device."""

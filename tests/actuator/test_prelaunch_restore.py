@@ -19,6 +19,7 @@ from goodput.bus import Bus, BusSettings, CommandRunner, EmbeddedNats
 from goodput.checkpoint.index.index import CheckpointIndex
 from goodput.checkpoint.index.records import NodeAddressRecord
 from tests.actuator.test_local_backend import JOB, RANK_SCRIPT
+from tests.processes import stop
 from tests.stack.helpers import EventTap
 
 NODES = ["node-0", "node-1", "node-2"]
@@ -101,8 +102,6 @@ async def test_each_node_is_asked_for_its_part_of_the_new_membership(
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(task, 10)
-        if actuator.poll() is None:
-            actuator.terminate()
-            actuator.wait(90)
+        stop(actuator, timeout_s=90)
         await tap.stop()
         await bus.close()

@@ -7,13 +7,13 @@ from __future__ import annotations
 from goodput import schemas
 from goodput.launch.rank_env import VARIABLES
 
-from .test_kubernetes_backend import _env, _start, rig  # noqa: F401
+from .kubernetes_fake import _env, _start
 
 BOUND = VARIABLES["restore_before_step"]
 SKIP = VARIABLES["skip_steps"]
 
 
-async def test_only_the_rollback_attempt_restores_before_the_fault(rig) -> None:  # noqa: F811
+async def test_only_the_rollback_attempt_restores_before_the_fault(rig) -> None:
     backend, api, _ = rig
     await backend.start_job(_start())
     assert all(BOUND not in _env(pod) for pod in api.created)
@@ -28,7 +28,7 @@ async def test_only_the_rollback_attempt_restores_before_the_fault(rig) -> None:
     assert later and all(BOUND not in _env(pod) for pod in later)
 
 
-async def test_skipped_batches_stay_skipped_in_every_later_attempt(rig) -> None:  # noqa: F811
+async def test_skipped_batches_stay_skipped_in_every_later_attempt(rig) -> None:
     """Unlike the bound: a relaunch from a checkpoint before the window would otherwise train
     on the poisoned batch again."""
     backend, api, _ = rig

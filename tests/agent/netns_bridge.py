@@ -15,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
-from tests.replicator.netns import Host
+from tests.replicator.netns import Host, add_netns, ip, must_ip
 
 #: the hosts' subnet (tests/replicator/netns.py's pair uses 10.250.37.0/24)
 SUBNET_PREFIX = "10.250.41."
@@ -42,22 +41,12 @@ class Network:
 
     def cut(self, name: str, down: bool = True) -> None:
         """Cut host ``name`` off the network (its link down), or connect it again."""
-        _must("-n", self.hub, "link", "set", self.ports[name], "down" if down else "up")
+        must_ip("-n", self.hub, "link", "set", self.ports[name], "down" if down else "up")
 
     def pids(self, name: str) -> list[int]:
         """Every process in host ``name``'s namespace (what runs on that machine)."""
-        done = _ip("netns", "pids", self.hosts[name].netns)
+        done = ip("netns", "pids", self.hosts[name].netns)
         return [int(p) for p in done.stdout.split()]
-
-
-def _ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-
-def _must(*args: str) -> None:
-    done = _ip(*args)
-    if done.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
 
 @contextlib.contextmanager
@@ -77,37 +66,35 @@ def bridged_hosts(names: list[str]) -> Iterator[Network]:
     created: list[str] = []
     try:
         for netns in (hub, *(h.netns for h in hosts.values())):
-            made = _ip("netns", "add", netns)
-            if made.returncode != 0:
-                pytest.skip(f"network namespaces unavailable: {made.stderr.strip()}")
+            add_netns(netns)
             created.append(netns)
-        bridge = _ip("-n", hub, "link", "add", "br0", "type", "bridge")
+        bridge = ip("-n", hub, "link", "add", "br0", "type", "bridge")
         if bridge.returncode != 0:
             pytest.skip(f"bridges unavailable: {bridge.stderr.strip()}")
-        _must("-n", hub, "link", "set", "br0", "up")
+        must_ip("-n", hub, "link", "set", "br0", "up")
         for name, host in hosts.items():
             end = interfaces[name]
-            veth = _ip(
+            veth = ip(
                 *("link", "add", end, "netns", host.netns, "type", "veth"),
                 *("peer", "name", ports[name], "netns", hub),
             )
             if veth.returncode != 0:
                 pytest.skip(f"veth pairs unavailable: {veth.stderr.strip()}")
-            _must("-n", hub, "link", "set", ports[name], "master", "br0", "up")
-            _must("-n", host.netns, "link", "set", "lo", "up")
-            _must("-n", host.netns, "addr", "add", f"{host.address}/{PREFIX_LENGTH}", "dev", end)
-            _must("-n", host.netns, "link", "set", end, "up")
-        _must("link", "add", root_end, "type", "veth", "peer", "name", root_port, "netns", hub)
-        _must("-n", hub, "link", "set", root_port, "master", "br0", "up")
-        _must("addr", "add", f"{ROOT_ADDRESS}/{PREFIX_LENGTH}", "dev", root_end)
-        _must("link", "set", root_end, "up")
+            must_ip("-n", hub, "link", "set", ports[name], "master", "br0", "up")
+            must_ip("-n", host.netns, "link", "set", "lo", "up")
+            must_ip("-n", host.netns, "addr", "add", f"{host.address}/{PREFIX_LENGTH}", "dev", end)
+            must_ip("-n", host.netns, "link", "set", end, "up")
+        must_ip("link", "add", root_end, "type", "veth", "peer", "name", root_port, "netns", hub)
+        must_ip("-n", hub, "link", "set", root_port, "master", "br0", "up")
+        must_ip("addr", "add", f"{ROOT_ADDRESS}/{PREFIX_LENGTH}", "dev", root_end)
+        must_ip("link", "set", root_end, "up")
         yield Network(hosts=hosts, interfaces=interfaces, ports=ports, hub=hub)
     finally:
         for host in hosts.values():
             host.stop_all()
-            for pid in (int(p) for p in _ip("netns", "pids", host.netns).stdout.split()):
+            for pid in (int(p) for p in ip("netns", "pids", host.netns).stdout.split()):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)  # a rank or daemon its agent left: nothing outlives the test
-        _ip("link", "del", root_end)  # its hub end goes with it
+        ip("link", "del", root_end)  # its hub end goes with it
         for name in created:  # the host pairs go with their namespaces
-            _ip("netns", "del", name)
+            ip("netns", "del", name)

@@ -40,6 +40,7 @@ from goodput.launch.collective_sockets import VARIABLES
 from goodput.supervisor.agent import registry
 from goodput_services.actuator.agent_backend import STRAY_REASON
 from tests.agent.netns_bridge import ROOT_ADDRESS, Network, bridged_hosts
+from tests.processes import stop
 from tests.stack.helpers import EventTap
 
 pytestmark = pytest.mark.slow
@@ -197,19 +198,8 @@ async def _three_hosts(tmp_path: Path) -> AsyncIterator[tuple[Network, Bus, Even
         finally:
             if bus is not None:
                 await bus.close()
-            for host in network.hosts.values():
-                for process in host.processes:
-                    with contextlib.suppress(ProcessLookupError):
-                        process.send_signal(signal.SIGTERM)
-            for process in services:
-                process.terminate()
-            for process in [*services, *(p for h in network.hosts.values() for p in h.processes)]:
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-            server.terminate()
-            server.wait(timeout=10)
+            stop(*services, *(p for h in network.hosts.values() for p in h.processes), timeout_s=30)
+            stop(server, timeout_s=10)
 
 
 async def test_a_lost_host_is_swapped_for_the_spare_which_restores_from_a_peer(

@@ -21,6 +21,7 @@ from goodput.bus import Bus, BusSettings
 from goodput.supervisor.agent import registry
 from goodput.tools.stack.launcher import read_stack
 from tests.conftest import goodput_cli
+from tests.processes import stop
 from tests.stack.helpers import EventTap
 
 pytestmark = pytest.mark.slow
@@ -142,13 +143,7 @@ async def _stack_with_agents(tmp_path: Path, nodes: tuple[str, ...]):
     finally:
         if bus is not None:
             await bus.close()
-        for process in agents.values():
-            process.send_signal(signal.SIGTERM)
-        for process in agents.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop(*agents.values(), timeout_s=30)
         goodput_cli("down", "--state-dir", str(state), check=False)
 
 

@@ -29,6 +29,7 @@ from goodput.launch.rank_env import RankEnv
 from goodput.supervisor.agent.node import NodeAgent
 from tests.actuator.test_standbys import STANDBY_SCRIPT
 from tests.agent.test_node_agent import JOB, _holder, _running, _until
+from tests.processes import stop
 from tests.stack.helpers import EventTap
 
 ARGV = ["python", "-c", STANDBY_SCRIPT]
@@ -167,8 +168,7 @@ async def _actuator(nats_server: EmbeddedNats, state_dir: Path) -> AsyncIterator
     try:
         yield
     finally:
-        process.terminate()
-        process.wait(90)
+        stop(process, timeout_s=90)
 
 
 @contextlib.asynccontextmanager

@@ -35,6 +35,7 @@ from goodput.supervisor.agent.daemons import (
     daemon_env,
     stop_leftovers,
 )
+from tests.processes import kill
 
 JOB = "daemonjob"
 
@@ -175,6 +176,4 @@ def test_an_earlier_agents_daemon_is_stopped_and_a_recycled_pid_is_not(tmp_path:
         record.write_text('[{"pid": 1')
         assert stop_leftovers(tmp_path) == []
     finally:
-        for process in (left, other):
-            process.kill()
-            process.wait()
+        kill(left, other)

@@ -35,12 +35,42 @@ async def _until(condition, what: str) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
-def _runner(bus: Bus, executed: list[str]) -> CommandRunner:
+def _runner(bus: Bus, executed: list[str], target: str = "sensor") -> CommandRunner:
+    """A runner of ``target``'s commands that records each command id it executes."""
+
     async def execute(command: schemas.Command) -> tuple[bool, str]:
         executed.append(command.command_id)
         return True, ""
 
-    return CommandRunner(bus, job=JOB, target="sensor", service="sensor", execute=execute)
+    return CommandRunner(bus, job=JOB, target=target, service=target, execute=execute)
+
+
+async def _consume(bus: Bus, published: list[tuple[str, bytes]], good: schemas.Event):
+    """Publish ``published`` then ``good`` into GP_EVENTS; what the handler was given once
+    ``good`` was, and the consumer."""
+    handled: list[schemas.Event] = []
+
+    async def handler(event: schemas.Event, msg: object) -> None:
+        handled.append(event)
+
+    consumer = DurableConsumer(
+        bus,
+        stream=subjects.EVENTS_STREAM,
+        durable="probe",
+        subject=subjects.events_of(JOB),
+        decode=schemas.decode_event,
+        handler=handler,
+        service="test",
+        job=JOB,
+    )
+    task = asyncio.create_task(consumer.run())
+    for subject, payload in published:
+        await bus.js.publish(subject, payload)
+    await bus.emit(good)
+    await _until(lambda: handled, "the good event handled")
+    consumer.stop()
+    await task
+    return handled, consumer
 
 
 async def test_the_dead_letter_of_a_max_size_message_fits_in_max_payload(bus: Bus) -> None:
@@ -113,27 +143,8 @@ async def test_deeply_nested_input_is_dead_lettered_not_fatal(bus: Bus) -> None:
     nested = b"\x82" + msgspec.msgpack.encode("job") + b"\x91" * 20_000 + b"\xc0"
     with pytest.raises(schemas.SchemaError, match="nested too deeply"):
         schemas.decode_event(nested + msgspec.msgpack.encode("kind") + b"\xa1x")
-    handled: list[object] = []
-
-    async def handler(event: schemas.Event, msg: object) -> None:
-        handled.append(event)
-
-    consumer = DurableConsumer(
-        bus,
-        stream=subjects.EVENTS_STREAM,
-        durable="nested",
-        subject=subjects.events_of(JOB),
-        decode=schemas.decode_event,
-        handler=handler,
-        service="test",
-        job=JOB,
-    )
-    task = asyncio.create_task(consumer.run())
-    await bus.js.publish(subjects.event(JOB, "step_done"), nested)
-    await bus.emit(schemas.Signal(job=JOB, signal="crash"))
-    await _until(lambda: handled, "the event after the nested one handled")
-    consumer.stop()
-    await task
+    published = [(subjects.event(JOB, "step_done"), nested)]
+    _, consumer = await _consume(bus, published, schemas.Signal(job=JOB, signal="crash"))
     assert consumer.dead_lettered == 1
 
 

@@ -23,6 +23,7 @@ from goodput.bus import Bus, BusSettings, CommandRunner, DoneLog, EmbeddedNats
 from tests.bus.executor_process import ACK_WAIT_S, TARGET, FileJob, runner
 from tests.bus.partition import PartitionRelay
 from tests.bus.samples import JOB
+from tests.processes import kill
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,8 +161,7 @@ async def test_a_restart_begun_by_an_executor_killed_unrecorded_is_not_run_again
         job.hold.touch()
         await asyncio.sleep(1.0)  # its completion record is being retried
     finally:
-        process.kill()
-        process.wait()
+        kill(process)
     await asyncio.to_thread(nats_server.start)
     assert await DoneLog(bus, JOB, TARGET).result(restart.command_id) is None
     successor = runner(bus, job)
@@ -192,8 +192,7 @@ async def test_a_command_claimed_by_an_executor_killed_before_acting_is_run_once
             claimed += [claim] if claim is not None else []
             await asyncio.sleep(0.05)
     finally:
-        process.kill()
-        process.wait()
+        kill(process)
     assert claimed[0].fence == "attempt 0" and job.attempt == 0
     job.hold.touch()
     successor = runner(bus, job)

@@ -10,6 +10,7 @@ import pytest
 
 from goodput.bus import Bus, BusSettings, EmbeddedNats, InsecureBusError
 from goodput.bus.embedded import free_port, nats_server_binary
+from tests.processes import stop
 
 
 @pytest.mark.parametrize(
@@ -83,8 +84,7 @@ async def test_user_password_authentication_against_a_real_server(tmp_path: Path
                 BusSettings(url=f"nats://127.0.0.1:{port}"), name="t", initial_timeout_s=2
             )
     finally:
-        server.terminate()
-        server.wait()
+        stop(server)
 
 
 def test_embedded_server_listens_on_loopback_only(tmp_path: Path) -> None:

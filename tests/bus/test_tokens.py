@@ -10,11 +10,11 @@ import msgspec
 import pytest
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, CommandRunner, DurableConsumer
+from goodput.bus import Bus
 from goodput.bus.routing import decode_event_on
 from goodput.supervisor.agent import registry
 from tests.bus.samples import JOB, sample_commands, sample_events
-from tests.bus.test_dead_letters import _letters, _until
+from tests.bus.test_dead_letters import _consume, _letters, _runner, _until
 
 BAD_TOKENS = ["*", ">", "a b", "", "a.b"]
 
@@ -22,34 +22,6 @@ BAD_TOKENS = ["*", ">", "a b", "", "a.b"]
 def _step(**fields) -> schemas.StepDone:
     values = {"job": JOB, "node": "node-0", "rank": 0, "step": 1, "step_time_s": 0.1}
     return schemas.StepDone(**{**values, "tokens": 1, "loss": 1.0, **fields})
-
-
-async def _consume(bus: Bus, published: list[tuple[str, bytes]], good: schemas.Event):
-    """Publish ``published`` then ``good`` into GP_EVENTS; what the handler was given once
-    ``good`` was, and the consumer."""
-    handled: list[schemas.Event] = []
-
-    async def handler(event: schemas.Event, msg: object) -> None:
-        handled.append(event)
-
-    consumer = DurableConsumer(
-        bus,
-        stream=subjects.EVENTS_STREAM,
-        durable="tokens",
-        subject=subjects.events_of(JOB),
-        decode=schemas.decode_event,
-        handler=handler,
-        service="test",
-        job=JOB,
-    )
-    task = asyncio.create_task(consumer.run())
-    for subject, payload in published:
-        await bus.js.publish(subject, payload)
-    await bus.emit(good)
-    await _until(lambda: handled, "the good event handled")
-    consumer.stop()
-    await task
-    return handled, consumer
 
 
 @pytest.mark.parametrize("field", ["job", "node"])
@@ -85,12 +57,7 @@ async def test_an_event_on_another_jobs_or_kinds_subject_is_dead_lettered(bus: B
 
 async def test_a_command_for_another_job_or_a_forged_node_is_not_executed(bus: Bus) -> None:
     executed: list[str] = []
-
-    async def execute(command: schemas.Command) -> tuple[bool, str]:
-        executed.append(command.command_id)
-        return True, ""
-
-    runner = CommandRunner(bus, job=JOB, target="actuator", service="actuator", execute=execute)
+    runner = _runner(bus, executed, "actuator")
     task = asyncio.create_task(runner.run())
     target = subjects.command(JOB, "actuator")
     await bus.js.publish(target, schemas.encode(schemas.Stop(job="job-b")))

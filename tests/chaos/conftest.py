@@ -11,8 +11,9 @@ import pytest
 from goodput.bus import Bus, EmbeddedNats
 from goodput.tools.chaos import ChaosContext
 from goodput.tools.stack.launcher import StackRecord, write_stack
-from tests.chaos.processes import put_job_status, start_rank, stop
+from tests.chaos.processes import put_job_status, start_rank
 from tests.conftest import goodput_cli
+from tests.processes import stop
 
 JOB = "chaos-job"
 NODES = ("node-0", "node-1")
@@ -68,4 +69,4 @@ async def victim_job(
     yield job
     for ctx in job.contexts:
         await ctx.close()
-    stop([*ranks.values(), *job.extra])
+    stop(*ranks.values(), *job.extra, timeout_s=10)

@@ -8,9 +8,7 @@ status is written to KV exactly where the actuator writes it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -43,22 +41,6 @@ def start_rank(job: str, node: str, rank: int, *, injectable: bool = False) -> s
     # a rank is found by its environment, which /proc shows reliably only once it runs
     assert process.stdout is not None and process.stdout.readline() == "ready\n"
     return process
-
-
-def stop(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGCONT)  # a stopped process cannot die of SIGTERM
-            process.terminate()
-    for process in processes:
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
 
 
 async def put_job_status(

@@ -13,7 +13,7 @@ from goodput.tools.chaos import ScenarioError, parse_scenario, plan
 from goodput.tools.chaos import spec as faults
 from goodput.tools.chaos.scenario import load_scenario
 from tests.chaos.conftest import VictimJob
-from tests.conftest import goodput_cli
+from tests.conftest import goodput_cli, refused_in_one_line
 
 GOOD = """
 duration_s = 120
@@ -246,7 +246,4 @@ def test_the_cli_refuses_a_bad_scenario_in_one_line(name: str, tmp_path: Path):
     result = goodput_cli(
         "chaos", "run", str(path), "--state-dir", str(tmp_path / "none"), timeout=110, check=False
     )
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert "bad.toml" in lines[0] and field in lines[0], lines[0]
+    refused_in_one_line(result, "bad.toml", field, code=2)

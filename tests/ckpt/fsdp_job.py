@@ -5,7 +5,9 @@ rank: ``fsdp_job.py save|restore ROOT OUT engine|shim``. ``save`` trains 3 steps
 and (rank 0) writes the full tensors it saved to ``OUT/expected.pt``; ``save-own-roots`` saves each rank into a root of its own (``save_in_own_roots``); ``restore`` builds the
 model from another seed, restores, compares every parameter and optimizer tensor (gathered
 whole) with the expected ones bit for bit, trains 2 more steps and writes
-``OUT/result-<rank>.json``.
+``OUT/result-<rank>.json``. How a model is sharded (``shard``) and the seeded step
+(``train_step``) are shared: fsdp_warm_job.py imports both and fsdp_nodes_job.py this model
+(``build``), so the FSDP2 jobs of this folder shard and step alike.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -43,15 +46,27 @@ def build(
         mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh("cpu", (world,))
-    for layer in (model[0], model[3]):
+    return shard(model, mesh, (model[0], model[3]))
+
+
+def shard(
+    model: torch.nn.Module, mesh: DeviceMesh, layers: Iterable[torch.nn.Module]
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """``model`` with each of ``layers`` sharded on ``mesh``, then the root (FSDP2 groups each
+    layer's parameters apart from the rest), and its AdamW optimizer."""
+    for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
-def train_step(model: torch.nn.Module, optim: torch.optim.Optimizer, step: int) -> float:
+def train_step(
+    model: torch.nn.Module, optim: torch.optim.Optimizer, step: int, *, features: int = 12
+) -> float:
+    """One step on a batch of 8 drawn from ``step`` alone (every rank the same batch, every
+    run the same), minimising the output's mean square; the loss."""
     generator = torch.Generator().manual_seed(1000 + step)
-    x = torch.randn(8, 12, generator=generator)
+    x = torch.randn(8, features, generator=generator)
     loss = model(x).pow(2).mean()
     loss.backward()
     optim.step()

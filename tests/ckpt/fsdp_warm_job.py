@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from fsdp_job import shard, train_step
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from goodput import schemas
@@ -48,17 +48,7 @@ def build(world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         torch.nn.Linear(2048, 4096),
     )
     mesh = init_device_mesh("cpu", (world,))
-    for layer in (model[0], model[2], model[4]):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-
-def train_step(model: torch.nn.Module, optim: torch.optim.Optimizer, step: int) -> None:
-    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1000 + step))
-    model(x).pow(2).mean().backward()
-    optim.step()
-    optim.zero_grad()
+    return shard(model, mesh, (model[0], model[2], model[4]))
 
 
 def state_of(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
@@ -132,14 +122,14 @@ def main(root: Path, out: Path) -> None:
     shim = TrainerShim(config, install_signal_handlers=False)
     assert shim.restore(state_of(model, optim)) is None
     for step in range(SAVED_STEP):
-        train_step(model, optim, step)
+        train_step(model, optim, step, features=64)
     shim.save(state_of(model, optim), SAVED_STEP)
     shim.engine.wait_until_idle()
     dist.barrier()  # every rank's part durable: rank 0 committed step 3
     expected = {key: local(value).clone() for key, value in leaves(state_of(model, optim)).items()}
     shard_bytes = sum(t.numel() * t.element_size() for t in expected.values())
     for step in range(SAVED_STEP, SAVED_STEP + 2):
-        train_step(model, optim, step)
+        train_step(model, optim, step, features=64)
     moved = bool(mismatches(expected, state_of(model, optim)))
 
     # the in-process restart: the process, its model and its host buffer stay

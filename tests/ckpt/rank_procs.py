@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.examples.launch import free_port
+from tests.processes import kill
 
 
 def run_ranks_of(
@@ -48,10 +49,7 @@ def run_ranks_of(
     try:
         codes = [process.wait(timeout=timeout_s) for process in processes]
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        kill(*processes)
     wanted = [(expect or {}).get(rank, 0) for rank in range(world)]
     tails = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in files)
     assert codes == wanted, f"exit codes {codes}, expected {wanted}\n{tails}"

@@ -25,6 +25,7 @@ from goodput.checkpoint.engine.host_restore import HostRestore, restore_from_hos
 from goodput.checkpoint.engine.node_segments import HEADER_BYTES, NodeSegments, SegmentHeader
 from goodput.checkpoint.format import read_manifest, step_dir
 from goodput.checkpoint.format.shm_segments import segment_prefix
+from tests.processes import kill
 
 from .helpers import assert_bit_exact, make_state
 
@@ -166,9 +167,7 @@ def test_a_killed_ranks_segment_serves_its_replacement_and_goes_at_the_next_save
                 assert len(segments_of(root)) == 2  # the two live ranks' own
         assert segments_of(root) == []
     finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
+        kill(child)
         for path in segments_of(root):
             path.unlink()
 

@@ -7,16 +7,13 @@ reads the node's segments, and a corrupted segment is caught and read from the v
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from goodput.checkpoint.engine.node_segments import segment_prefix
-from tests.examples.launch import free_port
+from tests.ckpt.rank_procs import run_ranks_of
 
 pytestmark = pytest.mark.slow
 
@@ -30,28 +27,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     root, out = base / "ckpt", base / "out"
     root.mkdir()
     out.mkdir()
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    logs = [out / f"rank-{rank}.log" for rank in range(WORLD)]
-    processes = []
-    for rank, log in enumerate(logs):
-        with open(log, "wb") as sink:
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, str(JOB), str(root), str(out)],
-                    env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD)),
-                    stdout=sink,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-    try:
-        codes = [process.wait(timeout=300) for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    tails = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs)
-    assert codes == [0] * WORLD, f"exit codes {codes}\n{tails}"
+    run_ranks_of(JOB, [str(root), str(out)], WORLD, out, timeout_s=300)
     # every rank's engines closed: no segment of this job is left in /dev/shm
     assert not list(Path("/dev/shm").glob(segment_prefix(root) + "*"))
     return [json.loads((out / f"result-{rank}.json").read_text()) for rank in range(WORLD)]

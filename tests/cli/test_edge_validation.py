@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from goodput.config import default_state_dir
+from tests.conftest import refused_in_one_line
 
 
 def goodput(
@@ -25,15 +26,6 @@ def goodput(
     )
 
 
-def one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-
-
 @pytest.mark.parametrize(
     ("flag", "value", "words"),
     [
@@ -47,15 +39,17 @@ def one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
 def test_run_refuses_bad_flags(tmp_path: Path, flag: str, value: str, words: tuple) -> None:
     state = tmp_path / "state"
     result = goodput("run", "--state-dir", str(state), flag, value, "--", "python", "-c", "0")
-    one_line_error(result, *words)
+    refused_in_one_line(result, *words)
     assert not state.exists()  # nothing was started
 
 
 def test_up_refuses_an_invalid_job_name(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    one_line_error(goodput("up", "--state-dir", str(state), "--job", "a b"), "invalid job name")
+    refused_in_one_line(
+        goodput("up", "--state-dir", str(state), "--job", "a b"), "invalid job name"
+    )
     # 0 nodes is the central services only (node agents run the rest): below it is refused
-    one_line_error(
+    refused_in_one_line(
         goodput("up", "--state-dir", str(state), "--nodes", "-1"), "--nodes", "at least 0"
     )
     assert not state.exists()
@@ -75,7 +69,7 @@ def test_a_missing_policy_script_is_refused_before_anything_starts(
         f'controller:policy="{missing}"',
         *(["--", "python", "-c", "0"] if command == "run" else []),
     )
-    one_line_error(result, f"policy script {missing} not found")
+    refused_in_one_line(result, f"policy script {missing} not found")
     assert not state.exists()
 
 

@@ -17,7 +17,7 @@ from goodput.config import ServiceConfig
 from goodput.tools.cli.main import main
 from goodput_services.hostmon.gpu import GpuProbe
 from goodput_services.hostmon.service import HostMonitorService
-from tests.actuator.test_kubernetes_backend import POOL, FakeKubernetesApi, _node
+from tests.actuator.kubernetes_fake import POOL, FakeKubernetesApi, _node
 from tests.cli import test_run_kubernetes as cluster
 from tests.hostmon.fake_nvml import two_gpus
 from tests.telemetry.helpers import running

@@ -23,7 +23,7 @@ from goodput_services.actuator.kubernetes_backend import KubernetesBackend
 from goodput_services.actuator.kubernetes_options import KubernetesOptions
 from goodput_services.actuator.service import ActuatorService
 from tests.actuator import test_authenticated_bus as authenticated
-from tests.actuator.test_kubernetes_backend import (
+from tests.actuator.kubernetes_fake import (
     NAMESPACE,
     POOL,
     FakeKubernetesApi,

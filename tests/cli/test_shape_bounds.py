@@ -10,7 +10,8 @@ import pytest
 
 from goodput.launch import capacity
 from goodput.launch.capacity import HostFacts
-from tests.cli.test_edge_validation import goodput, one_line_error
+from tests.cli.test_edge_validation import goodput
+from tests.conftest import refused_in_one_line
 
 #: a machine with room for 64 processes by CPU, about 32 by memory, plenty of threads, no GPU
 HOST = HostFacts(cpus=8, available_memory_bytes=16 * 2**30, thread_headroom=100_000, gpus=0)
@@ -37,7 +38,7 @@ def test_a_shape_past_the_bounds_is_refused_before_anything_starts(
         argv = (*argv, "--", "python", "-c", "0")
     result = goodput(*argv)
     assert result.returncode == 2, result.stderr
-    one_line_error(result, f"goodput {command[0]}:", *words)
+    refused_in_one_line(result, f"goodput {command[0]}:", *words)
     assert not state.exists()  # nothing was started
 
 
@@ -60,7 +61,9 @@ def test_run_refuses_two_local_nodes_of_eight_ranks_on_an_eight_gpu_machine(
         CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7",
     )
     assert result.returncode == 2, result.stderr
-    one_line_error(result, "goodput run:", "16 ranks on a host", "fewer GPUs on this machine (8)")
+    refused_in_one_line(
+        result, "goodput run:", "16 ranks on a host", "fewer GPUs on this machine (8)"
+    )
     assert not state.exists()
 
 
@@ -77,7 +80,7 @@ def test_a_job_or_node_flag_that_is_no_token_is_a_usage_error(
 ) -> None:
     result = goodput(*command, "--state-dir", str(tmp_path))
     assert result.returncode == 2
-    one_line_error(result, *words)
+    refused_in_one_line(result, *words)
 
 
 def test_a_local_job_is_bounded_by_cpus_memory_threads_and_gpus() -> None:

@@ -15,6 +15,7 @@ from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.service_health import read_records
 from goodput.supervisor.policy.scripts import cold_restart
 from tests.controller.helpers import spawn_service
+from tests.processes import stop
 from tests.stack.helpers import EventTap
 
 pytestmark = pytest.mark.slow
@@ -91,8 +92,4 @@ async def test_standby_finishes_the_remediation_and_nothing_runs_twice(
     finally:
         await tap.stop()
         await bus.close()
-        for process in processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in processes:
-            process.wait(90)
+        stop(*processes, timeout_s=90)

@@ -23,6 +23,7 @@ import pytest
 from goodput import subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.instance_id import instance_id
+from tests.processes import kill, stop
 
 pytestmark = pytest.mark.slow
 JOB = "job-lead"
@@ -105,14 +106,9 @@ async def test_two_controllers_with_one_host_and_label_have_one_leader(
         assert holder == leader.logged("leading")[-1]["instance"]
         assert holder.startswith(f"controller-{leader.process.pid}-")
 
-        leader.process.kill()
-        leader.process.wait(30)
+        kill(leader.process)
         await _until(lambda: standby.leading, "the standby to take over", timeout_s=30)
         assert await _holder(bus) == standby.logged("leading")[-1]["instance"] != holder
     finally:
         await bus.close()
-        for controller in controllers:
-            if controller.process.poll() is None:
-                controller.process.terminate()
-        for controller in controllers:
-            controller.process.wait(90)
+        stop(*(controller.process for controller in controllers), timeout_s=90)

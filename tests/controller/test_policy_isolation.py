@@ -18,6 +18,7 @@ from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.service_health import read_records
 from tests.controller.helpers import spawn_service
+from tests.processes import stop
 from tests.stack.helpers import EventTap
 
 pytestmark = pytest.mark.slow
@@ -128,5 +129,4 @@ async def test_a_policy_that_exits_or_hangs_costs_one_decision(
     finally:
         await tap.stop()
         await bus.close()
-        controller.terminate()
-        assert controller.wait(90) == 0
+        assert stop(controller, timeout_s=90) == [0]

@@ -15,6 +15,7 @@ import pytest
 
 from goodput.supervisor.control.engine import Controller, ControllerSettings
 from goodput_services.controller.policy_process import PolicyProcess
+from tests.processes import kill
 
 from .helpers import at, job, signal
 from .test_policy_scripts import BAD_SCRIPTS
@@ -205,8 +206,7 @@ def test_a_worker_does_not_outlive_its_controller(tmp_path: Path) -> None:
         time.sleep(0.5)  # the call is in the worker
         assert _alive(worker)
     finally:
-        parent.kill()
-        parent.wait(30)
+        kill(parent)
     deadline = time.monotonic() + 10
     while _alive(worker) and time.monotonic() < deadline:
         time.sleep(0.1)

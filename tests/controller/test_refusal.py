@@ -21,6 +21,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.supervisor.jobstate.model import JobState
 from tests.controller.helpers import spawn_service
+from tests.processes import stop
 from tests.stack.helpers import EventTap
 
 pytestmark = pytest.mark.slow
@@ -119,11 +120,7 @@ async def test_a_refused_hot_swap_leaves_the_node_active_for_the_next_decision(
     finally:
         await tap.stop()
         await bus.close()
-        for process in processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in processes:
-            process.wait(90)
+        stop(*processes, timeout_s=90)
 
 
 async def test_a_first_launch_no_state_can_hold_is_refused_once_not_retried(
@@ -159,5 +156,4 @@ async def test_a_first_launch_no_state_can_hold_is_refused_once_not_retried(
     finally:
         await tap.stop()
         await bus.close()
-        controller.terminate()
-        controller.wait(90)
+        stop(controller, timeout_s=90)

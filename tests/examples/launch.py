@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from tests import processes
+
 # Small enough for a quick CPU run, big enough to learn: shared by the process tests.
 TINY_MODEL_ARGS = ["--n-layer", "2", "--d-model", "64", "--log-every", "0"]
 
@@ -44,10 +46,7 @@ class RankGroup:
         return codes
 
     def kill(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        processes.kill(*self.processes)
 
     def log_tails(self, chars: int = 2000) -> str:
         return "\n".join(f"--- {log.name}\n{log.read_text()[-chars:]}" for log in self.logs)

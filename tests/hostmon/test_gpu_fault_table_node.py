@@ -15,9 +15,10 @@ from goodput import schemas
 from goodput.bus import Bus, EmbeddedNats
 from goodput.supervisor.control.engine import Controller
 from goodput.supervisor.detect.detector import Detector
-from tests.chaos.processes import HealthTap, start_hostmon, stop
+from tests.chaos.processes import HealthTap, start_hostmon
 from tests.controller.helpers import JOB, at, job
 from tests.hostmon.fake_gpu_node import add_xid, set_recovery_action
+from tests.processes import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 #: how long an application XID stays reported without recurring (the option under test)
@@ -47,7 +48,7 @@ def fake_node(nats_server: EmbeddedNats, tmp_path: Path, monkeypatch):
         )
     ]
     yield xids, recovery
-    stop(started)
+    stop(*started, timeout_s=10)
 
 
 async def test_application_xid_keeps_the_node_and_clears_xid_79_replaces_it(

@@ -12,8 +12,9 @@ import pytest
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, EmbeddedNats
-from tests.chaos.processes import HealthTap, put_job_status, start_hostmon, start_rank, stop
+from tests.chaos.processes import HealthTap, put_job_status, start_hostmon, start_rank
 from tests.hostmon.fake_gpu_node import add_xid, hold_gpu
+from tests.processes import stop
 from tests.stack.helpers import EventTap
 
 JOB = "hm-reset"
@@ -25,7 +26,7 @@ FAKE_NVIDIA_SMI = Path(__file__).with_name("fake_nvidia_smi.py")
 def processes():
     started: list[subprocess.Popen] = []
     yield started
-    stop(started)
+    stop(*started, timeout_s=10)
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ def node(bus: Bus, nats_server: EmbeddedNats, tmp_path: Path, processes, monkeyp
 async def _stopped_rank_status(bus: Bus, attempt: int = 1) -> None:
     """The actuator's status after it stopped the node's ranks: pids that no longer run."""
     rank = start_rank(JOB, "node-0", 0)
-    stop([rank])
+    stop(rank, timeout_s=10)
     await put_job_status(
         bus, JOB, {"node-0": [rank.pid]}, state="restarting", attempt=attempt, run_id="run-2"
     )
@@ -198,7 +199,7 @@ async def test_no_reset_while_nvml_sees_a_process_on_the_gpu(
     assert f"GPU reset ignored: GPU 1 is still held by pid {rank.pid}" in log.read_text()
     assert not smi_log.exists()  # nvidia-smi never ran
 
-    stop([rank])  # the driver frees the GPU with the process
+    stop(rank, timeout_s=10)  # the driver frees the GPU with the process
     result, event = await _reset(bus, tap, [1])
     assert result.ok and event.outcome == "succeeded" and event.gpus == [1]
     await tap.stop()

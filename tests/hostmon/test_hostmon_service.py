@@ -15,9 +15,9 @@ from tests.chaos.processes import (
     put_job_status,
     start_hostmon,
     start_rank,
-    stop,
 )
 from tests.conftest import tmpfs_mount
+from tests.processes import kill, stop
 from tests.stack.helpers import EventTap
 
 JOB = "hm"
@@ -27,7 +27,7 @@ JOB = "hm"
 def processes():
     started: list[subprocess.Popen] = []
     yield started
-    stop(started)
+    stop(*started, timeout_s=10)
 
 
 async def inject(bus: Bus, tap: EventTap, node: str, fault: str, detail: str = "", clear=False):
@@ -53,8 +53,7 @@ async def test_reports_disk_memory_ranks_and_no_gpu(
     assert 0 < report.disk_free_bytes <= report.disk_total_bytes
     assert 0 < report.mem_available_bytes <= report.mem_total_bytes
 
-    ranks[1].kill()
-    ranks[1].wait()
+    kill(ranks[1])
     dropped = await tap.wait_for(lambda r: r.ranks_alive == 1)
     assert dropped.ranks_expected == 2
 

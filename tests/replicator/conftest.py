@@ -26,6 +26,7 @@ from goodput.checkpoint.engine import CheckpointEngine
 from goodput.checkpoint.format import node_volume, read_manifest
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from goodput.checkpoint.tiers.fake_gcs import FakeGcsServer, ensure_bucket
+from tests import processes
 from tests.conftest import goodput_cli
 from tests.stack.helpers import EventTap
 
@@ -128,23 +129,11 @@ class Replicators:
         os.kill(self.processes[node].pid, sig)
 
     def kill(self, node: str) -> None:
-        process = self.processes.pop(node)
-        if process.poll() is None:
-            process.send_signal(signal.SIGCONT)
-            process.kill()
-        process.wait()
+        processes.kill(self.processes.pop(node))
 
     def stop(self, node: str) -> None:
         """Stop the node's replicator in order (SIGTERM), as its pod's or unit's stop does."""
-        process = self.processes.pop(node)
-        if process.poll() is None:
-            process.send_signal(signal.SIGCONT)
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        processes.stop(self.processes.pop(node), timeout_s=15)
 
     def stop_all(self) -> None:
         for node in list(self.processes):

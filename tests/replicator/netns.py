@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import stop
+
 #: the pair's subnet: inside the test's own namespaces only
 SUBNET_PREFIX = "10.250.37."
 PREFIX_LENGTH = 24
@@ -58,23 +60,26 @@ class Host:
     def stop_all(self) -> None:
         """Stop what was started here, the last started first."""
         for process in reversed(self.processes):
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop(process, timeout_s=15)
 
 
-def _ip(*args: str) -> subprocess.CompletedProcess:
+def ip(*args: str) -> subprocess.CompletedProcess:
+    """``ip *args`` (iproute2), its output captured; what it did is for the caller to judge."""
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
 
 
-def _must(*args: str) -> None:
-    done = _ip(*args)
+def must_ip(*args: str) -> None:
+    """``ip *args``, raising with iproute2's words if it fails."""
+    done = ip(*args)
     if done.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+
+def add_netns(name: str) -> None:
+    """Create network namespace ``name``; skip the test, saying why, where that is refused."""
+    made = ip("netns", "add", name)
+    if made.returncode != 0:
+        pytest.skip(f"network namespaces unavailable: {made.stderr.strip()}")
 
 
 @contextlib.contextmanager
@@ -88,24 +93,22 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
     created: list[str] = []
     try:
         for host in hosts:
-            made = _ip("netns", "add", host.netns)
-            if made.returncode != 0:
-                pytest.skip(f"network namespaces unavailable: {made.stderr.strip()}")
+            add_netns(host.netns)
             created.append(host.netns)
         ends = [f"gp{tag}a", f"gp{tag}b"]  # interface names: 15 characters at most
-        veth = _ip(
+        veth = ip(
             *("link", "add", ends[0], "netns", hosts[0].netns, "type", "veth"),
             *("peer", "name", ends[1], "netns", hosts[1].netns),
         )
         if veth.returncode != 0:
             pytest.skip(f"veth pairs unavailable: {veth.stderr.strip()}")
         for host, end in zip(hosts, ends, strict=True):
-            _must("-n", host.netns, "link", "set", "lo", "up")
-            _must("-n", host.netns, "addr", "add", f"{host.address}/{PREFIX_LENGTH}", "dev", end)
-            _must("-n", host.netns, "link", "set", end, "up")
+            must_ip("-n", host.netns, "link", "set", "lo", "up")
+            must_ip("-n", host.netns, "addr", "add", f"{host.address}/{PREFIX_LENGTH}", "dev", end)
+            must_ip("-n", host.netns, "link", "set", end, "up")
         yield hosts
     finally:
         for host in reversed(hosts):  # the bus, started first in the first host, last
             host.stop_all()
         for name in created:  # the veth ends go with their namespaces
-            _ip("netns", "del", name)
+            ip("netns", "del", name)

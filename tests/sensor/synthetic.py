@@ -1,4 +1,5 @@
-"""Synthetic, seeded event sequences for the detector: a training job as the sensor sees it."""
+"""Synthetic, seeded event sequences for the detector: a training job as the sensor sees it,
+and the single events its tests build sequences of by hand."""
 
 from __future__ import annotations
 
@@ -172,3 +173,52 @@ def straggler_due(events: list[tuple[int, schemas.Event]], rank: int, slow_from:
     window_slow = dict(steps)[slow_from + thresholds.straggler_window - 1]
     held = [ts for _, ts in steps if ts >= window_slow + thresholds.straggler_hold_s * NS]
     return held[min(3, len(held) - 1)]
+
+
+def started(rank: int, node: str, attempt: int = 0, world_size: int = 4) -> schemas.RankStarted:
+    return schemas.RankStarted(
+        job=JOB,
+        node=node,
+        rank=rank,
+        local_rank=rank % 2,
+        world_size=world_size,
+        pid=100 + rank,
+        attempt=attempt,
+    )
+
+
+def heartbeat(rank: int, node: str, step: int, busy: str = "") -> schemas.Heartbeat:
+    return schemas.Heartbeat(job=JOB, node=node, rank=rank, pid=100 + rank, step=step, busy=busy)
+
+
+def exited(rank: int, node: str, code: int | None, reason: str = "", attempt: int = 0):
+    return schemas.RankExited(
+        job=JOB,
+        node=node,
+        rank=rank,
+        pid=100 + rank,
+        exit_code=code,
+        expected_reason=reason,
+        attempt=attempt,
+    )
+
+
+def host(node: str, **fields) -> schemas.HostHealth:
+    return schemas.HostHealth(job=JOB, node=node, gpu_available=True, **{"healthy": True, **fields})
+
+
+def steady(ranks: dict[int, str], seconds: float, *, step_s: float = 1.0, start: float = 0.0):
+    """Every rank heartbeats each second and steps every ``step_s``: a healthy job."""
+    events = [(at(start), started(r, n, world_size=len(ranks))) for r, n in ranks.items()]
+    t = start
+    while t < start + seconds:
+        t += 1.0
+        step = int((t - start) / step_s)
+        events += [(at(t), heartbeat(r, n, step)) for r, n in ranks.items()]
+    return events
+
+
+#: the ranks of a 2-node, 2-ranks-per-node job, by node
+FOUR = {0: "node0", 1: "node0", 2: "node1", 3: "node1"}
+#: the ranks of a 2-node, 1-rank-per-node job
+TWO = {0: "node-0", 1: "node-1"}

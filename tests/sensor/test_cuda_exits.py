@@ -8,8 +8,7 @@ from goodput.launch.rank_env import EXIT_CODES
 from goodput.supervisor.detect.detector import Detector
 from goodput.supervisor.detect.thresholds import Thresholds
 
-from .synthetic import JOB, at, feed
-from .test_detectors import FOUR, exited, heartbeat, started, steady
+from .synthetic import FOUR, JOB, at, exited, feed, heartbeat, started, steady
 
 CONTEXT, OOM = EXIT_CODES["cuda-context"], EXIT_CODES["cuda-oom"]
 

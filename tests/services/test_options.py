@@ -16,6 +16,7 @@ from goodput_services.actuator.options import ActuatorOptions
 from goodput_services.controller.options import ControllerOptions
 from goodput_services.hostmon.options import HostMonitorOptions
 from goodput_services.sensor.options import SensorOptions
+from tests.conftest import refused_in_one_line
 
 #: nothing listens here: a service that got past its options would fail on the bus instead
 NO_BUS = "nats://127.0.0.1:1"
@@ -31,47 +32,37 @@ def start_service(name: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def refused_with_one_line(result: subprocess.CompletedProcess, *words: str) -> str:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
-
-
 def test_wrong_typed_sensor_threshold_in_a_config_file(tmp_path: Path) -> None:
     config = tmp_path / "sensor.toml"
     config.write_text('[options.thresholds]\nheartbeat_timeout_s = "five"\n')
     result = start_service("sensor", "--config", str(config))
-    refused_with_one_line(result, "invalid sensor option", "heartbeat_timeout_s")
+    refused_in_one_line(result, "invalid sensor option", "heartbeat_timeout_s")
 
 
 def test_negative_sensor_threshold(tmp_path: Path) -> None:
     result = start_service("sensor", "--set", "thresholds={hang_safety_factor=-1.0}")
-    refused_with_one_line(result, "hang_safety_factor", "positive")
+    refused_in_one_line(result, "hang_safety_factor", "positive")
 
 
 def test_a_typo_in_a_controller_option() -> None:
     result = start_service("controller", "--set", "lease_tll_s=3")
-    refused_with_one_line(result, "invalid controller option", "lease_tll_s")
+    refused_in_one_line(result, "invalid controller option", "lease_tll_s")
 
 
 def test_a_missing_policy_script_stops_the_controller(tmp_path: Path) -> None:
     missing = tmp_path / "no_such_policy.py"
     result = start_service("controller", "--set", f'policy="{missing}"')
-    refused_with_one_line(result, str(missing))
+    refused_in_one_line(result, str(missing))
 
 
 def test_an_unknown_actuator_backend() -> None:
     result = start_service("actuator", "--set", 'backend="k8s"')
-    refused_with_one_line(result, "invalid actuator option", "backend")
+    refused_in_one_line(result, "invalid actuator option", "backend")
 
 
 def test_a_zero_host_monitor_interval() -> None:
     result = start_service("hostmon", "--node", "node-0", "--set", "probe_interval_s=0")
-    refused_with_one_line(result, "invalid hostmon option", "probe_interval_s")
+    refused_in_one_line(result, "invalid hostmon option", "probe_interval_s")
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import pytest
 from goodput.bus import BusSettings, EmbeddedNats
 from goodput.config import ServiceConfig
 from goodput_services.base import Service
+from tests.processes import kill
 
 HERE = Path(__file__).parent
 
@@ -70,7 +71,7 @@ def test_a_service_whose_stop_hangs_exits_at_its_deadline_with_the_stacks(
     try:
         _, err = process.communicate(timeout=60)
     finally:
-        process.kill()
+        kill(process)
     assert process.returncode == 1, err
     assert "did not stop within 1 s" in err
     # where it was stuck: the blocked thread's frames, or the pending tasks

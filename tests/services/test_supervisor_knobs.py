@@ -25,7 +25,9 @@ from goodput_services.controller.options import ControllerOptions
 from goodput_services.hostmon.options import HostMonitorOptions
 from goodput_services.sensor.options import SensorOptions
 from goodput_services.sensor.service import SensorService
-from tests.services.test_options import refused_with_one_line, start_service
+from tests.conftest import refused_in_one_line
+from tests.processes import stop
+from tests.services.test_options import start_service
 
 README = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "README.md"
 SERVICES = list(ServiceTables.__struct_fields__)
@@ -187,13 +189,13 @@ def test_every_problem_of_the_table_is_named_at_once(tmp_path: Path) -> None:
 def test_a_rejected_knob_stops_a_real_service_process_with_one_line(tmp_path: Path) -> None:
     path = write_config(tmp_path, "[supervisor]\nnum_dp_replicas = 4\n")
     result = start_service("controller", "--config", path)
-    refused_with_one_line(result, "num_dp_replicas", "goodput run --nodes")
+    refused_in_one_line(result, "num_dp_replicas", "goodput run --nodes")
 
 
 def test_a_value_the_option_refuses_names_goodputs_option(tmp_path: Path) -> None:
     path = write_config(tmp_path, "[supervisor]\nheartbeat_timeout_s = -30\n")
     result = start_service("sensor", "--config", path)
-    refused_with_one_line(result, "heartbeat_timeout_s", "positive")
+    refused_in_one_line(result, "heartbeat_timeout_s", "positive")
 
 
 async def test_a_sensor_started_with_the_seeds_knobs_is_healthy_with_them(
@@ -230,8 +232,7 @@ async def test_a_sensor_started_with_the_seeds_knobs_is_healthy_with_them(
         assert record is not None and record.healthy, record
     finally:
         await bus.close()
-        sensor.terminate()
-        sensor.wait(timeout=60)
+        stop(sensor, timeout_s=60)
 
 
 def readme_rows() -> dict[str, list[str]]:

@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from tests.processes import kill
+
 pytestmark = pytest.mark.timeout(400)
 
 WORLD = 4
@@ -72,9 +74,7 @@ def test_every_survivor_fails_promptly_when_one_rank_of_four_dies() -> None:
         spread = max(failed) - min(failed)
         assert spread < 30, f"the last survivor failed {spread:.1f} s after the first"
     finally:
-        for rank in ranks:
-            rank.kill()
-            rank.wait()
+        kill(*ranks)
 
 
 HOOKED_RANK = """
@@ -165,9 +165,7 @@ def test_a_rank_leaves_a_group_whose_ddp_bucket_is_still_in_flight() -> None:
         leaver.stdin.close()
         assert leaver.wait(timeout=30) == 0
     finally:
-        for rank in ranks:
-            rank.kill()
-            rank.wait()
+        kill(*ranks)
 
 
 def _line_within(process: subprocess.Popen, timeout_s: float) -> str:

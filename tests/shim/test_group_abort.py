@@ -25,6 +25,7 @@ from goodput import schemas
 from goodput.bus.embedded import free_port
 from goodput.shim.group_abort import GroupAbort
 from goodput.shim.inprocess import RejoinMailbox
+from tests.processes import kill
 from tests.shim.gloo_cut_rank import HOLD_S, start_ranks
 
 
@@ -153,9 +154,7 @@ def test_a_gloo_abort_fails_a_survivor_waiting_on_the_aborting_survivor() -> Non
         assert ready, "rank 1 never said how its abort ended"
         one = json.loads(ranks[1].stdout.readline())
     finally:
-        for process in ranks:
-            process.kill()
-            process.communicate()
+        kill(*ranks)
     assert one["abort"] == "", one
 
 

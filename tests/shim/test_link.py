@@ -8,6 +8,7 @@ import sys
 from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.shim.link import BusLink
+from tests.processes import kill_async
 
 
 async def test_the_last_heartbeat_says_the_rank_is_leaving(bus: Bus) -> None:
@@ -64,9 +65,7 @@ async def test_a_process_that_never_closes_its_link_still_exits(bus: Bus) -> Non
     try:
         assert await asyncio.wait_for(process.wait(), 60) == 3
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await kill_async(process)
 
 
 async def test_a_command_for_another_job_on_the_trainers_subject_is_dead_lettered(

@@ -19,6 +19,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.launch.rank_env import EXIT_CODES
 from goodput.shim.step_faults import OomRetry, classify
+from tests.processes import kill_async
 from tests.shim.fake_cuda import ILLEGAL_ADDRESS, FakeCudaContext
 
 REPO = Path(__file__).resolve().parents[2]
@@ -140,9 +141,8 @@ class Rank:
         self.lines += rest.decode(errors="replace").splitlines()
         return await self.process.wait()
 
-    def kill(self) -> None:
-        if self.process.returncode is None:
-            self.process.kill()
+    async def kill(self) -> None:
+        await kill_async(self.process)
 
 
 async def _rejoin(bus: Bus) -> None:
@@ -158,7 +158,7 @@ async def test_a_sticky_error_leaves_cold_at_once_with_its_reason(bus: Bus, tmp_
     try:
         code = await rank.exit_code()
     finally:
-        rank.kill()
+        await rank.kill()
     assert code == EXIT_CODES["cuda-context"], rank.lines[-20:]
     log = "\n".join(rank.lines)
     assert "leaving for a cold restart: its CUDA context cannot continue" in rank.lines[-1]
@@ -175,7 +175,7 @@ async def test_an_oom_is_retried_warm_once_then_leaves_cold(bus: Bus, tmp_path: 
         await _rejoin(bus)
         code = await rank.exit_code()
     finally:
-        rank.kill()
+        await rank.kill()
     assert code == EXIT_CODES["cuda-oom"], rank.lines[-20:]
     log = "\n".join(rank.lines)
     assert log.count("retrying once, warm") == 1 and "rejoined attempt 2" in log
@@ -190,6 +190,6 @@ async def test_an_oom_the_retry_cures_trains_on(bus: Bus, tmp_path: Path) -> Non
         await _rejoin(bus)
         code = await rank.exit_code()
     finally:
-        rank.kill()
+        await rank.kill()
     assert code == 0, rank.lines[-20:]
     assert "finished at step 6 after 1 restart(s)" in "\n".join(rank.lines)

@@ -15,6 +15,7 @@ import pytest
 from goodput.checkpoint.format.layout import node_volume
 from goodput.checkpoint.format.shm_segments import SEGMENT_DIR, segment_prefix
 from goodput.tools.stack.stop import stop_stack
+from tests.processes import kill
 
 #: holds an flock on the segment named in argv[1] (as a live rank does) until killed
 HOLDER = (
@@ -39,8 +40,7 @@ def segments(tmp_path: Path):
     )
     assert holder.stdout is not None and holder.stdout.readline() == "held\n"
     yield tmp_path / "state", dead, live
-    holder.kill()
-    holder.wait()
+    kill(holder)
     for path in (dead, live):
         path.unlink(missing_ok=True)
 

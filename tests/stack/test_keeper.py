@@ -19,6 +19,7 @@ from goodput.launch.restart_backoff import restart_delay
 from goodput.owned_process import ProcessIdentity, is_running, spawned
 from goodput.tools.stack.keeper import keeper_command, kept_service
 from goodput.tools.stack.lock import StackBusy, stack_lock
+from tests.processes import kill
 
 #: a service that crashes on its first two runs, then runs until stopped (runs counted in a file)
 CRASHES_TWICE = """
@@ -60,7 +61,7 @@ def test_a_crashed_service_is_started_again_and_a_stopped_keeper_stops_it(tmp_pa
         log = keeper.stderr.read().decode()  # type: ignore[union-attr]
         assert "svc exited (exit status 1)" in log and "restart 2 in a row" in log
     finally:
-        keeper.kill()
+        kill(keeper)
 
 
 @pytest.mark.parametrize("code", [REFUSED_EXIT_CODE, 2, 0])
@@ -76,11 +77,10 @@ def test_a_killed_keeper_takes_its_service_with_it(tmp_path: Path) -> None:
         wait_for(lambda: kept_service(identity) is not None)
         service = kept_service(identity)
         assert service is not None
-        keeper.kill()
-        keeper.wait()
+        kill(keeper)
         wait_for(lambda: not is_running(service), timeout_s=10)
     finally:
-        keeper.kill()
+        kill(keeper)
 
 
 def test_the_backoff_doubles_up_to_its_cap() -> None:
@@ -106,7 +106,6 @@ def test_a_second_holder_of_the_state_directory_waits_then_gives_up_in_one_line(
         assert "still in use by" in str(busy.value.code)
         assert f"(pid {holder.pid}): waiting up to 0 s" in capsys.readouterr().err
     finally:
-        holder.kill()
-        holder.wait()
+        kill(holder)
     with stack_lock(tmp_path, wait_s=5), stack_lock(tmp_path, wait_s=0):  # freed; reentrant
         pass

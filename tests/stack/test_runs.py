@@ -11,6 +11,7 @@ from pathlib import Path
 from goodput import schemas
 from goodput.tools.stack.runs import running_clash
 from tests.conftest import goodput_cli
+from tests.processes import stop
 
 JOB = "again"
 #: the machine may be loaded: a rank starved for seconds is not what these tests are about
@@ -188,7 +189,6 @@ def test_a_second_run_while_the_first_is_running_is_refused_in_one_line(tmp_path
             assert lines[-1].startswith(f"goodput run: job {JOB} is already running (attempt 1")
             assert "goodput down or pick --job" in lines[-1] and "Traceback" not in second.stderr
         finally:
-            first.terminate()
-            first.wait(120)
+            stop(first, timeout_s=120)
     finally:
         goodput_cli("down", "--state-dir", str(state), check=False)

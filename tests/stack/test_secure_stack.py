@@ -27,7 +27,7 @@ from goodput.launch.exit_reason import REFUSED_EXIT_CODE
 from goodput.tools.stack.keeper import kept_service
 from goodput.tools.stack.launcher import read_stack
 from tests.actuator.test_authenticated_bus import RANK_SCRIPT
-from tests.conftest import goodput_cli
+from tests.conftest import goodput_cli, refused_in_one_line
 from tests.secure_nats import SecureNats
 
 JOB = "job-secure"
@@ -91,9 +91,7 @@ def test_status_with_a_credential_the_server_does_not_know_says_so_in_one_line(
 ) -> None:
     result = goodput_cli("status", "--once", "--job", JOB, "--state-dir", str(tmp_path),
                          *secure_nats.flags(secure_nats.stranger), check=False)  # fmt: skip
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "refused" in lines[0] and "Authorization Violation" in lines[0]
+    refused_in_one_line(result, "refused", "Authorization Violation", code=1)
 
 
 def test_up_with_a_credential_the_server_does_not_know_stops_in_one_line(
@@ -102,9 +100,8 @@ def test_up_with_a_credential_the_server_does_not_know_stops_in_one_line(
     state = tmp_path / "stack"
     result = goodput_cli("up", "--state-dir", str(state), "--job", JOB, "--wait", "10",
                          *secure_nats.flags(secure_nats.stranger), check=False)  # fmt: skip
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("goodput up: the NATS server"), lines
+    line = refused_in_one_line(result, code=1)
+    assert line.startswith("goodput up: the NATS server"), line
     assert read_stack(state) is None  # refused before any service started
 
 

@@ -27,7 +27,8 @@ from goodput.owned_process import (
 )
 from goodput.tools.stack.keeper import KEEPER_MODULE, keeper_command, kept_service
 from goodput.tools.stack.record import ServiceProcess, StackRecord, read_stack, write_stack
-from tests.conftest import goodput_cli
+from tests.conftest import goodput_cli, refused_in_one_line
+from tests.processes import kill
 from tests.stack.conftest import stack_status
 
 JOB = "job-a"
@@ -66,8 +67,7 @@ def test_a_pid_held_by_another_process_is_never_signalled() -> None:
         assert terminate(real, timeout_s=5) == "running"
         assert standing(real) == "gone"  # stopped (and reaped: it was this process's child)
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        kill(sleeper)
 
 
 def test_a_stale_record_is_never_signalled_and_up_starts_the_stack_again(tmp_path: Path) -> None:
@@ -120,9 +120,7 @@ def test_a_stale_record_is_never_signalled_and_up_starts_the_stack_again(tmp_pat
         assert marked_processes(state) == [] and nats_servers_of(state) == []
     finally:
         goodput_cli("down", "--state-dir", str(state), check=False)
-        for sleeper in sleepers:
-            sleeper.kill()
-            sleeper.wait()
+        kill(*sleepers)
 
 
 def test_down_never_signals_a_process_that_took_a_recorded_pid(tmp_path: Path) -> None:
@@ -153,9 +151,7 @@ def test_down_never_signals_a_process_that_took_a_recorded_pid(tmp_path: Path) -
         assert "nats-server on nats://127.0.0.1:1" in down.stderr
         assert "stopped 0 process(es)" in down.stderr
     finally:
-        for sleeper in sleepers:
-            sleeper.kill()
-            sleeper.wait()
+        kill(*sleepers)
 
 
 def test_a_corrupt_record_is_one_line_and_down_still_stops_everything(stack: Path) -> None:
@@ -169,9 +165,7 @@ def test_a_corrupt_record_is_one_line_and_down_still_stops_everything(stack: Pat
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
     up = goodput_cli("up", "--state-dir", str(stack), "--job", JOB, check=False)
-    assert up.returncode != 0 and "Traceback" not in up.stderr, up.stderr
-    assert len(up.stderr.strip().splitlines()) == 1, up.stderr
-    assert "stack.json is unreadable" in up.stderr and "goodput down" in up.stderr
+    refused_in_one_line(up, "stack.json is unreadable", "goodput down")
 
     down = goodput_cli("down", "--state-dir", str(stack))
     assert "Traceback" not in down.stderr, down.stderr
@@ -196,8 +190,7 @@ def test_two_concurrent_ups_leave_one_stack_and_no_orphan(tmp_path: Path) -> Non
         assert record is not None
         assert {s.process for s in record.services} == set(keepers)
     finally:
-        for process in ups:
-            process.kill()
+        kill(*ups)
         goodput_cli("down", "--state-dir", str(state), check=False)
     assert nats_servers_of(state) == [] and marked_processes(state) == []
 

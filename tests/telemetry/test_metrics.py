@@ -158,19 +158,24 @@ def test_exporters_follow_the_standard_environment_variables(
     assert isinstance(metric_exporter_from_env(), metrics_to)
 
 
-def test_goodput_report_exports_the_goodput_gauge_with_the_console_exporter(
-    tmp_path: Path,
-) -> None:
+def _report_of_a_scenario(tmp_path: Path, exporter: str) -> subprocess.CompletedProcess:
+    """``goodput report --json`` of the scenario's event log, metrics to ``exporter``."""
     log = tmp_path / "events.jsonl"
     write_event_log(log, scenario_events())
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "goodput.tools.cli.main", "report", "--events", str(log), "--json"],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "OTEL_METRICS_EXPORTER": "console"},
+        env={**os.environ, "OTEL_METRICS_EXPORTER": exporter},
         check=True,
     )
+
+
+def test_goodput_report_exports_the_goodput_gauge_with_the_console_exporter(
+    tmp_path: Path,
+) -> None:
+    result = _report_of_a_scenario(tmp_path, "console")
     decoder, values, badput, offset = json.JSONDecoder(), {}, {}, 0
     while (start := result.stdout.find("{", offset)) >= 0:
         document, offset = decoder.raw_decode(result.stdout, start)
@@ -192,16 +197,7 @@ def test_goodput_report_exports_the_goodput_gauge_with_the_console_exporter(
 def test_goodput_report_under_the_prometheus_exporter_says_in_one_line_where_its_gauges_go(
     tmp_path: Path,
 ) -> None:
-    log = tmp_path / "events.jsonl"
-    write_event_log(log, scenario_events())
-    result = subprocess.run(
-        [sys.executable, "-m", "goodput.tools.cli.main", "report", "--events", str(log), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OTEL_METRICS_EXPORTER": "prometheus"},
-        check=True,
-    )
+    result = _report_of_a_scenario(tmp_path, "prometheus")
     (line,) = result.stderr.strip().splitlines()
     assert "Prometheus" in line and "OTEL_METRICS_EXPORTER=otlp" in line
     assert json.loads(result.stdout)["goodput_pct"] > 0

@@ -27,6 +27,7 @@ from goodput.prometheus_endpoint import (
     endpoint_port,
 )
 from tests.examples.launch import free_port
+from tests.processes import kill, stop
 from tests.telemetry.prometheus_rank import CKPT_EVERY, STEPS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,10 +99,7 @@ def rank(tmp_path: Path) -> Iterator[StartRank]:
         return process
 
     yield start
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    kill(*started)
 
 
 def test_a_rank_serves_its_step_rate_and_checkpoint_stall_on_base_port_plus_local_rank(
@@ -210,8 +208,7 @@ def test_the_sensor_serves_the_job_step_rate_and_its_signals_on_its_own_port(
             'service_name="goodput-sensor"' in labels for labels, _ in samples(text, "target_info")
         )
     finally:
-        process.terminate()
-        process.communicate(timeout=90)
+        stop(process, timeout_s=90)
 
 
 def test_ports_are_the_base_plus_each_process_offset(monkeypatch: pytest.MonkeyPatch) -> None:

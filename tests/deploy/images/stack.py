@@ -26,6 +26,7 @@ from goodput.bus.embedded import free_port, nats_server_binary
 from goodput.tools.stack.health import Slot, services_health
 from tests.deploy.images.podman import ROOT, SERVICE_UID, Failed, sh
 from tests.nats_auth import Operator
+from tests.processes import stop
 from tests.secure_nats import make_certificates
 
 K8S_CONFIG = ROOT / "deploy" / "k8s" / "base" / "goodput.toml"
@@ -95,8 +96,7 @@ class Bench:
                 time.sleep(0.1)
             yield
         finally:
-            server.terminate()
-            server.wait(timeout=10)
+            stop(server, timeout_s=10)
             log.close()
 
     def write_config(self) -> None:

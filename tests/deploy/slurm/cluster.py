@@ -27,6 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import kill
+from tests.replicator.netns import add_netns, ip, must_ip
+
 #: the cluster's subnet: inside the test's own namespaces only (10.250.37.0/24 is the
 #: replicator test's)
 SUBNET_PREFIX = "10.250.38."
@@ -79,16 +82,15 @@ class Cluster:
         return next(n for n in self.nodes if n.name == name)
 
     def cut_link(self, name: str) -> None:
-        _must("-n", self.controller_netns, "link", "set", self.node(name).bridge_end, "down")
+        must_ip("-n", self.controller_netns, "link", "set", self.node(name).bridge_end, "down")
 
     def mend_link(self, name: str) -> None:
-        _must("-n", self.controller_netns, "link", "set", self.node(name).bridge_end, "up")
+        must_ip("-n", self.controller_netns, "link", "set", self.node(name).bridge_end, "up")
 
     def kill_slurmd(self, name: str) -> None:
         process = self.node(name).slurmd
         assert process is not None
-        process.kill()
-        process.wait(10)
+        kill(process)
 
     def start_slurmd(self, node: Node) -> None:
         node.slurmd = self._daemon(
@@ -149,16 +151,6 @@ def until(done: Callable[[], bool], what: str, timeout_s: float, logs: Callable[
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{logs()}")
         time.sleep(1)
-
-
-def _ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-
-def _must(*args: str) -> None:
-    done = _ip(*args)
-    if done.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
 
 def _skip_unless_possible() -> None:
@@ -225,9 +217,7 @@ def cluster(root: Path, node_count: int, env: dict[str, str]) -> Iterator[Cluste
     created: list[str] = []
     try:
         for netns in [controller, *(n.netns for n in nodes)]:
-            done = _ip("netns", "add", netns)
-            if done.returncode != 0:
-                pytest.skip(f"network namespaces unavailable: {done.stderr.strip()}")
+            add_netns(netns)
             created.append(netns)
         _wire(made)
         _configure(made)
@@ -235,25 +225,25 @@ def cluster(root: Path, node_count: int, env: dict[str, str]) -> Iterator[Cluste
     finally:
         _stop(made.processes, created)
         for netns in reversed(created):  # veth ends and the bridge go with their namespaces
-            _ip("netns", "del", netns)
+            ip("netns", "del", netns)
 
 
 def _wire(made: Cluster) -> None:
     ctl = made.controller_netns
-    _must("-n", ctl, "link", "set", "lo", "up")
-    _must("-n", ctl, "link", "add", "gpbr0", "type", "bridge")
-    _must("-n", ctl, "addr", "add", f"{CONTROLLER_ADDRESS}/24", "dev", "gpbr0")
-    _must("-n", ctl, "link", "set", "gpbr0", "up")
+    must_ip("-n", ctl, "link", "set", "lo", "up")
+    must_ip("-n", ctl, "link", "add", "gpbr0", "type", "bridge")
+    must_ip("-n", ctl, "addr", "add", f"{CONTROLLER_ADDRESS}/24", "dev", "gpbr0")
+    must_ip("-n", ctl, "link", "set", "gpbr0", "up")
     for node in made.nodes:
-        _must(
+        must_ip(
             *("link", "add", node.bridge_end, "netns", ctl, "type", "veth"),
             *("peer", "name", NODE_INTERFACE, "netns", node.netns),
         )
-        _must("-n", ctl, "link", "set", node.bridge_end, "master", "gpbr0")
-        _must("-n", ctl, "link", "set", node.bridge_end, "up")
-        _must("-n", node.netns, "link", "set", "lo", "up")
-        _must("-n", node.netns, "addr", "add", f"{node.address}/24", "dev", NODE_INTERFACE)
-        _must("-n", node.netns, "link", "set", NODE_INTERFACE, "up")
+        must_ip("-n", ctl, "link", "set", node.bridge_end, "master", "gpbr0")
+        must_ip("-n", ctl, "link", "set", node.bridge_end, "up")
+        must_ip("-n", node.netns, "link", "set", "lo", "up")
+        must_ip("-n", node.netns, "addr", "add", f"{node.address}/24", "dev", NODE_INTERFACE)
+        must_ip("-n", node.netns, "link", "set", NODE_INTERFACE, "up")
 
 
 def _configure(made: Cluster) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -193,7 +194,9 @@ def main(out: Path, shape: tuple[int, ...], port2: int) -> None:
         unregrouped_error = ""
     except Exception as exc:  # any failure is what is recorded
         unregrouped_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    started = time.perf_counter()
     mesh = regroup_fsdp(model, [optim])
+    regroup_s = time.perf_counter() - started
     after_regroup = local_state(optim)
     # the module's parameters are the sharded ones the optimizer holds again
     registered_sharded = [id(p) for p in model.parameters()] == [id(p) for p in optimized(optim)]
@@ -219,6 +222,7 @@ def main(out: Path, shape: tuple[int, ...], port2: int) -> None:
     result = {
         "world": world,
         "mesh_shape": list(mesh.shape),
+        "regroup_s": regroup_s,
         "moved_before_regroup": bool(differing(expected, before)),
         "end_differs": differing(expected, local_state(optim)),
         "same_objects": objects(optim) == before_ids,

@@ -3,9 +3,10 @@
 Run by ``test_fsdp_regroup.py``, one process per rank: ``fsdp_regroup_rank.py OUT SHAPE
 PORT2`` (SHAPE ``2`` for FSDP over two ranks, ``2x2`` for HSDP over four). Two identical
 models train on the first group: the *straight* one all STEPS steps, the *restarted* one
-SAVED and a further one that fails mid-forward (its first layer left unsharded). Then the
-default group is aborted (its connections cut) and a new one formed on a new TCPStore port,
-as an in-process restart does; ``regroup_fsdp`` re-points the restarted model, which trains the
+SAVED, then a step that fails mid-forward (its first layer left unsharded) and one whose
+collective fails: rank 1 aborts the old group (its connections cut), as a dead peer would.
+Every rank aborts, and a new group forms on a new TCPStore port, as an in-process restart
+does; ``regroup_fsdp`` re-points the restarted model, which trains the
 remaining steps on the new group. The result records whether its end state is bit-identical
 to the straight one's, whether its parameters and optimizer state are the same objects with
 the same bytes across the regroup, which groups its all-gathers use, what using the old
@@ -160,9 +161,10 @@ def refusal(shape: tuple[int, ...]) -> dict[str, Any]:
 def main(out: Path, shape: tuple[int, ...], port2: int) -> None:
     _, sockets = opened_by(lambda: dist.init_process_group("gloo", timeout=timedelta(seconds=60)))
     rank, world = dist.get_rank(), dist.get_world_size()
-    straight, straight_optim = build(shape)
-    model, optim = build(shape)
-    unregrouped, unregrouped_optim = build(shape)  # the control: restarted without regroup_fsdp
+    # an HSDP mesh's subgroups have connections of their own, which the abort must cut too
+    built, mesh_sockets = opened_by(lambda: [build(shape) for _ in range(3)])
+    (straight, straight_optim), (model, optim), (unregrouped, unregrouped_optim) = built
+    # unregrouped: the control, restarted without regroup_fsdp
     train_step(unregrouped, unregrouped_optim, 0)
     for step in range(STEPS):
         train_step(straight, straight_optim, step)
@@ -174,10 +176,18 @@ def main(out: Path, shape: tuple[int, ...], port2: int) -> None:
     old_world = dist.group.WORLD
     before_ids, before = objects(optim), local_state(optim)
 
-    # the in-process restart's: the old group aborted (its connections cut) and forgotten,
-    # a new one formed on a new store (goodput.shim.inprocess)
-    dist.barrier()  # both ranks done with the old group before either cuts it
-    abort = GroupAbort(sockets=sockets)
+    # the in-process restart's: rank 1 aborts the old group (cuts its connections), which
+    # fails the others' next step in a collective, as a dead peer would; they abort too, and
+    # a new group forms on a new store (goodput.shim.inprocess)
+    dist.barrier()  # every rank done with the steps above before rank 1 cuts
+    abort = GroupAbort(sockets=sockets | mesh_sockets)
+    if rank != 1:
+        try:
+            train_step(model, optim, SAVED)
+            failed_step_error = ""
+        except RuntimeError as exc:
+            failed_step_error = str(exc).splitlines()[0]
+        optim.zero_grad(set_to_none=True)  # the job's release_group
     assert abort.wait(30) == ""
     abort.release().join(30)
     opened_by(
@@ -234,6 +244,7 @@ def main(out: Path, shape: tuple[int, ...], port2: int) -> None:
         "specs_on_new_mesh": specs_on_new_mesh,
         "op_outputs_on_new_mesh": op_outputs_on_new_mesh,
         "old_group_error": old_group_error,
+        "failed_step_error": failed_step_error if rank != 1 else "rank 1 cut the group",
         "unregrouped_error": unregrouped_error,
         "refusal": refusal(shape),
     }

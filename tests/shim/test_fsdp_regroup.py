@@ -1,5 +1,6 @@
 """``regroup_fsdp`` moves an FSDP2 model to a new process group in process: real ranks (gloo,
-CPU), FSDP over two and HSDP (2 x 2) over four, AdamW with gradient clipping; the old group is
+CPU), FSDP over two and HSDP (2 x 2) over four, AdamW with gradient clipping; a step is
+abandoned mid-forward and another in a collective a peer's abort failed, the old group is
 aborted and a new one formed on a new port, as an in-process restart does, and training goes
 on bit for bit as if nothing had happened (``fsdp_regroup_rank.py``)."""
 
@@ -80,6 +81,7 @@ def test_the_model_communicates_on_the_new_group_only(results: list[dict[str, An
     for result in results:
         assert result["new_groups_registered"] and not result["new_groups_are_old"]
         assert not result["old_groups_registered"]
+        assert result["failed_step_error"]  # abandoned in a collective its peer cut
         assert result["old_group_error"]  # the old group is gone: any use of it raises
         assert result["unregrouped_error"]  # the control: without the regroup, a step fails
         assert result["specs_on_new_mesh"] and result["op_outputs_on_new_mesh"]

@@ -65,6 +65,7 @@ _PARAM_FIELDS = (
     "sharded_param",
     "is_dtensor",
     "_init_shard_mesh",
+    "unsharded_accumulated_grad",
 )
 
 
@@ -83,7 +84,8 @@ def regroup_fsdp(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer] =
     bytes; DTensors in the state of ``optimizers`` (AdamW's moments) are re-pointed too, so
     nothing left references the old group and it can be freed. What an abandoned step left
     behind (unsharded parameters, half-reduced gradients, a forward's trackers) is dropped
-    first with FSDP's own ``reset_iter_state``. Returns the new mesh. Raises
+    first with FSDP's own ``reset_iter_state``, and the gradients it left on unsharded
+    parameters with it. Returns the new mesh. Raises
     :class:`FsdpRegroupError` with one line when it cannot; nothing is re-pointed then.
     """
     _check_torch()
@@ -101,6 +103,8 @@ def regroup_fsdp(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer] =
     new_meshes = {id(old): _new_mesh(old) for old in meshes}
     for root in _outermost(model):
         root.reset_iter_state()  # public: what an abandoned forward or backward left, dropped
+    for group in groups:
+        _drop_unreduced_grads(group)
     infos: dict[int, Any] = {}
 
     def moved(info: Any) -> Any:
@@ -230,6 +234,19 @@ def _outermost(model: nn.Module) -> list[Any]:
             other != name and (other == "" or name.startswith(other + ".")) for other in names
         )
     ]
+
+
+def _drop_unreduced_grads(group: Any) -> None:
+    """The gradients an abandoned backward left on unsharded parameters it never reduced
+    (autograd wrote them, the post-backward that takes them did not run). torch 2.13's
+    ``reset_iter_state`` keeps them, and the next backward adds to them: an HSDP step that
+    failed in its all-reduce ended the next steps off by those gradients (seen in
+    ``tests/shim/test_fsdp_regroup.py``)."""
+    for fsdp_param in group.fsdp_params:
+        unsharded = getattr(fsdp_param, "_unsharded_param", None)  # made at the first unshard
+        if unsharded is not None:
+            unsharded.grad = None
+        fsdp_param.unsharded_accumulated_grad = None
 
 
 def _new_mesh(old: DeviceMesh) -> DeviceMesh:

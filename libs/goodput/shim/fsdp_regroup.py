@@ -12,9 +12,11 @@ same shape on the new default group and re-points all of those to it, keeping ev
 ``nn.Parameter`` (and the optimizer's state tensors) as the same objects with the same bytes.
 
 torch has no public call for this (checked in torch 2.13): the mesh infos, param groups and
-``FSDPParam`` are private. Every private name this module uses is checked first
-(:func:`_check_internals`); a torch whose FSDP2 differs fails with one line naming what is
-missing, before anything was changed, never a half re-pointed model. What it does not know how
+``FSDPParam`` are private (the new mesh, its coordinate check and the reset of an abandoned
+step use public calls: ``init_device_mesh``, ``get_coordinate``, ``reset_iter_state``). Every
+private name used is checked first (:func:`_check_torch`, :func:`_check_group`); a torch whose
+FSDP2 differs fails with one line naming what is missing, before anything was changed, never
+a half re-pointed model. What it does not know how
 to re-point it refuses, also in one line: tensor parallelism or an SPMD mesh (parameters that
 were DTensors before ``fully_shard``), a mesh that is a slice of a larger one, a custom or
 process-group-allocating all-gather/reduce-scatter, a separate reduce-scatter group, and

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from goodput.launch.rank_env import EXIT_TERMINATED
     from goodput.shim.config import ShimConfig
     from goodput.shim.data_position import DataPositionError, ResumableSampler
+    from goodput.shim.fsdp_regroup import FsdpRegroupError, regroup_fsdp
     from goodput.shim.rescale import (
         BatchPlan,
         Rescale,
@@ -51,6 +52,8 @@ _EXPORTS = {
     "ShimConfig": "goodput.shim.config",
     "DataPositionError": "goodput.shim.data_position",
     "ResumableSampler": "goodput.shim.data_position",
+    "FsdpRegroupError": "goodput.shim.fsdp_regroup",
+    "regroup_fsdp": "goodput.shim.fsdp_regroup",
     "TrainerShim": "goodput.shim.trainer",
     "WarmPathTimeouts": "goodput.warm_path",
 }
@@ -60,6 +63,7 @@ __all__ = [
     "BatchPlan",
     "DataPositionError",
     "DpLayout",
+    "FsdpRegroupError",
     "JobRun",
     "Rescale",
     "RescaleCallback",
@@ -73,6 +77,7 @@ __all__ = [
     "WarmPathTimeouts",
     "adjust_schedule",
     "keep_global_batch",
+    "regroup_fsdp",
     "run_job",
     "scale_lr",
 ]

@@ -66,7 +66,9 @@ class ResumableJob(Protocol):
     ``release_group`` drops whatever holds the process group (a DDP wrapper) and any
     half-accumulated gradients; ``regroup`` rebuilds it on the new default group (and, under
     :func:`goodput.shim.run_job`, first wraps a job built before any group existed). Both keep the
-    model and optimizer objects: the state is restored into them after ``regroup``. ``plan`` is
+    model and optimizer objects: the state is restored into them after ``regroup``. An FSDP2
+    job's ``regroup`` calls :func:`goodput.shim.fsdp_regroup.regroup_fsdp` (its mesh and
+    DTensors hold the old group; it re-points them in place). ``plan`` is
     the batch plan in force; a restore hands ``load_state_dict`` the checkpoint's, as the
     rescale callbacks left it (the same typed restore as a cold start's).
 

@@ -876,6 +876,26 @@ def test_options_reject_unknown_keys_and_negative_gpus() -> None:
         KubernetesOptions.from_mapping({"image": "t:1", "tolerations": [{"keey": "gpu"}]})
 
 
+async def test_a_toleration_may_bound_how_long_a_rank_pod_stays_on_a_tainted_node() -> None:
+    # `tolerationSeconds` is an integer in a pod spec: options once typed every value a
+    # string, so no toleration could carry it (an int was refused, a string by the model)
+    unreachable = {
+        "key": "node.kubernetes.io/unreachable",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 30,
+    }
+    options = KubernetesOptions.from_mapping({"image": "t:1", "tolerations": [unreachable]})
+    pod, _ = await _started_pod(
+        CLUSTER_BUS, msgspec.structs.replace(OPTIONS, tolerations=options.tolerations)
+    )
+    assert _serialize(pod)["spec"]["tolerations"] == [unreachable]
+    with pytest.raises(SystemExit, match=r"(?s)invalid kubernetes toleration .*valid integer"):
+        KubernetesOptions.from_mapping(
+            {"image": "t:1", "tolerations": [{**unreachable, "tolerationSeconds": "30"}]}
+        )
+
+
 def test_credentials_come_from_the_kubeconfig_outside_a_cluster(tmp_path: Path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     kubeconfig = tmp_path / "kubeconfig"

@@ -94,7 +94,7 @@ def rank_pod(
                     )
                 )
             ),
-            tolerations=[client.V1Toleration(**t) for t in options.tolerations],
+            tolerations=[client.V1Toleration.model_validate(t) for t in options.tolerations],
             service_account_name=options.service_account,
             automount_service_account_token=False,
             termination_grace_period_seconds=options.stop_grace_s,

@@ -37,7 +37,7 @@ from goodput_services.actuator import kubernetes_watch
 from goodput_services.actuator.backend import Backend
 from goodput_services.actuator.kubernetes_backend import IMMEDIATE_GRACE_S, KubernetesBackend
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
-from goodput_services.actuator.kubernetes_pods import run_tag
+from goodput_services.actuator.kubernetes_pods import labels_of, name_of, run_tag
 from goodput_services.actuator.kubernetes_ranks import FORCE_GRACE_S
 from goodput_services.actuator.local_backend import LocalBackend
 from goodput_services.actuator.ports import BusPorts
@@ -894,6 +894,14 @@ async def test_a_toleration_may_bound_how_long_a_rank_pod_stays_on_a_tainted_nod
         KubernetesOptions.from_mapping(
             {"image": "t:1", "tolerations": [{**unreachable, "tolerationSeconds": "30"}]}
         )
+
+
+def test_an_object_without_a_name_is_refused_in_one_line() -> None:
+    # the client's models leave metadata optional; the API server never returns one unnamed
+    with pytest.raises(RuntimeError, match=r"^a V1Node without metadata.name$"):
+        name_of(client.V1Node(metadata=client.V1ObjectMeta(labels=POOL)))
+    assert name_of(_node("gpu-a", POOL)) == "gpu-a"
+    assert labels_of(client.V1Pod()) == {}
 
 
 def test_credentials_come_from_the_kubeconfig_outside_a_cluster(tmp_path: Path, monkeypatch):

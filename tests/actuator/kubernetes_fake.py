@@ -330,3 +330,20 @@ def _container_config(file: str, name: str, service: str) -> tuple[ServiceConfig
     args = list(container["args"])
     del args[args.index("--config") : args.index("--config") + 2]
     return load_service_config(service, args), pod["spec"]["template"]["spec"]
+
+
+async def _started_pod(
+    settings: BusSettings, options: KubernetesOptions = OPTIONS
+) -> tuple[client.V1Pod, KubernetesBackend]:
+    """Rank 0's pod of a one-node job started by a backend on ``settings``."""
+    api = FakeKubernetesApi([_node("gpu-a", POOL)])
+    backend = _backend(api, Recorder(), settings, options)
+    try:
+        await backend.start_job(_start(nodes=1, spares=0, procs=1))
+    finally:
+        await backend.shutdown()
+    return api.pod(1, 0), backend
+
+
+def _serialize(pod: client.V1Pod) -> dict:
+    return client.ApiClient().sanitize_for_serialization(pod)

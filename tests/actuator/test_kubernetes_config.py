@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
+from kubernetes import client
 
 from goodput import schemas
 from goodput.bus import BusSettings
@@ -14,16 +16,23 @@ from goodput.config import ServiceConfig
 from goodput_services.actuator.backend import Backend
 from goodput_services.actuator.kubernetes_backend import KubernetesBackend
 from goodput_services.actuator.kubernetes_options import KubernetesOptions
+from goodput_services.actuator.kubernetes_pods import labels_of, name_of
 from goodput_services.actuator.local_backend import LocalBackend
 from goodput_services.actuator.ports import BusPorts
 from goodput_services.actuator.service import ActuatorService
 from goodput_services.replicator.options import ReplicatorOptions
 from tests.actuator.kubernetes_fake import (
+    CLUSTER_BUS,
     JOB,
+    OPTIONS,
+    POOL,
     Recorder,
     _backend,
     _container_config,
     _manifest,
+    _node,
+    _serialize,
+    _started_pod,
 )
 
 
@@ -35,6 +44,34 @@ def test_options_reject_unknown_keys_and_negative_gpus() -> None:
         KubernetesOptions.from_mapping({"image": "t:1", "namespce": "x"})
     with pytest.raises(SystemExit, match="toleration"):
         KubernetesOptions.from_mapping({"image": "t:1", "tolerations": [{"keey": "gpu"}]})
+
+
+async def test_a_toleration_may_bound_how_long_a_rank_pod_stays_on_a_tainted_node() -> None:
+    # `tolerationSeconds` is an integer in a pod spec: options once typed every value a
+    # string, so no toleration could carry it (an int was refused, a string by the model)
+    unreachable = {
+        "key": "node.kubernetes.io/unreachable",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 30,
+    }
+    options = KubernetesOptions.from_mapping({"image": "t:1", "tolerations": [unreachable]})
+    pod, _ = await _started_pod(
+        CLUSTER_BUS, msgspec.structs.replace(OPTIONS, tolerations=options.tolerations)
+    )
+    assert _serialize(pod)["spec"]["tolerations"] == [unreachable]
+    with pytest.raises(SystemExit, match=r"(?s)invalid kubernetes toleration .*valid integer"):
+        KubernetesOptions.from_mapping(
+            {"image": "t:1", "tolerations": [{**unreachable, "tolerationSeconds": "30"}]}
+        )
+
+
+def test_an_object_without_a_name_is_refused_in_one_line() -> None:
+    # the client's models leave metadata optional; the API server never returns one unnamed
+    with pytest.raises(RuntimeError, match=r"^a V1Node without metadata.name$"):
+        name_of(client.V1Node(metadata=client.V1ObjectMeta(labels=POOL)))
+    assert name_of(_node("gpu-a", POOL)) == "gpu-a"
+    assert labels_of(client.V1Pod()) == {}
 
 
 def test_credentials_come_from_the_kubeconfig_outside_a_cluster(tmp_path: Path, monkeypatch):

@@ -13,33 +13,16 @@ from kubernetes import client
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_from_env
 from goodput.checkpoint.format.job_key import KEY_FILE_ENV
-from goodput_services.actuator.kubernetes_backend import KubernetesBackend
 from goodput_services.actuator.kubernetes_options import KubernetesOptions, RankBus
 from tests.actuator.kubernetes_fake import (
     DEPLOY,
     OPTIONS,
-    POOL,
-    FakeKubernetesApi,
-    Recorder,
-    _backend,
     _container_config,
     _env,
-    _node,
+    _serialize,
     _start,
+    _started_pod,
 )
-
-
-async def _started_pod(
-    settings: BusSettings, options: KubernetesOptions = OPTIONS
-) -> tuple[client.V1Pod, KubernetesBackend]:
-    """Rank 0's pod of a one-node job started by a backend on ``settings``."""
-    api = FakeKubernetesApi([_node("gpu-a", POOL)])
-    backend = _backend(api, Recorder(), settings, options)
-    try:
-        await backend.start_job(_start(nodes=1, spares=0, procs=1))
-    finally:
-        await backend.shutdown()
-    return api.pod(1, 0), backend
 
 
 def _secret_of(pod: client.V1Pod, volume_name: str) -> client.V1SecretVolumeSource:
@@ -100,10 +83,6 @@ async def test_a_password_reaches_rank_pods_only_through_a_secret_reference() ->
     )
     assert "s3cret" not in json.dumps(_serialize(pod))
     assert backend.bus_settings.password == "s3cret"  # the actuator itself still has it
-
-
-def _serialize(pod: client.V1Pod) -> dict:
-    return client.ApiClient().sanitize_for_serialization(pod)
 
 
 def test_the_deployed_actuator_hands_its_own_credential_paths_to_the_rank_pods(

@@ -241,6 +241,10 @@ class KeepStandbys(Command, tag="keep_standbys", kw_only=True):
     at_once: bool = False
 
 
+#: what ``SignalRanks`` tells a node's ranks: ``term`` (save and exit) or ``kill``
+RankSignal = Literal["term", "kill"]
+
+
 class SignalRanks(Command, tag="signal_ranks", kw_only=True):
     """To a node agent: signal its ranks of ``attempt`` and older (``ranks`` empty: every one)
     — ``term`` (save and exit) or ``kill``. Their exits are reported as ``RankExited`` with
@@ -248,7 +252,7 @@ class SignalRanks(Command, tag="signal_ranks", kw_only=True):
 
     node: Token
     attempt: int
-    signal: Literal["term", "kill"]
+    signal: RankSignal
     ranks: list[int] = msgspec.field(default_factory=list)
     expected_reason: str = ""
 

@@ -53,7 +53,7 @@ def flip_bit(parameters: Iterable[torch.Tensor]) -> str:
     contiguous, non-empty parameter (of a DTensor's, its local shard: this replica's copy of
     it under HSDP), in place; what was flipped ("" when none qualifies)."""
     for index, held in enumerate(parameters):
-        parameter = held.to_local() if is_dtensor(held) else held  # type: ignore[attr-defined]
+        parameter = held.to_local() if is_dtensor(held) else held
         if (
             not parameter.is_floating_point()
             or not parameter.is_contiguous()

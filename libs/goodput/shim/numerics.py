@@ -73,7 +73,7 @@ def fingerprint(parameters: Iterable[torch.Tensor], *, sharded: bool = False) ->
         if is_dtensor(parameter):
             if not sharded:
                 continue
-            parameter = parameter.to_local()  # type: ignore[attr-defined]
+            parameter = parameter.to_local()
         flat = parameter.detach().contiguous().reshape(-1)
         if flat.numel() == 0:
             continue

@@ -25,12 +25,12 @@ def hsdp_slots(parameters: Sequence[torch.Tensor], world: int) -> int | None:
     sharded = [p for p in parameters if is_dtensor(p)]
     if not sharded:
         return None
-    mesh = sharded[0].device_mesh  # type: ignore[attr-defined]
+    mesh = sharded[0].device_mesh
     if mesh.ndim != 2 or mesh.size(0) < 2:
         return None
     for parameter in sharded:
-        placements = parameter.placements  # type: ignore[attr-defined]
-        if parameter.device_mesh is not mesh or not placements[0].is_replicate():  # type: ignore[attr-defined]
+        placements = parameter.placements
+        if parameter.device_mesh is not mesh or not placements[0].is_replicate():
             return None
     if mesh.mesh.flatten().tolist() != list(range(world)):
         return None

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from goodput.launch import capacity
 from goodput.supervisor.membership import Membership, check_job_shape
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.agent_directory import AgentDirectory
-from goodput_services.actuator.agent_standbys import AgentStandbys
+from goodput_services.actuator.agent_standbys import AgentCommand, AgentStandbys
 from goodput_services.actuator.backend import MembershipBackend
 from goodput_services.actuator.ports import BusPorts
 
@@ -317,16 +318,16 @@ class AgentBackend(MembershipBackend):
         # the status that follows names their pids (chaos and the operators read them there)
         await _all_set([e.started for e in entries], PIDS_WAIT_S)
 
-    async def _on_agents(self, commands: list[schemas.Command], what: str) -> None:
+    async def _on_agents(self, commands: Sequence[AgentCommand], what: str) -> None:
         """Send each command to its node's agent and wait for every outcome."""
         outcomes = await asyncio.gather(*(self._agent_command(c) for c in commands))
         failed = [detail for ok, detail in outcomes if not ok]
         if failed:
             raise RuntimeError(f"{what} failed: " + "; ".join(failed))
 
-    async def _agent_command(self, command: schemas.Command) -> tuple[bool, str]:
+    async def _agent_command(self, command: AgentCommand) -> tuple[bool, str]:
         assert self.bus is not None, "the agent backend has no bus yet"
-        node = command.node  # type: ignore[attr-defined]
+        node = command.node
         target = subjects.node_target(subjects.AGENT, node)
 
         def gone() -> bool:
@@ -361,13 +362,13 @@ class AgentBackend(MembershipBackend):
         finally:
             self._stopping = []
 
-    async def _signal(self, nodes: list[str], signal: str, why: str) -> None:
+    async def _signal(self, nodes: list[str], signal: schemas.RankSignal, why: str) -> None:
         commands = [
             schemas.SignalRanks(
                 job=self.job,
                 node=node,
                 attempt=self.attempt,
-                signal=signal,  # type: ignore[arg-type]
+                signal=signal,
                 expected_reason=why,
             )
             for node in nodes

@@ -21,8 +21,10 @@ from goodput_services.actuator.agent_directory import AgentDirectory
 
 log = logging.getLogger(__name__)
 
+#: the commands a node's agent executes (each names its ``node``)
+AgentCommand = schemas.LaunchRanks | schemas.SignalRanks | schemas.KeepStandbys
 #: sends a command to its node's agent and returns (ok, detail) once the agent answered
-SendCommand = Callable[[schemas.Command], Awaitable[tuple[bool, str]]]
+SendCommand = Callable[[AgentCommand], Awaitable[tuple[bool, str]]]
 
 #: how long a scale-up waits for a standby on each joining node (the job trains meanwhile)
 STANDBY_WARM_S = 60.0

@@ -42,7 +42,8 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     #: GPUs each rank pod requests unless its StartJob says (0: none, e.g. CPU-only clusters)
     gpus_per_rank: int = 0
     gpu_resource: str = "nvidia.com/gpu"
-    tolerations: list[dict[str, str]] = msgspec.field(
+    #: as in a pod spec (``tolerationSeconds`` an integer), checked by the client's model
+    tolerations: list[dict[str, str | int]] = msgspec.field(
         default_factory=lambda: [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         ]
@@ -92,7 +93,7 @@ class KubernetesOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             raise SystemExit("invalid kubernetes option: delete_margin_s must be finite, >= 0")
         for toleration in parsed.tolerations:
             try:
-                client.V1Toleration(**toleration)
+                client.V1Toleration.model_validate(toleration)
             except ValueError as exc:  # pydantic's ValidationError is a ValueError
                 raise SystemExit(f"invalid kubernetes toleration {toleration}: {exc}") from exc
         return parsed

@@ -11,7 +11,7 @@ import hashlib
 import re
 import signal
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -31,21 +31,39 @@ CONTAINER = "trainer"
 
 
 class PodApi(Protocol):
-    """The CoreV1Api methods the backend calls (a test passes a recording fake)."""
+    """The CoreV1Api methods the backend calls, with the arguments it passes (a test passes a
+    recording fake); ``list_namespaced_pod`` also feeds the pod watch, which adds its own."""
 
-    def list_node(self, **kwargs: Any) -> client.V1NodeList: ...
+    def list_node(self, *, label_selector: str | None = None) -> client.V1NodeList: ...
 
-    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> client.V1PodList: ...
+    def list_namespaced_pod(
+        self, namespace: str, *, label_selector: str | None = None
+    ) -> client.V1PodList: ...
 
     def create_namespaced_pod(self, namespace: str, body: client.V1Pod) -> client.V1Pod: ...
 
-    def delete_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
+    def delete_namespaced_pod(
+        self, name: str, namespace: str, *, grace_period_seconds: int | None = None
+    ) -> object: ...
 
     def create_namespaced_service(
         self, namespace: str, body: client.V1Service
     ) -> client.V1Service: ...
 
-    def delete_namespaced_service(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
+    def delete_namespaced_service(self, name: str, namespace: str) -> object: ...
+
+
+def name_of(obj: client.V1Pod | client.V1Node | client.V1Service) -> str:
+    """An object's name: the API server stores none without one (the model leaves it
+    optional), so a nameless object is refused in one clear line."""
+    name = obj.metadata.name if obj.metadata else None
+    if name is None:
+        raise RuntimeError(f"a {type(obj).__name__} without metadata.name")
+    return name
+
+
+def labels_of(pod: client.V1Pod) -> dict[str, str]:
+    return (pod.metadata.labels if pod.metadata else None) or {}
 
 
 def rank_pod(
@@ -94,7 +112,7 @@ def rank_pod(
                     )
                 )
             ),
-            tolerations=[client.V1Toleration(**t) for t in options.tolerations],
+            tolerations=[client.V1Toleration.model_validate(t) for t in options.tolerations],
             service_account_name=options.service_account,
             automount_service_account_token=False,
             termination_grace_period_seconds=options.stop_grace_s,
@@ -159,11 +177,11 @@ def rendezvous_service(name: str, job: str, port: int) -> client.V1Service:
 def cluster_nodes(api: PodApi, selector: str) -> tuple[list[str], set[str]]:
     """(ready, schedulable nodes matching ``selector`` in a stable name order; every Ready
     node of the cluster). Refuses a node name that cannot be a subject token."""
-    ready = {node.metadata.name for node in api.list_node().items if is_ready(node)}
+    ready = {name_of(node) for node in api.list_node().items if is_ready(node)}
     names = sorted(
-        node.metadata.name
+        name_of(node)
         for node in api.list_node(label_selector=selector).items
-        if not (node.spec and node.spec.unschedulable) and node.metadata.name in ready
+        if not (node.spec and node.spec.unschedulable) and name_of(node) in ready
     )
     for name in names:
         try:
@@ -179,7 +197,7 @@ def ensure_service(api: PodApi, namespace: str, body: client.V1Service) -> None:
         api.create_namespaced_service(namespace, body)
     except ApiException as exc:
         if exc.status != 409:
-            raise RuntimeError(f"cannot create service {body.metadata.name}: {exc}") from exc
+            raise RuntimeError(f"cannot create service {name_of(body)}: {exc}") from exc
 
 
 def remove_service(api: PodApi, namespace: str, name: str) -> None:

@@ -29,6 +29,8 @@ from goodput_services.actuator.kubernetes_pods import (
     LABEL_RUN,
     PodApi,
     exit_of,
+    labels_of,
+    name_of,
     terminated_state,
 )
 
@@ -80,9 +82,9 @@ class RankPods:
         labels and binding: pods of an earlier actuator); each now counts as seen."""
         entries = []
         for pod in pods:
-            labels = pod.metadata.labels or {}
-            entry = self.by_name.get(pod.metadata.name) or RankPod(
-                name=pod.metadata.name,
+            labels, name = labels_of(pod), name_of(pod)
+            entry = self.by_name.get(name) or RankPod(
+                name=name,
                 node=labels.get(LABEL_NODE) or (pod.spec.node_name if pod.spec else "") or "",
                 rank=int(labels.get(LABEL_RANK, "0")),
                 local_rank=0,
@@ -100,7 +102,9 @@ class RankPods:
         """Delete listed pods of the job left by an earlier actuator: force-deleted on a node
         that is not Ready (no kubelet there will confirm a deletion), else given ``grace_s``.
         Returns the highest attempt of run ``run`` among them (0: none)."""
-        stranded, leftovers, attempt = [], [], 0
+        stranded: list[RankPod] = []
+        leftovers: list[RankPod] = []
+        attempt = 0
         for entry in self.adopt(pods):
             if entry.run == run:
                 attempt = max(attempt, entry.attempt)
@@ -122,10 +126,11 @@ class RankPods:
         listing = self.api.list_namespaced_pod(self.namespace, label_selector=selector)
         found: dict[str, list[str]] = {}
         for pod in listing.items:
-            node = (pod.metadata.labels or {}).get(LABEL_NODE, "")
+            node = labels_of(pod).get(LABEL_NODE, "")
             if node in nodes:
-                terminating = " (Terminating)" if pod.metadata.deletion_timestamp else ""
-                found.setdefault(node, []).append(pod.metadata.name + terminating)
+                deleting = pod.metadata.deletion_timestamp if pod.metadata else None
+                terminating = " (Terminating)" if deleting else ""
+                found.setdefault(node, []).append(name_of(pod) + terminating)
         return {node: "pod " + ", ".join(sorted(names)) for node, names in found.items()}
 
     def on_node(self, nodes: set[str]) -> list[RankPod]:
@@ -207,7 +212,7 @@ class RankPods:
 
     async def on_pod(self, kind: str, pod: client.V1Pod) -> None:
         """A watch event: an exit is reported, a deletion ends the pod's life here."""
-        entry = self.by_name.get(pod.metadata.name)
+        entry = self.by_name.get(name_of(pod))
         if entry is None:
             return
         entry.seen = True
@@ -224,7 +229,7 @@ class RankPods:
 
         A pod never seen may be created after the listing was taken: its absence means nothing.
         """
-        present = {pod.metadata.name for pod in pods}
+        present = {name_of(pod) for pod in pods}
         for pod in pods:
             await self.on_pod("MODIFIED", pod)
         for entry in [e for n, e in self.by_name.items() if e.seen and n not in present]:

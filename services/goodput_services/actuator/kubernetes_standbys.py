@@ -28,6 +28,7 @@ from goodput.launch.standby_channel import SUBJECT_ENV
 from goodput_services.actuator.kubernetes_pods import (
     PodApi,
     is_pod_ready,
+    name_of,
     terminated_state,
 )
 from goodput_services.actuator.kubernetes_ranks import RankPod, api_reason
@@ -191,7 +192,7 @@ class PodStandbys:
 
     async def on_pod(self, kind: str, pod: client.V1Pod) -> bool:
         """A watch event about a standby pod (False: not one of ours)."""
-        name = pod.metadata.name
+        name = name_of(pod)
         if name in self.leaving:
             if kind == "DELETED":
                 self._gone(self.leaving[name])

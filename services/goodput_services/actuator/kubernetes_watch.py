@@ -78,6 +78,8 @@ class PodWatcher:
             try:
                 listing = self.api.list_namespaced_pod(self.namespace, label_selector=self.selector)
                 loop.call_soon_threadsafe(queue.put_nowait, ("LIST", listing.items))
+                if listing.metadata is None:
+                    raise RuntimeError("a pod listing without its resourceVersion")
                 self._watch = watch = self.watch_factory()
                 for event in watch.stream(
                     self.api.list_namespaced_pod,

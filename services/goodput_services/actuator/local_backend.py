@@ -317,14 +317,15 @@ class LocalBackend(MembershipBackend):
         ``standbys``), else a new process."""
         standby = self.standbys.take(node) if standbys else None
         if standby is not None:
-            where = {"node_index": node_index, "master_port": port, "master_addr": "127.0.0.1"}
             env = self.rank_env(
                 node=node,
+                node_index=node_index,
                 rank=rank,
                 local_rank=local_rank,
+                master_addr="127.0.0.1",
+                master_port=port,
                 volume=self.volume(node),
                 device=self._device(node_index, local_rank),
-                **where,
             )
             if await self.standbys.assign(standby, env):
                 log.info("rank %d on %s: standby %d", rank, node, standby.process.pid)

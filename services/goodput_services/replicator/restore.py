@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from goodput import schemas
 from goodput.checkpoint.format import local_root
@@ -20,6 +21,7 @@ from goodput.checkpoint.format.parts import parse_staged_part
 from goodput.checkpoint.index.index import TIER_ORDER, IndexSnapshot, StepView
 from goodput.checkpoint.tiers.object_store import ObjectStore
 from goodput.checkpoint.tiers.restore import RestoreError, RestoreReport, restore_to_volume
+from goodput.schemas.events import StorageTier
 from goodput_services.replicator.restore_parts import NodePart, stage_parts
 from goodput_services.replicator.restore_sources import (
     NothingToRestore,
@@ -34,7 +36,8 @@ __all__ = ["NothingToRestore", "RestoreOutcome", "restore_to_node"]
 @dataclass
 class RestoreOutcome:
     step: int | None
-    tier: str  # the farthest tier any file came from ("none": nothing to restore)
+    #: the farthest tier any file came from ("none": nothing to restore)
+    tier: StorageTier | Literal["none"]
     bytes: int = 0
     seconds: float = 0.0
     fallbacks: list[str] = field(default_factory=list)
@@ -50,7 +53,7 @@ class RestoreOutcome:
             node=node,
             rank=-1,
             step=self.step,
-            tier=self.tier,  # type: ignore[arg-type]
+            tier=self.tier,
             duration_s=self.seconds,
             bytes=self.bytes,
             fallbacks=self.fallbacks,

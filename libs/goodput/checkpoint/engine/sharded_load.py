@@ -155,7 +155,7 @@ def _run(task: _Task, block_bytes: int, sources: Sequence[StreamSource]) -> bool
         staging = byte_view(target.detach())[read.byte_lo : read.byte_hi]
     else:
         staging = torch.empty(read.byte_hi - read.byte_lo, dtype=torch.uint8)
-    view = memoryview(staging.numpy())
+    view = staging.numpy().data
     start = piece.stream_offset + read.byte_lo
     from_memory = any(
         source.covers(start, start + len(view))
@@ -192,7 +192,7 @@ def _target(tensor: torch.Tensor) -> tuple[torch.Tensor, Box]:
     """The tensor to fill in place (outside autograd) and the box of the global tensor."""
     with torch.no_grad():
         if is_dtensor(tensor):
-            return tensor.to_local(), local_box(tensor)  # type: ignore[attr-defined]
+            return tensor.to_local(), local_box(tensor)
         return tensor, Box((0,) * tensor.dim(), tuple(tensor.shape))
 
 
@@ -273,7 +273,7 @@ def load_shards(
         futures = [
             pool.submit(_run, task, block_bytes, sources.get(task.rank, ())) for task in tasks
         ]
-        errors = [exc for future in futures if (exc := future.exception()) is not None]
+        errors = [error for future in futures if (error := future.exception()) is not None]
     if errors:
         raise errors[0]
     if any(target.is_cuda for target in targets):

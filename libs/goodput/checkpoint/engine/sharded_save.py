@@ -23,7 +23,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import msgspec
 import torch
@@ -55,8 +55,12 @@ from goodput.checkpoint.format.sharded import (
     shard_record_name,
 )
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
-def is_dtensor(tensor: torch.Tensor) -> bool:
+
+def is_dtensor(tensor: torch.Tensor) -> TypeGuard[DTensor]:
+    """True for a DTensor (imported only when torch has distributed support)."""
     if not torch.distributed.is_available():
         return False
     from torch.distributed.tensor import DTensor
@@ -64,7 +68,7 @@ def is_dtensor(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, DTensor)
 
 
-def local_box(tensor: Any) -> Box:
+def local_box(tensor: DTensor) -> Box:
     """Where a DTensor's local shard sits in its global tensor (offsets, shape)."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -104,16 +108,16 @@ def _piece(
     if not is_dtensor(tensor):
         box = Box((0,) * tensor.dim(), tuple(tensor.shape))
         return (_Piece(index, box, "", []), tensor) if writes_plain else None
-    placements = tensor.placements  # type: ignore[attr-defined]
+    placements = tensor.placements
     if any(p.is_partial() for p in placements):
         raise TypeError(f"tensor {index}: cannot checkpoint a Partial DTensor (reduce it first)")
-    if tensor.device_mesh.get_coordinate() is None:  # type: ignore[attr-defined]
+    if tensor.device_mesh.get_coordinate() is None:
         return None  # this rank holds none of it
-    local = tensor.to_local()  # type: ignore[attr-defined]
+    local = tensor.to_local()
     box = local_box(tensor)
     if tuple(local.shape) != box.shape:
         raise ValueError(f"tensor {index}: local shape {list(local.shape)} != {list(box.shape)}")
-    mesh = list(tensor.device_mesh.shape)  # type: ignore[attr-defined]
+    mesh = list(tensor.device_mesh.shape)
     return _Piece(index, box, placement_text(placements), mesh), local.detach()
 
 
@@ -208,7 +212,7 @@ def write_shard_record(
 ) -> FileEntry:
     """Digest each shard's blocks from the host buffer (``data``: the plan's slice) and write
     the rank's record durably; returns its file entry for the manifest."""
-    view = memoryview(data.numpy())
+    view = data.numpy().data
     step = sharded.block_bytes
     pieces = []
     for piece, entry in zip(sharded.pieces, plan.tensors, strict=True):

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from goodput.checkpoint.format import (
     ChecksumMismatch,
@@ -37,6 +37,7 @@ from goodput.checkpoint.tiers.object_store import ObjectNotFound, ObjectStore
 from goodput.checkpoint.tiers.peer.channel import Progress
 from goodput.checkpoint.tiers.peer.client import PeerClient, PeerError
 from goodput.checkpoint.tiers.streams import STREAMS, largest_first
+from goodput.schemas.events import StorageTier
 
 
 class SourceMiss(LookupError):
@@ -57,7 +58,7 @@ FALLBACK_ERRORS = (SourceMiss, ChecksumMismatch, ObjectNotFound, PeerError, OSEr
 
 
 class Source(Protocol):
-    tier: str  # "local", "peer" or "object_store"
+    tier: StorageTier
     name: str
 
     async def fetch(self, step: int, entry: FileEntry, partial: Path, progress: Progress) -> int:
@@ -69,7 +70,7 @@ class Source(Protocol):
 class LocalSource:
     """The node's own checkpoint volume (``<root>/step-<step>/``)."""
 
-    tier = "local"
+    tier: StorageTier = "local"
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -95,7 +96,7 @@ class PeerSource:
     checkpoints, relative to the root it serves. Interrupted pulls resume on retry. Each
     concurrent fetch has a connection of its own (opened on demand, kept for the next)."""
 
-    tier = "peer"
+    tier: StorageTier = "peer"
 
     def __init__(self, host: str, port: int, remote_root: str = "") -> None:
         self.host = host
@@ -140,7 +141,7 @@ class PeerSource:
 class ObjectStoreSource:
     """Content-addressed blobs in an object store (see :mod:`goodput.checkpoint.tiers.backup`)."""
 
-    tier = "object_store"
+    tier: StorageTier = "object_store"
 
     def __init__(self, store: ObjectStore, prefix: str = DEFAULT_PREFIX) -> None:
         self.store = store
@@ -160,7 +161,8 @@ class ObjectStoreSource:
 @dataclass(frozen=True)
 class FileRestore:
     name: str
-    tier: str  # which tier served it; "present" if a verified copy was already in place
+    #: which tier served it; "present" if a verified copy was already in place
+    tier: StorageTier | Literal["present"]
     source: str
     bytes_moved: int
     seconds: float

@@ -24,6 +24,7 @@ import asyncio
 import json
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 from rich.console import Console
@@ -44,12 +45,12 @@ from goodput.checkpoint.index.records import (
     encode,
     node_key,
 )
+from goodput.schemas.events import STORAGE_TIERS
 from goodput.tools.bench.arguments import positive_int
 
 JOB = "bench-index-read"
-#: the tiers each kept step has a copy on (store sizing: 3 tiers x the steps kept + 1)
-TIERS = ("local", "peer", "object_store")
-STEPS_KEPT = INDEX_COPIES_PER_NODE // len(TIERS)
+#: each kept step has a copy on every tier (store sizing: 3 tiers x the steps kept + 1)
+STEPS_KEPT = INDEX_COPIES_PER_NODE // len(STORAGE_TIERS)
 #: writes in flight while the index is filled
 FILL_CONCURRENCY = 256
 
@@ -77,13 +78,13 @@ def _copies(n: int, nodes: int, step: int, ranks: int) -> list[CopyRecord]:
     holders = {"local": owner, "peer": _node((n + 1) % nodes), "object_store": STORE_HOLDER}
     return [
         CopyRecord(step=step, tier=tier, holder=holders[tier], owner=owner, root=owner, files=files)
-        for tier in TIERS
+        for tier in STORAGE_TIERS
     ]
 
 
 async def _fill(index: CheckpointIndex, nodes: int, ranks: int) -> int:
     """Every node's address and the copies of the steps it keeps; the records written."""
-    writes = [index.announce(_address(n)) for n in range(nodes)]
+    writes: list[Awaitable[object]] = [index.announce(_address(n)) for n in range(nodes)]
     writes += [
         index.put_copy(record)
         for n in range(nodes)

@@ -56,12 +56,16 @@ def skip_windows(shim: TrainerShim, trainer: pl.Trainer, module: pl.LightningMod
         return sum(p.sum().float().to(device) * 0.0 for p in trained)
 
     def skipped_optimizer_step(
-        epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Callable[[], Any]
+        epoch: int,
+        batch_idx: int,
+        optimizer: Any,
+        optimizer_closure: Callable[[], Any] | None = None,
     ) -> None:
         if not skipping():
             optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
             return
-        optimizer_closure()
+        if optimizer_closure is not None:  # Lightning's automatic optimization passes one
+            optimizer_closure()
 
     def skipped_scheduler_step(scheduler: Any, metric: Any) -> None:
         # called once the step counted: the step just done is global_step

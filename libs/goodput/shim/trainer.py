@@ -349,13 +349,13 @@ class TrainerShim:
         """Snapshot ``state`` for step ``step`` and return; persisting goes on in background
         (with ``guard``, the snapshot's copy too, until the guarded optimizer step)."""
         saved = with_metadata(state, CheckpointMetadata(layout=self.layout, plan=self.plan))
-        where = {"dp_rank": self.config.local_rank, "dp_world": self.config.local_world_size}
+        rank, world = self.config.local_rank, self.config.local_world_size
         self._busy("checkpoint-save")
         try:
             if isinstance(self.engine, CheckpointEngine):
-                self.engine.save(saved, step, overlap=self._overlap, **where)
+                self.engine.save(saved, step, overlap=self._overlap, dp_rank=rank, dp_world=world)
             else:
-                self.engine.save(saved, step, **where)
+                self.engine.save(saved, step, dp_rank=rank, dp_world=world)
         finally:
             self._busy("")
         self._last_saved_step = step
@@ -441,9 +441,10 @@ class TrainerShim:
     def _hang_until_rejoin(self) -> None:
         """The injected hang: blocks the loop (heartbeats go on) until the process is killed
         or, under ``run``, a Rejoin unwinds the step."""
-        if self._rejoins is None:
+        rejoins = self._rejoins
+        while rejoins is None:  # nothing can wake it: only the process's end
             threading.Event().wait()
-        while not self._rejoins.pending:
+        while not rejoins.pending:
             time.sleep(0.05)
         raise RestartRequested("woken from the injected hang by a Rejoin")
 

@@ -13,7 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 BASE = K8S / "base"
 OVERLAY = K8S / "overlays" / "gke"
+#: the GKE overlay with GPUDirect for the A3 machine types (opt-in: deploy/k8s/README.md)
+A3_HIGH = K8S / "overlays" / "gke-a3-high"
+A3_MEGA = K8S / "overlays" / "gke-a3-mega"
 #: where every service container reads the goodput-config ConfigMap
 CONFIG_MOUNT = "/etc/goodput/goodput.toml"
 CREDENTIALS = K8S / "base" / "nats" / "credentials.sh"
@@ -117,3 +120,40 @@ def service_config(objects: list[dict[str, Any]], workload: str, config: Path) -
     service = main["command"][-1].rsplit(".", 1)[-1]
     args = [str(config) if arg == CONFIG_MOUNT else arg for arg in main["args"]]
     return load_service_config(service, args)
+
+
+#: what the downward API gives one pod (spec.nodeName, status.podIP)
+POD_FIELDS = {"spec.nodeName": "gke-train-gpu-pool-1a2b3c4d-x7kq", "status.podIP": "10.4.2.17"}
+
+
+def pod_env(one: dict[str, Any]) -> dict[str, str]:
+    """A container's environment in one pod: values, and the downward API's fields."""
+    env = {}
+    for variable in one.get("env", []):
+        if "value" in variable:
+            env[variable["name"]] = variable["value"]
+        else:
+            env[variable["name"]] = POD_FIELDS[variable["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def expanded(one: dict[str, Any]) -> list[str]:
+    """The container's args as the kubelet expands them: ``$(NAME)`` of a variable the
+    container defines (an undefined one stays literal: refused here, it would be a bug)."""
+    env = pod_env(one)
+
+    def value(match: re.Match[str]) -> str:
+        assert match.group(1) in env, f"$({match.group(1)}) is not in the container's env"
+        return env[match.group(1)]
+
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", value, arg) for arg in one["args"]]
+
+
+def host_path(spec: dict[str, Any], one: dict[str, Any], path: Path) -> PurePosixPath:
+    """Where a path inside a container lies on the node (through its hostPath mounts)."""
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for mount in one["volumeMounts"]:
+        host = volumes[mount["name"]].get("hostPath")
+        if host and path.is_relative_to(mount["mountPath"]):
+            return PurePosixPath(host["path"]) / path.relative_to(mount["mountPath"])
+    raise AssertionError(f"{path} is on no hostPath of {one['name']}")

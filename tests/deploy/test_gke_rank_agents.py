@@ -4,9 +4,8 @@ bus and job are goodput.toml's, and whose ranks write where the node's replicato
 
 from __future__ import annotations
 
-import re
 import tomllib
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -22,9 +21,13 @@ from goodput_services.actuator.options import ActuatorOptions
 from tests.deploy.rendered import (
     BASE,
     CONFIG_MOUNT,
+    POD_FIELDS,
     config_without_bus,
     container,
     container_named,
+    expanded,
+    host_path,
+    pod_env,
     pod_specs,
     render,
 )
@@ -33,8 +36,6 @@ from tests.deploy.test_gke_overlay import KUBERNETES_VERSION
 AGENT = "goodput-rank-agent"
 #: GPUs of the A3 / A2 8-GPU machine types the overlay is written for
 GPUS_PER_NODE = "8"
-#: what the downward API gives one pod (spec.nodeName, status.podIP)
-POD_FIELDS = {"spec.nodeName": "gke-train-gpu-pool-1a2b3c4d-x7kq", "status.podIP": "10.4.2.17"}
 
 
 @pytest.fixture(scope="module")
@@ -47,43 +48,10 @@ def agent(objects) -> dict[str, Any]:
     return container(objects, AGENT)
 
 
-def _pod_env(one: dict[str, Any]) -> dict[str, str]:
-    """A container's environment in one pod: values, and the downward API's fields."""
-    env = {}
-    for variable in one.get("env", []):
-        if "value" in variable:
-            env[variable["name"]] = variable["value"]
-        else:
-            env[variable["name"]] = POD_FIELDS[variable["valueFrom"]["fieldRef"]["fieldPath"]]
-    return env
-
-
-def _expanded(one: dict[str, Any]) -> list[str]:
-    """The container's args as the kubelet expands them: ``$(NAME)`` of a variable the
-    container defines (an undefined one stays literal: refused here, it would be a bug)."""
-    env = _pod_env(one)
-
-    def value(match: re.Match[str]) -> str:
-        assert match.group(1) in env, f"$({match.group(1)}) is not in the container's env"
-        return env[match.group(1)]
-
-    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", value, arg) for arg in one["args"]]
-
-
 def _agent_args(agent: dict[str, Any]):
-    argv = [*agent["command"][1:], *_expanded(agent)]
+    argv = [*agent["command"][1:], *expanded(agent)]
     assert agent["command"][0] == "goodput"
     return build_parser("agent").parse_args(argv)
-
-
-def _host_path(spec: dict[str, Any], one: dict[str, Any], path: Path) -> PurePosixPath:
-    """Where a path inside a container lies on the node (through its hostPath mounts)."""
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    for mount in one["volumeMounts"]:
-        host = volumes[mount["name"]].get("hostPath")
-        if host and path.is_relative_to(mount["mountPath"]):
-            return PurePosixPath(host["path"]) / path.relative_to(mount["mountPath"])
-    raise AssertionError(f"{path} is on no hostPath of {one['name']}")
 
 
 def test_one_rank_pod_per_gpu_node_holds_every_gpu_of_its_node(objects, agent) -> None:
@@ -124,11 +92,11 @@ def test_the_agent_runs_the_nodes_ranks_as_goodput_agent_reads_its_command_line(
     toml = tomllib.loads((BASE / "goodput.toml").read_text())
     assert args.job == toml["job"]
     assert not any(getattr(args, flag) for flag in BUS_FLAGS)  # the environment's, below
-    bus = settings_from_env(_pod_env(agent))
+    bus = settings_from_env(pod_env(agent))
     assert bus == msgspec.convert(toml["bus"], BusSettings)
     # ... and the files it names are mounted from the Secrets the services mount
     mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
-    for path in (bus.creds_file, bus.tls_ca_file, _pod_env(agent)["GOODPUT_CKPT_KEY_FILE"]):
+    for path in (bus.creds_file, bus.tls_ca_file, pod_env(agent)["GOODPUT_CKPT_KEY_FILE"]):
         mount = mounts[str(Path(path).parent)]
         assert mount["readOnly"] is True
     hostmon = container(objects, "goodput-hostmon")
@@ -152,16 +120,16 @@ def test_the_ranks_volume_is_the_one_the_nodes_replicator_serves(objects, agent)
     agent_dir = Path(args.state_dir) / "agents" / node  # what the agent announces
     ranks = node_volume(agent_dir, node, args.job)
     replicator = container(objects, "goodput-replicator")
-    flags = _expanded(replicator)
+    flags = expanded(replicator)
     served = node_volume(flags[flags.index("--state-dir") + 1], node, args.job)
-    ranks_on_host = _host_path(pod_specs(objects)[AGENT], agent, ranks)
-    served_on_host = _host_path(pod_specs(objects)["goodput-replicator"], replicator, served)
+    ranks_on_host = host_path(pod_specs(objects)[AGENT], agent, ranks)
+    served_on_host = host_path(pod_specs(objects)["goodput-replicator"], replicator, served)
     assert ranks_on_host == served_on_host
     # the agent (uid 10001, the replicator's) may write there once the init container ran
     init = container_named(objects, AGENT, "checkpoint-owner")
     uid = agent["securityContext"]["runAsUser"]
     assert uid == replicator["securityContext"]["runAsUser"]
     assert init["command"][:3] == ["chown", "-R", f"{uid}:{uid}"]
-    assert _host_path(pod_specs(objects)[AGENT], init, Path(init["command"][3])) in (
+    assert host_path(pod_specs(objects)[AGENT], init, Path(init["command"][3])) in (
         ranks_on_host.parents
     )

@@ -21,7 +21,7 @@ import pytest
 from goodput.bus import BusSettings
 from goodput_services.hostmon.gpu import GKE_DRIVER_MOUNT_DIR, GKE_NVIDIA_SMI
 from goodput_services.hostmon.options import HostMonitorOptions
-from goodput_services.replicator.options import ReplicatorOptions, store_spec
+from goodput_services.replicator.options import ReplicatorOptions, store_uri
 from tests.deploy.rendered import (
     BASE,
     OVERLAY,
@@ -157,24 +157,24 @@ def test_the_base_refuses_an_object_store_on_the_nodes_disk(config) -> None:
     options = ReplicatorOptions.from_mapping(settings.options)
     assert options.require_off_node_store is True and options.object_store == ""
     with pytest.raises(SystemExit, match=r"on this node's disk .* would die with the node"):
-        store_spec(options, Path(settings.state_dir))
+        store_uri(options, Path(settings.state_dir))
     inside = ReplicatorOptions.from_mapping(
         {**settings.options, "object_store": f"dir:{settings.state_dir}/copies"}
     )
     with pytest.raises(SystemExit, match="on this node's disk"):
-        store_spec(inside, Path(settings.state_dir))
-    # a dir: elsewhere is the operator's shared volume (Filestore, gcsfuse): accepted
-    shared = ReplicatorOptions.from_mapping({**settings.options, "object_store": "dir:/mnt/fs"})
-    assert store_spec(shared, Path(settings.state_dir)) == "dir:/mnt/fs"
+        store_uri(inside, Path(settings.state_dir))
+    # a file:// elsewhere is the operator's shared volume (Filestore, gcsfuse): accepted
+    shared = ReplicatorOptions.from_mapping({**settings.options, "object_store": "file:///mnt/fs"})
+    assert str(store_uri(shared, Path(settings.state_dir))) == "file:///mnt/fs"
 
 
 def test_gke_names_a_bucket_and_the_local_stack_keeps_its_default(gke, config) -> None:
     settings = service_config(gke, "goodput-replicator", config)
     options = ReplicatorOptions.from_mapping(settings.options)
-    assert store_spec(options, Path(settings.state_dir)).startswith("gcs:")
+    assert store_uri(options, Path(settings.state_dir)).scheme == "gs"
     # a stack on one machine (no require_off_node_store) keeps its directory store
     local = ReplicatorOptions.from_mapping({})
-    assert store_spec(local, Path("/state")) == "dir:/state/object-store"
+    assert str(store_uri(local, Path("/state"))) == "file:///state/object-store"
 
 
 # ---- requests, limits, rights, rollouts (issue 28, item 6) ------------------------------------

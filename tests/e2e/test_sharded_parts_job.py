@@ -52,7 +52,7 @@ def _up_flags(gcs: FakeGcsServer | None) -> list[str]:
     if gcs is not None:
         bucket = f"t-{uuid.uuid4().hex[:12]}"
         ensure_bucket(gcs.client(), bucket)
-        options |= {"object_store": f'"gcs:{bucket}"', "gcs_endpoint": f'"{gcs.url}"'}
+        options |= {"object_store": f'"{gcs.store_uri(bucket)}"'}
     flags = ["--service-set", "hostmon:enable_fault_injection=true"]  # a lost host, on cue
     for key, value in options.items():
         flags += ["--service-set", f"replicator:{key}={value}"]

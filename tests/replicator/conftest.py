@@ -278,13 +278,25 @@ async def _harness(
 async def gcs_harness(
     nats_server: EmbeddedNats, tmp_path: Path, fake_gcs: FakeGcsServer
 ) -> AsyncIterator[Harness]:
-    """Replicators backing up to fake-gcs-server, in a bucket of this test's own."""
+    """Replicators backing up to fake-gcs-server by its ``gs://…?endpoint=`` URI, in a bucket
+    of this test's own, under a prefix (the bucket's other keys are not theirs)."""
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     ensure_bucket(fake_gcs.client(), bucket)
-    options = {"object_store": f"gcs:{bucket}", "gcs_endpoint": fake_gcs.url}
+    options = {"object_store": f'"{fake_gcs.store_uri(bucket, "cluster-a")}"'}
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     async for harness in _harness(nats_server, state_dir, options, fake_gcs):
+        yield harness
+
+
+@pytest.fixture
+async def file_harness(nats_server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[Harness]:
+    """Replicators backing up to a ``file://`` store outside their state directory (a shared
+    volume, as one store serves the job)."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    options = {"object_store": f'"file://{tmp_path / "shared store"}"'}
+    async for harness in _harness(nats_server, state_dir, options, None):
         yield harness
 
 

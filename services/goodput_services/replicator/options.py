@@ -12,18 +12,26 @@ import msgspec
 
 from goodput.checkpoint.index.index import DEFAULT_NODE_TTL_S, REFRESHES_PER_TTL
 from goodput.checkpoint.index.retention import DEFAULT_KEEP, DEFAULT_REQUIRE
+from goodput.checkpoint.tiers.store_uri import (
+    LEGACY_ENDPOINT_KEY,
+    StoreUri,
+    StoreUriError,
+    parse_store_uri,
+)
 from goodput.schemas.events import StorageTier
 
 
 class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    #: "dir:<path>" or "gcs:<bucket>"; empty: ``<state_dir>/object-store``
+    #: the store URI (``checkpoint.tiers.store_uri``): "file:///<path>" or
+    #: "gs://<bucket>[/<prefix>][?endpoint=<emulator url>]"; the spellings "dir:<path>" and
+    #: "gcs:<bucket>" of earlier releases still work. Empty: ``<state_dir>/object-store``
     object_store: str = ""
-    #: refuse an object store on this node's own disk (the default, or a "dir:" inside the
+    #: refuse an object store on this node's own disk (the default, or a "file://" inside the
     #: state directory): it would die with the node it is meant to outlive. The Kubernetes
     #: configuration sets it, where the state directory is the node's hostPath
     require_off_node_store: bool = False
-    #: fake-gcs-server (or other emulator) URL for "gcs:" stores; empty: real GCS
-    gcs_endpoint: str = ""
+    #: earlier releases' separate emulator setting of a "gcs:" store, folded into the URI
+    legacy_endpoint: str = msgspec.field(default="", name=LEGACY_ENDPOINT_KEY)
     #: how long a GCS call retries before the store counts as unavailable
     store_retry_s: float = 20.0
     #: topology of this node, e.g. {block = "b0", rack = "r1"}
@@ -86,22 +94,33 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             )
         if min(parsed.keep_local, parsed.keep_peer, parsed.keep_object_store) < 1:
             raise SystemExit("keep_local, keep_peer and keep_object_store must be at least 1")
+        if parsed.object_store or parsed.legacy_endpoint:
+            try:
+                parse_store_uri(parsed.object_store, parsed.legacy_endpoint)
+            except StoreUriError as exc:
+                raise SystemExit(f"invalid replicator option: {exc}") from None
         return parsed
 
 
-def store_spec(options: ReplicatorOptions, state_dir: Path) -> str:
-    """The object store's spec; refused (one line) when it must be off the node and is not."""
+def store_uri(options: ReplicatorOptions, state_dir: Path) -> StoreUri:
+    """The object store's URI; refused (one line) when it must be off the node and is not."""
     state = Path(state_dir).resolve()
-    spec = options.object_store or f"dir:{state / 'object-store'}"
-    kind, _, where = spec.partition(":")
+    try:
+        uri = (
+            parse_store_uri(options.object_store, options.legacy_endpoint)
+            if options.object_store
+            else StoreUri("file", str(state / "object-store"))
+        )
+    except StoreUriError as exc:
+        raise SystemExit(f"invalid replicator option: {exc}") from None
     if (
         options.require_off_node_store
-        and kind == "dir"
-        and Path(where).resolve().is_relative_to(state)
+        and uri.scheme == "file"
+        and Path(uri.where).resolve().is_relative_to(state)
     ):
         raise SystemExit(
-            f"object store {spec} is on this node's disk (inside the state directory {state}) "
-            'and would die with the node: set object_store = "gcs:<bucket>" (or a dir: on a '
-            "shared volume) under [services.replicator]"
+            f"object store {uri} is on this node's disk (inside the state directory {state}) "
+            'and would die with the node: set object_store = "gs://<bucket>" (or a file:// on '
+            "a shared volume) under [services.replicator]"
         )
-    return spec
+    return uri

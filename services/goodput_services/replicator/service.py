@@ -53,7 +53,8 @@ from goodput.checkpoint.index.records import (
 )
 from goodput.checkpoint.index.retention import Retention, attainable, safe_steps
 from goodput.checkpoint.tiers.backup import backup_checkpoint, is_backup_complete, listing_key
-from goodput.checkpoint.tiers.object_store import ObjectNotFound, open_object_store, store_uri
+from goodput.checkpoint.tiers.object_store import ObjectNotFound
+from goodput.checkpoint.tiers.open_store import open_object_store
 from goodput.checkpoint.tiers.peer import PeerClient, PeerError, PeerServer, SourceMismatch
 from goodput.checkpoint.tiers.peer.address import AddressError, advertised_host
 from goodput.config import ServiceConfig
@@ -62,7 +63,7 @@ from goodput.telemetry import tracer
 from goodput_services.base import Service
 from goodput_services.replicator.counters import Counters, hashing_fields
 from goodput_services.replicator.holdings import DiskHoldings
-from goodput_services.replicator.options import ReplicatorOptions, store_spec
+from goodput_services.replicator.options import ReplicatorOptions, store_uri
 from goodput_services.replicator.planner import (
     Held,
     Memory,
@@ -115,10 +116,8 @@ class ReplicatorService(Service):
         self.state_dir = Path(config.state_dir).resolve()
         self.node_dir = node_dir(self.state_dir, self.node)
         self.volume = node_volume(self.state_dir, self.node, self.job)
-        self.store_spec = store_spec(self.options, self.state_dir)
-        self.store = open_object_store(
-            self.store_spec, self.options.gcs_endpoint, self.options.store_retry_s
-        )
+        self.store_uri = store_uri(self.options, self.state_dir)
+        self.store = open_object_store(self.store_uri, self.options.store_retry_s)
         self.holdings = DiskHoldings(
             self.node_dir,
             self.job,
@@ -268,8 +267,7 @@ class ReplicatorService(Service):
             host=self.advertise_host,
             port=self.peer_server.port,
             labels=dict(self.options.labels),
-            object_store=self.store_spec,
-            gcs_endpoint=self.options.gcs_endpoint,
+            object_store=str(self.store_uri),
             ts=now_ns,
         )
         reason = announcement_due(
@@ -422,7 +420,7 @@ class ReplicatorService(Service):
                 job=self.job,
                 node=self.node,
                 step=mine.step,
-                uri=f"{store_uri(self.store_spec)}/{listing_key(namespace, mine.step)}",
+                uri=self.store_uri.key_uri(listing_key(namespace, mine.step)),
                 bytes_uploaded=report.bytes_uploaded,
                 bytes_deduplicated=report.bytes_skipped,
                 duration_s=report.seconds,

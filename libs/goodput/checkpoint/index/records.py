@@ -15,7 +15,10 @@
 Records are versioned like the bus messages: a record of a newer schema than this build
 understands is refused rather than half-read. Schema 2: copy records of parts (``part``,
 ``parts``, ``commit``); a build of schema 1 would count a part as a whole checkpoint, so it
-must refuse them.
+must refuse them. The node record's ``object_store`` holds a store URI since schema 2 too,
+without a new version: a build of either spelling decodes the other's records (the legacy
+endpoint field stays declared), the spellings of before are read as aliases, and the only
+reader, ``goodput ckpt``, of an older build refuses a URI in one line rather than misreading it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import msgspec
 
 from goodput import subjects
 from goodput.checkpoint.format.parts import MAX_PARTS, PartOf
+from goodput.checkpoint.tiers.store_uri import LEGACY_ENDPOINT_KEY, StoreUri, parse_store_uri
 from goodput.schemas.events import StorageTier
 
 INDEX_SCHEMA_VERSION = 2
@@ -47,12 +51,22 @@ class NodeAddressRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     host: str
     port: int
     labels: dict[str, str] = {}
-    #: the object store this node backs up to ("dir:…" or "gcs:…") and its emulator endpoint
+    #: the URI of the object store this node backs up to (``checkpoint.tiers.store_uri``).
+    #: Read from the bus, so possibly forged: :meth:`store` only parses it; which store a
+    #: reader follows is the reader's rule (``goodput ckpt``: one all live nodes agree on)
     object_store: str = ""
-    gcs_endpoint: str = ""
+    #: schema 2 and before: the emulator endpoint of a "gcs:" store, kept beside it; now in
+    #: the URI. Still declared so that records of either build decode in the other
+    legacy_endpoint: str = msgspec.field(default="", name=LEGACY_ENDPOINT_KEY)
     #: epoch ns of the write (a change or a refresh): what the node TTL reads
     ts: int = 0
     schema: int = INDEX_SCHEMA_VERSION
+
+    def store(self) -> StoreUri | None:
+        """The announced store, None when none is; :class:`StoreUriError` when unusable."""
+        if not self.object_store:
+            return None
+        return parse_store_uri(self.object_store, self.legacy_endpoint)
 
 
 class CopyRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

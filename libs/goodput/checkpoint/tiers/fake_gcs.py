@@ -20,11 +20,11 @@ import urllib.request
 from pathlib import Path
 
 from google.api_core import exceptions as gapi_exceptions
-from google.api_core.client_options import ClientOptions
-from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from goodput.bus.embedded import free_port
+from goodput.checkpoint.tiers.gcs import gcs_client
+from goodput.checkpoint.tiers.store_uri import StoreUri
 
 #: what to install where the wrapper is missing
 MISSING = (
@@ -106,12 +106,12 @@ class FakeGcsServer:
             process.kill()
             process.wait()
 
-    def client(self, project: str = "goodput-local") -> storage.Client:
-        return storage.Client(
-            project=project,
-            credentials=AnonymousCredentials(),
-            client_options=ClientOptions(api_endpoint=self.url),
-        )
+    def client(self) -> storage.Client:
+        return gcs_client(self.url)
+
+    def store_uri(self, bucket: str, prefix: str = "") -> StoreUri:
+        """The URI of ``bucket`` (under ``prefix``) on this server."""
+        return StoreUri("gs", bucket, prefix, self.url)
 
     def __enter__(self) -> FakeGcsServer:
         self.start()

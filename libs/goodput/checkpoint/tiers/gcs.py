@@ -21,7 +21,9 @@ from typing import BinaryIO, TypeVar
 
 import requests
 from google.api_core import exceptions as gapi_exceptions
+from google.api_core.client_options import ClientOptions
 from google.auth import exceptions as auth_exceptions
+from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage import transfer_manager
 from google.cloud.storage.retry import DEFAULT_RETRY
@@ -86,6 +88,18 @@ class FileRange(io.RawIOBase):
         )
         self._position += n
         return n
+
+
+def gcs_client(endpoint: str = "") -> storage.Client:
+    """A client of real GCS (Application Default Credentials), or of the emulator at
+    ``endpoint``: anonymous, so no credential is ever sent to an endpoint a URI named."""
+    if not endpoint:
+        return storage.Client()
+    return storage.Client(
+        project="goodput-local",
+        credentials=AnonymousCredentials(),
+        client_options=ClientOptions(api_endpoint=endpoint),
+    )
 
 
 class GcsObjectStore:

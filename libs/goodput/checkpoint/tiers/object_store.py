@@ -140,35 +140,33 @@ class DirectoryObjectStore:
         path.unlink(missing_ok=True)
 
 
-def open_object_store(spec: str, gcs_endpoint: str = "", retry_s: float = 20.0) -> ObjectStore:
-    """The store named by ``spec``: ``dir:<path>`` or ``gcs:<bucket>`` (optionally an emulator)."""
-    kind, _, where = spec.partition(":")
-    if kind == "dir" and where:
-        return DirectoryObjectStore(Path(where))
-    if kind == "gcs" and where:
-        from goodput.checkpoint.tiers.gcs import (
-            GcsObjectStore,  # google-cloud-storage only when needed
-        )
+class PrefixedStore:
+    """Another store's objects under ``prefix/``: a store URI's path inside a bucket, so that
+    jobs or clusters can share a bucket without seeing each other's keys."""
 
-        return GcsObjectStore(where, _gcs_client(gcs_endpoint), retry_timeout_s=retry_s)
-    raise SystemExit(f"object_store must be 'dir:<path>' or 'gcs:<bucket>', got {spec!r}")
+    def __init__(self, inner: ObjectStore, prefix: str) -> None:
+        self.inner = inner
+        self.prefix = f"{validate_key(prefix)}/"
 
+    def put_file(self, key: str, path: Path, xxh3_128: str | None = None) -> None:
+        self.inner.put_file(self.prefix + validate_key(key), path, xxh3_128)
 
-def _gcs_client(endpoint: str):
-    from google.cloud import storage
+    def get_file(self, key: str, dest: Path, xxh3_128: str | None = None) -> None:
+        self.inner.get_file(self.prefix + validate_key(key), dest, xxh3_128)
 
-    if not endpoint:
-        return storage.Client()  # Application Default Credentials
-    from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.inner.put_bytes(self.prefix + validate_key(key), data)
 
-    return storage.Client(
-        project="goodput-local",
-        credentials=AnonymousCredentials(),
-        client_options=ClientOptions(api_endpoint=endpoint),
-    )
+    def get_bytes(self, key: str) -> bytes:
+        return self.inner.get_bytes(self.prefix + validate_key(key))
 
+    def stat(self, key: str) -> ObjectInfo | None:
+        info = self.inner.stat(self.prefix + validate_key(key))
+        return None if info is None else ObjectInfo(key, info.size, info.xxh3_128)
 
-def store_uri(spec: str) -> str:
-    kind, _, where = spec.partition(":")
-    return f"gs://{where}" if kind == "gcs" else f"file://{where}"
+    def list(self, prefix: str) -> Iterator[str]:
+        for key in self.inner.list(self.prefix + prefix):
+            yield key[len(self.prefix) :]
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(self.prefix + validate_key(key))

@@ -45,6 +45,7 @@ from goodput.checkpoint.format import (
     write_manifest,
 )
 from goodput.checkpoint.tiers.backup import backup_checkpoint
+from goodput.checkpoint.tiers.open_store import open_object_store
 from goodput.checkpoint.tiers.peer import PeerClient, PeerServerProcess
 from goodput.checkpoint.tiers.peer.loopback import measure_tcp_gbps
 from goodput.checkpoint.tiers.restore import (
@@ -171,11 +172,10 @@ def measure(
     # imported here, where the object-store leg runs: `goodput bench ckpt` (every bench's
     # parser is built from this module's register) must not need the GCS client to start
     from goodput.checkpoint.tiers.fake_gcs import FakeGcsServer, ensure_bucket
-    from goodput.checkpoint.tiers.gcs import GcsObjectStore
 
     with FakeGcsServer(work / "gcs") as server:
         ensure_bucket(server.client(), BUCKET)
-        store = GcsObjectStore(BUCKET, server.client())
+        store = open_object_store(server.store_uri(BUCKET), retry_s=30)
         uploaded = 0
         for replica in ("nodeA", "nodeB", "nodeC"):
             started = time.perf_counter()

@@ -39,8 +39,10 @@ from goodput.checkpoint.index.index import (
 from goodput.checkpoint.index.records import CopyRecord
 from goodput.checkpoint.index.retention import DEFAULT_KEEP, DEFAULT_REQUIRE, Retention, plan_gc
 from goodput.checkpoint.tiers.backup import DEFAULT_PREFIX, blob_key, read_listing
-from goodput.checkpoint.tiers.object_store import ObjectNotFound, ObjectStore, open_object_store
+from goodput.checkpoint.tiers.object_store import ObjectNotFound, ObjectStore
+from goodput.checkpoint.tiers.open_store import open_object_store
 from goodput.checkpoint.tiers.peer import PeerClient, PeerError
+from goodput.checkpoint.tiers.store_uri import StoreUri, StoreUriError, parse_store_uri
 from goodput.config import (
     add_bus_arguments,
     add_state_dir_argument,
@@ -155,11 +157,30 @@ async def _ls(args: argparse.Namespace, bus: Bus) -> int:
     return 0
 
 
-def _store_for(snapshot: IndexSnapshot, spec: str, endpoint: str) -> ObjectStore | None:
-    for node in snapshot.nodes.values():
-        if not spec and node.object_store:
-            spec, endpoint = node.object_store, node.gcs_endpoint
-    return open_object_store(spec, endpoint, retry_s=10) if spec else None
+def announced_store(snapshot: IndexSnapshot) -> StoreUri | None:
+    """The store the live nodes announce, None if none does. Records come from the bus and
+    may be forged, so one is followed only when every live node names it (a forger would
+    otherwise steer `gc` to delete in, or `verify` to read from, a store of its choosing)."""
+    uris = set()
+    for node in snapshot.live_nodes():
+        try:
+            uris.add(node.store())
+        except StoreUriError as exc:
+            raise StoreUriError(f"node {node.node} announces an unusable store: {exc}") from None
+    uris.discard(None)
+    if len(uris) > 1:
+        named = ", ".join(sorted(str(u) for u in uris))
+        raise StoreUriError(f"the live nodes announce different object stores ({named})")
+    return uris.pop() if uris else None
+
+
+def _store_for(snapshot: IndexSnapshot, named: str) -> ObjectStore | None:
+    """The store named on the command line, else the one the live nodes agree on."""
+    try:
+        uri = parse_store_uri(named) if named else announced_store(snapshot)
+        return open_object_store(uri, retry_s=10) if uri else None
+    except StoreUriError as exc:
+        raise SystemExit(f"goodput ckpt: {exc}: name one with --object-store") from None
 
 
 async def _verify_copy(
@@ -223,7 +244,7 @@ async def _verify(args: argparse.Namespace, bus: Bus) -> int:
     else:
         newest = snapshot.newest_complete()
         steps = [newest.step] if newest else []
-    store = _store_for(snapshot, args.object_store, args.gcs_endpoint)
+    store = _store_for(snapshot, args.object_store)
     results = []
     for step in steps:
         for copy in snapshot.view(step).copies:
@@ -331,7 +352,7 @@ async def _gc(args: argparse.Namespace, bus: Bus) -> int:
             retention,
             state_dir=state_dir,
             disks_of=disks,
-            store=_store_for(snapshot, args.object_store, args.gcs_endpoint),
+            store=_store_for(snapshot, args.object_store),
         )
         report_copies, blobs = report.deleted, report.blobs_deleted
     if args.json:
@@ -393,9 +414,10 @@ def _store_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--object-store",
         default="",
-        help="'dir:<path>' or 'gcs:<bucket>' (default: the one the replicators announce)",
+        metavar="URI",
+        help="the store's URI: file:///<path> or gs://<bucket>[/<prefix>][?endpoint=<url>]"
+        " (default: the one every live replicator announces)",
     )
-    parser.add_argument("--gcs-endpoint", default="", help="GCS emulator URL for a gcs: store")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

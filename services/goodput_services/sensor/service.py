@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
 from goodput import schemas, subjects
-from goodput.bus import DurableConsumer
+from goodput.bus import Bus, DurableConsumer
 from goodput.config import ServiceConfig
 from goodput.measure.metrics import JobProgressMetrics
 from goodput.supervisor.detect.detector import Detector
@@ -145,7 +145,11 @@ class SensorService(Service):
         def on_beat(beat: schemas.Heartbeat, now: int) -> None:
             pending.extend(self.detector.on_heartbeat(beat, now))
 
-        self._feed = HeartbeatFeed(self.bus.nc, self.job, on_beat)
+        # a connection of their own: one TCP stream delivers in order, so on the service's
+        # connection every answer to the event consumer's fetches would wait behind the
+        # beats queued ahead of it in the socket, however fairly the loop runs
+        beats_bus = await Bus.connect(self.config.bus, name=f"goodput-{self.name}-heartbeats")
+        self._feed = HeartbeatFeed(beats_bus.nc, self.job, on_beat)
         await self._feed.start()
         self._feed_started.set()
         try:
@@ -158,6 +162,7 @@ class SensorService(Service):
         finally:
             with contextlib.suppress(Exception):
                 await self._feed.stop()
+            await beats_bus.close()
 
     async def _poll(self) -> None:
         await self._feed_started.wait()

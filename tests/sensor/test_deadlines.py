@@ -34,4 +34,5 @@ def test_matches_a_brute_force_model(ops: list[tuple[str, int, int]]) -> None:
             deadlines = [model.pop(k) for k in due]
             assert deadlines == sorted(deadlines)  # earliest first
         assert len(queue) == len(model)
+        assert all((k in queue) == (k in model) for k in range(10))
         assert queue.next_deadline() == min(model.values(), default=None)

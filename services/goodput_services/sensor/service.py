@@ -17,14 +17,14 @@ from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
 from goodput import schemas, subjects
-from goodput.bus import DurableConsumer
-from goodput.bus.routing import decode_event_on
+from goodput.bus import Bus, DurableConsumer
 from goodput.config import ServiceConfig
 from goodput.measure.metrics import JobProgressMetrics
 from goodput.supervisor.detect.detector import Detector
 from goodput.supervisor.detect.thresholds import Thresholds, updated
 from goodput.telemetry import link_to_current, tracer
 from goodput_services.base import Service
+from goodput_services.sensor.heartbeats import HeartbeatFeed
 from goodput_services.sensor.options import SensorOptions
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,11 @@ class SensorService(Service):
         super().__init__(config)
         self.detector = Detector(self.job, self.options.thresholds)
         self.signals_sent = 0
-        self.heartbeats = 0
-        self.undecodable_heartbeats = 0
+        self._feed: HeartbeatFeed | None = None
+        self._feed_started = asyncio.Event()
+        #: how far behind the clock the last poll judged (s): the time it took to read the
+        #: beats queued ahead of its round trip
+        self.behind_s = 0.0
         self._tracer = tracer("goodput.sensor")
         self.progress = JobProgressMetrics(self.job)
 
@@ -62,6 +65,15 @@ class SensorService(Service):
             return True, f"thresholds now {self.thresholds}"
         return await super().execute(command)
 
+    @property
+    def heartbeats(self) -> int:
+        """Heartbeats taken off the bus and understood."""
+        return self._feed.taken - self._feed.undecodable if self._feed is not None else 0
+
+    @property
+    def undecodable_heartbeats(self) -> int:
+        return self._feed.undecodable if self._feed is not None else 0
+
     def health(self) -> tuple[bool, str]:
         return True, (
             f"{self.signals_sent} signal(s) sent, {self.heartbeats} heartbeat(s) seen"
@@ -70,6 +82,7 @@ class SensorService(Service):
                 if self.undecodable_heartbeats
                 else ""
             )
+            + f", deadlines judged {self.behind_s:.2f} s behind"
         )
 
     async def _publish(self, signals: list[schemas.Signal]) -> None:
@@ -126,27 +139,19 @@ class SensorService(Service):
         consumer.stop()
 
     async def _consume_heartbeats(self) -> None:
-        assert self.bus is not None
+        assert self.bus is not None and self._feed is None
         pending: list[schemas.Signal] = []
 
-        async def handle(msg: Msg) -> None:
-            try:
-                beat = decode_event_on(msg.subject, msg.data)
-                if not isinstance(beat, schemas.Heartbeat):
-                    raise schemas.SchemaError(f"{type(beat).__name__} is not a heartbeat")
-            except schemas.SchemaError:
-                # high-rate and unstored: counted, not dead-lettered
-                self.undecodable_heartbeats += 1
-                return
-            self.heartbeats += 1
-            try:
-                pending.extend(self.detector.on_heartbeat(beat, time.time_ns()))
-            except Exception:  # one odd beat must not end heartbeat tracking
-                log.exception("heartbeat not understood", extra={"subject": msg.subject})
+        def on_beat(beat: schemas.Heartbeat, now: int) -> None:
+            pending.extend(self.detector.on_heartbeat(beat, now))
 
-        subscription = await self.bus.nc.subscribe(
-            subjects.heartbeats_of(self.job), cb=handle, pending_msgs_limit=200_000
-        )
+        # a connection of their own: one TCP stream delivers in order, so on the service's
+        # connection every answer to the event consumer's fetches would wait behind the
+        # beats queued ahead of it in the socket, however fairly the loop runs
+        beats_bus = await Bus.connect(self.config.bus, name=f"goodput-{self.name}-heartbeats")
+        self._feed = HeartbeatFeed(beats_bus.nc, self.job, on_beat)
+        await self._feed.start()
+        self._feed_started.set()
         try:
             while not self.stopping.is_set():
                 if pending:
@@ -156,11 +161,22 @@ class SensorService(Service):
                     await asyncio.wait_for(self.stopping.wait(), 0.05)
         finally:
             with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
+                await self._feed.stop()
+            await beats_bus.close()
 
     async def _poll(self) -> None:
+        await self._feed_started.wait()
+        assert self._feed is not None
         while not self.stopping.is_set():
-            await self._publish(self.detector.poll(time.time_ns()))
+            # silence is judged only up to what the sensor has read: its own backlog of
+            # beats must not read as the ranks' (``HeartbeatFeed.read_until_now``)
+            heard_until = await self._feed.read_until_now()
+            if heard_until is None:
+                if not self.stopping.is_set():
+                    log.warning("the bus did not answer a round trip: deadlines not checked")
+            else:
+                self.behind_s = (time.time_ns() - heard_until) / 1e9
+                await self._publish(self.detector.poll(heard_until))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     self.stopping.wait(), self.thresholds.heartbeat_polling_period_s

@@ -29,6 +29,10 @@ class DeadlineQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._armed)
 
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` has a live entry (it will come due, or be re-armed by its check)."""
+        return key in self._armed
+
     def arm(self, key: K, deadline_ns: int) -> None:
         """Make sure ``key`` comes due no later than ``deadline_ns`` (a later one is a no-op)."""
         current = self._armed.get(key)

@@ -63,6 +63,7 @@ class Detector:
     def __init__(self, job: str, thresholds: Thresholds | None = None):
         self.job = job
         self._thresholds = thresholds or Thresholds()
+        self._heartbeat_floor_ns = int(self._thresholds.heartbeat_timeout_s * NS)
         self._forget_run()
 
     def _forget_run(self) -> None:
@@ -80,6 +81,7 @@ class Detector:
     def set_thresholds(self, thresholds: Thresholds) -> None:
         """Apply new thresholds (from ``thresholds.updated``); every deadline is recomputed."""
         self._thresholds = thresholds
+        self._heartbeat_floor_ns = int(thresholds.heartbeat_timeout_s * NS)
         self._run.rearm(thresholds)
 
     # ---- events --------------------------------------------------------------------------------
@@ -310,12 +312,18 @@ class Detector:
                     gap, rank.heartbeat_gap_ns * self._thresholds.interval_decay
                 )
             rank.last_heartbeat_ns = now
+        # whether the hang deadline's inputs (progress, busy) changed: a plain beat moves
+        # neither, so its hang entry stands as it is
+        moved = False
         if event.busy:
-            if not rank.busy:
-                rank.busy_since_ns = now
-            rank.busy = event.busy
+            if rank.busy != event.busy:
+                moved = True
+                if not rank.busy:
+                    rank.busy_since_ns = now
+                rank.busy = event.busy
             self._run.mark_job_progress(now)
         elif rank.busy:
+            moved = True
             self._run.end_busy(rank, now)
         # the first heartbeat only sets the baseline: whether it names the step in progress or
         # the last one done, a change of it is progress — unless the step report came first
@@ -325,9 +333,14 @@ class Detector:
         elif event.step > rank.heartbeat_step:
             rank.heartbeat_step = event.step
             if event.step > rank.done_step:
+                moved = True
                 self._run.progress(event.rank, rank, now, self._thresholds)
-        self._run.heartbeat_deadlines.arm(event.rank, heartbeat_deadline(rank, self._thresholds))
-        if not rank.hang_reported:
+        # re-armed lazily: no heartbeat timeout is shorter than the floor, so the beat's time
+        # plus the floor is the earliest this rank can fall silent; the queue keeps the
+        # earliest entry (a later one costs a dict look-up), and when it comes due
+        # ``check_heartbeat`` recomputes the real deadline and re-arms at it
+        self._run.heartbeat_deadlines.arm(event.rank, now + self._heartbeat_floor_ns)
+        if not rank.hang_reported and (moved or event.rank not in self._run.hang_deadlines):
             self._run.hang_deadlines.arm(event.rank, hang_deadline(rank, self._thresholds))
         return []
 

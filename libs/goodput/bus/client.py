@@ -8,6 +8,7 @@ exactly once (the stream's duplicate window absorbs the retries).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -111,6 +112,9 @@ def stream_configs(limits: StoreLimits) -> tuple[StreamConfig, ...]:
             discard=DiscardPolicy.OLD,
             # long enough to absorb retries through a server restart without a duplicate
             duplicate_window=900.0,
+            # a rank reads the newest trainer command with one direct get on (re)connecting
+            # (``shim.command_feed``): answered by any replica, no consumer, no API leader
+            allow_direct=True,
             description="goodput commands; durable consumers ack after execution",
         ),
         StreamConfig(
@@ -214,6 +218,16 @@ class Bus:
         self.name = name
         self._kv: dict[str, KeyValue] = {}
         self._closing = asyncio.Event()
+        self._reconnect_hooks: list[Callable[[], None]] = []
+
+    def on_reconnect(self, hook: Callable[[], None], *, remove: bool = False) -> None:
+        """Call ``hook`` (which must not block: it runs in the client's reconnect) after every
+        reconnect, once the client's subscriptions are back on the server; or stop calling it."""
+        if remove:
+            with contextlib.suppress(ValueError):
+                self._reconnect_hooks.remove(hook)
+        else:
+            self._reconnect_hooks.append(hook)
 
     @classmethod
     async def connect(
@@ -229,6 +243,7 @@ class Bus:
         settings.check_credentials()
         options = settings.connect_options()
         closing = asyncio.Event()
+        reconnect_hooks: list[Callable[[], None]] = []
 
         async def on_disconnect() -> None:
             if not closing.is_set():
@@ -236,6 +251,8 @@ class Bus:
 
         async def on_reconnect() -> None:
             log.info("bus reconnected", extra={"bus": settings.url})
+            for hook in list(reconnect_hooks):
+                hook()
 
         async def on_error(exc: Exception) -> None:
             log.debug("bus error: %r", exc)
@@ -273,6 +290,7 @@ class Bus:
         )
         bus = cls(nc, settings, name)
         bus._closing = closing
+        bus._reconnect_hooks = reconnect_hooks
         return bus
 
     @property

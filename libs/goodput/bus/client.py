@@ -26,6 +26,7 @@ from nats.js.kv import KeyValue
 
 from goodput import schemas, subjects
 from goodput.bus.connect_refusal import connect_refusal
+from goodput.bus.dead_letters import dead_letter_entry
 from goodput.bus.settings import BusSettings, stream_replicas
 from goodput.bus.store_sizing import (
     DEFAULT_SCALE,
@@ -176,36 +177,6 @@ async def retry_transient(
                 ) from exc
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
-
-
-#: room left in a dead letter for its headers (message id, trace context)
-DEAD_LETTER_HEADROOM = 4096
-
-
-def dead_letter_entry(
-    *,
-    job: str,
-    service: str,
-    subject: str,
-    reason: str,
-    payload: bytes,
-    stream_seq: int,
-    max_payload: int,
-) -> schemas.DeadLetter:
-    """The dead letter of ``payload``, cut so that letter and headers fit in ``max_payload``."""
-    letter = schemas.DeadLetter(
-        job=job,
-        service=service,
-        subject=subject[:1024],
-        reason=reason[:2000],
-        payload=b"",
-        size=len(payload),
-        stream_seq=stream_seq,
-    )
-    # +5: the largest msgpack bin header the payload can add
-    room = max(0, max_payload - DEAD_LETTER_HEADROOM - len(schemas.encode(letter)) - 5)
-    letter.payload = payload[:room]
-    return letter
 
 
 class Bus:

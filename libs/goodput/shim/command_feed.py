@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -114,10 +115,14 @@ class CommandFeed:
             self._queue.put_nowait((msg.subject, msg.data))
 
         self._subscription = await self.bus.nc.subscribe(self.subject, cb=on_message)
+        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+            # the server has the subscription once this returns: what is sent then arrives live
+            await self.bus.nc.flush(timeout=LOOKUP_TIMEOUT_S)
         self._spawn(self._handle())
         self.bus.on_reconnect(self._catch_up_later)
-        # sent after the SUB on the same connection: the server has the subscription by then
-        await self.catch_up()
+        # sent after the SUB on the same connection: the server has the subscription by then;
+        # not awaited: a lookup retried through an outage must not hold the link's events
+        self._catch_up_later()
 
     async def stop(self) -> None:
         self.bus.on_reconnect(self._catch_up_later, remove=True)
@@ -141,6 +146,9 @@ class CommandFeed:
                 b"",
                 timeout=LOOKUP_TIMEOUT_S,
             )
+            status = (msg.headers or {}).get("Status", "")
+            if status not in ("", "404"):  # 404: none stored; else not answerable yet
+                raise nats.js.errors.ServiceUnavailableError(description=f"status {status}")
             # live copies read before the answer reach the queue first (the module's order)
             await self.bus.nc.flush(timeout=LOOKUP_TIMEOUT_S)
             return msg
@@ -153,9 +161,14 @@ class CommandFeed:
             return
         headers = msg.headers or {}
         stamp = headers.get("Nats-Time-Stamp")
-        if not msg.data or stamp is None:  # status 404: none stored
+        if not msg.data or stamp is None:  # none stored
             return
-        if stored_ns(stamp) >= self.since_ns:
+        try:
+            since_launch = stored_ns(stamp) >= self.since_ns
+        except ValueError:
+            log.warning("trainer commands: the lookup's stored time %r is no time", stamp)
+            return
+        if since_launch:
             self._queue.put_nowait((headers.get("Nats-Subject", self.subject), msg.data))
 
     async def _handle(self) -> None:

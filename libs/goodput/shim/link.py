@@ -93,9 +93,10 @@ class BusLink:
         except Exception as exc:
             self._give_up(f"cannot connect to {self.settings.describe()}: {exc!r}")
             return
-        self.connected.set()
         heartbeats = asyncio.create_task(self._heartbeats(bus))
         commands = await self._subscribe_commands(bus)
+        # set once commands sent from now on reach the rank live (tests wait for it)
+        self.connected.set()
         try:
             await self._publish_events(bus)
         finally:
@@ -200,7 +201,8 @@ class BusLink:
 
 
 def wait_for_bus(link: BusLink | None, timeout_s: float = 10.0) -> bool:
-    """Block until ``link`` (a shim's) is connected (tests and short jobs use this)."""
+    """Block until ``link`` (a shim's) is connected and its trainer commands arrive live
+    (tests and short jobs use this)."""
     if link is None:
         return False
     deadline = time.monotonic() + timeout_s

@@ -86,8 +86,13 @@ async def _links(url: str, mode: str, count: int, since_ns: int, go: Event, leav
         await ready.wait()
         return bus, connected, time.time()
 
-    done = await asyncio.gather(*(link(n) for n in range(count)))
-    out.put((began, max(c for _, c, _ in done), max(r for _, _, r in done)))
+    outcomes = await asyncio.gather(*(link(n) for n in range(count)), return_exceptions=True)
+    done = [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
+    refused = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    if refused:  # the server refused some links (its consumer limit): said, not hung on
+        out.put((began, f"{len(refused)} of {count} links failed: {refused[0]}", 0.0))
+    else:
+        out.put((began, max(c for _, c, _ in done), max(r for _, _, r in done)))
     await asyncio.to_thread(leave.wait)
     for bus, _, _ in done:
         await bus.close()
@@ -144,6 +149,12 @@ def measure(links: int, processes: int, mode: str) -> dict:
             ends = [out.get() for _ in workers]
             cpu_s = sum(process.cpu_times()[:2]) - cpu_before
             began = min(b for b, _, _ in ends)
+            failed = [c for _, c, _ in ends if isinstance(c, str)]
+            if failed:
+                leave.set()
+                for worker in workers:
+                    worker.join(120)
+                return {"mode": mode, "links": links, "failed": "; ".join(failed)}
             row = {
                 "mode": mode,
                 "links": links,
@@ -171,10 +182,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     table = Table(title="trainer-command links (re)starting together")
-    for column in rows[0]:
+    columns = list(dict.fromkeys(column for row in rows for column in row))
+    for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(*(str(value) for value in row.values()))
+        table.add_row(*(str(row.get(column, "")) for column in columns))
     Console().print(table)
     return 0
 

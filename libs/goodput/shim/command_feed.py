@@ -50,7 +50,8 @@ log = logging.getLogger(__name__)
 
 #: command ids remembered for de-duplication: far more than a job sends within a gap
 SEEN_IDS = 1024
-LOOKUP_TIMEOUT_S = 5.0
+#: seconds a lookup, or a flush, may take (an int: nats-py annotates flush's timeout so)
+LOOKUP_TIMEOUT_S = 5
 #: how long a lookup is retried through an outage (a server restarting recovers its streams)
 LOOKUP_FOR_S = 60.0
 

@@ -42,7 +42,9 @@ from .kubernetes_fake import (
 
 
 class Survivors:
-    """Stand-ins for the surviving ranks' shims: each Rejoin is answered ok for ``ranks``."""
+    """Stand-ins for the surviving ranks' shims: each Rejoin is answered ok for ``ranks``,
+    once per command id as a rank's link handles it (the actuator re-sends it while a rank is
+    silent)."""
 
     def __init__(self, bus: Bus, ranks: set[int]) -> None:
         self.bus, self.ranks = bus, ranks
@@ -51,7 +53,8 @@ class Survivors:
     async def start(self) -> Survivors:
         async def on_command(msg) -> None:
             command = schemas.decode_command(msg.data)
-            if isinstance(command, schemas.Rejoin):
+            seen = {rejoin.command_id for rejoin in self.rejoins}
+            if isinstance(command, schemas.Rejoin) and command.command_id not in seen:
                 self.rejoins.append(command)
                 for rank in sorted(self.ranks):
                     await self.bus.emit(

@@ -96,7 +96,7 @@ async def test_the_dead_letter_of_a_max_size_message_fits_in_max_payload(bus: Bu
 
 @pytest.mark.parametrize("reason_chars", [0, 2000, 10_000])
 def test_a_dead_letter_entry_is_cut_to_the_limit_whatever_the_reason(reason_chars: int) -> None:
-    from goodput.bus.client import DEAD_LETTER_HEADROOM, dead_letter_entry
+    from goodput.bus.dead_letters import DEAD_LETTER_HEADROOM, dead_letter_entry
 
     letter = dead_letter_entry(
         job=JOB,

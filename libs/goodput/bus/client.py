@@ -8,6 +8,7 @@ exactly once (the stream's duplicate window absorbs the retries).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -25,6 +26,7 @@ from nats.js.kv import KeyValue
 
 from goodput import schemas, subjects
 from goodput.bus.connect_refusal import connect_refusal
+from goodput.bus.dead_letters import dead_letter_entry
 from goodput.bus.settings import BusSettings, stream_replicas
 from goodput.bus.store_sizing import (
     DEFAULT_SCALE,
@@ -111,6 +113,9 @@ def stream_configs(limits: StoreLimits) -> tuple[StreamConfig, ...]:
             discard=DiscardPolicy.OLD,
             # long enough to absorb retries through a server restart without a duplicate
             duplicate_window=900.0,
+            # a rank reads the newest trainer command with one direct get on (re)connecting
+            # (``shim.command_feed``): answered by any replica, no consumer, no API leader
+            allow_direct=True,
             description="goodput commands; durable consumers ack after execution",
         ),
         StreamConfig(
@@ -174,36 +179,6 @@ async def retry_transient(
             delay = min(delay * 2, 1.0)
 
 
-#: room left in a dead letter for its headers (message id, trace context)
-DEAD_LETTER_HEADROOM = 4096
-
-
-def dead_letter_entry(
-    *,
-    job: str,
-    service: str,
-    subject: str,
-    reason: str,
-    payload: bytes,
-    stream_seq: int,
-    max_payload: int,
-) -> schemas.DeadLetter:
-    """The dead letter of ``payload``, cut so that letter and headers fit in ``max_payload``."""
-    letter = schemas.DeadLetter(
-        job=job,
-        service=service,
-        subject=subject[:1024],
-        reason=reason[:2000],
-        payload=b"",
-        size=len(payload),
-        stream_seq=stream_seq,
-    )
-    # +5: the largest msgpack bin header the payload can add
-    room = max(0, max_payload - DEAD_LETTER_HEADROOM - len(schemas.encode(letter)) - 5)
-    letter.payload = payload[:room]
-    return letter
-
-
 class Bus:
     """One service's connection to NATS JetStream."""
 
@@ -214,6 +189,16 @@ class Bus:
         self.name = name
         self._kv: dict[str, KeyValue] = {}
         self._closing = asyncio.Event()
+        self._reconnect_hooks: list[Callable[[], None]] = []
+
+    def on_reconnect(self, hook: Callable[[], None], *, remove: bool = False) -> None:
+        """Call ``hook`` (which must not block: it runs in the client's reconnect) after every
+        reconnect, once the client's subscriptions are back on the server; or stop calling it."""
+        if remove:
+            with contextlib.suppress(ValueError):
+                self._reconnect_hooks.remove(hook)
+        else:
+            self._reconnect_hooks.append(hook)
 
     @classmethod
     async def connect(
@@ -229,6 +214,7 @@ class Bus:
         settings.check_credentials()
         options = settings.connect_options()
         closing = asyncio.Event()
+        reconnect_hooks: list[Callable[[], None]] = []
 
         async def on_disconnect() -> None:
             if not closing.is_set():
@@ -236,6 +222,8 @@ class Bus:
 
         async def on_reconnect() -> None:
             log.info("bus reconnected", extra={"bus": settings.url})
+            for hook in list(reconnect_hooks):
+                hook()
 
         async def on_error(exc: Exception) -> None:
             log.debug("bus error: %r", exc)
@@ -273,6 +261,7 @@ class Bus:
         )
         bus = cls(nc, settings, name)
         bus._closing = closing
+        bus._reconnect_hooks = reconnect_hooks
         return bus
 
     @property

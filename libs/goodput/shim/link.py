@@ -2,7 +2,8 @@
 
 The training loop is synchronous and must never wait on the network: events go into a queue
 that a background asyncio loop drains (retrying through outages), heartbeats are sent from
-that loop on a timer, and commands for trainers arrive there and are handed to a callback.
+that loop on a timer, and commands for trainers arrive there (``command_feed``: a core
+subscription, no consumer per rank) and are handed to a callback.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from nats.js.api import ConsumerConfig, DeliverPolicy
 from opentelemetry.context import Context
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, BusSettingsError
+from goodput.shim.command_feed import CommandFeed
 from goodput.telemetry import attached
 
 log = logging.getLogger(__name__)
@@ -92,9 +93,10 @@ class BusLink:
         except Exception as exc:
             self._give_up(f"cannot connect to {self.settings.describe()}: {exc!r}")
             return
-        self.connected.set()
         heartbeats = asyncio.create_task(self._heartbeats(bus))
         commands = await self._subscribe_commands(bus)
+        # set once commands sent from now on reach the rank live (tests wait for it)
+        self.connected.set()
         try:
             await self._publish_events(bus)
         finally:
@@ -107,8 +109,7 @@ class BusLink:
             with contextlib.suppress(Exception):
                 await bus.publish_core(self._subject, self._beat())
             if commands is not None:
-                with contextlib.suppress(Exception):
-                    await commands.unsubscribe()
+                await commands.stop()
             await bus.close()
 
     def _give_up(self, reason: str) -> None:
@@ -170,50 +171,38 @@ class BusLink:
                 await bus.publish_core(self._subject, self._beat())
             await asyncio.sleep(self.heartbeat_period_s)
 
-    async def _subscribe_commands(self, bus: Bus):
-        """Commands for trainers sent since this process started (older ones were for others)."""
+    async def _subscribe_commands(self, bus: Bus) -> CommandFeed | None:
+        """Commands for trainers sent since this process was launched (older ones were for
+        others), through a core subscription and a lookup: ``command_feed`` says the rule."""
 
-        async def handle(msg) -> None:
-            try:
-                command = schemas.decode_command(msg.data)
-                misrouted = subjects.mismatch(msg.subject, command)
-                reason = f"wrong subject: {misrouted}" if misrouted else ""
-            except schemas.SchemaError as exc:
-                reason = f"undecodable: {exc}"
-            if reason:
-                await bus.dead_letter(
-                    job=self.job,
-                    service=f"trainer-{self.rank}",
-                    subject=msg.subject,
-                    reason=reason,
-                    payload=msg.data,
-                )
-                return
-            self.on_command(command)
-
-        since = self._commands_since_ns
-        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since / 1e9))
-        start += f".{since % 10**9:09d}Z"
-        try:
-            return await bus.js.subscribe(
-                subjects.command(self.job, subjects.TRAINER),
-                stream=subjects.COMMANDS_STREAM,
-                cb=handle,
-                ordered_consumer=True,
-                config=ConsumerConfig(
-                    deliver_policy=DeliverPolicy.BY_START_TIME,
-                    # nats-py annotates a datetime, but passes an RFC 3339 string on as it is
-                    # (a datetime would lose the nanoseconds)
-                    opt_start_time=start,  # type: ignore[arg-type]
-                ),
+        async def reject(subject: str, reason: str, payload: bytes) -> None:
+            await bus.dead_letter(
+                job=self.job,
+                service=f"trainer-{self.rank}",
+                subject=subject,
+                reason=reason,
+                payload=payload,
             )
+
+        feed = CommandFeed(
+            bus,
+            job=self.job,
+            since_ns=self._commands_since_ns,
+            on_command=self.on_command,
+            reject=reject,
+        )
+        try:
+            await feed.start()
         except Exception:
             log.exception("cannot subscribe to trainer commands; they will be missed")
+            await feed.stop()
             return None
+        return feed
 
 
 def wait_for_bus(link: BusLink | None, timeout_s: float = 10.0) -> bool:
-    """Block until ``link`` (a shim's) is connected (tests and short jobs use this)."""
+    """Block until ``link`` (a shim's) is connected and its trainer commands arrive live
+    (tests and short jobs use this)."""
     if link is None:
         return False
     deadline = time.monotonic() + timeout_s

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 
@@ -13,7 +12,6 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, BusUnavailableError
 from goodput.bus.commands import request
 from goodput.bus.job_events import next_step
-from goodput.bus.routing import decode_event_on
 from goodput.checkpoint.index.index import CheckpointIndex
 from goodput.config import ServiceConfig
 from goodput.launch.rank_env import RankEnv
@@ -22,6 +20,7 @@ from goodput.supervisor.membership import MembershipError
 from goodput_services.actuator.backend import Backend
 from goodput_services.actuator.options import ActuatorOptions
 from goodput_services.actuator.ports import BusPorts
+from goodput_services.actuator.rejoin_round import rejoin_round
 from goodput_services.actuator.skip_history import read_run_windows
 from goodput_services.base import Service
 
@@ -151,36 +150,9 @@ class ActuatorService(Service):
     async def _rejoin_round(
         self, command: schemas.Rejoin, ranks: set[int], deadline_s: float
     ) -> dict[int, schemas.RankRejoined]:
-        """Send ``command`` to the trainers and collect the answers of ``ranks`` for its
-        attempt, until each answered or ``deadline_s`` passed (listening before sending)."""
+        """The Rejoin round (``rejoin_round``: sent again to the ranks that did not answer)."""
         assert self.bus is not None
-        answers: dict[int, schemas.RankRejoined] = {}
-        complete = asyncio.Event()
-
-        async def on_answer(msg) -> None:
-            try:
-                event = decode_event_on(msg.subject, msg.data)
-            except schemas.SchemaError:
-                return  # the sensor's consumer dead-letters it
-            # only the ranks asked: one started into this attempt is not rejoining
-            if (
-                isinstance(event, schemas.RankRejoined)
-                and event.attempt == command.attempt
-                and event.rank in ranks
-            ):
-                answers[event.rank] = event
-                if not event.ok or ranks <= answers.keys():
-                    complete.set()
-
-        subject = subjects.event(self.job, schemas.kind_of(schemas.RankRejoined))
-        subscription = await self.bus.nc.subscribe(subject, cb=on_answer)
-        try:
-            await self.bus.send_command(subjects.TRAINER, command)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(complete.wait(), deadline_s)
-        finally:
-            await subscription.unsubscribe()
-        return answers
+        return await rejoin_round(self.bus, command, ranks, deadline_s)
 
     async def _assign_standby(self, subject: str, env: RankEnv) -> str:
         """Hand a pod standby its rank over the bus (``goodput.launch.standby_channel``)."""

@@ -1,6 +1,8 @@
 """Subject, stream and bucket names: the one place they are spelled.
 
 - ``gp.<job>.evt.<kind>``            facts, stream GP_EVENTS (replayed by the goodput calculator)
+- ``gp.<job>.evt.<kind>.<rank>``     the facts every rank reports per step or checkpoint
+                                     (``RANKED_KINDS``), so a consumer filters to one rank's
 - ``gp.<job>.cmd.<target>``          commands, stream GP_CMDS, durable consumers, acked after execution
 - ``gp.<job>.hb.<node>.<rank>``      heartbeats, core NATS (high rate, not stored)
 - ``gp.<job>.dlq.<service>``         input a service could not decode, stream GP_DLQ
@@ -10,6 +12,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from goodput import schemas
 
@@ -61,16 +64,51 @@ def node_target(service: str, node: str) -> str:
     return f"{service}-{node}"
 
 
-def event(job: str, kind: str) -> str:
-    return f"gp.{job}.evt.{kind}"
+#: the events every rank reports, many times a run: their subject names the rank, so a
+#: consumer that needs one rank's (the controller: rank 0's) has the server filter the rest out
+RANKED_EVENTS = (schemas.StepDone, schemas.CheckpointSaved, schemas.CheckpointPersisted)
+RANKED_KINDS = frozenset(schemas.kind_of(t) for t in RANKED_EVENTS)
+
+
+def event(job: str, kind: str, rank: int | None = None) -> str:
+    """Where ``kind`` events of ``job`` are published; of a ranked kind, ``rank``'s. Without a
+    rank, a ranked kind's subject is the one used before ranks were named, which stored
+    history still holds (GP_EVENTS keeps 14 days): readers of every rank take
+    ``events_of_kind``."""
+    if rank is None or kind not in RANKED_KINDS:
+        return f"gp.{job}.evt.{kind}"
+    return f"gp.{job}.evt.{kind}.{rank}"
 
 
 def event_for(message: schemas.Event) -> str:
-    return event(message.job, schemas.kind_of(type(message)))
+    rank = message.rank if isinstance(message, RANKED_EVENTS) else None
+    return event(message.job, schemas.kind_of(type(message)), rank)
 
 
 def events_of(job: str) -> str:
     return f"gp.{job}.evt.>"
+
+
+def events_of_kind(job: str, kind: str) -> tuple[str, ...]:
+    """Subject filters for every ``kind`` event of ``job``: of a ranked kind, every rank's and
+    those stored before ranks were named."""
+    if kind in RANKED_KINDS:
+        return (f"gp.{job}.evt.{kind}.*", event(job, kind))
+    return (event(job, kind),)
+
+
+def events_read(job: str, reads: Mapping[str, int | None]) -> list[str]:
+    """Subject filters for a consumer reading ``reads`` of ``job``: each kind it reads, mapped
+    to the one rank it needs of a ranked kind (None: every rank). Non-overlapping, as a
+    JetStream consumer's ``filter_subjects`` must be; the form stored before ranks were
+    named is included, so its reader still checks the rank of what it gets."""
+    filters: list[str] = []
+    for kind, rank in sorted(reads.items()):
+        if rank is None or kind not in RANKED_KINDS:
+            filters.extend(events_of_kind(job, kind))
+        else:
+            filters.extend((event(job, kind, rank), event(job, kind)))
+    return filters
 
 
 def command(job: str, target: str) -> str:
@@ -125,6 +163,10 @@ def mismatch(subject: str, message: schemas.Message) -> str:
     rest = subject[len(prefix) :]
     if rest.startswith("evt.") and isinstance(message, schemas.Event):
         expected = event_for(message)
+        if isinstance(message, RANKED_EVENTS) and subject == event(
+            message.job, schemas.kind_of(type(message))
+        ):
+            return ""
     elif rest.startswith("hb.") and isinstance(message, schemas.Heartbeat):
         expected = heartbeat(message.job, message.node, message.rank)
     else:

@@ -35,6 +35,20 @@ async def test_replay_of_an_unknown_job_is_empty(bus: Bus) -> None:
         await replay_from_bus(bus, "bad.job")
 
 
+async def test_history_stored_before_ranks_were_named_replays_the_same(bus: Bus) -> None:
+    """Steps and checkpoints stored on their kind's subject without the rank (before issue 36)
+    still replay, beside those with it, in order: a report over an older run is unchanged."""
+    events = scenario_events()
+    half = len(events) // 2
+    for event in events[:half]:  # as the build before published them
+        kind = schemas.kind_of(type(event))
+        await bus.js.publish(subjects.event(event.job, kind), schemas.encode(event))
+    await bus.emit_many(events[half:])
+    ranked = [e for e in events[:half] if isinstance(e, subjects.RANKED_EVENTS)]
+    assert ranked, "the scenario's first half has steps or checkpoints"
+    assert await replay_from_bus(bus, JOB) == events
+
+
 async def test_undecodable_messages_are_skipped(bus: Bus) -> None:
     events = scenario_events()[:4]
     await bus.emit_many(events[:2])

@@ -83,6 +83,24 @@ def test_a_heartbeat_must_name_the_node_and_rank_of_its_subject() -> None:
         decode_event_on(subjects.heartbeat(JOB, "x", 3), forged)
 
 
+def test_a_step_or_checkpoint_must_name_the_rank_of_its_subject() -> None:
+    """Every rank's steps and checkpoints name it (the controller reads rank 0's only): one on
+    another rank's subject is refused; one on its kind's subject without a rank was stored
+    before ranks were named, and still reads (GP_EVENTS keeps 14 days of history)."""
+    saved = schemas.CheckpointSaved(job=JOB, node="n0", rank=3, step=5, stall_s=0.1, bytes=1)
+    persisted = schemas.CheckpointPersisted(
+        job=JOB, node="n0", rank=3, step=5, path="/c", bytes=1, duration_s=1.0
+    )
+    for event in (_step(rank=3), saved, persisted):
+        kind, payload = schemas.kind_of(type(event)), schemas.encode(event)
+        assert subjects.event_for(event) == f"gp.{JOB}.evt.{kind}.3"
+        assert decode_event_on(subjects.event_for(event), payload) == event
+        assert decode_event_on(subjects.event(JOB, kind), payload) == event
+        with pytest.raises(schemas.SchemaError, match=rf"belongs on gp\.{JOB}\.evt\.{kind}\.3"):
+            decode_event_on(subjects.event(JOB, kind, 0), payload)
+    assert subjects.event(JOB, "signal", 3) == f"gp.{JOB}.evt.signal"  # not a ranked kind
+
+
 FORGED = [
     schemas.Stop(job=JOB, nodes=["a.b"]),
     schemas.Restart(job=JOB, reset_gpus={"*": [0]}),

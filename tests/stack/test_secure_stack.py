@@ -139,7 +139,7 @@ async def test_a_rank_signs_in_with_the_goodput_nats_environment(
         assert result.returncode == 0, result.stderr
         assert "bus connected: True" in result.stdout and "NOT supervised" not in result.stderr
         stored = await bus.js.get_last_msg(
-            subjects.EVENTS_STREAM, subjects.event(JOB, schemas.kind_of(schemas.StepDone))
+            subjects.EVENTS_STREAM, subjects.event(JOB, schemas.kind_of(schemas.StepDone), 0)
         )
         step = schemas.decode_event(stored.data)
         assert isinstance(step, schemas.StepDone) and step.step == 2

@@ -399,7 +399,7 @@ class Bus:
         return await retry_transient(attempt, deadline_s=retry_for_s, what=f"publish {subject}")
 
     async def emit(self, event: schemas.Event, *, retry_for_s: float = 120.0) -> PubAck:
-        """Publish a fact to ``gp.<job>.evt.<kind>``."""
+        """Publish a fact to its subject (``subjects.event_for``)."""
         return await self.publish(
             subjects.event_for(event), event, msg_id=schemas.new_id(), retry_for_s=retry_for_s
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import nats.errors
@@ -31,7 +31,12 @@ Decoder = Callable[[bytes], Any]
 
 
 class DurableConsumer:
-    """Feed the messages of ``subject`` in ``stream`` to ``handler``, one at a time, in order."""
+    """Feed the messages of ``subject`` in ``stream`` to ``handler``, one at a time, in order.
+
+    ``subject`` may be several filters (``subjects.events_read``): the server then delivers
+    only what matches one of them (``filter_subjects``, NATS 2.10+). A durable created with
+    other filters is updated in place, keeping its position: the server allows that change.
+    """
 
     def __init__(
         self,
@@ -39,7 +44,7 @@ class DurableConsumer:
         *,
         stream: str,
         durable: str,
-        subject: str,
+        subject: str | Sequence[str],
         decode: Decoder,
         handler: Handler,
         service: str,
@@ -52,16 +57,17 @@ class DurableConsumer:
         self.bus = bus
         self.stream = stream
         self.durable = durable
-        self.subject = subject
         self.decode = decode
         self.handler = handler
         self.service = service
         self.job = job
         self.batch = batch
         self.max_deliver = max_deliver
+        filters = [subject] if isinstance(subject, str) else list(subject)
         self.config = ConsumerConfig(
             durable_name=durable,
-            filter_subject=subject,
+            filter_subject=filters[0] if len(filters) == 1 else None,
+            filter_subjects=filters if len(filters) > 1 else None,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=ack_wait_s,
             max_deliver=max_deliver + 1,  # the extra delivery is where we dead-letter it

@@ -74,13 +74,17 @@ async def next_step(bus: Bus, job: str) -> None:
     async def on_step(_: Msg) -> None:
         stepped.set()
 
-    subject = subjects.event(job, schemas.kind_of(schemas.StepDone))
-    subscription = await bus.nc.subscribe(subject, cb=on_step)
+    kind = schemas.kind_of(schemas.StepDone)
+    subscriptions = [
+        await bus.nc.subscribe(subject, cb=on_step)
+        for subject in subjects.events_of_kind(job, kind)
+    ]
     try:
         await stepped.wait()
     finally:
-        with contextlib.suppress(Exception):  # the connection may be closing under it
-            await subscription.unsubscribe()
+        for subscription in subscriptions:
+            with contextlib.suppress(Exception):  # the connection may be closing under it
+                await subscription.unsubscribe()
 
 
 async def newest_run(bus: Bus, job: str) -> tuple[int, schemas.RunStarted] | None:

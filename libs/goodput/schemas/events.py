@@ -1,4 +1,5 @@
-"""The event family: facts, kept in GP_EVENTS and published to ``gp.<job>.evt.<kind>``.
+"""The event family: facts, kept in GP_EVENTS and published to ``gp.<job>.evt.<kind>`` (a step's
+or checkpoint's with its rank: ``subjects.event_for``).
 
 Each event is a tagged ``Event`` struct (the ``kind`` tag names it); ``EVENT_TYPES`` lists
 every one, and the codec decodes exactly that union.
@@ -23,7 +24,7 @@ from goodput.schemas.envelope import (
 
 
 class Event(Message, kw_only=True):
-    """A fact, published to ``gp.<job>.evt.<kind>``."""
+    """A fact, published to ``subjects.event_for(fact)``."""
 
 
 class RankStarted(Event, tag="rank_started", kw_only=True):

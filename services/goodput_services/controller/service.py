@@ -30,7 +30,7 @@ from goodput import schemas, subjects
 from goodput.bus import DurableConsumer
 from goodput.config import ServiceConfig
 from goodput.supervisor.control.engine import Controller, Outcome
-from goodput.supervisor.jobstate.folds import new_job_state, observe_event
+from goodput.supervisor.jobstate.folds import controller_filters, new_job_state, observe_event
 from goodput.supervisor.jobstate.model import ACTUATOR_COMMANDS, AnyCommand, JobState
 from goodput.telemetry import attached, context_from_traceparent, current_traceparent, tracer
 from goodput_services.base import Service
@@ -137,7 +137,8 @@ class ControllerService(Service):
             self.bus,
             stream=subjects.EVENTS_STREAM,
             durable=f"{self.job}-controller",
-            subject=subjects.events_of(self.job),
+            # only what it folds or decides on: not the other ranks' steps and checkpoints
+            subject=controller_filters(self.job),
             decode=schemas.decode_event,
             handler=self._on_event,
             service=self.name,

@@ -21,7 +21,7 @@ async def follow_persisted(
     Core NATS, from now on, until ``stopping``: what was persisted before the subscription,
     or while the bus was away, the next poll finds.
     """
-    subject = subjects.event(job, schemas.kind_of(schemas.CheckpointPersisted))
+    kind = schemas.kind_of(schemas.CheckpointPersisted)
 
     async def on_event(msg: Msg) -> None:
         try:
@@ -31,9 +31,13 @@ async def follow_persisted(
         if isinstance(event, schemas.CheckpointPersisted) and event.node == node:
             wake.set()
 
-    subscription = await bus.nc.subscribe(subject, cb=on_event)
+    subscriptions = [
+        await bus.nc.subscribe(subject, cb=on_event)
+        for subject in subjects.events_of_kind(job, kind)
+    ]
     try:
         await stopping.wait()
     finally:
-        with contextlib.suppress(Exception):
-            await subscription.unsubscribe()
+        for subscription in subscriptions:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from goodput import schemas
+from goodput import schemas, subjects
 from goodput.supervisor.jobstate.model import (
     ACTUATOR_COMMANDS,
     DOWNTIME_MEMORY,
@@ -46,6 +46,25 @@ MEMORY = 512
 CHECKPOINT_MEMORY = 32
 #: how many of rank 0's latest step times the job's step time is the median of
 STEP_TIME_WINDOW = 31
+#: the events the controller reads, each with the one rank it needs of a kind every rank
+#: reports (None: whichever sends it): the statuses, steps and checkpoints ``observe_event``
+#: folds, the signals it decides on and the results that settle its commands. Its durable
+#: consumer has the server filter to these (``subjects.events_read``): at 16,384 ranks the
+#: other ranks' steps were most of what it was sent. A fold of another kind or rank would
+#: never be fed in the service: ``tests/controller/test_reads.py`` fails on one.
+CONTROLLER_READS: dict[type[schemas.Event], int | None] = {
+    schemas.JobStatus: None,
+    schemas.Signal: None,
+    schemas.ActionResult: None,
+    schemas.StepDone: 0,
+    schemas.CheckpointSaved: 0,
+    schemas.CheckpointPersisted: 0,
+}
+
+
+def controller_filters(job: str) -> list[str]:
+    """The subject filters of the controller's event consumer: ``CONTROLLER_READS``'s."""
+    return subjects.events_read(job, {schemas.kind_of(t): r for t, r in CONTROLLER_READS.items()})
 
 
 def _remember(ids: list[str], new: str) -> list[str]:

@@ -110,7 +110,7 @@ async def _jetstream(bus: Bus, url: str, job: str, count: int) -> float:
         bus,
         stream=subjects.EVENTS_STREAM,
         durable=f"{job}-bench",
-        subject=subjects.event(job, "step"),
+        subject=subjects.events_of_kind(job, schemas.kind_of(schemas.StepDone)),
         decode=schemas.decode_event,
         handler=handle,
         service="bench",

@@ -14,7 +14,7 @@ import pytest
 from goodput import schemas
 from goodput.launch.rank_env import knobs
 from tests.examples.launch import TINY_MODEL_ARGS
-from tests.stack.helpers import job_on_stack
+from tests.stack.helpers import job_on_stack, remediation
 
 pytestmark = pytest.mark.slow  # three torch processes start: minutes on a loaded machine
 JOB = "job-standby"
@@ -55,7 +55,7 @@ async def test_a_killed_rank_is_replaced_by_its_nodes_standby(tmp_path: Path) ->
         killed_ts = schemas.now_ns()
         os.kill(ready.pids["node-1"][0], signal.SIGKILL)
         decision = await tap.wait_for(
-            lambda e: isinstance(e, schemas.Decision) and e.ts > killed_ts, WAIT_S, "a decision"
+            lambda e: remediation(e) and e.ts > killed_ts, WAIT_S, "a remediation"
         )
         assert decision.rule == "in-process-restart", decision
         assert "from node-1's standby" in decision.reason

@@ -16,6 +16,12 @@ from goodput.tools.stack.launcher import read_stack
 from tests.conftest import goodput_cli
 
 
+def remediation(event: schemas.Event) -> bool:
+    """A decision about a fault: the controller's checkpoint-interval tuning is a decision
+    too, and may come between a fault and its remediation's decision."""
+    return isinstance(event, schemas.Decision) and event.rule != "checkpoint-interval"
+
+
 async def action_results(bus: Bus, job: str) -> list[schemas.ActionResult]:
     """Every ActionResult stored so far for ``job`` (a fresh ephemeral reader each call)."""
     subscription = await bus.js.pull_subscribe(

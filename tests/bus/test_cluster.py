@@ -22,8 +22,9 @@ import pytest
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, DoneLog
 from goodput.bus.cluster import EmbeddedCluster, cluster_size
-from goodput.bus.embedded import EmbeddedNats, read_record
+from goodput.bus.embedded import read_record
 from goodput.bus.job_events import JobEvents
+from goodput.state_dir import StateDir
 from goodput.tools.stack.launcher import check_cluster_request
 from goodput_services.controller.lease import Lease
 from tests.bus.executor_process import TARGET, FileJob, runner
@@ -69,7 +70,7 @@ def test_a_cluster_is_refused_where_it_cannot_be_honoured(tmp_path: Path) -> Non
         check_cluster_request(args, tmp_path, "nats://elsewhere:4222", False)
     server = {"port": 1, "url": "nats://127.0.0.1:1", "store_dir": "s"}
     alone = {"servers": [{"process": {"pid": 1, "started": 0.0, "cmdline": []}, **server}]}
-    (tmp_path / EmbeddedNats.RECORD_NAME).write_bytes(msgspec.json.encode(alone))
+    StateDir(tmp_path).nats_record.write_bytes(msgspec.json.encode(alone))
     with pytest.raises(SystemExit, match="already runs 1 embedded NATS server"):
         check_cluster_request(args, tmp_path, "nats://127.0.0.1:1", True)
     check_cluster_request(argparse.Namespace(nats_cluster=1), tmp_path, "nats://x:1", False)
@@ -159,7 +160,7 @@ async def test_losing_the_commands_leader_loses_and_repeats_nothing(
 def test_the_record_of_a_server_started_before_clusters_still_reads(tmp_path: Path) -> None:
     """`goodput up`/`down` after an upgrade find the server an older release started."""
     old = {"pid": 1234, "port": 4222, "url": "nats://127.0.0.1:4222", "store_dir": "s"}
-    (tmp_path / EmbeddedNats.RECORD_NAME).write_bytes(msgspec.json.encode(old))
+    StateDir(tmp_path).nats_record.write_bytes(msgspec.json.encode(old))
     record = read_record(tmp_path)
     assert record is not None and record.url == old["url"] and record.pids == [1234]
     assert not record.cluster_ports

@@ -17,6 +17,7 @@ from goodput.bus.embedded import pid_alive, read_record, stop_recorded
 from goodput.checkpoint.engine import CheckpointEngine, list_checkpoints, verify_checkpoint
 from goodput.checkpoint.format import node_volume
 from goodput.owned_process import is_running, terminate
+from goodput.state_dir import StateDir
 from goodput.tools.chaos import ChaosContext, fire
 from goodput.tools.chaos import spec as faults
 from goodput.tools.chaos.storage import BALLAST_NAME
@@ -32,7 +33,7 @@ MIB = 1 << 20
 async def test_fill_disk_fills_the_volume_filesystem_and_clears(
     victim_job: VictimJob, tmp_path: Path
 ):
-    node_dir = victim_job.state_dir / "nodes" / "node-0"
+    node_dir = StateDir(victim_job.state_dir).node("node-0")
     with tmpfs_mount(node_dir, "8m"):
         health = await HealthTap(victim_job.bus, victim_job.job).start()
         victim_job.extra.append(

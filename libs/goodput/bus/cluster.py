@@ -20,6 +20,7 @@ from goodput.bus.embedded import (
     read_record,
     write_record,
 )
+from goodput.state_dir import StateDir
 
 #: the smallest cluster worth having: Raft needs three to lose one and keep a quorum
 MIN_CLUSTER = 3
@@ -123,7 +124,7 @@ class EmbeddedCluster:
     def stop(self, timeout_s: float = 10.0) -> None:
         for member in self.members:
             member.stop(timeout_s)
-        (self.state_dir / EmbeddedNats.RECORD_NAME).unlink(missing_ok=True)
+        StateDir.at(self.state_dir).nats_record.unlink(missing_ok=True)
 
     def __enter__(self) -> EmbeddedCluster:
         self.start()

@@ -23,7 +23,7 @@ from goodput.bus.routing import decode_event_on
 from goodput.owned_process import is_running, stale_line, standing
 from goodput.tools.chaos import spec as faults
 from goodput.tools.chaos.storage import clear_volume, corrupt_newest_checkpoint, fill_volume
-from goodput.tools.chaos.straggler import StragglerRecord, duty_cycle, record_path, stop_detached
+from goodput.tools.chaos.straggler import StragglerRecord, duty_cycle, stop_detached
 from goodput.tools.chaos.targets import ChaosContext, ChaosError, RankTarget
 from goodput.tools.stack.keeper import kept_service
 
@@ -149,7 +149,7 @@ async def slow_rank_detached(spec: faults.SlowRank, ctx: ChaosContext) -> FaultO
             f"early with `goodput chaos slow-rank --rank {process.rank} --clear`)",
             msgspec.structs.replace(spec, rank=process.rank),
         )
-    path = record_path(ctx.state_dir, ctx.job, process.rank)
+    path = ctx.paths.slow_rank_record(ctx.job, process.rank)
     if path.exists():
         stop_detached(ctx.state_dir, ctx.job, process.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +162,7 @@ async def slow_rank_detached(spec: faults.SlowRank, ctx: ChaosContext) -> FaultO
         *("--factor", str(spec.factor), "--duration", str(spec.duration_s)),
         *("--period", str(spec.period_s)),
     ]
-    log_path = ctx.state_dir / "logs" / f"chaos-slow-rank-{process.rank}.log"
+    log_path = ctx.paths.slow_rank_log(process.rank)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         worker = subprocess.Popen(

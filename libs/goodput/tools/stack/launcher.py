@@ -34,6 +34,7 @@ from goodput.owned_process import (
     stale_line,
     standing,
 )
+from goodput.state_dir import StateDir
 from goodput.subjects import check_token
 from goodput.tools.stack.health import Slot, services_health
 from goodput.tools.stack.keeper import keeper_command, kept_service
@@ -72,7 +73,8 @@ def start_embedded(args: argparse.Namespace, state_dir: Path) -> tuple[str, str]
         return record.url, f"embedded nats-server on {record.url} (store {record.store_dir})"
     cluster = EmbeddedCluster(state_dir, size, detach=True)
     url = cluster.start().url
-    return url, f"embedded NATS cluster of {size} on {url} (stores {state_dir}/nats-store-*)"
+    stores = ", ".join(str(member.store_dir) for member in cluster.members)
+    return url, f"embedded NATS cluster of {size} on {url} (stores {stores})"
 
 
 def check_cluster_request(
@@ -118,9 +120,8 @@ def spawn_service(
     """Start one service process under its keeper (:mod:`.keeper`), marked as the stack's;
     ``secrets`` go into its environment, never its command line (which every user of the host
     can read)."""
-    logs = state_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / (f"{name}-{node}.log" if node else f"{name}.log")
+    log_path = StateDir(state_dir).service_log(name, node)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     reason_path = exit_reason_path(log_path)
     reason_path.unlink(missing_ok=True)  # an earlier process's reason is not this one's
     service = [

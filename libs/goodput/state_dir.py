@@ -11,7 +11,6 @@ Names that come from outside (nodes, jobs) are checked as subject tokens first: 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +22,6 @@ class StateDir:
     """A stack's state directory; each property or method is one file or folder in it."""
 
     root: Path
-
-    @classmethod
-    def at(cls, root: str | os.PathLike[str] | StateDir) -> StateDir:
-        """The state directory at ``root`` (a path, or one already named)."""
-        return root if isinstance(root, StateDir) else cls(Path(root))
 
     # the stack: its record, its lock, the services' logs
 

@@ -155,7 +155,7 @@ def test_down_never_signals_a_process_that_took_a_recorded_pid(tmp_path: Path) -
 
 def test_a_corrupt_record_is_one_line_and_down_still_stops_everything(stack: Path) -> None:
     record = read_stack(stack)
-    servers = read_record(stack)
+    servers = read_record(StateDir(stack))
     assert record is not None and servers is not None
     keepers = [s.process for s in record.services]
     owned = [*keepers, *(kept_service(k) for k in keepers), servers.servers[0].process]

@@ -85,12 +85,6 @@ def test_an_empty_name_is_no_name() -> None:
             ask("")
 
 
-def test_at_takes_a_path_a_string_or_a_state_dir() -> None:
-    named = StateDir(ROOT)
-    assert StateDir.at(named) is named
-    assert StateDir.at(str(ROOT)) == named == StateDir.at(ROOT)
-
-
 def test_the_older_helpers_ask_it(tmp_path: Path) -> None:
     """The functions other modules call name the same paths as StateDir."""
     paths = StateDir(tmp_path)
@@ -107,5 +101,5 @@ def test_the_records_are_written_where_it_says(tmp_path: Path) -> None:
     )
     write_record(paths, EmbeddedRecord(servers=[]))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nats.json", "stack.json"]
-    assert read_stack(tmp_path) is not None and read_record(tmp_path) is not None
+    assert read_stack(tmp_path) is not None and read_record(paths) is not None
     assert read_stack(paths.root) == read_stack(tmp_path)

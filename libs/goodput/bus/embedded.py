@@ -131,7 +131,7 @@ class EmbeddedNats:
 
     def __init__(
         self,
-        state_dir: Path | StateDir,
+        paths: StateDir,
         port: int | None = None,
         *,
         detach: bool = False,
@@ -145,8 +145,7 @@ class EmbeddedNats:
         what every stream and bucket of the bus's scale needs, ``store_sizing``).
         ``monitor_port``: serve the server's HTTP monitoring (``/varz``: its message and byte
         counters) on loopback there, for the benches; none by default."""
-        self.paths = StateDir.at(state_dir)
-        self.state_dir = self.paths.root
+        self.paths = paths
         self.port = port or free_port()
         self.detach = detach
         self.member = member
@@ -213,7 +212,7 @@ class EmbeddedNats:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=self.detach,
-            env={**os.environ, **stack_marker(self.state_dir)},
+            env={**os.environ, **stack_marker(self.paths.root)},
         )
         log.close()
         return ServerRecord(
@@ -269,9 +268,9 @@ class EmbeddedNats:
         self.stop()
 
 
-def read_record(state_dir: Path | StateDir) -> EmbeddedRecord | None:
+def read_record(paths: StateDir) -> EmbeddedRecord | None:
     """``nats.json``, or None; raises :class:`RecordUnreadable` (one line) if it is corrupt."""
-    path = StateDir.at(state_dir).nats_record
+    path = paths.nats_record
     if not path.exists():
         return None
     data = path.read_bytes()
@@ -297,20 +296,20 @@ def read_record(state_dir: Path | StateDir) -> EmbeddedRecord | None:
         )
 
 
-def write_record(state_dir: Path | StateDir, record: EmbeddedRecord) -> None:
-    path = StateDir.at(state_dir).nats_record
+def write_record(paths: StateDir, record: EmbeddedRecord) -> None:
+    path = paths.nats_record
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(msgspec.json.encode(record))
     os.replace(tmp, path)
 
 
-def stop_recorded(state_dir: Path | StateDir, timeout_s: float = 10.0) -> list[str]:
+def stop_recorded(paths: StateDir, timeout_s: float = 10.0) -> list[str]:
     """Stop the detached embedded server(s) found through the record, each only if its pid
     still holds it; the recorded servers that were not (one line each, never signalled)."""
-    record = read_record(state_dir)
+    record = read_record(paths)
     if record is None:
         return []
-    StateDir.at(state_dir).nats_record.unlink(missing_ok=True)
+    paths.nats_record.unlink(missing_ok=True)
     stale = []
     for server in record.servers:
         found = terminate(server.process, timeout_s)

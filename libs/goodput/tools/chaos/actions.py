@@ -391,7 +391,7 @@ async def corrupt_checkpoint(spec: faults.CorruptCheckpoint, ctx: ChaosContext) 
 
 async def kill_service(spec: faults.KillService, ctx: ChaosContext) -> FaultOutcome:
     if ctx.stack is None:
-        raise ChaosError(f"no stack.json in {ctx.state_dir}: the stack was not started there")
+        raise ChaosError(f"no {ctx.paths.stack_record}: the stack was not started there")
     matches = [
         s
         for s in ctx.stack.services
@@ -420,16 +420,16 @@ async def kill_service(spec: faults.KillService, ctx: ChaosContext) -> FaultOutc
 
 
 async def restart_nats(spec: faults.RestartNats, ctx: ChaosContext) -> FaultOutcome:
-    recorded = read_record(ctx.state_dir)
+    recorded = read_record(ctx.paths)
     if recorded is None:
-        raise ChaosError(f"no embedded nats-server recorded in {ctx.state_dir} (nats.json)")
+        raise ChaosError(f"no embedded nats-server recorded ({ctx.paths.nats_record})")
     record = recorded.server(spec.member)
     if recorded.cluster_ports:
-        cluster = EmbeddedCluster.from_record(ctx.state_dir)
+        cluster = EmbeddedCluster.from_record(ctx.paths)
         server = cluster.members[spec.member]
         start: Callable[[], ServerRecord] = functools.partial(cluster.restart, spec.member)
     else:
-        server = EmbeddedNats(ctx.state_dir, port=record.port, detach=True)
+        server = EmbeddedNats(ctx.paths, port=record.port, detach=True)
         start = server.start
     if Path(record.store_dir).resolve() != server.store_dir.resolve():
         raise ChaosError(f"the recorded store {record.store_dir} is not under {ctx.state_dir}")

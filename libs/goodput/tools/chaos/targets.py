@@ -85,7 +85,7 @@ class ChaosContext:
         job = job or (stack.job if stack else DEFAULT_JOB)
         subjects.check_token(job, "job name")
         if not url:
-            record = read_record(state_dir)
+            record = read_record(StateDir(state_dir))
             url = stack.url if stack else (record.url if record else "")
         settings = msgspec.structs.replace(settings or BusSettings(), url=url)
         return cls(state_dir, job, settings, rng=random.Random(seed), stack=stack)

@@ -80,7 +80,7 @@ def _stop_stack(state_dir: Path) -> StopReport:
                 report.stopped += terminate(identity, timeout_s=5) == "running"
         ranks_file.unlink()
     try:
-        report.stale += stop_recorded(state_dir)
+        report.stale += stop_recorded(paths)
     except RecordUnreadable as exc:
         report.unreadable.append(str(exc.code))
         paths.nats_record.unlink(missing_ok=True)

@@ -75,6 +75,10 @@ class StateDir:
         """``nodes/<node>``: everything a node stores; its peer server serves it."""
         return self.root / "nodes" / check_token(node, "node")
 
+    def nodes(self) -> list[Path]:
+        """Every node's directory there is (what `goodput down` sweeps)."""
+        return sorted(path for path in (self.root / "nodes").glob("*") if path.is_dir())
+
     @property
     def object_store(self) -> Path:
         """The replicators' default object store, a directory."""

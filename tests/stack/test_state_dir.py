@@ -50,6 +50,15 @@ def test_the_layout_is_the_one_existing_state_dirs_have() -> None:
     )
 
 
+def test_every_node_directory_is_found(tmp_path: Path) -> None:
+    paths = StateDir(tmp_path)
+    assert paths.nodes() == []  # no nodes/ yet
+    for node in ("n1", "n0"):
+        paths.node(node).mkdir(parents=True)
+    (tmp_path / "nodes" / "stray.txt").write_text("")  # not a node's directory
+    assert paths.nodes() == [paths.node("n0"), paths.node("n1")]
+
+
 def test_the_ranks_records_of_every_job_are_found(tmp_path: Path) -> None:
     paths = StateDir(tmp_path)
     for job in ("b", "a"):

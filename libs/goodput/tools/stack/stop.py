@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 
 from goodput.bus.embedded import stop_recorded
-from goodput.checkpoint.format.layout import node_volume
+from goodput.checkpoint.format.layout import local_root
 from goodput.checkpoint.format.shm_segments import sweep_dead
 from goodput.owned_process import (
     ProcessIdentity,
@@ -90,8 +90,9 @@ def _stop_stack(state_dir: Path) -> StopReport:
     paths.stack_record.unlink(missing_ok=True)
     # a killed rank's host buffer outlives it for its replacement to read; with the stack
     # stopped no engine will save on its volume again to sweep it
-    for volume in state_dir.glob(str(node_volume(".", "*", "*"))):
-        report.segments += len(sweep_dead(volume))
+    for node in paths.nodes():
+        for volume in node.glob(local_root("*")):
+            report.segments += len(sweep_dead(volume))
     return report
 
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import settings
 
 from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.state_dir import StateDir
 
 # processes a test leaves running are killed with their process groups when it ends
 pytest_plugins = ["tests.process_sweep", "tests.secure_nats"]
@@ -49,8 +50,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    server = EmbeddedNats(tmp_path / "nats")
-    server.state_dir.mkdir(parents=True)
+    server = EmbeddedNats(StateDir(tmp_path / "nats"))
+    server.paths.root.mkdir(parents=True)
     server.start()
     yield server
     server.stop()

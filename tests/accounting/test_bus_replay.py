@@ -87,7 +87,7 @@ async def test_cli_reports_and_exports_from_the_bus(
         "--job",
         JOB,
         "--state-dir",
-        str(nats_server.state_dir),
+        str(nats_server.paths.root),
         "--export",
         str(export),
         "--json",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from goodput import schemas, subjects
+from goodput.state_dir import StateDir
 
 from .test_local_backend import JOB, RANK_SCRIPT, _start, _status, rig  # noqa: F401
 
@@ -42,7 +43,7 @@ def _shim_start(in_loop: bool) -> schemas.StartJob:
 
 async def _ranks_ready(state_dir: Path) -> None:
     """Both ranks' shims are on the bus (importing torch takes long on a loaded machine)."""
-    logs = [state_dir / "logs" / "ranks" / "attempt-001" / f"node-{n}-rank{n}.log" for n in (0, 1)]
+    logs = [StateDir(state_dir).rank_logs(1) / f"node-{n}-rank{n}.log" for n in (0, 1)]
     for _ in range(1200):
         if all(log.is_file() and "ready" in log.read_text() for log in logs):
             return
@@ -107,7 +108,7 @@ async def test_a_rejoin_for_an_attempt_already_reached_is_ignored_and_logged(
         job=JOB, attempt=1, master_addr="127.0.0.1", master_port=1, world_size=2, reason="old"
     )
     await bus.send_command(subjects.TRAINER, old)
-    log = tmp_path / "logs" / "ranks" / "attempt-001" / "node-0-rank0.log"
+    log = StateDir(tmp_path).rank_logs(1) / "node-0-rank0.log"
     for _ in range(200):
         if "ignoring Rejoin for attempt 1: this rank is at attempt 1" in log.read_text():
             break

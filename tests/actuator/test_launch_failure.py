@@ -22,6 +22,7 @@ from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import pid_alive
 from goodput.launch.rank_logs import rank_log
+from goodput.state_dir import StateDir
 from tests.processes import stop
 from tests.stack.helpers import EventTap
 
@@ -89,7 +90,7 @@ def _running(marker: str) -> list[int]:
 
 def _recorded_pids(state_dir: Path) -> dict:
     """What `goodput down` would stop if the actuator were gone (its ranks file)."""
-    return json.loads((state_dir / f"ranks-{JOB}.json").read_text())
+    return json.loads(StateDir(state_dir).ranks_record(JOB).read_text())
 
 
 async def test_a_launch_failing_mid_way_stops_the_ranks_it_started(

@@ -37,6 +37,7 @@ from goodput.bus.settings import ENV_VARS
 from goodput.checkpoint.format import node_volume, step_dirs
 from goodput.checkpoint.format.job_key import KEY_FILE_ENV, create_key_file
 from goodput.launch.collective_sockets import VARIABLES
+from goodput.state_dir import StateDir
 from goodput.supervisor.agent import registry
 from goodput_services.actuator.agent_backend import STRAY_REASON
 from tests.agent.netns_bridge import ROOT_ADDRESS, Network, bridged_hosts
@@ -177,7 +178,7 @@ async def _three_hosts(tmp_path: Path) -> AsyncIterator[tuple[Network, Bus, Even
         services = _start_services(tmp_path, env)
         logs = [tmp_path / f"{n}.log" for n in ("sensor", "controller", "actuator")]
         logs += [tmp_path / f"agent-{n}.log" for n in NODES]
-        logs += [tmp_path / n / "agents" / n / "logs" / "replicator.log" for n in NODES]
+        logs += [StateDir(tmp_path / n).agent(n).service_log("replicator") for n in NODES]
         bus = None
         try:
             for node in NODES:
@@ -216,7 +217,9 @@ async def test_a_lost_host_is_swapped_for_the_spare_which_restores_from_a_peer(
             VARIABLES, network.interfaces["host-a"]
         )
         replicated = await _replicated_from_b(tap)
-        spare_volume = node_volume(tmp_path / "host-c" / "agents" / "host-c", "host-c", JOB)
+        spare_volume = node_volume(
+            StateDir(tmp_path / "host-c").agent("host-c").root, "host-c", JOB
+        )
         assert step_dirs(spare_volume) == []  # the spare never trained: nothing of its own
         for pid in network.pids("host-b"):  # the machine is gone: agent, daemons, ranks
             with contextlib.suppress(ProcessLookupError):

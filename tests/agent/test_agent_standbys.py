@@ -26,6 +26,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.bus.embedded import EmbeddedNats
 from goodput.launch.rank_env import RankEnv
+from goodput.state_dir import StateDir
 from goodput.supervisor.agent.node import NodeAgent
 from tests.actuator.test_standbys import STANDBY_SCRIPT
 from tests.agent.test_node_agent import JOB, _holder, _running, _until
@@ -108,7 +109,7 @@ async def test_an_agent_hands_a_launched_rank_to_its_ready_standby_else_starts_i
             assert [(e.rank, e.pid, e.attempt) for e in started] == [(0, standby, 1)]
             # the assignment is the rank's environment
             await _logged(
-                tmp_path / "n0" / "logs" / "standbys" / "standby-n0-001.log",
+                StateDir(tmp_path / "n0").standby_logs / "standby-n0-001.log",
                 "rank 0 of 2 on n0 attempt 1",
             )
 
@@ -242,7 +243,7 @@ async def test_a_restart_and_a_hot_swap_take_the_agents_standbys(
             assert _rank_pids(tap, 2) == {"n0": standbys["n0"], "n1": standbys["n1"]}
             assert second.pids == {"n0": [standbys["n0"]], "n1": [standbys["n1"]]}
             await _logged(
-                tmp_path / "n1" / "logs" / "standbys" / "standby-n1-001.log",
+                StateDir(tmp_path / "n1").standby_logs / "standby-n1-001.log",
                 "rank 1 of 2 on n1 attempt 2",
             )
 

@@ -25,9 +25,9 @@ from goodput.bus.settings import settings_to_env
 from goodput.checkpoint.format import node_volume
 from goodput.checkpoint.tiers.peer.address import ADVERTISE_HOST_ENV
 from goodput.owned_process import identify
+from goodput.state_dir import StateDir
 from goodput.supervisor.agent.daemons import (
     DAEMONS,
-    RECORD_NAME,
     DaemonRefused,
     DaemonSettings,
     NodeDaemons,
@@ -111,7 +111,7 @@ async def test_the_daemons_run_are_restarted_when_they_die_and_stop_with_the_age
         # the replicator's peer data plane is on the agent's address and port
         with socket.create_connection(("127.0.0.1", settings.peer_port), timeout=5):
             pass
-        assert (settings.state_dir / RECORD_NAME).exists()
+        assert StateDir(settings.state_dir).daemons_record.exists()
         first = daemons.processes["replicator"].pid
         os.kill(first, signal.SIGKILL)
         await _until(
@@ -131,7 +131,7 @@ async def test_the_daemons_run_are_restarted_when_they_die_and_stop_with_the_age
         pids = [p.pid for p in daemons.processes.values()]
         await asyncio.wait_for(daemons.stop(25), 40)
     assert all(not psutil.pid_exists(pid) for pid in pids)
-    assert not (settings.state_dir / RECORD_NAME).exists()
+    assert not StateDir(settings.state_dir).daemons_record.exists()
 
 
 @pytest.mark.slow
@@ -164,7 +164,7 @@ def test_an_earlier_agents_daemon_is_stopped_and_a_recycled_pid_is_not(tmp_path:
         mine = identify(left.pid)
         # the pid of the other process, recorded with another command line: not the daemon
         recycled = msgspec.structs.replace(identify(other.pid), cmdline=("goodput-replicator",))
-        record = tmp_path / RECORD_NAME
+        record = StateDir(tmp_path).daemons_record
         record.write_bytes(msgspec.json.encode([mine, recycled]))
         said = stop_leftovers(tmp_path, timeout_s=10)
         assert left.wait(timeout=10) is not None

@@ -18,6 +18,7 @@ from goodput.bus.client import StoreTooSmallError, stream_configs
 from goodput.bus.job_events import HistoryRolledOffError
 from goodput.bus.store_sizing import DEFAULT_SCALE, SCALE_ENV, StoreScale, store_limits
 from goodput.measure.accounting import replay_from_bus
+from goodput.state_dir import StateDir
 from tests.conftest import goodput_cli, refused_in_one_line
 
 JOB = "bounded"
@@ -52,7 +53,7 @@ async def test_a_full_event_stream_leaves_commands_their_room(tmp_path: Path) ->
     command is sent, resent and executed: it runs once, on a server sized to the sum."""
     limits = store_limits(TINY)
     events_max = limits.streams[subjects.EVENTS_STREAM]
-    with EmbeddedNats(tmp_path / "nats", store_bytes=limits.server_bytes) as server:
+    with EmbeddedNats(StateDir(tmp_path / "nats"), store_bytes=limits.server_bytes) as server:
         bus = await Bus.connect(BusSettings(url=server.url), name="test")
         try:
             assert await bus.provision(scale=TINY) == limits
@@ -162,7 +163,7 @@ async def test_a_server_store_smaller_than_the_limits_is_one_clear_line(tmp_path
     """The server reserves every stream's limit: one that does not fit is refused at
     provisioning, so a full stream can never take another's room."""
     too_small = store_limits(TINY).server_bytes // 2
-    with EmbeddedNats(tmp_path / "nats", store_bytes=too_small) as server:
+    with EmbeddedNats(StateDir(tmp_path / "nats"), store_bytes=too_small) as server:
         bus = await Bus.connect(BusSettings(url=server.url), name="test")
         try:
             with pytest.raises(StoreTooSmallError, match="max_file_store") as caught:
@@ -224,10 +225,10 @@ def test_the_embedded_store_is_sized_for_the_scale_of_the_environment(
 ) -> None:
     """What `goodput up --store-scale` sets for the server it starts and every service."""
     monkeypatch.setenv(SCALE_ENV, "nodes=64,keep_h=6")
-    server = EmbeddedNats(tmp_path)
+    server = EmbeddedNats(StateDir(tmp_path))
     assert server.store_bytes == store_limits(StoreScale(nodes=64, keep_h=6.0)).server_bytes
     monkeypatch.delenv(SCALE_ENV)
-    assert EmbeddedNats(tmp_path).store_bytes == store_limits(DEFAULT_SCALE).server_bytes
+    assert EmbeddedNats(StateDir(tmp_path)).store_bytes == store_limits(DEFAULT_SCALE).server_bytes
     refused = goodput_cli(
         "up", "--state-dir", str(tmp_path), "--store-scale", "nodes=0", check=False
     )

@@ -12,6 +12,8 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import os
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,10 +23,17 @@ import pytest
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, DoneLog
-from goodput.bus.cluster import EmbeddedCluster, cluster_size
-from goodput.bus.embedded import EmbeddedNats, read_record
+from goodput.bus.cluster import EmbeddedCluster, cluster_refusal, cluster_size, stack_bus
+from goodput.bus.embedded import (
+    EmbeddedNatsError,
+    EmbeddedRecord,
+    ServerRecord,
+    read_record,
+    write_record,
+)
 from goodput.bus.job_events import JobEvents
-from goodput.tools.stack.launcher import check_cluster_request
+from goodput.owned_process import identify
+from goodput.state_dir import StateDir
 from goodput_services.controller.lease import Lease
 from tests.bus.executor_process import TARGET, FileJob, runner
 from tests.bus.samples import JOB
@@ -36,7 +45,7 @@ LEASE_TTL_S = 3.0
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[EmbeddedCluster]:
-    with EmbeddedCluster(tmp_path / "nats") as servers:
+    with EmbeddedCluster(StateDir(tmp_path / "nats")) as servers:
         yield servers
 
 
@@ -62,17 +71,32 @@ def test_a_cluster_that_could_not_lose_a_server_is_refused_in_one_line(size: str
     assert cluster_size("1") == 1 and cluster_size("5") == 5
 
 
-def test_a_cluster_is_refused_where_it_cannot_be_honoured(tmp_path: Path) -> None:
-    args = argparse.Namespace(nats_cluster=3)
-    check_cluster_request(args, tmp_path, "", True)  # nothing running: it will be started
-    with pytest.raises(SystemExit, match="starts embedded servers; drop it or --nats-url"):
-        check_cluster_request(args, tmp_path, "nats://elsewhere:4222", False)
-    server = {"port": 1, "url": "nats://127.0.0.1:1", "store_dir": "s"}
-    alone = {"servers": [{"process": {"pid": 1, "started": 0.0, "cmdline": []}, **server}]}
-    (tmp_path / EmbeddedNats.RECORD_NAME).write_bytes(msgspec.json.encode(alone))
-    with pytest.raises(SystemExit, match="already runs 1 embedded NATS server"):
-        check_cluster_request(args, tmp_path, "nats://127.0.0.1:1", True)
-    check_cluster_request(argparse.Namespace(nats_cluster=1), tmp_path, "nats://x:1", False)
+def test_a_cluster_is_refused_where_it_cannot_be_honoured() -> None:
+    server = ServerRecord(
+        process=identify(os.getpid()), port=1, url="nats://127.0.0.1:1", store_dir="s"
+    )
+    alone = EmbeddedRecord(servers=[server])
+    assert cluster_refusal(3, explicit_url=False, running=None) == ""  # it will be started
+    assert "drop it or --nats-url" in cluster_refusal(3, explicit_url=True, running=None)
+    assert "already runs 1 embedded NATS server" in cluster_refusal(
+        3, explicit_url=False, running=alone
+    )
+    assert cluster_refusal(1, explicit_url=True, running=alone) == ""
+
+
+def test_the_stack_bus_refuses_a_running_bus_of_another_size(tmp_path: Path) -> None:
+    """The running bus is read from the record once; this process stands in for its server."""
+    paths = StateDir(tmp_path)
+    server = ServerRecord(
+        process=identify(os.getpid()), port=1, url="nats://127.0.0.1:1", store_dir="s"
+    )
+    write_record(paths, EmbeddedRecord(servers=[server]))
+    with pytest.raises(
+        EmbeddedNatsError, match=re.escape(f"{tmp_path}: it already runs 1 embedded NATS")
+    ):
+        stack_bus(paths, size=3)
+    found = stack_bus(paths, size=1)
+    assert (found.url, found.started, found.stale) == ("nats://127.0.0.1:1", "", [])
 
 
 async def _contend(leases: list[Lease], holders: list[str], stop: asyncio.Event) -> None:
@@ -159,7 +183,7 @@ async def test_losing_the_commands_leader_loses_and_repeats_nothing(
 def test_the_record_of_a_server_started_before_clusters_still_reads(tmp_path: Path) -> None:
     """`goodput up`/`down` after an upgrade find the server an older release started."""
     old = {"pid": 1234, "port": 4222, "url": "nats://127.0.0.1:4222", "store_dir": "s"}
-    (tmp_path / EmbeddedNats.RECORD_NAME).write_bytes(msgspec.json.encode(old))
-    record = read_record(tmp_path)
+    StateDir(tmp_path).nats_record.write_bytes(msgspec.json.encode(old))
+    record = read_record(StateDir(tmp_path))
     assert record is not None and record.url == old["url"] and record.pids == [1234]
     assert not record.cluster_ports

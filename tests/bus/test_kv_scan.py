@@ -15,6 +15,7 @@ from goodput import subjects
 from goodput.bus import Bus, BusSettings
 from goodput.bus.cluster import EmbeddedCluster
 from goodput.bus.kv_scan import BATCH, current_entries, subject_matches
+from goodput.state_dir import StateDir
 
 BUCKET = subjects.CKPT_INDEX_BUCKET
 STREAM = f"KV_{BUCKET}"
@@ -61,7 +62,7 @@ async def test_every_live_entry_once_while_others_write(bus: Bus) -> None:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[EmbeddedCluster]:
-    with EmbeddedCluster(tmp_path / "nats") as servers:
+    with EmbeddedCluster(StateDir(tmp_path / "nats")) as servers:
         yield servers
 
 

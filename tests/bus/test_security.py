@@ -10,6 +10,7 @@ import pytest
 
 from goodput.bus import Bus, BusSettings, EmbeddedNats, InsecureBusError
 from goodput.bus.embedded import free_port, nats_server_binary
+from goodput.state_dir import StateDir
 from tests.processes import stop
 
 
@@ -88,7 +89,7 @@ async def test_user_password_authentication_against_a_real_server(tmp_path: Path
 
 
 def test_embedded_server_listens_on_loopback_only(tmp_path: Path) -> None:
-    with EmbeddedNats(tmp_path) as server:
+    with EmbeddedNats(StateDir(tmp_path)) as server:
         assert server.url.startswith("nats://127.0.0.1:")
         log = (tmp_path / "nats-server.log").read_text()
         assert "Listening for client connections on 127.0.0.1:" in log

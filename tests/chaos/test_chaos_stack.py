@@ -11,6 +11,7 @@ import pytest
 
 from goodput.bus.embedded import read_record
 from goodput.owned_process import is_running
+from goodput.state_dir import StateDir
 from goodput.tools.stack.keeper import kept_service
 from goodput.tools.stack.launcher import read_stack
 from tests.conftest import goodput_cli
@@ -52,11 +53,11 @@ def test_kill_service_and_restart_nats_on_a_real_stack(stack: Path):
     restarted = kept_service(keeper)
     assert restarted is not None and restarted.pid != sensor.pid
 
-    before = read_record(stack)
+    before = read_record(StateDir(stack))
     assert before is not None
     result = goodput_cli("chaos", "restart-nats", "--down-s", "1", "--state-dir", str(stack))
     assert "restarted" in result.stdout
-    after = read_record(stack)
+    after = read_record(StateDir(stack))
     assert after is not None and after.servers[0].port == before.servers[0].port
     assert after.servers[0].pid != before.servers[0].pid
     # every service reconnects to the restarted server and reports healthy again

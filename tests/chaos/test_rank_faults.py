@@ -12,9 +12,10 @@ import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
+from goodput.state_dir import StateDir
 from goodput.tools.chaos import fire
 from goodput.tools.chaos import spec as faults
-from goodput.tools.chaos.straggler import record_path, stop_detached
+from goodput.tools.chaos.straggler import stop_detached
 from tests.chaos.conftest import VictimJob
 from tests.chaos.processes import (
     HealthTap,
@@ -173,7 +174,7 @@ async def test_detached_slow_rank_runs_in_the_background_and_clears(victim_job: 
     )
     assert result.returncode == 0, result.stderr
     assert "background" in result.stdout
-    record = record_path(victim_job.state_dir, victim_job.job, 1)
+    record = StateDir(victim_job.state_dir).slow_rank_record(victim_job.job, 1)
     assert record.exists()
     seen_stopped = False
     for _ in range(300):

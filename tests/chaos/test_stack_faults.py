@@ -17,6 +17,7 @@ from goodput.bus.embedded import pid_alive, read_record, stop_recorded
 from goodput.checkpoint.engine import CheckpointEngine, list_checkpoints, verify_checkpoint
 from goodput.checkpoint.format import node_volume
 from goodput.owned_process import is_running, terminate
+from goodput.state_dir import StateDir
 from goodput.tools.chaos import ChaosContext, fire
 from goodput.tools.chaos import spec as faults
 from goodput.tools.chaos.storage import BALLAST_NAME
@@ -32,7 +33,7 @@ MIB = 1 << 20
 async def test_fill_disk_fills_the_volume_filesystem_and_clears(
     victim_job: VictimJob, tmp_path: Path
 ):
-    node_dir = victim_job.state_dir / "nodes" / "node-0"
+    node_dir = StateDir(victim_job.state_dir).node("node-0")
     with tmpfs_mount(node_dir, "8m"):
         health = await HealthTap(victim_job.bus, victim_job.job).start()
         victim_job.extra.append(
@@ -127,7 +128,7 @@ async def test_kill_service_kills_a_real_service_of_the_stack(
 async def test_restart_nats_keeps_port_and_store(tmp_path: Path):
     state_dir = tmp_path / "stack"
     state_dir.mkdir()
-    first = EmbeddedNats(state_dir, detach=True).start()
+    first = EmbeddedNats(StateDir(state_dir), detach=True).start()
     try:
         bus = await Bus.connect(BusSettings(url=first.url), name="before")
         await bus.provision()
@@ -140,7 +141,7 @@ async def test_restart_nats_keeps_port_and_store(tmp_path: Path):
 
         outcome = await fire(faults.RestartNats(down_s=0.2), ChaosContext.open(state_dir))
         assert outcome.ok, outcome.detail
-        second = read_record(state_dir)
+        second = read_record(StateDir(state_dir))
         assert second is not None and second.pids != [first.pid]
         assert second.servers[0].port == first.port
         assert not pid_alive(first.pid)
@@ -150,7 +151,7 @@ async def test_restart_nats_keeps_port_and_store(tmp_path: Path):
         assert info.state.messages == 1, "the restarted server kept its JetStream store"
         await bus.close()
     finally:
-        stop_recorded(state_dir)
+        stop_recorded(StateDir(state_dir))
         if pid_alive(first.pid):
             subprocess.run(["kill", "-9", str(first.pid)], check=False)
 

@@ -21,7 +21,6 @@ from goodput.checkpoint.format import (
 )
 from goodput.checkpoint.format.job_key import (
     KEY_FILE_ENV,
-    KEY_FILE_NAME,
     JobKeyError,
     adopt_stack_key,
     create_key_file,
@@ -30,6 +29,7 @@ from goodput.checkpoint.format.job_key import (
     stack_key_env,
 )
 from goodput.checkpoint.format.manifest import is_authenticated
+from goodput.state_dir import StateDir
 
 from .helpers import assert_bit_exact, make_state
 
@@ -114,7 +114,7 @@ def test_a_stack_makes_its_key_once_and_tools_beside_it_adopt_it(
     monkeypatch.delenv(KEY_FILE_ENV)
     state = tmp_path / "state"
     env = stack_key_env(state)
-    assert env == {KEY_FILE_ENV: str(state / KEY_FILE_NAME)}
+    assert env == {KEY_FILE_ENV: str(StateDir(state).ckpt_key)}
     assert stack_key_env(state) == env and load_key(env[KEY_FILE_ENV])
     assert adopt_stack_key(tmp_path / "elsewhere") is None and KEY_FILE_ENV not in os.environ
     assert adopt_stack_key(state) == env[KEY_FILE_ENV] == os.environ[KEY_FILE_ENV]
@@ -123,7 +123,7 @@ def test_a_stack_makes_its_key_once_and_tools_beside_it_adopt_it(
     assert stack_key_env(state) == key_env(mine) and adopt_stack_key(state) == str(mine)
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / KEY_FILE_NAME).write_text("short\n")
+    StateDir(broken).ckpt_key.write_text("short\n")
     monkeypatch.delenv(KEY_FILE_ENV)
     with pytest.raises(SystemExit, match=r"^cannot set up the checkpoint key: .*ckpt\.key"):
         stack_key_env(broken)

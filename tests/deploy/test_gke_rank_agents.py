@@ -16,6 +16,7 @@ from goodput.bus import BusSettings
 from goodput.bus.settings import settings_from_env
 from goodput.checkpoint.format import node_volume
 from goodput.config import BUS_FLAGS, load_service_config
+from goodput.state_dir import StateDir
 from goodput.tools.cli.main import build_parser
 from goodput_services.actuator.options import ActuatorOptions
 from tests.deploy.rendered import (
@@ -117,7 +118,7 @@ def test_the_ranks_volume_is_the_one_the_nodes_replicator_serves(objects, agent)
     replicator serves ``node_volume(<its --state-dir>)``: one directory of the node."""
     args = _agent_args(agent)
     node = args.node
-    agent_dir = Path(args.state_dir) / "agents" / node  # what the agent announces
+    agent_dir = StateDir(Path(args.state_dir)).agent(node).root  # what the agent announces
     ranks = node_volume(agent_dir, node, args.job)
     replicator = container(objects, "goodput-replicator")
     flags = expanded(replicator)

@@ -26,6 +26,7 @@ from goodput.checkpoint.engine import CheckpointEngine
 from goodput.checkpoint.format import node_volume, read_manifest
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from goodput.checkpoint.tiers.fake_gcs import FakeGcsServer, ensure_bucket
+from goodput.state_dir import StateDir
 from tests import processes
 from tests.conftest import goodput_cli
 from tests.stack.helpers import EventTap
@@ -99,7 +100,7 @@ class Replicators:
             shutil.rmtree(volume, onerror=raced)
 
     def node_dir(self, node: str) -> Path:
-        return self.state_dir / "nodes" / node
+        return StateDir(self.state_dir).node(node)
 
     def start(self, node: str, block: str = "b0", **options: str) -> None:
         if node not in self.options:

@@ -9,6 +9,7 @@ import pytest
 
 from goodput.checkpoint.format import read_retention_record, write_clean_record
 from goodput.checkpoint.tiers.object_store import DirectoryObjectStore
+from goodput.state_dir import StateDir
 from goodput_services.replicator.holdings import verify_copy
 from tests.replicator.conftest import (
     JOB,
@@ -37,7 +38,7 @@ async def published_safe_steps(h: Harness, node: str, expected: tuple[int, ...])
 
 
 def blobs(h: Harness) -> set[str]:
-    store = DirectoryObjectStore(h.replicators.state_dir / "object-store")
+    store = DirectoryObjectStore(StateDir(h.replicators.state_dir).object_store)
     return {key.rsplit("/", 1)[-1] for key in store.list("goodput/blobs/")}
 
 

@@ -20,6 +20,7 @@ from goodput.bus.cluster import EmbeddedCluster
 from goodput.checkpoint.index.follower import IndexBehind, IndexFollower
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from goodput.checkpoint.index.records import CopyRecord, FileRef, NodeAddressRecord, encode
+from goodput.state_dir import StateDir
 
 JOB = "job-follow"
 STREAM = f"KV_{subjects.CKPT_INDEX_BUCKET}"
@@ -149,7 +150,7 @@ async def test_losing_the_server_of_its_consumer_means_a_complete_read_again(
     """On a three-server cluster: the server holding the follower's consumer (one replica)
     is killed; the follower reads the index again from a survivor, writes made after the
     loss included."""
-    with EmbeddedCluster(tmp_path / "nats") as cluster:
+    with EmbeddedCluster(StateDir(tmp_path / "nats")) as cluster:
         bus = await Bus.connect(BusSettings(url=cluster.url), name="test-writer")
         try:
             await bus.provision()

@@ -16,9 +16,10 @@ from goodput.checkpoint.format import (
     read_manifest_bytes,
     write_manifest,
 )
-from goodput.checkpoint.format.job_key import KEY_FILE_ENV, KEY_FILE_NAME, create_key_file
+from goodput.checkpoint.format.job_key import KEY_FILE_ENV, create_key_file
 from goodput.checkpoint.tiers.backup import listing_key
 from goodput.checkpoint.tiers.peer import PeerClient, PeerError
+from goodput.state_dir import StateDir
 from tests.replicator.conftest import JOB, Harness, ckpt_cli, peer_copies, write_checkpoint
 
 
@@ -28,7 +29,7 @@ async def test_keyed_replicators_copy_signed_steps_and_refuse_forgeries(
 ) -> None:
     h, reps = dir_harness, dir_harness.replicators
     # as `goodput up` does: the key in the state directory, its path in the services' env
-    key_file = create_key_file(reps.state_dir / KEY_FILE_NAME)
+    key_file = create_key_file(StateDir(reps.state_dir).ckpt_key)
     monkeypatch.setenv(KEY_FILE_ENV, str(key_file))
     reps.start("node-0", replicas="1")
     reps.start("node-1", replicas="1")
@@ -65,7 +66,7 @@ async def test_keyed_replicators_copy_signed_steps_and_refuse_forgeries(
     assert verified["authenticated"] is True and "unauthenticated" not in run.stderr
     assert verified["copies"] and all(c["ok"] for c in verified["copies"])
     # a backup listing a forger replaced in the object store: verify reports it
-    listing = reps.state_dir / "object-store" / listing_key(f"{JOB}/node-0", 30)
+    listing = StateDir(reps.state_dir).object_store / listing_key(f"{JOB}/node-0", 30)
     unsigned = msgspec.json.decode(listing.read_bytes(), type=Manifest)
     listing.write_bytes(encode_manifest(unsigned, key=None))
     bad = ckpt_cli(h, "verify", "--step", "30", "--json", check=False)

@@ -13,6 +13,7 @@ import pytest
 from goodput import schemas
 from goodput.checkpoint.index.records import NodeAddressRecord
 from goodput.checkpoint.tiers.store_uri import LEGACY_ENDPOINT_KEY, StoreUri
+from goodput.state_dir import StateDir
 from goodput_services.replicator.options import ReplicatorOptions, store_uri
 from tests.replicator.conftest import (
     Harness,
@@ -49,7 +50,7 @@ async def test_replicators_back_up_to_a_file_store_and_the_cli_follows_it(
     assert {n.object_store for n in snapshot.live_nodes()} == {str(uri)}
     blobs = {p.name for p in (shared / "goodput" / "blobs").rglob("*") if p.is_file()}
     assert set(file_checksums(saved).values()) <= blobs
-    assert not (reps.state_dir / "object-store").exists(), "the default store went unused"
+    assert not StateDir(reps.state_dir).object_store.exists(), "the default store went unused"
     (backed_up,) = await h.events_of(schemas.CheckpointBackedUp, 1, STEP)
     assert backed_up.uri.startswith(f"{uri}/") and "%20" in backed_up.uri
 

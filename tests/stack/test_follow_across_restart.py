@@ -20,6 +20,7 @@ from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import stop_recorded
 from goodput.bus.job_events import JobEvents
+from goodput.state_dir import StateDir
 
 
 def _beat(step: int) -> schemas.Heartbeat:
@@ -27,7 +28,7 @@ def _beat(step: int) -> schemas.Heartbeat:
 
 
 async def test_a_follower_gets_every_event_once_across_a_nats_restart(tmp_path: Path) -> None:
-    record = EmbeddedNats(tmp_path, detach=True).start()
+    record = EmbeddedNats(StateDir(tmp_path), detach=True).start()
     bus = await Bus.connect(BusSettings(url=record.url), name="test")
     await bus.provision()
     seen: list[int] = []
@@ -40,7 +41,7 @@ async def test_a_follower_gets_every_event_once_across_a_nats_restart(tmp_path: 
         await follower.wait_for(lambda e: getattr(e, "step", -1) == 2, 20, "step 2")
         os.kill(record.pid, signal.SIGKILL)  # no goodbye: the consumer dies with the server
         await asyncio.sleep(1.0)
-        EmbeddedNats(tmp_path, port=record.port, detach=True).start()
+        EmbeddedNats(StateDir(tmp_path), port=record.port, detach=True).start()
         for step in range(3, 6):
             await bus.emit(_beat(step), retry_for_s=60)
         stored = time.monotonic()
@@ -51,7 +52,7 @@ async def test_a_follower_gets_every_event_once_across_a_nats_restart(tmp_path: 
     finally:
         await follower.stop()
         await bus.close()
-        stop_recorded(tmp_path)
+        stop_recorded(StateDir(tmp_path))
 
 
 async def test_a_follower_stops_even_when_its_guard_loses_the_cancel(
@@ -61,7 +62,7 @@ async def test_a_follower_stops_even_when_its_guard_loses_the_cancel(
     (``Client._send_command``); a guard stopped only by ``cancel()`` then looped on, and
     ``stop()`` waited for it forever: two e2e tests' teardowns hung until their timeouts.
     Here the consumer check swallows the cancel the same way."""
-    record = EmbeddedNats(tmp_path, detach=True).start()
+    record = EmbeddedNats(StateDir(tmp_path), detach=True).start()
     bus = await Bus.connect(BusSettings(url=record.url), name="test")
     await bus.provision()
     follower = await JobEvents(bus, "follow", lambda e: None).start()
@@ -81,4 +82,4 @@ async def test_a_follower_stops_even_when_its_guard_loses_the_cancel(
         await asyncio.wait_for(follower.stop(), 15)
     finally:
         await bus.close()
-        stop_recorded(tmp_path)
+        stop_recorded(StateDir(tmp_path))

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from goodput import schemas
+from goodput.state_dir import StateDir
 from goodput.tools.stack.runs import running_clash
 from tests.conftest import goodput_cli
 from tests.processes import stop
@@ -180,7 +181,7 @@ def test_a_second_run_while_the_first_is_running_is_refused_in_one_line(tmp_path
         )
         try:
             deadline = time.monotonic() + 120
-            while not (state / f"ranks-{JOB}.json").exists():  # written once ranks are launched
+            while not StateDir(state).ranks_record(JOB).exists():  # written once ranks are launched
                 assert time.monotonic() < deadline, "the first run never started its rank"
                 time.sleep(0.5)
             second = _run(state, script, 3)

@@ -13,7 +13,8 @@ import pytest
 from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import pid_alive, read_record
-from goodput.checkpoint.format.job_key import KEY_FILE_ENV, KEY_FILE_NAME
+from goodput.checkpoint.format.job_key import KEY_FILE_ENV
+from goodput.state_dir import StateDir
 from goodput.tools.stack.keeper import kept_service
 from goodput.tools.stack.launcher import read_stack
 from tests.conftest import goodput_cli
@@ -38,13 +39,13 @@ def test_up_reports_every_service_healthy_and_down_stops_them(stack: Path) -> No
     record = read_stack(stack)
     assert record is not None
     # the job's checkpoint key: made private in the state directory, handed to every service
-    key_file = stack / KEY_FILE_NAME
+    key_file = StateDir(stack).ckpt_key
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     for service in record.services:
         environ = Path(f"/proc/{service.pid}/environ").read_bytes().split(b"\0")
         assert f"{KEY_FILE_ENV}={key_file}".encode() in environ, service.key
-    nats_pid = read_record(stack).servers[0].pid  # type: ignore[union-attr]
-    assert (stack / "nats-store").is_dir()
+    nats_pid = read_record(StateDir(stack)).servers[0].pid  # type: ignore[union-attr]
+    assert StateDir(stack).nats_store().is_dir()
     goodput_cli("down", "--state-dir", str(stack))
     assert not any(pid_alive(s.pid) for s in record.services)
     assert not pid_alive(nats_pid)
@@ -96,7 +97,7 @@ async def test_a_killed_service_resumes_its_durable_consumer(stack: Path) -> Non
 @pytest.mark.slow
 async def test_nats_restart_loses_no_command_and_runs_none_twice(stack: Path) -> None:
     record = read_stack(stack)
-    recorded = read_record(stack)
+    recorded = read_record(StateDir(stack))
     server = recorded.servers[0] if recorded else None
     assert record is not None and server is not None
     bus = await Bus.connect(BusSettings(url=record.url), name="test")
@@ -108,7 +109,7 @@ async def test_nats_restart_loses_no_command_and_runs_none_twice(stack: Path) ->
         during = _threshold_commands(20, 50.0)
         sending = asyncio.gather(*(bus.send_command("sensor", c) for c in during))
         await asyncio.sleep(2.0)
-        restarted = EmbeddedNats(stack, port=server.port, detach=True)
+        restarted = EmbeddedNats(StateDir(stack), port=server.port, detach=True)
         restarted.start()
         await asyncio.wait_for(sending, timeout=60)
         after = _threshold_commands(20, 100.0)

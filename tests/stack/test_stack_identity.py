@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 import psutil
 
-from goodput.bus.embedded import EmbeddedNats, EmbeddedRecord, ServerRecord, read_record
+from goodput.bus.embedded import EmbeddedRecord, ServerRecord, read_record
 from goodput.owned_process import (
     ProcessIdentity,
     is_running,
@@ -25,6 +25,7 @@ from goodput.owned_process import (
     standing,
     terminate,
 )
+from goodput.state_dir import StateDir
 from goodput.tools.stack.keeper import KEEPER_MODULE, keeper_command, kept_service
 from goodput.tools.stack.record import ServiceProcess, StackRecord, read_stack, write_stack
 from tests.conftest import goodput_cli, refused_in_one_line
@@ -82,7 +83,7 @@ def test_a_stale_record_is_never_signalled_and_up_starts_the_stack_again(tmp_pat
             name=name,
             node="",
             process=reused(sleeper, keeper_command(name, command)),
-            log=str(state / "logs" / f"{name}.log"),
+            log=str(StateDir(state).service_log(name)),
         )
         for name, sleeper in (("sensor", sleepers[0]), ("controller", sleepers[1]))
     ]
@@ -91,7 +92,7 @@ def test_a_stale_record_is_never_signalled_and_up_starts_the_stack_again(tmp_pat
             name="actuator",
             node="",
             process=ProcessIdentity(pid=gone.pid, started=0.0, cmdline=tuple(command)),
-            log=str(state / "logs" / "actuator.log"),
+            log=str(StateDir(state).service_log("actuator")),
         )
     )
     url = "nats://127.0.0.1:1"
@@ -101,9 +102,7 @@ def test_a_stale_record_is_never_signalled_and_up_starts_the_stack_again(tmp_pat
     server = ServerRecord(
         process=reused(sleepers[2], ["nats-server"]), port=1, url=url, store_dir=str(state)
     )
-    (state / EmbeddedNats.RECORD_NAME).write_bytes(
-        msgspec.json.encode(EmbeddedRecord(servers=[server]))
-    )
+    StateDir(state).nats_record.write_bytes(msgspec.json.encode(EmbeddedRecord(servers=[server])))
     try:
         up = goodput_cli("up", "--state-dir", str(state), "--job", JOB, "--wait", "60")
         assert "stale record, not signalled" in up.stderr, up.stderr
@@ -142,7 +141,7 @@ def test_down_never_signals_a_process_that_took_a_recorded_pid(tmp_path: Path) -
         server = ServerRecord(
             process=reused(sleepers[1], ["nats-server"]), port=1, url=url, store_dir=str(state)
         )
-        (state / EmbeddedNats.RECORD_NAME).write_bytes(
+        StateDir(state).nats_record.write_bytes(
             msgspec.json.encode(EmbeddedRecord(servers=[server]))
         )
         down = goodput_cli("down", "--state-dir", str(state))
@@ -156,12 +155,12 @@ def test_down_never_signals_a_process_that_took_a_recorded_pid(tmp_path: Path) -
 
 def test_a_corrupt_record_is_one_line_and_down_still_stops_everything(stack: Path) -> None:
     record = read_stack(stack)
-    servers = read_record(stack)
+    servers = read_record(StateDir(stack))
     assert record is not None and servers is not None
     keepers = [s.process for s in record.services]
     owned = [*keepers, *(kept_service(k) for k in keepers), servers.servers[0].process]
     assert all(p is not None and is_running(p) for p in owned)
-    path = stack / "stack.json"
+    path = StateDir(stack).stack_record
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
     up = goodput_cli("up", "--state-dir", str(stack), "--job", JOB, check=False)

@@ -9,7 +9,7 @@ keeps serving: clients are given every member's URL and reconnect to a survivor.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from goodput.bus.embedded import (
     EmbeddedNats,
@@ -20,6 +20,7 @@ from goodput.bus.embedded import (
     read_record,
     write_record,
 )
+from goodput.state_dir import StateDir
 
 #: the smallest cluster worth having: Raft needs three to lose one and keep a quorum
 MIN_CLUSTER = 3
@@ -39,6 +40,54 @@ def cluster_size(text: str) -> int:
     return size
 
 
+def cluster_refusal(size: int, *, explicit_url: bool, running: EmbeddedRecord | None) -> str:
+    """Why a cluster of ``size`` cannot be honoured, or "": not on a server of the caller's,
+    not beside a running embedded bus of another size."""
+    if size == 1:
+        return ""
+    if explicit_url:
+        return f"--nats-cluster {size} starts embedded servers; drop it or --nats-url"
+    if running is not None and len(running.servers) != size:
+        return (
+            f"it already runs {len(running.servers)} embedded NATS server(s), not {size}: "
+            "`goodput down` first"
+        )
+    return ""
+
+
+@dataclass
+class StackBus:
+    """The embedded bus a stack uses: its URL, and what finding it did."""
+
+    url: str
+    #: a line saying what was started ("" when a running bus was found)
+    started: str = ""
+    #: recorded servers that were gone, one line each (never signalled)
+    stale: list[str] = field(default_factory=list)
+
+
+def stack_bus(paths: StateDir, size: int = 1, port: int | None = None) -> StackBus:
+    """The embedded bus recorded in ``paths`` while it runs, else one started now, detached: a
+    server (on ``port``), or a cluster of ``size``. The record is read once; a running bus of
+    another size is refused (:class:`EmbeddedNatsError`, one line)."""
+    record = read_record(paths)
+    if record is not None and record.running():
+        refusal = cluster_refusal(size, explicit_url=False, running=record)
+        if refusal:
+            raise EmbeddedNatsError(f"the stack in {paths.root}: {refusal}")
+        return StackBus(record.url)
+    stale = record.stale() if record else []
+    if size == 1:
+        server = EmbeddedNats(paths, port=port, detach=True).start()
+        return StackBus(
+            server.url, f"embedded nats-server on {server.url} (store {server.store_dir})", stale
+        )
+    cluster = EmbeddedCluster(paths, size, detach=True)
+    url = cluster.start().url
+    stores = ", ".join(str(member.store_dir) for member in cluster.members)
+    return StackBus(url, f"embedded NATS cluster of {size} on {url} (stores {stores})", stale)
+
+
 class EmbeddedCluster:
     """Start, stop, kill and restart the members of a local JetStream cluster.
 
@@ -48,7 +97,7 @@ class EmbeddedCluster:
 
     def __init__(
         self,
-        state_dir: Path,
+        paths: StateDir,
         size: int = MIN_CLUSTER,
         *,
         detach: bool = False,
@@ -60,22 +109,22 @@ class EmbeddedCluster:
                 f"a NATS cluster needs at least {MIN_CLUSTER} servers to survive losing one "
                 f"(asked for {size})"
             )
-        self.state_dir = Path(state_dir)
+        self.paths = paths
         ports = ports or [free_port() for _ in range(size)]
         routes = cluster_ports or [free_port() for _ in range(size)]
         self.members = [
-            EmbeddedNats(self.state_dir, port, detach=detach, member=i, cluster_ports=routes)
+            EmbeddedNats(self.paths, port, detach=detach, member=i, cluster_ports=routes)
             for i, port in enumerate(ports)
         ]
 
     @classmethod
-    def from_record(cls, state_dir: Path, *, detach: bool = True) -> EmbeddedCluster:
-        """The cluster recorded in ``state_dir`` (to restart a member the chaos tool killed)."""
-        record = read_record(state_dir)
+    def from_record(cls, paths: StateDir, *, detach: bool = True) -> EmbeddedCluster:
+        """The cluster recorded in ``paths`` (to restart a member the chaos tool killed)."""
+        record = read_record(paths)
         if record is None or not record.cluster_ports:
-            raise EmbeddedNatsError(f"no embedded NATS cluster recorded in {state_dir}")
+            raise EmbeddedNatsError(f"no embedded NATS cluster recorded in {paths.root}")
         return cls(
-            state_dir,
+            paths,
             len(record.servers),
             detach=detach,
             ports=[server.port for server in record.servers],
@@ -92,7 +141,7 @@ class EmbeddedCluster:
         JetStream answers "unavailable" until the members have elected a meta leader (a
         second or so): :meth:`goodput.bus.Bus.provision` retries through it.
         """
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.paths.root.mkdir(parents=True, exist_ok=True)
         records = [member.launch() for member in self.members]
         try:
             for member in self.members:
@@ -101,7 +150,7 @@ class EmbeddedCluster:
             self.stop()
             raise
         record = EmbeddedRecord(servers=records, cluster_ports=self.members[0].cluster_ports)
-        write_record(self.state_dir, record)
+        write_record(self.paths, record)
         return record
 
     def kill(self, member: int) -> None:
@@ -114,16 +163,16 @@ class EmbeddedCluster:
         server = self.members[member]
         server.stop()
         started = server.start(timeout_s)
-        record = read_record(self.state_dir)
+        record = read_record(self.paths)
         if record is not None:
             record.servers[member] = started
-            write_record(self.state_dir, record)
+            write_record(self.paths, record)
         return started
 
     def stop(self, timeout_s: float = 10.0) -> None:
         for member in self.members:
             member.stop(timeout_s)
-        (self.state_dir / EmbeddedNats.RECORD_NAME).unlink(missing_ok=True)
+        self.paths.nats_record.unlink(missing_ok=True)
 
     def __enter__(self) -> EmbeddedCluster:
         self.start()

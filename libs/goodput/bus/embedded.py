@@ -30,6 +30,7 @@ from goodput.owned_process import (
     standing,
     terminate,
 )
+from goodput.state_dir import StateDir
 
 
 class EmbeddedNatsError(RuntimeError):
@@ -128,11 +129,9 @@ class EmbeddedNats:
     (`goodput up`); the record file lets `goodput down` and the services find it.
     """
 
-    RECORD_NAME = "nats.json"
-
     def __init__(
         self,
-        state_dir: Path,
+        paths: StateDir,
         port: int | None = None,
         *,
         detach: bool = False,
@@ -146,14 +145,14 @@ class EmbeddedNats:
         what every stream and bucket of the bus's scale needs, ``store_sizing``).
         ``monitor_port``: serve the server's HTTP monitoring (``/varz``: its message and byte
         counters) on loopback there, for the benches; none by default."""
-        self.state_dir = Path(state_dir)
+        self.paths = paths
         self.port = port or free_port()
         self.detach = detach
         self.member = member
         self.cluster_ports = cluster_ports or []
-        suffix = f"-{member}" if self.cluster_ports else ""
-        self.store_dir = self.state_dir / f"nats-store{suffix}"
-        self.log_path = self.state_dir / f"nats-server{suffix}.log"
+        own_member = member if self.cluster_ports else None
+        self.store_dir = self.paths.nats_store(own_member)
+        self.log_path = self.paths.nats_log(own_member)
         self.process: subprocess.Popen[bytes] | None = None
         self.store_bytes = store_bytes or server_store_bytes()
         self.monitor_port = monitor_port
@@ -164,7 +163,7 @@ class EmbeddedNats:
 
     @property
     def record_path(self) -> Path:
-        return self.state_dir / self.RECORD_NAME
+        return self.paths.nats_record
 
     def start(self, timeout_s: float = 15.0) -> ServerRecord:
         """Start it and wait for its client port; a server on its own writes ``nats.json``."""
@@ -213,7 +212,7 @@ class EmbeddedNats:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=self.detach,
-            env={**os.environ, **stack_marker(self.state_dir)},
+            env={**os.environ, **stack_marker(self.paths.root)},
         )
         log.close()
         return ServerRecord(
@@ -269,9 +268,9 @@ class EmbeddedNats:
         self.stop()
 
 
-def read_record(state_dir: Path) -> EmbeddedRecord | None:
+def read_record(paths: StateDir) -> EmbeddedRecord | None:
     """``nats.json``, or None; raises :class:`RecordUnreadable` (one line) if it is corrupt."""
-    path = Path(state_dir) / EmbeddedNats.RECORD_NAME
+    path = paths.nats_record
     if not path.exists():
         return None
     data = path.read_bytes()
@@ -283,7 +282,7 @@ def read_record(state_dir: Path) -> EmbeddedRecord | None:
         except msgspec.DecodeError:
             raise RecordUnreadable(
                 f"the embedded server's record {path} is unreadable ({exc}); `goodput down "
-                f"--state-dir {state_dir}` finds and stops the stack's processes without it"
+                f"--state-dir {path.parent}` finds and stops the stack's processes without it"
             ) from None
         # a server an older release started: its bare pid cannot be checked, so it is never
         # signalled (an identity no process matches)
@@ -297,19 +296,20 @@ def read_record(state_dir: Path) -> EmbeddedRecord | None:
         )
 
 
-def write_record(state_dir: Path, record: EmbeddedRecord) -> None:
-    tmp = Path(state_dir) / (EmbeddedNats.RECORD_NAME + ".tmp")
+def write_record(paths: StateDir, record: EmbeddedRecord) -> None:
+    path = paths.nats_record
+    tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(msgspec.json.encode(record))
-    os.replace(tmp, Path(state_dir) / EmbeddedNats.RECORD_NAME)
+    os.replace(tmp, path)
 
 
-def stop_recorded(state_dir: Path, timeout_s: float = 10.0) -> list[str]:
+def stop_recorded(paths: StateDir, timeout_s: float = 10.0) -> list[str]:
     """Stop the detached embedded server(s) found through the record, each only if its pid
     still holds it; the recorded servers that were not (one line each, never signalled)."""
-    record = read_record(state_dir)
+    record = read_record(paths)
     if record is None:
         return []
-    (Path(state_dir) / EmbeddedNats.RECORD_NAME).unlink(missing_ok=True)
+    paths.nats_record.unlink(missing_ok=True)
     stale = []
     for server in record.servers:
         found = terminate(server.process, timeout_s)

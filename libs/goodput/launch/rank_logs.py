@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from goodput.state_dir import StateDir
+
 
 def rank_log_dir(state_dir: Path, attempt: int) -> Path:
     """Where the output of ``attempt``'s ranks is kept."""
-    return state_dir / "logs" / "ranks" / f"attempt-{attempt:03d}"
+    return StateDir(state_dir).rank_logs(attempt)
 
 
 def rank_log_name(node: str, rank: int) -> str:

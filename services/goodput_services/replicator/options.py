@@ -19,6 +19,7 @@ from goodput.checkpoint.tiers.store_uri import (
     parse_store_uri,
 )
 from goodput.schemas.events import StorageTier
+from goodput.state_dir import StateDir
 
 
 class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -109,7 +110,7 @@ def store_uri(options: ReplicatorOptions, state_dir: Path) -> StoreUri:
         uri = (
             parse_store_uri(options.object_store, options.legacy_endpoint)
             if options.object_store
-            else StoreUri("file", str(state / "object-store"))
+            else StoreUri("file", str(StateDir(state).object_store))
         )
     except StoreUriError as exc:
         raise SystemExit(f"invalid replicator option: {exc}") from None

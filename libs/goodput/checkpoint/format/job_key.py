@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
+from goodput.state_dir import StateDir
+
 #: the environment variable naming the key file (ranks, actuator, replicators, CLI)
 KEY_FILE_ENV = "GOODPUT_CKPT_KEY_FILE"
 #: the key file's name in a stack's state directory
-KEY_FILE_NAME = "ckpt.key"
 #: a key shorter than this (bytes of the file, whitespace stripped) is refused as guessable
 MIN_KEY_BYTES = 32
 _MAX_KEY_FILE_BYTES = 4096
@@ -113,7 +114,7 @@ def stack_key_env(state_dir: str | os.PathLike) -> dict[str, str]:
     (SystemExit, one line, when that key cannot be made or read)."""
     configured = key_file_from_env()
     try:
-        return key_env(configured or create_key_file(Path(state_dir) / KEY_FILE_NAME))
+        return key_env(configured or create_key_file(StateDir(Path(state_dir)).ckpt_key))
     except (JobKeyError, OSError) as exc:  # the stack cannot start without it: one line
         raise SystemExit(f"cannot set up the checkpoint key: {exc}") from None
 
@@ -122,8 +123,9 @@ def adopt_stack_key(state_dir: str | os.PathLike) -> str | None:
     """For a tool run beside a stack (``goodput ckpt``): the configured key file, else the
     stack's in ``state_dir`` if there is one, now configured for this process."""
     configured = key_file_from_env()
-    if configured is None and (Path(state_dir) / KEY_FILE_NAME).is_file():
-        configured = key_env(Path(state_dir) / KEY_FILE_NAME)[KEY_FILE_ENV]
+    own = StateDir(Path(state_dir)).ckpt_key
+    if configured is None and own.is_file():
+        configured = key_env(own)[KEY_FILE_ENV]
         os.environ[KEY_FILE_ENV] = configured
     return configured
 

@@ -18,6 +18,8 @@ import re
 import time
 from pathlib import Path
 
+from goodput.state_dir import StateDir
+
 MANIFEST_NAME = "manifest.json"
 STEP_PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
@@ -86,7 +88,7 @@ def partial_path(final: Path, xxh3_128: str) -> Path:
 
 def node_dir(state_dir: str | os.PathLike, node: str) -> Path:
     """Everything a node stores; its peer server serves this directory."""
-    return Path(state_dir) / "nodes" / node
+    return StateDir(Path(state_dir)).node(node)
 
 
 def local_root(job: str) -> str:

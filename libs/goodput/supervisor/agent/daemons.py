@@ -43,6 +43,7 @@ from goodput.checkpoint.tiers.peer.address import ADVERTISE_HOST_ENV
 from goodput.launch.exit_reason import EXIT_REASON_ENV, REFUSED_EXIT_CODE, read_exit_reason
 from goodput.launch.restart_backoff import restart_delay, restarts_in_a_row
 from goodput.owned_process import ProcessIdentity, stale_line, terminate
+from goodput.state_dir import StateDir
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,6 @@ log = logging.getLogger(__name__)
 DAEMONS = ("hostmon", "replicator")
 #: exit statuses of a daemon that refused its configuration or its flags
 REFUSED_CODES = frozenset({2, REFUSED_EXIT_CODE})
-#: where the daemons' identities are kept, in the agent's state directory
-RECORD_NAME = "daemons.json"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -107,24 +106,24 @@ def daemon_env(
 
 
 def log_path(settings: DaemonSettings, name: str) -> Path:
-    return settings.state_dir / "logs" / f"{name}.log"
+    return StateDir(settings.state_dir).service_log(name)
 
 
 def reason_path(settings: DaemonSettings, name: str) -> Path:
-    return settings.state_dir / "logs" / f"{name}.exit-reason"
+    return StateDir(settings.state_dir).daemon_exit_reason(name)
 
 
 def stop_leftovers(state_dir: Path, timeout_s: float = 10.0) -> list[str]:
     """Stop the daemons an earlier agent of ``state_dir`` recorded and left running; what was
     found, one line each (a pid gone or held by another process is only said, not signalled)."""
     said = []
-    for identity in _read_record(state_dir / RECORD_NAME):
+    for identity in _read_record(StateDir(state_dir).daemons_record):
         found = terminate(identity, timeout_s, group=True)
         if found == "running":
             said.append(f"stopped {identity.describe()} left by an earlier agent")
         else:
             said.append(stale_line("a daemon of an earlier agent", identity, found))
-    (state_dir / RECORD_NAME).unlink(missing_ok=True)
+    StateDir(state_dir).daemons_record.unlink(missing_ok=True)
     return said
 
 
@@ -164,7 +163,7 @@ class NodeDaemons:
             if process.returncode is None:
                 _signal_group(process.pid, signal.SIGKILL)
                 await process.wait()
-        (self.settings.state_dir / RECORD_NAME).unlink(missing_ok=True)
+        StateDir(self.settings.state_dir).daemons_record.unlink(missing_ok=True)
 
     async def _keep(self, name: str) -> None:
         restarts = 0
@@ -215,7 +214,7 @@ class NodeDaemons:
                 started=psutil.Process(process.pid).create_time(),
                 cmdline=tuple(command),
             )
-        _write_record(settings.state_dir / RECORD_NAME, list(self.identities.values()))
+        _write_record(StateDir(settings.state_dir).daemons_record, list(self.identities.values()))
         log.info("the %s of %s started: pid %d", name, settings.node, process.pid)
         return process
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from goodput import schemas
 from goodput.launch.rank_env import RankEnv, RankEnvError, with_rank_boot
 from goodput.launch.rank_logs import rank_log_dir, rank_log_name
+from goodput.state_dir import StateDir
 from goodput.supervisor.standby_pool import StandbyPool
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class HostRanks:
         self.run_id = ""
         self.ranks: list[RankProcess] = []
         self.standbys = StandbyPool(
-            state_dir / "logs" / "standbys", self._standbys_changed, _die_with_parent
+            StateDir(state_dir).standby_logs, self._standbys_changed, _die_with_parent
         )
         #: what the standbys were last asked for (a repeat leaves the pool as it is)
         self._standby_config: tuple = ()

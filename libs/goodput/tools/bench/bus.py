@@ -26,6 +26,7 @@ from rich.table import Table
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, DurableConsumer, EmbeddedNats
 from goodput.bus.cluster import EmbeddedCluster, cluster_size
+from goodput.state_dir import StateDir
 
 PAYLOAD_BYTES = 1024
 
@@ -159,7 +160,7 @@ async def _paths(url: str, count: int, *, core_too: bool = True) -> tuple[float,
 
 async def measure(count: int, url: str | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="goodput-bench-bus-") as tmp:
-        server = None if url else EmbeddedNats(Path(tmp))
+        server = None if url else EmbeddedNats(StateDir(Path(tmp)))
         if server is not None:
             server.start()
             url = server.url
@@ -187,9 +188,9 @@ async def measure_cluster(count: int, size: int, repeats: int) -> dict:
     replicas = 0
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="goodput-bench-bus-") as tmp:
-            with EmbeddedNats(Path(tmp) / "single") as server:
+            with EmbeddedNats(StateDir(Path(tmp) / "single")) as server:
                 single.append((await _paths(server.url, count, core_too=False))[0])
-            with EmbeddedCluster(Path(tmp) / "cluster", size) as cluster:
+            with EmbeddedCluster(StateDir(Path(tmp) / "cluster"), size) as cluster:
                 rate, _, replicas = await _paths(cluster.url, count, core_too=False)
                 clustered.append(rate)
     ratios = [c / s for c, s in zip(clustered, single, strict=True)]

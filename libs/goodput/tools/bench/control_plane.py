@@ -38,6 +38,7 @@ from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import free_port
 from goodput.bus.store_sizing import StoreScale, scale_to_env, store_limits
 from goodput.shim.config import ShimConfig
+from goodput.state_dir import StateDir
 from goodput.tools.bench.arguments import positive_int
 from goodput.tools.bench.control_plane_fleet import (
     COUNTERS,
@@ -260,7 +261,7 @@ def _one_size(nodes: int, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="goodput-bench-cp-") as tmp:
         state_dir = Path(tmp)
         with EmbeddedNats(
-            state_dir, store_bytes=limits.server_bytes, monitor_port=monitor_port
+            StateDir(state_dir), store_bytes=limits.server_bytes, monitor_port=monitor_port
         ) as server:
             asyncio.run(_provision(server.url, scale))
             services = start_services(server.url, state_dir, scale_to_env(scale))

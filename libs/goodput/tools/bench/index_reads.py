@@ -46,6 +46,7 @@ from goodput.checkpoint.index.records import (
     node_key,
 )
 from goodput.schemas.events import STORAGE_TIERS
+from goodput.state_dir import StateDir
 from goodput.tools.bench.arguments import positive_int
 
 JOB = "bench-index-read"
@@ -188,7 +189,7 @@ async def _followed(url: str, window_s: float, poll_s: float) -> dict:
 async def measure(nodes: int, args: argparse.Namespace, state_dir: Path, console: Console) -> dict:
     """Before and after, alternating ``args.repeats`` times, at ``nodes`` simulated nodes."""
     scale = StoreScale(nodes=nodes, ranks_per_node=args.ranks_per_node)
-    with EmbeddedNats(state_dir, store_bytes=store_limits(scale).server_bytes) as server:
+    with EmbeddedNats(StateDir(state_dir), store_bytes=store_limits(scale).server_bytes) as server:
         bus = await Bus.connect(BusSettings(url=server.url), name="goodput-bench-index-writers")
         try:
             await bus.provision(scale=scale)

@@ -30,6 +30,7 @@ from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.checkpoint.format import node_volume, step_dir_name
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
+from goodput.state_dir import StateDir
 
 JOB = "bench-pipeline"
 NODES = ("nodeA", "nodeB")
@@ -55,7 +56,7 @@ def measure_pipeline(
 def _one_run(
     state_dir: Path, step: int, write: Callable[[Path], object], replica_bytes: int, legacy: bool
 ) -> dict:
-    with EmbeddedNats(state_dir) as server:
+    with EmbeddedNats(StateDir(state_dir)) as server:
         processes = {node: _start_replicator(server.url, state_dir, node, legacy) for node in NODES}
         try:
             seconds = asyncio.run(_persist_and_wait(server.url, state_dir, step, write))

@@ -33,6 +33,7 @@ from goodput.bus.store_sizing import (
     scale_to_env,
     store_limits,
 )
+from goodput.state_dir import StateDir
 
 #: copies of each message published to measure its stored size
 COPIES = 20
@@ -54,7 +55,7 @@ async def measure(scale: StoreScale, state_dir: Path) -> dict:
     """Formula and server figures of every sampled kind at ``scale``, and the limits."""
     limits = store_limits(scale)
     kinds: dict[str, dict[str, float]] = {}
-    with EmbeddedNats(state_dir, store_bytes=limits.server_bytes) as server:
+    with EmbeddedNats(StateDir(state_dir), store_bytes=limits.server_bytes) as server:
         bus = await Bus.connect(BusSettings(url=server.url), name="goodput-bench-store")
         try:
             await bus.provision(scale=scale)

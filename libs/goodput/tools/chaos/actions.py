@@ -23,7 +23,7 @@ from goodput.bus.routing import decode_event_on
 from goodput.owned_process import is_running, stale_line, standing
 from goodput.tools.chaos import spec as faults
 from goodput.tools.chaos.storage import clear_volume, corrupt_newest_checkpoint, fill_volume
-from goodput.tools.chaos.straggler import StragglerRecord, duty_cycle, record_path, stop_detached
+from goodput.tools.chaos.straggler import StragglerRecord, duty_cycle, stop_detached
 from goodput.tools.chaos.targets import ChaosContext, ChaosError, RankTarget
 from goodput.tools.stack.keeper import kept_service
 
@@ -149,7 +149,7 @@ async def slow_rank_detached(spec: faults.SlowRank, ctx: ChaosContext) -> FaultO
             f"early with `goodput chaos slow-rank --rank {process.rank} --clear`)",
             msgspec.structs.replace(spec, rank=process.rank),
         )
-    path = record_path(ctx.state_dir, ctx.job, process.rank)
+    path = ctx.paths.slow_rank_record(ctx.job, process.rank)
     if path.exists():
         stop_detached(ctx.state_dir, ctx.job, process.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +162,7 @@ async def slow_rank_detached(spec: faults.SlowRank, ctx: ChaosContext) -> FaultO
         *("--factor", str(spec.factor), "--duration", str(spec.duration_s)),
         *("--period", str(spec.period_s)),
     ]
-    log_path = ctx.state_dir / "logs" / f"chaos-slow-rank-{process.rank}.log"
+    log_path = ctx.paths.slow_rank_log(process.rank)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         worker = subprocess.Popen(
@@ -391,7 +391,7 @@ async def corrupt_checkpoint(spec: faults.CorruptCheckpoint, ctx: ChaosContext) 
 
 async def kill_service(spec: faults.KillService, ctx: ChaosContext) -> FaultOutcome:
     if ctx.stack is None:
-        raise ChaosError(f"no stack.json in {ctx.state_dir}: the stack was not started there")
+        raise ChaosError(f"no {ctx.paths.stack_record}: the stack was not started there")
     matches = [
         s
         for s in ctx.stack.services
@@ -420,16 +420,16 @@ async def kill_service(spec: faults.KillService, ctx: ChaosContext) -> FaultOutc
 
 
 async def restart_nats(spec: faults.RestartNats, ctx: ChaosContext) -> FaultOutcome:
-    recorded = read_record(ctx.state_dir)
+    recorded = read_record(ctx.paths)
     if recorded is None:
-        raise ChaosError(f"no embedded nats-server recorded in {ctx.state_dir} (nats.json)")
+        raise ChaosError(f"no embedded nats-server recorded ({ctx.paths.nats_record})")
     record = recorded.server(spec.member)
     if recorded.cluster_ports:
-        cluster = EmbeddedCluster.from_record(ctx.state_dir)
+        cluster = EmbeddedCluster.from_record(ctx.paths)
         server = cluster.members[spec.member]
         start: Callable[[], ServerRecord] = functools.partial(cluster.restart, spec.member)
     else:
-        server = EmbeddedNats(ctx.state_dir, port=record.port, detach=True)
+        server = EmbeddedNats(ctx.paths, port=record.port, detach=True)
         start = server.start
     if Path(record.store_dir).resolve() != server.store_dir.resolve():
         raise ChaosError(f"the recorded store {record.store_dir} is not under {ctx.state_dir}")

@@ -25,6 +25,7 @@ import msgspec
 import psutil
 
 from goodput.bus.embedded import pid_alive
+from goodput.state_dir import StateDir
 
 
 class StragglerRecord(msgspec.Struct, kw_only=True):
@@ -36,14 +37,6 @@ class StragglerRecord(msgspec.Struct, kw_only=True):
     rank: int
     factor: float
     until_epoch_s: float
-
-
-def records_dir(state_dir: Path) -> Path:
-    return Path(state_dir) / "chaos"
-
-
-def record_path(state_dir: Path, job: str, rank: int) -> Path:
-    return records_dir(state_dir) / f"slow-rank-{job}-{rank}.json"
 
 
 async def duty_cycle(pid: int, factor: float, duration_s: float, period_s: float = 0.2) -> str:
@@ -70,7 +63,7 @@ async def duty_cycle(pid: int, factor: float, duration_s: float, period_s: float
 
 def stop_detached(state_dir: Path, job: str, rank: int) -> str:
     """Stop a detached straggler (it resumes its target on SIGTERM)."""
-    path = record_path(state_dir, job, rank)
+    path = StateDir(state_dir).slow_rank_record(job, rank)
     if not path.exists():
         return f"no detached slow-rank for rank {rank} of job {job}"
     record = msgspec.json.decode(path.read_bytes(), type=StragglerRecord)
@@ -99,7 +92,7 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, required=True)
     parser.add_argument("--period", type=float, default=0.2)
     args = parser.parse_args(argv)
-    path = record_path(Path(args.state_dir), args.job, args.rank)
+    path = StateDir(Path(args.state_dir)).slow_rank_record(args.job, args.rank)
 
     async def run() -> str:
         task = asyncio.ensure_future(duty_cycle(args.pid, args.factor, args.duration, args.period))

@@ -25,6 +25,7 @@ from goodput.bus.client import TRANSIENT_ERRORS, BusUnavailableError
 from goodput.bus.embedded import read_record
 from goodput.checkpoint.format import node_volume
 from goodput.launch.rank_env import VARIABLES
+from goodput.state_dir import StateDir
 from goodput.subjects import DEFAULT_JOB
 from goodput.tools.stack.launcher import StackRecord, read_stack
 
@@ -50,11 +51,6 @@ class RankTarget:
     injectable: bool
 
 
-def ranks_file(state_dir: Path, job: str) -> Path:
-    """The actuator's copy of the rank pids (see the local backend)."""
-    return state_dir / f"ranks-{job}.json"
-
-
 @dataclass
 class ChaosContext:
     """The job under test: its state directory, bus and a seeded choice of random targets."""
@@ -67,6 +63,11 @@ class ChaosContext:
     _bus: Bus | None = None
     #: why the bus could not be reached (not retried: every fault would wait for it again)
     _bus_error: str = ""
+
+    @property
+    def paths(self) -> StateDir:
+        """The files of the stack under test."""
+        return StateDir(self.state_dir)
 
     @classmethod
     def open(
@@ -84,7 +85,7 @@ class ChaosContext:
         job = job or (stack.job if stack else DEFAULT_JOB)
         subjects.check_token(job, "job name")
         if not url:
-            record = read_record(state_dir)
+            record = read_record(StateDir(state_dir))
             url = stack.url if stack else (record.url if record else "")
         settings = msgspec.structs.replace(settings or BusSettings(), url=url)
         return cls(state_dir, job, settings, rng=random.Random(seed), stack=stack)
@@ -133,7 +134,7 @@ class ChaosContext:
         status = await self.job_status()
         if status is not None:
             return status.pids
-        path = ranks_file(self.state_dir, self.job)
+        path = self.paths.ranks_record(self.job)
         if path.exists():
             return msgspec.json.decode(path.read_bytes(), type=dict[str, list[int]])
         return {}

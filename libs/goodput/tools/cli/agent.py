@@ -39,6 +39,7 @@ from goodput.launch.collective_sockets import (
     socket_env,
 )
 from goodput.logs import setup_logging
+from goodput.state_dir import StateDir
 from goodput.subjects import DEFAULT_JOB, check_token
 from goodput.supervisor.agent.daemons import DaemonSettings, NodeDaemons
 from goodput.supervisor.agent.host import host_address, is_loopback, visible_gpus
@@ -89,7 +90,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if not gpus and slurm is not None and slurm.gpus_on_node:
         gpus = list(range(slurm.gpus_on_node))
 
-    agent_dir = state_dir / "agents" / node
+    agent_dir = StateDir(state_dir).agent(node).root
     daemons = None
     if not args.no_node_daemons:
         daemon_settings = DaemonSettings(

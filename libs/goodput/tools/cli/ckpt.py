@@ -23,7 +23,6 @@ from goodput.bus.routing import decode_event_on
 from goodput.checkpoint.format import ManifestError, node_dir, step_dir_name
 from goodput.checkpoint.format.job_key import (
     KEY_FILE_ENV,
-    KEY_FILE_NAME,
     JobKeyError,
     adopt_stack_key,
     configured_key,
@@ -51,6 +50,7 @@ from goodput.config import (
     node_name,
 )
 from goodput.schemas.events import STORAGE_TIERS
+from goodput.state_dir import StateDir
 from goodput.subjects import DEFAULT_JOB
 from goodput.tools.cli.ckpt_export import register_export
 from goodput.tools.stack.launcher import resolve_url
@@ -266,7 +266,7 @@ async def _verify(args: argparse.Namespace, bus: Bus) -> int:
             )
     if not authenticated:
         print(
-            f"unauthenticated: no checkpoint key ({KEY_FILE_ENV}, or {KEY_FILE_NAME} in the state"
+            f"unauthenticated: no checkpoint key ({KEY_FILE_ENV}, or {StateDir(Path()).ckpt_key.name} in the state"
             " directory): manifests were checked for damage, not for forgery",
             file=sys.stderr,
         )

@@ -18,6 +18,7 @@ from goodput.config import (
     job_name,
 )
 from goodput.launch import capacity
+from goodput.state_dir import StateDir
 from goodput.subjects import DEFAULT_JOB
 from goodput.tools.stack.launcher import (
     ServiceExited,
@@ -63,7 +64,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     unhealthy = [s["name"] for s in report if not s["healthy"]]
     if unhealthy:
         console.print(f"[red]not healthy after {args.wait:.0f} s:[/] {', '.join(unhealthy)}")
-        console.print(f"logs: {state_dir / 'logs'}", soft_wrap=True)
+        console.print(f"logs: {StateDir(state_dir).logs}", soft_wrap=True)
         return 1
     console.print(
         f"[green]all {len(report)} services healthy[/]; bus {stack.url}; state {state_dir}"

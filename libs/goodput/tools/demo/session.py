@@ -25,6 +25,7 @@ from rich.console import Console
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.measure.accounting import GoodputReport, compute_goodput, replay_from_bus
+from goodput.state_dir import StateDir
 from goodput.supervisor.policy.scripts import restart_whole_job
 from goodput.tools.chaos.targets import ChaosContext
 from goodput.tools.demo.driver import Driver
@@ -99,7 +100,7 @@ def start_command(plan: RunPlan, job: str, state_dir: Path) -> schemas.StartJob:
     if plan.setup == "baseline":
         env |= {
             "GOODPUT_CKPT_MODE": "torch-save",
-            "GOODPUT_CKPT_DIR": str(state_dir / "shared-checkpoints"),
+            "GOODPUT_CKPT_DIR": str(StateDir(state_dir).shared_checkpoints),
         }
     return schemas.StartJob(
         job=job,
@@ -108,7 +109,7 @@ def start_command(plan: RunPlan, job: str, state_dir: Path) -> schemas.StartJob:
             "-m",
             "goodput.examples.gpt.supervised",
             *("--steps", str(plan.steps)),
-            *("--result", str(state_dir / "training-result.json")),
+            *("--result", str(StateDir(state_dir).training_result)),
             *("--log-every", "0"),
             *("--rescale", plan.rescale),
         ],
@@ -146,7 +147,7 @@ def run_once(
         watcher, driver, report, costs = asyncio.run(
             _follow(settings, state_dir, start, plan, console)
         )
-        result_path = state_dir / "training-result.json"
+        result_path = StateDir(state_dir).training_result
         training = json.loads(result_path.read_text()) if result_path.exists() else {}
     finally:
         stop_stack(state_dir)

@@ -19,10 +19,10 @@ from pathlib import Path
 import msgspec
 from rich.console import Console
 
-from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus import Bus, BusSettings
 from goodput.bus.client import TRANSIENT_ERRORS
-from goodput.bus.cluster import EmbeddedCluster, cluster_size
-from goodput.bus.embedded import read_record
+from goodput.bus.cluster import StackBus, cluster_refusal, cluster_size, stack_bus
+from goodput.bus.embedded import EmbeddedNatsError, read_record
 from goodput.checkpoint.format.job_key import stack_key_env
 from goodput.checkpoint.tiers.peer.address import one_machine_env
 from goodput.config import bus_settings_from_args, parse_option
@@ -34,6 +34,7 @@ from goodput.owned_process import (
     stale_line,
     standing,
 )
+from goodput.state_dir import StateDir
 from goodput.subjects import check_token
 from goodput.tools.stack.health import Slot, services_health
 from goodput.tools.stack.keeper import keeper_command, kept_service
@@ -51,46 +52,20 @@ CENTRAL_SERVICES = ("sensor", "controller", "actuator")
 NODE_SERVICES = ("hostmon", "replicator")
 
 
+def explicit_url(args: argparse.Namespace) -> str:
+    """The bus the caller names (``--nats-url``, ``GOODPUT_NATS_URL``), or ""."""
+    return args.nats_url or os.environ.get("GOODPUT_NATS_URL") or ""
+
+
 def resolve_url(args: argparse.Namespace, state_dir: Path) -> tuple[str, bool]:
     """The bus URL: explicit flag/env, else the embedded server recorded in the state dir."""
-    explicit = args.nats_url or os.environ.get("GOODPUT_NATS_URL")
+    explicit = explicit_url(args)
     if explicit:
         return explicit, False
-    record = read_record(state_dir)
+    record = read_record(StateDir(state_dir))
     if record is not None and record.running():
         return record.url, True
     return "", True
-
-
-def start_embedded(args: argparse.Namespace, state_dir: Path) -> tuple[str, str]:
-    """Start the embedded server, or cluster (``--nats-cluster N``); its URL(s) and a line
-    saying what started."""
-    size = getattr(args, "nats_cluster", 1) or 1
-    if size == 1:
-        server = EmbeddedNats(state_dir, port=getattr(args, "nats_port", None), detach=True)
-        record = server.start()
-        return record.url, f"embedded nats-server on {record.url} (store {record.store_dir})"
-    cluster = EmbeddedCluster(state_dir, size, detach=True)
-    url = cluster.start().url
-    return url, f"embedded NATS cluster of {size} on {url} (stores {state_dir}/nats-store-*)"
-
-
-def check_cluster_request(
-    args: argparse.Namespace, state_dir: Path, url: str, embedded: bool
-) -> None:
-    """``--nats-cluster N`` only where it can be honoured: not with a server of the caller's
-    (``--nats-url``), not against a running embedded bus of another size (one line each)."""
-    size = getattr(args, "nats_cluster", 1) or 1
-    if size == 1:
-        return
-    if not embedded:
-        raise SystemExit(f"--nats-cluster {size} starts embedded servers; drop it or --nats-url")
-    record = read_record(state_dir) if url else None
-    if record is not None and len(record.servers) != size:
-        raise SystemExit(
-            f"the stack in {state_dir} already runs {len(record.servers)} embedded NATS "
-            f"server(s), not {size}: `goodput down` first"
-        )
 
 
 def add_embedded_nats_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,9 +93,8 @@ def spawn_service(
     """Start one service process under its keeper (:mod:`.keeper`), marked as the stack's;
     ``secrets`` go into its environment, never its command line (which every user of the host
     can read)."""
-    logs = state_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / (f"{name}-{node}.log" if node else f"{name}.log")
+    log_path = StateDir(state_dir).service_log(name, node)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     reason_path = exit_reason_path(log_path)
     reason_path.unlink(missing_ok=True)  # an earlier process's reason is not this one's
     service = [
@@ -184,15 +158,10 @@ def _start_stack(
     service_flags: dict[str, list[str]] | None,
 ) -> tuple[StackRecord, BusSettings]:
     nodes = [f"node-{i}" for i in range(node_count)]
-    url, embedded = resolve_url(args, state_dir)
-    check_cluster_request(args, state_dir, url, embedded)
-    started: list[str] = []  # what this call started, said in one line
-    stale: list[str] = []  # recorded processes that are not running any more
-    if embedded and not url:
-        recorded = read_record(state_dir)
-        stale += recorded.stale() if recorded else []
-        url, what = start_embedded(args, state_dir)
-        started.append(what)
+    bus = _stack_bus(args, StateDir(state_dir))
+    url, embedded = bus.url, not explicit_url(args)
+    started = [bus.started] if bus.started else []  # what this call started, in one line
+    stale = bus.stale  # recorded processes that are not running any more
     settings = msgspec.structs.replace(bus_settings_from_args(args), url=url)
     settings.check_security()
     asyncio.run(_provision(settings))
@@ -245,6 +214,21 @@ def _start_stack(
     stack = StackRecord(job=job, url=url, embedded=embedded, nodes=nodes, services=services)
     write_stack(state_dir, stack)
     return stack, settings
+
+
+def _stack_bus(args: argparse.Namespace, paths: StateDir) -> StackBus:
+    """The caller's bus, else the stack's embedded one (started if it is not running); a
+    ``--nats-cluster`` that cannot be honoured is refused in one line."""
+    size = getattr(args, "nats_cluster", 1) or 1
+    explicit = explicit_url(args)
+    if explicit:
+        if refusal := cluster_refusal(size, explicit_url=True, running=None):
+            raise SystemExit(refusal)
+        return StackBus(explicit)
+    try:
+        return stack_bus(paths, size, port=getattr(args, "nats_port", None))
+    except EmbeddedNatsError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def add_service_set_argument(parser: argparse.ArgumentParser) -> None:

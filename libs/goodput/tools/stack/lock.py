@@ -17,7 +17,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-LOCK_NAME = "stack.lock"
+from goodput.state_dir import StateDir
+
 #: how long a command waits for another on the same stack (a `down` lets ranks save: ~75 s)
 LOCK_WAIT_S = 120.0
 
@@ -39,7 +40,7 @@ def stack_lock(state_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     if key in _held:
         yield
         return
-    with open(state_dir / LOCK_NAME, "a+") as handle:
+    with open(StateDir(state_dir).lock, "a+") as handle:
         if not _try_lock(handle):
             holder = _holder(handle)
             print(

@@ -13,8 +13,7 @@ from pathlib import Path
 import msgspec
 
 from goodput.owned_process import ProcessIdentity, RecordUnreadable
-
-STACK_RECORD = "stack.json"
+from goodput.state_dir import StateDir
 
 
 class ServiceProcess(msgspec.Struct, kw_only=True):
@@ -45,7 +44,7 @@ class StackRecord(msgspec.Struct, kw_only=True):
 def read_stack(state_dir: Path) -> StackRecord | None:
     """The stack's record, or None; raises :class:`RecordUnreadable` (one line) if it cannot be
     decoded (truncated, corrupt, or written by a release that recorded bare pids)."""
-    path = state_dir / STACK_RECORD
+    path = StateDir(state_dir).stack_record
     if not path.exists():
         return None
     try:
@@ -58,6 +57,7 @@ def read_stack(state_dir: Path) -> StackRecord | None:
 
 
 def write_stack(state_dir: Path, record: StackRecord) -> None:
-    tmp = state_dir / (STACK_RECORD + ".tmp")
+    path = StateDir(state_dir).stack_record
+    tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(msgspec.json.format(msgspec.json.encode(record)))
-    os.replace(tmp, state_dir / STACK_RECORD)
+    os.replace(tmp, path)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import msgspec
 
-from goodput.bus.embedded import EmbeddedNats, stop_recorded
-from goodput.checkpoint.format.layout import node_volume
+from goodput.bus.embedded import stop_recorded
+from goodput.checkpoint.format.layout import local_root
 from goodput.checkpoint.format.shm_segments import sweep_dead
 from goodput.owned_process import (
     ProcessIdentity,
@@ -24,8 +24,9 @@ from goodput.owned_process import (
     stale_line,
     terminate,
 )
+from goodput.state_dir import StateDir
 from goodput.tools.stack.lock import stack_lock
-from goodput.tools.stack.record import STACK_RECORD, StackRecord, read_stack, write_stack
+from goodput.tools.stack.record import StackRecord, read_stack, write_stack
 
 #: the actuator lets ranks checkpoint before it exits (its own grace period, plus margin)
 ACTUATOR_STOP_S = 75.0
@@ -59,6 +60,7 @@ def stop_stack(state_dir: Path) -> StopReport:
 
 
 def _stop_stack(state_dir: Path) -> StopReport:
+    paths = StateDir(state_dir)
     report = StopReport()
     try:
         stack = read_stack(state_dir)
@@ -71,25 +73,26 @@ def _stop_stack(state_dir: Path) -> StopReport:
         report.stopped += found == "running"
         if found == "replaced":
             report.stale.append(stale_line(service.key, service.process, found))
-    for ranks_file in state_dir.glob("ranks-*.json"):
+    for ranks_file in paths.ranks_records():
         for pid in _rank_pids(ranks_file, report):
             identity = marked_identity(pid, state_dir)  # a rank carries its actuator's marker
             if identity is not None:
                 report.stopped += terminate(identity, timeout_s=5) == "running"
         ranks_file.unlink()
     try:
-        report.stale += stop_recorded(state_dir)
+        report.stale += stop_recorded(paths)
     except RecordUnreadable as exc:
         report.unreadable.append(str(exc.code))
-        (state_dir / EmbeddedNats.RECORD_NAME).unlink(missing_ok=True)
+        paths.nats_record.unlink(missing_ok=True)
     for identity in sorted(marked_processes(state_dir), key=_stop_order):
         timeout_s = ACTUATOR_STOP_S if _stop_order(identity) == 0 else SERVICE_STOP_S
         report.stopped += terminate(identity, timeout_s, group=True) == "running"
-    (state_dir / STACK_RECORD).unlink(missing_ok=True)
+    paths.stack_record.unlink(missing_ok=True)
     # a killed rank's host buffer outlives it for its replacement to read; with the stack
     # stopped no engine will save on its volume again to sweep it
-    for volume in state_dir.glob(str(node_volume(".", "*", "*"))):
-        report.segments += len(sweep_dead(volume))
+    for node in paths.nodes():
+        for volume in node.glob(local_root("*")):
+            report.segments += len(sweep_dead(volume))
     return report
 
 

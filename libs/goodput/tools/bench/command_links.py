@@ -31,6 +31,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import free_port
 from goodput.shim.command_feed import CommandFeed
+from goodput.state_dir import StateDir
 from goodput.tools.bench.arguments import positive_int
 from goodput.tools.bench.control_plane_measure import varz
 
@@ -126,7 +127,7 @@ def measure(links: int, processes: int, mode: str) -> dict:
     """One mode at one size, on a fresh server."""
     monitor_port = free_port()
     with tempfile.TemporaryDirectory(prefix="goodput-bench-links-") as state:
-        server = EmbeddedNats(Path(state), monitor_port=monitor_port)
+        server = EmbeddedNats(StateDir(Path(state)), monitor_port=monitor_port)
         server.start()
         try:
             since_ns = asyncio.run(_store_a_command(server.url))

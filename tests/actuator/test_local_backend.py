@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,68 +13,19 @@ import msgspec
 import pytest
 
 from goodput import schemas
-from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus import Bus, EmbeddedNats
 from goodput.bus.embedded import pid_alive
 from goodput.launch.rank_env import EXIT_CODES, rank_fault
-from tests import processes
+from tests.actuator.local_actuator import JOB, RANK_SCRIPT, Actuator, running_actuator
 from tests.stack.helpers import EventTap
-
-JOB = "job-act"
-
-# A rank that reports its torchrun-style environment and then waits to be killed.
-RANK_SCRIPT = (
-    "import os, sys, time\n"
-    "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'on', os.environ['GOODPUT_NODE'], flush=True)\n"
-    "code = int(os.environ.get('EXIT_AFTER', '-1'))\n"
-    "if code >= 0:\n"
-    "    sys.exit(code)\n"
-    "time.sleep(600)\n"
-)
-
-
-class Actuator:
-    def __init__(self, server: EmbeddedNats, state_dir: Path):
-        self.server = server
-        self.state_dir = state_dir
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "goodput_services.actuator",
-                "--job",
-                JOB,
-                "--nats-url",
-                self.server.url,
-                "--state-dir",
-                str(self.state_dir),
-                "--set",
-                "restore_timeout_s=0",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.state_dir / "actuator.log", "ab"),  # noqa: SIM115
-        )
-
-    def stop(self) -> None:
-        if self.process is not None:
-            processes.stop(self.process, timeout_s=90)
 
 
 @pytest.fixture
 async def rig(
     tmp_path: Path, nats_server: EmbeddedNats
 ) -> AsyncIterator[tuple[Bus, EventTap, Actuator]]:
-    actuator = Actuator(nats_server, tmp_path)
-    actuator.start()
-    bus = await Bus.connect(BusSettings(url=nats_server.url), name="test")
-    await bus.provision()
-    tap = await EventTap(bus, JOB).start()
-    yield bus, tap, actuator
-    actuator.stop()
-    await tap.stop()
-    await bus.close()
+    async with running_actuator(nats_server, tmp_path) as running:
+        yield running
 
 
 def _start(nodes: int = 2, procs: int = 2, spares: int = 1, **env: str) -> schemas.StartJob:

@@ -18,7 +18,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, CommandRunner, EmbeddedNats
 from goodput.checkpoint.index.index import CheckpointIndex
 from goodput.checkpoint.index.records import NodeAddressRecord
-from tests.actuator.test_local_backend import JOB, RANK_SCRIPT
+from tests.actuator.local_actuator import JOB, RANK_SCRIPT
 from tests.processes import stop
 from tests.stack.helpers import EventTap
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, BusSettings, EmbeddedNats
+from goodput.bus import Bus, EmbeddedNats
 from goodput.bus.commands import DoneLog
 from goodput_services.actuator.skip_history import RunSkips, fold, read_run_windows, run_windows
-from tests.actuator.test_local_backend import JOB, Actuator
+from tests.actuator.local_actuator import JOB, Actuator, running_actuator
 from tests.stack.helpers import EventTap
 
 SPIKE = schemas.StepWindow(41, 45)
@@ -76,15 +76,8 @@ SKIP_SCRIPT = (
 async def stack(
     tmp_path: Path, nats_server: EmbeddedNats
 ) -> AsyncIterator[tuple[Bus, EventTap, Actuator]]:
-    actuator = Actuator(nats_server, tmp_path)
-    actuator.start()
-    bus = await Bus.connect(BusSettings(url=nats_server.url), name="test")
-    await bus.provision()
-    tap = await EventTap(bus, JOB).start()
-    yield bus, tap, actuator
-    actuator.stop()
-    await tap.stop()
-    await bus.close()
+    async with running_actuator(nats_server, tmp_path) as running:
+        yield running
 
 
 async def _told(logs: Path, lines: int, timeout_s: float = 30.0) -> list[str]:

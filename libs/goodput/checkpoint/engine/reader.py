@@ -32,7 +32,8 @@ from goodput.checkpoint.engine.fileio import (
     open_for_read,
 )
 from goodput.checkpoint.engine.plan import IO_ALIGN, StreamIndex, align_up
-from goodput.checkpoint.format import FileEntry, NotRegularFile
+from goodput.checkpoint.format import FileEntry
+from goodput.checkpoint.format.files import unreadable_reason
 
 READ_CHUNK_BYTES = 32 << 20
 #: a tensor piece shorter than this is staged: a separate request would cost more than a copy
@@ -215,9 +216,5 @@ def read_data_file(
     """
     try:
         _read(path, entry, index, targets, stagings, prefetch, policy.wanted_for_reads)
-    except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{path.name}: missing") from exc
-    except NotRegularFile as exc:
-        raise CorruptCheckpointError(f"{path.name}: not a regular file") from exc
     except OSError as exc:
-        raise CorruptCheckpointError(f"{path.name}: unreadable ({exc.strerror or exc})") from exc
+        raise CorruptCheckpointError(f"{path.name}: {unreadable_reason(exc)}") from exc

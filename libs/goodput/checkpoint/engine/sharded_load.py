@@ -51,7 +51,8 @@ from goodput.checkpoint.engine.reshard import (
 from goodput.checkpoint.engine.restore import _bind_targets, _merge
 from goodput.checkpoint.engine.sharded_save import is_dtensor, local_box
 from goodput.checkpoint.engine.tree import dtype_from_name, unflatten
-from goodput.checkpoint.format import Manifest, ManifestError, NotRegularFile, open_regular
+from goodput.checkpoint.format import Manifest, ManifestError, open_regular
+from goodput.checkpoint.format.files import unreadable_reason
 from goodput.checkpoint.format.sharded import (
     ShardPiece,
     ShardRecord,
@@ -66,12 +67,8 @@ MAX_READ_BYTES = 64 << 20
 def _read_exact(path: Path, offset: int, length: int, out: memoryview) -> None:
     try:
         fd = open_regular(path)
-    except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{path.name}: missing") from exc
-    except NotRegularFile as exc:
-        raise CorruptCheckpointError(f"{path.name}: not a regular file") from exc
     except OSError as exc:
-        raise CorruptCheckpointError(f"{path.name}: unreadable ({exc.strerror or exc})") from exc
+        raise CorruptCheckpointError(f"{path.name}: {unreadable_reason(exc)}") from exc
     try:
         got = 0
         while got < length:

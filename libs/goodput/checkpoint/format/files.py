@@ -50,6 +50,15 @@ def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY) -> int:
     return fd
 
 
+def unreadable_reason(exc: OSError) -> str:
+    """Why a checkpoint file could not be opened or read, in the words every reader reports."""
+    if isinstance(exc, FileNotFoundError):
+        return "missing"
+    if isinstance(exc, NotRegularFile):
+        return "not a regular file"
+    return f"unreadable ({exc.strerror or exc})"
+
+
 def is_regular_file(path: Path) -> bool:
     """True for a regular file (following symlinks); never opens it."""
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 import msgspec
 import xxhash
 
-from goodput.checkpoint.format.files import NotRegularFile, open_regular
+from goodput.checkpoint.format.files import open_regular, unreadable_reason
 from goodput.checkpoint.format.manifest import FileEntry, Manifest, ManifestError
 from goodput.checkpoint.format.parts import PartOf
 from goodput.checkpoint.format.tensor_layout import check_ranges, check_tiling, shape_nbytes
@@ -163,12 +163,8 @@ def _read_whole(path: Path, size: int) -> bytes:
     """The ``size`` bytes of the regular file ``path``; ManifestError naming what is wrong."""
     try:
         fd = open_regular(path)
-    except FileNotFoundError as exc:
-        raise ManifestError(f"{path.name}: missing") from exc
-    except NotRegularFile as exc:
-        raise ManifestError(f"{path.name}: not a regular file") from exc
     except OSError as exc:
-        raise ManifestError(f"{path.name}: unreadable ({exc.strerror or exc})") from exc
+        raise ManifestError(f"{path.name}: {unreadable_reason(exc)}") from exc
     try:
         data = bytearray()
         while len(data) < size:

@@ -191,6 +191,20 @@ def heartbeat(rank: int, node: str, step: int, busy: str = "") -> schemas.Heartb
     return schemas.Heartbeat(job=JOB, node=node, rank=rank, pid=100 + rank, step=step, busy=busy)
 
 
+def step_done(rank: int, node: str, step: int, world_size: int = 2) -> schemas.StepDone:
+    """A rank's report of a 1 s step (no compute time measured)."""
+    return schemas.StepDone(
+        job=JOB,
+        node=node,
+        rank=rank,
+        step=step,
+        step_time_s=1.0,
+        tokens=1,
+        loss=1.0,
+        world_size=world_size,
+    )
+
+
 def exited(rank: int, node: str, code: int | None, reason: str = "", attempt: int = 0):
     return schemas.RankExited(
         job=JOB,

@@ -18,6 +18,7 @@ from .synthetic import (
     host,
     started,
     steady,
+    step_done,
 )
 
 
@@ -174,26 +175,13 @@ def test_a_host_count_against_an_older_attempt_is_no_crash_of_the_new_one() -> N
     assert feed(detector, events, until=at(18)) == []
 
 
-def _done(rank: int, node: str, step: int) -> schemas.StepDone:
-    return schemas.StepDone(
-        job=JOB,
-        node=node,
-        rank=rank,
-        step=step,
-        step_time_s=1.0,
-        tokens=1,
-        loss=1.0,
-        world_size=2,
-    )
-
-
 def test_a_rank_restarted_in_process_starts_its_attempt_over() -> None:
     """Rank 1 is killed at step 15 and started again; rank 0 rejoins in process and both go
     back to step 0. Rank 0's steps before the restart must not make the new rank 1, slow to
     start, look like the laggard of a hang; a real hang afterwards is still caught."""
     detector = Detector(JOB)
     events = steady(TWO, 15)
-    events += [(at(s + 0.1), _done(r, n, s)) for s in range(1, 16) for r, n in TWO.items()]
+    events += [(at(s + 0.1), step_done(r, n, s)) for s in range(1, 16) for r, n in TWO.items()]
     events += [(at(15.5), exited(1, "node-1", None, attempt=0))]
     rejoined = schemas.RankRejoined(job=JOB, node="node-0", rank=0, pid=100, attempt=1)
     events += [(at(16), started(1, "node-1", attempt=1, world_size=2)), (at(16.2), rejoined)]
@@ -201,9 +189,9 @@ def test_a_rank_restarted_in_process_starts_its_attempt_over() -> None:
     events += [(at(16 + t), heartbeat(0, "node-0", 0, busy="restarting")) for t in range(1, 31)]
     # 40 steps, past the steps rank 0 had made before: none of them is a hang
     events += [(at(46 + t), heartbeat(r, n, t)) for t in range(0, 41) for r, n in TWO.items()]
-    events += [(at(46.1 + s), _done(r, n, s)) for s in range(1, 41) for r, n in TWO.items()]
+    events += [(at(46.1 + s), step_done(r, n, s)) for s in range(1, 41) for r, n in TWO.items()]
     # then rank 1 hangs inside step 41 (rank 0 finished it and waits): heartbeats on
-    events += [(at(87.1), _done(0, "node-0", 41))]
+    events += [(at(87.1), step_done(0, "node-0", 41))]
     events += [(at(87 + t), heartbeat(r, n, 41)) for t in range(0, 60) for r, n in TWO.items()]
     signals = feed(detector, events, until=at(150))
     crash, *later = signals

@@ -22,6 +22,7 @@ from .synthetic import (
     host,
     started,
     steady,
+    step_done,
 )
 
 
@@ -213,37 +214,8 @@ def test_a_hang_is_blamed_on_the_rank_that_did_not_finish_the_step() -> None:
     detector = Detector(JOB)
     events = steady(TWO, 5)
     for step in range(1, 6):
-        events += [
-            (
-                at(step + 0.1),
-                schemas.StepDone(
-                    job=JOB,
-                    node=n,
-                    rank=r,
-                    step=step,
-                    step_time_s=1.0,
-                    tokens=1,
-                    loss=1.0,
-                    world_size=2,
-                ),
-            )
-            for r, n in TWO.items()
-        ]
-    events += [
-        (
-            at(6.1),
-            schemas.StepDone(
-                job=JOB,
-                node="node-1",
-                rank=1,
-                step=6,
-                step_time_s=1.0,
-                tokens=1,
-                loss=1.0,
-                world_size=2,
-            ),
-        )
-    ]
+        events += [(at(step + 0.1), step_done(r, n, step)) for r, n in TWO.items()]
+    events += [(at(6.1), step_done(1, "node-1", 6))]
     events += [(at(6.4), heartbeat(0, "node-0", 6)), (at(6.2), heartbeat(1, "node-1", 6))]
     events += [(at(6 + t), heartbeat(r, n, 6)) for t in range(1, 40) for r, n in TWO.items()]
     signals = [s for s in feed(detector, events, until=at(45)) if s.signal == "hang"]

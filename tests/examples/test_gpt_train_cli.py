@@ -10,8 +10,9 @@ import pytest
 
 from goodput.examples.gpt.local_hooks import snapshot
 from goodput.examples.gpt.train import DistInfo, main
+from goodput.shim.dp_layout import DpLayout
 from goodput.shim.rescale import BatchPlan, RescaleCallback
-from goodput.shim.restore_result import DpLayout, RestoreResult
+from goodput.shim.restore_result import RestoreResult
 from tests.examples.launch import TINY_MODEL_ARGS, read_result
 
 

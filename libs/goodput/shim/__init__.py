@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from goodput.launch.rank_env import EXIT_TERMINATED
     from goodput.shim.config import ShimConfig
     from goodput.shim.data_position import DataPositionError, ResumableSampler
+    from goodput.shim.dp_layout import DpLayout
     from goodput.shim.fsdp_regroup import FsdpRegroupError, regroup_fsdp
     from goodput.shim.rescale import (
         BatchPlan,
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
         scale_lr,
     )
     from goodput.shim.restore_result import (
-        DpLayout,
         RestoreResult,
         UnfilledVolumeError,
         UnrestorableCheckpointError,
@@ -42,7 +42,7 @@ _EXPORTS = {
     "adjust_schedule": "goodput.shim.rescale",
     "keep_global_batch": "goodput.shim.rescale",
     "scale_lr": "goodput.shim.rescale",
-    "DpLayout": "goodput.shim.restore_result",
+    "DpLayout": "goodput.shim.dp_layout",
     "RestoreResult": "goodput.shim.restore_result",
     "UnfilledVolumeError": "goodput.shim.restore_result",
     "UnrestorableCheckpointError": "goodput.shim.restore_result",

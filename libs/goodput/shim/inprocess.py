@@ -47,15 +47,18 @@ from goodput import schemas
 from goodput.checkpoint.engine import CheckpointEngine
 from goodput.shim.group_abort import GroupAbort
 from goodput.shim.group_sockets import opened_by
-from goodput.shim.numerics import replicated
+from goodput.shim.numerics import NumericsMonitor, replicated
 from goodput.shim.rescale import BatchPlan
 from goodput.shim.step_faults import LeaveCold, OomRetry, classify, free_cuda_caches, leave_cold
-from goodput.shim.step_protocol import RestartRequested, end_step
+from goodput.shim.step_protocol import RestartRequested, StepHooks, end_step
 from goodput.shim.stop_vote import StopVote
 from goodput.warm_path import WARM_PATH, WarmPathTimeouts
 
 if TYPE_CHECKING:
-    from goodput.shim.trainer import TrainerShim
+    from goodput.checkpoint.engine.torch_save import TorchSaveCheckpointer
+    from goodput.shim.config import ShimConfig
+    from goodput.shim.link import BusLink
+    from goodput.shim.restore_result import RestoreResult
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,45 @@ class ResumableJob(Protocol):
     def release_group(self) -> None: ...
 
     def regroup(self) -> None: ...
+
+
+class LoopShim(StepHooks, Protocol):
+    """What :func:`run_in_process` uses of the shim (``TrainerShim`` is it): declared here, so
+    the shim's ``run`` calls this loop without the loop importing the shim back."""
+
+    @property
+    def config(self) -> ShimConfig: ...
+
+    @property
+    def engine(self) -> CheckpointEngine | TorchSaveCheckpointer: ...
+
+    @property
+    def link(self) -> BusLink | None: ...
+
+    @property
+    def numerics(self) -> NumericsMonitor: ...
+
+    def restore(
+        self, template_state: dict[str, Any], plan: BatchPlan | None = None
+    ) -> RestoreResult | None: ...
+
+    def finish(self, state: dict[str, Any], step: int) -> None: ...
+
+    def skips_data(self, step: int) -> bool: ...
+
+    def compute_slowdown(self) -> float: ...
+
+    def set_busy(self, what: str) -> None: ...
+
+    def bus_ports(self) -> frozenset[int]: ...
+
+    def enable_in_process_restart(self) -> RejoinMailbox: ...
+
+    def rejoin_pending(self) -> bool: ...
+
+    def answer_rejoin(
+        self, command: schemas.Rejoin, *, ok: bool, detail: str = "", regroup_s: float = 0.0
+    ) -> None: ...
 
 
 class RejoinMailbox:
@@ -162,7 +204,7 @@ class RunOutcome:
 
 
 def run_in_process(
-    shim: TrainerShim,
+    shim: LoopShim,
     job: ResumableJob,
     total_steps: int,
     *,
@@ -195,7 +237,7 @@ def run_in_process(
 SETTLE_S = 30.0
 
 
-def _settle_checkpoint(shim: TrainerShim) -> None:
+def _settle_checkpoint(shim: LoopShim) -> None:
     """Let a checkpoint in flight end (durable, or failed) before the rank leaves, so its
     progress is kept and the reason, logged next, is the rank log's last line (torch-save
     mode saves synchronously: nothing is in flight)."""
@@ -207,7 +249,7 @@ def _settle_checkpoint(shim: TrainerShim) -> None:
 
 
 def _run(
-    shim: TrainerShim,
+    shim: LoopShim,
     job: ResumableJob,
     total_steps: int,
     stop_at: int | None,
@@ -261,7 +303,7 @@ def _run(
 
 
 def _train(
-    shim: TrainerShim,
+    shim: LoopShim,
     job: ResumableJob,
     total_steps: int,
     stop_at: int | None,
@@ -306,7 +348,7 @@ def _train(
             return
 
 
-def _restore(shim: TrainerShim, job: ResumableJob) -> bool:
+def _restore(shim: LoopShim, job: ResumableJob) -> bool:
     """The cold path's restore (``RestoreResult``, rescale callbacks, ``TrainingPlan``); after
     a Rejoin its bytes come from host memory when the engine's buffer still holds them."""
     restored = shim.restore(job.state_dict(), plan=job.plan)
@@ -342,7 +384,7 @@ def _leave_group(job: ResumableJob, abort: GroupAbort, timeout_s: float) -> str:
 
 
 def _rejoin(
-    shim: TrainerShim,
+    shim: LoopShim,
     job: ResumableJob,
     command: schemas.Rejoin,
     backend: str,

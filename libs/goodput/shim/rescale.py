@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from goodput import schemas
+from goodput.shim.dp_layout import DpLayout
 
 if TYPE_CHECKING:
     from goodput.shim.config import ShimConfig
-    from goodput.shim.restore_result import DpLayout
 
 
 class RescaleError(ValueError):

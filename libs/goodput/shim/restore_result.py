@@ -1,4 +1,4 @@
-"""What ``TrainerShim.restore`` hands back, and the layout a checkpoint records about itself.
+"""What ``TrainerShim.restore`` hands back, and the record a checkpoint keeps about itself.
 
 A checkpoint written through the shim carries, next to the user's state, the world size and
 data-parallel layout it was saved under and the batch plan in force (one reserved top-level
@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from goodput.shim.dp_layout import DpLayout
 from goodput.shim.rescale import BatchPlan, Rescale, RescaleCallback, run_callbacks
 
 #: the top-level key of a saved state that holds goodput's record of it (not the user's data)
@@ -22,25 +23,6 @@ METADATA_KEY = "__goodput__"
 #: fill that volume before the ranks start), the directory every node shares (torch-save), or
 #: the checkpoint engine's host buffer after an in-process restart (``goodput.checkpoint.engine.host_restore``)
 RestoreTier = Literal["local", "shared", "host"]
-
-
-class DpLayout(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How the ranks of a job are arranged: what a checkpoint was saved under."""
-
-    world_size: int
-    #: data-parallel size: how many ranks share one global batch (``world_size`` divided by
-    #: the model-parallel size); the rescale callbacks compare this one
-    dp_size: int
-    #: ranks per node (they split one node's checkpoint files among them)
-    procs_per_node: int = 1
-    #: nodes one model replica spans (``goodput run --nodes-per-dp``)
-    num_nodes_per_dp: int = 1
-
-    def __post_init__(self) -> None:
-        if self.world_size < 1 or self.dp_size < 1 or self.world_size % self.dp_size:
-            raise ValueError(
-                f"data-parallel size {self.dp_size} does not divide world size {self.world_size}"
-            )
 
 
 class CheckpointMetadata(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

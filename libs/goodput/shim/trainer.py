@@ -40,15 +40,15 @@ from goodput.launch.rank_env import EXIT_TERMINATED, skipped
 from goodput.shim.agree import all_reduce_min, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
 from goodput.shim.config import ShimConfig, node_parts
+from goodput.shim.dp_layout import DpLayout
 from goodput.shim.injected_faults import RANK_FAULT_KINDS, InjectedFaults
-from goodput.shim.inprocess import RejoinMailbox, RestartRequested, RunOutcome, run_in_process
+from goodput.shim.inprocess import RejoinMailbox, RunOutcome, run_in_process
 from goodput.shim.link import BusLink
 from goodput.shim.numerics import NumericsMonitor
 from goodput.shim.rescale import BatchPlan, RescaleCallback, plan_event
 from goodput.shim.restore_agreement import restore_agreed
 from goodput.shim.restore_result import (
     CheckpointMetadata,
-    DpLayout,
     RestoreResult,
     RestoreTier,
     resolve_restore,
@@ -56,6 +56,7 @@ from goodput.shim.restore_result import (
 )
 from goodput.shim.rollback import bounded, discard_after, mark_clean
 from goodput.shim.schedule import CheckpointSchedule
+from goodput.shim.step_protocol import RestartRequested
 from goodput.shim.tracing import ShimTelemetry
 
 log = logging.getLogger(__name__)

@@ -15,12 +15,9 @@ from goodput.checkpoint.engine.catalog import (
 from goodput.checkpoint.engine.engine import CheckpointEngine
 from goodput.checkpoint.engine.fileio import CorruptCheckpointError
 from goodput.checkpoint.engine.handles import SaveHandle, SaveResult
+from goodput.checkpoint.engine.load_into import StateMismatchError
 from goodput.checkpoint.engine.parts_commit import PartLayout
-from goodput.checkpoint.engine.restore import (
-    NoCheckpointError,
-    StateMismatchError,
-    restore_checkpoint,
-)
+from goodput.checkpoint.engine.restore import NoCheckpointError, restore_checkpoint
 from goodput.checkpoint.format import (
     Manifest,
     ManifestError,

@@ -34,14 +34,11 @@ import xxhash
 
 from goodput.checkpoint.engine.engine import CheckpointEngine
 from goodput.checkpoint.engine.fileio import CorruptCheckpointError
+from goodput.checkpoint.engine.load_into import merge_into
 from goodput.checkpoint.engine.node_segments import BufferSource, PeerSegment, StreamSource
 from goodput.checkpoint.engine.plan import SavePlan, StreamIndex
 from goodput.checkpoint.engine.reader import READ_CHUNK_BYTES
-from goodput.checkpoint.engine.restore import (
-    _merge,
-    prepare_targets,
-    read_files,
-)
+from goodput.checkpoint.engine.restore import prepare_targets, read_files
 from goodput.checkpoint.engine.sharded_load import load_shards
 from goodput.checkpoint.engine.tree import TreeError
 from goodput.checkpoint.format import (
@@ -260,7 +257,7 @@ def restore_from_host(
             state, volume, pinned = plain
             memory = sum(entry.size for entry in manifest.files) - volume
     if merge and into is not None:
-        state = _merge(into, state)
+        state = merge_into(into, state)
     return HostRestore(
         step,
         state,

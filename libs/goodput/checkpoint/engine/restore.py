@@ -31,15 +31,11 @@ from goodput.checkpoint.engine.events import (
     emit,
 )
 from goodput.checkpoint.engine.fileio import CorruptCheckpointError, DirectIOPolicy
+from goodput.checkpoint.engine.load_into import bind_targets, merge_into
 from goodput.checkpoint.engine.plan import IO_ALIGN, StreamIndex
 from goodput.checkpoint.engine.reader import MIN_DIRECT_BYTES, READ_CHUNK_BYTES, read_data_file
-from goodput.checkpoint.engine.tree import (
-    TensorRef,
-    TreeError,
-    dtype_from_name,
-    dtype_name,
-    unflatten,
-)
+from goodput.checkpoint.engine.sharded_load import load_sharded
+from goodput.checkpoint.engine.tree import TreeError, dtype_from_name, unflatten
 from goodput.checkpoint.format import (
     KIND_DCP,
     KIND_ENGINE,
@@ -59,47 +55,6 @@ class NoCheckpointError(Exception):
         detail = "".join(f"\n  step {f.step}: {f.reason}" for f in fallbacks)
         super().__init__(message + detail)
         self.fallbacks = fallbacks
-
-
-class StateMismatchError(ValueError):
-    """The state to load into has a tensor whose shape or dtype differs from the checkpoint."""
-
-
-def _bind_targets(into: Any, restored: Any, manifest: Manifest, targets: list[Any]) -> None:
-    """Record which existing tensors of ``into`` receive which checkpoint tensors."""
-    if isinstance(restored, TensorRef):
-        if isinstance(into, torch.Tensor):
-            entry = manifest.tensors[restored.index]
-            if list(into.shape) != entry.shape or dtype_name(into.dtype) != entry.dtype:
-                raise StateMismatchError(
-                    f"tensor {restored.index}: have {dtype_name(into.dtype)}{list(into.shape)},"
-                    f" checkpoint has {entry.dtype}{entry.shape}"
-                )
-            targets[restored.index] = into
-        return
-    if isinstance(restored, dict) and isinstance(into, dict):
-        for key, value in restored.items():
-            if key in into:
-                _bind_targets(into[key], value, manifest, targets)
-    elif (
-        isinstance(restored, list | tuple)
-        and isinstance(into, list | tuple)
-        and len(restored) == len(into)
-    ):
-        for into_item, restored_item in zip(into, restored, strict=True):
-            _bind_targets(into_item, restored_item, manifest, targets)
-
-
-def _merge(into: Any, restored: Any) -> Any:
-    """Put every restored value into ``into`` (mutable containers are updated in place)."""
-    if isinstance(into, dict) and isinstance(restored, dict):
-        for key, value in restored.items():
-            into[key] = _merge(into[key], value) if key in into else value
-        return into
-    if isinstance(into, list) and isinstance(restored, list) and len(into) == len(restored):
-        into[:] = [_merge(a, b) for a, b in zip(into, restored, strict=True)]
-        return into
-    return restored
 
 
 @dataclass
@@ -152,7 +107,7 @@ def prepare_targets(
     targets: list[torch.Tensor | None] = [None] * len(manifest.tensors)
     skeleton = unflatten(manifest.tree, tensor_count=len(manifest.tensors))  # before allocating
     if into is not None:
-        _bind_targets(into, skeleton, manifest, targets)
+        bind_targets(into, skeleton, manifest, targets)
     tensors: list[torch.Tensor] = []
     views: list[torch.Tensor | None] = []
     late_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -236,7 +191,7 @@ def load_checkpoint(
     read_files(path, manifest.files, index, targets.views, io_threads, policy)
     targets.finish()
     restored = targets.state(manifest)
-    state = _merge(into, restored) if merge and into is not None else restored
+    state = merge_into(into, restored) if merge and into is not None else restored
     return state, targets.pinned_bytes
 
 
@@ -298,10 +253,6 @@ def restore_checkpoint(
             if manifest.step != candidate:
                 raise CorruptCheckpointError(f"manifest says step {manifest.step}")
             if manifest.kind == KIND_SHARDED:  # DTensor state, resharded to the target's
-                from goodput.checkpoint.engine.sharded_load import (
-                    load_sharded,  # it builds on this module
-                )
-
                 state, read = load_sharded(
                     path, manifest, into=into, io_threads=io_threads, policy=policy, merge=merge
                 )

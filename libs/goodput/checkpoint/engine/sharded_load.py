@@ -33,6 +33,7 @@ import xxhash
 
 from goodput.checkpoint.engine.buffers import byte_view
 from goodput.checkpoint.engine.fileio import CorruptCheckpointError, DirectIOPolicy
+from goodput.checkpoint.engine.load_into import bind_targets, merge_into
 from goodput.checkpoint.engine.node_segments import StreamSource
 from goodput.checkpoint.engine.part_sources import (
     SavedShards,
@@ -48,7 +49,6 @@ from goodput.checkpoint.engine.reshard import (
     plan_reads,
     row_major_strides,
 )
-from goodput.checkpoint.engine.restore import _bind_targets, _merge
 from goodput.checkpoint.engine.sharded_save import is_dtensor, local_box
 from goodput.checkpoint.engine.tree import dtype_from_name, unflatten
 from goodput.checkpoint.format import Manifest, ManifestError, open_regular
@@ -213,7 +213,7 @@ def load_sharded(
     loaded = load_shards(
         path, manifest, into=into, io_threads=io_threads, max_read_bytes=max_read_bytes
     )
-    state = _merge(into, loaded.state) if merge and into is not None else loaded.state
+    state = merge_into(into, loaded.state) if merge and into is not None else loaded.state
     return state, loaded.memory_bytes + loaded.volume_bytes
 
 
@@ -235,7 +235,7 @@ def load_shards(
     targets: list[Any] = [None] * count
     skeleton = unflatten(manifest.tree, tensor_count=count)  # before allocating
     if into is not None:
-        _bind_targets(into, skeleton, manifest, targets)
+        bind_targets(into, skeleton, manifest, targets)
     for index, entry in enumerate(manifest.tensors):
         if targets[index] is None:
             targets[index] = torch.empty(entry.shape, dtype=dtype_from_name(entry.dtype))

@@ -3,7 +3,10 @@
 - :mod:`~goodput.checkpoint.format.layout`: step directory names (format and parse), hidden temp and
   trash names, and the node layout (``<state>/nodes/<node>/…``).
 - :mod:`~goodput.checkpoint.format.manifest`: manifest.json (structs, seal, parse, verify its own
-  checksum, read, write, committed steps).
+  checksum and tensor layout, read, write, committed steps).
+- :mod:`~goodput.checkpoint.format.file_entry`: one data file as a manifest seals it (the manifest
+  lists them, a part's commit table digests them).
+- :mod:`~goodput.checkpoint.format.tensor_layout`: does a tensor table fit the bytes it seals.
 - :mod:`~goodput.checkpoint.format.hashing`: the xxh3_128 hasher, counting what this process hashed.
 - :mod:`~goodput.checkpoint.format.files`: regular-file-only opens, hashing files, durable writes
   (fsync file and directory, atomic rename), safe deletion.
@@ -28,6 +31,7 @@ from goodput.checkpoint.format.clean_record import (
     remove_clean_record,
     write_clean_record,
 )
+from goodput.checkpoint.format.file_entry import FileEntry
 from goodput.checkpoint.format.files import (
     ChecksumMismatch,
     NotRegularFile,
@@ -70,7 +74,6 @@ from goodput.checkpoint.format.manifest import (
     KIND_ENGINE,
     KIND_FILES,
     KIND_SHARDED,
-    FileEntry,
     Manifest,
     ManifestError,
     TensorEntry,

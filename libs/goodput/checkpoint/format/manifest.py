@@ -20,6 +20,7 @@ import msgspec
 import xxhash
 
 from goodput.checkpoint.format.errors import ManifestError
+from goodput.checkpoint.format.file_entry import FileEntry
 from goodput.checkpoint.format.files import NotRegularFile, open_regular, write_file_durably
 from goodput.checkpoint.format.job_key import (
     FROM_ENV,
@@ -30,7 +31,8 @@ from goodput.checkpoint.format.job_key import (
     sign,
 )
 from goodput.checkpoint.format.layout import MANIFEST_NAME, is_temp_name, step_dirs
-from goodput.checkpoint.format.parts import PartOf
+from goodput.checkpoint.format.parts import PartOf, check_part
+from goodput.checkpoint.format.tensor_layout import check_ranges, check_tiling, shape_nbytes
 
 FORMAT = "goodput-ckpt/1"
 KIND_ENGINE = "engine"
@@ -42,16 +44,6 @@ KIND_SHARDED = "engine-sharded"
 KIND_FILES = "files"
 #: a manifest is small; anything bigger is garbage (and must not be read into memory)
 MAX_MANIFEST_BYTES = 16 << 20
-
-
-class FileEntry(msgspec.Struct, kw_only=True):
-    """One data file. ``offset`` is where it sits in the checkpoint's byte stream."""
-
-    name: str
-    size: int
-    xxh3_128: str
-    offset: int = 0
-    dp_rank: int = 0
 
 
 class TensorEntry(msgspec.Struct, kw_only=True):
@@ -153,7 +145,7 @@ def _check_name(name: str) -> None:
 def parse_manifest(data: bytes, source: str = "manifest", key: Key = FROM_ENV) -> Manifest:
     """Decode and verify a manifest: format, its own checksum, its MAC under ``key`` (the
     job's, by default) if there is one, safe file names, and a tensor layout that fits the
-    file sizes it seals (``tensor_layout``)."""
+    file sizes it seals (:func:`check_manifest_layout`)."""
     try:
         manifest = msgspec.json.decode(data, type=Manifest)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -170,13 +162,36 @@ def parse_manifest(data: bytes, source: str = "manifest", key: Key = FROM_ENV) -
             raise ManifestError(f"{source}: manifest MAC mismatch (forged, or another job's key)")
     for entry in manifest.files:
         _check_name(entry.name)
-    from goodput.checkpoint.format.tensor_layout import check_manifest_layout  # builds on this
-
     try:
         check_manifest_layout(manifest)
     except ManifestError as exc:
         raise ManifestError(f"{source}: {exc}") from exc
     return manifest
+
+
+def check_manifest_layout(manifest: Manifest) -> None:
+    """The tensor table of an engine or sharded manifest against the sizes it seals (the
+    rules of ``tensor_layout``), and a part's commit table against its files (``parts``)."""
+    if manifest.kind == KIND_ENGINE:
+        check_tiling(manifest.files, manifest.stream_bytes, "manifest")
+        ranges = []
+        for index, entry in enumerate(manifest.tensors):
+            what = f"tensor {index}"
+            if shape_nbytes(entry.dtype, entry.shape, what) != entry.nbytes:
+                raise ManifestError(
+                    f"{what}: {entry.dtype}{entry.shape} is not the {entry.nbytes} bytes it claims"
+                )
+            ranges.append((entry.offset, entry.nbytes, what))
+        check_ranges(ranges, manifest.stream_bytes)
+    elif manifest.kind == KIND_SHARDED:  # global tensors; the shard records hold the bytes
+        for index, entry in enumerate(manifest.tensors):
+            what = f"tensor {index}"
+            if shape_nbytes(entry.dtype, entry.shape, what) != entry.nbytes or entry.offset:
+                raise ManifestError(f"{what}: {entry.dtype}{entry.shape} does not match its size")
+        if isinstance(manifest.part, PartOf):
+            check_part(manifest.part, manifest.files, manifest.dp_world)
+    if isinstance(manifest.part, PartOf) and manifest.kind != KIND_SHARDED:
+        raise ManifestError(f"a part of a {manifest.kind!r} checkpoint (only sharded ones split)")
 
 
 def read_manifest_bytes(path: str | os.PathLike) -> bytes:

@@ -27,16 +27,13 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
 import xxhash
 
 from goodput.checkpoint.format.errors import ManifestError
+from goodput.checkpoint.format.file_entry import FileEntry
 from goodput.checkpoint.format.layout import step_dir_name
-
-if TYPE_CHECKING:  # the manifest holds a PartOf, so it imports this module
-    from goodput.checkpoint.format.manifest import FileEntry
 
 #: a commit table larger than this is garbage (4,096 nodes x a few hundred bytes fits easily)
 MAX_PARTS = 4096

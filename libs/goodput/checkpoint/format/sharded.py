@@ -23,8 +23,9 @@ from pathlib import Path
 import msgspec
 import xxhash
 
+from goodput.checkpoint.format.file_entry import FileEntry
 from goodput.checkpoint.format.files import open_regular, unreadable_reason
-from goodput.checkpoint.format.manifest import FileEntry, Manifest, ManifestError
+from goodput.checkpoint.format.manifest import Manifest, ManifestError
 from goodput.checkpoint.format.parts import PartOf
 from goodput.checkpoint.format.tensor_layout import check_ranges, check_tiling, shape_nbytes
 

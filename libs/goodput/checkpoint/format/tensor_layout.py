@@ -6,6 +6,8 @@ the saved shape: a tensor three quarters of which is whatever memory held). Befo
 is allocated, every tensor's ``numel x itemsize`` must equal the byte range it claims, and
 that range must lie inside the bytes the sealed file sizes add up to, without overlapping
 another tensor's. A layout that fails is damage: the reader falls back as for a bad checksum.
+The manifest applies these rules to its tensor table when parsed
+(``manifest.check_manifest_layout``), the shard records to theirs (``sharded``).
 """
 
 from __future__ import annotations
@@ -13,14 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from goodput.checkpoint.format.manifest import (
-    KIND_ENGINE,
-    KIND_SHARDED,
-    FileEntry,
-    Manifest,
-    ManifestError,
-)
-from goodput.checkpoint.format.parts import PartOf, check_part
+from goodput.checkpoint.format.errors import ManifestError
+from goodput.checkpoint.format.file_entry import FileEntry
 
 #: the element size of every dtype a checkpoint may hold, by torch's name without ``torch.``
 DTYPE_ITEMSIZE: dict[str, int] = {
@@ -94,27 +90,3 @@ def check_ranges(ranges: Sequence[tuple[int, int, str]], stream_bytes: int) -> N
         if offset < end and nbytes:
             raise ManifestError(f"{what}: bytes from {offset} overlap another tensor's")
         end = max(end, offset + nbytes)
-
-
-def check_manifest_layout(manifest: Manifest) -> None:
-    """The tensor table of an engine or sharded manifest against the sizes it seals."""
-    if manifest.kind == KIND_ENGINE:
-        check_tiling(manifest.files, manifest.stream_bytes, "manifest")
-        ranges = []
-        for index, entry in enumerate(manifest.tensors):
-            what = f"tensor {index}"
-            if shape_nbytes(entry.dtype, entry.shape, what) != entry.nbytes:
-                raise ManifestError(
-                    f"{what}: {entry.dtype}{entry.shape} is not the {entry.nbytes} bytes it claims"
-                )
-            ranges.append((entry.offset, entry.nbytes, what))
-        check_ranges(ranges, manifest.stream_bytes)
-    elif manifest.kind == KIND_SHARDED:  # global tensors; the shard records hold the bytes
-        for index, entry in enumerate(manifest.tensors):
-            what = f"tensor {index}"
-            if shape_nbytes(entry.dtype, entry.shape, what) != entry.nbytes or entry.offset:
-                raise ManifestError(f"{what}: {entry.dtype}{entry.shape} does not match its size")
-        if isinstance(manifest.part, PartOf):
-            check_part(manifest.part, manifest.files, manifest.dp_world)
-    if isinstance(manifest.part, PartOf) and manifest.kind != KIND_SHARDED:
-        raise ManifestError(f"a part of a {manifest.kind!r} checkpoint (only sharded ones split)")

@@ -8,9 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from goodput.checkpoint.format.file_entry import FileEntry
 from goodput.checkpoint.format.files import file_xxh3_128
 from goodput.checkpoint.format.layout import MANIFEST_NAME, parse_step_dir
-from goodput.checkpoint.format.manifest import FileEntry, Manifest, ManifestError, read_manifest
+from goodput.checkpoint.format.manifest import Manifest, ManifestError, read_manifest
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ import torch
 from goodput import schemas
 from goodput.launch.rank_env import skipped
 from goodput.shim.collectives import broadcast_object, grouped
+from goodput.shim.dp_layout import DpLayout
 from goodput.shim.rescale import BatchPlan, RescaleCallback
 from goodput.shim.restore_result import (
     CheckpointMetadata,
-    DpLayout,
     RestoreResult,
     resolve_restore,
     with_metadata,

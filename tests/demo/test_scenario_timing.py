@@ -107,7 +107,10 @@ SIGNALS = {
     "kill-rank": [("crash", "correctable")],
     "hang-rank": [("hang", "correctable")],
     "slow-rank": [("straggler", "info")],
+    "sdc": [("replica_mismatch", "correctable")],
 }
+#: faults whose signal names no node: two replicas that disagree hold no majority
+NODELESS = {"sdc"}
 NODE_LOSS = {
     # the killed ranks' exit reported before the host monitor's fault (common under load)
     "crash-first": [("crash", "correctable"), ("degraded_host", "uncorrectable")],
@@ -151,7 +154,7 @@ def play(scenario: DemoScenario, *, step_s: float, recover_s: float, loss: str) 
             fault = faults.pop(0)
             node = run.state.active[fault.rank]
             for kind, severity in SIGNALS.get(fault.action) or NODE_LOSS[loss]:
-                run.signal(kind, node, severity)
+                run.signal(kind, "" if fault.action in NODELESS else node, severity)
             if fault.action == "fail-node" and fault.repair_after_s:
                 down.append((fault, node, run.now_s))
             if fault.action != "slow-rank":
@@ -171,7 +174,8 @@ def test_the_full_scenario_remediates_the_same_at_any_speed(
         "scale-down",  # the second lost: the first is not back yet, no spare free
         "scale-up",  # the second is back
     ], rules
-    assert rules[:2] == ["in-process-restart", "in-process-restart"]  # the crash, the hang
+    # the crash, the hang, the SDC
+    assert rules[:3] == ["in-process-restart", "in-process-restart", "numerical-rollback"], rules
 
 
 @pytest.mark.parametrize("loss", sorted(NODE_LOSS))

@@ -1,5 +1,6 @@
 """The main job end to end: every remediation, and the same faults lived through by a job
-without goodput (synchronous torch.save, whole-job restarts, no spares).
+without goodput (synchronous torch.save, whole-job restarts, no spares, no comparison of the
+replicas: its SDC is trained on).
 
 What is asserted holds however loaded the machine is: faults fire at training steps and, for
 goodput's run, lost nodes come back at training steps too (``DemoFault.repair_at``), so each
@@ -26,6 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.longest]
 #: every remediation, in the order the full scenario first calls for each
 REMEDIATIONS = [
     "in-process-restart",
+    "numerical-rollback",  # the SDC: 2 replicas, no majority, both roll back
     "evict-straggler-hot-swap",
     "hot-swap",
     "scale-down",
@@ -79,6 +81,7 @@ def test_the_full_scenario_against_the_baseline(tmp_path: Path) -> None:
     assert planned == [
         ("kill-rank", 1),
         ("hang-rank", 0),
+        ("sdc", 0),
         ("slow-rank", 1),
         ("fail-node", 0),
         ("fail-node", 1),
@@ -102,6 +105,10 @@ def test_the_full_scenario_against_the_baseline(tmp_path: Path) -> None:
     sizes = run["world_size_history"]
     assert 1 in sizes and 2 in sizes[sizes.index(1) :], sizes
     assert _rules(baseline) == BASELINE_RULES, _story(baseline)  # and a fixed ckpt interval
+    # the baseline compares no replicas: its SDC is trained on, unseen
+    [sdc] = [f for f in baseline["faults"] if f["fault"] == "sdc"]
+    assert "trains on with the corrupted one" in sdc["what"], sdc
+    assert not [s for s in baseline["signals"] if s["signal"] == "replica_mismatch"]
     assert set(baseline["world_size_history"]) == {2}
     # both reports cover the same categories; goodput's is the higher
     assert set(run["badput"]) == set(run["baseline_badput"])

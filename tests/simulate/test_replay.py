@@ -267,3 +267,39 @@ def test_saves_outside_the_steps_are_booked_as_saves_at_no_extra_time(tmp_path):
     assert after["program_startup"] == pytest.approx(before["program_startup"] - 0.2, abs=0.01)
     assert after["job_down"] == pytest.approx(before["job_down"] - 0.2, abs=0.01)
     assert results[True]["predicted"] == results[False]["predicted"]
+
+
+def _with_sdc(fingerprint_every: int) -> dict:
+    """The replay section of a run whose replica on node-0 a bit flip struck at step 50."""
+    sdc = {"step": 50, "action": "sdc", "node": "node-0", "ok": True}
+    rollback = {"action": "restart", "relaunch_s": 2.0, "restore_s": 0.2, "startup_s": 3.0}
+    return demo_run(0, 80.0)["replay"] | {
+        "total_steps": 200,
+        "fingerprint_every": fingerprint_every,
+        "faults": [sdc],
+        "costs": COSTS
+        | {"remediations": [rollback | {"restored_step": 40}], "fault_delays_s": [0.0]},
+    }
+
+
+def test_an_sdc_is_rolled_back_where_the_run_compared_its_replicas(tmp_path):
+    """The demo's job compares them every 20 steps: the split at 60 is rolled back. The
+    baseline's period lies past its last step (a job without goodput compares none): it trains
+    on, and its goodput is not charged for a rollback it never made."""
+    run = {"goodput_pct": 80.0, "badput": {}, "replay": _with_sdc(20)} | {
+        "baseline": {"goodput_pct": 80.0, "badput": {}, "replay": _with_sdc(210)}
+    }
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    result = replay_file(str(path))
+    assert "numerical-rollback" in result["goodput"]["rules"]
+    assert not any(rule.startswith("numerical") for rule in result["baseline"]["rules"])
+    assert result["goodput"]["predicted_badput_s"]["wasted_progress"] > 0
+    assert result["baseline"]["predicted_badput_s"]["wasted_progress"] == 0
+
+
+def test_a_forged_fingerprint_period_is_one_line(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"goodput_pct": 80.0, "badput": {}, "replay": _with_sdc(0)}))
+    with pytest.raises(SimulateError, match="fingerprint_every must be a positive step count"):
+        replay_file(str(path))

@@ -1,7 +1,8 @@
 """Injects a scenario's faults into the running demo job, through the chaos tool.
 
 Faults reach the job the way ``goodput chaos`` sends them (``goodput.tools.chaos.actions``), so the
-demo exercises the same paths a user's chaos test does. Node repairs run alongside the
+demo exercises the same paths a user's chaos test does (an SDC is ``goodput chaos sdc`` on the
+node of the fault's rank). Node repairs run alongside the
 scenario, each when its fault says it is due (``DemoFault.repair_due``).
 """
 
@@ -76,6 +77,9 @@ class Driver:
     say: Callable[[str], None] = lambda _: None
     #: the job cannot train without a failed node (the baseline): repairs follow the wall clock
     job_waits_for_nodes: bool = False
+    #: the job compares its replicas' fingerprints, so an SDC ends in a rollback; False (the
+    #: baseline): it trains on with the corrupted replica, and the next fault need not wait
+    compares_replicas: bool = True
     injected: list[Injected] = field(default_factory=list)
     _background: set[asyncio.Task] = field(default_factory=set)
 
@@ -165,6 +169,14 @@ class Driver:
                     if pids
                     else f"no live rank of {node} found to terminate",
                 ).ok
+            case "sdc":
+                outcome = await fire(_chaos_spec(fault, node), self.ctx)
+                detail = outcome.detail
+                if outcome.ok and not self.compares_replicas:
+                    detail += "; the job compares no replicas: it trains on with the corrupted one"
+                ok = self._record(fault, node, outcome.ok, detail).ok
+                if not self.compares_replicas:  # no rollback to wait for
+                    return self._job_stepping_since(time.monotonic(), attempt_after=0)
             case "fail-node" | "kill-rank" | "hang-rank":
                 outcome = await fire(_chaos_spec(fault, node), self.ctx)
                 ok = self._record(fault, node, outcome.ok, outcome.detail).ok
@@ -292,4 +304,6 @@ def _chaos_spec(fault: DemoFault, node: str) -> faults.FaultSpec:
             return faults.HangRank(rank=fault.rank)
         case "fail-node":
             return faults.FailNode(node=node)
+        case "sdc":
+            return faults.Sdc(node=node)
     raise ValueError(f"{fault.action} is not a chaos fault")

@@ -5,7 +5,8 @@ fault before it (restarted and stepping again; a straggler once the sensor has f
 its slowing ended unflagged: it runs on alongside what follows), so
 every run of a scenario meets the same faults at the same training progress, however quickly
 it recovers — which is what makes goodput's remediation and the baseline comparable. Node
-faults name the node that runs ``rank`` when they fire.
+faults (and an SDC, which corrupts a node's replica) name the node that runs ``rank`` when
+they fire.
 
 A failed node comes back on the clock that matters to the job. A job that went on without it
 gets it back once training reached ``repair_at`` of its steps, so whether a spare is free when
@@ -37,8 +38,17 @@ HANG_SAFETY_FACTOR = 4.0
 #: ci14's baseline took it for a hang at the floor. 3 s is twice that, and the demo's hang is
 #: found in 3 s
 HANG_MIN_TIMEOUT_S = 3.0
+#: the demo job's numerics window (the shim's default) and how often it compares its
+#: replicas' parameters: every 20 steps, not the default 100, as its failures are compressed
+#: into minutes. An SDC is found at the first fingerprint after it: the full scenario's, 48
+#: steps before the straggler's at 800 steps and 24 at 400, within 20 steps (the straggler
+#: waits for its rollback all the same), with an agreed fingerprint, and so a checkpoint
+#: known clean, behind it at any number of steps from 80. One fingerprint of the example
+#: model takes about 0.6 ms (docs/BENCHMARKS.md): about 0.01 % of its step, one every 20
+NUMERICS_EVERY = 10
+FINGERPRINT_EVERY = 20
 
-DemoAction = Literal["kill-rank", "hang-rank", "slow-rank", "fail-node", "terminate-node"]
+DemoAction = Literal["kill-rank", "hang-rank", "slow-rank", "fail-node", "terminate-node", "sdc"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,10 @@ class DemoFault:
                 else ""
             ),
             "terminate-node": f"node taken away: SIGTERM to every rank on rank {self.rank}'s node",
+            "sdc": f"silent data corruption: one bit of one parameter flipped in the replica "
+            f"on rank {self.rank}'s node (goodput finds it at the replicas' next fingerprint and "
+            "rolls back to the newest checkpoint known clean, both replicas where 2 hold no "
+            "majority to tell the bad one; a job without goodput trains on with it)",
         }[self.action]
         return f"at {self.at:.0%} of the steps, {what}"
 
@@ -116,12 +130,17 @@ class DemoScenario:
 
 SCENARIOS: dict[str, DemoScenario] = {
     "full": DemoScenario(
-        "a crash, a hang, a straggler, a node lost while a spare is free, another lost with "
-        "none left, then repaired (goodput answers with every remediation: in-job restart, "
-        "restart, eviction, hot swap, scale down, scale up)",
+        "a crash, a hang, a bit flipped in one replica's parameters (SDC), a straggler, a node "
+        "lost while a spare is free, another lost with none left, then repaired (goodput "
+        "answers with every remediation: in-job restart, restart, numerical rollback, "
+        "eviction, hot swap, scale down, scale up; 2 replicas' fingerprints cannot tell which "
+        "one the SDC hit: both roll back)",
         (
             DemoFault(0.10, "kill-rank", rank=1),
             DemoFault(0.22, "hang-rank", rank=0),
+            # while the job holds both replicas (the scale-down comes later), on rank 0's
+            # node, whose replica the baseline's checkpoints are saved from
+            DemoFault(0.28, "sdc", rank=0),
             DemoFault(0.34, "slow-rank", rank=1, factor=3.0, duration_s=60.0),
             # back after the next loss found no spare free, and after the scale-up it causes
             DemoFault(0.50, "fail-node", rank=0, repair_after_s=45.0, repair_at=0.80),
@@ -139,6 +158,13 @@ SCENARIOS: dict[str, DemoScenario] = {
         "a node fails while a spare exists: swapped, same world size",
         (DemoFault(0.35, "fail-node", rank=1),),
         spares=1,
+    ),
+    "sdc": DemoScenario(
+        "a bit flipped in one replica's parameters (SDC): found at the replicas' next "
+        "fingerprint, rolled back to the newest checkpoint known clean (2 replicas cannot tell "
+        "which one is bad: both roll back)",
+        (DemoFault(0.5, "sdc", rank=0),),
+        spares=0,
     ),
     "scale-down-up": DemoScenario(
         "a node fails with no spare (scale down), is repaired 8 s later, once the job has "

@@ -5,7 +5,11 @@ asynchronous multi-tier checkpoints with Young's adaptive interval. ``baseline``
 without goodput does — rank 0 ``torch.save``s synchronously into storage every node shares,
 every fault restarts the whole job on the same nodes (``goodput.supervisor.policy.scripts.restart_whole_job``),
 no spare, no change of size, a fixed checkpoint interval. Both use the same detection, so the
-difference is what happens after a fault is seen, and what checkpoints cost.
+difference is what happens after a fault is seen, and what checkpoints cost, but for one
+check a job without goodput does not make: its replicas' fingerprints. The baseline compares
+none, so an SDC goes unseen and it trains on with the corrupted replica (rank 0's
+``torch.save`` carries a flip of its replica into every later checkpoint and, at the next
+whole-job restart, into both).
 """
 
 from __future__ import annotations
@@ -24,14 +28,17 @@ from rich.console import Console
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
+from goodput.launch.rank_env import knobs
 from goodput.measure.accounting import GoodputReport, compute_goodput, replay_from_bus
 from goodput.state_dir import StateDir
 from goodput.supervisor.policy.scripts import restart_whole_job
 from goodput.tools.chaos.targets import ChaosContext
 from goodput.tools.demo.driver import Driver
 from goodput.tools.demo.scenarios import (
+    FINGERPRINT_EVERY,
     HANG_MIN_TIMEOUT_S,
     HANG_SAFETY_FACTOR,
+    NUMERICS_EVERY,
     STRAGGLER_RATIO,
     DemoScenario,
 )
@@ -44,7 +51,8 @@ from goodput.tools.stack.watch import summary as job_summary
 Setup = Literal["goodput", "baseline"]
 BASELINE_DESCRIPTION = (
     "the same faults, met as a job without goodput does: synchronous torch.save, the whole "
-    "job restarted on any fault, a lost node waited for, stragglers ignored, no spare"
+    "job restarted on any fault, a lost node waited for, stragglers ignored, no spare, no "
+    "comparison of the replicas (an SDC is trained on)"
 )
 
 #: the demo's job: one rank per local node, and (goodput's run) one ready standby per node
@@ -95,13 +103,23 @@ def service_flags(setup: Setup) -> dict[str, list[str]]:
     }
 
 
+def fingerprint_every(plan: RunPlan) -> int:
+    """How often the job compares its replicas: the baseline's period lies past its last step,
+    so it never does (the shim has no "off"; a period is a positive multiple of the window)."""
+    if plan.setup == "goodput":
+        return FINGERPRINT_EVERY
+    return NUMERICS_EVERY * (plan.steps // NUMERICS_EVERY + 1)
+
+
 def start_command(plan: RunPlan, job: str, state_dir: Path) -> schemas.StartJob:
-    env = {"GOODPUT_CKPT_EVERY": str(plan.ckpt_every), "GOODPUT_ENABLE_FAULT_INJECTION": "1"}
+    env = knobs(
+        ckpt_every=plan.ckpt_every,
+        enable_fault_injection=True,
+        numerics_every=NUMERICS_EVERY,
+        fingerprint_every=fingerprint_every(plan),
+    )
     if plan.setup == "baseline":
-        env |= {
-            "GOODPUT_CKPT_MODE": "torch-save",
-            "GOODPUT_CKPT_DIR": str(StateDir(state_dir).shared_checkpoints),
-        }
+        env |= knobs(ckpt_mode="torch-save", ckpt_dir=str(StateDir(state_dir).shared_checkpoints))
     return schemas.StartJob(
         job=job,
         argv=[
@@ -168,6 +186,7 @@ def run_once(
             "nodes": plan.nodes,
             "spares": plan.spares,
             "ckpt_every": plan.ckpt_every,
+            "fingerprint_every": fingerprint_every(plan),
             "total_steps": plan.steps,
             "total_s": report.total_s if report else None,
             "faults": [
@@ -208,6 +227,7 @@ async def _follow(
         plan.steps,
         say=watcher.say,
         job_waits_for_nodes=plan.setup == "baseline",
+        compares_replicas=plan.setup == "goodput",
     )
     try:
         await bus.send_command(subjects.ACTUATOR, start)

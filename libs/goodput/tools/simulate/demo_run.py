@@ -31,6 +31,7 @@ KINDS = {
     "hang-rank": "hang",
     "slow-rank": "straggler",
     "fail-node": "node_down",
+    "sdc": "sdc",
 }
 #: the demo runs with these controller and sensor settings (goodput.tools.demo.session)
 DEMO_SETTINGS = ControllerSettings(
@@ -89,7 +90,15 @@ def compare(run: dict, simulate: Simulate) -> dict:
 
 
 def job_spec(info: dict, step_time_s: float, state_gb: float) -> JobSpec:
-    """The run's shape: its nodes, spares, step time, checkpoint interval and state size."""
+    """The run's shape: its nodes, spares, step time, checkpoint interval and state size, and
+    how often its replicas were compared (a run from before the demo recorded it: the
+    default; the baseline's period lies past its last step: never)."""
+    fingerprints = {}
+    if info.get("fingerprint_every") is not None:
+        every = int(info["fingerprint_every"])
+        if every < 1:
+            raise SimulateError(f"fingerprint_every must be a positive step count, not {every}")
+        fingerprints["fingerprint_every_steps"] = every
     return JobSpec(
         gpus_per_node=1,
         nodes=int(info["nodes"]),
@@ -99,6 +108,7 @@ def job_spec(info: dict, step_time_s: float, state_gb: float) -> JobSpec:
         step_time_s=step_time_s,
         state_gb_per_node=state_gb,
         checkpoint_interval_s=int(info["ckpt_every"]) * step_time_s,
+        **fingerprints,
     )
 
 

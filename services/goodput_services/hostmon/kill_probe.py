@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--describe", action="store_true", help="the driver, or why no NVML")
     what.add_argument("--kill", type=int, metavar="PID", help="the process to kill and watch")
-    parser.add_argument("--listed-within-s", type=float, default=10.0)
+    parser.add_argument("--listed-within-s", type=float, default=5.0)
     parser.add_argument("--settle-s", type=float, default=5.0)
     args = parser.parse_args(argv)
     probe = GpuProbe(load_nvml())

@@ -5,7 +5,7 @@ takes no other phase down) within a time budget; the whole kit stays within 8 mi
 NVIDIA H200. It never resets a GPU and never touches MIG. Progress lines go to stderr; the
 report (the card's name, NVML's driver version, torch's version, each phase's figures or
 ``{"refused": "<why>"}`` or ``{"failed": "<why>"}``, and the total wall time) to stdout,
-and to --out as bench-gpu.json.
+and to --out as bench-gpu.json, rewritten after each phase.
 
 Where a phase's needs are missing (no CUDA device; no NCCL; no NVML for D) it is refused
 with the reason and nothing of it runs: on a machine without a GPU every phase is refused
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,30 +117,37 @@ def card() -> dict[str, Any]:
     }
 
 
-def run_kit(letters: list[str], size_gb: float, work: Path) -> dict[str, Any]:
+def run_kit(
+    letters: list[str], size_gb: float, work: Path, keep: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """Every phase of ``letters`` in turn; ``keep`` gets the report after each (a run cut
+    short, a lease ending, still leaves the phases done)."""
     started = time.perf_counter()
-    phases: dict[str, Any] = {}
+    report: dict[str, Any] = {
+        "card": card(),
+        "size_gb": size_gb,
+        "phases": {},
+        "budgets_s": {letter: PHASES[letter].budget_s for letter in letters},
+        "wall_s": 0.0,
+    }
+    phases = report["phases"]
     for letter in letters:
         phase = PHASES[letter]
         if gaps := missing(phase.needs):
             phases[letter] = {"refused": "; ".join(gaps)}
             print(f"bench gpu {letter}: refused: {phases[letter]['refused']}", file=sys.stderr)
-            continue
-        print(f"bench gpu {letter}: {phase.title} (≤ {phase.budget_s:g} s)", file=sys.stderr)
-        phase_work = work / letter
-        phase_work.mkdir(parents=True, exist_ok=True)
-        begun = time.perf_counter()
-        phases[letter] = run_phase(letter, phase_work, size_gb)
-        phases[letter]["wall_s"] = time.perf_counter() - begun
-        what = "failed: " + phases[letter]["failed"] if "failed" in phases[letter] else "done"
-        print(f"bench gpu {letter}: {what} ({phases[letter]['wall_s']:.0f} s)", file=sys.stderr)
-    return {
-        "card": card(),
-        "size_gb": size_gb,
-        "phases": phases,
-        "budgets_s": {letter: PHASES[letter].budget_s for letter in letters},
-        "wall_s": time.perf_counter() - started,
-    }
+        else:
+            print(f"bench gpu {letter}: {phase.title} (≤ {phase.budget_s:g} s)", file=sys.stderr)
+            phase_work = work / letter
+            phase_work.mkdir(parents=True, exist_ok=True)
+            begun = time.perf_counter()
+            phases[letter] = run_phase(letter, phase_work, size_gb)
+            phases[letter]["wall_s"] = time.perf_counter() - begun
+            what = "failed: " + phases[letter]["failed"] if "failed" in phases[letter] else "done"
+            print(f"bench gpu {letter}: {what} ({phases[letter]['wall_s']:.0f} s)", file=sys.stderr)
+        report["wall_s"] = time.perf_counter() - started
+        keep(report)
+    return report
 
 
 def exit_status(report: dict[str, Any]) -> int:
@@ -152,14 +160,20 @@ def exit_status(report: dict[str, Any]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="goodput-bench-gpu-") as work:
-        report = run_kit(args.phases, args.size_gb, Path(work))
-    text = json.dumps(report, indent=2)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "bench-gpu.json").write_text(text + "\n")
+    out = Path(args.out) / "bench-gpu.json" if args.out else None
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+    def keep(report: dict[str, Any]) -> None:
+        if out is not None:
+            out.write_text(json.dumps(report, indent=2) + "\n")
+
+    if args.dir:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-gpu-", dir=args.dir) as work:
+        report = run_kit(args.phases, args.size_gb, Path(work), keep)
     if args.json:
-        print(text)
+        print(json.dumps(report, indent=2))
     else:
         for letter, outcome in report["phases"].items():
             word = next(k for k in ("refused", "failed", "figures") if k in outcome)
@@ -185,6 +199,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--size-gb", type=float, default=SIZE_GB, help=f"phase A's state (default {SIZE_GB:g})"
     )
+    parser.add_argument(
+        "--dir", help="where the phases write their checkpoints (default: the system temp dir)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--out", help="also write the report to DIR/bench-gpu.json")
+    parser.add_argument(
+        "--out", help="also write the report to DIR/bench-gpu.json, rewritten after each phase"
+    )
     parser.set_defaults(func=run)

@@ -19,7 +19,8 @@ setup:
 test: lint
     {{bin}}/pytest -q -rs -p no:cacheprovider --durations=30 -n 2 --dist loadfile --no-loadscope-reorder
 
-# With GOODPUT_GPU_KIT_OUT=DIR the CUDA checkpoint benchmark's JSON report is written to DIR.
+# With GOODPUT_GPU_KIT_OUT=DIR the JSON reports of the CUDA checkpoint benchmark and of `bench gpu`'s
+# phase E (tests/gpu/test_gpu_bench_kit.py) are written to DIR.
 # the GPU kit (tests/gpu) on this machine's GPU; refused without one; minutes on an H100
 test-gpu:
     {{bin}}/python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "just test-gpu: torch " + torch.__version__ + " sees no CUDA device here")'

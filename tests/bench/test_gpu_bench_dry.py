@@ -19,10 +19,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from goodput.tools.bench import gpu, gpu_ckpt
+from goodput.tools.bench import gpu, gpu_ckpt, gpu_kill
 from goodput.tools.bench.gpu_phases import PHASES, Phase
 from goodput.tools.cli.main import main
 from tests.conftest import goodput_cli, refused_in_one_line
+from tests.hostmon.fake_gpu_node import add_xid
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the kit's modules: none may reset a GPU or touch MIG
@@ -135,6 +136,27 @@ def _ends(pid: int, within_s: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_phase_d_kills_its_victim_and_reports_what_the_host_monitor_saw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Phase D's processes for real (its victim, the probe, the kill, the reaping) on the
+    fake GPU node, the victim a sleeper: the XID the node reports after the kill, and the dead
+    victim leaving the GPU's holders."""
+    monkeypatch.setenv("GOODPUT_FAKE_GPU_HOLDERS", str(tmp_path / "holders"))
+    monkeypatch.setenv("GOODPUT_FAKE_XIDS", str(tmp_path / "xids"))
+    add_xid(tmp_path / "xids", 0, 43)
+    monkeypatch.setattr(gpu_kill, "PROBE", "tests.hostmon.kill_probe_on_fake_node")
+    monkeypatch.setattr(
+        gpu_kill, "VICTIM", "print('running', flush=True)\nimport time\ntime.sleep(60)"
+    )
+    seen = gpu_kill.phase_d(argparse.Namespace(work=tmp_path, size_gb=1.0))
+    assert seen["driver"] == "580.159.04"
+    assert seen["victim_exit"] == -9
+    assert seen["victim_listed_as_its_pid"] and len(seen["holders_before_kill"]) == 1
+    assert seen["listed_after_kill_s"] is not None and seen["listed_after_kill_s"] < 5
+    assert [entry["xid"] for entry in seen["xids"]] == [43]
 
 
 def test_exit_status_says_what_was_measured() -> None:

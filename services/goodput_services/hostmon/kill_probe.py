@@ -74,7 +74,8 @@ def watch_kill(probe: GpuProbe, pid: int, listed_within_s: float, settle_s: floa
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, nvml: Any = None) -> None:
+    """``nvml``: pynvml's functions and constants (default: pynvml itself, where installed)."""
     parser = argparse.ArgumentParser(prog="python -m goodput_services.hostmon.kill_probe")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--describe", action="store_true", help="the driver, or why no NVML")
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--listed-within-s", type=float, default=5.0)
     parser.add_argument("--settle-s", type=float, default=5.0)
     args = parser.parse_args(argv)
-    probe = GpuProbe(load_nvml())
+    probe = GpuProbe(nvml if nvml is not None else load_nvml())
     try:
         report = describe(probe)
         if args.kill is not None and "unavailable" not in report:

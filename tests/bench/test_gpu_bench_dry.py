@@ -3,8 +3,9 @@
 Without CUDA every phase is refused with a reason naming what is missing and the command
 exits 3 ("nothing measured") with the report. A phase's process is real: what it reports
 when its work fails (phase A asking for CUDA here) and when it runs past its budget is
-pinned through it. Phases A and F, the bench ckpt code they call, run here on the CPU at a
-small size, and phase D's processes on the fake GPU node (tests/hostmon/fake_gpu_node.py) (the CUDA paths are the GPU kit's, tests/gpu/test_gpu_bench_kit.py).
+pinned through it. Phases A and F (the bench ckpt code they call) run here on the CPU at a
+small size, phase D's processes on the fake GPU node (tests/hostmon/fake_gpu_node.py); the
+CUDA paths are the GPU kit's (tests/gpu/test_gpu_bench_kit.py runs phase E).
 """
 
 from __future__ import annotations

@@ -19,11 +19,20 @@ setup:
 test: lint
     {{bin}}/pytest -q -rs -p no:cacheprovider --durations=30 -n 2 --dist loadfile --no-loadscope-reorder
 
-# With GOODPUT_GPU_KIT_OUT=DIR the CUDA checkpoint benchmark's JSON report is written to DIR.
+# With GOODPUT_GPU_KIT_OUT=DIR the JSON reports of the CUDA checkpoint benchmark and of `bench gpu`'s
+# phase E (tests/gpu/test_gpu_bench_kit.py) are written to DIR.
 # the GPU kit (tests/gpu) on this machine's GPU; refused without one; minutes on an H100
 test-gpu:
     {{bin}}/python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "just test-gpu: torch " + torch.__version__ + " sees no CUDA device here")'
     {{bin}}/pytest -q -rs -p no:cacheprovider --durations=10 tests/gpu tests/shim/test_collectives.py
+
+# The one prepared script for a lent GPU: the kit, then its benchmark (phases A-G, at most 470 s
+# on an H200; `goodput bench gpu --help`) even where a kit test failed, every report written to
+# GOODPUT_GPU_KIT_OUT=DIR (bench-gpu.json, bench-ckpt-cuda.json, bench-gpu-E.json).
+# the GPU kit, then `goodput bench gpu`; fails where either failed (refused without a GPU)
+gpu-kit:
+    @: "${GOODPUT_GPU_KIT_OUT:?set GOODPUT_GPU_KIT_OUT=DIR, where the kit writes its reports}"
+    kit=0; {{just_executable()}} test-gpu || kit=$?; {{bin}}/goodput bench gpu --json --out "$GOODPUT_GPU_KIT_OUT"; exit "$kit"
 
 # Root; installs podman once; not part of `test` (README "Container images": needs, times).
 # build both images with podman on a Debian base made here; run the services and a rank from them

@@ -70,7 +70,7 @@ def test_a_peer_that_fails_is_reported_and_the_others_still_measured(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As DCP's staged async save did on torch 2.11 with CUDA state (docs/BENCHMARKS.md)."""
-    real_factories = bench_ckpt._factories
+    real_factories = bench_ckpt.factories
 
     def factories_with_a_failing_peer(training, writer_threads):  # type: ignore[no-untyped-def]
         made = real_factories(training, writer_threads)
@@ -82,7 +82,7 @@ def test_a_peer_that_fails_is_reported_and_the_others_still_measured(
         return made
 
     monkeypatch.setattr(bench_ckpt, "PEERS", ("torch_save", "dcp_async_thread_staged"))
-    monkeypatch.setattr(bench_ckpt, "_factories", factories_with_a_failing_peer)
+    monkeypatch.setattr(bench_ckpt, "factories", factories_with_a_failing_peer)
     report = _bench(tmp_path, capsys, "--peers")
     assert set(report["methods"]) == {"goodput", "goodput_blocking", "torch_save"}
     assert report["peers_not_measured"]["dcp_async_thread_staged"] == (

@@ -74,6 +74,7 @@ class FakeNvml:
     visible_count: int | None = None
     events: list[FakeEvent] = field(default_factory=list)
     registered: list[int] = field(default_factory=list)
+    driver_version: str = "580.159.04"
 
     # pynvml's error type and the constants the probe uses, with their real values
     NVMLError = FakeNvmlError
@@ -108,6 +109,10 @@ class FakeNvml:
 
     def nvmlShutdown(self) -> None:
         pass
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        """As nvidia-ml-py 12+ answers: a str (older bindings gave bytes)."""
+        return self.driver_version
 
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus) if self.visible_count is None else self.visible_count

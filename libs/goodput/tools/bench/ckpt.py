@@ -75,7 +75,7 @@ SIZE_GB = 2.0
 SHARDED_SIZE_GB = 0.25
 
 
-def _factories(training: Training, writer_threads: int) -> dict[str, Callable[[Path], Saver]]:
+def factories(training: Training, writer_threads: int) -> dict[str, Callable[[Path], Saver]]:
     state = training.state
     cuda = training.device.type == "cuda"
     return {
@@ -203,7 +203,7 @@ def run_benchmark(
     _console.log(f"raw ({dd_mode}): write {write_gbps:.2f} GB/s, read {read_gbps:.2f} GB/s")
     skipped = unavailable_peers() if peers else {}
     names = [*OWN_METHODS, *(name for name in PEERS if name not in skipped)] if peers else METHODS
-    factories = _factories(training, writer_threads)
+    methods = factories(training, writer_threads)
     results: dict[str, MethodResult] = {}
     for name in names:
         method_dir = directory / name
@@ -214,7 +214,7 @@ def run_benchmark(
             group or contextlib.nullcontext(),
         ):
             try:
-                results[name] = measure(factories[name](method_dir), training, saves, cache)
+                results[name] = measure(methods[name](method_dir), training, saves, cache)
             except Exception as error:
                 if name in OWN_METHODS or not peers:
                     raise

@@ -55,13 +55,17 @@ def node_name(node: int) -> str:
     return f"node{node}"
 
 
-def build(size_bytes: int, world: int) -> tuple[torch.nn.Sequential, torch.optim.Optimizer]:
+def build(
+    size_bytes: int, world: int, device: str = "cpu"
+) -> tuple[torch.nn.Sequential, torch.optim.Optimizer]:
     """``LAYERS`` square linear layers whose weights, biases and AdamW moments (4 bytes each,
-    3 copies) make about ``size_bytes``, FSDP2-sharded over one mesh of every rank."""
+    3 copies) make about ``size_bytes``, FSDP2-sharded over one mesh of every rank on
+    ``device`` ("cpu", or "cuda": `goodput bench gpu`'s sharded restore onto the GPU)."""
     width = max(16, int(math.sqrt(size_bytes / (12 * LAYERS))) // 16 * 16)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(LAYERS)))
-    mesh = init_device_mesh("cpu", (world,))
+    model.to(device)
+    mesh = init_device_mesh(device, (world,))
     for layer in model:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -73,6 +77,7 @@ def train_step(model: torch.nn.Sequential, optim: torch.optim.Optimizer, step: i
     assert isinstance(first, torch.nn.Linear)  # build's layers (fully_shard keeps the class)
     width = first.in_features
     x = torch.randn(8, width, generator=torch.Generator().manual_seed(step))
+    x = x.to(first.weight.device)
     model(x).pow(2).mean().backward()
     optim.step()
     optim.zero_grad()

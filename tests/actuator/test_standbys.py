@@ -14,6 +14,8 @@ import signal
 import sys
 from pathlib import Path
 
+import psutil
+
 from goodput import schemas, subjects
 from goodput.tools.chaos.targets import ChaosContext
 
@@ -68,6 +70,18 @@ async def _logged(path: Path, line: str) -> str:
             return text
         await asyncio.sleep(0.1)
     raise AssertionError(f"{line!r} not in {path}: {text!r}")
+
+
+async def _exited(pid: int) -> None:
+    """``pid`` has exited (a zombie its parent has yet to reap, or gone)."""
+    for _ in range(100):
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"pid {pid} still runs 10 s after SIGKILL")
 
 
 def _newest_status(tap) -> schemas.JobStatus:
@@ -139,6 +153,9 @@ async def test_a_dead_standby_is_never_waited_on_and_is_replaced(rig, tmp_path) 
     dead = _newest_status(tap).standbys["node-1"][0]
     os.kill(dead, signal.SIGKILL)
     os.kill(first.pids["node-1"][0], signal.SIGKILL)
+    # dead, not dying: a loaded machine took long enough to end it that the restart handed
+    # it the rank while it still held its channel (a death after the assignment is a rank's)
+    await _exited(dead)
     restart = schemas.Restart(job=JOB, reason="test", standbys=True)
     await bus.send_command(subjects.ACTUATOR, restart)
     assert (await tap.result_of(restart)).ok

@@ -110,8 +110,8 @@ def test_a_file_dcp_cannot_parse_is_reported_corrupt_and_load_verified_falls_bac
 
 
 def test_the_reader_skips_an_incomplete_checkpoint(tmp_path: Path) -> None:
-    for step in (1, 2, 3):
-        dcp.save(_state(step), storage_writer=GoodputStorageWriter(tmp_path, step))
+    for step in (1, 2, 3):  # all three kept: the reader falls back from 3 past 2 to 1
+        dcp.save(_state(step), storage_writer=GoodputStorageWriter(tmp_path, step, keep_last=3))
     data = next(
         e.name
         for e in read_manifest(tmp_path / "step-0000000003").files

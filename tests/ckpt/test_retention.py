@@ -17,6 +17,7 @@ from goodput.checkpoint.format import (
     CLEAN_RECORD_NAME,
     RETENTION_RECORD_NAME,
     CleanRecordError,
+    RetentionRecord,
     RetentionRecordError,
     read_clean_record,
     read_retention_record,
@@ -106,7 +107,7 @@ def test_a_guard_no_copy_can_meet_is_not_applied() -> None:
 def test_a_checkpoint_not_yet_on_a_peer_is_never_deleted_by_the_engine(tmp_path: Path) -> None:
     """The done-when of issue 26: under require=peer the engine's retention keeps every
     checkpoint newer than the newest one the replicator has seen on a peer."""
-    write_retention_record(tmp_path, ["peer"], [1])
+    write_retention_record(tmp_path, ["peer"], [1], keep=1)
     with CheckpointEngine(tmp_path, keep_last=1, writer_threads=1) as engine:
         for step in range(1, 6):
             assert engine.save(make_state(step), step).wait(60).committed
@@ -114,7 +115,7 @@ def test_a_checkpoint_not_yet_on_a_peer_is_never_deleted_by_the_engine(tmp_path:
         assert steps_on(tmp_path) == [1, 2, 3, 4, 5]
 
         # steps 2..4 reached a peer: the engine deletes behind step 4, the newest safe one
-        write_retention_record(tmp_path, ["peer"], [1, 2, 3, 4])
+        write_retention_record(tmp_path, ["peer"], [1, 2, 3, 4], keep=1)
         assert engine.save(make_state(6), 6).wait(60).committed
         engine.wait_until_idle()
         assert steps_on(tmp_path) == [4, 5, 6]
@@ -126,6 +127,20 @@ def test_without_a_record_the_engine_keeps_the_newest_only(tmp_path: Path) -> No
             assert engine.save(make_state(step), step).wait(60).committed
         engine.wait_until_idle()
     assert steps_on(tmp_path) == [3]
+
+
+def test_the_engine_keeps_as_many_as_the_record_says_whatever_its_own_count(
+    tmp_path: Path,
+) -> None:
+    """The replicator's ``keep_local`` is the volume's one keep count: the engine, told 1 and
+    then 3, keeps as many, and deletes no further than the replicator would."""
+    with CheckpointEngine(tmp_path, keep_last=2, writer_threads=1) as engine:
+        for keep, steps, kept in ((1, (1, 2, 3), [3]), (3, (4, 5, 6, 7), [5, 6, 7])):
+            write_retention_record(tmp_path, [], range(1, 8), keep=keep)
+            for step in steps:
+                assert engine.save(make_state(step), step).wait(60).committed
+                engine.wait_until_idle()
+            assert steps_on(tmp_path) == kept
 
 
 def test_a_record_that_does_not_decode_keeps_everything(
@@ -147,13 +162,20 @@ def test_a_record_that_does_not_decode_keeps_everything(
 
 def test_the_record_round_trips_and_refuses_what_it_cannot_trust(tmp_path: Path) -> None:
     assert read_retention_record(tmp_path) is None
-    assert write_retention_record(tmp_path, ["peer"], [3, 7, 5])
-    assert not write_retention_record(tmp_path, ["peer"], [5, 7, 3])  # unchanged: no write
+    assert write_retention_record(tmp_path, ["peer"], [3, 7, 5], keep=2)
+    assert not write_retention_record(tmp_path, ["peer"], [5, 7, 3], keep=2)  # unchanged
     record = read_retention_record(tmp_path)
     assert record is not None
-    assert (record.require, record.safe_steps) == (("peer",), (7, 5, 3))
+    assert (record.require, record.safe_steps, record.keep) == (("peer",), (7, 5, 3), 2)
     assert os.listdir(tmp_path) == [RETENTION_RECORD_NAME]  # no temp file left
     path = tmp_path / RETENTION_RECORD_NAME
+    path.write_bytes(b'{"version": 1, "require": [], "safe_steps": [4]}')  # an earlier release's
+    assert read_retention_record(tmp_path) == RetentionRecord(
+        version=1, require=(), safe_steps=(4,), keep=None
+    )
+    path.write_bytes(b'{"version": 1, "require": [], "safe_steps": [], "keep": 0}')
+    with pytest.raises(RetentionRecordError, match="keep"):  # forged: would delete the newest
+        read_retention_record(tmp_path)
     path.write_bytes(b'{"version": 2, "require": [], "safe_steps": []}')
     with pytest.raises(RetentionRecordError, match="version 2, this build reads 1"):
         read_retention_record(tmp_path)

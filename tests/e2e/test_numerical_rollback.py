@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from goodput import schemas
-from goodput.checkpoint.engine.catalog import DEFAULT_KEEP_LAST
+from goodput.checkpoint.index.retention import DEFAULT_KEEP
 from goodput.launch.rank_env import knobs
 from goodput.tools.chaos import ChaosContext, fire
 from goodput.tools.chaos import spec as faults
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 JOB = "job-num"
 STEPS = 150
 #: a window every 5 steps, the replicas compared every 50, a checkpoint every 5: the newest
-#: DEFAULT_KEEP_LAST checkpoints span 10 steps, far less than the fingerprint period
+#: DEFAULT_KEEP["local"] checkpoints span 10 steps, far less than the fingerprint period
 FINGERPRINT_EVERY = 50
 NUMERICS_EVERY = 5
 CKPT_EVERY = 5
@@ -107,7 +107,7 @@ async def test_an_sdc_a_nan_and_a_spike_are_rolled_back_and_the_job_ends_bit_ide
             assert decision.rule == "numerical-rollback", decision
             # the ranks had saved more than retention keeps past the clean checkpoint...
             newer = {e.step for e in tap.of(schemas.CheckpointPersisted) if e.step > clean}
-            assert len(newer) >= DEFAULT_KEEP_LAST, newer
+            assert len(newer) >= DEFAULT_KEEP["local"], newer
             back = await tap.wait_for(_running(2), timeout_s=180)
             # ...and every rank restored the one kept for it: the newest before the window of
             # the agreed fingerprint (the ranks' claim stops short of a window that may hold a

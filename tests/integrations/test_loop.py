@@ -122,7 +122,10 @@ def _train_corruptible(
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    config = ShimConfig(ckpt_dir=str(directory), ckpt_every=4, restore_before_step=before)
+    # three kept: the volume still holds step 4 beside the step 8 the rollback restores
+    config = ShimConfig(
+        ckpt_dir=str(directory), ckpt_every=4, keep_last=3, restore_before_step=before
+    )
     loop = SupervisedLoop(
         shim=TrainerShim(config, install_signal_handlers=False), model=model, optimizer=optimizer
     )

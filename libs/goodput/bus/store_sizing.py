@@ -64,8 +64,8 @@ SERVER_HEADROOM = Fraction(11, 10)  # exact: 460 MiB x 1.1 in floats rounded up 
 #: index's copy record lists its files: a rank's shards and the metadata), per file listed
 INDEX_BYTES_PER_FILE = 96
 #: checkpoint copies the index lists per node: a copy in each of the three tiers (local, peer,
-#: object store) of the checkpoints retention keeps (``catalog.DEFAULT_KEEP_LAST`` = 3) and
-#: of the one being written
+#: object store) of the checkpoints retention keeps (``checkpoint.index.retention.DEFAULT_KEEP``:
+#: at most 3 per tier) and of the one being written
 INDEX_COPIES_PER_NODE = 3 * (3 + 1)
 #: the controller's and actuator's records per node in ``gp_state`` (membership, spares)
 STATE_BYTES_PER_NODE = 512

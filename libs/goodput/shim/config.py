@@ -11,9 +11,9 @@ import msgspec
 from goodput import schemas
 from goodput.bus import BusSettings
 from goodput.bus.settings import settings_from_env
-from goodput.checkpoint.engine.catalog import DEFAULT_KEEP_LAST
 from goodput.checkpoint.engine.device_copy import restore_pinned_bytes
 from goodput.checkpoint.engine.parts_commit import PartLayout
+from goodput.checkpoint.index.retention import DEFAULT_KEEP
 from goodput.launch.rank_env import VARIABLES, RankEnv, RankEnvError
 from goodput.subjects import DEFAULT_JOB
 
@@ -37,7 +37,9 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     ckpt_dir: str = "checkpoints"
     #: steps between checkpoints; the controller may change it (SetCheckpointInterval)
     ckpt_every: int = 50
-    keep_last: int = DEFAULT_KEEP_LAST
+    #: complete checkpoints the node's volume keeps where no replicator serves it (one that
+    #: does publishes its own ``keep_local``, and the engine keeps as many)
+    keep_last: int = DEFAULT_KEEP["local"]
     #: "async": goodput's checkpoint engine; "torch-save": the synchronous baseline
     #: (rank 0 writes into a ``ckpt_dir`` every node shares), for comparisons
     ckpt_mode: Literal["async", "torch-save"] = "async"

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from goodput.launch.rank_env import VARIABLES, RankEnv, with_rank_boot
 from goodput.launch.standby_channel import READY, encode_assignment
+from goodput.supervisor.rank_processes import signal_group
 from goodput.telemetry import untraced_task
 
 log = logging.getLogger(__name__)
@@ -158,8 +159,7 @@ class StandbyPool:
         for standby in leaving:
             self.standbys.remove(standby)
             standby.gone = True
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(standby.process.pid, signal.SIGKILL)
+            signal_group(standby.process.pid, signal.SIGKILL)
         await asyncio.gather(*(s.process.wait() for s in leaving))
         if leaving:
             self.wanted.set()

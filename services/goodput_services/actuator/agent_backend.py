@@ -37,6 +37,7 @@ from goodput.bus.commands import request
 from goodput.checkpoint.format import node_volume
 from goodput.launch import capacity
 from goodput.supervisor.membership import Membership, check_job_shape
+from goodput.supervisor.rank_processes import STOP_GRACE_S
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.agent_directory import AgentDirectory
 from goodput_services.actuator.agent_standbys import AgentCommand, AgentStandbys
@@ -45,8 +46,6 @@ from goodput_services.actuator.ports import BusPorts
 
 log = logging.getLogger(__name__)
 
-#: how long ranks asked to stop (SIGTERM: save and exit) may take before SIGKILL
-STOP_GRACE_S = 60.0
 #: how long a start waits for the agents it needs to be live
 AGENTS_WAIT_S = 30.0
 #: how long an agent may take to answer a command (it only forks or signals)
@@ -74,7 +73,7 @@ class AgentRankEntry:
     exited: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class AgentBackend(MembershipBackend):
+class AgentBackend(MembershipBackend[AgentRankEntry]):
     name = "agent"
     stop_grace_s = STOP_GRACE_S
     #: standbys on every node of the job, spares included, each kept by its agent
@@ -87,16 +86,7 @@ class AgentBackend(MembershipBackend):
         bus_settings: BusSettings,
         ports: BusPorts,
     ):
-        self.job = job
-        self.bus_settings = bus_settings
-        self.ports = ports
-        self.emit = ports.emit
-        self.spec: schemas.StartJob | None = None
-        self.membership: Membership | None = None
-        self.attempt = 0
-        self.state: str = "stopped"
-        self.ranks: list[AgentRankEntry] = []
-        self._lock = asyncio.Lock()
+        super().__init__(job=job, bus_settings=bus_settings, ports=ports)
         self.agents = AgentDirectory(job)
         self.standbys = AgentStandbys(job, self.agents, self._agent_command)
         self.bus: Bus | None = None

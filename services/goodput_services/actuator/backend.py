@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from typing import Any, Literal, NoReturn, Protocol, runtime_checkable
+from typing import Generic, Literal, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from goodput import schemas
 from goodput.bus import Bus, BusSettings
@@ -81,13 +81,24 @@ class Backend(Protocol):
         ...
 
 
-class MembershipBackend(RankEnvironments, ABC):
-    """The remediation commands both backends share: a membership change, then a relaunch.
+class BackendRank(Protocol):
+    """What the shared commands read and change of a backend's rank (a process, a pod...)."""
+
+    rank: int
+    attempt: int
+
+
+RankT = TypeVar("RankT", bound=BackendRank)
+
+
+class MembershipBackend(RankEnvironments, ABC, Generic[RankT]):
+    """What every backend shares: its state, and the remediation commands (a membership change,
+    then a relaunch).
 
     Membership follows :mod:`goodput.supervisor.membership`, whose refusals the service reports as failed
     ActionResults. Subclasses provide ``start_job`` (where the nodes come from), how ranks are
-    started and stopped (``_launch``/``_terminate``) and where their pids are (``_pids``), and
-    set ``job``, ``emit``, ``spec``, ``ranks`` and ``_lock`` in their constructor.
+    started and stopped (``_launch``/``_terminate``) and where their pids are (``_pids``); the
+    state every backend keeps is set here (:meth:`__init__`), their own after it.
     """
 
     job: str
@@ -102,12 +113,27 @@ class MembershipBackend(RankEnvironments, ABC):
     standby_nodes: Literal["none", "spares", "all"] = "none"
     spec: schemas.StartJob | None
     membership: Membership | None
-    ranks: list[Any]
+    #: the current attempt's ranks
+    ranks: list[RankT]
     state: str
     attempt: int
     #: the run the attempts belong to (``StartJob.run_id``); empty before the first run
     run_id: str = ""
     _lock: asyncio.Lock
+
+    def __init__(self, *, job: str, bus_settings: BusSettings, ports: BusPorts) -> None:
+        """No job yet: stopped, no attempt, no membership, no rank."""
+        self.job = job
+        self.bus_settings = bus_settings
+        self.ports = ports
+        self.emit = ports.emit
+        self.spec = None
+        self.membership = None
+        self.attempt = 0
+        self.state = "stopped"
+        self.ranks = []
+        #: one command at a time changes the job
+        self._lock = asyncio.Lock()
 
     @abstractmethod
     async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
@@ -283,18 +309,17 @@ class MembershipBackend(RankEnvironments, ABC):
         raise RuntimeError(f"in-process restart failed: {why}")
 
     @abstractmethod
-    def _survivors(self) -> tuple[list[Any], list[Any]]:
-        """The current attempt's ranks split into (still running, exited); each has ``rank``
-        and ``attempt``."""
+    def _survivors(self) -> tuple[list[RankT], list[RankT]]:
+        """The current attempt's ranks split into (still running, exited)."""
 
     @abstractmethod
-    def _rendezvous(self, live: list[Any]) -> tuple[str, int]:
+    def _rendezvous(self, live: list[RankT]) -> tuple[str, int]:
         """(address, port) of the next attempt's rendezvous: rank 0's, a port its previous
         group's store does not hold."""
 
     @abstractmethod
     async def _start_again(
-        self, dead: list[Any], master_addr: str, master_port: int, standbys: bool
+        self, dead: list[RankT], master_addr: str, master_port: int, standbys: bool
     ) -> None:
         """Start the ``dead`` ranks again as ranks of the current attempt, into the
         rendezvous at ``master_addr:master_port``."""

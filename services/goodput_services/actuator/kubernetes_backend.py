@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 IMMEDIATE_GRACE_S = 1
 
 
-class KubernetesBackend(MembershipBackend, PodSpecs):
+class KubernetesBackend(MembershipBackend[RankPod], PodSpecs):
     """Creates, watches and replaces rank pods; reports every change as an event."""
 
     name = "kubernetes"
@@ -82,19 +82,10 @@ class KubernetesBackend(MembershipBackend, PodSpecs):
         api: PodApi,
         watch_factory: Callable[[], PodWatch],
     ):
-        self.job = job
-        self.bus_settings = bus_settings
-        self.ports = ports
-        self.emit = ports.emit
+        super().__init__(job=job, bus_settings=bus_settings, ports=ports)
         self.options = options
         self.stop_grace_s = options.stop_grace_s + options.delete_margin_s
         self.api = api
-        self.spec: schemas.StartJob | None = None
-        self.membership: Membership | None = None
-        self.attempt = 0
-        self.state: str = "stopped"
-        #: the current attempt's pods, in rank order
-        self.ranks: list[RankPod] = []
         #: an attempt's pods are being created: whether it finished is the launch's to say
         self._launching = False
         #: every pod this backend knows that has not been seen deleted yet
@@ -102,7 +93,6 @@ class KubernetesBackend(MembershipBackend, PodSpecs):
         self.standbys = PodStandbys(api, options.namespace, self._standby_pod, self._report)
         self.service_name = f"{dns_label(job, 50)}-ranks"
         self.rank_bus = RankBus.of(bus_settings, options)
-        self._lock = asyncio.Lock()
         self._watcher = PodWatcher(api, options.namespace, f"{LABEL_JOB}={job}", watch_factory)
         self._consumer: asyncio.Task[None] | None = None
 

@@ -11,12 +11,9 @@ asks for them, ready standby processes (``goodput.supervisor.standby_pool``) han
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import signal
-import time
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
 from pathlib import Path
 
 import msgspec
@@ -27,9 +24,16 @@ from goodput.bus.embedded import free_port
 from goodput.bus.settings import FILE_FIELDS
 from goodput.checkpoint.format import node_volume
 from goodput.launch import capacity
-from goodput.launch.rank_env import with_rank_boot
-from goodput.launch.rank_logs import rank_log_dir, rank_log_name
+from goodput.launch.rank_logs import rank_log
+from goodput.state_dir import StateDir
 from goodput.supervisor.membership import Membership, check_job_shape
+from goodput.supervisor.rank_processes import (
+    STOP_GRACE_S,
+    RankProcess,
+    spawn_rank,
+    stop_ranks,
+    watch,
+)
 from goodput.supervisor.standby_pool import StandbyPool
 from goodput.telemetry import untraced_task
 from goodput_services.actuator.backend import MembershipBackend
@@ -39,26 +43,11 @@ from goodput_services.actuator.strays import stop_strays
 log = logging.getLogger(__name__)
 
 
-#: how long ranks asked to stop (SIGTERM: save and exit) may take before SIGKILL
-STOP_GRACE_S = 60.0
 #: how long a scale-up waits for a standby on each joining node (the job trains meanwhile)
 STANDBY_WARM_S = 60.0
 
 
-@dataclass
-class RankProcess:
-    node: str
-    rank: int
-    local_rank: int
-    attempt: int
-    process: asyncio.subprocess.Process
-    expected_reason: str = ""
-    watcher: asyncio.Task[None] | None = field(default=None, repr=False)
-    #: its watcher saw it exit (the process's own returncode is set earlier, by the loop)
-    exited: bool = False
-
-
-class LocalBackend(MembershipBackend):
+class LocalBackend(MembershipBackend[RankProcess]):
     """Launches, watches and replaces rank processes; reports every change as an event."""
 
     name = "local"
@@ -74,29 +63,20 @@ class LocalBackend(MembershipBackend):
         bus_settings: BusSettings,
         ports: BusPorts,
     ):
-        self.job = job
-        self.state_dir = Path(state_dir)
         # ranks run on this machine and see the same credential files; absolute paths, since a
         # rank's working directory is the job's, not the actuator's
-        self.bus_settings = msgspec.structs.replace(
-            bus_settings,
-            **{
-                f: os.path.abspath(getattr(bus_settings, f))
-                for f in FILE_FIELDS
-                if getattr(bus_settings, f)
-            },
+        absolute = {
+            name: os.path.abspath(getattr(bus_settings, name))
+            for name in FILE_FIELDS
+            if getattr(bus_settings, name)
+        }
+        super().__init__(
+            job=job, bus_settings=msgspec.structs.replace(bus_settings, **absolute), ports=ports
         )
-        self.ports = ports
-        self.emit = ports.emit
-        self.spec: schemas.StartJob | None = None
-        self.membership: Membership | None = None
-        self.attempt = 0
-        self.state: str = "stopped"
-        self.ranks: list[RankProcess] = []
+        self.state_dir = Path(state_dir)
         #: an attempt's ranks are being started: whether it finished is the launch's to say
         self._launching = False
-        self._lock = asyncio.Lock()
-        self.standbys = StandbyPool(self.state_dir / "logs" / "standbys", self._report)
+        self.standbys = StandbyPool(StateDir(self.state_dir).standby_logs, self._report)
         self._keeper: asyncio.Task[None] | None = None
 
     # ---- commands ----------------------------------------------------------------------------
@@ -138,8 +118,7 @@ class LocalBackend(MembershipBackend):
     # ---- in-process restart (the sequence is MembershipBackend.restart_in_process) ----------
 
     def _survivors(self) -> tuple[list[RankProcess], list[RankProcess]]:
-        live = [r for r in self.ranks if r.process.returncode is None]
-        return live, [r for r in self.ranks if r.process.returncode is not None]
+        return [r for r in self.ranks if r.running], [r for r in self.ranks if not r.running]
 
     def _rendezvous(self, live: list[RankProcess]) -> tuple[str, int]:
         return "127.0.0.1", free_port()
@@ -149,12 +128,11 @@ class LocalBackend(MembershipBackend):
     ) -> None:
         """Each dead rank a new process, or its node's ready standby (with ``standbys``)."""
         assert self.membership is not None
-        logs = self._logs()
         for entry in dead:
             self.ranks.remove(entry)
             node_index = self.membership.node_index(entry.node)
             await self._start_rank(
-                entry.node, node_index, entry.rank, entry.local_rank, master_port, logs, standbys
+                entry.node, node_index, entry.rank, entry.local_rank, master_port, standbys
             )
 
     async def shutdown(self) -> None:
@@ -223,7 +201,7 @@ class LocalBackend(MembershipBackend):
     @property
     def ranks_file(self) -> Path:
         """Rank pids on disk, so `goodput down` can stop them even if this process was killed."""
-        return self.state_dir / f"ranks-{self.job}.json"
+        return StateDir(self.state_dir).ranks_record(self.job)
 
     async def _report(self, detail: str) -> None:
         status = self.status(detail)
@@ -239,35 +217,20 @@ class LocalBackend(MembershipBackend):
 
     async def _terminate(self, *, graceful: bool, why: str) -> None:
         ranks, self.ranks = self.ranks, []
-        alive = [r for r in ranks if r.process.returncode is None]
-        for rank in alive:
-            rank.expected_reason = why
-            _signal_group(rank.process.pid, signal.SIGTERM if graceful else signal.SIGKILL)
-        if graceful and alive:
-            deadline = time.monotonic() + STOP_GRACE_S
-            for rank in alive:
-                remaining = max(deadline - time.monotonic(), 0.1)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(rank.process.wait()), remaining)
-                if rank.process.returncode is None:
-                    log.warning("rank %d ignored SIGTERM; killing it", rank.rank)
-                    _signal_group(rank.process.pid, signal.SIGKILL)
-        watchers = [r.watcher for r in ranks if r.watcher is not None]
-        await asyncio.gather(*watchers, return_exceptions=True)
+        await stop_ranks(ranks, why, STOP_GRACE_S if graceful else 0)
 
     async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
         assert self.spec is not None and self.membership is not None
         self.attempt += 1
         await self._prepare_volumes()
         port = free_port()
-        logs = self._logs()
         membership = self.membership
         self._launching = True
         try:
             for node_index, node in enumerate(membership.active):
                 for local_rank in range(membership.procs_per_node):
                     rank = node_index * membership.procs_per_node + local_rank
-                    await self._start_rank(node, node_index, rank, local_rank, port, logs, standbys)
+                    await self._start_rank(node, node_index, rank, local_rank, port, standbys)
         except (OSError, RuntimeError) as exc:
             raise RuntimeError(await self._abandon_launch(exc)) from exc
         finally:
@@ -310,7 +273,6 @@ class LocalBackend(MembershipBackend):
         rank: int,
         local_rank: int,
         port: int,
-        logs: Path,
         standbys: bool,
     ) -> None:
         """One rank of the current attempt: a ready standby of its node told to be it (when
@@ -331,24 +293,19 @@ class LocalBackend(MembershipBackend):
                 log.info("rank %d on %s: standby %d", rank, node, standby.process.pid)
                 await self._watch_rank(node, rank, local_rank, standby.process)
                 return
-        await self._spawn(node, node_index, rank, local_rank, port, logs)
+        await self._spawn(node, node_index, rank, local_rank, port)
 
     async def _spawn(
-        self, node: str, node_index: int, rank: int, local_rank: int, port: int, logs: Path
+        self, node: str, node_index: int, rank: int, local_rank: int, port: int
     ) -> None:
         """Start one rank of the current attempt as a new process."""
-        assert self.spec is not None and self.membership is not None
-        env = self._rank_env(node, node_index, rank, local_rank, port)
-        with open(logs / rank_log_name(node, rank), "ab") as out:
-            process = await asyncio.create_subprocess_exec(
-                *self.spec.argv,
-                cwd=self.spec.workdir or None,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,  # a node's ranks can be signalled as a group
-            )
+        assert self.spec is not None
+        process = await spawn_rank(
+            self.spec.argv,
+            env=self._rank_env(node, node_index, rank, local_rank, port),
+            cwd=self.spec.workdir or None,
+            output=rank_log(self.state_dir, self.attempt, node, rank),
+        )
         await self._watch_rank(node, rank, local_rank, process)
 
     async def _watch_rank(
@@ -359,8 +316,7 @@ class LocalBackend(MembershipBackend):
         entry = RankProcess(
             node=node, rank=rank, local_rank=local_rank, attempt=self.attempt, process=process
         )
-        # the rank's exit is a fact of its own, not part of the launch's trace
-        entry.watcher = untraced_task(self._watch(entry))
+        watch(entry, self.job, self.emit, self._exit_seen)
         self.ranks.append(entry)
         await self.emit(
             schemas.RankStarted(
@@ -374,13 +330,10 @@ class LocalBackend(MembershipBackend):
             )
         )
 
-    def _logs(self) -> Path:
-        logs = rank_log_dir(self.state_dir, self.attempt)
-        logs.mkdir(parents=True, exist_ok=True)
-        return logs
-
-    def _rank_env(self, node: str, node_index: int, rank: int, local_rank: int, port: int) -> dict:
-        env = self.rank_environment(
+    def _rank_env(
+        self, node: str, node_index: int, rank: int, local_rank: int, port: int
+    ) -> dict[str, str]:
+        return self.rank_environment(
             node=node,
             node_index=node_index,
             rank=rank,
@@ -390,7 +343,6 @@ class LocalBackend(MembershipBackend):
             volume=self.volume(node),
             device=self._device(node_index, local_rank),
         )
-        return with_rank_boot({**os.environ, **env})
 
     def _device(self, node_index: int, local_rank: int) -> int:
         """The GPU a rank binds where it has one: every local node is this machine, so its
@@ -399,32 +351,18 @@ class LocalBackend(MembershipBackend):
         assert self.membership is not None
         return node_index * self.membership.procs_per_node + local_rank
 
-    async def _watch(self, entry: RankProcess) -> None:
-        returncode = await entry.process.wait()
-        entry.exited = True
-        # decided before any await, so exactly one exit finds the attempt complete; mid-launch
-        # a "running" status would follow this one: the launch says it instead
-        finished = entry in self.ranks and not self._launching and self._finished()
-        await self.emit(
-            schemas.RankExited.from_returncode(
-                returncode,
-                job=self.job,
-                node=entry.node,
-                rank=entry.rank,
-                pid=entry.process.pid,
-                attempt=entry.attempt,
-                expected_reason=entry.expected_reason,
-            )
-        )
-        if finished:
-            self.state = "finished"
-            await self._report("every rank exited 0")
+    def _exit_seen(self, entry: RankProcess) -> Awaitable[None] | None:
+        """The attempt is finished when this exit completes it: decided at the exit, so exactly
+        one exit finds it complete; mid-launch a "running" status would follow the
+        "finished" one, so the launch says it instead."""
+        if entry in self.ranks and not self._launching and self._finished():
+            return self._all_exited_0()
+        return None
+
+    async def _all_exited_0(self) -> None:
+        self.state = "finished"
+        await self._report("every rank exited 0")
 
     def _finished(self) -> bool:
         """Every rank of the current attempt was seen exiting 0."""
         return bool(self.ranks) and all(r.exited and r.process.returncode == 0 for r in self.ranks)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)

@@ -74,7 +74,8 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     #: new copy in full, instead of trusting the engine's seal and the peer's receive check
     legacy_scan: bool = False
     #: retention: complete checkpoints kept per tier, and the tiers a newer checkpoint must be
-    #: complete in before anything older is deleted anywhere
+    #: complete in before anything older is deleted anywhere. ``keep_local`` is the node
+    #: volume's one count: published in its retention record, the ranks' engine keeps as many
     keep_local: int = DEFAULT_KEEP["local"]
     keep_peer: int = DEFAULT_KEEP["peer"]
     keep_object_store: int = DEFAULT_KEEP["object_store"]

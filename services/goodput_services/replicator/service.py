@@ -305,9 +305,15 @@ class ReplicatorService(Service):
 
     def _publish_safe_steps(self, snapshot: IndexSnapshot) -> None:
         """The ranks' engines delete old checkpoints from the volume but have no bus: tell
-        them, in the volume, behind which steps that is safe (``require`` honoured)."""
+        them, in the volume, behind which steps that is safe (``require`` honoured) and how
+        many they keep (this GC's local count, so the two deleters keep the same)."""
         require = self._attainable(snapshot)
-        write_retention_record(self.volume, require, safe_steps(snapshot, require))
+        write_retention_record(
+            self.volume,
+            require,
+            safe_steps(snapshot, require),
+            keep=self.retention.keep["local"],
+        )
 
     def _attainable(self, snapshot: IndexSnapshot) -> tuple[StorageTier, ...]:
         return attainable(self.retention.require, snapshot, has_store=self.store is not None)

@@ -29,9 +29,6 @@ from goodput.checkpoint.index.retention import clean_step, decide_retention
 
 log = logging.getLogger(__name__)
 
-#: complete checkpoints a root keeps (engine, DCP writer, torch.save baseline, shim config)
-DEFAULT_KEEP_LAST = 3
-
 
 @dataclass(frozen=True)
 class CheckpointInfo:
@@ -85,9 +82,10 @@ def apply_retention(
     """Delete the checkpoints that retention (``goodput.checkpoint.index.retention``) lets go.
 
     The newest ``keep_last`` complete checkpoints are kept; when the node's replicator
-    publishes a retention record in ``root``, older ones go only behind a newer step it says
-    is safe (complete in every ``require`` tier, e.g. on a peer). A record that cannot be
-    read keeps everything. The newest complete checkpoint at or before the step the ranks'
+    publishes a retention record in ``root``, as many as it keeps (its ``keep_local``: the
+    volume has one count, whoever deletes), and older ones go only behind a newer step it
+    says is safe (complete in every ``require`` tier, e.g. on a peer). A record that cannot
+    be read keeps everything. The newest complete checkpoint at or before the step the ranks'
     clean record names is kept too (a numerical rollback restores it); a clean record that
     cannot be read protects nothing extra. Deletion renames to a hidden trash name first, so
     a concurrent reader never sees a half-deleted checkpoint. Stale ``.tmp-`` directories
@@ -103,8 +101,9 @@ def apply_retention(
         doomed: set[int] = set()
     else:
         safe = None if record is None else set(record.safe_steps)
+        keep = keep_last if record is None or record.keep is None else record.keep
         protected = clean_step(complete, known_clean_through(root))
-        decision = decide_retention([i.step for i in infos], complete, keep_last, safe, protected)
+        decision = decide_retention([i.step for i in infos], complete, keep, safe, protected)
         for step, why in decision.kept.items():
             log.debug("retention keeps step %d: %s", step, why)
         doomed = set(decision.delete)

@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import WriteResult
 
-from goodput.checkpoint.engine.catalog import DEFAULT_KEEP_LAST, apply_retention
+from goodput.checkpoint.engine.catalog import apply_retention
 from goodput.checkpoint.engine.dcp_files import DIGEST_SUFFIX, HashingFileSystem
 from goodput.checkpoint.engine.dcp_metadata import load_metadata
 from goodput.checkpoint.engine.events import CheckpointPersisted, Listener, RestoreFallback, emit
@@ -57,6 +57,7 @@ from goodput.checkpoint.format import (
     tmp_step_dir,
     write_manifest,
 )
+from goodput.checkpoint.index.retention import DEFAULT_KEEP
 
 #: data files dcp.load reads at once through GoodputStorageReader (DCP's takes one at a time)
 LOAD_THREADS = 4
@@ -84,7 +85,7 @@ class GoodputStorageWriter(FileSystemWriter):
         step: int,
         *,
         thread_count: int = 4,
-        keep_last: int = DEFAULT_KEEP_LAST,
+        keep_last: int = DEFAULT_KEEP["local"],
         listener: Listener | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> None:

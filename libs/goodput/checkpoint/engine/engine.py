@@ -51,6 +51,7 @@ from goodput.checkpoint.engine.sharded_save import ShardedSave, plan_save
 from goodput.checkpoint.engine.slots import Slot, SlotState
 from goodput.checkpoint.engine.snapshot import PendingCopy, Snapshotter
 from goodput.checkpoint.engine.tree import FlatState, flatten
+from goodput.checkpoint.index.retention import DEFAULT_KEEP
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,8 @@ class CheckpointEngine:
     ``direct_io``: writes take O_DIRECT ("auto": where the filesystem allows it), reads only
     when it is ``True`` (page-cache reads restore faster, see ``goodput.checkpoint.engine.fileio``).
     ``keep_last``: after each save, older checkpoints go as :func:`catalog.apply_retention`
-    allows (never one the node's replicator has not yet made safe); 0 deletes none.
+    allows (never one the node's replicator has not yet made safe; as many kept as that
+    replicator keeps, where one serves the root); 0 deletes none.
     ``node_shared``: the host buffers are segments in ``/dev/shm`` that the other ranks of
     the node (engines of the same root) read after an in-process restart
     (``goodput.checkpoint.engine.node_segments``); where one cannot be made, private memory.
@@ -90,7 +92,7 @@ class CheckpointEngine:
         self,
         root: str | os.PathLike,
         *,
-        keep_last: int = catalog.DEFAULT_KEEP_LAST,
+        keep_last: int = DEFAULT_KEEP["local"],
         writer_threads: int = 4,
         read_threads: int = 2,
         direct_io: DirectMode = "auto",

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from goodput.checkpoint.engine.catalog import DEFAULT_KEEP_LAST, known_clean_through
+from goodput.checkpoint.engine.catalog import known_clean_through
 from goodput.checkpoint.engine.events import (
     CheckpointPersisted,
     CheckpointRestored,
@@ -32,7 +32,7 @@ from goodput.checkpoint.engine.restore import NoCheckpointError
 from goodput.checkpoint.engine.sharded_save import is_dtensor
 from goodput.checkpoint.engine.tree import flatten
 from goodput.checkpoint.format import parse_step_dir, step_dir_name
-from goodput.checkpoint.index.retention import clean_step, decide_retention
+from goodput.checkpoint.index.retention import DEFAULT_KEEP, clean_step, decide_retention
 
 _SUFFIX = ".pt"
 
@@ -49,7 +49,7 @@ class TorchSaveCheckpointer:
         root: str | os.PathLike,
         *,
         writer: bool,
-        keep_last: int = DEFAULT_KEEP_LAST,
+        keep_last: int = DEFAULT_KEEP["local"],
         listener: Listener | None = None,
     ) -> None:
         self.root = Path(root)

@@ -2,10 +2,12 @@
 
 The ranks' checkpoint engine deletes old checkpoints from its volume but has no bus, so the
 node's replicator tells it through the volume: after each index sync it writes this record
-(atomically: temp file, fsync, rename) with the ``require`` tiers and the steps complete in
-every one of them. The engine then deletes only behind a safe step
-(:func:`goodput.checkpoint.index.retention.decide_retention`). No record: no replicator serves the
-volume, and the plain keep-newest rule applies. This module is the only reader and writer.
+(atomically: temp file, fsync, rename) with the ``require`` tiers, the steps complete in
+every one of them and how many complete checkpoints the volume keeps (the replicator's
+``keep_local``). The engine then keeps as many and deletes only behind a safe step
+(:func:`goodput.checkpoint.index.retention.decide_retention`): the volume's two deleters keep
+one count. No record: no replicator serves the volume, and the engine's own plain
+keep-newest rule applies. This module is the only reader and writer.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
@@ -38,26 +41,32 @@ class RetentionRecord(msgspec.Struct, frozen=True, kw_only=True):
     require: tuple[str, ...]
     #: steps complete in every ``require`` tier, newest first
     safe_steps: tuple[int, ...]
+    #: complete checkpoints the volume keeps (the replicator's ``keep_local``); None in a
+    #: record of an earlier release (the engine then keeps its own count)
+    keep: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 def retention_record_path(volume: str | os.PathLike) -> Path:
     return Path(volume) / RETENTION_RECORD_NAME
 
 
-def encode_retention_record(require: Iterable[str], safe_steps: Iterable[int]) -> bytes:
+def encode_retention_record(
+    require: Iterable[str], safe_steps: Iterable[int], *, keep: int
+) -> bytes:
     record = RetentionRecord(
         version=RETENTION_RECORD_VERSION,
         require=tuple(require),
         safe_steps=tuple(sorted(set(safe_steps), reverse=True)),
+        keep=keep,
     )
     return msgspec.json.encode(record)
 
 
 def write_retention_record(
-    volume: str | os.PathLike, require: Iterable[str], safe_steps: Iterable[int]
+    volume: str | os.PathLike, require: Iterable[str], safe_steps: Iterable[int], *, keep: int
 ) -> bool:
     """Publish the record unless the volume already holds exactly it; True when written."""
-    data = encode_retention_record(require, safe_steps)
+    data = encode_retention_record(require, safe_steps, keep=keep)
     path = retention_record_path(volume)
     try:
         if read_small_file(path, MAX_RECORD_BYTES) == data:

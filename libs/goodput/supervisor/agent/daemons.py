@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -44,6 +43,7 @@ from goodput.launch.exit_reason import EXIT_REASON_ENV, REFUSED_EXIT_CODE, read_
 from goodput.launch.restart_backoff import restart_delay, restarts_in_a_row
 from goodput.owned_process import ProcessIdentity, stale_line, terminate
 from goodput.state_dir import StateDir
+from goodput.supervisor.rank_processes import die_with_parent, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 DAEMONS = ("hostmon", "replicator")
 #: exit statuses of a daemon that refused its configuration or its flags
 REFUSED_CODES = frozenset({2, REFUSED_EXIT_CODE})
-_PR_SET_PDEATHSIG = 1
+#: a daemon gets SIGTERM when the agent dies (it stops, withdrawing what it announced)
+_DIE_WITH_AGENT = die_with_parent(signal.SIGTERM)
 
 
 class DaemonRefused(RuntimeError):
@@ -154,14 +155,14 @@ class NodeDaemons:
         self._stopping = True
         running = [p for p in self.processes.values() if p.returncode is None]
         for process in running:
-            _signal_group(process.pid, signal.SIGTERM)
+            signal_group(process.pid, signal.SIGTERM)
         waits = [asyncio.shield(p.wait()) for p in running]
         if waits:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
         for process in running:
             if process.returncode is None:
-                _signal_group(process.pid, signal.SIGKILL)
+                signal_group(process.pid, signal.SIGKILL)
                 await process.wait()
         StateDir(self.settings.state_dir).daemons_record.unlink(missing_ok=True)
 
@@ -205,7 +206,7 @@ class NodeDaemons:
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_agent,
+                preexec_fn=_DIE_WITH_AGENT,
             )
         self.processes[name] = process
         with contextlib.suppress(psutil.Error):  # gone already: its exit is seen at once
@@ -233,14 +234,3 @@ def _write_record(path: Path, identities: list[ProcessIdentity]) -> None:
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     partial.write_bytes(msgspec.json.encode(identities))
     os.replace(partial, path)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def _die_with_agent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """The daemon gets SIGTERM when the agent dies (Linux; elsewhere a no-op)."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -32,6 +32,7 @@ from goodput.supervisor.agent import registry
 from goodput.supervisor.agent.daemons import NodeDaemons
 from goodput.supervisor.agent.host import free_port
 from goodput.supervisor.agent.ranks import HostRanks
+from goodput.supervisor.rank_processes import STOP_GRACE_S
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,6 @@ log = logging.getLogger(__name__)
 REFRESH_S = 1.0
 #: how often the host report is sent (a host monitor's default period)
 HOST_REPORT_S = 2.0
-#: how long the ranks may take to save and exit when the agent is stopped
-STOP_GRACE_S = 60.0
 #: free ports announced: a launch and an in-process restart within one refresh take two
 FREE_PORTS = 4
 #: how long the node daemons may take to stop (a service's own stop deadline is 20 s)

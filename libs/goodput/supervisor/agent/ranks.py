@@ -1,12 +1,14 @@
 """The rank processes of one host, as its agent starts, signals and reports them.
 
-A rank is started the way the local backend starts one (its own session, so its group can be
-signalled; output to ``logs/ranks/attempt-NNN/<node>-rank<R>.log`` under the agent's state
-directory), with the environment the actuator wrote for it over this host's own (and, under both, the
-collectives' interface the agent found: ``host_env``); a command starting with
-``python``/``python3`` runs in the agent's own interpreter, as ``goodput run`` does locally. It is the
-agent's child and dies with it (``PR_SET_PDEATHSIG``): an agent gone is its node gone, and a
-rank left behind would keep a host the supervisor replaced in the job's collectives.
+A rank is a :class:`~goodput.supervisor.rank_processes.RankProcess`, started, watched and
+stopped as the local backend's are (:mod:`goodput.supervisor.rank_processes`: its own
+session, output to ``logs/ranks/attempt-NNN/<node>-rank<R>.log`` under the agent's state
+directory), with the environment the actuator wrote for it over this host's own (and, under
+both, the collectives' interface the agent found: ``host_env``); a command starting with
+``python``/``python3`` runs in the agent's own interpreter, as ``goodput run`` does locally.
+It is the agent's child and dies with it (``PR_SET_PDEATHSIG``): an agent gone is its node
+gone, and a rank left behind would keep a host the supervisor replaced in the job's
+collectives.
 Every start and exit is reported as the same ``RankStarted``/``RankExited`` events the local
 backend emits (a rank restarted in process exits as a rank of the attempt it rejoined: the
 agent follows the ranks' ``RankRejoined``), through the bus's retrying publish: an exit seen while the bus is away is
@@ -21,20 +23,24 @@ ready), watched and reported from then on like a rank started cold.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import logging
-import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from goodput import schemas
-from goodput.launch.rank_env import RankEnv, RankEnvError, with_rank_boot
-from goodput.launch.rank_logs import rank_log_dir, rank_log_name
+from goodput.launch.rank_env import RankEnv, RankEnvError
+from goodput.launch.rank_logs import rank_log
 from goodput.state_dir import StateDir
+from goodput.supervisor.rank_processes import (
+    RankProcess,
+    die_with_parent,
+    signal_group,
+    spawn_rank,
+    stop_ranks,
+    watch,
+)
 from goodput.supervisor.standby_pool import StandbyPool
 
 log = logging.getLogger(__name__)
@@ -42,35 +48,10 @@ log = logging.getLogger(__name__)
 EventSink = Callable[[schemas.Event], Awaitable[None]]
 Changed = Callable[[], None]
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """The child gets SIGKILL when the agent dies (Linux; elsewhere a no-op)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-@dataclass
-class RankProcess:
-    rank: int
-    local_rank: int
-    attempt: int
-    process: asyncio.subprocess.Process
-    expected_reason: str = ""
-    watcher: asyncio.Task[None] | None = field(default=None, repr=False)
-
-    def record(self) -> schemas.AgentRank:
-        code = self.process.returncode
-        return schemas.AgentRank(
-            rank=self.rank,
-            local_rank=self.local_rank,
-            attempt=self.attempt,
-            pid=self.process.pid,
-            exit_code=code if code is not None and code >= 0 else None,
-            signal=-code if code is not None and code < 0 else None,
-            running=code is None,
-        )
+#: the agent's ranks and standbys are killed when it dies
+_DIE_WITH_AGENT = die_with_parent(signal.SIGKILL)
+#: how long the agent waits for killed ranks' exits to be reported
+_KILL_SETTLE_S = 10.0
 
 
 class HostRanks:
@@ -94,7 +75,7 @@ class HostRanks:
         self.run_id = ""
         self.ranks: list[RankProcess] = []
         self.standbys = StandbyPool(
-            StateDir(state_dir).standby_logs, self._standbys_changed, _die_with_parent
+            StateDir(state_dir).standby_logs, self._standbys_changed, _DIE_WITH_AGENT
         )
         #: what the standbys were last asked for (a repeat leaves the pool as it is)
         self._standby_config: tuple = ()
@@ -176,7 +157,7 @@ class HostRanks:
             if command.ranks and entry.rank not in command.ranks:
                 continue
             entry.expected_reason = command.expected_reason
-            _signal_group(entry.process.pid, sig)
+            signal_group(entry.process.pid, sig)
             hit.append(entry.rank)
         return f"{command.signal} sent to rank(s) {sorted(hit)} on {self.node}"
 
@@ -185,15 +166,7 @@ class HostRanks:
         its standbys are stopped at once."""
         self.standbys.configure(0, [], None, {})
         await self.standbys.stop()
-        alive = [r for r in self.ranks if r.process.returncode is None]
-        for entry in alive:
-            entry.expected_reason = "agent stopped"
-            _signal_group(entry.process.pid, signal.SIGTERM)
-        waits = [asyncio.shield(r.process.wait()) for r in alive]
-        if waits:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*waits), grace_s)
-        await self._kill_all("agent stopped")
+        await stop_ranks(self.ranks, "agent stopped", grace_s, _KILL_SETTLE_S)
 
     # ---- machinery -----------------------------------------------------------------------------
 
@@ -228,40 +201,32 @@ class HostRanks:
         return standby.process
 
     async def _kill_all(self, why: str) -> None:
-        for entry in self.ranks:
-            if entry.process.returncode is None:
-                entry.expected_reason = entry.expected_reason or why
-                _signal_group(entry.process.pid, signal.SIGKILL)
-        watchers = [r.watcher for r in self.ranks if r.watcher is not None]
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*watchers, return_exceptions=True), 10)
+        await stop_ranks(self.ranks, why, 0, _KILL_SETTLE_S)
 
     async def _spawn(
         self, command: schemas.LaunchRanks, spec: schemas.RankLaunch
     ) -> asyncio.subprocess.Process:
-        logs = rank_log_dir(self.state_dir, command.attempt)
-        logs.mkdir(parents=True, exist_ok=True)
-        with open(logs / rank_log_name(self.node, spec.rank), "ab") as out:
-            return await asyncio.create_subprocess_exec(
-                *_interpreter(command.argv),
-                cwd=command.workdir or None,
-                env=with_rank_boot({**os.environ, **self.host_env, **spec.env}),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+        return await spawn_rank(
+            _interpreter(command.argv),
+            env={**self.host_env, **spec.env},
+            cwd=command.workdir or None,
+            output=rank_log(self.state_dir, command.attempt, self.node, spec.rank),
+            preexec_fn=_DIE_WITH_AGENT,
+        )
 
     async def _started(
         self, attempt: int, spec: schemas.RankLaunch, process: asyncio.subprocess.Process
     ) -> None:
         """``process`` is rank ``spec`` of ``attempt`` from now on: watch it, and say so."""
         entry = RankProcess(
-            rank=spec.rank, local_rank=spec.local_rank, attempt=attempt, process=process
+            node=self.node,
+            rank=spec.rank,
+            local_rank=spec.local_rank,
+            attempt=attempt,
+            process=process,
         )
         self.ranks.append(entry)
-        entry.watcher = asyncio.create_task(self._watch(entry))
+        watch(entry, self.job, self.emit, self._exit_seen)
         world_size = int(spec.env.get("WORLD_SIZE", "1") or 1)
         await self.emit(
             schemas.RankStarted(
@@ -276,21 +241,8 @@ class HostRanks:
         )
         log.info("rank %d of attempt %d started: pid %d", spec.rank, attempt, process.pid)
 
-    async def _watch(self, entry: RankProcess) -> None:
-        code = await entry.process.wait()
-        log.info("rank %d (pid %d) exited %d", entry.rank, entry.process.pid, code)
+    def _exit_seen(self, entry: RankProcess) -> None:
         self.changed()
-        await self.emit(
-            schemas.RankExited.from_returncode(
-                code,
-                job=self.job,
-                node=self.node,
-                rank=entry.rank,
-                pid=entry.process.pid,
-                attempt=entry.attempt,
-                expected_reason=entry.expected_reason,
-            )
-        )
 
 
 def _interpreter(argv: list[str]) -> list[str]:
@@ -299,8 +251,3 @@ def _interpreter(argv: list[str]) -> list[str]:
     if argv and argv[0] in ("python", "python3"):
         return [sys.executable, *argv[1:]]
     return list(argv)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)

@@ -1,23 +1,22 @@
-"""The phases of `goodput bench gpu`, what each needs, and the process one phase runs in.
+"""The phases of `goodput bench gpu`, what each needs, and what a phase's process prints.
 
-``python -m goodput.tools.bench.gpu_phases LETTER --work DIR --size-gb N`` runs one phase
-(started by :mod:`goodput.tools.bench.gpu`, one process per phase, so that a poisoned CUDA
-context or a killed process takes no other phase down). Its stdout carries JSON lines only:
-``{"partial": {...}}`` as figures come in (what a phase that runs out of time still reports)
-and, last, ``{"figures": {...}}`` or ``{"failed": "<one line>"}``. Progress goes to stderr.
+One phase runs in a process of its own (:mod:`goodput.tools.bench.gpu_phase_process`), so that
+a poisoned CUDA context or a killed process takes no other phase down. Its stdout carries JSON
+lines only (:func:`emit`): ``{"partial": {...}}`` as figures come in (what a phase that runs
+out of time still reports) and, last, ``{"figures": {...}}`` or ``{"failed": "<one line>"}``.
+Progress goes to stderr (:func:`say`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+#: the module a phase's process runs (``python -m``); the parent imports none of the phases
+PROCESS_MODULE = "goodput.tools.bench.gpu_phase_process"
 
 #: what a phase may need, checked before its process starts (NVML by the probe: phase D)
 Need = str
@@ -69,48 +68,8 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _runner(letter: str) -> Callable[[argparse.Namespace], dict[str, Any]]:
-    if letter in "AFG":
-        from goodput.tools.bench import gpu_ckpt
-
-        return {"A": gpu_ckpt.phase_a, "F": gpu_ckpt.phase_f, "G": gpu_ckpt.phase_g}[letter]
-    if letter == "D":
-        from goodput.tools.bench import gpu_kill
-
-        return gpu_kill.phase_d
-    from goodput.tools.bench import gpu_groups
-
-    return {"B": gpu_groups.phase_b, "C": gpu_groups.phase_c, "E": gpu_groups.phase_e}[letter]
-
-
 def command(letter: str, work: Path, size_gb: float) -> list[str]:
+    """The command line of phase ``letter``'s process."""
     return [
-        sys.executable, "-m", __name__, letter, "--work", str(work), "--size-gb", str(size_gb)
+        sys.executable, "-m", PROCESS_MODULE, letter, "--work", str(work), "--size-gb", str(size_gb)
     ]  # fmt: skip
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
-    parser.add_argument("phase", choices=sorted(PHASES))
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()))
-    parser.add_argument("--size-gb", type=float, default=SIZE_GB)
-    args = parser.parse_args(argv)
-    try:
-        figures = _runner(args.phase)(args)
-    except Exception as error:  # the parent reports it in one line; the trace goes to stderr
-        import traceback
-
-        traceback.print_exc()
-        emit("failed", one_line(error))
-        sys.stdout.flush()
-        os._exit(1)
-    emit("figures", figures)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # no interpreter finalization: a phase's NCCL communicators and CUDA context are the
-    # driver's to tear down, and a poisoned context (C) can hang a destructor
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

@@ -92,7 +92,7 @@ class KubernetesBackend(MembershipBackend, PodSpecs):
         self.spec: schemas.StartJob | None = None
         self.membership: Membership | None = None
         self.attempt = 0
-        self.state: str = "stopped"
+        self.state: schemas.JobStateName = "stopped"
         #: the current attempt's pods, in rank order
         self.ranks: list[RankPod] = []
         #: an attempt's pods are being created: whether it finished is the launch's to say
@@ -234,7 +234,9 @@ class KubernetesBackend(MembershipBackend, PodSpecs):
 
     # ---- attempts ----------------------------------------------------------------------------
 
-    async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
+    async def _launch(
+        self, state: schemas.JobStateName, detail: str, standbys: bool = False
+    ) -> None:
         """Every rank a new pod, or (``standbys``) a ready standby pod of its node told to be
         it; then the spares' standbys are made up.
 

@@ -91,7 +91,7 @@ class LocalBackend(MembershipBackend):
         self.spec: schemas.StartJob | None = None
         self.membership: Membership | None = None
         self.attempt = 0
-        self.state: str = "stopped"
+        self.state: schemas.JobStateName = "stopped"
         self.ranks: list[RankProcess] = []
         #: an attempt's ranks are being started: whether it finished is the launch's to say
         self._launching = False
@@ -255,7 +255,9 @@ class LocalBackend(MembershipBackend):
         watchers = [r.watcher for r in ranks if r.watcher is not None]
         await asyncio.gather(*watchers, return_exceptions=True)
 
-    async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
+    async def _launch(
+        self, state: schemas.JobStateName, detail: str, standbys: bool = False
+    ) -> None:
         assert self.spec is not None and self.membership is not None
         self.attempt += 1
         await self._prepare_volumes()

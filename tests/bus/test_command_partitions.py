@@ -22,6 +22,7 @@ from goodput.supervisor.membership import Membership
 from goodput.supervisor.policy import ALLOWED_COMMANDS, PolicyError
 from goodput.supervisor.policy.plan import validate
 from goodput.tools.simulate.actuator import SimActuator
+from goodput.tools.simulate.measure import RELAUNCHING
 from goodput.tools.simulate.profile import RestartCosts
 
 NS = 1_000_000_000
@@ -96,6 +97,7 @@ def test_the_real_commands_declare_what_the_lists_held() -> None:
     assert [schemas.kind_of(t) for t in ALLOWED_COMMANDS] == [
         kind for kind, (_, _, issuable) in DECLARED.items() if issuable
     ]
+    assert {kind for kind, (_, restarts, _) in DECLARED.items() if restarts} == RELAUNCHING
 
 
 def test_declarations_are_not_on_the_wire() -> None:

@@ -36,14 +36,15 @@ AGENTS_BUCKET = "gp_agents"  # node agents' records (schemas.AgentRecord), lapsi
 #: then the node name is free again, and the agent believed gone
 AGENT_TTL_S = 5.0
 
-#: command targets
-ACTUATOR = "actuator"
-CONTROLLER = "controller"
-SENSOR = "sensor"
-TRAINER = "trainer"
-HOST_MONITOR = "hostmon"
-AGENT = "agent"
-REPLICATOR = "replicator"
+#: command targets: the executors' (``schemas.Executor``, which a command declares)
+ACTUATOR: schemas.Executor = "actuator"
+SENSOR: schemas.Executor = "sensor"
+TRAINER: schemas.Executor = "trainer"
+HOST_MONITOR: schemas.Executor = "hostmon"
+AGENT: schemas.Executor = "agent"
+REPLICATOR: schemas.Executor = "replicator"
+if {ACTUATOR, SENSOR, TRAINER, HOST_MONITOR, AGENT, REPLICATOR} != schemas.EXECUTORS:
+    raise AssertionError("an executor of schemas.Executor has no command target here")
 
 #: the job a command, service or rank serves when none is named
 DEFAULT_JOB = "default"
@@ -62,6 +63,18 @@ def check_token(value: str, what: str = "name") -> str:
 def node_target(service: str, node: str) -> str:
     """Command target of a per-node service instance (host monitor, checkpoint tier)."""
     return f"{service}-{node}"
+
+
+def command_target(command: schemas.Command) -> str:
+    """Where ``command`` goes (``command(job, target)``): to its executor, which it declares
+    (``Command.executor``); to the instance on the node it names for a per-node one."""
+    executor = command.executor
+    if executor not in schemas.PER_NODE_EXECUTORS:
+        return executor
+    node = getattr(command, "node", "")
+    if not node:
+        raise ValueError(f"{schemas.kind_of(type(command))} to a {executor} names no node")
+    return node_target(executor, node)
 
 
 #: the events every rank reports, many times a run: their subject names the rank, so a

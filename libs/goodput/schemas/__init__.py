@@ -26,10 +26,13 @@ from goodput.schemas.codec import (
 )
 from goodput.schemas.commands import (
     COMMAND_TYPES,
+    EXECUTORS,
     MAX_STANDBYS_PER_NODE,
+    PER_NODE_EXECUTORS,
     CheckpointNow,
     Command,
     CommandClaim,
+    Executor,
     HotSwap,
     InjectFault,
     KeepStandbys,
@@ -50,6 +53,7 @@ from goodput.schemas.commands import (
     StartJob,
     StepWindow,
     Stop,
+    register,
 )
 from goodput.schemas.envelope import (
     MAX_DURATION_S,
@@ -69,7 +73,9 @@ from goodput.schemas.envelope import (
 )
 from goodput.schemas.events import (
     BUSY_EXITING,
+    ENDED_JOB_STATES,
     EVENT_TYPES,
+    LIVE_JOB_STATES,
     NUMERICAL_SIGNALS,
     ActionResult,
     BackendCapabilities,
@@ -87,6 +93,7 @@ from goodput.schemas.events import (
     GpuReset,
     Heartbeat,
     HostHealth,
+    JobStateName,
     JobStatus,
     Numerics,
     RankExited,
@@ -105,11 +112,15 @@ from goodput.schemas.events import (
 __all__ = [
     "BUSY_EXITING",
     "COMMAND_TYPES",
+    "ENDED_JOB_STATES",
     "EVENT_TYPES",
+    "EXECUTORS",
+    "LIVE_JOB_STATES",
     "MAX_DURATION_S",
     "MAX_STANDBYS_PER_NODE",
     "MAX_STEP_TIME_S",
     "NUMERICAL_SIGNALS",
+    "PER_NODE_EXECUTORS",
     "SCHEMA_VERSION",
     "TOKEN_RE",
     "ActionResult",
@@ -131,12 +142,14 @@ __all__ = [
     "Decision",
     "EpochNs",
     "Event",
+    "Executor",
     "GpuHealth",
     "GpuReset",
     "Heartbeat",
     "HostHealth",
     "HotSwap",
     "InjectFault",
+    "JobStateName",
     "JobStatus",
     "KeepStandbys",
     "LaunchRanks",
@@ -183,4 +196,5 @@ __all__ = [
     "kind_of",
     "new_id",
     "now_ns",
+    "register",
 ]

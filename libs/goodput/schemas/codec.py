@@ -1,5 +1,6 @@
 """Bytes to messages and back (msgpack): one strict decoder per family, built from the
-families' type tuples, so adding a struct to a tuple is the only step to make it decodable."""
+families' type tuples, so adding a struct to a tuple (a command: registering it) is the only
+step to make it decodable."""
 
 from __future__ import annotations
 
@@ -7,18 +8,36 @@ from typing import Any, Union
 
 import msgspec
 
+from goodput.schemas import commands
 from goodput.schemas.agents import AgentRecord
-from goodput.schemas.commands import COMMAND_TYPES, Command, CommandClaim
+from goodput.schemas.commands import Command, CommandClaim
 from goodput.schemas.envelope import SCHEMA_VERSION, Message, SchemaError
 from goodput.schemas.events import EVENT_TYPES, Event
 
 _encoder = msgspec.msgpack.Encoder()
 # a Union built from the tuples, so adding a schema to a tuple is the only step
 _event_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES])  # noqa: UP007
-_command_decoder = msgspec.msgpack.Decoder(type=Union[COMMAND_TYPES])  # noqa: UP007
 _claim_decoder = msgspec.msgpack.Decoder(type=CommandClaim)
 _agent_decoder = msgspec.msgpack.Decoder(type=AgentRecord)
-_any_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES + COMMAND_TYPES])  # noqa: UP007
+
+
+class _CommandDecoders:
+    """The command and any-message decoders of the command registry as it stands: built again
+    when ``commands.register`` has added a type since (an identity check per decode)."""
+
+    def __init__(self) -> None:
+        self._types: tuple[type[Command], ...] | None = None
+
+    def get(self) -> tuple[msgspec.msgpack.Decoder[Any], msgspec.msgpack.Decoder[Any]]:
+        types = commands.COMMAND_TYPES
+        if self._types is not types:
+            self._command = msgspec.msgpack.Decoder(type=Union[types])  # noqa: UP007
+            self._any = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES + types])  # noqa: UP007
+            self._types = types
+        return self._command, self._any
+
+
+_command_decoders = _CommandDecoders()
 
 
 def encode(message: Message) -> bytes:
@@ -45,7 +64,7 @@ def decode_event(payload: bytes) -> Event:
 
 
 def decode_command(payload: bytes) -> Command:
-    return _decode(_command_decoder, payload)
+    return _decode(_command_decoders.get()[0], payload)
 
 
 def decode_claim(payload: bytes) -> CommandClaim:
@@ -57,7 +76,7 @@ def decode_agent(payload: bytes) -> AgentRecord:
 
 
 def decode_any(payload: bytes) -> Message:
-    return _decode(_any_decoder, payload)
+    return _decode(_command_decoders.get()[1], payload)
 
 
 def kind_of(message_type: type[Message]) -> str:

@@ -1,12 +1,16 @@
 """The command family: kept in GP_CMDS, executed once by id, acked after execution.
 
-Each command is a tagged ``Command`` struct (the ``kind`` tag names it); ``COMMAND_TYPES``
-lists every one, and the codec decodes exactly that union.
+Each command is a tagged ``Command`` struct (the ``kind`` tag names it) that declares, as class
+attributes, who executes it and what it does to the job (``Command.executor``,
+``restarts_group``, ``issuable``). ``register`` makes a struct a command: it checks those
+declarations and adds it to ``COMMAND_TYPES``, the one registry. The codec decodes exactly that
+union, and every subset of the commands (what goes to the actuator, what restarts the worker
+group, what a policy may issue) is read from the declarations, never listed again.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal, TypeVar, get_args
 
 import msgspec
 
@@ -31,24 +35,85 @@ class StepWindow(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fi
         return self.first <= step <= self.last
 
 
+#: who executes a command: the service (or, "trainer", the job's ranks) whose command target
+#: it is sent to (``subjects.command_target``)
+Executor = Literal["actuator", "trainer", "sensor", "hostmon", "replicator", "agent"]
+EXECUTORS: frozenset[Executor] = frozenset(get_args(Executor))
+#: executors with one instance per node: a command to one names its ``node``, whose
+#: instance executes it
+PER_NODE_EXECUTORS: frozenset[Executor] = frozenset({"hostmon", "replicator", "agent"})
+
+
 class Command(Message, kw_only=True):
+    """Base of every command. A command type declares its partitions as class attributes
+    (``ClassVar``: not fields, so nothing of them is on the wire), and ``register`` checks them.
+    """
+
+    #: who executes it; the controller sends what it issues there, and waits for the
+    #: ``ActionResult`` of what it sends to the actuator (``JobState.pending``)
+    executor: ClassVar[Executor]
+    #: it stops the worker group and launches it again (in process or not): the job state
+    #: counts it as a restart (crash loops) and times its downtime to the next step, and a
+    #: refused one has its signal decided again
+    restarts_group: ClassVar[bool] = False
+    #: a remediation policy may issue it (``goodput.supervisor.policy.ALLOWED_COMMANDS``)
+    issuable: ClassVar[bool] = False
+
     command_id: CommandId = msgspec.field(default_factory=new_id)
     #: the decision that caused it, for tracing a remediation end to end
     decision_id: str = ""
     reason: str = ""
 
 
+#: every registered command type, in registration order (``register``)
+COMMAND_TYPES: tuple[type[Command], ...] = ()
+
+C = TypeVar("C", bound=type[Command])
+
+
+def register(command_type: C) -> C:
+    """Make ``command_type`` a command, the one step that adds one: the codec decodes it, and
+    every subset of the commands holds it as it declares. A class decorator; raises
+    ``TypeError`` on a type without a tag, with a tag already taken, or with declarations that
+    contradict each other (for the commands here: at import)."""
+    global COMMAND_TYPES
+    name = command_type.__name__
+    kind = command_type.__struct_config__.tag
+    if not isinstance(kind, str):
+        raise TypeError(f"command {name} has no tag")
+    if any(kind == t.__struct_config__.tag for t in COMMAND_TYPES):
+        raise TypeError(f"command {name}: kind {kind!r} is taken")
+    executor = getattr(command_type, "executor", None)
+    if executor not in EXECUTORS:
+        raise TypeError(f"command {name} declares no executor of {sorted(EXECUTORS)}")
+    if command_type.restarts_group and executor != "actuator":
+        raise TypeError(f"command {name}: only the actuator restarts the worker group")
+    if executor in PER_NODE_EXECUTORS and "node" not in command_type.__struct_fields__:
+        raise TypeError(f"command {name} to a per-node {executor} names no node")
+    COMMAND_TYPES = (*COMMAND_TYPES, command_type)
+    return command_type
+
+
+@register
 class CheckpointNow(Command, tag="checkpoint_now", kw_only=True):
-    pass
+    executor = "trainer"
+    issuable = True
 
 
+@register
 class Stop(Command, tag="stop", kw_only=True):
     """Save a checkpoint and exit cleanly."""
+
+    executor = "actuator"
+    issuable = True
 
     nodes: list[Token] = msgspec.field(default_factory=list)
 
 
+@register
 class StartJob(Command, tag="start_job", kw_only=True):
+    executor = "actuator"
+
     argv: list[str]
     nodes: int
     procs_per_node: int
@@ -69,8 +134,13 @@ class StartJob(Command, tag="start_job", kw_only=True):
     standbys: Annotated[int, msgspec.Meta(ge=0, le=MAX_STANDBYS_PER_NODE)] = 0
 
 
+@register
 class Restart(Command, tag="restart", kw_only=True):
     """In-job restart: restart the worker group (all ranks) from the newest checkpoint."""
+
+    executor = "actuator"
+    restarts_group = True
+    issuable = True
 
     nodes: list[Token] = msgspec.field(default_factory=list)
     #: GPUs to reset (node → GPU indexes, ``[]``: all of the node's) once the ranks are
@@ -86,20 +156,28 @@ class Restart(Command, tag="restart", kw_only=True):
     skip_steps: StepWindow | None = None
 
 
+@register
 class RestartInProcess(Command, tag="restart_in_process", kw_only=True):
     """Warm in-job restart (to the actuator): surviving ranks leave their broken process group
     and join a fresh rendezvous in process; only dead ranks are started again. A survivor
     that has not rejoined within ``deadline_s`` fails the command (then a cold restart)."""
+
+    executor = "actuator"
+    restarts_group = True
+    issuable = True
 
     deadline_s: Seconds = WARM_PATH.rejoin_deadline_s
     #: the dead ranks are taken from their nodes' ready standbys (cold where none is ready)
     standbys: bool = False
 
 
+@register
 class Rejoin(Command, tag="rejoin", kw_only=True):
     """To the trainers: abort the process group and join the rendezvous of ``attempt``
     (``master_addr:master_port``, ``world_size`` ranks), restore the agreed step, go on.
     A rank at ``attempt`` or later ignores it (an old attempt's command)."""
+
+    executor = "trainer"
 
     attempt: int
     master_addr: str
@@ -107,7 +185,12 @@ class Rejoin(Command, tag="rejoin", kw_only=True):
     world_size: int
 
 
+@register
 class HotSwap(Command, tag="hot_swap", kw_only=True):
+    executor = "actuator"
+    restarts_group = True
+    issuable = True
+
     failed_node: Token
     spare_node: TokenOrEmpty = ""
     #: take the ranks from the nodes' ready standbys, the spare's included
@@ -117,8 +200,13 @@ class HotSwap(Command, tag="hot_swap", kw_only=True):
     restore_before_step: int | None = None
 
 
+@register
 class ScaleTo(Command, tag="scale_to", kw_only=True):
     """Change the data-parallel dimension: run on exactly these nodes (scale down or up)."""
+
+    executor = "actuator"
+    restarts_group = True
+    issuable = True
 
     num_dp_replicas: int
     nodes: list[Token] = msgspec.field(default_factory=list)
@@ -130,23 +218,39 @@ class ScaleTo(Command, tag="scale_to", kw_only=True):
     restore_before_step: int | None = None
 
 
+@register
 class Rescale(Command, tag="rescale", kw_only=True):
     """Told to the trainer: the world size changes; apply the rescale callbacks."""
+
+    executor = "trainer"
 
     old_world_size: int
     new_world_size: int
 
 
+@register
 class SetCheckpointInterval(Command, tag="set_ckpt_interval", kw_only=True):
+    executor = "trainer"
+    issuable = True
+
     every_steps: int
     rationale: str = ""
 
 
+@register
 class SetThresholds(Command, tag="set_thresholds", kw_only=True):
+    executor = "sensor"
+
     values: dict[str, float]
 
 
+@register
 class InjectFault(Command, tag="inject_fault", kw_only=True):
+    """A chaos fault, executed by the ranks; a host fault (``goodput chaos``) is sent to the
+    node's host monitor instead, which its sender names."""
+
+    executor = "trainer"
+
     node: Token
     fault: str
     detail: str = ""
@@ -157,6 +261,7 @@ class InjectFault(Command, tag="inject_fault", kw_only=True):
     duration_s: Seconds = 0.0
 
 
+@register
 class RestoreToNode(Command, tag="restore_to_node", kw_only=True):
     """Fill a node's local checkpoint volume from the nearest tier before its ranks start.
 
@@ -164,6 +269,8 @@ class RestoreToNode(Command, tag="restore_to_node", kw_only=True):
     membership (its index in the launch order) and ``parts`` the new node count: the node
     gets that part, and when the count differs from the checkpoint's (a reshard) every other
     part staged beside it (schema 12). None: a whole checkpoint, or the part already there."""
+
+    executor = "replicator"
 
     node: Token
     #: the checkpoint step to restore; None: the newest complete one
@@ -181,8 +288,11 @@ class RestoreToNode(Command, tag="restore_to_node", kw_only=True):
             raise ValueError(f"part {self.part} of {self.parts} parts")
 
 
+@register
 class ResetGpu(Command, tag="reset_gpu", kw_only=True):
     """Told to a node's host monitor by the actuator, whose ranks no longer use the GPUs."""
+
+    executor = "hostmon"
 
     node: Token
     #: GPU indexes (empty: every GPU of the node)
@@ -193,8 +303,12 @@ class ResetGpu(Command, tag="reset_gpu", kw_only=True):
     run_id: TokenOrEmpty = ""
 
 
+@register
 class ReturnNode(Command, tag="return_node", kw_only=True):
     """A previously failed node is healthy again and rejoins the spare pool."""
+
+    executor = "actuator"
+    issuable = True
 
     node: Token
 
@@ -211,9 +325,12 @@ class RankLaunch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     standby: bool = False
 
 
+@register
 class LaunchRanks(Command, tag="launch_ranks", kw_only=True):
     """To a node agent (``gp.<job>.cmd.agent-<node>``): start these ranks of ``attempt``.
     A rank of that attempt the agent already runs is not started twice."""
+
+    executor = "agent"
 
     node: Token
     run_id: TokenOrEmpty = ""
@@ -223,10 +340,13 @@ class LaunchRanks(Command, tag="launch_ranks", kw_only=True):
     ranks: list[RankLaunch]
 
 
+@register
 class KeepStandbys(Command, tag="keep_standbys", kw_only=True):
     """To a node agent: keep ``count`` ready standby ranks of run ``run_id`` on its host
     (``argv`` in ``workdir`` with ``env`` and ``GOODPUT_STANDBY=1``), made up after the job's
     next step whenever one is taken or dies; ``count`` 0 stops them (schema 8)."""
+
+    executor = "agent"
 
     node: Token
     run_id: TokenOrEmpty = ""
@@ -245,10 +365,13 @@ class KeepStandbys(Command, tag="keep_standbys", kw_only=True):
 RankSignal = Literal["term", "kill"]
 
 
+@register
 class SignalRanks(Command, tag="signal_ranks", kw_only=True):
     """To a node agent: signal its ranks of ``attempt`` and older (``ranks`` empty: every one)
     — ``term`` (save and exit) or ``kill``. Their exits are reported as ``RankExited`` with
     ``expected_reason``, as the local backend reports those it stops."""
+
+    executor = "agent"
 
     node: Token
     attempt: int
@@ -270,25 +393,3 @@ class CommandClaim(Message, tag="command_claim", kw_only=True):
     #: the executor instance and runner that began it
     claimant: str
     fence: str = ""
-
-
-COMMAND_TYPES: tuple[type[Command], ...] = (
-    CheckpointNow,
-    Stop,
-    StartJob,
-    Restart,
-    RestartInProcess,
-    Rejoin,
-    HotSwap,
-    ScaleTo,
-    Rescale,
-    SetCheckpointInterval,
-    SetThresholds,
-    InjectFault,
-    RestoreToNode,
-    ResetGpu,
-    ReturnNode,
-    LaunchRanks,
-    KeepStandbys,
-    SignalRanks,
-)

@@ -7,7 +7,7 @@ every one, and the codec decodes exactly that union.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 
@@ -356,10 +356,20 @@ class BackendCapabilities(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     scale: bool
 
 
+#: the state of a job's run, as the actuator reports it (``JobStatus.state``)
+JobStateName = Literal["starting", "running", "restarting", "finished", "failed", "stopped"]
+#: the run goes on: its ranks run or are being (re)started, and a new run of the job is refused
+LIVE_JOB_STATES: frozenset[JobStateName] = frozenset({"starting", "running", "restarting"})
+#: the run is over (or none was started yet: "stopped"); nothing more will happen in it
+ENDED_JOB_STATES: frozenset[JobStateName] = frozenset(get_args(JobStateName)) - LIVE_JOB_STATES
+if not LIVE_JOB_STATES.issubset(get_args(JobStateName)) or not ENDED_JOB_STATES:
+    raise AssertionError("the live and ended job states do not partition JobStateName")
+
+
 class JobStatus(Event, tag="job_status", kw_only=True):
     """The actuator's view of the job after every membership or lifecycle change."""
 
-    state: Literal["starting", "running", "restarting", "finished", "failed", "stopped"]
+    state: JobStateName
     attempt: int
     world_size: int
     procs_per_node: int

@@ -235,7 +235,9 @@ class AgentBackend(MembershipBackend[AgentRankEntry]):
             )
         return self.agents.records[node]
 
-    async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
+    async def _launch(
+        self, state: schemas.JobStateName, detail: str, standbys: bool = False
+    ) -> None:
         assert self.spec is not None and self.membership is not None
         self.attempt += 1
         membership = self.membership
@@ -318,7 +320,7 @@ class AgentBackend(MembershipBackend[AgentRankEntry]):
     async def _agent_command(self, command: AgentCommand) -> tuple[bool, str]:
         assert self.bus is not None, "the agent backend has no bus yet"
         node = command.node
-        target = subjects.node_target(subjects.AGENT, node)
+        target = subjects.command_target(command)
 
         def gone() -> bool:
             return not self.agents.is_live(node, time.monotonic())

@@ -28,7 +28,7 @@ _tracer = tracer("goodput.actuator")
 class Backend(Protocol):
     """Runs one job's worker group and reports every change as an event."""
 
-    state: str
+    state: schemas.JobStateName
     attempt: int
     run_id: str
     membership: Membership | None
@@ -115,7 +115,7 @@ class MembershipBackend(RankEnvironments, ABC, Generic[RankT]):
     membership: Membership | None
     #: the current attempt's ranks
     ranks: list[RankT]
-    state: str
+    state: schemas.JobStateName
     attempt: int
     #: the run the attempts belong to (``StartJob.run_id``); empty before the first run
     run_id: str = ""
@@ -136,7 +136,9 @@ class MembershipBackend(RankEnvironments, ABC, Generic[RankT]):
         self._lock = asyncio.Lock()
 
     @abstractmethod
-    async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
+    async def _launch(
+        self, state: schemas.JobStateName, detail: str, standbys: bool = False
+    ) -> None:
         """Start the worker group of a new attempt on ``self.membership`` (``standbys``: take
         ranks from the nodes' ready standbys where the backend keeps any)."""
 
@@ -193,7 +195,7 @@ class MembershipBackend(RankEnvironments, ABC, Generic[RankT]):
         membership = self.membership or Membership(active=[], spares=[])
         return schemas.JobStatus(
             job=self.job,
-            state=self.state,  # type: ignore[arg-type]
+            state=self.state,
             attempt=self.attempt,
             world_size=membership.world_size,
             procs_per_node=membership.procs_per_node,
@@ -212,7 +214,7 @@ class MembershipBackend(RankEnvironments, ABC, Generic[RankT]):
         """A StartJob is a new run of the job: attempts count from 1 again and ``RunStarted``
         marks where the run's history begins. Refused while a run is going (call under the
         lock): two runs of one job name would share its ranks, subjects and volumes."""
-        if self.state in ("running", "starting", "restarting"):
+        if self.state in schemas.LIVE_JOB_STATES:
             raise RuntimeError(
                 f"job {self.job} is already {self.state} (attempt {self.attempt} of run "
                 f"{self.run_id}); stop it first"
@@ -389,7 +391,7 @@ class MembershipBackend(RankEnvironments, ABC, Generic[RankT]):
     async def _report(self, detail: str) -> None:
         await self.emit(self.status(detail))
 
-    async def _launched(self, state: str, finished_detail: str) -> bool:
+    async def _launched(self, state: schemas.JobStateName, finished_detail: str) -> bool:
         """Every rank of the attempt is started: the job is ``state`` ("starting" reads as
         running) — unless every rank already exited 0 while the others were started, which
         the exits left for the launch to say (a "running" would follow a "finished"). True

@@ -224,7 +224,9 @@ class KubernetesBackend(MembershipBackend[RankPod], PodSpecs):
 
     # ---- attempts ----------------------------------------------------------------------------
 
-    async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
+    async def _launch(
+        self, state: schemas.JobStateName, detail: str, standbys: bool = False
+    ) -> None:
         """Every rank a new pod, or (``standbys``) a ready standby pod of its node told to be
         it; then the spares' standbys are made up.
 

@@ -219,7 +219,9 @@ class LocalBackend(MembershipBackend[RankProcess]):
         ranks, self.ranks = self.ranks, []
         await stop_ranks(ranks, why, STOP_GRACE_S if graceful else 0)
 
-    async def _launch(self, state: str, detail: str, standbys: bool = False) -> None:
+    async def _launch(
+        self, state: schemas.JobStateName, detail: str, standbys: bool = False
+    ) -> None:
         assert self.spec is not None and self.membership is not None
         self.attempt += 1
         await self._prepare_volumes()

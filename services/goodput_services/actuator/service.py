@@ -112,7 +112,6 @@ class ActuatorService(Service):
         """Ask the node's checkpoint tier to fill its volume (with ``part`` of ``parts`` of a
         checkpoint sharded across nodes; before ``before_step`` for a rollback), and wait."""
         assert self.bus is not None
-        target = subjects.node_target(subjects.REPLICATOR, node)
         command = schemas.RestoreToNode(
             job=self.job,
             node=node,
@@ -121,6 +120,7 @@ class ActuatorService(Service):
             before_step=before_step,
             reason="before launch",
         )
+        target = subjects.command_target(command)
         timeout_s = self.options.restore_timeout_s
         result = await request(self.bus, target, command, timeout_s)
         if result is None:
@@ -132,7 +132,6 @@ class ActuatorService(Service):
     ) -> tuple[bool, str]:
         """Ask the node's host monitor to reset GPUs no rank uses now; wait for its answer."""
         assert self.bus is not None
-        target = subjects.node_target(subjects.HOST_MONITOR, node)
         command = schemas.ResetGpu(
             job=self.job,
             node=node,
@@ -141,6 +140,7 @@ class ActuatorService(Service):
             run_id=run_id,
             reason="ranks stopped",
         )
+        target = subjects.command_target(command)
         timeout_s = self.options.gpu_reset_timeout_s
         result = await request(self.bus, target, command, timeout_s)
         if result is None:

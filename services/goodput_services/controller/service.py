@@ -31,7 +31,7 @@ from goodput.bus import DurableConsumer
 from goodput.config import ServiceConfig
 from goodput.supervisor.control.engine import Controller, Outcome
 from goodput.supervisor.jobstate.folds import controller_filters, new_job_state, observe_event
-from goodput.supervisor.jobstate.model import ACTUATOR_COMMANDS, AnyCommand, JobState
+from goodput.supervisor.jobstate.model import AnyCommand, JobState
 from goodput.telemetry import attached, context_from_traceparent, current_traceparent, tracer
 from goodput_services.base import Service
 from goodput_services.controller.lease import Lease
@@ -209,9 +209,7 @@ class ControllerService(Service):
                 )
             self.decisions += 1
         for command in self.record.outbox:
-            target = (
-                subjects.ACTUATOR if isinstance(command, ACTUATOR_COMMANDS) else subjects.TRAINER
-            )
+            target = subjects.command_target(command)
             kind = schemas.kind_of(type(command))
             with (
                 attached(self._stored_context(command.command_id)),

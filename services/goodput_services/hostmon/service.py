@@ -47,8 +47,9 @@ from goodput_services.hostmon.options import HostMonitorOptions
 
 log = logging.getLogger(__name__)
 
-#: job states in which the node's ranks are expected to be running
-RUNNING_STATES = frozenset({"starting", "running"})
+#: job states in which the node's ranks are expected to be running: the live ones but
+#: "restarting", between two attempts' ranks
+RUNNING_STATES: frozenset[schemas.JobStateName] = schemas.LIVE_JOB_STATES - {"restarting"}
 
 
 @dataclass

@@ -28,7 +28,6 @@ from goodput.supervisor.control import checkpoint_interval, crash_loop
 from goodput.supervisor.control.script_policy import PolicyScript, ScriptPolicy
 from goodput.supervisor.jobstate.folds import (
     FAILURE_KINDS,
-    RESTARTING,
     apply_command,
     expire_pending,
     observe_result,
@@ -107,14 +106,14 @@ class Controller:
             (p for p in state.pending if p.command.command_id == result.command_id), None
         )
         state = observe_result(state, result, now)
-        if result.ok and pending is not None and isinstance(pending.command, RESTARTING):
+        if result.ok and pending is not None and pending.command.restarts_group:
             return self._resend_interval(state, result, now)
         if (
             pending is None
             or result.ok
             or pending.signal is None
             or pending.redecided
-            or not isinstance(pending.command, RESTARTING)
+            or not pending.command.restarts_group
         ):
             return Outcome(state)
         return self._decide(
@@ -210,7 +209,7 @@ class Controller:
             plan, error = self._run_policy(signal, state)
             if error:
                 policy = f"{BUILTIN} (fallback from {self.policy_name})"
-        if signal.signal in FAILURE_KINDS and any(isinstance(c, RESTARTING) for c in plan.commands):
+        if signal.signal in FAILURE_KINDS and any(c.restarts_group for c in plan.commands):
             plan, state = self._guard_crash_loop(plan, state, signal, now, retry=retry)
         commands = [
             msgspec.structs.replace(

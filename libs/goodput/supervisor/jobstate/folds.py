@@ -20,7 +20,6 @@ import msgspec
 
 from goodput import schemas, subjects
 from goodput.supervisor.jobstate.model import (
-    ACTUATOR_COMMANDS,
     DOWNTIME_MEMORY,
     NS,
     REFUSAL_MEMORY,
@@ -39,8 +38,6 @@ FAILURE_KINDS = (
     frozenset({"crash", "hang", "missed_heartbeat", "degraded_host", "job_down"})
     | schemas.NUMERICAL_SIGNALS  # a rollback restarts too: the crash-loop rules bound repeats
 )
-#: commands that restart the worker group
-RESTARTING = (schemas.Restart, schemas.RestartInProcess, schemas.HotSwap, schemas.ScaleTo)
 #: how many ids / records are remembered (older ones cannot be redelivered any more)
 MEMORY = 512
 CHECKPOINT_MEMORY = 32
@@ -169,7 +166,7 @@ def observe_result(state: JobState, result: schemas.ActionResult, now: int) -> J
     pending = [p for p in state.pending if p.command.command_id != result.command_id]
     refused, restarts, nodes = state.refused, state.restarts, state.nodes
     resuming = state.resuming_since_ts
-    if result.ok and isinstance(settled.command, RESTARTING):
+    if result.ok and settled.command.restarts_group:
         resuming = settled.ts  # its downtime ends at the job's next step
     if not result.ok:
         nodes = _mark_failed_resets(nodes, settled.command, result.detail)
@@ -250,7 +247,7 @@ def apply_command(
         changes["stopped"] = command.reason or "stopped"
     elif isinstance(command, schemas.SetCheckpointInterval):
         changes["checkpoint_interval_steps"] = command.every_steps
-    if isinstance(command, RESTARTING):
+    if command.restarts_group:
         changes["restarts"] = [
             *state.restarts[-(MEMORY - 1) :],
             Remediation(
@@ -368,7 +365,7 @@ def with_pending(
     redecided: bool = False,
 ) -> JobState:
     """``state`` once ``command`` is sent: an actuator command waits for its result."""
-    if not isinstance(command, ACTUATOR_COMMANDS):
+    if command.executor != "actuator":
         return state
     entry = PendingCommand(command=command, ts=now, signal=signal, redecided=redecided)
     pending = [*state.pending, entry]

@@ -28,17 +28,9 @@ if TYPE_CHECKING:
     # Command (the fields they all share); msgspec decodes the tagged union
     AnyCommand: TypeAlias = schemas.Command
 else:
+    # every command registered when this module is imported: all of ``schemas.commands``'
     AnyCommand = Union[schemas.COMMAND_TYPES]  # noqa: UP007
 
-#: commands the actuator executes and answers with an ActionResult; the rest go to the trainers
-ACTUATOR_COMMANDS = (
-    schemas.Restart,
-    schemas.RestartInProcess,
-    schemas.HotSwap,
-    schemas.ScaleTo,
-    schemas.Stop,
-    schemas.ReturnNode,
-)
 #: how many refusals are remembered
 REFUSAL_MEMORY = 32
 #: how many restart downtimes are remembered (``JobState.restart_downtimes_s``)
@@ -93,7 +85,8 @@ class DeferredSignal(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class PendingCommand(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A command sent to the actuator whose ActionResult has not come yet."""
+    """A command sent to the actuator (``Command.executor``) whose ActionResult has not come
+    yet."""
 
     command: AnyCommand
     ts: int

@@ -10,24 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 import msgspec
 
 from goodput import schemas
+from goodput.schemas import commands
 from goodput.supervisor.jobstate.folds import with_pending
 from goodput.supervisor.jobstate.model import JobState
 from goodput.supervisor.membership import MembershipError
 
-ALLOWED_COMMANDS = (
-    schemas.Restart,
-    schemas.RestartInProcess,
-    schemas.HotSwap,
-    schemas.ScaleTo,
-    schemas.Stop,
-    schemas.ReturnNode,
-    schemas.CheckpointNow,
-    schemas.SetCheckpointInterval,
-)
+#: the commands a policy may issue: those that declare it (``Command.issuable``)
+ALLOWED_COMMANDS = tuple(t for t in schemas.COMMAND_TYPES if t.issuable)
 MAX_COMMANDS = 16
 
 
@@ -83,9 +77,19 @@ def validate(value: object, state: JobState, *, default_rule: str) -> Plan:
     )
 
 
+def _issuable(command: object) -> TypeGuard[schemas.Command]:
+    """A registered command type that declares a policy may issue it (read from the registry
+    as it stands, not from ``ALLOWED_COMMANDS``, its import-time copy)."""
+    return (
+        isinstance(command, schemas.Command)
+        and command.issuable
+        and type(command) in commands.COMMAND_TYPES
+    )
+
+
 def _check(command: object, state: JobState) -> schemas.Command:
-    if not isinstance(command, ALLOWED_COMMANDS):
-        allowed = ", ".join(c.__name__ for c in ALLOWED_COMMANDS)
+    if not _issuable(command):
+        allowed = ", ".join(t.__name__ for t in commands.COMMAND_TYPES if t.issuable)
         raise PolicyError(
             f"{type(command).__name__} is not a command a policy may issue ({allowed})"
         )

@@ -50,7 +50,7 @@ async def stepping_on(log: JobEvents, nodes: int, timeout_s: float = WAIT_S) -> 
             and _settled_since(log, status.ts)
         ):
             return status
-        if status is not None and status.state in ("finished", "failed", "stopped"):
+        if status is not None and status.state in schemas.ENDED_JOB_STATES:
             raise BenchError(
                 f"the job is {status.state} ({status.detail}); nothing left to measure"
             )

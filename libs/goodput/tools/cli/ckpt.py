@@ -302,7 +302,7 @@ async def _restore(args: argparse.Namespace, bus: Bus) -> int:
         deliver_policy=DeliverPolicy.NEW,
     )
     try:
-        await bus.send_command(subjects.node_target(subjects.REPLICATOR, args.node), command)
+        await bus.send_command(subjects.command_target(command), command)
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
             try:

@@ -23,6 +23,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from goodput import schemas
 from goodput.bus import Bus, BusSettingsError, BusUnavailableError
 from goodput.config import (
     add_bus_arguments,
@@ -46,7 +47,6 @@ from goodput.tools.stack.launcher import (
 SERVICES_EVERY_S = 2.0
 #: in a one-shot view of a live job, listen this long so nodes show a heartbeat age
 HEARTBEAT_LISTEN_S = 1.0
-_LIVE_STATES = ("starting", "running", "restarting")
 
 
 class _Target(msgspec.Struct, kw_only=True):
@@ -129,7 +129,7 @@ async def _once(settings, target: _Target, args: argparse.Namespace) -> int:
     bus, model, feed = await _open(settings, target)
     try:
         complete = await feed.wait_caught_up(args.catch_up_timeout)
-        if model.snapshot(time.time_ns()).state in _LIVE_STATES:
+        if model.snapshot(time.time_ns()).state in schemas.LIVE_JOB_STATES:
             await asyncio.sleep(HEARTBEAT_LISTEN_S)
         report = await _services(bus, target)
         await feed.stop()

@@ -28,7 +28,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from goodput import schemas
-from goodput.supervisor.jobstate.model import ACTUATOR_COMMANDS
 from goodput.supervisor.membership import Membership, MembershipError
 from goodput.tools.simulate.profile import RestartCosts
 from goodput.tools.simulate.records import MeasuredCosts, RemediationCost
@@ -108,7 +107,7 @@ class SimActuator:
 
     def execute(self, command: schemas.Command, now: int) -> Execution | None:
         """Run ``command`` (None: not the actuator's); the execution ends at ``done_ns``."""
-        if not isinstance(command, ACTUATOR_COMMANDS):
+        if command.executor != "actuator":
             return None
         start = max(now, self._free_at)
         action = schemas.kind_of(type(command))
@@ -126,6 +125,11 @@ class SimActuator:
             )
         if isinstance(command, schemas.RestartInProcess):
             return self._in_process(command, start)
+        if not command.restarts_group:  # the rest relaunch the worker group
+            return self._answer(
+                command, start, start, False, f"the simulator does not run {action}",
+                relaunch=False,
+            )  # fmt: skip
         launched = list(after.active)
         warm = self._warm(launched, start, after.procs_per_node)
         # every rank a ready standby: no process to schedule or start (a spare's standbys
@@ -240,14 +244,14 @@ class SimActuator:
         stopped = ok and isinstance(command, schemas.Stop) and not command.nodes
         return Execution(command, start, done, result, self.membership, relaunch, stopped)
 
-    def status(self, now: int, state: str = "running") -> schemas.JobStatus:
+    def status(self, now: int, state: schemas.JobStateName = "running") -> schemas.JobStatus:
         m = self.membership
         # a set: list membership made this quadratic (0.3 s per status at 2,080 nodes)
         held = {*m.active, *m.spares}
         return schemas.JobStatus(
             job=self.job,
             ts=now,
-            state=state,  # type: ignore[arg-type]
+            state=state,
             attempt=self.attempt,
             world_size=m.world_size,
             procs_per_node=m.procs_per_node,

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 from goodput import schemas
 
-RELAUNCHING = ("restart", "restart_in_process", "hot_swap", "scale_to")
+#: the kinds of the commands that relaunch the worker group (``Command.restarts_group``)
+RELAUNCHING = frozenset(schemas.kind_of(t) for t in schemas.COMMAND_TYPES if t.restarts_group)
 
 
 def _mean(values: list[float]) -> float:

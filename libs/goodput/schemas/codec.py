@@ -11,6 +11,7 @@ from goodput.schemas.agents import AgentRecord
 from goodput.schemas.commands import COMMAND_TYPES, Command, CommandClaim
 from goodput.schemas.envelope import SCHEMA_VERSION, Message, SchemaError
 from goodput.schemas.events import EVENT_TYPES, Event
+from goodput.schemas.steps import StepDone
 
 _encoder = msgspec.msgpack.Encoder()
 # a Union built from the tuples, so adding a schema to a tuple is the only step
@@ -18,6 +19,7 @@ _event_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES])  # noqa: UP007
 _command_decoder = msgspec.msgpack.Decoder(type=Union[COMMAND_TYPES])  # noqa: UP007
 _claim_decoder = msgspec.msgpack.Decoder(type=CommandClaim)
 _agent_decoder = msgspec.msgpack.Decoder(type=AgentRecord)
+_step_decoder = msgspec.msgpack.Decoder(type=StepDone)
 _any_decoder = msgspec.msgpack.Decoder(type=Union[EVENT_TYPES + COMMAND_TYPES])  # noqa: UP007
 
 
@@ -54,6 +56,11 @@ def decode_claim(payload: bytes) -> CommandClaim:
 
 def decode_agent(payload: bytes) -> AgentRecord:
     return _decode(_agent_decoder, payload)
+
+
+def decode_step(payload: bytes) -> StepDone:
+    """A rank's step report handed to its node's aggregator (``goodput.shim.step_rollup``)."""
+    return _decode(_step_decoder, payload)
 
 
 def decode_any(payload: bytes) -> Message:

@@ -174,7 +174,16 @@ class StepAggregator:
         self._thread.start()
 
     @classmethod
-    def bind(cls, address: bytes, **kwargs: object) -> StepAggregator | None:
+    def bind(
+        cls,
+        address: bytes,
+        *,
+        job: str,
+        node: str,
+        rank: int,
+        ranks: int,
+        emit: Callable[[schemas.StepsDone], None],
+    ) -> StepAggregator | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.bind(address)
@@ -183,7 +192,7 @@ class StepAggregator:
             log.warning("steps are not rolled up on this node (its channel: %s)", exc)
             return None
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        return cls(sock, **kwargs)  # type: ignore[arg-type]
+        return cls(sock, job=job, node=node, rank=rank, ranks=ranks, emit=emit)
 
     def close(self, timeout_s: float = GRACE_S + 1.0) -> None:
         """Send what is pending (waiting up to the grace for the node's last step), refuse

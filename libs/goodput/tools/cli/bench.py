@@ -18,6 +18,7 @@ BENCH_MODULES: list[str] = [
     "goodput.tools.bench.shim",
     "goodput.tools.bench.index_reads",
     "goodput.tools.bench.command_links",
+    "goodput.tools.bench.step_send",
 ]
 
 

@@ -10,10 +10,12 @@ import struct
 import time
 import uuid
 
+import msgspec
 import pytest
 
 from goodput import schemas, subjects
 from goodput.bus import Bus
+from goodput.bus.job_events import next_step
 from goodput.shim.link import BusLink
 from goodput.shim.step_rollup import (
     GRACE_S,
@@ -272,3 +274,29 @@ async def test_a_rank_whose_aggregator_is_gone_publishes_its_own_steps(bus: Bus)
         await asyncio.to_thread(alone.close)
     stored = await _stored(bus, job)
     assert stored == [(f"gp.{job}.evt.step.5", report)]
+
+
+def test_a_rollup_is_decoded_strictly() -> None:
+    """A forged rollup is refused whole at decoding (and dead-lettered), never expanded."""
+    [good] = rolled_up("j", "node-0", 0, [_report(0, 1)])
+    raw = msgspec.msgpack.decode(schemas.encode(good))
+    entry = raw["steps"][0]
+    forged = [
+        {**raw, "steps": [entry] * (schemas.MAX_ROLLED_UP + 1)},  # more than a rollup carries
+        {**raw, "steps": [[*entry, 0]]},  # a field more than a rank's report has
+        {**raw, "steps": [entry[:-1]]},  # one less
+        {**raw, "steps": [[entry[0], entry[1], entry[2], -1.0, *entry[4:]]]},  # negative step time
+    ]
+    for payload in forged:
+        with pytest.raises(schemas.SchemaError):
+            schemas.decode_event(msgspec.msgpack.encode(payload))
+
+
+async def test_a_rollup_is_a_step_to_whoever_waits_for_the_next(bus: Bus) -> None:
+    """A node agent starts a launch's standbys once the job steps again (``next_step``)."""
+    job = f"roll{uuid.uuid4().hex[:6]}"
+    waiting = asyncio.create_task(next_step(bus, job))
+    await asyncio.sleep(0.2)  # subscribed
+    [rollup] = rolled_up(job, "node-0", 0, [_report(0, 1, job=job), _report(1, 1, job=job)])
+    await bus.emit(rollup)
+    await asyncio.wait_for(waiting, 30)

@@ -102,7 +102,7 @@ def test_more_reports_than_a_rollup_carries_go_in_several() -> None:
 
 
 def _channel() -> bytes:
-    return channel_name(f"test-{uuid.uuid4().hex[:8]}", 1, "node-0")
+    return channel_name("nats://127.0.0.1:4222", f"test-{uuid.uuid4().hex[:8]}", 1, "node-0")
 
 
 def _aggregator(address: bytes, ranks: int, sent: list[schemas.StepsDone]) -> StepAggregator:
@@ -138,6 +138,18 @@ def test_every_local_ranks_report_makes_one_event() -> None:
         aggregator.close()
         for sender in senders:
             sender.close()
+
+
+def test_the_channel_is_the_nodes_in_one_attempt_of_one_job_on_one_bus() -> None:
+    name = channel_name("nats://a:4222", "j", 1, "node-0")
+    assert len(name) == len(channel_name("nats://a:4222", "j" * 200, 1, "n" * 200)) < 108
+    others = [
+        ("nats://b:4222", "j", 1, "node-0"),  # a job of the same name on another bus
+        ("nats://a:4222", "k", 1, "node-0"),
+        ("nats://a:4222", "j", 2, "node-0"),
+        ("nats://a:4222", "j", 1, "node-1"),  # the local backend: nodes on one machine
+    ]
+    assert name not in {channel_name(*other) for other in others}
 
 
 def test_a_second_aggregator_of_the_node_does_not_bind() -> None:

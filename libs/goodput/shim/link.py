@@ -79,7 +79,7 @@ class BusLink:
         """The node's aggregator when this is its first local rank (None if its channel is
         taken), and the sender of this rank's steps to it (None: it publishes its own; rank 0
         always reaches the controller's filter itself, as its node's first rank or directly)."""
-        address = channel_name(self.job, attempt, self.node)
+        address = channel_name(self.settings.url, self.job, attempt, self.node)
         aggregator = None
         if local_rank == 0 and local_world_size > 1:
             aggregator = StepAggregator.bind(

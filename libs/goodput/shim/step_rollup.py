@@ -7,7 +7,7 @@ node per step (``schemas.steps``): once every local rank's report of the step is
 :data:`GRACE_S` with what it has (a report that comes later rides in the next rollup).
 
 The channel is a Unix datagram socket in the Linux abstract namespace, named from the job,
-attempt and node (:func:`channel_name`): no file to create or clean up, no path length limit,
+attempt and node and the bus (:func:`channel_name`): no file to create or clean up, no path length limit,
 and the ranks of a node share a network namespace in every backend (a Kubernetes pod, a Slurm
 host; the local backend's "nodes" are processes of one machine, told apart by the name's
 node). The receiver takes a datagram only from its own user (``SO_PASSCRED``) and only a
@@ -47,10 +47,13 @@ SENT_MEMORY = 64
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 
 
-def channel_name(job: str, attempt: int, node: str) -> bytes:
-    """The abstract socket address of ``node``'s aggregator in ``attempt`` of ``job``: a hash,
-    so any job and node name fit, and a later attempt never reaches an earlier one's rank."""
-    digest = hashlib.blake2b(f"{job}\0{attempt}\0{node}".encode(), digest_size=16).hexdigest()
+def channel_name(bus_url: str, job: str, attempt: int, node: str) -> bytes:
+    """The abstract socket address of ``node``'s aggregator in ``attempt`` of ``job`` on the
+    bus at ``bus_url``: a hash, so any name fits; a later attempt never reaches an earlier
+    one's rank, nor a job of the same name on another bus (two stacks on one machine, as the
+    local backend's tests run side by side) another's."""
+    key = "\0".join((bus_url, job, str(attempt), node))
+    digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
     return b"\0goodput-steps-" + digest.encode()
 
 

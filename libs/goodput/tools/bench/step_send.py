@@ -74,7 +74,7 @@ def measure(reports: int, every_s: float) -> dict[str, Any]:
     # forked, as the control-plane bench's publishers: a spawned child's resource tracker
     # would outlive the run
     context = multiprocessing.get_context("fork")
-    address = channel_name(f"{JOB}-{os.getpid()}", 1, NODE)
+    address = channel_name(f"bench-{os.getpid()}", JOB, 1, NODE)
     ready, done, out = context.Event(), context.Event(), context.Queue()
     process = context.Process(target=_aggregate, args=(address, ready, done, out))
     process.start()

@@ -2,7 +2,8 @@
 
 - ``gp.<job>.evt.<kind>``            facts, stream GP_EVENTS (replayed by the goodput calculator)
 - ``gp.<job>.evt.<kind>.<rank>``     the facts every rank reports per step or checkpoint
-                                     (``RANKED_KINDS``), so a consumer filters to one rank's
+                                     (``RANKED_KINDS``), so a consumer filters to one rank's;
+                                     a node's rolled-up steps under its first rank's
 - ``gp.<job>.cmd.<target>``          commands, stream GP_CMDS, durable consumers, acked after execution
 - ``gp.<job>.hb.<node>.<rank>``      heartbeats, core NATS (high rate, not stored)
 - ``gp.<job>.dlq.<service>``         input a service could not decode, stream GP_DLQ
@@ -78,8 +79,15 @@ def command_target(command: schemas.Command) -> str:
 
 
 #: the events every rank reports, many times a run: their subject names the rank, so a
-#: consumer that needs one rank's (the controller: rank 0's) has the server filter the rest out
-RANKED_EVENTS = (schemas.StepDone, schemas.CheckpointSaved, schemas.CheckpointPersisted)
+#: consumer that needs one rank's (the controller: rank 0's) has the server filter the rest out.
+#: A node's rollup (``StepsDone``) names the rank that sent it, its first: rank 0's steps are
+#: in rank 0's rollup, or in its own ``StepDone``
+RANKED_EVENTS = (
+    schemas.StepDone,
+    schemas.StepsDone,
+    schemas.CheckpointSaved,
+    schemas.CheckpointPersisted,
+)
 RANKED_KINDS = frozenset(schemas.kind_of(t) for t in RANKED_EVENTS)
 
 

@@ -34,6 +34,25 @@ def sample_events() -> list[schemas.Event]:
             world_size=4,
             compute_time_s=0.1,
         ),
+        schemas.StepsDone(
+            job=JOB,
+            node="n0",
+            rank=1,
+            steps=[
+                schemas.RankStep(
+                    rank=rank,
+                    step=5,
+                    ts=1_700_000_000_000_000_000 + rank,
+                    step_time_s=0.12,
+                    compute_time_s=0.1,
+                    tokens=4096,
+                    loss=2.75,
+                    world_size=4,
+                    in_process_restart=True,
+                )
+                for rank in (1, 2)
+            ],
+        ),
         schemas.CheckpointSaved(job=JOB, node="n0", rank=1, step=5, stall_s=0.01, bytes=1 << 30),
         schemas.CheckpointPersisted(
             job=JOB, node="n0", rank=1, step=5, path="/c/step-5", bytes=1 << 30, duration_s=2.5

@@ -51,7 +51,7 @@ def test_the_formula_by_hand() -> None:
     """A schema that grows changes these sizes: then update docs/BENCHMARKS.md's table too."""
     sizes = {kind: event_bytes(event) for kind, event in sample_events(SMALL.widths).items()}
     assert sizes == {
-        "step": 384,
+        "steps": 504,
         "host_health": 1066,
         "ckpt_saved": 321,
         "ckpt_persisted": 391,
@@ -63,33 +63,35 @@ def test_the_formula_by_hand() -> None:
         "training_plan": 406,
         "run_started": 428,
     }
-    # 8 ranks / 2 s x 384 + 2 nodes / 4 s x 1,066 (a step's and checkpoint's subject names
-    # its rank: 2 bytes more at rank 7, 6 at 16,383)
+    # 2 nodes / 2 s x 504 (a node's 4 ranks' steps rolled up in one event; a step's and
+    # checkpoint's subject names its rank: 2 bytes more at rank 7, 6 at 16,383)
+    # + 2 nodes / 4 s x 1,066
     # + (8 x (321 + 391) + 2 x (371 + 438)) / 100 s
     # + 2 restarts / 3600 s x (8 x (338 + 321 + 363 + 406) + 428)
-    by_hand = 1536 + 533 + 7314 / 100 + 2 * 11852 / 3600
-    assert events_rate(SMALL) == pytest.approx(by_hand) == pytest.approx(2148.7244)
+    by_hand = 504 + 533 + 7314 / 100 + 2 * 11852 / 3600
+    assert events_rate(SMALL) == pytest.approx(by_hand) == pytest.approx(1116.7244)
     limits = store_limits(SMALL)
-    # 2148.72 B/s x 10 h x 3600 s x 1.25 = 96,692,600 B: 92.2 MiB, rounded up to 93
-    assert limits.streams["GP_EVENTS"] == 93 * MIB
+    # 1116.72 B/s x 10 h x 3600 s x 1.25 = 50,252,600 B: 47.9 MiB, under the 64 MiB floor
+    assert limits.streams["GP_EVENTS"] == 64 * MIB
     # 2 restarts/h x 10 h x 2 nodes x (15,932 + 493 + 4,407) B = 0.8 MB: the 64 MiB floor
     commands = {kind: command_bytes(*sent) for kind, sent in sample_commands(SMALL.widths).items()}
     assert commands == {"launch_ranks": 15932, "signal_ranks": 493, "keep_standbys": 4407}
     assert limits.streams["GP_CMDS"] == 64 * MIB
     assert limits.streams["GP_DLQ"] == 256 * MIB
     assert set(limits.buckets.values()) == {8 * MIB}  # every bucket at its floor
-    # (93 + 64 + 256 + 6 x 8) MiB = 461 MiB x 1.10 = 507.1 MiB, rounded up to 508
-    assert limits.server_bytes == 508 * MIB
+    # (64 + 64 + 256 + 6 x 8) MiB = 432 MiB x 1.10 = 475.2 MiB, rounded up to 476
+    assert limits.server_bytes == 476 * MIB
 
 
 def test_the_fleet_of_issue_36() -> None:
-    """2,048 nodes x 8 ranks stepping every second: 8.21 MB/s, 710 GB a day."""
+    """2,048 nodes x 8 ranks stepping every second: 3.33 MB/s, 288 GB a day (8.21 MB/s and
+    710 GB with a StepDone per rank, before the rollup per node)."""
     big = StoreScale(nodes=2048, ranks_per_node=8)
-    step = event_bytes(sample_events(big.widths)["step"])
-    assert step == 395
-    # 16,384 x 395 + 1,024 x 1,673 + (16,384 x 730 + 2,048 x 821) / 600
+    steps = event_bytes(sample_events(big.widths)["steps"])
+    assert steps == 777  # 8 ranks' steps: a rank's own StepDone is 395 bytes
+    # 2,048 x 777 + 1,024 x 1,673 + (16,384 x 730 + 2,048 x 821) / 600
     # + (16,384 x 1,454 + 430) / 3600
-    by_hand = 16_384 * 395 + 1_024 * 1_673 + 13_641_728 / 600 + 23_822_766 / 3600
+    by_hand = 2_048 * 777 + 1_024 * 1_673 + 13_641_728 / 600 + 23_822_766 / 3600
     assert events_rate(big) == pytest.approx(by_hand)
     limits = store_limits(big)
     assert limits.streams["GP_EVENTS"] >= by_hand * 24 * 3600  # a day at least

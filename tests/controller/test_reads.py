@@ -23,15 +23,22 @@ from goodput.supervisor.jobstate.folds import (
 from tests.bus.samples import JOB, sample_events
 from tests.controller.helpers import spawn_service
 
-RANKED = (schemas.StepDone, schemas.CheckpointSaved, schemas.CheckpointPersisted)
+RANKED = subjects.RANKED_EVENTS
 
 
 def _every_event() -> list[schemas.Event]:
     """One of every event kind, and of the ranked kinds both rank 0's and rank 1's."""
     samples = sample_events()
     assert {type(e) for e in samples} == set(schemas.EVENT_TYPES), "a kind has no sample"
-    rank_0 = [msgspec.structs.replace(e, rank=0) for e in samples if isinstance(e, RANKED)]
+    rank_0 = [_as_rank_0(e) for e in samples if isinstance(e, RANKED)]
     return [*samples, *rank_0]
+
+
+def _as_rank_0(event: schemas.Event) -> schemas.Event:
+    if isinstance(event, schemas.StepsDone):  # rank 0's node: its first rank is rank 0
+        steps = [msgspec.structs.replace(s, rank=r) for r, s in enumerate(event.steps)]
+        return msgspec.structs.replace(event, rank=0, steps=steps)
+    return msgspec.structs.replace(event, rank=0)
 
 
 def _read(event: schemas.Event) -> bool:
@@ -45,7 +52,12 @@ def _read(event: schemas.Event) -> bool:
 def test_the_folds_read_nothing_outside_the_controllers_reads() -> None:
     """A fold added for another kind (or another rank) fails here: its consumer never gets it."""
     state = new_job_state(JOB, ["n0", "n1"], num_nodes_per_dp=1, spares=["n2"], now=1)
-    folded = [e for e in _every_event() if observe_event(state, e, 2) is not state]
+    # as the service folds them: a node's rollup as its ranks' steps
+    folded = [
+        e
+        for e in _every_event()
+        if any(observe_event(state, each, 2) is not state for each in schemas.expand_steps(e))
+    ]
     outside = [
         f"{type(e).__name__} of rank {getattr(e, 'rank', '-')}" for e in folded if not _read(e)
     ]

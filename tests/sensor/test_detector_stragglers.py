@@ -7,7 +7,9 @@ import msgspec
 import pytest
 
 from goodput import schemas
+from goodput.shim.step_rollup import GRACE_S
 from goodput.supervisor.detect.detector import NS, Detector
+from tests.rollups import rolled_up_per_node
 
 from .synthetic import (
     JOB,
@@ -64,3 +66,20 @@ def test_straggler_found_without_world_size_in_step_reports() -> None:
     ]
     signals = feed(Detector(JOB), events)
     assert [(s.signal, s.rank) for s in signals] == [("straggler", 2)]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_steps_rolled_up_per_node_flag_the_same_straggler(seed: int) -> None:
+    """Issue 36: the sensor takes a node's rollup apart (``schemas.expand_steps``) and judges
+    the same reports, each a grace later at most."""
+    run = Run(nodes=8, ranks_per_node=4, slow={13}, slowdown=1.5, slow_from=120, seed=seed)
+    events = run.events(300)
+    rolled = rolled_up_per_node(events)
+    assert sum(isinstance(e, schemas.StepsDone) for _, e in rolled) == 8 * 300
+    expanded = [(ts, each) for ts, e in rolled for each in schemas.expand_steps(e)]
+    per_rank = feed(Detector(JOB), events)
+    signals = feed(Detector(JOB), expanded)
+    assert [(s.signal, s.node, s.rank) for s in signals] == [("straggler", "node3", 13)]
+    assert [(s.signal, s.node, s.rank) for s in per_rank] == [("straggler", "node3", 13)]
+    assert signals[0].ratio == pytest.approx(per_rank[0].ratio)
+    assert signals[0].ts <= straggler_due(events, 13, run.slow_from) + GRACE_S * NS

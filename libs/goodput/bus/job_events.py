@@ -4,7 +4,8 @@ What the demo, the benchmarks and the tests follow a job with: an ephemeral orde
 of ``gp.<job>.evt.>`` from the stream sequence of the newest ``RunStarted`` (so starting late
 misses nothing of the run, and an earlier run of the same job name is not mistaken for this
 one), the decoded events in arrival order, ``caught_up`` once what was stored at the start has
-arrived, and a wait for the first event that matches.
+arrived, and a wait for the first event that matches. A node's rolled-up steps arrive as its
+ranks' ``StepDone`` records (``schemas.expand_steps``).
 
 The follower survives a NATS restart: the server forgets ephemeral consumers, and nats-py's
 ordered consumer recreates its own only once, from its heartbeat check, and gives up if the
@@ -74,9 +75,10 @@ async def next_step(bus: Bus, job: str) -> None:
     async def on_step(_: Msg) -> None:
         stepped.set()
 
-    kind = schemas.kind_of(schemas.StepDone)
+    kinds = (schemas.kind_of(schemas.StepDone), schemas.kind_of(schemas.StepsDone))
     subscriptions = [
         await bus.nc.subscribe(subject, cb=on_step)
+        for kind in kinds
         for subject in subjects.events_of_kind(job, kind)
     ]
     try:
@@ -278,11 +280,11 @@ class JobEvents:
             self.undecodable += 1  # the sensor dead-letters it; a follower just skips it
             log.warning("skipping undecodable event on %s: %s", msg.subject, exc)
             event = None
-        if event is not None:
+        for each in schemas.expand_steps(event) if event is not None else ():
             if self._keep:
-                self.events.append(event)
+                self.events.append(each)
             if self._on_event is not None:
-                self._on_event(event)
+                self._on_event(each)
         if msg.metadata.num_pending == 0:
             self.caught_up.set()
 

@@ -87,16 +87,26 @@ def sample_events(widths: Widths) -> dict[str, schemas.Event]:
     ]
     common = _Common(job=job, ts=ts)
     return {
-        "step": schemas.StepDone(
+        # a node's ranks' steps, rolled up by its first rank (a rank's own StepDone is the
+        # rare fallback of one that cannot reach it)
+        "steps": schemas.StepsDone(
             **common,
             node=node,
             rank=rank,
-            step=big,
-            step_time_s=1.234567,
-            tokens=big,
-            loss=2.345678,
-            world_size=world,
-            compute_time_s=1.0123,
+            steps=[
+                schemas.RankStep(
+                    rank=rank,
+                    step=big,
+                    ts=ts,
+                    step_time_s=1.234567,
+                    compute_time_s=1.0123,
+                    tokens=big,
+                    loss=2.345678,
+                    world_size=world,
+                    in_process_restart=False,
+                )
+            ]
+            * widths.ranks_per_node,
         ),
         "host_health": schemas.HostHealth(
             **common,

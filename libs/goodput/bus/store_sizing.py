@@ -10,7 +10,7 @@ scale makes them (:mod:`goodput.bus.message_sizes`, to the byte what nats-server
 
 Events (``GP_EVENTS``, oldest discarded past the limit) are the traffic::
 
-    per second  = ranks / step_s            x StepDone
+    per second  = nodes / step_s            x StepsDone (a node's ranks' steps rolled up)
                 + nodes / host_report_s     x HostHealth (one GPU record per rank of the node)
                 + (ranks x (CheckpointSaved + CheckpointPersisted)
                    + nodes x (CheckpointReplicated + CheckpointBackedUp)) / checkpoint_s
@@ -88,7 +88,8 @@ class StoreScale(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froze
 
     nodes: int = 16
     ranks_per_node: int = 8
-    #: seconds per training step (every rank publishes a StepDone per step)
+    #: seconds per training step (every node publishes its ranks' steps rolled up, a
+    #: StepsDone per step)
     step_s: float = 1.0
     #: seconds between checkpoints
     checkpoint_s: float = 600.0
@@ -201,7 +202,7 @@ def events_rate(scale: StoreScale) -> float:
         + size["run_started"]
     )
     return (
-        scale.ranks / scale.step_s * size["step"]
+        scale.nodes / scale.step_s * size["steps"]
         + scale.nodes / scale.host_report_s * size["host_health"]
         + checkpoint / scale.checkpoint_s
         + scale.restarts_per_hour / 3600 * restart

@@ -8,7 +8,8 @@ raise :class:`SchemaError`; a half-filled object is never returned.
 This package is the one owner of the bus contracts; import it as ``from goodput import
 schemas`` and use ``schemas.X``. Each name is defined in exactly one submodule and only
 re-exported here: ``envelope`` (the version, bounds, ids, clock, ``Message`` and
-``SchemaError``), ``events`` (the event family), ``commands`` (the command family),
+``SchemaError``, the ``Event`` base), ``events`` (the event family), ``steps`` (the step
+reports, a rank's and a node's, and ``expand_steps``), ``commands`` (the command family),
 ``agents`` (the node agent's KV record) and ``codec`` (encoding and the strict decoders).
 """
 
@@ -21,6 +22,7 @@ from goodput.schemas.codec import (
     decode_claim,
     decode_command,
     decode_event,
+    decode_step,
     encode,
     kind_of,
 )
@@ -62,6 +64,7 @@ from goodput.schemas.envelope import (
     TOKEN_RE,
     CommandId,
     EpochNs,
+    Event,
     Message,
     SchemaError,
     Seconds,
@@ -88,7 +91,6 @@ from goodput.schemas.events import (
     CheckpointSaved,
     DeadLetter,
     Decision,
-    Event,
     GpuHealth,
     GpuReset,
     Heartbeat,
@@ -105,8 +107,16 @@ from goodput.schemas.events import (
     ServiceHealth,
     Signal,
     SignalKind,
-    StepDone,
     TrainingPlan,
+)
+from goodput.schemas.steps import (
+    MAX_ROLLED_UP,
+    RankStep,
+    StepDone,
+    StepsDone,
+    expand_all,
+    expand_steps,
+    rank_step,
 )
 
 __all__ = [
@@ -117,6 +127,7 @@ __all__ = [
     "EXECUTORS",
     "LIVE_JOB_STATES",
     "MAX_DURATION_S",
+    "MAX_ROLLED_UP",
     "MAX_STANDBYS_PER_NODE",
     "MAX_STEP_TIME_S",
     "NUMERICAL_SIGNALS",
@@ -161,6 +172,7 @@ __all__ = [
     "RankRejoined",
     "RankSignal",
     "RankStarted",
+    "RankStep",
     "Rejoin",
     "ReplicaSplit",
     "Rescale",
@@ -183,6 +195,7 @@ __all__ = [
     "StepDone",
     "StepSeconds",
     "StepWindow",
+    "StepsDone",
     "Stop",
     "Token",
     "TokenOrEmpty",
@@ -192,9 +205,13 @@ __all__ = [
     "decode_claim",
     "decode_command",
     "decode_event",
+    "decode_step",
     "encode",
+    "expand_all",
+    "expand_steps",
     "kind_of",
     "new_id",
     "now_ns",
+    "rank_step",
     "register",
 ]

@@ -13,6 +13,7 @@ from goodput.schemas.agents import AgentRecord
 from goodput.schemas.commands import Command, CommandClaim
 from goodput.schemas.envelope import SCHEMA_VERSION, Message, SchemaError
 from goodput.schemas.events import EVENT_TYPES, Event
+from goodput.schemas.steps import StepDone
 
 _encoder = msgspec.msgpack.Encoder()
 # a Union built from the tuples, so adding a schema to a tuple is the only step
@@ -38,6 +39,7 @@ class _CommandDecoders:
 
 
 _command_decoders = _CommandDecoders()
+_step_decoder = msgspec.msgpack.Decoder(type=StepDone)
 
 
 def encode(message: Message) -> bytes:
@@ -73,6 +75,11 @@ def decode_claim(payload: bytes) -> CommandClaim:
 
 def decode_agent(payload: bytes) -> AgentRecord:
     return _decode(_agent_decoder, payload)
+
+
+def decode_step(payload: bytes) -> StepDone:
+    """A rank's step report handed to its node's aggregator (``goodput.shim.step_rollup``)."""
+    return _decode(_step_decoder, payload)
 
 
 def decode_any(payload: bytes) -> Message:

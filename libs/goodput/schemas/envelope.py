@@ -54,7 +54,9 @@ import msgspec
 #: 15: a loss spike's rollback skips the data of the window it was seen in
 #: (``Signal.last_bad_step``, ``Restart.skip_steps``, ``StepWindow``); a rollback's launch
 #: fills a node's volume with the checkpoint its ranks restore (``RestoreToNode.before_step``)
-SCHEMA_VERSION = 15
+#: 16: a node's step reports rolled up into one event (``StepsDone``, ``RankStep``), published
+#: by its first local rank; a rank's own ``StepDone`` stays valid (``schemas.expand_steps``)
+SCHEMA_VERSION = 16
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9
@@ -120,3 +122,7 @@ class Message(
     job: Token
     ts: EpochNs = msgspec.field(default_factory=now_ns)
     schema: int = SCHEMA_VERSION
+
+
+class Event(Message, kw_only=True):
+    """A fact, published to ``subjects.event_for(fact)`` (the family: ``events``, ``steps``)."""

@@ -14,17 +14,13 @@ import msgspec
 from goodput.schemas.envelope import (
     CommandId,
     EpochNs,
-    Message,
+    Event,
     Seconds,
-    StepSeconds,
     Token,
     TokenOrEmpty,
     new_id,
 )
-
-
-class Event(Message, kw_only=True):
-    """A fact, published to ``subjects.event_for(fact)``."""
+from goodput.schemas.steps import StepDone, StepsDone
 
 
 class RankStarted(Event, tag="rank_started", kw_only=True):
@@ -67,23 +63,6 @@ class Heartbeat(Event, tag="heartbeat", kw_only=True):
     #: the rank is inside a checkpoint save/load (silence is expected, not a hang), or
     #: ``BUSY_EXITING``
     busy: str = ""
-
-
-class StepDone(Event, tag="step", kw_only=True):
-    node: Token
-    rank: int
-    step: int
-    step_time_s: StepSeconds
-    tokens: int
-    loss: float
-    world_size: int = 1
-    #: time this rank computed, excluding waiting for peers in collectives (0: not measured).
-    #: In synchronous training every rank's step_time_s is the same; this one tells who is slow.
-    compute_time_s: StepSeconds = 0.0
-    #: the rank's loop is the shim's own (``TrainerShim.run``): it can restart in process on a
-    #: ``Rejoin``. A framework's loop (Lightning, the HF Trainer, a plain loop) cannot, and
-    #: says so here rather than by refusing the command (schema 4)
-    in_process_restart: bool = False
 
 
 class CheckpointSaved(Event, tag="ckpt_saved", kw_only=True):
@@ -456,6 +435,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     RankExited,
     Heartbeat,
     StepDone,
+    StepsDone,
     CheckpointSaved,
     CheckpointPersisted,
     CheckpointFailed,

@@ -3,7 +3,9 @@
 The training loop is synchronous and must never wait on the network: events go into a queue
 that a background asyncio loop drains (retrying through outages), heartbeats are sent from
 that loop on a timer, and commands for trainers arrive there (``command_feed``: a core
-subscription, no consumer per rank) and are handed to a callback.
+subscription, no consumer per rank) and are handed to a callback. Step reports go to the
+node's first local rank, whose link publishes them rolled up (``step_rollup``); a report that
+cannot get there is published by its own rank's link.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from opentelemetry.context import Context
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, BusSettingsError
 from goodput.shim.command_feed import CommandFeed
+from goodput.shim.step_rollup import StepAggregator, StepSender, channel_name
 from goodput.telemetry import attached
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,9 @@ class BusLink:
         heartbeat_period_s: float,
         on_command: Callable[[schemas.Command], None],
         commands_since_ns: int | None = None,
+        local_rank: int = 0,
+        local_world_size: int = 1,
+        attempt: int = 1,
     ):
         self.settings = settings
         self.job = job
@@ -63,16 +69,50 @@ class BusLink:
         self._events: queue.Queue[object] = queue.Queue()
         #: the trainer's commands are read from then: the rank's launch, never the future
         self._commands_since_ns = min(commands_since_ns or time.time_ns(), time.time_ns())
+        self._aggregator, self._steps = self._step_channel(local_rank, local_world_size, attempt)
         self._thread = threading.Thread(target=self._main, name="goodput-bus-link", daemon=True)
         self._thread.start()
 
+    def _step_channel(
+        self, local_rank: int, local_world_size: int, attempt: int
+    ) -> tuple[StepAggregator | None, StepSender | None]:
+        """The node's aggregator when this is its first local rank (None if its channel is
+        taken), and the sender of this rank's steps to it (None: it publishes its own; rank 0
+        always reaches the controller's filter itself, as its node's first rank or directly)."""
+        address = channel_name(self.settings.url, self.job, attempt, self.node)
+        aggregator = None
+        if local_rank == 0 and local_world_size > 1:
+            aggregator = StepAggregator.bind(
+                address,
+                job=self.job,
+                node=self.node,
+                rank=self.rank,
+                ranks=local_world_size,
+                emit=lambda rollup: self._events.put((rollup, None)),
+            )
+        rolls_up = aggregator is not None or (local_rank != 0 and self.rank != 0)
+        return aggregator, StepSender(address) if rolls_up else None
+
     def publish(self, event: schemas.Event, context: Context | None = None) -> None:
         """Queue an event; returns at once. ``context``: the trace it is published in (its
-        ``traceparent`` header), since this thread's context does not reach the bus loop."""
+        ``traceparent`` header), since this thread's context does not reach the bus loop. A
+        step report without a trace to carry goes to the node's rollup if it can."""
+        if (
+            self._steps is not None
+            and context is None
+            and type(event) is schemas.StepDone
+            and self._steps.send(event)
+        ):
+            return
         self._events.put((event, context))
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Flush queued events (bounded by ``timeout_s``) and stop the thread."""
+        """Send the node's pending steps, flush queued events (bounded by ``timeout_s``) and
+        stop the thread."""
+        if self._aggregator is not None:
+            self._aggregator.close()
+        if self._steps is not None:
+            self._steps.close()
         self._events.put(_CLOSE)
         self._thread.join(timeout_s)
 

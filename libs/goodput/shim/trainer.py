@@ -130,6 +130,9 @@ class TrainerShim:
                 heartbeat_period_s=config.heartbeat_period_s,
                 on_command=self._on_command,
                 commands_since_ns=config.launched_ns,
+                local_rank=config.local_rank,
+                local_world_size=config.local_world_size,
+                attempt=config.attempt,
             )
         if install_signal_handlers:
             signal.signal(signal.SIGTERM, self._on_signal)

@@ -240,7 +240,8 @@ class ControllerService(Service):
 
     async def _on_event(self, event: schemas.Event, msg: Msg) -> None:
         async with self._deciding:
-            await self._handle_event(event)
+            for each in schemas.expand_steps(event):  # a node's rollup: its ranks' steps
+                await self._handle_event(each)
 
     async def _handle_event(self, event: schemas.Event) -> None:
         if not self.leading:

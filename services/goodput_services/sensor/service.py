@@ -114,8 +114,9 @@ class SensorService(Service):
         assert self.bus is not None
 
         async def handle(event: schemas.Event, msg: Msg) -> None:
-            self.progress.observe(event)
-            await self._publish(self.detector.on_event(event, time.time_ns()))
+            for each in schemas.expand_steps(event):  # a node's rollup: its ranks' steps
+                self.progress.observe(each)
+                await self._publish(self.detector.on_event(each, time.time_ns()))
 
         consumer = DurableConsumer(
             self.bus,

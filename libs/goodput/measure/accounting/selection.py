@@ -1,6 +1,8 @@
 """One job's events, read in one pass and kept compact enough for millions of events.
 
-Every rank reports every step, but the calculator follows one reference rank (the lowest
+Every rank reports every step (a node's ranks in one rollup, taken apart here by
+``schemas.expand_steps``: the calculator sees the same ``StepDone`` records either way), but
+the calculator follows one reference rank (the lowest
 that reports steps). The other ranks' steps only widen the accounting window and tell the
 largest world size, so they are folded into a few numbers as they stream by instead of being
 kept: memory grows with the reference rank's steps, not with the world size.
@@ -90,7 +92,8 @@ def select_job(events: Iterable[schemas.Event], job: str | None) -> SelectedJob:
         chosen = by_job.get(name)
         if chosen is None:
             chosen = by_job[name] = SelectedJob(name)
-        chosen.add(event)
+        for each in schemas.expand_steps(event):  # a node's rollup: its ranks' steps
+            chosen.add(each)
     jobs = sorted(seen | set(by_job))
     if job is None and len(by_job) > 1:
         raise ValueError(f"events of several jobs ({', '.join(jobs)}): choose one with job=")

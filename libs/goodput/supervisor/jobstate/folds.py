@@ -54,6 +54,7 @@ CONTROLLER_READS: dict[type[schemas.Event], int | None] = {
     schemas.Signal: None,
     schemas.ActionResult: None,
     schemas.StepDone: 0,
+    schemas.StepsDone: 0,  # rank 0's node's rollup: the service folds its StepDone records
     schemas.CheckpointSaved: 0,
     schemas.CheckpointPersisted: 0,
 }

@@ -2,7 +2,7 @@
 
 Simulated ranks (``--nodes`` x ``--procs-per-node``, from two processes for each of
 ``--publishers`` shares of the nodes: :mod:`.control_plane_fleet`) publish what the shim's
-link publishes — heartbeats, a ``StepDone`` per step, checkpoint events every
+link publishes — heartbeats, a node's steps rolled up per step, checkpoint events every
 ``--ckpt-every`` steps — and each node its host reports, through a real nats-server,
 provisioned as the stack provisions it for that job's scale (``store_sizing``), into the
 real sensor and controller, started as `goodput up` starts them. In rounds, one node is
@@ -352,7 +352,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--step-s",
         type=_positive_float,
         default=DEFAULT_STEP_S,
-        help="seconds per training step: a StepDone per rank per step (default %(default)g, "
+        help="seconds per training step: a StepsDone per node per step (default %(default)g, "
         "a 70B model's step on thousands of GPUs)",
     )
     parser.add_argument(

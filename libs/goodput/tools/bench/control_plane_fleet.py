@@ -1,15 +1,18 @@
 """The simulated fleet of `goodput bench control-plane`: ranks that publish what the shim's link
 publishes, at the link's rates, from a few publisher processes.
 
-Each rank heartbeats on core NATS every ``heartbeat_s`` (the link's ``heartbeat_period_s``),
-publishes a ``StepDone`` into JetStream every ``step_s`` and, every ``ckpt_every`` steps, a
-``CheckpointSaved`` and (a step later) a ``CheckpointPersisted``: the link's subjects, the
-project's codec and the ``Nats-Msg-Id`` header the link's ``emit`` sets. Each node's host
+Each rank heartbeats on core NATS every ``heartbeat_s`` (the link's ``heartbeat_period_s``);
+every ``step_s`` each node publishes its ranks' steps rolled up into JetStream (one
+``StepsDone``, made by the shim's own ``step_rollup.rolled_up``, as the node's first rank's
+link does) and, every ``ckpt_every`` steps, each rank a ``CheckpointSaved`` and (a step
+later) a ``CheckpointPersisted``: the link's subjects, the project's codec and the
+``Nats-Msg-Id`` header the link's ``emit`` sets. Each node's host
 monitor reports its ``HostHealth`` (a GPU record per rank) every ``host_report_s``. A silenced
 node is a lost one: its ranks' heartbeats and events and its host's reports all stop. The link awaits each
 ack from its own connection; a publisher process stands for thousands of ranks, so it
 pipelines (``publish_async``) and counts the acks. The ranks of a synchronous job finish a step
-together: a step's events leave within its first :data:`STEP_SPREAD_S`, spread evenly.
+together: a step's events leave within its first :data:`STEP_SPREAD_S`, spread evenly over
+the nodes.
 
 A rank's heartbeats leave from the link's own thread, not behind its events; so the heartbeats
 of a share of the nodes and their stored events (host reports, steps, checkpoints) leave from
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
+from goodput.shim.step_rollup import rolled_up
 
 #: as long as the store sizing's widest job name (``Widths.job_name_chars``): stored bytes alike
 JOB = "cp-bench-70b-job"
@@ -122,10 +126,9 @@ class _Publisher:
         offset = k % self.step_ticks
         if step == 0 or offset >= self.spread_ticks:
             return
-        for r in self.ranks[offset :: self.spread_ticks]:
-            if r not in self.silent:
-                for event in self._events(r, step):
-                    await self._store(event)
+        for n in self.nodes[offset :: self.spread_ticks]:
+            for event in self._events(n, step):
+                await self._store(event)
 
     def _host_report(self, n: int) -> schemas.HostHealth:
         ranks = self.shape.procs_per_node
@@ -147,13 +150,14 @@ class _Publisher:
             attempt=1,
         )
 
-    def _events(self, rank: int, step: int) -> list[schemas.Event]:
-        """What rank ``rank`` reports as step ``step`` ends (the link's order)."""
-        node, shape = self.beats[rank].node, self.shape
-        events: list[schemas.Event] = [
+    def _events(self, n: int, step: int) -> list[schemas.Event]:
+        """What node ``n``'s ranks report as step ``step`` ends: their steps rolled up, then
+        each rank's checkpoint events (the links' order)."""
+        shape, ranks = self.shape, [r for r in node_ranks(self.shape, n) if r not in self.silent]
+        reports = [
             schemas.StepDone(
                 job=JOB,
-                node=node,
+                node=node_name(n),
                 rank=rank,
                 step=step,
                 step_time_s=shape.step_s,
@@ -162,7 +166,17 @@ class _Publisher:
                 world_size=shape.ranks,
                 compute_time_s=shape.step_s * 0.9,
             )
+            for rank in ranks
         ]
+        first = node_ranks(shape, n)[0]
+        events: list[schemas.Event] = [*rolled_up(JOB, node_name(n), first, reports)]
+        for rank in ranks:
+            events += self._checkpoint_events(rank, step)
+        return events
+
+    def _checkpoint_events(self, rank: int, step: int) -> list[schemas.Event]:
+        node, shape = self.beats[rank].node, self.shape
+        events: list[schemas.Event] = []
         if step % shape.ckpt_every == 0:
             events.append(
                 schemas.CheckpointSaved(
@@ -196,7 +210,7 @@ class _Publisher:
         ack.add_done_callback(self._counter(event))
 
     def _counter(self, event: schemas.Event):
-        kind = {schemas.StepDone: STEPS_ACKED, schemas.HostHealth: HOSTS_ACKED}.get(
+        kind = {schemas.StepsDone: STEPS_ACKED, schemas.HostHealth: HOSTS_ACKED}.get(
             type(event), CKPT_ACKED
         )
 

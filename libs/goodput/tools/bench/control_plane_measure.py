@@ -227,7 +227,7 @@ def publisher_figures(
         "events_acked_per_s": round(acked / window, 1),
         "events_due_per_s": round(due / window, 1),
         "events_kept_pct": round(100 * acked / due, 1) if due else None,
-        # of the acked: each rank's steps, each node's host reports, checkpoint events
+        # of the acked: each node's rolled-up steps, its host reports, checkpoint events
         **{
             name: round(delta(name))
             for name in ("steps_acked", "host_reports_acked", "ckpt_events_acked")

@@ -19,6 +19,7 @@ BENCH_MODULES: list[str] = [
     "goodput.tools.bench.index_reads",
     "goodput.tools.bench.command_links",
     "goodput.tools.bench.gpu",
+    "goodput.tools.bench.step_send",
 ]
 
 

@@ -83,7 +83,7 @@ def measured_costs(
     slowdown is not steady: under a moving load a 3× straggler faded to 1.3-1.6× while its
     window still ran), and ``slowed_after_step_s`` the healthy step of the same phase after
     it ended (None: a relaunch ended it, or the phase did)."""
-    ordered = sorted(events, key=lambda e: e.ts)
+    ordered = sorted(schemas.expand_all(events), key=lambda e: e.ts)
     actions = {
         e.command_id: e.action
         for e in ordered

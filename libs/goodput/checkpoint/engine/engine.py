@@ -79,11 +79,9 @@ class CheckpointEngine:
     ``direct_io``: writes take O_DIRECT ("auto": where the filesystem allows it), reads only
     when it is ``True`` (page-cache reads restore faster, see ``goodput.checkpoint.engine.fileio``).
     ``keep_last``: after each save, older checkpoints go as :func:`catalog.apply_retention`
-    allows (never one the node's replicator has not yet made safe; as many kept as that
-    replicator keeps, where one serves the root); 0 deletes none.
-    ``node_shared``: the host buffers are segments in ``/dev/shm`` that the other ranks of
-    the node (engines of the same root) read after an in-process restart
-    (``goodput.checkpoint.engine.node_segments``); where one cannot be made, private memory.
+    allows (none the replicator has not made safe; its keep count where it serves); 0: none.
+    ``node_shared``: the host buffers are ``/dev/shm`` segments the node's other ranks read
+    after an in-process restart (``engine.node_segments``); else private memory.
     ``parts``: a DTensor state spans nodes; each node's ranks save the node's part into its
     root, committed with every other part (``goodput.checkpoint.engine.parts_commit``).
     """

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import fcntl
 import mmap
@@ -118,9 +119,9 @@ def test_a_cached_sink_writes_through_the_page_cache_and_starts_each_writeback(
         direct.append(bool(fcntl.fcntl(fd, fcntl.F_GETFL) & channel._O_DIRECT))
         return real_write(fd, data)
 
-    def start_writeback(fd: int, offset: int, count: int) -> None:
+    def start_writeback(fd: int, offset: int, count: int) -> bool:
         written_back.append((offset, count))
-        writeback.start_writeback(fd, offset, count)  # the real call: it must accept these
+        return writeback.start_writeback(fd, offset, count)  # the real call: must take these
 
     monkeypatch.setattr(channel.os, "write", write)
     monkeypatch.setattr(channel, "start_writeback", start_writeback)
@@ -131,16 +132,44 @@ def test_a_cached_sink_writes_through_the_page_cache_and_starts_each_writeback(
     assert written_back == [(4, 2 * DIRECT_ALIGN), (4 + 2 * DIRECT_ALIGN, DIRECT_ALIGN + 9)]
 
 
+def test_a_cached_sink_stops_asking_where_writeback_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    asked = []
+
+    def refused(fd: int, offset: int, count: int) -> bool:
+        asked.append(offset)
+        return False  # e.g. ENOSYS in a sandbox: the fsync does the writing
+
+    monkeypatch.setattr(channel, "start_writeback", refused)
+    chunks = [os.urandom(DIRECT_ALIGN), os.urandom(DIRECT_ALIGN), os.urandom(7)]
+    write_chunks(tmp_path / "f", b"", chunks, cached=True)
+    assert (tmp_path / "f").read_bytes() == b"".join(chunks)
+    assert asked == [0]
+
+
 def test_starting_writeback_reports_an_unusable_descriptor(tmp_path: Path) -> None:
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT, 0o644)
     os.write(fd, b"x" * DIRECT_ALIGN)
-    writeback.start_writeback(fd, 0, DIRECT_ALIGN)
+    started = writeback.start_writeback(fd, 0, DIRECT_ALIGN)
     os.close(fd)
-    if writeback._sync_file_range is None:
+    if not started:
         pytest.skip("no sync_file_range here: write-back is left to the fsync")
     with pytest.raises(OSError) as error:
         writeback.start_writeback(fd, 0, DIRECT_ALIGN)
     assert error.value.errno == errno.EBADF
+
+
+def test_starting_writeback_is_skipped_where_it_is_unsupported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unsupported(fd: int, offset: int, count: int, flags: int) -> int:
+        ctypes.set_errno(errno.ENOSYS)
+        return -1
+
+    monkeypatch.setattr(writeback, "_sync_file_range", unsupported)
+    with open(tmp_path / "f", "wb") as f:
+        assert writeback.start_writeback(f.fileno(), 0, DIRECT_ALIGN) is False
 
 
 # ---- the receive pipeline (socket -> buffers -> writer thread), over a socketpair -------

@@ -75,6 +75,7 @@ class FileSink:
         self.position = os.lseek(fd, 0, os.SEEK_CUR)
         self._flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         self._cached = cached
+        self._writeback = cached  # until the filesystem refuses it
         self._direct_ok = _O_DIRECT != 0 and not cached
 
     def write(self, view: memoryview) -> None:
@@ -82,7 +83,8 @@ class FileSink:
         if self._cached:
             start = self.position
             self._write_all(view)
-            start_writeback(self.fd, start, self.position - start)
+            if self._writeback:
+                self._writeback = start_writeback(self.fd, start, self.position - start)
             return
         if self._direct_ok and self.position % DIRECT_ALIGN == 0:
             aligned = len(view) - len(view) % DIRECT_ALIGN

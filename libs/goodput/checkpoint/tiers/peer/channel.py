@@ -207,9 +207,9 @@ class Channel:
         """Append exactly ``count`` bytes from the socket to ``fd``, hashing them.
 
         A writer thread hashes and writes each buffer while the next one is received (see
-        :class:`FileSink` for O_DIRECT, and ``cached`` for bytes that are read right after). If the connection drops, every byte received so
-        far is still written before the error propagates, so the partial file reflects the
-        true resume offset. If writing fails (disk full), the rest of the stream is read and
+        :class:`FileSink` for O_DIRECT, and ``cached`` for bytes that are read right after).
+        If the connection drops, every byte received so far is still written before the
+        error propagates, so the partial file reflects the true resume offset. If writing fails (disk full), the rest of the stream is read and
         discarded so the connection stays in step, then :class:`StreamWriteError` is raised.
         """
         await self._bulk(

@@ -1,21 +1,25 @@
 """FileSink: how the peer data plane's receiver writes (O_DIRECT where it can, buffered for
-unaligned heads and tails, buffered everywhere where O_DIRECT is refused)."""
+unaligned heads and tails, buffered everywhere where O_DIRECT is refused; a restore's bytes
+through the page cache, their write-back started as they land)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import fcntl
 import mmap
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import xxhash
 
+from goodput.checkpoint.tiers import writeback
 from goodput.checkpoint.tiers.peer import channel
 from goodput.checkpoint.tiers.peer.channel import DIRECT_ALIGN, FileSink
 
@@ -26,12 +30,14 @@ def aligned_buffer(data: bytes) -> memoryview:
     return memoryview(buffer)[: len(data)]
 
 
-def write_chunks(path: Path, start: bytes, chunks: list[bytes]) -> FileSink:
+def write_chunks(
+    path: Path, start: bytes, chunks: list[bytes], *, cached: bool = False
+) -> FileSink:
     path.write_bytes(start)
     fd = os.open(path, os.O_WRONLY)
     try:
         os.lseek(fd, len(start), os.SEEK_SET)
-        sink = FileSink(fd)
+        sink = FileSink(fd, cached=cached)
         for chunk in chunks:
             sink.write(aligned_buffer(chunk))
         os.fsync(fd)
@@ -50,10 +56,13 @@ def write_chunks(path: Path, start: bytes, chunks: list[bytes]) -> FileSink:
         (0, [5 * DIRECT_ALIGN + 1, 3 * DIRECT_ALIGN]),  # misaligned after the first chunk
     ],
 )
-def test_sink_writes_exactly_the_bytes_in_order(tmp_path: Path, start: int, sizes: list[int]):
+@pytest.mark.parametrize("cached", [False, True])
+def test_sink_writes_exactly_the_bytes_in_order(
+    tmp_path: Path, start: int, sizes: list[int], cached: bool
+):
     head = os.urandom(start)
     chunks = [os.urandom(n) for n in sizes]
-    sink = write_chunks(tmp_path / "f", head, chunks)
+    sink = write_chunks(tmp_path / "f", head, chunks, cached=cached)
     assert (tmp_path / "f").read_bytes() == head + b"".join(chunks)
     assert sink.position == start + sum(sizes)
 
@@ -99,6 +108,70 @@ def test_aligned_chunks_skip_the_page_cache(tmp_path: Path, monkeypatch: pytest.
     assert direct == [True, True, False]  # two aligned writes, then the 9-byte tail buffered
 
 
+def test_a_cached_sink_writes_through_the_page_cache_and_starts_each_writeback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    real_write = os.write
+    direct = []
+    written_back: list[tuple[int, int]] = []
+
+    def write(fd: int, data) -> int:
+        direct.append(bool(fcntl.fcntl(fd, fcntl.F_GETFL) & channel._O_DIRECT))
+        return real_write(fd, data)
+
+    def start_writeback(fd: int, offset: int, count: int) -> bool:
+        written_back.append((offset, count))
+        return writeback.start_writeback(fd, offset, count)  # the real call: must take these
+
+    monkeypatch.setattr(channel.os, "write", write)
+    monkeypatch.setattr(channel, "start_writeback", start_writeback)
+    chunks = [os.urandom(2 * DIRECT_ALIGN), os.urandom(DIRECT_ALIGN + 9)]
+    write_chunks(tmp_path / "f", b"head", chunks, cached=True)
+    assert (tmp_path / "f").read_bytes() == b"head" + b"".join(chunks)
+    assert direct == [False, False]
+    assert written_back == [(4, 2 * DIRECT_ALIGN), (4 + 2 * DIRECT_ALIGN, DIRECT_ALIGN + 9)]
+
+
+def test_a_cached_sink_stops_asking_where_writeback_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    asked = []
+
+    def refused(fd: int, offset: int, count: int) -> bool:
+        asked.append(offset)
+        return False  # e.g. ENOSYS in a sandbox: the fsync does the writing
+
+    monkeypatch.setattr(channel, "start_writeback", refused)
+    chunks = [os.urandom(DIRECT_ALIGN), os.urandom(DIRECT_ALIGN), os.urandom(7)]
+    write_chunks(tmp_path / "f", b"", chunks, cached=True)
+    assert (tmp_path / "f").read_bytes() == b"".join(chunks)
+    assert asked == [0]
+
+
+def test_starting_writeback_reports_an_unusable_descriptor(tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"x" * DIRECT_ALIGN)
+    started = writeback.start_writeback(fd, 0, DIRECT_ALIGN)
+    os.close(fd)
+    if not started:
+        pytest.skip("no sync_file_range here: write-back is left to the fsync")
+    with pytest.raises(OSError) as error:
+        writeback.start_writeback(fd, 0, DIRECT_ALIGN)
+    assert error.value.errno == errno.EBADF
+
+
+def test_starting_writeback_is_skipped_where_it_is_unsupported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unsupported(fd: int, offset: int, count: int, flags: int) -> int:
+        ctypes.set_errno(errno.ENOSYS)
+        return -1
+
+    monkeypatch.setattr(writeback, "_sync_file_range", unsupported)
+    with open(tmp_path / "f", "wb") as f:
+        assert writeback.start_writeback(f.fileno(), 0, DIRECT_ALIGN) is False
+
+
 # ---- the receive pipeline (socket -> buffers -> writer thread), over a socketpair -------
 
 
@@ -127,11 +200,13 @@ async def stream(payload: bytes, hang_up: bool = False):
         theirs.close()
 
 
-async def receive_into(chan: channel.Channel, path: Path, count: int) -> xxhash.xxh3_128:
+async def receive_into(
+    chan: channel.Channel, path: Path, count: int, cached: bool = False
+) -> xxhash.xxh3_128:
     hasher = xxhash.xxh3_128()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        await chan.receive_to_file(fd, count, hasher)
+        await chan.receive_to_file(fd, count, hasher, cached=cached)
     finally:
         os.close(fd)
     return hasher
@@ -142,12 +217,38 @@ def small_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(channel, "BUFFER_BYTES", 16 * DIRECT_ALIGN)
 
 
-async def test_receive_pipeline_writes_and_hashes_every_byte(tmp_path: Path, small_buffers):
+@pytest.mark.parametrize("cached", [False, True])
+async def test_receive_pipeline_writes_and_hashes_every_byte(
+    tmp_path: Path, small_buffers, cached: bool
+):
     data = os.urandom(40 * 16 * DIRECT_ALIGN + 123)  # many buffers, unaligned tail
     async with stream(data) as chan:
-        hasher = await receive_into(chan, tmp_path / "f", len(data))
+        hasher = await receive_into(chan, tmp_path / "f", len(data), cached)
     assert (tmp_path / "f").read_bytes() == data
     assert hasher.hexdigest() == xxhash.xxh3_128_hexdigest(data)
+
+
+async def test_a_connection_makes_at_most_its_buffers_and_keeps_them_for_the_next_file(
+    tmp_path: Path, small_buffers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that lags makes the receiver take a new buffer, up to BUFFER_COUNT; the next
+    file on the connection reuses those, with no new ones."""
+    real_write = FileSink.write
+
+    def slow_write(self: FileSink, view: memoryview) -> None:
+        time.sleep(0.002)
+        real_write(self, view)
+
+    monkeypatch.setattr(FileSink, "write", slow_write)
+    first, second = os.urandom(30 * 16 * DIRECT_ALIGN), os.urandom(20 * 16 * DIRECT_ALIGN + 7)
+    async with stream(first + second) as chan:
+        await receive_into(chan, tmp_path / "first", len(first))
+        buffers = list(chan._receive_buffers)
+        await receive_into(chan, tmp_path / "second", len(second))
+        assert chan._receive_buffers == buffers
+    assert 2 <= len(buffers) <= channel.BUFFER_COUNT
+    assert (tmp_path / "first").read_bytes() == first
+    assert (tmp_path / "second").read_bytes() == second
 
 
 async def test_a_write_failure_drains_the_stream_and_keeps_the_connection_in_step(

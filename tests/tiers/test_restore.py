@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -177,6 +180,63 @@ async def test_peer_killed_mid_restore_then_retry_resumes(node, tmp_path: Path, 
         assert read_manifest(dest / STEP_DIR).files == manifest.files
     finally:
         peer.stop()
+
+
+@contextlib.asynccontextmanager
+async def byte_flipping_relay(host: str, port: int, flip_at: int) -> AsyncIterator[int]:
+    """A TCP relay in front of a real peer server that inverts the ``flip_at``-th byte the
+    server sends on each connection (a link that damages data in flight); yields its port."""
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flip: bool):
+        seen = 0
+        try:
+            while data := await reader.read(1 << 16):
+                if flip and seen <= flip_at < seen + len(data):
+                    damaged = bytearray(data)
+                    damaged[flip_at - seen] ^= 0xFF
+                    data = bytes(damaged)
+                seen += len(data)
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def relay(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter):
+        server_reader, server_writer = await asyncio.open_connection(host, port)
+        await asyncio.gather(
+            pipe(client_reader, server_writer, flip=False),
+            pipe(server_reader, client_writer, flip=True),
+        )
+
+    relay_server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    try:
+        yield relay_server.sockets[0].getsockname()[1]
+    finally:
+        relay_server.close()
+
+
+async def test_bytes_damaged_in_flight_are_refused_and_nothing_is_committed(
+    tmp_path: Path, ckpt, peer: PeerServerProcess
+) -> None:
+    """The pulled bytes land through the page cache now, not O_DIRECT: still, a file that
+    fails its xxh3_128 is never published under its name, and no manifest is written."""
+    files = {"big.bin": os.urandom(3 << 20)}
+    manifest = ckpt.make(peer.root / "node0", STEP, files)
+    dest = tmp_path / "fresh"
+    async with (
+        byte_flipping_relay(peer.host, peer.port, flip_at=2 << 20) as port,
+        PeerSource("127.0.0.1", port, "node0") as damaged,
+    ):
+        with pytest.raises(RestoreError, match="ChecksumMismatch"):
+            await restore_to_volume(STEP, manifest.files, dest, [damaged], manifest=manifest)
+    assert ckpt.visible(dest) == set()
+    assert list(committed_steps(dest)) == []
+    assert not any((dest / STEP_DIR).iterdir())  # the damaged partial is gone too
+    async with PeerSource(peer.host, peer.port, "node0") as intact:  # a sound link restores
+        await restore_to_volume(STEP, manifest.files, dest, [intact], manifest=manifest)
+    assert (dest / STEP_DIR / "big.bin").read_bytes() == files["big.bin"]
 
 
 async def test_object_store_down_gives_clear_error_and_retry_succeeds(node, tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ is skipped for the next one. Files are fetched several at a time, largest first
 (:mod:`goodput.checkpoint.tiers.streams`, as a push sends them; a peer source opens a
 connection per concurrent fetch). They land under hidden temp names, each fsynced and renamed
 after verification; the directory is fsynced once, then the manifest is written last, so the
-directory becomes a checkpoint only once everything is durably in place.
+directory becomes a checkpoint only once everything is durably in place. A peer's bytes are
+written through the page cache, not with O_DIRECT: the ranks read them right after
+(:class:`~goodput.checkpoint.tiers.peer.channel.FileSink`'s ``cached``).
 """
 
 from __future__ import annotations

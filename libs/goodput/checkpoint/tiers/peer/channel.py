@@ -5,9 +5,10 @@ past their end), so the raw file bytes that follow can be moved by a worker thre
 socket switched to blocking mode: ``sendfile`` straight from the page cache on the sending
 side; on the receiving side ``recv_into`` with ``MSG_WAITALL`` into a few large, reused,
 page-aligned buffers, handed through a bounded queue to a writer thread that hashes and
-writes them (with O_DIRECT where the filesystem allows it) while the next ones arrive. The
-event loop stays free for other connections, and a per-syscall timeout turns a stalled peer
-into an error instead of a stuck thread.
+writes them while the next ones arrive: with O_DIRECT where the filesystem allows it (a
+replica, not read soon), or through the page cache with write-back started as they land (a
+restore, read by the ranks right after). The event loop stays free for other connections,
+and a per-syscall timeout turns a stalled peer into an error instead of a stuck thread.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import msgspec
 
 from goodput.checkpoint.format import Xxh3, open_regular
 from goodput.checkpoint.tiers.peer.protocol import HEADER_LENGTH, MAX_HEADER_BYTES, frame
+from goodput.checkpoint.tiers.writeback import start_writeback
 
 BUFFER_BYTES = 8 << 20
-BUFFER_COUNT = 4  # per receiving connection: one being received, the rest being written
+BUFFER_COUNT = 4  # at most, per receiving connection: one being received, the rest written
 DIRECT_ALIGN = 4096  # O_DIRECT offsets, lengths and buffer addresses are multiples of this
 SENDFILE_SLICE_BYTES = 8 << 20
 STALL_TIMEOUT_S = 60.0
@@ -53,24 +55,37 @@ class StreamWriteError(OSError):
 
 
 class FileSink:
-    """Appends to ``fd`` from its current position, with O_DIRECT where it can.
+    """Appends to ``fd`` from its current position, with O_DIRECT where it can, or (``cached``)
+    through the page cache with each range's write-back started as it is written.
 
-    Received bytes go straight to the disk instead of through the page cache: on a VM,
+    A replica's bytes go straight to the disk instead of through the page cache: on a VM,
     filling fresh page-cache pages and writing them back at fsync costs more than the
-    network copy (measured in docs/BENCHMARKS.md). O_DIRECT needs block-aligned file
-    offsets, lengths and buffer addresses, so an unaligned tail (or a resumed, unaligned
-    start) is written through the page cache; the caller's fsync covers both. Where the
-    filesystem refuses O_DIRECT (tmpfs), every write is buffered.
+    network copy (measured in docs/BENCHMARKS.md), and nobody reads them soon. O_DIRECT needs
+    block-aligned file offsets, lengths and buffer addresses, so an unaligned tail (or a
+    resumed, unaligned start) is written through the page cache; the caller's fsync covers
+    both. Where the filesystem refuses O_DIRECT (tmpfs), every write is buffered.
+
+    A restore's bytes are read by the ranks right after it: written ``cached``, that read
+    finds them in memory instead of reading the disk again (docs/BENCHMARKS.md, *Sharded
+    across nodes*), and the early write-back leaves the caller's fsync little to wait for.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, *, cached: bool = False) -> None:
         self.fd = fd
         self.position = os.lseek(fd, 0, os.SEEK_CUR)
         self._flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        self._direct_ok = _O_DIRECT != 0
+        self._cached = cached
+        self._writeback = cached  # until the filesystem refuses it
+        self._direct_ok = _O_DIRECT != 0 and not cached
 
     def write(self, view: memoryview) -> None:
         """Write all of ``view`` (which starts page-aligned in memory when it can go direct)."""
+        if self._cached:
+            start = self.position
+            self._write_all(view)
+            if self._writeback:
+                self._writeback = start_writeback(self.fd, start, self.position - start)
+            return
         if self._direct_ok and self.position % DIRECT_ALIGN == 0:
             aligned = len(view) - len(view) % DIRECT_ALIGN
             if aligned and self._set_direct(True):
@@ -181,29 +196,43 @@ class Channel:
             report(sent)
 
     async def receive_to_file(
-        self, fd: int, count: int, hasher: Xxh3, progress: Progress | None = None
+        self,
+        fd: int,
+        count: int,
+        hasher: Xxh3,
+        progress: Progress | None = None,
+        *,
+        cached: bool = False,
     ) -> None:
         """Append exactly ``count`` bytes from the socket to ``fd``, hashing them.
 
         A writer thread hashes and writes each buffer while the next one is received (see
-        :class:`FileSink` for O_DIRECT). If the connection drops, every byte received so
-        far is still written before the error propagates, so the partial file reflects the
-        true resume offset. If writing fails (disk full), the rest of the stream is read and
+        :class:`FileSink` for O_DIRECT, and ``cached`` for bytes that are read right after).
+        If the connection drops, every byte received so far is still written before the
+        error propagates, so the partial file reflects the true resume offset. If writing fails (disk full), the rest of the stream is read and
         discarded so the connection stays in step, then :class:`StreamWriteError` is raised.
         """
-        await self._bulk(lambda report: self._receive(fd, count, hasher, report), progress)
+        await self._bulk(
+            lambda report: self._receive(FileSink(fd, cached=cached), count, hasher, report),
+            progress,
+        )
 
-    def _buffers(self) -> list[mmap.mmap]:
-        # Allocated once per connection and reused: page-aligned (O_DIRECT can write from
-        # them) and already touched, which on a VM costs more than the copy into them.
-        if not self._receive_buffers:
-            self._receive_buffers = [mmap.mmap(-1, BUFFER_BYTES) for _ in range(BUFFER_COUNT)]
-        return self._receive_buffers
+    def _free_buffer(self, free: queue.SimpleQueue[mmap.mmap]) -> mmap.mmap:
+        """A buffer the writer is done with, or a new one while the connection has fewer than
+        BUFFER_COUNT: page-aligned (O_DIRECT can write from them) and kept for the next file,
+        since touching fresh pages costs more on a VM than the copy into them. Made only when
+        the writer lags, so a writer that keeps up faults in two, not BUFFER_COUNT."""
+        try:
+            return free.get_nowait()
+        except queue.Empty:
+            if len(self._receive_buffers) < BUFFER_COUNT:
+                self._receive_buffers.append(mmap.mmap(-1, BUFFER_BYTES))
+                return self._receive_buffers[-1]
+            return free.get()
 
-    def _receive(self, fd: int, count: int, hasher: Xxh3, report: Progress) -> None:
-        sink = FileSink(fd)
+    def _receive(self, sink: FileSink, count: int, hasher: Xxh3, report: Progress) -> None:
         free: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
-        for buffer in self._buffers():
+        for buffer in self._receive_buffers:
             free.put(buffer)
         filled_queue: queue.SimpleQueue[tuple[mmap.mmap, int] | None] = queue.SimpleQueue()
         write_error: list[BaseException] = []
@@ -234,7 +263,7 @@ class Channel:
         first = BUFFER_BYTES - sink.position % DIRECT_ALIGN
         try:
             while received < count:
-                buffer = free.get()
+                buffer = self._free_buffer(free)
                 want = min(first if received == 0 else BUFFER_BYTES, count - received)
                 try:
                     filled = self._recv_fill(memoryview(buffer)[:want])

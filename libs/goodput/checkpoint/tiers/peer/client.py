@@ -207,7 +207,9 @@ class PeerClient:
         progress: Progress | None = None,
     ) -> GetResult:
         """Fetch into ``partial`` (a hidden temp name), resuming from its current length,
-        and verify the whole file. The caller publishes it under its final name."""
+        and verify the whole file. The caller publishes it under its final name (its fsync
+        makes it durable). A pull is a restore, read right after: the bytes are written
+        through the page cache (``FileSink``'s ``cached``), not with O_DIRECT as a push's."""
         partial = Path(partial)
         offset = partial.stat().st_size if partial.exists() else 0
         if offset > size:
@@ -223,7 +225,7 @@ class PeerClient:
             if os.fstat(fd).st_size != offset:  # ext4 flushes on close after a truncate
                 os.ftruncate(fd, offset)
             os.lseek(fd, offset, os.SEEK_SET)
-            await self._channel.receive_to_file(fd, size - offset, hasher, progress)
+            await self._channel.receive_to_file(fd, size - offset, hasher, progress, cached=True)
         finally:
             os.close(fd)
         if hasher.hexdigest() != xxh3_128:

@@ -132,6 +132,23 @@ def test_a_numerical_signal_the_controller_did_not_act_on_is_still_a_numerical_f
     assert report.badput["wasted_progress"] == pytest.approx(5.0, abs=1e-6)
 
 
+def test_the_job_seen_down_while_the_rollback_restarts_it_is_part_of_the_rollback() -> None:
+    """The sensor's `job_down` (observed at the last step, before the NaN's own observation
+    time here) while the rollback restarts the rank: the outage is still the NaN's rollback;
+    the controller's answer to it (no command) moves no milestone."""
+    down = schemas.Signal(
+        job=JOB, ts=at(22), signal_id="sig-down", signal="job_down", observed_ts=at(18.0)
+    )
+    same = schemas.Decision(
+        job=JOB, ts=at(22.5), signal_id="sig-down", policy="default", rule="same-incident",
+        reason="the rollback's restart",
+    )  # fmt: skip
+    report = compute_goodput([*nan_then_crash(), down, same])
+    for key, seconds in EXPECTED.items():
+        assert report.badput[key] == pytest.approx(seconds, abs=1e-6), key
+    assert report.failures[0].cause == "job_down, nonfinite"
+
+
 def test_the_report_json_the_plot_and_the_metric_name_the_category(tmp_path) -> None:
     log = tmp_path / "run.jsonl"
     write_event_log(log, nan_then_crash())

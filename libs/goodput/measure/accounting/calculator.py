@@ -109,8 +109,10 @@ class Outage:
     signals: list[schemas.Signal] = field(default_factory=list)
     exits: list[schemas.RankExited] = field(default_factory=list)
     decisions: list[schemas.Decision] = field(default_factory=list)
-    #: its fault was numerical: what its rollback threw away and restored is charged to
-    #: ``numerical_rollback``
+    #: a numerical signal is among its fault evidence: its rollback went back to a checkpoint
+    #: before the numerical fault, whatever else went wrong around it (the trainer dying of
+    #: its NaN, the job seen down while the rollback restarted it), so what the rollback threw
+    #: away and restored is charged to ``numerical_rollback``
     numerical: bool = False
 
 
@@ -251,19 +253,8 @@ class _Accounting:
         for outage in outages:
             ids = {s.signal_id for s in outage.signals}
             outage.decisions = [d for d in decisions if d.signal_id in ids]
-            evidence = self.fault_evidence(outage)
-            outage.numerical = bool(evidence) and min(evidence)[1] == 0
+            outage.numerical = any(s.signal in schemas.NUMERICAL_SIGNALS for s in outage.signals)
         return outages
-
-    def fault_evidence(self, outage: Outage) -> list[tuple[float, int]]:
-        """(when, 0 if numerical else 1) of each piece of the outage's fault evidence: its
-        failure signals (at what they observed) and unexpected exits. The earliest is the
-        fault; a numerical signal wins a tie (a trainer that died of its NaN)."""
-        return [
-            (self.sec(s.observed_ts or s.ts), 0 if s.signal in schemas.NUMERICAL_SIGNALS else 1)
-            for s in outage.signals
-            if s.signal in FAILURE_SIGNALS
-        ] + [(self.sec(e.ts), 1) for e in outage.exits]
 
     def attach_signal(
         self,
@@ -287,7 +278,10 @@ class _Accounting:
         self, outage: Outage, executions: list[Execution]
     ) -> tuple[list[Claim], Interruption | None]:
         failures = [s for s in outage.signals if s.signal in FAILURE_SIGNALS]
-        fault = min((t for t, _ in self.fault_evidence(outage)), default=None)
+        fault_times = [self.sec(s.observed_ts or s.ts) for s in failures] + [
+            self.sec(e.ts) for e in outage.exits
+        ]
+        fault = min(fault_times, default=None)
         detected = min((self.sec(s.ts) for s in failures), default=None)
         decided = min((self.sec(d.ts) for d in outage.decisions), default=None)
         first = (bisect.bisect_left if outage.before is None else bisect.bisect_right)(

@@ -48,15 +48,16 @@ def discarded_by(
     )
     found: list[Discard | None] = [None] * len(work)
     steps: list[int] = []  # the stack's steps, farthest first (strictly rising)
-    owners: list[Discard] = []
+    owners: list[int] = []  # its candidates: a work index, or ~index of a rollback
     for _, is_work, index in reversed(timeline):
         if is_work:
-            nearest = bisect.bisect_right(steps, work[index].last_step) - 1
-            if nearest >= 0:
-                found[index] = owners[nearest]
-            step, candidate = work[index].first_step, Discard(by_rollback=False, index=index)
+            last = work[index].last_step
+            if steps and steps[0] <= last:  # something later goes back past it
+                owner = owners[bisect.bisect_right(steps, last) - 1]
+                found[index] = Discard(by_rollback=owner < 0, index=~owner if owner < 0 else owner)
+            step, candidate = work[index].first_step, index
         else:
-            step, candidate = rollbacks[index][1], Discard(by_rollback=True, index=index)
+            step, candidate = rollbacks[index][1], ~index
         while steps and steps[-1] >= step:  # farther and going back no further: dominated
             steps.pop()
             owners.pop()

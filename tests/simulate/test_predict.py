@@ -14,10 +14,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from rich.console import Console
 
+from goodput.measure.accounting.categories import BADPUT_KEYS
 from goodput.tools.simulate.demo_run import DEMO_THRESHOLDS
 from goodput.tools.simulate.predict import predict_file
 from goodput.tools.simulate.profile import SimulateError, load_profile
+from goodput.tools.simulate.render import print_prediction
 from goodput.tools.simulate.replay import replay_file
 from tests.conftest import goodput_cli
 
@@ -123,9 +126,34 @@ def test_json_output_names_both_setups_and_the_profile() -> None:
             assert isinstance(out[prefix + key], float)
     for setup in ("goodput", "baseline"):
         assert set(out[setup]) >= {"predicted", "actual", "error", "predicted_badput_s"}
-        assert set(out[setup]["predicted_badput_s"]) == set(out[setup]["actual_badput_s"])
+        # the stored run was measured before `numerical_rollback` existed: it lacks that key
+        predicted, measured = out[setup]["predicted_badput_s"], out[setup]["actual_badput_s"]
+        assert set(predicted) == set(BADPUT_KEYS) == set(measured) | {"numerical_rollback"}
     table = goodput_cli("simulate", "predict", str(DEMO), "--profile", "large-gpu").stdout
     assert "profile large-gpu" in table and "baseline: predicted" in table
+
+
+def test_a_category_the_run_did_not_measure_is_not_shown_as_a_measured_zero() -> None:
+    """A run recorded before ``numerical_rollback`` existed charged its rollbacks elsewhere."""
+    setup = {"predicted": 80.0, "actual": 81.0, "error": 1.0}
+    result = {
+        "profile": "local-bench",
+        "goodput": setup
+        | {
+            "predicted_badput_s": {"numerical_rollback": 3.5, "wasted_progress": 1.0},
+            "actual_badput_s": {"wasted_progress": 4.0},
+        },
+    }
+    console = Console(record=True, width=160)
+    print_prediction(result, console)
+    cells = [
+        [cell.strip() for cell in line.split("│")[1:-1]]
+        for line in console.export_text().splitlines()
+        if line.startswith("│")
+    ]
+    rows = {row[0]: row[1:] for row in cells}
+    assert rows["numerical rollback (s)"] == ["3.5", "n/a"]
+    assert rows["steps lost and recomputed (s)"] == ["1.0", "4.0"]
 
 
 @pytest.mark.parametrize(

@@ -294,7 +294,8 @@ def test_an_sdc_is_rolled_back_where_the_run_compared_its_replicas(tmp_path):
     result = replay_file(str(path))
     assert "numerical-rollback" in result["goodput"]["rules"]
     assert not any(rule.startswith("numerical") for rule in result["baseline"]["rules"])
-    assert result["goodput"]["predicted_badput_s"]["wasted_progress"] > 0
+    assert result["goodput"]["predicted_badput_s"]["numerical_rollback"] > 0
+    assert result["baseline"]["predicted_badput_s"]["numerical_rollback"] == 0
     assert result["baseline"]["predicted_badput_s"]["wasted_progress"] == 0
 
 

@@ -14,7 +14,9 @@ The method, in three passes (docs/GOODPUT.md defines every category precisely):
 3. **Split of kept work.** What a productive execution kept after stronger claims is split
    into straggler excess (over the healthy median step time, for every slow step, flagged or
    not: :mod:`goodput.measure.accounting.slowdown`), capacity idle while scaled down (the missing share of the nominal world size) and
-   productive time. Executions that were thrown away count whole as wasted progress.
+   productive time. Executions that were thrown away count whole as wasted progress, or, when
+   the outage that went back past them first had a numerical fault (a NaN, a loss spike, a
+   corrupt replica), as a numerical rollback, with that outage's restore.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from goodput.measure.accounting.report import (
     summarize,
     thin,
 )
-from goodput.measure.accounting.rollbacks import Work, kept
+from goodput.measure.accounting.rollbacks import Work, discarded_by
 from goodput.measure.accounting.selection import SelectedJob, earliest_ns, select_job
 from goodput.measure.accounting.slowdown import KeptStep, step_time_deviation
 
@@ -83,6 +85,8 @@ class Execution:
     world_size: int
     run: int
     productive: bool = True
+    #: the category a thrown-away execution is charged to (its rollback's cause)
+    lost_to: str = c.WASTED_PROGRESS
     kept: float = 0.0  # seconds left to this execution after stronger claims
 
 
@@ -105,6 +109,11 @@ class Outage:
     signals: list[schemas.Signal] = field(default_factory=list)
     exits: list[schemas.RankExited] = field(default_factory=list)
     decisions: list[schemas.Decision] = field(default_factory=list)
+    #: a numerical signal is among its fault evidence: its rollback went back to a checkpoint
+    #: before the numerical fault, whatever else went wrong around it (the trainer dying of
+    #: its NaN, the job seen down while the rollback restarted it), so what the rollback threw
+    #: away and restored is charged to ``numerical_rollback``
+    numerical: bool = False
 
 
 class _Accounting:
@@ -194,17 +203,36 @@ class _Accounting:
                     run=len(runs) - 1,
                 )
             )
-        self.mark_thrown_away(executions)
         return executions, runs
 
-    def mark_thrown_away(self, executions: list[Execution]) -> None:
-        """An execution is thrown away if a later execution or restore goes back to or before it."""
+    def mark_thrown_away(
+        self, executions: list[Execution], outages: list[Outage], owner: Callable[[float], Outage]
+    ) -> None:
+        """An execution is thrown away if a later execution or restore goes back to or before
+        it; it is charged to the cause of the outage that went back past it first (its restore's,
+        or the one before the run that re-ran it)."""
         rollbacks = [(self.sec(e.ts), e.step + 1) for e in self.of(schemas.CheckpointRestored)]
         work = [Work(x.end, x.step, x.step) for x in executions]
-        for execution, was_kept in zip(executions, kept(work, rollbacks), strict=True):
-            execution.productive = was_kept
+        for execution, discard in zip(executions, discarded_by(work, rollbacks), strict=True):
+            execution.productive = discard is None
+            if discard is None:
+                continue
+            outage = (
+                owner(rollbacks[discard.index][0])
+                if discard.by_rollback
+                else outages[executions[discard.index].run]  # the outage before its run
+            )
+            if outage.numerical:
+                execution.lost_to = c.NUMERICAL_ROLLBACK
 
     # -- pass 2: outages and claims ----------------------------------------------------------
+
+    @staticmethod
+    def owner_of(outages: list[Outage]) -> Callable[[float], Outage]:
+        """The outage a moment belongs to: the first that ends at or after it (a restart's
+        events end before its run's first step begins)."""
+        bounds = [outage.end for outage in outages]
+        return lambda t: outages[min(bisect.bisect_left(bounds, t), len(outages) - 1)]
 
     def outages(self, executions: list[Execution], runs: list[Run]) -> list[Outage]:
         outages = []
@@ -216,11 +244,7 @@ class _Accounting:
             outages.append(Outage(start=start, end=end, before=before, after=after))
         decisions = self.of(schemas.Decision)
         acting = {d.signal_id: d for d in decisions if d.command_ids}
-        bounds = [outage.end for outage in outages]
-
-        def owner(t: float) -> Outage:
-            return outages[min(bisect.bisect_left(bounds, t), len(outages) - 1)]
-
+        owner = self.owner_of(outages)
         for exited in self.of(schemas.RankExited):
             if is_failure_exit(exited):
                 owner(self.sec(exited.ts)).exits.append(exited)
@@ -229,6 +253,7 @@ class _Accounting:
         for outage in outages:
             ids = {s.signal_id for s in outage.signals}
             outage.decisions = [d for d in decisions if d.signal_id in ids]
+            outage.numerical = any(s.signal in schemas.NUMERICAL_SIGNALS for s in outage.signals)
         return outages
 
     def attach_signal(
@@ -265,7 +290,8 @@ class _Accounting:
         started = self.started_times[first : bisect.bisect_right(self.started_times, outage.end)]
         claims: list[Claim] = []
         if fault is not None and outage.before is not None and fault >= outage.start:
-            claims.append(Claim(outage.start, fault, c.WASTED_PROGRESS, c.WASTED_PROGRESS))
+            cut_short = c.NUMERICAL_ROLLBACK if outage.numerical else c.WASTED_PROGRESS
+            claims.append(Claim(outage.start, fault, c.WASTED_PROGRESS, cut_short))
         if fault is not None and detected is not None:
             claims.append(Claim(fault, detected, c.FAILURE_DETECTION, c.FAILURE_DETECTION))
         if decided is not None:
@@ -300,16 +326,15 @@ class _Accounting:
             repair_s=None if resumed is None else resumed - fault,
         )
 
-    def event_claims(self) -> list[Claim]:
+    def event_claims(self, owner: Callable[[float], Outage]) -> list[Claim]:
         claims = []
         for saved in self.of(schemas.CheckpointSaved):
             end = self.sec(saved.ts)
             claims.append(Claim(end - saved.stall_s, end, c.CHECKPOINT_SAVE, c.CHECKPOINT_SAVE))
         for restored in self.of(schemas.CheckpointRestored):
             end = self.sec(restored.ts)
-            claims.append(
-                Claim(end - restored.duration_s, end, c.CHECKPOINT_RESTORE, c.CHECKPOINT_RESTORE)
-            )
+            category = c.NUMERICAL_ROLLBACK if owner(end).numerical else c.CHECKPOINT_RESTORE
+            claims.append(Claim(end - restored.duration_s, end, c.CHECKPOINT_RESTORE, category))
         return claims
 
     # -- pass 3: split what kept executions kept ---------------------------------------------
@@ -319,7 +344,9 @@ class _Accounting:
     def report(self) -> GoodputReport:
         executions, runs = self.executions()
         outages = self.outages(executions, runs)
-        claims = self.event_claims()
+        owner = self.owner_of(outages)
+        self.mark_thrown_away(executions, outages, owner)
+        claims = self.event_claims(owner)
         claims += [Claim(x.start, x.end, WORK, index) for index, x in enumerate(executions)]
         failures: list[Interruption] = []
         for outage in outages:
@@ -334,12 +361,12 @@ class _Accounting:
             if piece.kind == WORK:
                 executions[piece.execution].kept += piece.length
             else:
-                totals[piece.kind] += piece.length
+                totals[piece.category] += piece.length
         slowdown = step_time_deviation([KeptStep(x.kept, x.world_size, x.run) for x in executions])
         self.notes += slowdown.notes
         for index, x in enumerate(executions):
             if not x.productive:
-                totals[c.WASTED_PROGRESS] += x.kept
+                totals[x.lost_to] += x.kept
                 continue
             excess = slowdown.excess.get(index, 0.0)
             idle = max(0, self.nominal - x.world_size) / self.nominal * (x.kept - excess)
@@ -404,10 +431,10 @@ class _Accounting:
         spans: list[Span] = []
         for piece in pieces:
             if piece.kind == WORK:
-                kept = executions[piece.execution].productive
-                category = c.PRODUCTIVE if kept else c.WASTED_PROGRESS
+                execution = executions[piece.execution]
+                category = c.PRODUCTIVE if execution.productive else execution.lost_to
             else:
-                category = piece.kind
+                category = piece.category
             if spans and spans[-1].category == category:
                 spans[-1] = Span(start_s=spans[-1].start_s, end_s=piece.end, category=category)
             else:

@@ -12,6 +12,7 @@ PRODUCTIVE = "productive"
 
 CHECKPOINT_SAVE = "checkpoint_save"
 WASTED_PROGRESS = "wasted_progress"
+NUMERICAL_ROLLBACK = "numerical_rollback"
 FAILURE_DETECTION = "failure_detection"
 DECISION = "decision"
 RESTART = "restart_reprovision"
@@ -38,6 +39,15 @@ BADPUT_CATEGORIES: tuple[Category, ...] = (
     Category(
         key=WASTED_PROGRESS,
         title="steps lost and recomputed",
+        google_name="WASTED_PROGRESS_FROM_DISRUPTION",
+    ),
+    # A rollback for a NaN, a loss spike or a corrupt replica: the work it threw away and its
+    # restore. ml-goodput-measurement has no numerical type; its nearest is the progress a
+    # disruption wasted, which is what most of this time is (the restore being the smaller
+    # part). Listed beside wasted_progress: both are the work an interruption throws away.
+    Category(
+        key=NUMERICAL_ROLLBACK,
+        title="numerical rollback",
         google_name="WASTED_PROGRESS_FROM_DISRUPTION",
     ),
     Category(

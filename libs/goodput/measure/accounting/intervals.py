@@ -37,7 +37,9 @@ _RANK = {name: position for position, name in enumerate(PRECEDENCE)}
 class Claim:
     """``[start, end)`` in seconds belongs to ``owner`` unless a stronger claim covers it.
 
-    ``kind`` is one of :data:`PRECEDENCE`; ``owner`` is the category key, or for ``WORK``
+    ``kind`` is one of :data:`PRECEDENCE`; ``owner`` is the category key the time is
+    charged to (the kind's own, or one its cause puts in its place: a numerical rollback's
+    restore is ranked as a restore and charged to ``numerical_rollback``), or for ``WORK``
     claims the index of the step execution.
     """
 
@@ -63,6 +65,13 @@ class Piece:
         """A ``WORK`` piece's owner: the index of its step execution."""
         if not isinstance(self.owner, int):
             raise TypeError(f"a {self.kind} piece is owned by {self.owner!r}, no step execution")
+        return self.owner
+
+    @property
+    def category(self) -> str:
+        """Any other piece's owner: the category its time is charged to."""
+        if not isinstance(self.owner, str):
+            raise TypeError(f"a {self.kind} piece is owned by step execution {self.owner}")
         return self.owner
 
 

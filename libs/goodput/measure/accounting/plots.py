@@ -17,6 +17,7 @@ COLORS: dict[str, str] = {
     c.PRODUCTIVE: "#2ca02c",
     c.CHECKPOINT_SAVE: "#1f77b4",
     c.WASTED_PROGRESS: "#d62728",
+    c.NUMERICAL_ROLLBACK: "#ff9896",
     c.FAILURE_DETECTION: "#ff7f0e",
     c.DECISION: "#e377c2",
     c.RESTART: "#8c564b",

@@ -63,12 +63,14 @@ def print_prediction(result: dict, console: Console | None = None) -> None:
         seconds = [
             (
                 result[s]["predicted_badput_s"].get(key, 0.0),
-                result[s]["actual_badput_s"].get(key, 0.0),
+                result[s]["actual_badput_s"].get(key),
             )
             for s in setups
         ]
         if any(p or a for p, a in seconds):
-            out.add_row(TITLES[key] + " (s)", *(f"{v:.1f}" for pair in seconds for v in pair))
+            # a run measured before the category existed has none: "n/a", not a measured 0
+            cells = (f"{v:.1f}" if v is not None else "n/a" for pair in seconds for v in pair)
+            out.add_row(TITLES[key] + " (s)", *cells)
     console = console or Console(width=max(Console().width, 120))
     console.print(out)
     for setup in setups:

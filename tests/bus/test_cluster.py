@@ -72,16 +72,13 @@ def test_a_cluster_that_could_not_lose_a_server_is_refused_in_one_line(size: str
 
 
 def test_a_cluster_is_refused_where_it_cannot_be_honoured() -> None:
-    server = ServerRecord(
-        process=identify(os.getpid()), port=1, url="nats://127.0.0.1:1", store_dir="s"
-    )
-    alone = EmbeddedRecord(servers=[server])
-    assert cluster_refusal(3, explicit_url=False, running=None) == ""  # it will be started
-    assert "drop it or --nats-url" in cluster_refusal(3, explicit_url=True, running=None)
+    assert cluster_refusal(3, explicit_url=False) == ""  # it will be started
+    assert "drop it or --nats-url" in cluster_refusal(3, explicit_url=True)
     assert "already runs 1 embedded NATS server" in cluster_refusal(
-        3, explicit_url=False, running=alone
+        3, explicit_url=False, running=1
     )
-    assert cluster_refusal(1, explicit_url=True, running=alone) == ""
+    assert cluster_refusal(3, explicit_url=False, running=3) == ""
+    assert cluster_refusal(1, explicit_url=True, running=1) == ""
 
 
 def test_the_stack_bus_refuses_a_running_bus_of_another_size(tmp_path: Path) -> None:

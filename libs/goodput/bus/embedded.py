@@ -15,19 +15,20 @@ import subprocess
 import sys
 import sysconfig
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
 from goodput.bus.store_sizing import server_store_bytes
 from goodput.owned_process import (
+    Checked,
     ProcessIdentity,
     RecordUnreadable,
-    is_running,
+    check_recorded,
     spawned,
     stack_marker,
     stale_line,
-    standing,
     terminate,
 )
 from goodput.state_dir import StateDir
@@ -97,19 +98,6 @@ class EmbeddedRecord(msgspec.Struct, kw_only=True):
     def pids(self) -> list[int]:
         return [server.pid for server in self.servers]
 
-    def running(self) -> bool:
-        """Whether any recorded server still runs (itself, not a process that took its pid)."""
-        return any(is_running(server.process) for server in self.servers)
-
-    def stale(self) -> list[str]:
-        """One entry per recorded server that is gone or whose pid another process holds."""
-        found = [(server, standing(server.process)) for server in self.servers]
-        return [
-            stale_line(f"nats-server on {server.url}", server.process, state)
-            for server, state in found
-            if state != "running"
-        ]
-
     def server(self, member: int) -> ServerRecord:
         if not 0 <= member < len(self.servers):
             raise EmbeddedNatsError(
@@ -161,16 +149,12 @@ class EmbeddedNats:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    @property
-    def record_path(self) -> Path:
-        return self.paths.nats_record
-
     def start(self, timeout_s: float = 15.0) -> ServerRecord:
         """Start it and wait for its client port; a server on its own writes ``nats.json``."""
         record = self.launch()
         self.wait_ready(timeout_s)
         if not self.cluster_ports:
-            self.record_path.write_bytes(msgspec.json.encode(EmbeddedRecord(servers=[record])))
+            write_record(self.paths, EmbeddedRecord(servers=[record]))
         return record
 
     def arguments(self) -> list[str]:
@@ -252,7 +236,7 @@ class EmbeddedNats:
                     self.process.wait()
             self.process = None
         if not self.cluster_ports:
-            self.record_path.unlink(missing_ok=True)
+            self.paths.nats_record.unlink(missing_ok=True)
 
     def kill(self) -> None:
         """Hard kill, for fault-injection tests: no flush, no record cleanup."""
@@ -301,6 +285,41 @@ def write_record(paths: StateDir, record: EmbeddedRecord) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(msgspec.json.encode(record))
     os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class RecordedBus:
+    """A stack's ``nats.json`` read once and its servers checked once (:mod:`goodput.owned_process`):
+    whether its embedded bus runs, where, and which recorded servers are stale."""
+
+    record: EmbeddedRecord | None
+    checked: Checked
+
+    @classmethod
+    def read(cls, paths: StateDir) -> RecordedBus:
+        """Raises :class:`RecordUnreadable` (one line) if the record is corrupt."""
+        record = read_record(paths)
+        servers = record.servers if record else []
+        return cls(record, check_recorded({f"nats-server on {s.url}": s.process for s in servers}))
+
+    @property
+    def running(self) -> bool:
+        """Whether any recorded server still runs (itself, not a process that took its pid)."""
+        return bool(self.checked.running)
+
+    @property
+    def stale(self) -> list[str]:
+        """One line per recorded server that is gone or whose pid another process holds."""
+        return self.checked.stale
+
+    @property
+    def url(self) -> str:
+        return self.record.url if self.record else ""
+
+    @property
+    def size(self) -> int:
+        """How many servers are recorded (1, or a cluster's members)."""
+        return len(self.record.servers) if self.record else 0
 
 
 def stop_recorded(paths: StateDir, timeout_s: float = 10.0) -> list[str]:

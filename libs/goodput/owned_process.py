@@ -98,10 +98,11 @@ def standing(identity: ProcessIdentity) -> Standing:
 @dataclass(frozen=True)
 class Checked:
     """Recorded processes, each checked once: the names of those still running, and one line
-    for each of the others (gone, or their pid held by another process: never signalled)."""
+    for each of the others by name (gone, or their pid held by another process: never
+    signalled), in the record's order."""
 
     running: frozenset[str]
-    stale: list[str]
+    stale: dict[str, str]
 
 
 def check_recorded(recorded: Mapping[str, ProcessIdentity]) -> Checked:
@@ -109,11 +110,11 @@ def check_recorded(recorded: Mapping[str, ProcessIdentity]) -> Checked:
     found = {name: standing(identity) for name, identity in recorded.items()}
     return Checked(
         running=frozenset(name for name, state in found.items() if state == "running"),
-        stale=[
-            stale_line(name, recorded[name], state)
+        stale={
+            name: stale_line(name, recorded[name], state)
             for name, state in found.items()
             if state != "running"
-        ],
+        },
     )
 
 

@@ -9,7 +9,7 @@ keeps serving: clients are given every member's URL and reconnect to a survivor.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from goodput.bus.embedded import (
     EmbeddedNats,
@@ -62,22 +62,24 @@ class StackBus:
     url: str
     #: a line saying what was started ("" when a running bus was found)
     started: str = ""
-    #: recorded servers that were gone, one line each (never signalled)
-    stale: list[str] = field(default_factory=list)
 
 
 def stack_bus(
-    paths: StateDir, size: int = 1, port: int | None = None, *, explicit_url: str = ""
+    paths: StateDir,
+    found: RecordedBus,
+    size: int = 1,
+    port: int | None = None,
+    *,
+    explicit_url: str = "",
 ) -> StackBus:
-    """The bus a stack uses: the caller's (``explicit_url``), else the embedded one recorded in
-    ``paths`` while it runs, else one started now, detached: a cluster of ``size``, or a server
-    (on ``port``). The record is read once; a cluster that cannot be honoured is refused
+    """The bus a stack uses: the caller's (``explicit_url``), else the embedded one ``found``
+    in ``paths`` while it runs, else one started now, detached: a cluster of ``size``, or a
+    server (on ``port``). A cluster that cannot be honoured is refused
     (:class:`EmbeddedNatsError`, one line)."""
     if explicit_url:
         if refusal := cluster_refusal(size, explicit_url=True):
             raise EmbeddedNatsError(refusal)
         return StackBus(explicit_url)
-    found = RecordedBus.read(paths)
     if found.running:
         if refusal := cluster_refusal(size, explicit_url=False, running=found.size):
             raise EmbeddedNatsError(f"the stack in {paths.root}: {refusal}")
@@ -87,10 +89,10 @@ def stack_bus(
         url = cluster.start().url
         stores = ", ".join(str(member.store_dir) for member in cluster.members)
         started = f"embedded NATS cluster of {size} on {url} (stores {stores})"
-        return StackBus(url, started, found.stale)
+        return StackBus(url, started)
     server = EmbeddedNats(paths, port=port, detach=True).start()
     started = f"embedded nats-server on {server.url} (store {server.store_dir})"
-    return StackBus(server.url, started, found.stale)
+    return StackBus(server.url, started)
 
 
 class EmbeddedCluster:

@@ -98,6 +98,11 @@ class EmbeddedRecord(msgspec.Struct, kw_only=True):
     def pids(self) -> list[int]:
         return [server.pid for server in self.servers]
 
+    @property
+    def processes(self) -> dict[str, ProcessIdentity]:
+        """Each server's process, by the name a stale one is reported under."""
+        return {f"nats-server on {server.url}": server.process for server in self.servers}
+
     def server(self, member: int) -> ServerRecord:
         if not 0 <= member < len(self.servers):
             raise EmbeddedNatsError(
@@ -289,28 +294,37 @@ def write_record(paths: StateDir, record: EmbeddedRecord) -> None:
 
 @dataclass(frozen=True)
 class RecordedBus:
-    """A stack's ``nats.json`` read once and its servers checked once (:mod:`goodput.owned_process`):
-    whether its embedded bus runs, where, and which recorded servers are stale."""
+    """A stack's ``nats.json`` as read once, with its servers checked once
+    (:func:`goodput.owned_process.check_recorded`; a stack session checks them in the same call
+    as its services): whether its embedded bus runs, where, and, when it does not, which
+    recorded servers are stale."""
 
     record: EmbeddedRecord | None
+    #: a check that covers the record's :attr:`~EmbeddedRecord.processes`
     checked: Checked
 
     @classmethod
     def read(cls, paths: StateDir) -> RecordedBus:
         """Raises :class:`RecordUnreadable` (one line) if the record is corrupt."""
         record = read_record(paths)
-        servers = record.servers if record else []
-        return cls(record, check_recorded({f"nats-server on {s.url}": s.process for s in servers}))
+        return cls(record, check_recorded(record.processes if record else {}))
 
     @property
     def running(self) -> bool:
         """Whether any recorded server still runs (itself, not a process that took its pid)."""
-        return bool(self.checked.running)
+        return self.record is not None and not self.checked.running.isdisjoint(
+            self.record.processes
+        )
 
     @property
     def stale(self) -> list[str]:
-        """One line per recorded server that is gone or whose pid another process holds."""
-        return self.checked.stale
+        """One line per recorded server gone or whose pid another process holds, when none runs
+        (a running cluster's lost member is not the stack's to start again)."""
+        if self.record is None or self.running:
+            return []
+        return [
+            self.checked.stale[name] for name in self.record.processes if name in self.checked.stale
+        ]
 
     @property
     def url(self) -> str:

@@ -2,9 +2,10 @@
 
 `goodput up`, `run`, `down`, the demo and the benchmarks each hold a :class:`StackSession`
 instead of passing the state directory from module to module: the session takes the lock
-(:mod:`.lock`), reads ``stack.json`` (:mod:`.record`) once per hold, checks the processes it
-names in one call (:func:`goodput.owned_process.check_recorded`), and writes the record once
-per change. Spawning a service is :mod:`.launcher`'s, stopping processes :mod:`.stop`'s.
+(:mod:`.lock`) and reads ``stack.json`` (:mod:`.record`) once per hold; a start also reads
+``nats.json`` once and checks every process the two records name in one call
+(:func:`goodput.owned_process.check_recorded`); each writes the record once per change.
+Spawning a service is :mod:`.launcher`'s, stopping processes :mod:`.stop`'s.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rich.console import Console
 
 from goodput.bus import BusSettings
 from goodput.bus.cluster import stack_bus
-from goodput.bus.embedded import EmbeddedNatsError
+from goodput.bus.embedded import EmbeddedNatsError, RecordedBus, read_record
 from goodput.checkpoint.format.job_key import stack_key_env
 from goodput.checkpoint.tiers.peer.address import one_machine_env
 from goodput.config import bus_settings_from_args
@@ -74,15 +75,24 @@ class StackSession:
         with stack_lock(self.paths.root):
             before = self.before = read_stack(self.paths.root)
             explicit = explicit_url(args)
+            servers = None if explicit else read_record(self.paths)
+            recorded = {service.key: service for service in before.services} if before else {}
+            # every process the two records name, checked in one call: the embedded server(s),
+            # then the services
+            checked = check_recorded(
+                {
+                    **(servers.processes if servers else {}),
+                    **{key: service.process for key, service in recorded.items()},
+                }
+            )
+            found = RecordedBus(servers, checked)
             try:
-                bus = stack_bus(self.paths, *_embedded_shape(args), explicit_url=explicit)
+                bus = stack_bus(self.paths, found, *_embedded_shape(args), explicit_url=explicit)
             except EmbeddedNatsError as exc:
                 raise SystemExit(str(exc)) from None
             settings = msgspec.structs.replace(bus_settings_from_args(args), url=bus.url)
             settings.check_security()
             asyncio.run(provision(settings))
-            recorded = {service.key: service for service in before.services} if before else {}
-            checked = check_recorded({key: s.process for key, s in recorded.items()})
             running = {key: s for key, s in recorded.items() if key in checked.running}
             nodes = [f"node-{i}" for i in range(node_count)]
             # the job's checkpoint key and the bus's password: services hand them on
@@ -108,7 +118,7 @@ class StackSession:
                 )
             started = [bus.started] if bus.started else []
             started += [s.key for s in services if s.key not in checked.running]
-            stale = bus.stale + checked.stale
+            stale = [*found.stale, *(checked.stale[k] for k in recorded if k in checked.stale)]
             if stale:  # one line, however many
                 console.print(f"stale record, not signalled: {'; '.join(stale)}", soft_wrap=True)
             # one line, whatever started: a failure after it must still fit in a few lines

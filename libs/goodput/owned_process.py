@@ -16,6 +16,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -91,6 +93,29 @@ def standing(identity: ProcessIdentity) -> Standing:
     except psutil.AccessDenied:
         return "replaced"  # not ours to check: then not ours to signal either
     return "running" if same else "replaced"
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Recorded processes, each checked once: the names of those still running, and one line
+    for each of the others by name (gone, or their pid held by another process: never
+    signalled), in the record's order."""
+
+    running: frozenset[str]
+    stale: dict[str, str]
+
+
+def check_recorded(recorded: Mapping[str, ProcessIdentity]) -> Checked:
+    """Check every recorded process (named, e.g. ``sensor@node-0``) against its pid, once."""
+    found = {name: standing(identity) for name, identity in recorded.items()}
+    return Checked(
+        running=frozenset(name for name, state in found.items() if state == "running"),
+        stale={
+            name: stale_line(name, recorded[name], state)
+            for name, state in found.items()
+            if state != "running"
+        },
+    )
 
 
 def is_running(identity: ProcessIdentity) -> bool:

@@ -19,7 +19,7 @@ import pytest
 from goodput import schemas
 from goodput.bus import Bus, BusSettings
 from goodput.supervisor.agent import registry
-from goodput.tools.stack.launcher import read_stack
+from goodput.tools.stack.record import read_stack
 from tests.conftest import goodput_cli
 from tests.processes import stop
 from tests.stack.helpers import EventTap

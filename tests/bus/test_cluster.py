@@ -27,6 +27,7 @@ from goodput.bus.cluster import EmbeddedCluster, cluster_refusal, cluster_size, 
 from goodput.bus.embedded import (
     EmbeddedNatsError,
     EmbeddedRecord,
+    RecordedBus,
     ServerRecord,
     read_record,
     write_record,
@@ -72,31 +73,35 @@ def test_a_cluster_that_could_not_lose_a_server_is_refused_in_one_line(size: str
 
 
 def test_a_cluster_is_refused_where_it_cannot_be_honoured() -> None:
-    server = ServerRecord(
-        process=identify(os.getpid()), port=1, url="nats://127.0.0.1:1", store_dir="s"
-    )
-    alone = EmbeddedRecord(servers=[server])
-    assert cluster_refusal(3, explicit_url=False, running=None) == ""  # it will be started
-    assert "drop it or --nats-url" in cluster_refusal(3, explicit_url=True, running=None)
+    assert cluster_refusal(3, explicit_url=False) == ""  # it will be started
+    assert "drop it or --nats-url" in cluster_refusal(3, explicit_url=True)
     assert "already runs 1 embedded NATS server" in cluster_refusal(
-        3, explicit_url=False, running=alone
+        3, explicit_url=False, running=1
     )
-    assert cluster_refusal(1, explicit_url=True, running=alone) == ""
+    assert cluster_refusal(3, explicit_url=False, running=3) == ""
+    assert cluster_refusal(1, explicit_url=True, running=1) == ""
 
 
 def test_the_stack_bus_refuses_a_running_bus_of_another_size(tmp_path: Path) -> None:
-    """The running bus is read from the record once; this process stands in for its server."""
+    """The running bus is read from the record once; this process stands in for its server.
+    The caller's bus comes first, and a cluster is refused on it."""
     paths = StateDir(tmp_path)
     server = ServerRecord(
         process=identify(os.getpid()), port=1, url="nats://127.0.0.1:1", store_dir="s"
     )
     write_record(paths, EmbeddedRecord(servers=[server]))
+    found = RecordedBus.read(paths)
+    assert found.running and found.url == "nats://127.0.0.1:1"
     with pytest.raises(
         EmbeddedNatsError, match=re.escape(f"{tmp_path}: it already runs 1 embedded NATS")
     ):
-        stack_bus(paths, size=3)
-    found = stack_bus(paths, size=1)
-    assert (found.url, found.started, found.stale) == ("nats://127.0.0.1:1", "", [])
+        stack_bus(paths, found, size=3)
+    bus = stack_bus(paths, found, size=1)
+    assert (bus.url, bus.started) == ("nats://127.0.0.1:1", "")
+    theirs = "nats://10.0.0.7:4222"
+    assert stack_bus(paths, found, explicit_url=theirs).url == theirs
+    with pytest.raises(EmbeddedNatsError, match="drop it or --nats-url"):
+        stack_bus(paths, found, size=3, explicit_url=theirs)
 
 
 async def _contend(leases: list[Lease], holders: list[str], stop: asyncio.Event) -> None:

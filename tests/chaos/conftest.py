@@ -10,7 +10,7 @@ import pytest
 
 from goodput.bus import Bus, EmbeddedNats
 from goodput.tools.chaos import ChaosContext
-from goodput.tools.stack.launcher import StackRecord, write_stack
+from goodput.tools.stack.record import StackRecord, write_stack
 from tests.chaos.processes import put_job_status, start_rank
 from tests.conftest import goodput_cli
 from tests.processes import stop

@@ -13,7 +13,7 @@ from goodput.bus.embedded import read_record
 from goodput.owned_process import is_running
 from goodput.state_dir import StateDir
 from goodput.tools.stack.keeper import kept_service
-from goodput.tools.stack.launcher import read_stack
+from goodput.tools.stack.record import read_stack
 from tests.conftest import goodput_cli
 from tests.stack.conftest import stack_status
 

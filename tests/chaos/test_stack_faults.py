@@ -22,7 +22,8 @@ from goodput.tools.chaos import ChaosContext, fire
 from goodput.tools.chaos import spec as faults
 from goodput.tools.chaos.storage import BALLAST_NAME
 from goodput.tools.stack.keeper import kept_service
-from goodput.tools.stack.launcher import StackRecord, spawn_service, write_stack
+from goodput.tools.stack.launcher import spawn_service
+from goodput.tools.stack.record import StackRecord, write_stack
 from tests.chaos.conftest import VictimJob
 from tests.chaos.processes import HealthTap, start_hostmon
 from tests.conftest import tmpfs_mount
@@ -92,7 +93,7 @@ async def test_kill_service_kills_a_real_service_of_the_stack(
 ):
     state_dir = tmp_path / "stack"
     service = spawn_service(
-        "hostmon", "node-0", job="svc", url=nats_server.url, state_dir=state_dir, extra=[]
+        "hostmon", "node-0", job="svc", url=nats_server.url, paths=StateDir(state_dir), extra=[]
     )
     write_stack(
         state_dir,

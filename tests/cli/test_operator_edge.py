@@ -14,7 +14,7 @@ import pytest
 
 from goodput import schemas
 from goodput.bus.embedded import pid_alive
-from goodput.tools.stack.launcher import read_stack
+from goodput.tools.stack.record import read_stack
 from goodput.tools.stack.watch import launch_failure
 from tests.cli.test_edge_validation import goodput as quick_goodput
 from tests.process_sweep import TEST_VAR, tagged_pids

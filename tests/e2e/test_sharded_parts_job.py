@@ -21,7 +21,7 @@ import pytest
 from goodput import schemas
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from goodput.checkpoint.tiers.fake_gcs import FakeGcsServer, ensure_bucket
-from goodput.tools.stack.launcher import read_stack
+from goodput.tools.stack.record import read_stack
 from tests.conftest import goodput_cli
 from tests.stack.helpers import EventTap, job_on_stack
 

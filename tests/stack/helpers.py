@@ -12,7 +12,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
 from goodput.bus.job_events import JobEvents
-from goodput.tools.stack.launcher import read_stack
+from goodput.tools.stack.record import read_stack
 from tests.conftest import goodput_cli
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from goodput.checkpoint.format.layout import node_volume
 from goodput.checkpoint.format.shm_segments import SEGMENT_DIR, segment_prefix
-from goodput.tools.stack.stop import stop_stack
+from goodput.tools.stack.session import StackSession
 from tests.processes import kill
 
 #: holds an flock on the segment named in argv[1] (as a live rank does) until killed
@@ -47,7 +47,7 @@ def segments(tmp_path: Path):
 
 def test_down_removes_the_segments_of_exited_ranks_and_keeps_a_live_one(segments) -> None:
     state_dir, dead, live = segments
-    report = stop_stack(state_dir)
+    report = StackSession(state_dir).stop()
     assert report.segments == 1
     assert not dead.exists()
     assert live.exists(), "a segment whose owner holds its lock is never removed"

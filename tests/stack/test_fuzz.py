@@ -25,7 +25,8 @@ from goodput.owned_process import is_running
 from goodput.supervisor.jobstate.folds import controller_filters
 from goodput.tools.stack.health import services_health
 from goodput.tools.stack.keeper import kept_service
-from goodput.tools.stack.launcher import expected_slots, read_stack
+from goodput.tools.stack.launcher import expected_slots
+from goodput.tools.stack.record import read_stack
 from tests.bus.fuzz import Fuzzer
 
 JOB = "job-a"

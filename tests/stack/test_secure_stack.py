@@ -25,7 +25,7 @@ from goodput.bus import Bus
 from goodput.bus.settings import ENV_VARS
 from goodput.launch.exit_reason import REFUSED_EXIT_CODE
 from goodput.tools.stack.keeper import kept_service
-from goodput.tools.stack.launcher import read_stack
+from goodput.tools.stack.record import read_stack
 from tests.actuator.test_authenticated_bus import RANK_SCRIPT
 from tests.conftest import goodput_cli, refused_in_one_line
 from tests.secure_nats import SecureNats

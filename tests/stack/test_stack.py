@@ -16,7 +16,7 @@ from goodput.bus.embedded import pid_alive, read_record
 from goodput.checkpoint.format.job_key import KEY_FILE_ENV
 from goodput.state_dir import StateDir
 from goodput.tools.stack.keeper import kept_service
-from goodput.tools.stack.launcher import read_stack
+from goodput.tools.stack.record import read_stack
 from tests.conftest import goodput_cli
 from tests.stack.conftest import stack_status
 from tests.stack.helpers import wait_for_results

@@ -16,9 +16,10 @@ from pathlib import Path
 import msgspec
 import psutil
 
-from goodput.bus.embedded import EmbeddedRecord, ServerRecord, read_record
+from goodput.bus.embedded import EmbeddedRecord, RecordedBus, ServerRecord, read_record
 from goodput.owned_process import (
     ProcessIdentity,
+    check_recorded,
     is_running,
     marked_processes,
     spawned,
@@ -67,6 +68,38 @@ def test_a_pid_held_by_another_process_is_never_signalled() -> None:
         assert sleeper.poll() is None, "a stale identity must not be signalled"
         assert terminate(real, timeout_s=5) == "running"
         assert standing(real) == "gone"  # stopped (and reaped: it was this process's child)
+    finally:
+        kill(sleeper)
+
+
+def test_the_records_processes_are_checked_in_one_call_each_stale_one_in_one_line() -> None:
+    """What a stack session does before it starts anything: the embedded server and the
+    services, checked together; the bus counts as running only by its own servers' check."""
+    sleeper = subprocess.Popen(["sleep", "300"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        server = ServerRecord(
+            process=spawned(sleeper), port=1, url="nats://127.0.0.1:1", store_dir="s"
+        )
+        servers = EmbeddedRecord(servers=[server])
+        took_pid = reused(sleeper, ["sensor"])
+        ended = ProcessIdentity(pid=gone.pid, started=0.0, cmdline=("actuator",))
+        checked = check_recorded({**servers.processes, "sensor": took_pid, "actuator": ended})
+        assert checked.running == {"nats-server on nats://127.0.0.1:1"}
+        assert list(checked.stale.values()) == [
+            f"sensor: pid {sleeper.pid} (sensor) is held by another process now",
+            f"actuator: pid {gone.pid} (actuator) is gone",
+        ]
+        assert RecordedBus(servers, checked).running
+        assert RecordedBus(servers, checked).stale == []  # a running bus has no stale server
+        assert not RecordedBus(servers, check_recorded({"sensor": spawned(sleeper)})).running
+        assert not RecordedBus(None, checked).running
+        lost = EmbeddedRecord(servers=[msgspec.structs.replace(server, process=ended)])
+        assert RecordedBus(lost, check_recorded(lost.processes)).stale == [
+            f"nats-server on nats://127.0.0.1:1: pid {gone.pid} (actuator) is gone"
+        ]
+        assert sleeper.poll() is None, "checking is never signalling"
     finally:
         kill(sleeper)
 

@@ -9,12 +9,13 @@ keeps serving: clients are given every member's URL and reconnect to a survivor.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from goodput.bus.embedded import (
     EmbeddedNats,
     EmbeddedNatsError,
     EmbeddedRecord,
+    RecordedBus,
     ServerRecord,
     free_port,
     read_record,
@@ -40,17 +41,16 @@ def cluster_size(text: str) -> int:
     return size
 
 
-def cluster_refusal(size: int, *, explicit_url: bool, running: EmbeddedRecord | None) -> str:
+def cluster_refusal(size: int, *, explicit_url: bool, running: int = 0) -> str:
     """Why a cluster of ``size`` cannot be honoured, or "": not on a server of the caller's,
-    not beside a running embedded bus of another size."""
+    not beside a running embedded bus (of ``running`` servers; 0: none) of another size."""
     if size == 1:
         return ""
     if explicit_url:
         return f"--nats-cluster {size} starts embedded servers; drop it or --nats-url"
-    if running is not None and len(running.servers) != size:
+    if running and running != size:
         return (
-            f"it already runs {len(running.servers)} embedded NATS server(s), not {size}: "
-            "`goodput down` first"
+            f"it already runs {running} embedded NATS server(s), not {size}: `goodput down` first"
         )
     return ""
 
@@ -62,30 +62,37 @@ class StackBus:
     url: str
     #: a line saying what was started ("" when a running bus was found)
     started: str = ""
-    #: recorded servers that were gone, one line each (never signalled)
-    stale: list[str] = field(default_factory=list)
 
 
-def stack_bus(paths: StateDir, size: int = 1, port: int | None = None) -> StackBus:
-    """The embedded bus recorded in ``paths`` while it runs, else one started now, detached: a
-    server (on ``port``), or a cluster of ``size``. The record is read once; a running bus of
-    another size is refused (:class:`EmbeddedNatsError`, one line)."""
-    record = read_record(paths)
-    if record is not None and record.running():
-        refusal = cluster_refusal(size, explicit_url=False, running=record)
-        if refusal:
+def stack_bus(
+    paths: StateDir,
+    found: RecordedBus,
+    size: int = 1,
+    port: int | None = None,
+    *,
+    explicit_url: str = "",
+) -> StackBus:
+    """The bus a stack uses: the caller's (``explicit_url``), else the embedded one ``found``
+    in ``paths`` while it runs, else one started now, detached: a cluster of ``size``, or a
+    server (on ``port``). A cluster that cannot be honoured is refused
+    (:class:`EmbeddedNatsError`, one line)."""
+    if explicit_url:
+        if refusal := cluster_refusal(size, explicit_url=True):
+            raise EmbeddedNatsError(refusal)
+        return StackBus(explicit_url)
+    if found.running:
+        if refusal := cluster_refusal(size, explicit_url=False, running=found.size):
             raise EmbeddedNatsError(f"the stack in {paths.root}: {refusal}")
-        return StackBus(record.url)
-    stale = record.stale() if record else []
-    if size == 1:
-        server = EmbeddedNats(paths, port=port, detach=True).start()
-        return StackBus(
-            server.url, f"embedded nats-server on {server.url} (store {server.store_dir})", stale
-        )
-    cluster = EmbeddedCluster(paths, size, detach=True)
-    url = cluster.start().url
-    stores = ", ".join(str(member.store_dir) for member in cluster.members)
-    return StackBus(url, f"embedded NATS cluster of {size} on {url} (stores {stores})", stale)
+        return StackBus(found.url)
+    if size > 1:
+        cluster = EmbeddedCluster(paths, size, detach=True)
+        url = cluster.start().url
+        stores = ", ".join(str(member.store_dir) for member in cluster.members)
+        started = f"embedded NATS cluster of {size} on {url} (stores {stores})"
+        return StackBus(url, started)
+    server = EmbeddedNats(paths, port=port, detach=True).start()
+    started = f"embedded nats-server on {server.url} (store {server.store_dir})"
+    return StackBus(server.url, started)
 
 
 class EmbeddedCluster:

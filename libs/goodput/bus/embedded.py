@@ -15,19 +15,20 @@ import subprocess
 import sys
 import sysconfig
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
 from goodput.bus.store_sizing import server_store_bytes
 from goodput.owned_process import (
+    Checked,
     ProcessIdentity,
     RecordUnreadable,
-    is_running,
+    check_recorded,
     spawned,
     stack_marker,
     stale_line,
-    standing,
     terminate,
 )
 from goodput.state_dir import StateDir
@@ -97,18 +98,10 @@ class EmbeddedRecord(msgspec.Struct, kw_only=True):
     def pids(self) -> list[int]:
         return [server.pid for server in self.servers]
 
-    def running(self) -> bool:
-        """Whether any recorded server still runs (itself, not a process that took its pid)."""
-        return any(is_running(server.process) for server in self.servers)
-
-    def stale(self) -> list[str]:
-        """One entry per recorded server that is gone or whose pid another process holds."""
-        found = [(server, standing(server.process)) for server in self.servers]
-        return [
-            stale_line(f"nats-server on {server.url}", server.process, state)
-            for server, state in found
-            if state != "running"
-        ]
+    @property
+    def processes(self) -> dict[str, ProcessIdentity]:
+        """Each server's process, by the name a stale one is reported under."""
+        return {f"nats-server on {server.url}": server.process for server in self.servers}
 
     def server(self, member: int) -> ServerRecord:
         if not 0 <= member < len(self.servers):
@@ -161,16 +154,12 @@ class EmbeddedNats:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    @property
-    def record_path(self) -> Path:
-        return self.paths.nats_record
-
     def start(self, timeout_s: float = 15.0) -> ServerRecord:
         """Start it and wait for its client port; a server on its own writes ``nats.json``."""
         record = self.launch()
         self.wait_ready(timeout_s)
         if not self.cluster_ports:
-            self.record_path.write_bytes(msgspec.json.encode(EmbeddedRecord(servers=[record])))
+            write_record(self.paths, EmbeddedRecord(servers=[record]))
         return record
 
     def arguments(self) -> list[str]:
@@ -252,7 +241,7 @@ class EmbeddedNats:
                     self.process.wait()
             self.process = None
         if not self.cluster_ports:
-            self.record_path.unlink(missing_ok=True)
+            self.paths.nats_record.unlink(missing_ok=True)
 
     def kill(self) -> None:
         """Hard kill, for fault-injection tests: no flush, no record cleanup."""
@@ -301,6 +290,50 @@ def write_record(paths: StateDir, record: EmbeddedRecord) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(msgspec.json.encode(record))
     os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class RecordedBus:
+    """A stack's ``nats.json`` as read once, with its servers checked once
+    (:func:`goodput.owned_process.check_recorded`; a stack session checks them in the same call
+    as its services): whether its embedded bus runs, where, and, when it does not, which
+    recorded servers are stale."""
+
+    record: EmbeddedRecord | None
+    #: a check that covers the record's :attr:`~EmbeddedRecord.processes`
+    checked: Checked
+
+    @classmethod
+    def read(cls, paths: StateDir) -> RecordedBus:
+        """Raises :class:`RecordUnreadable` (one line) if the record is corrupt."""
+        record = read_record(paths)
+        return cls(record, check_recorded(record.processes if record else {}))
+
+    @property
+    def running(self) -> bool:
+        """Whether any recorded server still runs (itself, not a process that took its pid)."""
+        return self.record is not None and not self.checked.running.isdisjoint(
+            self.record.processes
+        )
+
+    @property
+    def stale(self) -> list[str]:
+        """One line per recorded server gone or whose pid another process holds, when none runs
+        (a running cluster's lost member is not the stack's to start again)."""
+        if self.record is None or self.running:
+            return []
+        return [
+            self.checked.stale[name] for name in self.record.processes if name in self.checked.stale
+        ]
+
+    @property
+    def url(self) -> str:
+        return self.record.url if self.record else ""
+
+    @property
+    def size(self) -> int:
+        """How many servers are recorded (1, or a cluster's members)."""
+        return len(self.record.servers) if self.record else 0
 
 
 def stop_recorded(paths: StateDir, timeout_s: float = 10.0) -> list[str]:

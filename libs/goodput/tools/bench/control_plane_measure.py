@@ -23,6 +23,7 @@ from goodput import subjects
 from goodput.bus import Bus
 from goodput.checkpoint.format.job_key import stack_key_env
 from goodput.owned_process import ProcessIdentity
+from goodput.state_dir import StateDir
 from goodput.tools.bench.control_plane_fleet import COUNTERS, JOB
 from goodput.tools.stack.keeper import kept_service
 from goodput.tools.stack.launcher import spawn_service
@@ -97,7 +98,7 @@ def start_services(url: str, state_dir: Path, scale_env: dict[str, str]) -> list
             "",
             job=JOB,
             url=url,
-            state_dir=state_dir,
+            paths=StateDir(state_dir),
             extra=extra,
             secrets={**stack_key_env(state_dir), **scale_env},
         )

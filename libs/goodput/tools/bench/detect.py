@@ -53,8 +53,8 @@ from goodput.tools.bench.detect_waits import (
     stepping_on,
 )
 from goodput.tools.bench.job_waits import WAIT_S
-from goodput.tools.stack.launcher import start_stack, wait_healthy
-from goodput.tools.stack.stop import stop_stack
+from goodput.tools.stack.launcher import wait_healthy
+from goodput.tools.stack.session import StackSession
 
 NS = 1e9
 STRAGGLER_FACTOR = 1.5
@@ -294,13 +294,13 @@ def run(args: argparse.Namespace) -> int:
         "controller": ["--set", "settings={crash_loop={max_restarts=50}}"],
     }
     with tempfile.TemporaryDirectory(prefix="goodput-bench-detect-") as tmp:
-        state_dir = Path(args.state_dir or tmp).resolve()
+        session = StackSession(Path(args.state_dir or tmp).resolve())
         with console.status("the fingerprint's hashing bandwidth on this CPU…"):
             bandwidth = fingerprint_cost.bandwidth_gbs(args.fingerprint_repeats)
             example = fingerprint_cost.example_fingerprint_s()
         try:
             nodes = 2 + args.straggler_trials + 1
-            stack, settings = start_stack(args, state_dir, "bench", nodes, console, flags)
+            stack, settings = session.start(args, "bench", nodes, console, flags)
             asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
             result = asyncio.run(
                 _run(
@@ -316,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[red]bench detect:[/] {exc}")
             return 1
         finally:
-            stop_stack(state_dir)
+            session.stop()
     result["fingerprint_cost"] = _fingerprint_cost(bandwidth, example, result)
     result["targets"] = {
         "crash_detect_s": 1.0,

@@ -75,8 +75,8 @@ from goodput.tools.bench.job_waits import (
     survivors_after,
 )
 from goodput.tools.simulate.measure import measured_costs
-from goodput.tools.stack.launcher import start_stack, wait_healthy
-from goodput.tools.stack.stop import stop_stack
+from goodput.tools.stack.launcher import wait_healthy
+from goodput.tools.stack.session import StackSession
 
 NS = 1e9
 PARTS = ("detect_s", "decide_s", "restart_s", "load_s", "first_step_s")
@@ -368,9 +368,9 @@ def _run_mode(args: argparse.Namespace, mode: str, console: Console) -> dict:
     policy = ["--set", f"policy={cold_restart.__file__}"] if mode == "cold" else []
     flags = {"controller": [*CONTROLLER, *policy]}
     with tempfile.TemporaryDirectory(prefix=f"goodput-bench-recovery-{mode}-") as tmp:
-        state_dir = Path(tmp)
+        session = StackSession(Path(tmp))
         try:
-            stack, settings = start_stack(args, state_dir, "bench", 3, console, flags)
+            stack, settings = session.start(args, "bench", 3, console, flags)
             asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
             trials, steady = asyncio.run(
                 _measure(
@@ -384,7 +384,7 @@ def _run_mode(args: argparse.Namespace, mode: str, console: Console) -> dict:
                 )
             )
         finally:
-            stop_stack(state_dir)
+            session.stop()
     return _summary(trials) | steady
 
 

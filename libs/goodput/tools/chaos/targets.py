@@ -27,7 +27,7 @@ from goodput.checkpoint.format import node_volume
 from goodput.launch.rank_env import VARIABLES
 from goodput.state_dir import StateDir
 from goodput.subjects import DEFAULT_JOB
-from goodput.tools.stack.launcher import StackRecord, read_stack
+from goodput.tools.stack.record import StackRecord, read_stack
 
 
 class ChaosError(RuntimeError):

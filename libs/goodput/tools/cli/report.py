@@ -36,7 +36,8 @@ from goodput.measure.accounting.table import render
 from goodput.measure.metrics import GoodputGauges
 from goodput.subjects import DEFAULT_JOB, check_token
 from goodput.telemetry import exporter_choice, flush_metrics, setup_metrics
-from goodput.tools.stack.launcher import read_stack, resolve_url
+from goodput.tools.stack.launcher import resolve_url
+from goodput.tools.stack.record import read_stack
 
 #: replays shorter than this finish before a progress bar would be worth drawing
 PROGRESS_THRESHOLD = 2000

@@ -34,14 +34,12 @@ from goodput.tools.stack.launcher import (
     add_embedded_nats_arguments,
     add_service_set_argument,
     check_policy_options,
-    read_stack,
     resolve_url,
     service_flags_from_args,
-    start_stack,
     wait_healthy,
 )
 from goodput.tools.stack.runs import find_clash, missing_actuator
-from goodput.tools.stack.stop import stop_stack, undo_start
+from goodput.tools.stack.session import StackSession
 from goodput.tools.stack.watch import JobWatcher, run_exit_code, summary
 
 
@@ -108,25 +106,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     if argv[0] in ("python", "python3"):
         # the interpreter goodput runs in has goodput (and torch) installed
         argv[0] = sys.executable
-    state_dir = args.state_dir
+    session = StackSession(args.state_dir)
     service_flags = service_flags_from_args(args.service_set)
     check_policy_options(service_flags)
-    before = read_stack(state_dir)
-    stack, settings = start_stack(
-        args, state_dir, args.job, args.nodes + args.spares, console, service_flags
+    stack, settings = session.start(
+        args, args.job, args.nodes + args.spares, console, service_flags
     )
     try:
         try:
             asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
         except ServiceExited as exc:
-            undo_start(state_dir, before)
+            session.undo()
             print(f"goodput run: {exc.code}", file=sys.stderr)
             return 1
         start = start_command(args, stack.job, argv, workdir=os.getcwd())
         watcher = follow(args, settings, start, console, remote=False)
     finally:
-        if before is None and not args.keep_stack:
-            stop_stack(state_dir)
+        if session.before is None and not args.keep_stack:
+            session.stop()
     return report(args, watcher, console)
 
 

@@ -18,20 +18,16 @@ from goodput.config import (
     job_name,
 )
 from goodput.launch import capacity
-from goodput.state_dir import StateDir
 from goodput.subjects import DEFAULT_JOB
 from goodput.tools.stack.launcher import (
     ServiceExited,
     add_embedded_nats_arguments,
     add_service_set_argument,
     check_policy_options,
-    read_stack,
     service_flags_from_args,
-    start_stack,
     wait_healthy,
 )
-from goodput.tools.stack.lock import stack_lock
-from goodput.tools.stack.stop import stop_stack, undo_start
+from goodput.tools.stack.session import StackSession
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -40,7 +36,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"goodput up: {'; '.join(problems)}", file=sys.stderr)
         return 2
     console = Console(stderr=True)
-    state_dir = args.state_dir
+    session = StackSession(args.state_dir)
     service_flags = service_flags_from_args(args.service_set)
     check_policy_options(service_flags)
     if args.store_scale:
@@ -48,9 +44,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         os.environ[SCALE_ENV] = args.store_scale
     # held until the stack is healthy: a second `up` then finds it whole, and what this one
     # undoes on a failure is what it started, not what a concurrent `up` did
-    with stack_lock(state_dir):
-        before = read_stack(state_dir)
-        stack, settings = start_stack(args, state_dir, args.job, args.nodes, console, service_flags)
+    with session.hold():
+        stack, settings = session.start(args, args.job, args.nodes, console, service_flags)
         if args.wait <= 0:
             return 0
         try:
@@ -58,22 +53,22 @@ def cmd_up(args: argparse.Namespace) -> int:
                 wait_healthy(settings, stack.job, stack.services, args.wait, console)
             )
         except ServiceExited as exc:
-            undo_start(state_dir, before)
+            session.undo()
             print(f"goodput up: {exc.code} (stopped what this command started)", file=sys.stderr)
             return 1
     unhealthy = [s["name"] for s in report if not s["healthy"]]
     if unhealthy:
         console.print(f"[red]not healthy after {args.wait:.0f} s:[/] {', '.join(unhealthy)}")
-        console.print(f"logs: {StateDir(state_dir).logs}", soft_wrap=True)
+        console.print(f"logs: {session.paths.logs}", soft_wrap=True)
         return 1
     console.print(
-        f"[green]all {len(report)} services healthy[/]; bus {stack.url}; state {state_dir}"
+        f"[green]all {len(report)} services healthy[/]; bus {stack.url}; state {session.paths.root}"
     )
     return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    report = stop_stack(args.state_dir)
+    report = StackSession(args.state_dir).stop()
     for line in report.unreadable:
         print(f"goodput down: {line}", file=sys.stderr)
     if report.stale:

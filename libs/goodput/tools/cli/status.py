@@ -35,13 +35,8 @@ from goodput.measure.jobview.feed import JobFeed
 from goodput.measure.jobview.model import JobModel
 from goodput.measure.jobview.render import job_view, services_table
 from goodput.tools.stack.health import ServicesHealth, services_health
-from goodput.tools.stack.launcher import (
-    StackRecord,
-    expected_slots,
-    read_stack,
-    resolve_url,
-    running_pids,
-)
+from goodput.tools.stack.launcher import expected_slots, resolve_url, running_pids
+from goodput.tools.stack.record import StackRecord, read_stack
 
 #: service health is a KV read per service: refreshed less often than the job panels
 SERVICES_EVERY_S = 2.0

@@ -43,8 +43,8 @@ from goodput.tools.demo.scenarios import (
     DemoScenario,
 )
 from goodput.tools.simulate.measure import measured_costs
-from goodput.tools.stack.launcher import start_stack, wait_healthy
-from goodput.tools.stack.stop import stop_stack
+from goodput.tools.stack.launcher import wait_healthy
+from goodput.tools.stack.session import StackSession
 from goodput.tools.stack.watch import JobWatcher
 from goodput.tools.stack.watch import summary as job_summary
 
@@ -111,7 +111,7 @@ def fingerprint_every(plan: RunPlan) -> int:
     return NUMERICS_EVERY * (plan.steps // NUMERICS_EVERY + 1)
 
 
-def start_command(plan: RunPlan, job: str, state_dir: Path) -> schemas.StartJob:
+def start_command(plan: RunPlan, job: str, paths: StateDir) -> schemas.StartJob:
     env = knobs(
         ckpt_every=plan.ckpt_every,
         enable_fault_injection=True,
@@ -119,7 +119,7 @@ def start_command(plan: RunPlan, job: str, state_dir: Path) -> schemas.StartJob:
         fingerprint_every=fingerprint_every(plan),
     )
     if plan.setup == "baseline":
-        env |= knobs(ckpt_mode="torch-save", ckpt_dir=str(StateDir(state_dir).shared_checkpoints))
+        env |= knobs(ckpt_mode="torch-save", ckpt_dir=str(paths.shared_checkpoints))
     return schemas.StartJob(
         job=job,
         argv=[
@@ -127,7 +127,7 @@ def start_command(plan: RunPlan, job: str, state_dir: Path) -> schemas.StartJob:
             "-m",
             "goodput.examples.gpt.supervised",
             *("--steps", str(plan.steps)),
-            *("--result", str(StateDir(state_dir).training_result)),
+            *("--result", str(paths.training_result)),
             *("--log-every", "0"),
             *("--rescale", plan.rescale),
         ],
@@ -152,23 +152,24 @@ def run_once(
 ) -> RunOutcome:
     """Start the stack in ``state_dir``, run the job through the scenario, stop the stack."""
     started = time.monotonic()
+    session = StackSession(state_dir)
     try:
-        stack, settings = start_stack(
-            args, state_dir, plan.job, plan.nodes + plan.spares, console, service_flags(plan.setup)
+        stack, settings = session.start(
+            args, plan.job, plan.nodes + plan.spares, console, service_flags(plan.setup)
         )
         asyncio.run(wait_healthy(settings, stack.job, stack.services, 30, console))
         console.print(
             f"[bold]{plan.setup}[/] · scenario [bold]{plan.scenario_name}[/]: "
             + (plan.scenario.description if plan.setup == "goodput" else BASELINE_DESCRIPTION)
         )
-        start = start_command(plan, stack.job, state_dir)
-        watcher, driver, report, costs = asyncio.run(
-            _follow(settings, state_dir, start, plan, console)
-        )
-        result_path = StateDir(state_dir).training_result
+        start = start_command(plan, stack.job, session.paths)
+        # the chaos tool's view of the stack just started: its record, its bus
+        ctx = ChaosContext(session.paths.root, stack.job, settings, stack=stack)
+        watcher, driver, report, costs = asyncio.run(_follow(settings, ctx, start, plan, console))
+        result_path = session.paths.training_result
         training = json.loads(result_path.read_text()) if result_path.exists() else {}
     finally:
-        stop_stack(state_dir)
+        session.stop()
     summary = {
         "setup": plan.setup,
         "scenario": plan.scenario_name,
@@ -211,7 +212,7 @@ def run_once(
 
 async def _follow(
     settings: BusSettings,
-    state_dir: Path,
+    ctx: ChaosContext,
     start: schemas.StartJob,
     plan: RunPlan,
     console: Console,
@@ -219,7 +220,6 @@ async def _follow(
     bus = await Bus.connect(settings, name="goodput-demo")
     # progress goes to stderr (``console``) also with --json: stdout carries only the result
     watcher = await JobWatcher(bus, start.job, plan.steps, console, run_start=start).start()
-    ctx = ChaosContext.open(state_dir, job=start.job, url=settings.url, settings=settings)
     driver = Driver(
         ctx,
         watcher,

@@ -1,9 +1,9 @@
-"""The supervisor stack as separate OS processes: start what is missing, wait for its health.
+"""The supervisor stack's parts as separate OS processes: its bus, a service, their health.
 
-Used by `goodput up/down/run/status` (:mod:`goodput.tools.cli.stack`), the demo, the benchmarks
-and the chaos tool. The stack's record (``stack.json``, :mod:`.record`) lives in its state
-directory; starting holds its lock (:mod:`.lock`); stopping is :mod:`.stop`. Each service runs
-under a keeper (:mod:`.keeper`) that restarts it if it crashes.
+A stack session (:mod:`.session`) starts the stack with these: the bus (the caller's, else the
+embedded one), each service spawned under a keeper (:mod:`.keeper`) that restarts it if it
+crashes, the flags and secrets handed on; `up`, `run`, the demo and the benchmarks then wait
+here for the services' health.
 """
 
 from __future__ import annotations
@@ -16,35 +16,17 @@ import sys
 import time
 from pathlib import Path
 
-import msgspec
-from rich.console import Console
-
 from goodput.bus import Bus, BusSettings
 from goodput.bus.client import TRANSIENT_ERRORS
-from goodput.bus.cluster import StackBus, cluster_refusal, cluster_size, stack_bus
-from goodput.bus.embedded import EmbeddedNatsError, read_record
-from goodput.checkpoint.format.job_key import stack_key_env
-from goodput.checkpoint.tiers.peer.address import one_machine_env
-from goodput.config import bus_settings_from_args, parse_option
+from goodput.bus.cluster import cluster_size
+from goodput.bus.embedded import RecordedBus
+from goodput.config import parse_option
 from goodput.launch.exit_reason import EXIT_REASON_ENV, read_exit_reason
-from goodput.owned_process import (
-    is_running,
-    spawned,
-    stack_marker,
-    stale_line,
-    standing,
-)
+from goodput.owned_process import is_running, spawned, stack_marker
 from goodput.state_dir import StateDir
-from goodput.subjects import check_token
 from goodput.tools.stack.health import Slot, services_health
 from goodput.tools.stack.keeper import keeper_command, kept_service
-from goodput.tools.stack.lock import stack_lock
-from goodput.tools.stack.record import (
-    ServiceProcess,
-    StackRecord,
-    read_stack,
-    write_stack,
-)
+from goodput.tools.stack.record import ServiceProcess
 
 #: central services, one each
 CENTRAL_SERVICES = ("sensor", "controller", "actuator")
@@ -62,10 +44,8 @@ def resolve_url(args: argparse.Namespace, state_dir: Path) -> tuple[str, bool]:
     explicit = explicit_url(args)
     if explicit:
         return explicit, False
-    record = read_record(StateDir(state_dir))
-    if record is not None and record.running():
-        return record.url, True
-    return "", True
+    found = RecordedBus.read(StateDir(state_dir))
+    return (found.url if found.running else ""), True
 
 
 def add_embedded_nats_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,14 +66,14 @@ def spawn_service(
     *,
     job: str,
     url: str,
-    state_dir: Path,
+    paths: StateDir,
     extra: list[str],
     secrets: dict[str, str] | None = None,
 ) -> ServiceProcess:
     """Start one service process under its keeper (:mod:`.keeper`), marked as the stack's;
     ``secrets`` go into its environment, never its command line (which every user of the host
     can read)."""
-    log_path = StateDir(state_dir).service_log(name, node)
+    log_path = paths.service_log(name, node)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     reason_path = exit_reason_path(log_path)
     reason_path.unlink(missing_ok=True)  # an earlier process's reason is not this one's
@@ -106,7 +86,7 @@ def spawn_service(
         "--nats-url",
         url,
         "--state-dir",
-        str(state_dir),
+        str(paths.root),
         *(["--node", node] if node else []),
         *extra,
     ]
@@ -114,7 +94,7 @@ def spawn_service(
     env = {
         **os.environ,
         **(secrets or {}),
-        **stack_marker(state_dir),
+        **stack_marker(paths.root),
         EXIT_REASON_ENV: str(reason_path),
     }
     with open(log_path, "ab") as log:
@@ -127,108 +107,6 @@ def spawn_service(
             env=env,
         )
     return ServiceProcess(name=name, node=node, process=spawned(process), log=str(log_path))
-
-
-def start_stack(
-    args: argparse.Namespace,
-    state_dir: Path,
-    job: str,
-    node_count: int,
-    console: Console,
-    service_flags: dict[str, list[str]] | None = None,
-) -> tuple[StackRecord, BusSettings]:
-    """Start what is missing of the stack (NATS, services); return its record and bus settings.
-
-    ``service_flags`` adds command-line flags per service name (e.g. ``--set`` options). A
-    recorded process that is gone or whose pid another process holds is said in one line,
-    never signalled, and started again. Holds the state directory's lock.
-    """
-    check_token(job, "job name")
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with stack_lock(state_dir):
-        return _start_stack(args, state_dir, job, node_count, console, service_flags)
-
-
-def _start_stack(
-    args: argparse.Namespace,
-    state_dir: Path,
-    job: str,
-    node_count: int,
-    console: Console,
-    service_flags: dict[str, list[str]] | None,
-) -> tuple[StackRecord, BusSettings]:
-    nodes = [f"node-{i}" for i in range(node_count)]
-    bus = _stack_bus(args, StateDir(state_dir))
-    url, embedded = bus.url, not explicit_url(args)
-    started = [bus.started] if bus.started else []  # what this call started, in one line
-    stale = bus.stale  # recorded processes that are not running any more
-    settings = msgspec.structs.replace(bus_settings_from_args(args), url=url)
-    settings.check_security()
-    asyncio.run(_provision(settings))
-
-    previous = read_stack(state_dir)
-    running: dict[str, ServiceProcess] = {}
-    for recorded_service in previous.services if previous else []:
-        found = standing(recorded_service.process)
-        if found == "running":
-            running[recorded_service.key] = recorded_service
-        else:
-            stale.append(stale_line(recorded_service.key, recorded_service.process, found))
-    wanted = [(name, "") for name in CENTRAL_SERVICES] + [
-        (name, node) for node in nodes for name in NODE_SERVICES
-    ]
-    alive_before = set(running)
-    bus_flags = _bus_flags(args)
-    ckpt_key = stack_key_env(state_dir)  # the job's checkpoint key: services hand it on
-    # every node runs here: its replicators reach each other on loopback, whatever the bus
-    node_env = {"replicator": one_machine_env(os.environ)}
-    services: list[ServiceProcess] = []
-    for name, node in wanted:
-        key = f"{name}@{node}" if node else name
-        if key in running:
-            services.append(running.pop(key))
-            continue
-        extra = bus_flags + (service_flags or {}).get(name, [])
-        services.append(
-            spawn_service(
-                name,
-                node,
-                job=job,
-                url=url,
-                state_dir=state_dir,
-                extra=extra,
-                secrets={**_bus_secrets(settings), **ckpt_key, **node_env.get(name, {})},
-            )
-        )
-    started += [s.key for s in services if s.key not in alive_before]
-    if stale:  # one line, however many
-        console.print(f"stale record, not signalled: {'; '.join(stale)}", soft_wrap=True)
-    # one line, whatever started: a failure after it must still fit in a few lines
-    what = f"[green]started[/] {'; '.join(started)}" if started else "already running"
-    console.print(f"stack state: {state_dir}: {what}", soft_wrap=True)
-    # what an earlier `up` started and still runs stays recorded (a `run --nodes 1` against a
-    # 2-node stack uses fewer nodes, it does not disown node-1's services): `down` stops it
-    services += running.values()
-    recorded_nodes = previous.nodes if previous else []
-    nodes += [node for node in recorded_nodes if node not in nodes]
-    stack = StackRecord(job=job, url=url, embedded=embedded, nodes=nodes, services=services)
-    write_stack(state_dir, stack)
-    return stack, settings
-
-
-def _stack_bus(args: argparse.Namespace, paths: StateDir) -> StackBus:
-    """The caller's bus, else the stack's embedded one (started if it is not running); a
-    ``--nats-cluster`` that cannot be honoured is refused in one line."""
-    size = getattr(args, "nats_cluster", 1) or 1
-    explicit = explicit_url(args)
-    if explicit:
-        if refusal := cluster_refusal(size, explicit_url=True, running=None):
-            raise SystemExit(refusal)
-        return StackBus(explicit)
-    try:
-        return stack_bus(paths, size, port=getattr(args, "nats_port", None))
-    except EmbeddedNatsError as exc:
-        raise SystemExit(str(exc)) from None
 
 
 def add_service_set_argument(parser: argparse.ArgumentParser) -> None:
@@ -265,7 +143,7 @@ def check_policy_options(service_flags: dict[str, list[str]]) -> None:
             raise SystemExit(f"policy script {value} not found (controller:policy)")
 
 
-def _bus_flags(args: argparse.Namespace) -> list[str]:
+def bus_flags(args: argparse.Namespace) -> list[str]:
     """Authentication flags handed on to the service processes."""
     pairs = [
         ("--nats-creds", args.nats_creds),
@@ -279,13 +157,13 @@ def _bus_flags(args: argparse.Namespace) -> list[str]:
     return flags + (["--insecure"] if args.insecure else [])
 
 
-def _bus_secrets(settings: BusSettings) -> dict[str, str]:
+def bus_secrets(settings: BusSettings) -> dict[str, str]:
     """The password or token the services need, for their environment (not their flags)."""
     secrets = {"GOODPUT_NATS_PASSWORD": settings.password, "GOODPUT_NATS_TOKEN": settings.token}
     return {key: value for key, value in secrets.items() if value}
 
 
-async def _provision(settings) -> None:
+async def provision(settings: BusSettings) -> None:
     bus = await Bus.connect(settings, name="goodput-cli", initial_timeout_s=15)
     try:
         await bus.provision()

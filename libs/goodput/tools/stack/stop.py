@@ -1,4 +1,5 @@
-"""Stopping the stack (`goodput down`, the end of a `run` that started it, an `up` undone).
+"""Stopping the stack's processes (`goodput down`, the end of a `run` that started it, an `up`
+undone), from the record its session (:mod:`.session`) read under the lock.
 
 Every recorded process is checked against its recorded identity before any signal
 (:mod:`goodput.owned_process`); then whatever still carries the stack's marker is stopped too,
@@ -18,15 +19,14 @@ from goodput.checkpoint.format.shm_segments import sweep_dead
 from goodput.owned_process import (
     ProcessIdentity,
     RecordUnreadable,
-    is_running,
+    check_recorded,
     marked_identity,
     marked_processes,
     stale_line,
     terminate,
 )
 from goodput.state_dir import StateDir
-from goodput.tools.stack.lock import stack_lock
-from goodput.tools.stack.record import StackRecord, read_stack, write_stack
+from goodput.tools.stack.record import StackRecord
 
 #: the actuator lets ranks checkpoint before it exits (its own grace period, plus margin)
 ACTUATOR_STOP_S = 75.0
@@ -46,27 +46,10 @@ class StopReport:
     segments: int = 0
 
 
-def stop_stack(state_dir: Path) -> StopReport:
-    """Stop every service, any rank left running, the embedded server, then whatever else
-    still carries the stack's marker (what a lost or corrupt record no longer names).
-
-    The actuator is asked first and given time: it lets running ranks save and exit. Every
-    recorded process is checked before it is signalled. Holds the state directory's lock.
-    """
-    if not state_dir.is_dir():  # nothing recorded, nothing to lock: only what is marked
-        return _stop_stack(state_dir)
-    with stack_lock(state_dir):
-        return _stop_stack(state_dir)
-
-
-def _stop_stack(state_dir: Path) -> StopReport:
-    paths = StateDir(state_dir)
-    report = StopReport()
-    try:
-        stack = read_stack(state_dir)
-    except RecordUnreadable as exc:
-        stack = None
-        report.unreadable.append(str(exc.code))
+def stop_processes(paths: StateDir, stack: StackRecord | None, report: StopReport) -> StopReport:
+    """Stop the recorded services (the actuator first, given time to let running ranks save),
+    the ranks left running, the embedded server(s), then whatever else still carries the
+    stack's marker; remove the record and the stack's dead ranks' shared memory."""
     for service in sorted(stack.services if stack else [], key=lambda s: s.name != "actuator"):
         timeout_s = ACTUATOR_STOP_S if service.name == "actuator" else SERVICE_STOP_S
         found = terminate(service.process, timeout_s, group=True)
@@ -75,7 +58,7 @@ def _stop_stack(state_dir: Path) -> StopReport:
             report.stale.append(stale_line(service.key, service.process, found))
     for ranks_file in paths.ranks_records():
         for pid in _rank_pids(ranks_file, report):
-            identity = marked_identity(pid, state_dir)  # a rank carries its actuator's marker
+            identity = marked_identity(pid, paths.root)  # a rank carries its actuator's marker
             if identity is not None:
                 report.stopped += terminate(identity, timeout_s=5) == "running"
         ranks_file.unlink()
@@ -84,7 +67,7 @@ def _stop_stack(state_dir: Path) -> StopReport:
     except RecordUnreadable as exc:
         report.unreadable.append(str(exc.code))
         paths.nats_record.unlink(missing_ok=True)
-    for identity in sorted(marked_processes(state_dir), key=_stop_order):
+    for identity in sorted(marked_processes(paths.root), key=_stop_order):
         timeout_s = ACTUATOR_STOP_S if _stop_order(identity) == 0 else SERVICE_STOP_S
         report.stopped += terminate(identity, timeout_s, group=True) == "running"
     paths.stack_record.unlink(missing_ok=True)
@@ -114,24 +97,12 @@ def _stop_order(identity: ProcessIdentity) -> int:
     return 1
 
 
-def undo_start(state_dir: Path, before: StackRecord | None) -> int:
-    """Stop what was started since ``before`` (the stack record read before starting): all of
-    it, embedded server included, if there was no stack; else the services it did not list
-    alive. How many processes were stopped. Holds the state directory's lock."""
-    with stack_lock(state_dir):
-        if before is None:
-            return _stop_stack(state_dir).stopped
-        return _undo_services(state_dir, before)
-
-
-def _undo_services(state_dir: Path, before: StackRecord) -> int:
-    current = read_stack(state_dir)
-    if current is None:
-        return 0
-    kept = {p.key for p in before.services if is_running(p.process)}
-    extra = [p for p in current.services if p.key not in kept]
+def undo_services(before: StackRecord, current: StackRecord) -> tuple[int, StackRecord]:
+    """Stop the services of ``current`` that were not running in ``before`` (the record read
+    before a start); how many processes were stopped, and the record of what is kept."""
+    checked = check_recorded({p.key: p.process for p in before.services})
+    extra = [p for p in current.services if p.key not in checked.running]
     stopped = sum(terminate(p.process, SERVICE_STOP_S, group=True) == "running" for p in extra)
-    services = [p for p in current.services if p.key in kept]
+    services = [p for p in current.services if p.key in checked.running]
     nodes = [node for node in current.nodes if any(p.node == node for p in services)]
-    write_stack(state_dir, msgspec.structs.replace(current, nodes=nodes, services=services))
-    return stopped
+    return stopped, msgspec.structs.replace(current, nodes=nodes, services=services)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from goodput.shim.config import ShimConfig
+from goodput.state_dir import StateDir
 from goodput.tools.demo.scenarios import FINGERPRINT_EVERY, NUMERICS_EVERY, SCENARIOS
 from goodput.tools.demo.session import RunPlan, Setup, fingerprint_every, start_command
 
@@ -65,7 +66,7 @@ def test_only_goodputs_job_compares_its_replicas(
     setup: Setup, steps: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plan = RunPlan(setup, "full", FULL, steps, 2, 2, 20, 60.0, "demo")
-    for name, value in start_command(plan, "demo", tmp_path).env.items():
+    for name, value in start_command(plan, "demo", StateDir(tmp_path)).env.items():
         monkeypatch.setenv(name, value)
     config = ShimConfig.from_env()  # what the job's shim reads: a period it refuses fails here
     assert config.numerics_every == NUMERICS_EVERY

@@ -21,6 +21,8 @@ from goodput.state_dir import StateDir
 
 #: how long a command waits for another on the same stack (a `down` lets ranks save: ~75 s)
 LOCK_WAIT_S = 120.0
+#: how long a waiter gives the lock's holder to write its name, which it does just after taking it
+HOLDER_PATIENCE_S = 2.0
 
 
 class StackBusy(SystemExit):
@@ -41,8 +43,8 @@ def stack_lock(state_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
         yield
         return
     with open(StateDir(state_dir).lock, "a+") as handle:
-        if not _try_lock(handle):
-            holder = _holder(handle)
+        holder = None if _try_lock(handle) else _holder(handle)
+        if holder is not None:
             print(
                 f"{state_dir} is in use by {holder}: waiting up to {wait_s:.0f} s for it",
                 file=sys.stderr,
@@ -74,8 +76,18 @@ def _try_lock(handle) -> bool:
     return True
 
 
-def _holder(handle) -> str:
-    """Who holds the lock, as its holder wrote it (for the message only: never trusted)."""
-    handle.seek(0)
-    text = " ".join(handle.read(200).split())
-    return text or "another goodput command"
+def _holder(handle) -> str | None:
+    """Who holds the lock, as its holder wrote it (for the message only: never trusted), or
+    None once the lock is ours after all. The holder writes its name just after taking the
+    lock, so a reader that comes between the two waits a moment for it."""
+    deadline = time.monotonic() + HOLDER_PATIENCE_S
+    while True:
+        handle.seek(0)
+        text = " ".join(handle.read(200).split())
+        if text:
+            return text
+        if _try_lock(handle):
+            return None
+        if time.monotonic() > deadline:
+            return "another goodput command"
+        time.sleep(0.02)

@@ -17,8 +17,6 @@ from goodput.bus import Bus
 from goodput.bus.job_events import newest_run
 from goodput.bus.service_health import read_records, record_is_fresh
 
-ACTIVE_STATES = ("starting", "running", "restarting")
-
 
 def running_clash(
     job: str,
@@ -28,7 +26,7 @@ def running_clash(
     now_ns: int,
 ) -> str | None:
     """One line saying why ``job`` cannot start a new run now, or None if it can."""
-    if status is None or status.state not in ACTIVE_STATES:
+    if status is None or status.state not in schemas.LIVE_JOB_STATES:
         return None
     if actuator is None or not actuator.healthy or not record_is_fresh(actuator, now_ns):
         return None  # nobody is running it: the status is what a gone actuator left

@@ -158,7 +158,7 @@ class JobWatcher:
                     f"{event.world_size} on {', '.join(event.active_nodes)}"
                     + (f" — {event.detail}" if event.detail else "")
                 )
-                if event.state in ("finished", "failed", "stopped"):
+                if event.state in schemas.ENDED_JOB_STATES:
                     self.ended.set()
             case schemas.Signal():
                 self.signals.append(event)

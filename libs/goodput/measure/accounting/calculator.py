@@ -31,6 +31,7 @@ from typing import TypeVar
 from goodput import schemas
 from goodput.measure.accounting import categories as c
 from goodput.measure.accounting.intervals import WORK, Claim, Piece, partition
+from goodput.measure.accounting.labels import exit_label, fault_label, remedy_label
 from goodput.measure.accounting.report import (
     GoodputReport,
     Interruption,
@@ -315,10 +316,20 @@ class _Accounting:
         cause = ", ".join(
             sorted({s.signal for s in failures} | ({"rank_exit"} if outage.exits else set()))
         )
+        acting = [d for d in outage.decisions if d.command_ids]
+        acted_on = {d.signal_id for d in acting}
+        # the fault the controller answered names the interruption (a lost node's ranks crash
+        # before its heartbeats are missed: "node lost n1" says more than "crash rank 2")
+        named = next((s for s in failures if s.signal_id in acted_on), None) or next(
+            iter(failures), None
+        )
+        remedies = [remedy_label(d) for d in sorted(acting, key=lambda d: d.ts)]
         resumed = executions[outage.after.first].end if outage.after else None
         return claims, Interruption(
             fault_s=fault,
             cause=cause,
+            fault=fault_label(named) if named is not None else exit_label(outage.exits[0]),
+            remedy=" → ".join(dict.fromkeys(remedies)),
             detected_s=detected,
             decided_s=decided,
             restarted_s=restarted,
@@ -400,11 +411,20 @@ class _Accounting:
         ]
         markers: list[Marker] = []
         for failure in failures:
-            markers.append(Marker(t_s=failure.fault_s, kind="failure", detail=failure.cause))
+            markers.append(
+                Marker(
+                    t_s=failure.fault_s, kind="failure", detail=failure.cause, label=failure.fault
+                )
+            )
             if failure.detected_s is not None:
                 markers.append(Marker(t_s=failure.detected_s, kind="detected"))
-            if failure.decided_s is not None:
-                markers.append(Marker(t_s=failure.decided_s, kind="decision"))
+        # every remediation of a signal (a fault's, a straggler's, a node's return), labelled
+        # with its rule; the controller's own checkpoint-interval tuning answers no signal
+        markers += [
+            Marker(t_s=self.sec(d.ts), kind="decision", label=remedy_label(d))
+            for d in self.of(schemas.Decision)
+            if d.command_ids and d.signal_id
+        ]
         markers += [Marker(t_s=t, kind="restart") for t in self.restarts]
         markers += [
             Marker(t_s=self.sec(e.ts), kind="checkpoint", detail=f"step {e.step}")
@@ -417,7 +437,7 @@ class _Accounting:
             if e.rank == self.ref_rank
         ]
         markers += [
-            Marker(t_s=self.sec(e.ts), kind="straggler", detail=e.node)
+            Marker(t_s=self.sec(e.ts), kind="straggler", detail=e.node, label=fault_label(e))
             for e in self.of(schemas.Signal)
             if e.signal == "straggler"
         ]

@@ -53,14 +53,16 @@ def render_html(report: GoodputReport, timeline: bytes, breakdown: bytes) -> str
         f"<td>{e(google)}</td></tr>"
         for key, title, seconds, google in breakdown_rows(report)
     )
+    # fault and remediation in the words the timeline's labels use (Interruption.fault, .remedy)
     failures = "".join(
-        f'<tr><td class="num">{e(duration(f.fault_s))}</td><td>{e(f.cause)}</td>'
+        f'<tr><td class="num">{e(duration(f.fault_s))}</td><td>{e(f.fault)}</td>'
+        f"<td>{e(f.remedy)}</td><td><code>{e(f.cause)}</code></td>"
         f'<td class="num">{e(duration(f.repair_s))}</td></tr>'
         for f in report.failures
     )
     failures_table = (
-        "<h2>Interruptions</h2><table><tr><th>at</th><th>cause</th><th>time to repair</th></tr>"
-        f"{failures}</table>"
+        "<h2>Interruptions</h2><table><tr><th>at</th><th>fault</th><th>remediation</th>"
+        f"<th>signals</th><th>time to repair</th></tr>{failures}</table>"
         if report.failures
         else ""
     )
@@ -74,7 +76,7 @@ def render_html(report: GoodputReport, timeline: bytes, breakdown: bytes) -> str
 <table>{summary}</table>
 {notes}
 <h2>Timeline</h2>
-{_image(timeline, "steps over wall time with failures, restarts, checkpoints and scale changes")}
+{_image(timeline, "steps over wall time, faults and remediations labelled")}
 <h2>Where the time went</h2>
 {_image(breakdown, "badput breakdown")}
 <table><tr><th>category</th><th>key</th><th>time</th><th>share</th>

@@ -39,8 +39,11 @@ class Marker(msgspec.Struct, frozen=True, kw_only=True):
     t_s: float
     kind: MarkerKind
     detail: str = ""
+    #: the words the plot writes at the marker (:mod:`goodput.measure.accounting.labels`): a
+    #: fault's (``crash rank 1``), a decision's rule (``hot-swap``); "" for none
+    label: str = ""
     #: more than 1: this marker stands for ``count`` markers of its kind from ``t_s`` to
-    #: ``until_s``, and ``detail`` names the first and the last
+    #: ``until_s``, ``detail`` names the first and the last, ``label`` is the first's
     count: int = 1
     until_s: float | None = None
 
@@ -64,6 +67,10 @@ class Interruption(msgspec.Struct, frozen=True, kw_only=True):
 
     fault_s: float
     cause: str
+    #: the fault in words, as its marker is labelled (the signal the controller acted on)
+    fault: str = ""
+    #: the rules of the decisions that remedied it, in order (``in-process-restart → hot-swap``)
+    remedy: str = ""
     detected_s: float | None = None
     decided_s: float | None = None
     restarted_s: float | None = None
@@ -204,6 +211,7 @@ def _aggregate(group: list[Marker], limit: int) -> list[Marker]:
                 t_s=first.t_s,
                 kind=first.kind,
                 detail=f"{first.detail} … {last.detail}" if first.detail else "",
+                label=first.label,
                 count=sum(m.count for m in run),
                 until_s=last.until_s if last.until_s is not None else last.t_s,
             )

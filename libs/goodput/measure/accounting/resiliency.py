@@ -44,6 +44,8 @@ CHECKPOINT_LOADED = "checkpoint_loaded"
 CHECKPOINT_SAVED = "checkpoint_saved"
 USER_TERMINATED = "user_terminated"
 JOB_TERMINATED = "job_terminated"
+#: the words on the plot for a run that ended without the user asking (the log says no more)
+TERMINATED_LABEL = "job terminated"
 
 ResiliencyEventType = Literal[
     "user_scheduled",
@@ -263,12 +265,15 @@ def compute_resiliency_goodput(
                 Interruption(
                     fault_s=run.end,
                     cause=JOB_TERMINATED,
+                    fault=TERMINATED_LABEL,
                     restarted_s=following.start,
                     resumed_s=resumed,
                     repair_s=resumed - run.end,
                 )
             )
-            markers.append(Marker(t_s=run.end, kind="failure", detail=JOB_TERMINATED))
+            markers.append(
+                Marker(t_s=run.end, kind="failure", detail=JOB_TERMINATED, label=TERMINATED_LABEL)
+            )
         run.marks = []  # read by the previous run's turn (resumed), not needed any more
 
     _mark_thrown_away(segments, rollbacks)

@@ -1,7 +1,7 @@
 """The tier table: every place a checkpoint's bytes are kept or restored from, once, with
 the properties the code asks of it.
 
-A tier's wire name is spelled in the two Literals below (mypy binds every producer to them);
+A tier's wire name is spelled in the Literals below (mypy binds every producer to them);
 everything else about a tier — whether the replicator stores and indexes copies there, whose
 machine holds it, whether it outlives the node, how near a restore finds it, what a person
 reads — is a column of :data:`TIERS`, which is checked against the Literals when this module
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final, Literal, get_args
 
 #: where the replicator keeps checkpoint copies and indexes them (``CopyRecord.tier``)
@@ -61,58 +62,60 @@ class Tier:
         return self.locality != "own"
 
 
-#: every tier, nearest first
-TIERS: Final[dict[RestoreSource, Tier]] = {
-    tier.name: tier
-    for tier in (
-        Tier(
-            name=HOST,
-            title="host memory",
-            nearness=0,
-            stored=False,
-            locality="own",
-            on_node=True,
-        ),
-        Tier(
-            name=LOCAL,
-            title="local volume",
-            nearness=1,
-            stored=True,
-            locality="own",
-            on_node=True,
-        ),
-        Tier(
-            name=SHARED,
-            title="shared filesystem",
-            nearness=2,
-            stored=False,
-            locality="shared",
-            on_node=False,
-        ),
-        Tier(
-            name=PEER,
-            title="peer",
-            nearness=3,
-            stored=True,
-            locality="remote",
-            on_node=True,
-        ),
-        Tier(
-            name=OBJECT_STORE,
-            title="object store",
-            nearness=4,
-            stored=True,
-            locality="remote",
-            on_node=False,
-        ),
-    )
-}
+#: every tier, nearest first (read-only)
+TIERS: Final[Mapping[RestoreSource, Tier]] = MappingProxyType(
+    {
+        tier.name: tier
+        for tier in (
+            Tier(
+                name=HOST,
+                title="host memory",
+                nearness=0,
+                stored=False,
+                locality="own",
+                on_node=True,
+            ),
+            Tier(
+                name=LOCAL,
+                title="local volume",
+                nearness=1,
+                stored=True,
+                locality="own",
+                on_node=True,
+            ),
+            Tier(
+                name=SHARED,
+                title="shared filesystem",
+                nearness=2,
+                stored=False,
+                locality="shared",
+                on_node=False,
+            ),
+            Tier(
+                name=PEER,
+                title="peer",
+                nearness=3,
+                stored=True,
+                locality="remote",
+                on_node=True,
+            ),
+            Tier(
+                name=OBJECT_STORE,
+                title="object store",
+                nearness=4,
+                stored=True,
+                locality="remote",
+                on_node=False,
+            ),
+        )
+    }
+)
 
 #: the storage tiers, nearest first
 STORAGE_TIERS: Final[tuple[StorageTier, ...]] = get_args(StorageTier)
 
 
-def check_table(table: Mapping[str, Tier]) -> None:
+def check_table(table: Mapping[RestoreSource, Tier]) -> None:
     """Raise unless ``table`` and the Literals name the same tiers, in the same order (nearest
     first), each once; run on :data:`TIERS` at import."""
     sources: tuple[str, ...] = get_args(RestoreSource)

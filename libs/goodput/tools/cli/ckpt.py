@@ -468,7 +468,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             f"--{_keep_option(tier).replace('_', '-')}",
             type=int,
             default=DEFAULT_KEEP[tier],
-            help=f"complete checkpoints kept on the {TIERS[tier].title} (below 1: every one)",
+            help=f"complete checkpoints the {TIERS[tier].title} tier keeps (below 1: every one)",
         )
     gc.add_argument(
         "--require",

@@ -268,7 +268,8 @@ async def test_already_restored_files_are_verified_not_copied(node, tmp_path: Pa
     report = await restore_to_volume(
         STEP, manifest.files, tmp_path / "fresh", sources, manifest=manifest
     )
-    assert {f.tier for f in report.files} == {"present"}
+    assert all(f.already_present and f.bytes_moved == 0 for f in report.files)
+    assert {f.tier for f in report.files} == {"local"}
 
 
 def corrupt(path: Path) -> None:

@@ -56,7 +56,9 @@ import msgspec
 #: fills a node's volume with the checkpoint its ranks restore (``RestoreToNode.before_step``)
 #: 16: a node's step reports rolled up into one event (``StepsDone``, ``RankStep``), published
 #: by its first local rank; a rank's own ``StepDone`` stays valid (``schemas.expand_steps``)
-SCHEMA_VERSION = 16
+#: 17: a restore from torch-save's shared directory is reported as read from there
+#: (``CheckpointRestored.tier`` "shared", the tier ``RestoreResult`` names), not as "local"
+SCHEMA_VERSION = 17
 
 #: the longest duration a message may carry (about 31 years): rejects an infinite or absurd value
 MAX_DURATION_S = 1e9

@@ -21,6 +21,7 @@ from goodput.schemas.envelope import (
     new_id,
 )
 from goodput.schemas.steps import StepDone, StepsDone
+from goodput.schemas.tiers import RestoredFrom
 
 
 class RankStarted(Event, tag="rank_started", kw_only=True):
@@ -118,17 +119,14 @@ class CheckpointBackedUp(Event, tag="ckpt_backed_up", kw_only=True):
     duration_s: Seconds
 
 
-#: where checkpoint copies are kept, nearest first: the one spelling of the storage tiers
-StorageTier = Literal["local", "peer", "object_store"]
-STORAGE_TIERS: tuple[StorageTier, ...] = ("local", "peer", "object_store")
-
-
 class CheckpointRestored(Event, tag="ckpt_restored", kw_only=True):
     node: Token
     rank: int
     step: int
-    #: "host": a survivor of an in-process restart, from the engine's host buffers
-    tier: Literal[StorageTier, "host", "none"]
+    #: where the bytes were read (``schemas.tiers``; "host": a survivor of an in-process
+    #: restart, from the engine's host buffers; "shared": torch-save's shared directory, schema
+    #: 17); "none": nothing to restore
+    tier: RestoredFrom
     duration_s: Seconds
     bytes: int = 0
     fallbacks: list[str] = msgspec.field(default_factory=list)

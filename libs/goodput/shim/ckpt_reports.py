@@ -3,10 +3,11 @@ shim publishes about its saves and restores."""
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import TypedDict
 
 from goodput import schemas
 from goodput.checkpoint.engine import events as ckpt_events
+from goodput.schemas.tiers import RestoreSource
 
 
 class _RankFields(TypedDict):
@@ -18,9 +19,11 @@ class _RankFields(TypedDict):
 
 
 def checkpoint_report(
-    event: ckpt_events.CheckpointEvent, job: str, node: str, rank: int
+    event: ckpt_events.CheckpointEvent, job: str, node: str, rank: int, volume: RestoreSource
 ) -> schemas.Event | None:
-    """The bus event for one engine event of this rank (None: not reported)."""
+    """The bus event for one engine event of this rank (None: not reported); ``volume``: the
+    tier the engine saves to and restores from (the node's own volume, or torch-save's shared
+    directory), which a restore is reported as read from."""
     common = _RankFields(job=job, node=node, rank=rank)
     match event:
         case ckpt_events.CheckpointSaved():
@@ -48,7 +51,7 @@ def checkpoint_report(
                 node,
                 rank,
                 event.step,
-                "local",
+                volume,
                 event.duration_s,
                 event.bytes,
                 fallbacks,
@@ -62,7 +65,7 @@ def restored_report(
     node: str,
     rank: int,
     step: int,
-    tier: Literal["local", "host"],
+    tier: RestoreSource,
     duration_s: float,
     nbytes: int,
     fallbacks: list[str] | None = None,

@@ -15,6 +15,7 @@ from goodput.checkpoint.engine.device_copy import restore_pinned_bytes
 from goodput.checkpoint.engine.parts_commit import PartLayout
 from goodput.checkpoint.index.retention import DEFAULT_KEEP
 from goodput.launch.rank_env import VARIABLES, RankEnv, RankEnvError
+from goodput.schemas.tiers import LOCAL
 from goodput.subjects import DEFAULT_JOB
 
 
@@ -39,7 +40,7 @@ class ShimConfig(msgspec.Struct, kw_only=True):
     ckpt_every: int = 50
     #: complete checkpoints the node's volume keeps where no replicator serves it (one that
     #: does publishes its own ``keep_local``, and the engine keeps as many)
-    keep_last: int = DEFAULT_KEEP["local"]
+    keep_last: int = DEFAULT_KEEP[LOCAL]
     #: "async": goodput's checkpoint engine; "torch-save": the synchronous baseline
     #: (rank 0 writes into a ``ckpt_dir`` every node shares), for comparisons
     ckpt_mode: Literal["async", "torch-save"] = "async"

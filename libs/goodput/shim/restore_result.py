@@ -9,20 +9,16 @@ data-parallel size changed and run the rescale callbacks (:mod:`goodput.shim.res
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
+from goodput.schemas.tiers import RestoreSource
 from goodput.shim.dp_layout import DpLayout
 from goodput.shim.rescale import BatchPlan, Rescale, RescaleCallback, run_callbacks
 
 #: the top-level key of a saved state that holds goodput's record of it (not the user's data)
 METADATA_KEY = "__goodput__"
-
-#: where the restored bytes were read: the node's own volume (peers and the object store
-#: fill that volume before the ranks start), the directory every node shares (torch-save), or
-#: the checkpoint engine's host buffer after an in-process restart (``goodput.checkpoint.engine.host_restore``)
-RestoreTier = Literal["local", "shared", "host"]
 
 
 class CheckpointMetadata(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -70,8 +66,11 @@ class RestoreResult:
     step: int
     #: the user's state, loaded into the template's tensors (metadata removed)
     state: dict[str, Any]
-    #: where the bytes were read
-    tier: RestoreTier
+    #: where the bytes were read: the node's own volume ("local"; peers and the object store
+    #: fill it before the ranks start), the directory every node shares ("shared": torch-save),
+    #: or the engine's host buffer after an in-process restart ("host"); what the rank's
+    #: ``CheckpointRestored`` event says too
+    tier: RestoreSource
     #: the layout of the ranks that saved it; None for a checkpoint saved without one
     saved_layout: DpLayout | None
     #: the layout of the ranks restoring it
@@ -87,7 +86,7 @@ def resolve_restore(
     step: int,
     state: dict[str, Any],
     *,
-    tier: RestoreTier,
+    tier: RestoreSource,
     layout: DpLayout,
     plan: BatchPlan | None,
     callbacks: list[RescaleCallback],

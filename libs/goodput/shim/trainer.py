@@ -27,7 +27,7 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -37,6 +37,7 @@ from goodput.checkpoint.engine import events as ckpt_events
 from goodput.checkpoint.engine.host_restore import HostRestore, restore_from_host
 from goodput.checkpoint.engine.torch_save import TorchSaveCheckpointer
 from goodput.launch.rank_env import EXIT_TERMINATED, skipped
+from goodput.schemas.tiers import HOST, LOCAL, SHARED, RestoreSource
 from goodput.shim.agree import all_reduce_min, grouped
 from goodput.shim.ckpt_reports import checkpoint_report, restored_report
 from goodput.shim.config import ShimConfig, node_parts
@@ -50,7 +51,6 @@ from goodput.shim.restore_agreement import restore_agreed
 from goodput.shim.restore_result import (
     CheckpointMetadata,
     RestoreResult,
-    RestoreTier,
     resolve_restore,
     with_metadata,
 )
@@ -214,7 +214,7 @@ class TrainerShim:
 
     def _restore_agreed(
         self, template_state: dict[str, Any]
-    ) -> tuple[int, dict[str, Any], RestoreTier] | None:
+    ) -> tuple[int, dict[str, Any], RestoreSource] | None:
         """The same step on every rank (``goodput.shim.restore_agreement``), at or before a
         numerical rollback's bound (``goodput.shim.rollback``: the newer steps are discarded)."""
         before = self.config.restore_before_step
@@ -235,10 +235,10 @@ class TrainerShim:
         return restored
 
     @property
-    def _volume_tier(self) -> RestoreTier:
-        return "shared" if self.config.ckpt_mode == "torch-save" else "local"
+    def _volume_tier(self) -> RestoreSource:
+        return SHARED if self.config.ckpt_mode == "torch-save" else LOCAL
 
-    def _load(self, step: int, template_state: dict[str, Any]) -> tuple[int, Any, RestoreTier]:
+    def _load(self, step: int, template_state: dict[str, Any]) -> tuple[int, Any, RestoreSource]:
         """``step`` from host memory where it is held intact: this rank's own buffer after an
         in-process restart, the node's other ranks' segments (survivors', and a killed rank's
         until the next save) in any case; what memory lacks or holds corrupt comes from the
@@ -251,7 +251,7 @@ class TrainerShim:
         # lacks (the optimizer's moments of later steps) would survive the restore
         outcome = restore_from_host(self.engine, step, template_state, own=own, merge=not own)
         if isinstance(outcome, HostRestore):
-            tier: Literal["host", "local"] = "host" if outcome.host_bytes else "local"
+            tier: RestoreSource = HOST if outcome.host_bytes else LOCAL
             log.info(
                 "restored step %d: %d bytes from host memory, %d from the volume",
                 outcome.step,
@@ -492,6 +492,7 @@ class TrainerShim:
         self.telemetry.observe(event)
 
     def _on_ckpt_event(self, event: ckpt_events.CheckpointEvent) -> None:
-        report = checkpoint_report(event, self.config.job, self.config.node, self.config.rank)
+        c = self.config
+        report = checkpoint_report(event, c.job, c.node, c.rank, self._volume_tier)
         if report is not None:
             self._publish(report)

@@ -41,7 +41,7 @@ from goodput.checkpoint.format import (
     verify_manifest_and_files,
 )
 from goodput.checkpoint.index.records import CopyRecord, FileRef, copy_key, part_fields
-from goodput.schemas.events import StorageTier
+from goodput.schemas.tiers import LOCAL, PEER, StorageTier
 
 #: how a copy was checked before it was reported (see the module's docstring)
 Check = Literal["hashed", "sealed", "received"]
@@ -115,12 +115,12 @@ class DiskHoldings:
 
     def _places(self) -> list[tuple[StorageTier, str, str]]:
         """(tier, owner, root relative to the node dir) of every checkpoint parent directory."""
-        places: list[tuple[StorageTier, str, str]] = [("local", self.node, local_root(self.job))]
+        places: list[tuple[StorageTier, str, str]] = [(LOCAL, self.node, local_root(self.job))]
         peers = self.directory / "peer" / self.job
         if peers.is_dir():
             for owner in sorted(os.listdir(peers)):
                 if not owner.startswith(".") and (peers / owner).is_dir():
-                    places.append(("peer", owner, peer_root(self.job, owner)))
+                    places.append((PEER, owner, peer_root(self.job, owner)))
         return places
 
     def _check(self, tier: StorageTier, directory: Path) -> Check:
@@ -129,7 +129,7 @@ class DiskHoldings:
         seal = self.received.pop(directory, None)
         if not self.trust or not self._started:
             return "hashed"
-        if tier == "local":
+        if tier == LOCAL:
             return "sealed"
         try:
             same = seal is not None and read_manifest(directory).manifest_xxh3_128 == seal

@@ -18,7 +18,7 @@ from goodput.checkpoint.tiers.store_uri import (
     StoreUriError,
     parse_store_uri,
 )
-from goodput.schemas.events import StorageTier
+from goodput.schemas.tiers import LOCAL, OBJECT_STORE, PEER, StorageTier
 from goodput.state_dir import StateDir
 
 
@@ -76,9 +76,9 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     #: retention: complete checkpoints kept per tier, and the tiers a newer checkpoint must be
     #: complete in before anything older is deleted anywhere. ``keep_local`` is the node
     #: volume's one count: published in its retention record, the ranks' engine keeps as many
-    keep_local: int = DEFAULT_KEEP["local"]
-    keep_peer: int = DEFAULT_KEEP["peer"]
-    keep_object_store: int = DEFAULT_KEEP["object_store"]
+    keep_local: int = DEFAULT_KEEP[LOCAL]
+    keep_peer: int = DEFAULT_KEEP[PEER]
+    keep_object_store: int = DEFAULT_KEEP[OBJECT_STORE]
     gc_require: list[StorageTier] = msgspec.field(default_factory=lambda: list(DEFAULT_REQUIRE))
     gc_interval_s: float = 30.0
 

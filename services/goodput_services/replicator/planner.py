@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from goodput.checkpoint.index.index import IndexSnapshot
 from goodput.checkpoint.index.records import CopyRecord
+from goodput.schemas.tiers import LOCAL, OBJECT_STORE, PEER, TIERS
 from goodput_services.replicator.options import ReplicatorOptions
 from goodput_services.replicator.topology import choose_peers, reachable
 
@@ -77,7 +78,7 @@ def identical_holders(snapshot: IndexSnapshot, mine: CopyRecord) -> set[str]:
     return {
         c.holder
         for c in snapshot.copies
-        if c.tier == "local" and c.step == mine.step and c.same_data(mine)
+        if c.tier == LOCAL and c.step == mine.step and c.same_data(mine)
     }
 
 
@@ -97,7 +98,7 @@ def plan_replication(
     done = {
         c.holder
         for c in snapshot.copies
-        if c.tier == "peer" and c.owner == held.node and c.step == mine.step
+        if c.tier == PEER and c.owner == held.node and c.step == mine.step
     } | {
         peer
         for (step, peer), at in memory.pushed.items()
@@ -117,7 +118,7 @@ def plan_replication(
     identical = {
         c.holder
         for c in snapshot.copies
-        if c.tier != "object_store" and c.step == mine.step and c.same_data(mine)
+        if TIERS[c.tier].on_node and c.step == mine.step and c.same_data(mine)
     } - {held.node}
     chosen = choose_peers(
         me, candidates, identical=identical, count=missing, block_label=options.block_label
@@ -148,7 +149,7 @@ def recall_last_backup(
     """The last backup to count from: remembered, or (after a restart) the newest indexed."""
     if memory.last_backup is not None:
         return memory.last_backup
-    ours = [c.step for c in snapshot.all_copies if c.tier == "object_store" and c.owner == node]
+    ours = [c.step for c in snapshot.all_copies if c.tier == OBJECT_STORE and c.owner == node]
     return (max(ours), now) if ours else None
 
 
@@ -184,12 +185,12 @@ def _should_wait_for_leader(
     if mine.is_part or now - held.first_seen >= options.backup_wait_s:
         return False
     if any(
-        c.tier == "object_store" and c.step == mine.step and c.same_data(mine)
+        c.tier == OBJECT_STORE and c.step == mine.step and c.same_data(mine)
         for c in snapshot.all_copies
     ):
         return False
     leader = min(identical_holders(snapshot, mine) | {held.node})
-    indexed = {c.holder for c in snapshot.copies if c.tier == "local" and c.step == mine.step}
+    indexed = {c.holder for c in snapshot.copies if c.tier == LOCAL and c.step == mine.step}
     undecided = [n.node for n in snapshot.live_nodes() if n.node not in indexed]
     return leader != held.node or any(n < held.node for n in undecided)
 

@@ -13,15 +13,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from goodput import schemas
 from goodput.checkpoint.format import local_root
 from goodput.checkpoint.format.parts import parse_staged_part
-from goodput.checkpoint.index.index import TIER_ORDER, IndexSnapshot, StepView
+from goodput.checkpoint.index.index import IndexSnapshot, StepView
 from goodput.checkpoint.tiers.object_store import ObjectStore
 from goodput.checkpoint.tiers.restore import RestoreError, RestoreReport, restore_to_volume
-from goodput.schemas.events import StorageTier
+from goodput.schemas.tiers import LOCAL, TIERS, RestoredFrom, StorageTier
 from goodput_services.replicator.restore_parts import NodePart, stage_parts
 from goodput_services.replicator.restore_sources import (
     NothingToRestore,
@@ -37,7 +36,7 @@ __all__ = ["NothingToRestore", "RestoreOutcome", "restore_to_node"]
 class RestoreOutcome:
     step: int | None
     #: the farthest tier any file came from ("none": nothing to restore)
-    tier: StorageTier | Literal["none"]
+    tier: RestoredFrom
     bytes: int = 0
     seconds: float = 0.0
     fallbacks: list[str] = field(default_factory=list)
@@ -128,13 +127,12 @@ def _outcome(reports: list[RestoreReport], fallbacks: list[str]) -> RestoreOutco
     by_tier: dict[str, int] = {}
     for f in files:
         by_tier[f.tier] = by_tier.get(f.tier, 0) + f.bytes_moved
-    used = {f.tier for f in files}
-    tier = max(used, key=lambda t: TIER_ORDER[t]) if used else "local"
+    tier: StorageTier = max((f.tier for f in files), key=lambda t: TIERS[t].nearness, default=LOCAL)
     failed = sorted({a.split(": ", 1)[0] for f in files for a in f.failed_attempts})
     staged = [parsed[1] for r in reports if (parsed := parse_staged_part(r.directory.name))]
     return RestoreOutcome(
         reports[0].step,
-        "local" if tier == "present" else tier,
+        tier,
         sum(by_tier.values()),
         sum(report.seconds for report in reports),
         fallbacks + [f"{name} failed" for name in failed],

@@ -19,7 +19,7 @@ from goodput.checkpoint.format import (
     step_dir,
     step_dir_name,
 )
-from goodput.checkpoint.index.index import TIER_ORDER, IndexSnapshot
+from goodput.checkpoint.index.index import IndexSnapshot
 from goodput.checkpoint.index.records import CopyRecord, FileRef
 from goodput.checkpoint.tiers.backup import read_listing
 from goodput.checkpoint.tiers.object_store import ObjectStore
@@ -31,6 +31,7 @@ from goodput.checkpoint.tiers.restore import (
     PeerSource,
     Source,
 )
+from goodput.schemas.tiers import PEER, TIERS
 from goodput_services.replicator.topology import block_of
 
 
@@ -51,7 +52,7 @@ def copy_sources(
     """Sources for the files of ``copies``, nearest first: the node's volume, its own peer
     area, live peers holding a copy (same block first, then ``prefer`` False before True),
     the object store. Returns (sources, the peer sources to close afterwards)."""
-    holders = [c for c in copies if c.holder != node and c.tier != "object_store"]
+    holders = [c for c in copies if c.holder != node and TIERS[c.tier].on_node]
     me = snapshot.nodes.get(node)
     my_block = block_of(me, block_label) if me else ""
     holders.sort(
@@ -66,7 +67,7 @@ def copy_sources(
         for c in holders
     ]
     locals_ = [LocalSource(volume)] + [
-        LocalSource(node_dir / c.root) for c in copies if c.holder == node and c.tier == "peer"
+        LocalSource(node_dir / c.root) for c in copies if c.holder == node and c.tier == PEER
     ]
     sources: list[Source] = [*locals_, *peers]
     if store is not None:
@@ -90,7 +91,7 @@ async def find_manifest(
     """The manifest, verbatim, from the nearest of ``copies`` whose files match the index
     (and that ``accept`` finds nothing wrong with: it returns the problem, "" for none)."""
     wanted = {(f.name, f.size, f.xxh3_128) for f in files}
-    ordered = sorted(copies, key=lambda c: (c.holder != node, TIER_ORDER[c.tier]))
+    ordered = sorted(copies, key=lambda c: (c.holder != node, TIERS[c.tier].nearness))
     problems = []
     for copy in ordered:
         where = f"manifest from {copy.tier}:{copy.holder}"
@@ -112,7 +113,7 @@ async def find_manifest(
 async def _read_manifest(
     copy: CopyRecord, node: str, node_dir: Path, store: ObjectStore | None, snapshot: IndexSnapshot
 ) -> Manifest:
-    if copy.tier == "object_store":
+    if not TIERS[copy.tier].on_node:  # the object store's listing
         if store is None:
             raise PeerError("no object store configured")
         namespace = copy.root

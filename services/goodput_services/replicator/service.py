@@ -58,7 +58,7 @@ from goodput.checkpoint.tiers.open_store import open_object_store
 from goodput.checkpoint.tiers.peer import PeerClient, PeerError, PeerServer, SourceMismatch
 from goodput.checkpoint.tiers.peer.address import AddressError, advertised_host
 from goodput.config import ServiceConfig
-from goodput.schemas.events import StorageTier
+from goodput.schemas.tiers import LOCAL, OBJECT_STORE, PEER, TIERS, StorageTier
 from goodput.telemetry import tracer
 from goodput_services.base import Service
 from goodput_services.replicator.counters import Counters, hashing_fields
@@ -127,9 +127,9 @@ class ReplicatorService(Service):
         )
         self.retention = Retention(
             keep={
-                "local": self.options.keep_local,
-                "peer": self.options.keep_peer,
-                "object_store": self.options.keep_object_store,
+                LOCAL: self.options.keep_local,
+                PEER: self.options.keep_peer,
+                OBJECT_STORE: self.options.keep_object_store,
             },
             require=tuple(self.options.gc_require),
         )
@@ -240,7 +240,7 @@ class ReplicatorService(Service):
         indexed = {
             copy_key(self.job, c): c
             for c in snapshot.copies_held_by(self.node)
-            if c.tier != "object_store"
+            if TIERS[c.tier].on_node
         }
         puts, deletes = plan_index_sync(held, indexed)
         for record in puts:
@@ -248,7 +248,7 @@ class ReplicatorService(Service):
         for record in deletes:
             await self.index.delete_copy(record)
         self.held = held
-        self.memory.local_steps_seen |= {c.step for c in held.values() if c.tier == "local"}
+        self.memory.local_steps_seen |= {c.step for c in held.values() if c.tier == LOCAL}
         if puts or deletes:
             snapshot = await self._snapshot()
         self.memory.last_backup = recall_last_backup(
@@ -312,7 +312,7 @@ class ReplicatorService(Service):
             self.volume,
             require,
             safe_steps(snapshot, require),
-            keep=self.retention.keep["local"],
+            keep=self.retention.keep[LOCAL],
         )
 
     def _attainable(self, snapshot: IndexSnapshot) -> tuple[StorageTier, ...]:
@@ -325,7 +325,7 @@ class ReplicatorService(Service):
         self._sync_asked.set()
 
     def _held(self) -> Held:
-        own = [c for c in self.held.values() if c.tier == "local"]
+        own = [c for c in self.held.values() if c.tier == LOCAL]
         mine = max(own, key=lambda c: c.step) if own else None
         first_seen = self.holdings.first_seen(mine) if mine else None
         return Held(self.node, mine, time.monotonic() if first_seen is None else first_seen)
@@ -412,7 +412,7 @@ class ReplicatorService(Service):
         await self.index.put_copy(  # the same files (and part, if one) as the own copy
             msgspec.structs.replace(
                 mine,
-                tier="object_store",
+                tier=OBJECT_STORE,
                 holder=STORE_HOLDER,
                 root=namespace,
                 files=list(mine.files),

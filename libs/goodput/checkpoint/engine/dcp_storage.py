@@ -58,6 +58,7 @@ from goodput.checkpoint.format import (
     write_manifest,
 )
 from goodput.checkpoint.index.retention import DEFAULT_KEEP
+from goodput.schemas.tiers import LOCAL
 
 #: data files dcp.load reads at once through GoodputStorageReader (DCP's takes one at a time)
 LOAD_THREADS = 4
@@ -85,7 +86,7 @@ class GoodputStorageWriter(FileSystemWriter):
         step: int,
         *,
         thread_count: int = 4,
-        keep_last: int = DEFAULT_KEEP["local"],
+        keep_last: int = DEFAULT_KEEP[LOCAL],
         listener: Listener | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> None:

@@ -52,6 +52,7 @@ from goodput.checkpoint.engine.slots import Slot, SlotState
 from goodput.checkpoint.engine.snapshot import PendingCopy, Snapshotter
 from goodput.checkpoint.engine.tree import FlatState, flatten
 from goodput.checkpoint.index.retention import DEFAULT_KEEP
+from goodput.schemas.tiers import LOCAL
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class CheckpointEngine:
         self,
         root: str | os.PathLike,
         *,
-        keep_last: int = DEFAULT_KEEP["local"],
+        keep_last: int = DEFAULT_KEEP[LOCAL],
         writer_threads: int = 4,
         read_threads: int = 2,
         direct_io: DirectMode = "auto",

@@ -33,6 +33,7 @@ from goodput.checkpoint.engine.sharded_save import is_dtensor
 from goodput.checkpoint.engine.tree import flatten
 from goodput.checkpoint.format import parse_step_dir, step_dir_name
 from goodput.checkpoint.index.retention import DEFAULT_KEEP, clean_step, decide_retention
+from goodput.schemas.tiers import LOCAL
 
 _SUFFIX = ".pt"
 
@@ -49,7 +50,7 @@ class TorchSaveCheckpointer:
         root: str | os.PathLike,
         *,
         writer: bool,
-        keep_last: int = DEFAULT_KEEP["local"],
+        keep_last: int = DEFAULT_KEEP[LOCAL],
         listener: Listener | None = None,
     ) -> None:
         self.root = Path(root)

@@ -25,6 +25,7 @@ from goodput.checkpoint.index.records import CopyRecord
 from goodput.checkpoint.index.retention import Retention, plan_gc
 from goodput.checkpoint.tiers.backup import DEFAULT_PREFIX, listing_key, listing_step, read_listing
 from goodput.checkpoint.tiers.object_store import ObjectNotFound, ObjectStore
+from goodput.schemas.tiers import LOCAL, TIERS
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def delete_from_disk(node_dir: Path, copy: CopyRecord) -> None:
     parts staged beside a local one for a reshard: they go with their step."""
     root = node_dir / copy.root
     remove_dir_safely(step_dir(root, copy.step))
-    if copy.tier == "local":
+    if copy.tier == LOCAL:
         for staged in staged_parts(root, copy.step).values():
             remove_dir_safely(staged)
 
@@ -47,9 +48,7 @@ def volumes_clean_through(
     checkpoint at or before it: :func:`plan_gc` keeps it). A record that cannot be trusted
     protects nothing extra (logged); a node without one is left out."""
     volumes = {
-        (c.holder, c.root)
-        for c in snapshot.all_copies
-        if c.tier == "local" and c.holder in disks_of
+        (c.holder, c.root) for c in snapshot.all_copies if c.tier == LOCAL and c.holder in disks_of
     }
     clean: dict[str, int] = {}
     for holder, root in sorted(volumes):
@@ -151,12 +150,12 @@ async def collect_garbage(
     doomed = plan_gc(snapshot, retention, clean)
     report = GcReport([])
     for copy in doomed:
-        if copy.tier != "object_store" and copy.holder in disks_of:
+        if TIERS[copy.tier].on_node and copy.holder in disks_of:
             await asyncio.to_thread(delete_from_disk, node_dir(state_dir, copy.holder), copy)
             await index.delete_copy(copy)
             report.deleted.append(copy)
     if store is not None:
-        listings = [c for c in doomed if c.tier == "object_store"]
+        listings = [c for c in doomed if not TIERS[c.tier].on_node]
         if listings:
             in_use = {f.xxh3_128 for c in snapshot.all_copies for f in c.files if c not in doomed}
             report.blobs_deleted = await asyncio.to_thread(

@@ -38,11 +38,10 @@ from goodput.checkpoint.index.records import (
     key_kind,
     node_key,
 )
-from goodput.schemas.events import StorageTier
+from goodput.schemas.tiers import TIERS, StorageTier
 
 log = logging.getLogger(__name__)
 
-TIER_ORDER: dict[str, int] = {"present": 0, "local": 0, "peer": 1, "object_store": 2}
 #: a node whose announcement is older than this holds nothing, as far as the index is
 #: concerned. Announcements are written on change and refreshed every ``node_ttl_s /
 #: REFRESHES_PER_TTL`` (``index/announcement.py``): the TTL is the backstop for a node that
@@ -240,8 +239,9 @@ class IndexSnapshot:
 
     @property
     def copies(self) -> list[CopyRecord]:
-        """Copies that count: the object store's, and those held by live nodes."""
-        return [c for c in self.all_copies if c.tier == "object_store" or self.alive(c.holder)]
+        """Copies that count: those no node holds (the object store's), and those held by
+        live nodes."""
+        return [c for c in self.all_copies if not TIERS[c.tier].on_node or self.alive(c.holder)]
 
     def steps(self) -> list[int]:
         return sorted({c.step for c in self.copies}, reverse=True)
@@ -249,7 +249,7 @@ class IndexSnapshot:
     def view(self, step: int) -> StepView:
         copies = tuple(c for c in self.copies if c.step == step)
         commits: dict[Commit, dict[int, list[CopyRecord]]] = {}
-        for copy in sorted(copies, key=lambda c: (TIER_ORDER[c.tier], c.holder, c.owner)):
+        for copy in sorted(copies, key=lambda c: (TIERS[c.tier].nearness, c.holder, c.owner)):
             if copy.is_part:
                 commits.setdefault((copy.commit, copy.parts), {}).setdefault(copy.part, [])
                 commits[(copy.commit, copy.parts)][copy.part].append(copy)
@@ -265,7 +265,7 @@ class IndexSnapshot:
                 if copy not in holders:
                     holders.append(copy)
         owners: dict[str, tuple[FileLocations, ...]] = {}
-        for copy in sorted(whole, key=lambda c: (c.owner, TIER_ORDER[c.tier])):
+        for copy in sorted(whole, key=lambda c: (c.owner, TIERS[c.tier].nearness)):
             if copy.owner not in owners:
                 owners[copy.owner] = tuple(
                     FileLocations(f, tuple(by_content[(f.size, f.xxh3_128)])) for f in copy.files

@@ -30,7 +30,7 @@ import msgspec
 from goodput import subjects
 from goodput.checkpoint.format.parts import MAX_PARTS, PartOf
 from goodput.checkpoint.tiers.store_uri import LEGACY_ENDPOINT_KEY, StoreUri, parse_store_uri
-from goodput.schemas.events import StorageTier
+from goodput.schemas.tiers import StorageTier
 
 INDEX_SCHEMA_VERSION = 2
 STORE_HOLDER = "store"

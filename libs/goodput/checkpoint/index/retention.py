@@ -23,16 +23,16 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from goodput.schemas.events import STORAGE_TIERS, StorageTier
+from goodput.schemas.tiers import LOCAL, OBJECT_STORE, PEER, STORAGE_TIERS, TIERS, StorageTier
 
 if TYPE_CHECKING:
     from goodput.checkpoint.index.index import IndexSnapshot, StepView
     from goodput.checkpoint.index.records import CopyRecord
 
 #: complete checkpoints kept per tier unless configured otherwise
-DEFAULT_KEEP: dict[StorageTier, int] = {"local": 2, "peer": 2, "object_store": 3}
+DEFAULT_KEEP: dict[StorageTier, int] = {LOCAL: 2, PEER: 2, OBJECT_STORE: 3}
 #: tiers a newer checkpoint must be complete in before anything older is deleted anywhere
-DEFAULT_REQUIRE: tuple[StorageTier, ...] = ("peer",)
+DEFAULT_REQUIRE: tuple[StorageTier, ...] = (PEER,)
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def attainable(
     """The tiers of ``require`` this job can reach at all: a guard no copy can ever meet would
     keep every checkpoint forever. A peer needs a second node in the job's index (live or not:
     a peer that is down is what the guard waits out), the object store a configured store."""
-    reachable = {"peer": len(snapshot.nodes) > 1, "object_store": has_store}
+    reachable = {PEER: len(snapshot.nodes) > 1, OBJECT_STORE: has_store}
     return tuple(tier for tier in require if reachable.get(tier, True))
 
 
@@ -137,7 +137,8 @@ def plan_gc(
         for holder, copies in holders.items():
             steps = {c.step for c in copies}
             held = [step for step in complete_here if step in steps]
-            clean = clean_through.get(holder) if tier == "local" else job_clean
+            own = TIERS[tier].locality == "own"  # the holder's own volume: its own record
+            clean = clean_through.get(holder) if own else job_clean
             protected = clean_step(held, clean)
             decision = decide_retention(steps, complete_here, retention.keep[tier], safe, protected)
             gone = set(decision.delete)

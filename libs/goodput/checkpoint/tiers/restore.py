@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 from goodput.checkpoint.format import (
     ChecksumMismatch,
@@ -39,7 +39,7 @@ from goodput.checkpoint.tiers.object_store import ObjectNotFound, ObjectStore
 from goodput.checkpoint.tiers.peer.channel import Progress
 from goodput.checkpoint.tiers.peer.client import PeerClient, PeerError
 from goodput.checkpoint.tiers.streams import STREAMS, largest_first
-from goodput.schemas.events import StorageTier
+from goodput.schemas.tiers import LOCAL, OBJECT_STORE, PEER, StorageTier
 
 
 class SourceMiss(LookupError):
@@ -72,7 +72,7 @@ class Source(Protocol):
 class LocalSource:
     """The node's own checkpoint volume (``<root>/step-<step>/``)."""
 
-    tier: StorageTier = "local"
+    tier: StorageTier = LOCAL
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -98,7 +98,7 @@ class PeerSource:
     checkpoints, relative to the root it serves. Interrupted pulls resume on retry. Each
     concurrent fetch has a connection of its own (opened on demand, kept for the next)."""
 
-    tier: StorageTier = "peer"
+    tier: StorageTier = PEER
 
     def __init__(self, host: str, port: int, remote_root: str = "") -> None:
         self.host = host
@@ -143,7 +143,7 @@ class PeerSource:
 class ObjectStoreSource:
     """Content-addressed blobs in an object store (see :mod:`goodput.checkpoint.tiers.backup`)."""
 
-    tier: StorageTier = "object_store"
+    tier: StorageTier = OBJECT_STORE
 
     def __init__(self, store: ObjectStore, prefix: str = DEFAULT_PREFIX) -> None:
         self.store = store
@@ -163,12 +163,14 @@ class ObjectStoreSource:
 @dataclass(frozen=True)
 class FileRestore:
     name: str
-    #: which tier served it; "present" if a verified copy was already in place
-    tier: StorageTier | Literal["present"]
+    #: which tier served it (the local volume when a verified copy was already in place)
+    tier: StorageTier
     source: str
     bytes_moved: int
     seconds: float
     failed_attempts: tuple[str, ...] = ()
+    #: a verified copy was already in place: nothing was read
+    already_present: bool = False
 
 
 @dataclass
@@ -225,7 +227,8 @@ async def _restore_file(
     started = time.perf_counter()
     if await asyncio.to_thread(_is_verified_copy, final, entry):
         progress(entry.size)
-        return FileRestore(entry.name, "present", str(final), 0, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        return FileRestore(entry.name, LOCAL, str(final), 0, seconds, already_present=True)
     partial = partial_path(final, entry.xxh3_128)
     attempts: list[str] = []
     for source in sources:

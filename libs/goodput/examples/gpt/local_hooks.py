@@ -16,6 +16,7 @@ import torch
 
 from goodput import schemas
 from goodput.launch.rank_env import skipped
+from goodput.schemas.tiers import SHARED
 from goodput.shim.collectives import broadcast_object, grouped
 from goodput.shim.dp_layout import DpLayout
 from goodput.shim.rescale import BatchPlan, RescaleCallback
@@ -146,7 +147,7 @@ class LocalFileHooks:
         log.info("restored step %d from %s", chosen[0], self.directory)
         result, applied = resolve_restore(
             *chosen,
-            tier="shared",
+            tier=SHARED,
             layout=self.layout,
             plan=plan,
             callbacks=self._rescale_callbacks,

@@ -7,14 +7,20 @@ from typing import Literal
 
 import msgspec
 
+from goodput.schemas.tiers import HOST, LOCAL, OBJECT_STORE, PEER, TIERS, RestoreSource
+
 NodeRole = Literal["active", "spare", "failed", "unknown"]
 CheckpointStage = Literal["saved", "persisted", "replicated", "backed_up"]
-#: where each tier's copy lives, in the order a restore prefers them
+#: the tier each stage leaves a copy in (``schemas.tiers``), in the order a restore prefers them
+STAGE_TIERS: dict[CheckpointStage, RestoreSource] = {
+    "saved": HOST,
+    "persisted": LOCAL,
+    "replicated": PEER,
+    "backed_up": OBJECT_STORE,
+}
+#: what a person reads for each stage's copy
 TIER_TITLES: dict[CheckpointStage, str] = {
-    "saved": "host memory (snapshot)",
-    "persisted": "local volume",
-    "replicated": "peer",
-    "backed_up": "object store",
+    stage: TIERS[tier].title for stage, tier in STAGE_TIERS.items()
 }
 
 

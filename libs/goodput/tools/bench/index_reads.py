@@ -45,7 +45,7 @@ from goodput.checkpoint.index.records import (
     encode,
     node_key,
 )
-from goodput.schemas.events import STORAGE_TIERS
+from goodput.schemas.tiers import STORAGE_TIERS
 from goodput.state_dir import StateDir
 from goodput.tools.bench.arguments import positive_int
 

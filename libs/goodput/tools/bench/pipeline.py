@@ -30,6 +30,7 @@ from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.checkpoint.format import node_volume, step_dir_name
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
+from goodput.schemas.tiers import PEER
 from goodput.state_dir import StateDir
 
 JOB = "bench-pipeline"
@@ -134,7 +135,7 @@ async def _persist_and_wait(
         await _until(
             index,
             lambda s: any(
-                c.tier == "peer" and c.owner == NODES[0] and c.holder == NODES[1] for c in s.copies
+                c.tier == PEER and c.owner == NODES[0] and c.holder == NODES[1] for c in s.copies
             ),
             "the peer copy",
         )

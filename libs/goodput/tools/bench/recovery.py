@@ -63,6 +63,7 @@ from goodput.bus.job_events import JobEvents
 from goodput.config import add_bus_arguments, count_at_least
 from goodput.launch.rank_env import knobs
 from goodput.policy import REPEAT_FAILURES
+from goodput.schemas.tiers import HOST
 from goodput.supervisor.policy.scripts import cold_restart
 from goodput.tools.bench.job_waits import (
     PACE_S,
@@ -214,8 +215,8 @@ async def _trial(
         "restored_step": restored.step,
         "restore_tiers": tiers,
         "survivors": survivors,
-        "survivors_from_host": bool(survivors) and all(tiers[r] == "host" for r in survivors),
-        "every_rank_from_host": bool(tiers) and all(tier == "host" for tier in tiers.values()),
+        "survivors_from_host": bool(survivors) and all(tiers[r] == HOST for r in survivors),
+        "every_rank_from_host": bool(tiers) and all(tier == HOST for tier in tiers.values()),
         "detect_s": (sig.ts - killed_ts) / NS,
         "decide_s": (decision.ts - sig.ts) / NS,
         "restart_s": max(load_started - decision.ts, 0) / NS,

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from goodput import schemas
+from goodput.schemas.tiers import LOCAL, PEER
 
 JOB = "bench-report"
 NODES = ("node-0", "node-1")
@@ -80,7 +81,7 @@ def _goodput_events(count: int, seed: int) -> Iterator[schemas.Event]:
                     node=node,
                     rank=rank,
                     step=restore_step,
-                    tier="peer" if rank == 1 else "local",
+                    tier=PEER if rank == 1 else LOCAL,
                     duration_s=1.5,
                     bytes=1 << 30,
                 )

@@ -56,7 +56,7 @@ from goodput.checkpoint.tiers.restore import (
     restore_to_volume,
 )
 from goodput.checkpoint.tiers.streams import STREAMS
-from goodput.schemas.events import STORAGE_TIERS
+from goodput.schemas.tiers import STORAGE_TIERS
 
 STEP = 1000
 BUCKET = "goodput-bench"

@@ -49,7 +49,7 @@ from goodput.config import (
     job_name,
     node_name,
 )
-from goodput.schemas.events import STORAGE_TIERS
+from goodput.schemas.tiers import LOCAL, OBJECT_STORE, PEER, STORAGE_TIERS, TIERS, StorageTier
 from goodput.state_dir import StateDir
 from goodput.subjects import DEFAULT_JOB
 from goodput.tools.cli.ckpt_export import register_export
@@ -102,13 +102,13 @@ def _view_json(view: StepView, with_files: bool) -> dict[str, Any]:
     return entry
 
 
-def _where(view: StepView, tier: str) -> str:
+def _where(view: StepView, tier: StorageTier) -> str:
     """Who holds the step on ``tier``: nodes (local), holder←owner (peer), owners (store)."""
     copies = [c for c in view.copies if c.tier == tier]
     labels = {
-        "local": lambda c: c.holder,
-        "peer": lambda c: f"{c.holder}←{c.owner}",
-        "object_store": lambda c: c.owner,
+        LOCAL: lambda c: c.holder,
+        PEER: lambda c: f"{c.holder}←{c.owner}",
+        OBJECT_STORE: lambda c: c.owner,
     }[tier]
     return ", ".join(sorted({labels(c) + _part_label(c) for c in copies}))
 
@@ -149,9 +149,7 @@ async def _ls(args: argparse.Namespace, bus: Bus) -> int:
             str(view.step),
             "[green]yes[/]" if view.complete else "[red]no[/]",
             f"{view.bytes / 1e6:.1f}",
-            _where(view, "local"),
-            _where(view, "peer"),
-            _where(view, "object_store"),
+            *(_where(view, tier) for tier in STORAGE_TIERS),
         )
     Console().print(table)
     return 0
@@ -188,7 +186,7 @@ async def _verify_copy(
 ) -> list[str]:
     """Problems with one copy; the holder's peer server hashes its own files."""
     directory = f"{copy.root}/{step_dir_name(copy.step)}"
-    if copy.tier == "object_store":
+    if not TIERS[copy.tier].on_node:  # the object store's listing
         if store is None:
             return ["no object store known"]
         return await asyncio.to_thread(_verify_in_store, store, copy, deep)
@@ -327,15 +325,16 @@ async def _restore(args: argparse.Namespace, bus: Bus) -> int:
     return 1
 
 
+def _keep_option(tier: StorageTier) -> str:
+    """The ``gc`` option (its argparse name) that sets how many checkpoints ``tier`` keeps."""
+    return f"keep_{tier}"
+
+
 async def _gc(args: argparse.Namespace, bus: Bus) -> int:
     index = CheckpointIndex(bus, args.job)
     snapshot = await index.snapshot(args.node_ttl)
     retention = Retention(
-        keep={
-            "local": args.keep_local,
-            "peer": args.keep_peer,
-            "object_store": args.keep_object_store,
-        },
+        keep={tier: getattr(args, _keep_option(tier)) for tier in STORAGE_TIERS},
         require=tuple(args.require),
     )
     state_dir = Path(args.state_dir).resolve()
@@ -464,9 +463,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     gc = actions.add_parser("gc", help="delete old checkpoints the retention policy allows")
     gc.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
-    gc.add_argument("--keep-local", type=int, default=DEFAULT_KEEP["local"])
-    gc.add_argument("--keep-peer", type=int, default=DEFAULT_KEEP["peer"])
-    gc.add_argument("--keep-object-store", type=int, default=DEFAULT_KEEP["object_store"])
+    for tier in STORAGE_TIERS:  # --keep-local, --keep-peer, --keep-object-store
+        gc.add_argument(
+            f"--{_keep_option(tier).replace('_', '-')}",
+            type=int,
+            default=DEFAULT_KEEP[tier],
+            help=f"complete checkpoints the {TIERS[tier].title} tier keeps (below 1: every one)",
+        )
     gc.add_argument(
         "--require",
         nargs="*",

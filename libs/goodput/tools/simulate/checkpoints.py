@@ -16,7 +16,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from goodput.schemas.events import STORAGE_TIERS, StorageTier
+from goodput.schemas.tiers import (
+    HOST,
+    LOCAL,
+    NOTHING_RESTORED,
+    OBJECT_STORE,
+    PEER,
+    STORAGE_TIERS,
+    TIERS,
+    RestoredFrom,
+    StorageTier,
+)
 from goodput.shim.schedule import CheckpointSchedule
 from goodput.tools.simulate.profile import CheckpointCosts
 
@@ -41,7 +51,7 @@ class CheckpointSystem:
         asynchronous: bool,
         multi_tier: bool,
         every_steps: int,
-        single_tier: StorageTier = "object_store",
+        single_tier: StorageTier = OBJECT_STORE,
     ):
         """``single_tier``: where a strategy that is not multi-tier saves (object_store, local)."""
         self.costs = costs
@@ -50,7 +60,7 @@ class CheckpointSystem:
         self.multi_tier = multi_tier
         self.single_tier = single_tier
         self._single_write_gbps = (
-            costs.local_write_gbps if single_tier == "local" else costs.object_write_gbps
+            costs.local_write_gbps if single_tier == LOCAL else costs.object_write_gbps
         )
         self.launch_every_steps = max(1, every_steps)
         self.schedule = CheckpointSchedule(self.launch_every_steps)
@@ -108,10 +118,10 @@ class CheckpointSystem:
             )
         else:
             local = resumed_ns + int(self._seconds(c.local_write_gbps) * NS)
-            durable["local"] = local
-            durable["peer"] = local + int(self._seconds(c.peer_gbps) * NS)
+            durable[LOCAL] = local
+            durable[PEER] = local + int(self._seconds(c.peer_gbps) * NS)
             if self._count % c.object_every == 0:
-                durable["object_store"] = local + int(self._seconds(c.object_write_gbps) * NS)
+                durable[OBJECT_STORE] = local + int(self._seconds(c.object_write_gbps) * NS)
         self._count += 1
         captured = Capture(step, resumed_ns, durable)
         self.captures = [*self.captures[-63:], captured]
@@ -127,27 +137,27 @@ class CheckpointSystem:
         if step is not None:
             self.captures = [c for c in self.captures if c.step <= step]
 
-    def restore_from_host(self) -> tuple[Capture | None, str, float]:
+    def restore_from_host(self) -> tuple[Capture | None, RestoredFrom, float]:
         """An in-process restart: the newest snapshot, which every surviving rank holds in
         host memory (a replaced rank is sent it), read at the snapshot's bandwidth."""
         if not self.captures:
-            return None, "none", 0.0
-        return self.captures[-1], "host", self._seconds(self.costs.snapshot_gbps)
+            return None, NOTHING_RESTORED, 0.0
+        return self.captures[-1], HOST, self._seconds(self.costs.snapshot_gbps)
 
     def restore(
         self, fault_ns: int, *, fresh_node: bool, at_most_step: int | None = None
-    ) -> tuple[Capture | None, str, float]:
+    ) -> tuple[Capture | None, RestoredFrom, float]:
         """The copy a relaunch restores: newest first, from the fastest tier that held it at
         ``fault_ns``; a node new to the job has no local copy. (None, "none", 0) restarts from
         scratch. ``at_most_step``: a replayed run restored this step (every rank must hold a
         copy, which one reference rank does not tell), so nothing newer is restored."""
         usable = [self.single_tier]
         if self.multi_tier:
-            usable = ["peer", "object_store"] if fresh_node else list(STORAGE_TIERS)
+            usable = [t for t in STORAGE_TIERS if TIERS[t].survives_node or not fresh_node]
         speed = {
-            "local": self.costs.local_read_gbps,
-            "peer": self.costs.peer_read_gbps,
-            "object_store": self.costs.object_read_gbps,
+            LOCAL: self.costs.local_read_gbps,
+            PEER: self.costs.peer_read_gbps,
+            OBJECT_STORE: self.costs.object_read_gbps,
         }
         for capture in reversed(self.captures):
             if at_most_step is not None and capture.step > at_most_step:
@@ -156,4 +166,4 @@ class CheckpointSystem:
             if held:
                 tier = max(held, key=lambda t: speed[t])
                 return capture, tier, self._seconds(speed[tier])
-        return None, "none", 0.0
+        return None, NOTHING_RESTORED, 0.0

@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from goodput.schemas.tiers import LOCAL
 from goodput.supervisor.control.checkpoint_interval import IntervalSettings
 from goodput.supervisor.control.crash_loop import CrashLoopLimits
 from goodput.supervisor.control.engine import ControllerSettings
@@ -170,7 +171,7 @@ def simulate_setup(
     known = strategies()
     strategy = known["goodput"]
     if setup != "goodput":  # the demo's baseline torch.saves to its node's directory
-        strategy = dataclasses.replace(known["baseline"], single_tier="local")
+        strategy = dataclasses.replace(known["baseline"], single_tier=LOCAL)
     world = World(
         job,
         profile,

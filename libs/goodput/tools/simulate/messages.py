@@ -11,6 +11,7 @@ import msgspec
 
 from goodput import schemas
 from goodput.gpu_faults import XID_FAULT_PREFIX
+from goodput.schemas.tiers import RestoredFrom
 
 JOB = "sim"
 
@@ -93,9 +94,9 @@ def checkpoint_persisted(node: str, now: int, step: int, duration_s: float):
     )
 
 
-def checkpoint_restored(node: str, now: int, step: int, tier: str, duration_s: float):
+def checkpoint_restored(node: str, now: int, step: int, tier: RestoredFrom, duration_s: float):
     return schemas.CheckpointRestored(
-        job=JOB, ts=now, node=node, rank=0, step=step, tier=tier, duration_s=duration_s,  # type: ignore[arg-type]
+        job=JOB, ts=now, node=node, rank=0, step=step, tier=tier, duration_s=duration_s,
     )  # fmt: skip
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from goodput.schemas.events import StorageTier
+from goodput.schemas.tiers import OBJECT_STORE, StorageTier
 from goodput.tools.simulate.profile import SimulateError
 
 
@@ -32,7 +32,7 @@ class Strategy:
     standbys: bool = False
     #: where a single-tier strategy's checkpoints go: the object store (a fleet job's), or
     #: the node's own disk (``goodput demo``'s baseline ``torch.save``s to a local directory)
-    single_tier: StorageTier = "object_store"
+    single_tier: StorageTier = OBJECT_STORE
 
 
 def _policy(package: str, name: str) -> str:

@@ -37,6 +37,7 @@ from goodput import schemas
 from goodput.measure.accounting.calculator import compute_events_goodput
 from goodput.measure.accounting.categories import PRODUCTIVE
 from goodput.measure.accounting.report import GoodputReport
+from goodput.schemas.tiers import LOCAL, NOTHING_RESTORED, RestoredFrom
 from goodput.supervisor.control.engine import Controller, ControllerSettings
 from goodput.supervisor.detect.detector import Detector
 from goodput.supervisor.detect.thresholds import Thresholds
@@ -362,9 +363,9 @@ class World(FaultsMixin, DecisionsMixin, SavesMixin):
                 # what the run lost is measured: the step every rank restored
                 self.step = restored_step
                 restore_s, restored = cost.restore_s, True
-                tier = tier if capture is not None else "local"
+                tier = tier if capture is not None else LOCAL
         else:
-            capture, tier, restore_s, restored = None, "none", 0.0, False
+            capture, tier, restore_s, restored = None, NOTHING_RESTORED, 0.0, False
         self._pace = Pace()
         if cost is not None:
             self._startup_s = cost.startup_s
@@ -408,7 +409,7 @@ class World(FaultsMixin, DecisionsMixin, SavesMixin):
             restored,
         )
 
-    def _restored(self, gen: int, tier: str, restore_s: float, restored: bool) -> None:
+    def _restored(self, gen: int, tier: RestoredFrom, restore_s: float, restored: bool) -> None:
         if gen != self._gen:
             return
         ref = self._fed.get(0)

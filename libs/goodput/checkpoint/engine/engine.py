@@ -75,8 +75,7 @@ class CheckpointEngine:
 
     Each replica's data is split into ``2 * writer_threads`` files, written ``writer_threads``
     at a time, and restored ``read_threads`` at a time: every file read through the page cache
-    has its own readahead in flight, and on this machine's disk two such streams restored
-    2 GB faster than four or eight (docs/BENCHMARKS.md); faster storage may want more.
+    has its own readahead in flight: here two streams beat four or eight (docs/BENCHMARKS.md).
     ``direct_io``: writes take O_DIRECT ("auto": where the filesystem allows it), reads only
     when it is ``True`` (page-cache reads restore faster, see ``goodput.checkpoint.engine.fileio``).
     ``keep_last``: after each save, older checkpoints go as :func:`catalog.apply_retention`

@@ -105,6 +105,7 @@ def test_a_small_fleet_is_measured_through_the_real_services(
     # it read the simulated nodes' index completely before the window: 5 nodes' address and
     # copies, each listing a node's 2 ranks' files
     assert replicator["received_before_window_bytes"] > 5 * INDEX_COPIES_PER_NODE * 300
+    assert 0 < replicator["ready_s"] < 60
     # in the window, the index's changes (a node's new step on 3 tiers a second, ~300-byte
     # records) and the persisted events of the job's 12 ranks (a checkpoint every 2 s)
     assert replicator["index_and_own_bytes_per_s"] > 3 * 300 * 0.5

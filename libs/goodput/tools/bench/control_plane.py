@@ -315,12 +315,14 @@ def _one_size(nodes: int, args: argparse.Namespace) -> dict:
         ) as server:
             asyncio.run(_prepare(server.url, scale, shape))
             wanted = [*CENTRAL, replicator_wanted(nodes, state_dir)]
+            started = time.monotonic()
             services = start_services(server.url, state_dir, scale_to_env(scale), wanted)
             try:
-                time.sleep(2.0)  # subscribed and leading
+                # the replicator's complete read done, then the others subscribed and leading
                 ready_s = asyncio.run(
-                    wait_announced(server.url, replicator_node(nodes), services[-1].log)
+                    wait_announced(server.url, replicator_node(nodes), services[-1].log, started)
                 )
+                time.sleep(2.0)
                 assert server.process is not None
                 fleet = Fleet(server.url, shape, args.publishers)
                 return asyncio.run(

@@ -61,11 +61,11 @@ def replicator_wanted(nodes: int, state_dir: Path) -> Wanted:
     return Wanted(REPLICATOR, replicator_node(nodes), flags, one_machine_env(os.environ))
 
 
-async def wait_announced(url: str, node: str, log: str) -> float:
-    """Seconds until the replicator announced ``node``: it does so once its follower read the
-    index completely (its first sync's snapshot is a current one)."""
+async def wait_announced(url: str, node: str, log: str, started: float) -> float:
+    """Seconds from ``started`` (monotonic: the replicator's start) until it announced
+    ``node``: it does so once its follower read the index completely (its first sync's
+    snapshot is a current one)."""
     bus = await Bus.connect(BusSettings(url=url), name="goodput-bench-replicator-ready")
-    started = time.monotonic()
     try:
         kv = await bus.js.key_value(subjects.CKPT_INDEX_BUCKET)
         while time.monotonic() - started < READY_TIMEOUT_S:
@@ -124,6 +124,7 @@ def replicator_figures(
     return {
         "node": node,
         "connection": REPLICATOR_CONNECTION,
+        # from its start until it announced itself: its complete read of the index done
         "ready_s": round(ready_s, 1),
         # before the window: its complete read of the index at start, mostly
         "received_before_window_bytes": replicator[0]["out_bytes"],

@@ -1,8 +1,9 @@
 """`goodput bench index-reads`: one replicator's checkpoint-index bytes read per second, by a
 complete read every poll (the replicator before issue 36) and by the index follower.
 
-A real nats-server holds the index of N simulated nodes, each with the copy records the
-store sizing counts (``INDEX_COPIES_PER_NODE``, each listing ``ranks_per_node + 2`` files).
+A real nats-server holds the index of N simulated nodes (:mod:`.index_fleet`, which
+`bench control-plane` shares), each with the copy records the store sizing counts
+(``INDEX_COPIES_PER_NODE``, each listing ``ranks_per_node + 2`` files).
 While a writer changes one node per second (a new step's copy on each tier, the oldest
 step's withdrawn) and every node rewrites its address record every ``--announce-s`` (by
 default the replicators' backstop refresh, a third of the node TTL; ``--announce-s 1`` is

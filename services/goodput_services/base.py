@@ -29,6 +29,7 @@ import msgspec
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettingsError, BusUnavailableError, CommandRunner
+from goodput.bus.client import service_connection_name
 from goodput.bus.service_health import forget_replaced
 from goodput.config import ServiceConfig, convert_options
 from goodput.instance_id import instance_id
@@ -134,7 +135,7 @@ class Service:
         """Connect and provision; settings that cannot work, or a bus that stays away, stop
         the service with one line (no traceback: the cause is the operator's to fix)."""
         try:
-            self.bus = await Bus.connect(self.config.bus, name=f"goodput-{self.name}")
+            self.bus = await Bus.connect(self.config.bus, name=service_connection_name(self.name))
         except (BusSettingsError, BusUnavailableError) as exc:
             raise SystemExit(f"{self.name}: cannot use the bus: {exc}") from None
         await self.bus.provision()

@@ -1,5 +1,6 @@
-"""`goodput bench control-plane` at its smallest: simulated ranks through a real nats-server
-into the real sensor and controller; every figure of its JSON present and sane (none timed)."""
+"""`goodput bench control-plane` at its smallest: simulated ranks and replicators through a
+real nats-server into the real sensor, controller and one replicator; every figure of its
+JSON present and sane (none timed)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import pytest
 
 from goodput import subjects
-from goodput.bus.store_sizing import StoreScale, store_limits
+from goodput.bus.store_sizing import INDEX_COPIES_PER_NODE, StoreScale, store_limits
 from goodput.tools.bench.control_plane_fleet import shares
 from goodput.tools.cli.main import main
 
@@ -36,6 +37,20 @@ FIGURES = {
     "events_limit_holds_h",
     "events_formula_bytes_per_day",
     "publishers",
+    "replicator",
+}
+REPLICATOR_FIGURES = {
+    "node",
+    "connection",
+    "ready_s",
+    "received_before_window_bytes",
+    "index_copy_writes_per_s",
+    "index_announcements_per_s",
+    *(
+        f"{kind}_{unit}_per_s"
+        for kind in ("received", "persisted_events", "index_and_own")
+        for unit in ("bytes", "msgs")
+    ),
 }
 PUBLISHER_FIGURES = {
     "heartbeats_per_s",
@@ -64,7 +79,7 @@ def test_a_small_fleet_is_measured_through_the_real_services(
     assert size.keys() >= FIGURES and size["publishers"].keys() == PUBLISHER_FIGURES
     assert size["ranks"] == 12 and size["missed"] == 0
     assert size["p50_detect_s"] is not None and size["p99_detect_s"] >= size["p50_detect_s"]
-    for service in ("sensor", "controller"):
+    for service in ("sensor", "controller", "replicator"):
         assert size["services"][service]["cpu_pct"] > 0
         assert size["services"][service]["rss_mb"] > 10  # an interpreter with the library
     assert len(size["events_pending_at_end"]) == 2  # the sensor's and controller's consumers
@@ -84,6 +99,22 @@ def test_a_small_fleet_is_measured_through_the_real_services(
     assert size["bus_in_msgs_per_s"] >= 0.9 * published
     assert size["events_stored_per_s"] >= 0.9 * publishers["events_acked_per_s"]
     assert size["events_growth_bytes_per_day"] > 0
+    replicator = size["replicator"]
+    assert replicator.keys() == REPLICATOR_FIGURES
+    assert replicator["node"] == "sim-5" and replicator["connection"] == "goodput-replicator"
+    # it read the simulated nodes' index completely before the window: 5 nodes' address and
+    # copies, each listing a node's 2 ranks' files
+    assert replicator["received_before_window_bytes"] > 5 * INDEX_COPIES_PER_NODE * 300
+    assert 0 < replicator["ready_s"] < 60
+    # in the window, the index's changes (a node's new step on 3 tiers a second, ~300-byte
+    # records) and the persisted events of the job's 12 ranks (a checkpoint every 2 s)
+    assert replicator["index_and_own_bytes_per_s"] > 3 * 300 * 0.5
+    assert 6 * 0.5 <= replicator["index_copy_writes_per_s"] <= 6 * 1.5  # 3 puts, 3 deletes
+    assert replicator["persisted_events_msgs_per_s"] > 0
+    assert replicator["received_bytes_per_s"] == pytest.approx(
+        replicator["persisted_events_bytes_per_s"] + replicator["index_and_own_bytes_per_s"],
+        abs=1,
+    )
     scale = StoreScale(nodes=6, ranks_per_node=2, step_s=1.0, checkpoint_s=2.0)
     assert size["events_limit_bytes"] == store_limits(scale).streams[subjects.EVENTS_STREAM]
 

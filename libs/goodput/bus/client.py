@@ -69,6 +69,12 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def service_connection_name(service: str) -> str:
+    """The name a service's connection gives the server, which its ``/connz`` lists: how a
+    benchmark (or an operator) finds that service's traffic."""
+    return f"goodput-{service}"
+
+
 class BusUnavailableError(RuntimeError):
     """The bus stayed unreachable longer than the caller was willing to wait."""
 

@@ -8,12 +8,18 @@ provisioned as the stack provisions it for that job's scale (``store_sizing``), 
 real sensor and controller, started as `goodput up` starts them. In rounds, one node is
 lost (its ranks and host fall silent); the time from then to the sensor's missed-heartbeat
 signal is the detection latency, and the node is then restarted (its ranks' ``RankStarted``
-close the incident). Over the window of the rounds it reports each service's CPU (% of one
-core) and RSS, the bus's messages and bytes per second (the server's ``/varz``), the event
-store's growth per day against its limit, the services' event backlogs, and whether the
-publishers kept their rate (:mod:`.control_plane_measure`). The sensor keeps up when every
-lost node is detected within the timeout plus two polls plus a second of slack and no
-healthy node is reported.
+close the incident). The other nodes' replicators write the checkpoint index as a fleet's do
+(:mod:`.index_fleet`: every node's address and kept copies, one node's checkpoint changing a
+second, each address refreshed every 300 s), and one real replicator runs for the last node
+(:mod:`.control_plane_replicator`), started as `goodput up` starts it, once they filled the
+index. Over the window of the rounds it reports each service's CPU (% of one core) and RSS,
+the bus's messages and bytes per second (the server's ``/varz``), the event store's growth
+per day against its limit, the services' event backlogs, whether the publishers kept their
+rate (:mod:`.control_plane_measure`), and what the replicator received per second (the
+server's ``/connz``): in all, the job's ``CheckpointPersisted`` events its wake-up
+subscription takes, and the rest (the index's changes, its own replies). The sensor keeps up
+when every lost node is detected within the timeout plus two polls plus a second of slack
+and no healthy node is reported.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import free_port
 from goodput.bus.store_sizing import StoreScale, scale_to_env, store_limits
+from goodput.checkpoint.index.announcement import refresh_s
+from goodput.checkpoint.index.index import DEFAULT_NODE_TTL_S
 from goodput.shim.config import ShimConfig
 from goodput.state_dir import StateDir
 from goodput.tools.bench.arguments import positive_int
@@ -51,6 +59,7 @@ from goodput.tools.bench.control_plane_fleet import (
     shares,
 )
 from goodput.tools.bench.control_plane_measure import (
+    CENTRAL,
     NS,
     POLL_S,
     TIMEOUT_S,
@@ -59,7 +68,18 @@ from goodput.tools.bench.control_plane_measure import (
     snapshot,
     start_services,
 )
+from goodput.tools.bench.control_plane_replicator import (
+    REPLICATOR_CONNECTION,
+    WITNESS_CONNECTION,
+    replicator_figures,
+    replicator_node,
+    replicator_wanted,
+    simulated_nodes,
+    wait_announced,
+    witness,
+)
 from goodput.tools.bench.control_plane_report import show
+from goodput.tools.bench.index_fleet import Writers
 
 #: the link's defaults: a beat every half second, a checkpoint every 50 steps
 SHIM_DEFAULTS = {f.name: f.default for f in msgspec.structs.fields(ShimConfig)}
@@ -68,6 +88,10 @@ SHIM_DEFAULTS = {f.name: f.default for f in msgspec.structs.fields(ShimConfig)}
 DEFAULT_STEP_S = 5.0
 #: seconds after the publishers start before the window opens: every rank seen and learned
 WARM_UP_S = 5.0
+#: the simulated replicators refresh an unchanged address record as the real ones do
+ANNOUNCE_S = refresh_s(DEFAULT_NODE_TTL_S)
+#: the connections whose received bytes are read from the server
+WATCHED = (REPLICATOR_CONNECTION, WITNESS_CONNECTION)
 
 
 class Fleet:
@@ -207,25 +231,48 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def _measure(
-    url: str, monitor_port: int, server_pid: int, fleet: Fleet, rounds: int, services, limits
+    url: str,
+    monitor_port: int,
+    server_pid: int,
+    fleet: Fleet,
+    rounds: int,
+    services,
+    limits,
+    ready_s: float,
 ) -> dict:
     console = Console(stderr=True)
     shape = fleet.shape
+    connections: list[Bus] = []
+    loops: list[asyncio.Task] = []
     try:
         bus = await Bus.connect(BusSettings(url=url), name="goodput-bench-control-plane")
-    except BaseException:
-        fleet.stop()
-        raise
-    try:
+        connections.append(bus)
+        connections.append(await witness(url))
+        writers_bus = await Bus.connect(BusSettings(url=url), name="goodput-bench-index-writers")
+        connections.append(writers_bus)
+        writers = Writers(
+            writers_bus, JOB, simulated_nodes(shape.nodes), shape.procs_per_node, ANNOUNCE_S
+        )
+        loops += [asyncio.create_task(writers.churn()), asyncio.create_task(writers.announce())]
         await asyncio.sleep(max(fleet.start_at - time.time(), 0) + WARM_UP_S)
         server = psutil.Process(server_pid)
-        before = await snapshot(bus, services, server, monitor_port, fleet.counters, fleet.cpu_s())
+        before = await snapshot(
+            bus, services, server, monitor_port, fleet.counters, fleet.cpu_s(), WATCHED
+        )
+        written = [(writers.copy_writes, writers.announcements)]
         fleet.send("mark")
         detection = await _rounds(bus, fleet, services, rounds, console)
-        after = await snapshot(bus, services, server, monitor_port, fleet.counters, fleet.cpu_s())
+        after = await snapshot(
+            bus, services, server, monitor_port, fleet.counters, fleet.cpu_s(), WATCHED
+        )
+        written.append((writers.copy_writes, writers.announcements))
     finally:
+        for loop in loops:
+            loop.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
         lags = fleet.stop()
-        await bus.close()
+        for connection in connections:
+            await connection.close()
     window = after.wall - before.wall
     due = (shape.ranks * window - detection.pop("silent_rank_s")) / shape.heartbeat_s / window
     return {
@@ -236,6 +283,9 @@ async def _measure(
         **figures(before, after, services, limits.streams[subjects.EVENTS_STREAM]),
         "events_formula_bytes_per_day": round(limits.events_per_s_bytes * 86400),
         "publishers": publisher_figures(before, after, due, lags),
+        "replicator": replicator_figures(
+            before, after, replicator_node(shape.nodes), ready_s, written
+        ),
     }
 
 
@@ -263,10 +313,16 @@ def _one_size(nodes: int, args: argparse.Namespace) -> dict:
         with EmbeddedNats(
             StateDir(state_dir), store_bytes=limits.server_bytes, monitor_port=monitor_port
         ) as server:
-            asyncio.run(_provision(server.url, scale))
-            services = start_services(server.url, state_dir, scale_to_env(scale))
+            asyncio.run(_prepare(server.url, scale, shape))
+            wanted = [*CENTRAL, replicator_wanted(nodes, state_dir)]
+            started = time.monotonic()
+            services = start_services(server.url, state_dir, scale_to_env(scale), wanted)
             try:
-                time.sleep(2.0)  # subscribed and leading
+                # the replicator's complete read done, then the others subscribed and leading
+                ready_s = asyncio.run(
+                    wait_announced(server.url, replicator_node(nodes), services[-1].log, started)
+                )
+                time.sleep(2.0)
                 assert server.process is not None
                 fleet = Fleet(server.url, shape, args.publishers)
                 return asyncio.run(
@@ -278,6 +334,7 @@ def _one_size(nodes: int, args: argparse.Namespace) -> dict:
                         args.rounds,
                         services,
                         limits,
+                        ready_s,
                     )
                 )
             finally:
@@ -309,14 +366,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _provision(url: str, scale: StoreScale) -> None:
+async def _prepare(url: str, scale: StoreScale, shape: FleetShape) -> None:
+    """The bus provisioned for the job's scale, and the index as the simulated nodes'
+    replicators wrote it before the real one starts (it reads it all at start)."""
     bus = await Bus.connect(BusSettings(url=url), name="goodput-bench")
-    await bus.provision(scale=scale)
-    await bus.close()
+    try:
+        await bus.provision(scale=scale)
+        nodes = simulated_nodes(shape.nodes)
+        await Writers(bus, JOB, nodes, shape.procs_per_node, ANNOUNCE_S).fill()
+    finally:
+        await bus.close()
 
 
 def _node_counts(text: str) -> list[int]:
-    return [positive_int(part) for part in text.split(",")]
+    counts = [positive_int(part) for part in text.split(",")]
+    if min(counts) < 2:
+        raise argparse.ArgumentTypeError(
+            f"at least 2 nodes each ({text}): the real replicator's and another's index"
+        )
+    return counts
 
 
 def _positive_float(text: str) -> float:
@@ -329,7 +397,8 @@ def _positive_float(text: str) -> float:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "control-plane",
-        help="sensor and controller CPU, bus traffic, store growth and detection at fleet size",
+        help="sensor, controller and a replicator's CPU, bus traffic, a replicator's reads, "
+        "store growth and detection at fleet size",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

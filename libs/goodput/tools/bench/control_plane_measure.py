@@ -1,6 +1,7 @@
 """What `goodput bench control-plane` measures over its window: each service's CPU and memory,
-the bus's traffic (the server's own ``/varz`` counters), the event store's growth, and the
-publishers' counters, each read at the window's start and end (:class:`Snapshot`).
+the bus's traffic (the server's own ``/varz`` counters, and ``/connz``'s of the connections
+watched), the event store's growth, and the publishers' counters, each read at the window's
+start and end (:class:`Snapshot`). The services are started here, as the stack starts them.
 
 A service's CPU is its process's and its children's (the controller's policy worker) user +
 system seconds over the window's wall seconds: 100 % is one core. Its RSS is the largest
@@ -36,8 +37,6 @@ SENSOR_THRESHOLDS = (
     f"thresholds={{heartbeat_timeout_s={TIMEOUT_S},heartbeat_polling_period_s={POLL_S},"
     "heartbeat_safety_factor=1.0,first_heartbeat_timeout_s=5.0}"
 )
-#: the services this bench runs, with the flags it gives each beyond the stack's
-SERVICES = {"sensor": ["--set", SENSOR_THRESHOLDS], "controller": []}
 
 
 @dataclass
@@ -48,6 +47,7 @@ class Service:
     name: str
     keeper: ProcessIdentity
     process: psutil.Process
+    log: str
     rss_peak: int = 0
 
     def cpu_s(self) -> float:
@@ -89,20 +89,37 @@ class Service:
             os.killpg(self.keeper.pid, signal.SIGKILL)
 
 
-def start_services(url: str, state_dir: Path, scale_env: dict[str, str]) -> list[Service]:
-    """The sensor and the controller, each under its keeper as the stack starts them, with
-    the store scale in their environment (they provision the bus with it)."""
+@dataclass(frozen=True)
+class Wanted:
+    """A service to start: its name, its node ("" for a central one), the flags and the
+    environment the stack gives it beyond the common ones."""
+
+    name: str
+    node: str = ""
+    flags: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+#: the central services this bench runs, with the flags it gives each beyond the stack's
+CENTRAL = [Wanted("sensor", flags=["--set", SENSOR_THRESHOLDS]), Wanted("controller")]
+
+
+def start_services(
+    url: str, state_dir: Path, scale_env: dict[str, str], wanted: list[Wanted]
+) -> list[Service]:
+    """Each service under its keeper as the stack starts it, with the store scale in its
+    environment (the services provision the bus with it)."""
     started = [
         spawn_service(
-            name,
-            "",
+            service.name,
+            service.node,
             job=JOB,
             url=url,
             paths=StateDir(state_dir),
-            extra=extra,
-            secrets={**stack_key_env(state_dir), **scale_env},
+            extra=service.flags,
+            secrets={**stack_key_env(state_dir), **scale_env, **service.env},
         )
-        for name, extra in SERVICES.items()
+        for service in wanted
     ]
     services = []
     for record in started:
@@ -111,7 +128,7 @@ def start_services(url: str, state_dir: Path, scale_env: dict[str, str]) -> list
             if time.monotonic() > deadline:
                 raise SystemExit(f"{record.key} did not start: see {record.log}")
             time.sleep(0.1)
-        services.append(Service(record.name, record.process, psutil.Process(child.pid)))
+        services.append(Service(record.name, record.process, psutil.Process(child.pid), record.log))
     return services
 
 
@@ -120,6 +137,21 @@ def varz(monitor_port: int) -> dict:
     url = f"http://127.0.0.1:{monitor_port}/varz"
     with urllib.request.urlopen(url, timeout=10) as answer:
         return json.load(answer)
+
+
+def connz(monitor_port: int, names: tuple[str, ...]) -> dict[str, dict]:
+    """The open connections named ``names``, as the server counts them (``out_bytes`` and
+    ``out_msgs``: what it sent the client); exactly one each, or the bench stops."""
+    url = f"http://127.0.0.1:{monitor_port}/connz?limit=100000"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        connections = json.load(answer)["connections"]
+    found: dict[str, dict] = {}
+    for name in names:
+        named = [c for c in connections if c.get("name") == name]
+        if len(named) != 1:
+            raise SystemExit(f"the server lists {len(named)} connections named {name}, not 1")
+        found[name] = named[0]
+    return found
 
 
 @dataclass
@@ -136,6 +168,8 @@ class Snapshot:
     publishers_cpu_s: float = 0.0
     #: the events each durable consumer of GP_EVENTS (the services') has yet to be delivered
     consumers_pending: dict[str, int] = field(default_factory=dict)
+    #: the watched connections, by name, as ``/connz`` lists them
+    connections: dict[str, dict] = field(default_factory=dict)
 
 
 async def snapshot(
@@ -145,6 +179,7 @@ async def snapshot(
     monitor_port: int,
     counters,
     publishers_cpu_s: float,
+    watched: tuple[str, ...] = (),
 ) -> Snapshot:
     info = await bus.js.stream_info(subjects.EVENTS_STREAM)
     consumers = await bus.js.consumers_info(subjects.EVENTS_STREAM)
@@ -161,6 +196,7 @@ async def snapshot(
         consumers_pending={
             c.config.durable_name: c.num_pending or 0 for c in consumers if c.config.durable_name
         },
+        connections=connz(monitor_port, watched),
     )
 
 

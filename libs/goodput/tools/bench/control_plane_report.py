@@ -7,7 +7,7 @@ from rich.table import Table
 
 
 def show(result: dict) -> None:
-    services = Table(title="services and bus over the window (CPU: % of one core)")
+    services = Table(title="central services and bus over the window (CPU: % of one core)")
     for column in (
         "ranks",
         "sensor CPU %",
@@ -69,3 +69,41 @@ def show(result: dict) -> None:
     console = Console()
     console.print(services)
     console.print(detection)
+    console.print(_replicator(result["sweep"]))
+
+
+def _replicator(sweep: list[dict]) -> Table:
+    """One replicator's cost and what it received: in all, the job's persisted events its
+    wake-up subscription takes, and the rest (the index's changes, its own replies)."""
+    table = Table(title="one real replicator: CPU, memory, what it received per second")
+    for column in (
+        "ranks",
+        "node",
+        "CPU %",
+        "MB",
+        "ready s",
+        "read at start MB",
+        "received kB/s, msgs/s",
+        "persisted events kB/s, msgs/s",
+        "index and own kB/s, msgs/s",
+        "index writes/s: copies, addresses",
+    ):
+        table.add_column(column, justify="right")
+    for r in sweep:
+        service, received = r["services"]["replicator"], r["replicator"]
+
+        table.add_row(
+            f"{r['nodes']} x {r['procs_per_node']}",
+            received["node"],
+            str(service["cpu_pct"]),
+            str(service["rss_mb"]),
+            str(received["ready_s"]),
+            f"{received['received_before_window_bytes'] / 1e6:,.1f}",
+            *(_rates(received, kind) for kind in ("received", "persisted_events", "index_and_own")),
+            f"{received['index_copy_writes_per_s']}, {received['index_announcements_per_s']}",
+        )
+    return table
+
+
+def _rates(figures: dict, kind: str) -> str:
+    return f"{figures[f'{kind}_bytes_per_s'] / 1e3:,.2f}, {figures[f'{kind}_msgs_per_s']:,}"

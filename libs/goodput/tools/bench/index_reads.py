@@ -1,8 +1,9 @@
 """`goodput bench index-reads`: one replicator's checkpoint-index bytes read per second, by a
 complete read every poll (the replicator before issue 36) and by the index follower.
 
-A real nats-server holds the index of N simulated nodes, each with the copy records the
-store sizing counts (``INDEX_COPIES_PER_NODE``, each listing ``ranks_per_node + 2`` files).
+A real nats-server holds the index of N simulated nodes (:mod:`.index_fleet`, which
+`bench control-plane` shares), each with the copy records the store sizing counts
+(``INDEX_COPIES_PER_NODE``, each listing ``ranks_per_node + 2`` files).
 While a writer changes one node per second (a new step's copy on each tier, the oldest
 step's withdrawn) and every node rewrites its address record every ``--announce-s`` (by
 default the replicators' backstop refresh, a third of the node TTL; ``--announce-s 1`` is
@@ -24,111 +25,25 @@ import asyncio
 import json
 import tempfile
 import time
-from collections.abc import Awaitable
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from goodput import subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
-from goodput.bus.kv_scan import kv_subject
-from goodput.bus.store_sizing import INDEX_COPIES_PER_NODE, StoreScale, store_limits
+from goodput.bus.store_sizing import StoreScale, store_limits
 from goodput.checkpoint.index.announcement import refresh_s
 from goodput.checkpoint.index.follower import IndexFollower
 from goodput.checkpoint.index.index import DEFAULT_NODE_TTL_S, CheckpointIndex
-from goodput.checkpoint.index.records import (
-    STORE_HOLDER,
-    CopyRecord,
-    FileRef,
-    NodeAddressRecord,
-    encode,
-    node_key,
-)
-from goodput.schemas.tiers import STORAGE_TIERS
 from goodput.state_dir import StateDir
 from goodput.tools.bench.arguments import positive_int
+from goodput.tools.bench.index_fleet import Writers
 
 JOB = "bench-index-read"
-#: each kept step has a copy on every tier (store sizing: 3 tiers x the steps kept + 1)
-STEPS_KEPT = INDEX_COPIES_PER_NODE // len(STORAGE_TIERS)
-#: writes in flight while the index is filled
-FILL_CONCURRENCY = 256
 
 
-def _node(n: int) -> str:
-    return f"node-{n:05d}"
-
-
-def _address(n: int) -> NodeAddressRecord:
-    return NodeAddressRecord(
-        node=_node(n), host=f"10.0.{n // 256}.{n % 256}", port=7400, ts=time.time_ns()
-    )
-
-
-def _copies(n: int, nodes: int, step: int, ranks: int) -> list[CopyRecord]:
-    """Node ``n``'s checkpoint ``step`` on each tier: its volume, a peer's, the store."""
-    owner = _node(n)
-    files = [
-        FileRef(f"rank-{r:05d}.distcp", 3 << 30, f"{step:08x}{n:08x}{r:016x}") for r in range(ranks)
-    ]
-    files += [
-        FileRef(".metadata", 65536, f"{step:08x}{n:08x}{'m' * 16}"),
-        FileRef("manifest", 4096, f"{step:08x}{n:08x}{'f' * 16}"),
-    ]
-    holders = {"local": owner, "peer": _node((n + 1) % nodes), "object_store": STORE_HOLDER}
-    return [
-        CopyRecord(step=step, tier=tier, holder=holders[tier], owner=owner, root=owner, files=files)
-        for tier in STORAGE_TIERS
-    ]
-
-
-async def _fill(index: CheckpointIndex, nodes: int, ranks: int) -> int:
-    """Every node's address and the copies of the steps it keeps; the records written."""
-    writes: list[Awaitable[object]] = [index.announce(_address(n)) for n in range(nodes)]
-    writes += [
-        index.put_copy(record)
-        for n in range(nodes)
-        for step in range(STEPS_KEPT)
-        for record in _copies(n, nodes, step, ranks)
-    ]
-    for start in range(0, len(writes), FILL_CONCURRENCY):
-        await asyncio.gather(*writes[start : start + FILL_CONCURRENCY])
-    return len(writes)
-
-
-class Writers:
-    """The fleet's index traffic: one node's checkpoint changes per second, and every node's
-    address record rewritten every ``announce_s`` (published without waiting for acks,
-    spread evenly)."""
-
-    def __init__(self, bus: Bus, nodes: int, ranks: int, announce_s: float):
-        self.index = CheckpointIndex(bus, JOB)
-        self.bus = bus
-        self.nodes, self.ranks, self.announce_s = nodes, ranks, announce_s
-
-    async def churn(self) -> None:
-        turn = 0
-        while True:
-            n = turn % self.nodes
-            newest = STEPS_KEPT + turn // self.nodes
-            for record in _copies(n, self.nodes, newest, self.ranks):
-                await self.index.put_copy(record)
-            for record in _copies(n, self.nodes, newest - STEPS_KEPT, self.ranks):
-                await self.index.delete_copy(record)
-            turn += 1
-            await asyncio.sleep(1.0)
-
-    async def announce(self) -> None:
-        slices = 50
-        while self.announce_s > 0:
-            started = time.monotonic()
-            for index in range(slices):
-                for n in range(index, self.nodes, slices):
-                    subject = kv_subject(subjects.CKPT_INDEX_BUCKET, node_key(JOB, _node(n)))
-                    await self.bus.nc.publish(subject, encode(_address(n)))
-                pause = started + (index + 1) * self.announce_s / slices - time.monotonic()
-                await asyncio.sleep(max(pause, 0))
+def _nodes(count: int) -> list[str]:
+    return [f"node-{n:05d}" for n in range(count)]
 
 
 async def _received(bus: Bus) -> int:
@@ -193,8 +108,8 @@ async def measure(nodes: int, args: argparse.Namespace, state_dir: Path, console
         bus = await Bus.connect(BusSettings(url=server.url), name="goodput-bench-index-writers")
         try:
             await bus.provision(scale=scale)
-            writers = Writers(bus, nodes, args.ranks_per_node, args.announce_s)
-            records = await _fill(writers.index, nodes, args.ranks_per_node)
+            writers = Writers(bus, JOB, _nodes(nodes), args.ranks_per_node, args.announce_s)
+            records = await writers.fill()
             console.print(f"  {nodes} nodes: {records:,} index records written")
             loops = [asyncio.create_task(writers.churn()), asyncio.create_task(writers.announce())]
             before, after = [], []

@@ -1,5 +1,5 @@
-"""Replication starts on the engine's CheckpointPersisted, trusts the engine's seal for the
-node's own checkpoints and the peer server's receive check for copies, and still never
+"""Replication starts as a checkpoint is committed in the node's volume (the replicator's
+watch of it, no event), trusts the engine's seal for the node's own checkpoints and the peer server's receive check for copies, and still never
 indexes a torn copy (sizes) nor keeps a rotten one past its scrub (real processes)."""
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from goodput import schemas
 from goodput.checkpoint.format import read_manifest
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
-from tests.replicator.conftest import JOB, Harness, peer_copies, write_checkpoint
+from tests.replicator.conftest import Harness, peer_copies, write_checkpoint
 
 pytestmark = pytest.mark.timeout(120)
 
-#: a poll so slow that only the event can start replication within the test's deadline
+#: a poll so slow that only the volume's watch can start replication within the deadline
 SLOW_POLL = {"poll_s": "30", "node_ttl_s": "120", "dedup_wait_s": "0", "replicas": "1"}
 
 
@@ -29,16 +28,6 @@ def checked(h: Harness, node: str) -> list[dict]:
     text = (h.replicators.state_dir / f"replicator-{node}.log").read_text(errors="replace")
     entries = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     return [e for e in entries if e.get("msg") == "copy checked"]
-
-
-async def persisted(h: Harness, node: str, directory: Path) -> None:
-    """What the engine's shim emits once a rank's checkpoint is durable."""
-    step = read_manifest(directory).step
-    await h.bus.emit(
-        schemas.CheckpointPersisted(
-            job=JOB, node=node, rank=0, step=step, path=str(directory), bytes=0, duration_s=0.1
-        )
-    )
 
 
 async def until(index: CheckpointIndex, predicate, timeout_s: float, what: str) -> IndexSnapshot:
@@ -56,7 +45,7 @@ def own_steps(snapshot: IndexSnapshot, node: str) -> set[int]:
     return {c.step for c in snapshot.copies if c.tier == "local" and c.holder == node}
 
 
-async def test_replication_starts_on_the_event_and_each_byte_is_hashed_once_more(
+async def test_replication_starts_on_the_commit_and_each_byte_is_hashed_once_more(
     dir_harness: Harness,
 ) -> None:
     h, reps = dir_harness, dir_harness.replicators
@@ -70,8 +59,7 @@ async def test_replication_starts_on_the_event_and_each_byte_is_hashed_once_more
     )
     await asyncio.sleep(1.0)  # past the start-up pass (which hashes what it finds)
     saved = write_checkpoint(reps.volume("node-a"), step=7, seed=7)
-    await persisted(h, "node-a", saved)
-    # the next poll is ~30 s away: only the event can get the copy there in time
+    # the next poll is ~30 s away: only the watch can get the copy there in time
     await until(h.index, lambda s: peer_copies(s, "node-a", 7) == {"node-b"}, 15, "peer copy")
 
     copy_bytes = read_manifest(saved).total_bytes
@@ -106,7 +94,6 @@ async def test_a_truncated_own_checkpoint_is_never_indexed_and_a_rotten_one_is_w
         f.seek(0)
         f.write(bytes([first[0] ^ 0xFF]))
     os.rename(rotten, volume / rotten.name)
-    await persisted(h, "node-a", volume / rotten.name)
 
     # the rotten one passes the cheap check (the engine's seal, its sizes) and is withdrawn
     # as soon as something hashes it: the backup's check before upload, or the scrub

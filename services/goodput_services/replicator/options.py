@@ -70,8 +70,9 @@ class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     #: held copies are fully re-hashed this often (bit rot, tampering)
     scrub_interval_s: float = 600.0
     #: the behaviour before event-driven replication, kept as the benchmark's baseline:
-    #: ignore ``CheckpointPersisted`` (find new checkpoints by polling only) and hash every
-    #: new copy in full, instead of trusting the engine's seal and the peer's receive check
+    #: find new checkpoints by polling only (no watch of the volume, no wake-up by the peer
+    #: server's commits) and hash every new copy in full, instead of trusting the engine's
+    #: seal and the peer's receive check
     legacy_scan: bool = False
     #: retention: complete checkpoints kept per tier, and the tiers a newer checkpoint must be
     #: complete in before anything older is deleted anywhere. ``keep_local`` is the node

@@ -5,9 +5,9 @@ changes: ``checkpoint.index.follower``; events, ``RestoreToNode``), data
 plane peer to peer: the node's peer server serves its directory (own volume and the copies it
 keeps for peers) over direct TCP. Loops: sync (announce the node when its record is due —
 at start, on change, as a slow refresh: ``checkpoint.index.announcement`` —, check and index
-what its disk holds: every ``poll_s``, and at once when the engine reports a checkpoint of
-this node persisted or the peer server commits a copy; then tell the engine, in the volume,
-behind which steps it may delete), replicate (newest own checkpoint to chosen peers), back
+what its disk holds: every ``poll_s``, and at once when a checkpoint is committed in the
+node's volume (:mod:`.volume_watch`) or the peer server commits a copy; then tell the engine,
+in the volume, behind which steps it may delete), replicate (newest own checkpoint to chosen peers), back
 up (every k-th checkpoint or every T seconds, to the object store), collect garbage (by the
 retention policy). An orderly stop withdraws the node's address. How a copy is checked
 before it is indexed (hashed, or trusted after the engine's or the peer server's own
@@ -77,7 +77,7 @@ from goodput_services.replicator.planner import (
 from goodput_services.replicator.restore import NothingToRestore, restore_to_node
 from goodput_services.replicator.restore_parts import NodePart
 from goodput_services.replicator.rounds import Rounds
-from goodput_services.replicator.triggers import follow_persisted
+from goodput_services.replicator.volume_watch import watch_volume
 
 #: what a push can fail with: the peer or the network, or a local file that changed under it
 TRANSFER_ERRORS = (OSError, EOFError, PeerError, ChecksumMismatch, ManifestError)
@@ -190,9 +190,7 @@ class ReplicatorService(Service):
             rounds.every(self.options.gc_interval_s, self._collect_garbage, "gc", delay=True),
         ]
         if not self.options.legacy_scan:
-            loops.append(
-                follow_persisted(self.bus, self.job, self.node, self._sync_asked, self.stopping)
-            )
+            loops.append(watch_volume(self.volume, self._sync_asked, self.stopping))
         await asyncio.gather(*loops)
 
     async def execute(self, command: schemas.Command) -> tuple[bool, str]:

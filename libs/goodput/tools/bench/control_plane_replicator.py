@@ -6,14 +6,14 @@ free port, its volume an empty directory under the bench's state directory, the 
 a ``file://`` directory there. The other nodes' replicators are simulated
 (:mod:`.index_fleet`): their addresses and copies fill the index before it starts, and they
 change it while it runs. It holds nothing, so it copies nothing: what it costs is following
-the index, its sync and the planners over the index, and its wake-up subscription.
+the index, and its sync and the planners over the index.
 
 What it received is read on the server's side (``/connz``: ``out_bytes`` and ``out_msgs``
 of its connection, found by the name every service's connection gives,
-``service_connection_name``). That subscription, the engine's ``CheckpointPersisted`` of
-every rank of the job (``replicator/triggers.py``, which keeps its own node's), is split out
-by a witness connection subscribed to the same subjects: what the witness received, the
-replicator received too; the rest is the index and its own replies.
+``service_connection_name``): the index's changes and its own replies. Beside it, a witness
+connection subscribed to every rank's ``CheckpointPersisted`` of the job counts what a
+replicator took before issue 36, when those events woke it (now its own volume does:
+``replicator/volume_watch.py``), and what its connection is no longer sent.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ async def wait_announced(url: str, node: str, log: str, started: float) -> float
 
 
 async def witness(url: str) -> Bus:
-    """A connection subscribed to what the replicator's wake-up subscription receives."""
+    """A connection subscribed to every rank's ``CheckpointPersisted`` of the job."""
     bus = await Bus.connect(BusSettings(url=url), name=WITNESS_CONNECTION)
     kind = schemas.kind_of(schemas.CheckpointPersisted)
 
@@ -103,10 +103,10 @@ def replicator_figures(
     ready_s: float,
     written: list[tuple[int, int]],
 ) -> dict:
-    """What the replicator's connection received over the window, per second: in all, the
-    persisted events (the witness's), and the rest (the index follower's changes, its own
-    replies); beside it, what the simulated replicators wrote (``written``: their copy
-    writes and announcements so far, at the window's start and end)."""
+    """What the replicator's connection received over the window, per second (the index
+    follower's changes, its own replies); beside it, the job's persisted events (the
+    witness's, which it is not sent) and what the simulated replicators wrote (``written``:
+    their copy writes and announcements so far, at the window's start and end)."""
     window = after.wall - before.wall
     replicator = [s.connections[REPLICATOR_CONNECTION] for s in (before, after)]
     witnessed = [s.connections[WITNESS_CONNECTION] for s in (before, after)]
@@ -132,8 +132,6 @@ def replicator_figures(
         "received_msgs_per_s": round(received["out_msgs"], 1),
         "persisted_events_bytes_per_s": round(persisted["out_bytes"]),
         "persisted_events_msgs_per_s": round(persisted["out_msgs"], 1),
-        "index_and_own_bytes_per_s": round(received["out_bytes"] - persisted["out_bytes"]),
-        "index_and_own_msgs_per_s": round(received["out_msgs"] - persisted["out_msgs"], 1),
         "index_copy_writes_per_s": round((written[1][0] - written[0][0]) / window, 2),
         "index_announcements_per_s": round((written[1][1] - written[0][1]) / window, 2),
     }

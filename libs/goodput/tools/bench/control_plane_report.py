@@ -73,8 +73,8 @@ def show(result: dict) -> None:
 
 
 def _replicator(sweep: list[dict]) -> Table:
-    """One replicator's cost and what it received: in all, the job's persisted events its
-    wake-up subscription takes, and the rest (the index's changes, its own replies)."""
+    """One replicator's cost and what it received (the index's changes, its own replies),
+    beside the job's persisted events, which it is not sent (its volume wakes it)."""
     table = Table(title="one real replicator: CPU, memory, what it received per second")
     for column in (
         "ranks",
@@ -84,8 +84,7 @@ def _replicator(sweep: list[dict]) -> Table:
         "ready s",
         "read at start MB",
         "received kB/s, msgs/s",
-        "persisted events kB/s, msgs/s",
-        "index and own kB/s, msgs/s",
+        "job's persisted events (not sent to it) kB/s, msgs/s",
         "index writes/s: copies, addresses",
     ):
         table.add_column(column, justify="right")
@@ -99,7 +98,7 @@ def _replicator(sweep: list[dict]) -> Table:
             str(service["rss_mb"]),
             str(received["ready_s"]),
             f"{received['received_before_window_bytes'] / 1e6:,.1f}",
-            *(_rates(received, kind) for kind in ("received", "persisted_events", "index_and_own")),
+            *(_rates(received, kind) for kind in ("received", "persisted_events")),
             f"{received['index_copy_writes_per_s']}, {received['index_announcements_per_s']}",
         )
     return table

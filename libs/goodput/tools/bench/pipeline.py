@@ -4,8 +4,9 @@ Two replicator processes (nodes A and B) on an embedded nats-server, as `goodput
 them. A checkpoint appears on A's volume and ``CheckpointPersisted`` is emitted, as the
 engine does; the clock stops when B's copy is in the index. Run twice in one go: with the
 replicators' ``legacy_scan`` (the behaviour before issue 26: found by polling, hashed by
-every scan) and without (started by the event, the engine's seal trusted, the copy verified
-once as B receives it).
+every scan) and without (started as A's replicator sees the commit in its volume, the
+engine's seal trusted, the copy verified once as B receives it; the event goes to the bus's
+other readers, not to a replicator).
 
 Hashing is read from the replicators' own tally (``goodput.checkpoint.format.hash_totals``), which they
 log with each copy they check: A's when it indexes its own checkpoint, B's when it indexes

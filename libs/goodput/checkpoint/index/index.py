@@ -356,12 +356,15 @@ def build_view(step: int, copies: tuple[CopyRecord, ...]) -> StepView:
     }
     whole = [c for c in copies if not c.is_part]
     by_content: dict[tuple[int, str], list[CopyRecord]] = {}
-    seen: dict[tuple[str, str, str], list[CopyRecord]] = {}
+    first: dict[tuple[str, str, str], CopyRecord] = {}
+    alike: dict[tuple[str, str, str], list[CopyRecord]] = {}  # only where two share a key
     for copy in whole:
-        alike = seen.setdefault((copy.tier, copy.holder, copy.owner), [])
-        if copy in alike:  # the same record under a second key holds nothing more
-            continue
-        alike.append(copy)
+        key = (copy.tier, copy.holder, copy.owner)
+        if first.setdefault(key, copy) is not copy:
+            others = alike.setdefault(key, [first[key]])
+            if copy in others:  # the same record under a second key holds nothing more
+                continue
+            others.append(copy)
         for f in copy.files:
             holders = by_content.setdefault((f.size, f.xxh3_128), [])
             if not holders or holders[-1] is not copy:  # a content listed twice: one holder

@@ -114,6 +114,36 @@ async def test_its_own_writes_are_in_the_next_snapshot(
         assert not follower.counts.messages["mark"], "read-your-writes needs no mark"
 
 
+async def test_its_step_views_are_rebuilt_only_for_what_changed(
+    nats_server: EmbeddedNats, writer: CheckpointIndex
+) -> None:
+    """Issue 36: a poll with nothing changed reuses every step's view; one change rebuilds
+    the views of the steps it touched, and no other."""
+    async with following(nats_server.url) as follower:
+        first = await follower.snapshot()
+        views = first.views()
+        assert [v.step for v in views] == list(reversed(range(STEPS)))
+        built = follower.view_cache.built
+        assert built == STEPS
+        again = await follower.snapshot()
+        assert again is not first and again.all_copies is first.all_copies
+        assert all(a is b for a, b in zip(again.views(), views, strict=True))
+        assert follower.view_cache.built == built, "nothing changed: nothing rebuilt"
+
+        own = CheckpointIndex(follower.bus, JOB)
+        await own.put_copy(copy(2, "node-0", "node-1", tier="peer"))
+        changed = await follower.snapshot(after_seq=own.written_seq)
+        assert follower.view_cache.built == built
+        rebuilt = {v.step for v in changed.views() if all(v is not w for w in views)}
+        assert rebuilt == {2} and follower.view_cache.built == built + 1
+        assert changed.views() == IndexSnapshot(changed.nodes, changed.all_copies).views()
+
+        # a holder's TTL lapsing changes what counts without a message: the views follow
+        lapsed = await follower.snapshot(node_ttl_s=1e-9)
+        assert lapsed.views() == [] and lapsed.live_names == frozenset()
+        assert (await follower.snapshot()).views() == changed.views()
+
+
 async def test_a_deleted_consumer_means_a_complete_read_again(
     nats_server: EmbeddedNats, bus: Bus, writer: CheckpointIndex, caplog: pytest.LogCaptureFixture
 ) -> None:

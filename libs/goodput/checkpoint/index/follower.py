@@ -8,7 +8,8 @@ that read's consumer open and from then on receives only what changes: the messa
 the bytes, it takes grow with the index's changes, not with its size (a node's address
 record is written on change and refreshed every few minutes: ``index/announcement.py``).
 Records are decoded once, when they change, and a snapshot's lists are rebuilt only after a
-change.
+change; its step views (``index.ViewCache``) only for the steps whose live copies changed,
+and not at all while neither the records nor the live nodes did.
 
 A lost consumer (a server restart, a leader change, the inactivity threshold after a long
 pause) or one that skipped a message makes it read completely again, and it says so in the
@@ -37,6 +38,7 @@ from goodput.checkpoint.index.index import (
     DEFAULT_NODE_TTL_S,
     IndexSnapshot,
     Record,
+    ViewCache,
     decode_entry,
     job_keys,
     split_records,
@@ -85,6 +87,8 @@ class IndexFollower:
         self._seq = 0
         self._advanced = asyncio.Event()
         self._built: tuple[dict[str, NodeAddressRecord], list[CopyRecord]] | None = None
+        #: the step views every snapshot served shares: rebuilt per changed step only
+        self.view_cache = ViewCache()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[IndexFollower]:
@@ -147,7 +151,7 @@ class IndexFollower:
         if self._built is None:
             self._built = split_records(self._records.values())
         nodes, copies = self._built
-        return IndexSnapshot(nodes, copies, node_ttl_s)
+        return IndexSnapshot(nodes, copies, node_ttl_s, view_cache=self.view_cache)
 
     async def _read_all(self) -> None:
         self._read = await open_read(self.bus, subjects.CKPT_INDEX_BUCKET, job_keys(self.job))

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from nats.js.api import Header
 from nats.js.errors import APIError
@@ -174,9 +175,18 @@ class StepView:
     owners: dict[str, tuple[FileLocations, ...]]
     #: (commit, part count) -> part -> its live copies, nearest tier first
     commits: dict[Commit, dict[int, tuple[CopyRecord, ...]]] = field(default_factory=dict)
+    #: tier -> :meth:`complete_in`'s answer: a view is shared by every snapshot until its
+    #: step's copies change, so each question over its owners is asked once
+    _complete_in: dict[StorageTier, bool] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    @cached_property
+    def _complete_owners(self) -> tuple[str, ...]:
+        return tuple(sorted(o for o, files in self.owners.items() if all(f.copies for f in files)))
 
     def complete_owners(self) -> list[str]:
-        return sorted(o for o, files in self.owners.items() if all(f.copies for f in files))
+        return list(self._complete_owners)
 
     def complete_commit(self) -> Commit | None:
         """The commit of which every part has a copy (the smallest id if, oddly, several)."""
@@ -194,18 +204,24 @@ class StepView:
         commit = self.complete_commit()
         return commit[1] if commit else 0
 
-    @property
+    @cached_property
     def complete(self) -> bool:
-        return bool(self.complete_owners()) or self.complete_commit() is not None
+        return bool(self._complete_owners) or self.complete_commit() is not None
 
     def owner_for(self, node: str) -> str | None:
         """Whose checkpoint ``node`` should restore: its own if complete, else any complete one."""
-        complete = self.complete_owners()
+        complete = self._complete_owners
         return node if node in complete else (complete[0] if complete else None)
 
     def complete_in(self, tier: StorageTier) -> bool:
         """Some owner's full file set is on ``tier`` (each file somewhere on that tier), or
         every part of one commit is."""
+        known = self._complete_in.get(tier)
+        if known is None:
+            known = self._complete_in[tier] = self._is_complete_in(tier)
+        return known
+
+    def _is_complete_in(self, tier: StorageTier) -> bool:
         if any(all(tier in f.tiers for f in files) for files in self.owners.values() if files):
             return True
         return any(
@@ -223,57 +239,96 @@ class StepView:
         return max(sizes, default=0)
 
 
+#: tiers on a node's disk: their copies count only while their holder lives
+ON_NODE_TIERS = frozenset(name for name, tier in TIERS.items() if tier.on_node)
+#: tier name -> its nearness (the order copies are listed in), looked up once
+NEARNESS = {name: tier.nearness for name, tier in TIERS.items()}
+
+
+class ViewCache:
+    """The step views of the newest snapshot built, for the next one to reuse: what a view
+    depends on is its step's live copies, so a snapshot of the same records and the same
+    live nodes reuses the list, and one after a change rebuilds only the steps whose copies
+    changed (compared by identity: the follower keeps unchanged records' objects). One per
+    follower; a snapshot read once (``goodput ckpt``) has its own."""
+
+    def __init__(self) -> None:
+        #: (all copies, live nodes) of the newest list built, and that list
+        self._whole: tuple[list[CopyRecord], frozenset[str], list[StepView]] | None = None
+        #: step -> its live copies, and the view built of them
+        self._steps: dict[int, tuple[tuple[CopyRecord, ...], StepView]] = {}
+        #: views built, not reused: what a test of the reuse counts
+        self.built = 0
+
+    def views(self, snapshot: IndexSnapshot) -> list[StepView]:
+        whole = self._whole
+        if whole and whole[0] is snapshot.all_copies and whole[1] == snapshot.live_names:
+            return whole[2]
+        steps: dict[int, tuple[tuple[CopyRecord, ...], StepView]] = {}
+        for step, copies in sorted(snapshot.copies_by_step.items(), reverse=True):
+            known = self._steps.get(step)
+            if known is None or known[0] != copies:  # tuples compare identity first
+                known = (copies, build_view(step, copies))
+                self.built += 1
+            steps[step] = known
+        views = [view for _, view in steps.values()]
+        # whole objects swapped in: a thread reading the cache sees the old one or the new
+        self._steps = steps
+        self._whole = (snapshot.all_copies, snapshot.live_names, views)
+        return views
+
+
 @dataclass
 class IndexSnapshot:
+    """The index at one moment. Its derived lists are computed once (the records and the
+    clock do not change under it); a follower's snapshots share its :class:`ViewCache`."""
+
     nodes: dict[str, NodeAddressRecord]
     all_copies: list[CopyRecord]
     node_ttl_s: float = DEFAULT_NODE_TTL_S
     now_ns: int = field(default_factory=time.time_ns)
+    view_cache: ViewCache = field(default_factory=ViewCache, repr=False, compare=False)
 
     def alive(self, node: str) -> bool:
         record = self.nodes.get(node)
         return record is not None and (self.now_ns - record.ts) / 1e9 < self.node_ttl_s
 
-    def live_nodes(self) -> list[NodeAddressRecord]:
-        return [r for name, r in sorted(self.nodes.items()) if self.alive(name)]
+    @cached_property
+    def live_names(self) -> frozenset[str]:
+        """The nodes alive now: with the records, all that the views depend on."""
+        return frozenset(name for name in self.nodes if self.alive(name))
 
-    @property
+    def live_nodes(self) -> list[NodeAddressRecord]:
+        return [r for name, r in sorted(self.nodes.items()) if name in self.live_names]
+
+    @cached_property
     def copies(self) -> list[CopyRecord]:
         """Copies that count: those no node holds (the object store's), and those held by
         live nodes."""
-        return [c for c in self.all_copies if not TIERS[c.tier].on_node or self.alive(c.holder)]
+        live = self.live_names
+        return [c for c in self.all_copies if c.tier not in ON_NODE_TIERS or c.holder in live]
+
+    @cached_property
+    def copies_by_step(self) -> dict[int, tuple[CopyRecord, ...]]:
+        """Step -> its live copies, in the order of :attr:`copies` (one pass)."""
+        grouped: dict[int, list[CopyRecord]] = {}
+        for copy in self.copies:
+            grouped.setdefault(copy.step, []).append(copy)
+        return {step: tuple(copies) for step, copies in grouped.items()}
 
     def steps(self) -> list[int]:
-        return sorted({c.step for c in self.copies}, reverse=True)
+        return sorted(self.copies_by_step, reverse=True)
 
     def view(self, step: int) -> StepView:
-        copies = tuple(c for c in self.copies if c.step == step)
-        commits: dict[Commit, dict[int, list[CopyRecord]]] = {}
-        for copy in sorted(copies, key=lambda c: (TIERS[c.tier].nearness, c.holder, c.owner)):
-            if copy.is_part:
-                commits.setdefault((copy.commit, copy.parts), {}).setdefault(copy.part, [])
-                commits[(copy.commit, copy.parts)][copy.part].append(copy)
-        copies_of_parts = {
-            key: {part: tuple(cs) for part, cs in sorted(parts.items())}
-            for key, parts in commits.items()
-        }
-        whole = [c for c in copies if not c.is_part]
-        by_content: dict[tuple[int, str], list[CopyRecord]] = {}
-        for copy in whole:
-            for f in copy.files:
-                holders = by_content.setdefault((f.size, f.xxh3_128), [])
-                if copy not in holders:
-                    holders.append(copy)
-        owners: dict[str, tuple[FileLocations, ...]] = {}
-        for copy in sorted(whole, key=lambda c: (c.owner, TIERS[c.tier].nearness)):
-            if copy.owner not in owners:
-                owners[copy.owner] = tuple(
-                    FileLocations(f, tuple(by_content[(f.size, f.xxh3_128)])) for f in copy.files
-                )
-        return StepView(step, copies, owners, copies_of_parts)
+        return build_view(step, self.copies_by_step.get(step, ()))
+
+    @cached_property
+    def _views(self) -> list[StepView]:
+        return self.view_cache.views(self)
 
     def views(self) -> list[StepView]:
-        return [self.view(step) for step in self.steps()]
+        """Every step's view, newest first (built once per change, shared: do not mutate)."""
+        return list(self._views)
 
     def complete_steps(self) -> list[int]:
         """Complete steps, newest first."""
@@ -286,3 +341,38 @@ class IndexSnapshot:
     def copies_held_by(self, holder: str) -> list[CopyRecord]:
         """Every record of ``holder``, live or not (what it must confirm or withdraw)."""
         return [c for c in self.all_copies if c.holder == holder]
+
+
+def build_view(step: int, copies: tuple[CopyRecord, ...]) -> StepView:
+    """The view of ``step`` from its live ``copies`` (in index order)."""
+    commits: dict[Commit, dict[int, list[CopyRecord]]] = {}
+    for copy in sorted(copies, key=lambda c: (NEARNESS[c.tier], c.holder, c.owner)):
+        if copy.is_part:
+            commits.setdefault((copy.commit, copy.parts), {}).setdefault(copy.part, [])
+            commits[(copy.commit, copy.parts)][copy.part].append(copy)
+    copies_of_parts = {
+        key: {part: tuple(cs) for part, cs in sorted(parts.items())}
+        for key, parts in commits.items()
+    }
+    whole = [c for c in copies if not c.is_part]
+    by_content: dict[tuple[int, str], list[CopyRecord]] = {}
+    first: dict[tuple[str, str, str], CopyRecord] = {}
+    alike: dict[tuple[str, str, str], list[CopyRecord]] = {}  # only where two share a key
+    for copy in whole:
+        key = (copy.tier, copy.holder, copy.owner)
+        if first.setdefault(key, copy) is not copy:
+            others = alike.setdefault(key, [first[key]])
+            if copy in others:  # the same record under a second key holds nothing more
+                continue
+            others.append(copy)
+        for f in copy.files:
+            holders = by_content.setdefault((f.size, f.xxh3_128), [])
+            if not holders or holders[-1] is not copy:  # a content listed twice: one holder
+                holders.append(copy)
+    owners: dict[str, tuple[FileLocations, ...]] = {}
+    for copy in sorted(whole, key=lambda c: (c.owner, NEARNESS[c.tier])):
+        if copy.owner not in owners:
+            owners[copy.owner] = tuple(
+                FileLocations(f, tuple(by_content[(f.size, f.xxh3_128)])) for f in copy.files
+            )
+    return StepView(step, copies, owners, copies_of_parts)

@@ -17,6 +17,7 @@ BENCH_MODULES: list[str] = [
     "goodput.tools.bench.store",
     "goodput.tools.bench.shim",
     "goodput.tools.bench.index_reads",
+    "goodput.tools.bench.index_views",
     "goodput.tools.bench.command_links",
     "goodput.tools.bench.gpu",
     "goodput.tools.bench.step_send",

@@ -245,8 +245,7 @@ class Bus:
                     connect_timeout=2,
                     allow_reconnect=False,
                     max_reconnect_attempts=-1,
-                    # nats-py annotates an int, but sleeps this many seconds: a float is right
-                    reconnect_time_wait=0.25,  # type: ignore[arg-type]
+                    reconnect_time_wait=0.25,  # type: ignore[arg-type]  # nats-py annotates an int; it is seconds to sleep
                     ping_interval=5,
                     max_outstanding_pings=3,
                     disconnected_cb=on_disconnect,

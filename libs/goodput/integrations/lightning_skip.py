@@ -77,7 +77,7 @@ def skip_windows(shim: TrainerShim, trainer: pl.Trainer, module: pl.LightningMod
             return
         scheduler_step(scheduler, metric)
 
-    module.training_step = skipped_training_step  # type: ignore[method-assign]
-    module.optimizer_step = skipped_optimizer_step  # type: ignore[method-assign]
-    module.lr_scheduler_step = skipped_scheduler_step  # type: ignore[method-assign]
+    module.training_step = skipped_training_step  # type: ignore[method-assign]  # Lightning's hook, wrapped on this instance on purpose
+    module.optimizer_step = skipped_optimizer_step  # type: ignore[method-assign]  # Lightning's hook, wrapped on this instance on purpose
+    module.lr_scheduler_step = skipped_scheduler_step  # type: ignore[method-assign]  # Lightning's hook, wrapped on this instance on purpose
     return True

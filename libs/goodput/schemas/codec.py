@@ -86,5 +86,11 @@ def decode_any(payload: bytes) -> Message:
     return _decode(_command_decoders.get()[1], payload)
 
 
-def kind_of(message_type: type[Message]) -> str:
-    return message_type.__struct_config__.tag  # type: ignore[return-value]
+def kind_of(struct_type: type[msgspec.Struct]) -> str:
+    """The name ``struct_type`` is tagged with: a message's kind (or a chaos fault's).
+
+    msgspec types a tag as ``str | int | None``; every tagged struct here is named by a str."""
+    tag = struct_type.__struct_config__.tag
+    if not isinstance(tag, str):
+        raise TypeError(f"{struct_type.__name__} is not tagged with a name: {tag!r}")
+    return tag

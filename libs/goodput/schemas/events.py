@@ -201,6 +201,8 @@ SignalKind = Literal[
     "loss_spike",
     "replica_mismatch",
 ]
+#: how bad a signal's fault is (``Signal.severity``)
+Severity = Literal["correctable", "uncorrectable", "info"]
 #: the signals of a numerical fault (``supervisor/detect/numerics.py``), which a rollback cures
 NUMERICAL_SIGNALS: frozenset[str] = frozenset({"nonfinite", "loss_spike", "replica_mismatch"})
 
@@ -253,7 +255,7 @@ class Signal(Event, tag="signal", kw_only=True):
     rank: int | None = None
     #: ``correctable`` faults (a rank crash) allow an in-job restart; ``uncorrectable`` (a lost
     #: host, a GPU XID) need the node replaced or dropped.
-    severity: Literal["correctable", "uncorrectable", "info"] = "correctable"
+    severity: Severity = "correctable"
     detail: str = ""
     #: when the fault is believed to have happened (epoch ns), for detection-latency accounting
     observed_ts: EpochNs = 0
@@ -296,6 +298,11 @@ class ActionResult(Event, tag="action_result", kw_only=True):
     duplicate: bool = False
 
 
+#: what became of a GPU reset (``GpuReset.outcome``); ``ignored``: meant for an older attempt,
+#: or the GPU was still in use, so nothing was reset
+GpuResetOutcome = Literal["succeeded", "failed", "timed_out", "ignored"]
+
+
 class GpuReset(Event, tag="gpu_reset", kw_only=True):
     """A host monitor's answer to ``ResetGpu``: what became of the reset, and how long it took."""
 
@@ -305,8 +312,7 @@ class GpuReset(Event, tag="gpu_reset", kw_only=True):
     gpus: list[int] = msgspec.field(default_factory=list)
     #: the attempt whose ranks were stopped for it
     attempt: int = 0
-    #: ``ignored``: meant for an older attempt, or the GPU was still in use; nothing was reset
-    outcome: Literal["succeeded", "failed", "timed_out", "ignored"]
+    outcome: GpuResetOutcome
     duration_s: Seconds = 0.0
     detail: str = ""
 

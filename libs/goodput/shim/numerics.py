@@ -90,14 +90,15 @@ def replicated(module: object) -> Callable[[], list[torch.Tensor]] | None:
     """What of ``module`` to fingerprint, looked at only when a fingerprint is due: its
     parameters, but none under a sharding wrapper (FSDP1's ``FullyShardedDataParallel``,
     whose flat parameters are shards) and none that DeepSpeed ZeRO partitions (``ds_id``).
-    Named, not imported: neither package need be installed. None: ``module`` has none."""
-    if not callable(getattr(module, "parameters", None)):
+    Named, not imported: neither package need be installed. None: ``module`` is no torch
+    module (a DeepSpeed engine, a compiled model and a Lightning module are)."""
+    if not isinstance(module, torch.nn.Module):
         return None
 
     def parameters() -> list[torch.Tensor]:
-        if any(type(m).__name__ in SHARDING_WRAPPERS for m in module.modules()):  # type: ignore[attr-defined]
+        if any(type(m).__name__ in SHARDING_WRAPPERS for m in module.modules()):
             return []
-        return [p for p in module.parameters() if not hasattr(p, "ds_id")]  # type: ignore[attr-defined]
+        return [p for p in module.parameters() if not hasattr(p, "ds_id")]
 
     return parameters
 
@@ -206,17 +207,17 @@ class NumericsMonitor:
         )
         if step % self.read_every:
             return None
-        due = parameters is not None and step % self.fingerprint_every == 0
+        due = parameters if step % self.fingerprint_every == 0 else None
         own, slots = None, self.mp_size
-        if due:
-            held = list(parameters())  # type: ignore[misc]
+        if due is not None:
+            held = list(due())
             hsdp = hsdp_slots(held, _world()) if self.mp_size == 1 else None
             slots = hsdp or self.mp_size
             own = fingerprint(held, sharded=hsdp is not None)
         reading = self._read(device, own, slots)
         self._acc, self._observed = _empty(device), 0
         if self.publish is not None and _rank() == 0:
-            self.publish(self.event(step, reading, step if due else -1))
+            self.publish(self.event(step, reading, step if due is not None else -1))
         self._judge(step, reading)
         return reading
 

@@ -198,7 +198,7 @@ class HostMonitorService(Service):
         self,
         command: schemas.ResetGpu,
         gpus: list[int],
-        outcome: str,
+        outcome: schemas.GpuResetOutcome,
         detail: str,
         duration_s: float,
     ) -> None:
@@ -210,7 +210,7 @@ class HostMonitorService(Service):
                 command_id=command.command_id,
                 gpus=gpus,
                 attempt=command.attempt,
-                outcome=outcome,  # type: ignore[arg-type]
+                outcome=outcome,
                 duration_s=duration_s,
                 detail=detail,
             )

@@ -99,7 +99,7 @@ class PartLayout:
         # torch has no public accessor of the default group's store; a clone is this
         # thread's own connection, so its polls never wait behind the trainer's store calls
         # (torch's stub of Store lacks clone, which its binding has)
-        return distributed_c10d._get_default_store().clone()  # type: ignore[attr-defined]
+        return distributed_c10d._get_default_store().clone()  # type: ignore[attr-defined]  # torch's Store stub lacks clone
 
 
 class PartReport(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

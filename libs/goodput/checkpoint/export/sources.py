@@ -128,7 +128,9 @@ def _complete_parts(copies: Sequence[StepCopy], problems: list[str]) -> tuple[St
             problems.append(f"{copy.path}: its tensors differ from the other parts' of its commit")
             continue
         by_part.setdefault(part.part, copy)
-    count = copies[0].manifest.part.count  # type: ignore[union-attr]
+    first = copies[0].manifest.part
+    assert isinstance(first, PartOf)  # as every copy's part, above
+    count = first.count
     missing = sorted(set(range(count)) - set(by_part))
     if missing:
         step = copies[0].manifest.step

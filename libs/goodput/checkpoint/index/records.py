@@ -23,7 +23,7 @@ reader, ``goodput ckpt``, of an older build refuses a URI in one line rather tha
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import TypedDict, TypeVar
 
 import msgspec
 
@@ -160,7 +160,10 @@ def encode(record: NodeAddressRecord | CopyRecord) -> bytes:
     return _encoder.encode(record)
 
 
-def _checked(record: NodeAddressRecord | CopyRecord) -> NodeAddressRecord | CopyRecord:
+R = TypeVar("R", NodeAddressRecord, CopyRecord)
+
+
+def _checked(record: R) -> R:
     if record.schema > INDEX_SCHEMA_VERSION:
         raise IndexRecordError(
             f"index record schema {record.schema} is newer than this build understands "
@@ -174,7 +177,7 @@ def decode_node(data: bytes) -> NodeAddressRecord:
         record = _node_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise IndexRecordError(f"invalid node record: {exc}") from exc
-    return _checked(record)  # type: ignore[return-value]
+    return _checked(record)
 
 
 def decode_copy(data: bytes) -> CopyRecord:
@@ -182,4 +185,4 @@ def decode_copy(data: bytes) -> CopyRecord:
         record = _copy_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise IndexRecordError(f"invalid copy record: {exc}") from exc
-    return _checked(record)  # type: ignore[return-value]
+    return _checked(record)

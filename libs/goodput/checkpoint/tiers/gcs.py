@@ -79,7 +79,7 @@ class FileRange(io.RawIOBase):
         self._position = min(max(0, base + offset), self._length)
         return self._position
 
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]  # io's stub: any buffer; only io.BufferedReader reads this, with a memoryview
         want = min(len(buffer), self._length - self._position)
         if want <= 0:
             return 0

@@ -48,11 +48,11 @@ def compute_goodput(
     with _collector_paused():
         if isinstance(first, ResiliencyEvent):
             return compute_resiliency_goodput(
-                items,  # type: ignore[arg-type]
+                items,  # type: ignore[arg-type]  # a log is one format: its first event's
                 job=job,
                 reference_step_time_s=reference_step_time_s,
             )
-        return compute_events_goodput(items, job=job, nominal_world_size=nominal_world_size)  # type: ignore[arg-type]
+        return compute_events_goodput(items, job=job, nominal_world_size=nominal_world_size)  # type: ignore[arg-type]  # a log is one format: its first event's
 
 
 @contextlib.contextmanager

@@ -22,15 +22,14 @@ _ts = attrgetter("ts")
 
 def earliest_ns(event: schemas.Event) -> int:
     """When the event's story began (a step began before it was reported done)."""
-    kind = type(event)
-    if kind is schemas.StepDone:
-        return event.ts - int(max(event.step_time_s, 0.0) * 1e9)  # type: ignore[attr-defined]
-    if kind is schemas.CheckpointRestored:
-        return event.ts - int(max(event.duration_s, 0.0) * 1e9)  # type: ignore[attr-defined]
-    if kind is schemas.CheckpointSaved:
-        return event.ts - int(max(event.stall_s, 0.0) * 1e9)  # type: ignore[attr-defined]
-    if kind is schemas.Signal and event.observed_ts:  # type: ignore[attr-defined]
-        return min(event.ts, event.observed_ts)  # type: ignore[attr-defined]
+    if type(event) is schemas.StepDone:
+        return event.ts - int(max(event.step_time_s, 0.0) * 1e9)
+    if type(event) is schemas.CheckpointRestored:
+        return event.ts - int(max(event.duration_s, 0.0) * 1e9)
+    if type(event) is schemas.CheckpointSaved:
+        return event.ts - int(max(event.stall_s, 0.0) * 1e9)
+    if type(event) is schemas.Signal and event.observed_ts:
+        return min(event.ts, event.observed_ts)
     return event.ts
 
 

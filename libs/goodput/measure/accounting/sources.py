@@ -106,7 +106,7 @@ def load_event_log(
     path: str | os.PathLike[str], *, strict: bool = True
 ) -> list[schemas.Event] | list[ResiliencyEvent]:
     """Every event of a JSON-lines log (:func:`iter_event_log`, as a list)."""
-    return list(iter_event_log(path, strict=strict))  # type: ignore[return-value]
+    return list(iter_event_log(path, strict=strict))  # type: ignore[return-value]  # one format: the first line's
 
 
 def write_event_log(path: str | os.PathLike[str], events: Iterable[schemas.Event]) -> int:

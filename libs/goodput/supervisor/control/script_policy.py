@@ -22,7 +22,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypedDict, TypeVar
 
 import msgspec
 
@@ -31,6 +31,14 @@ from goodput.supervisor.policy import JobState, Plan, PolicyError, validate
 from goodput.supervisor.policy.plan import Decide
 
 S = TypeVar("S", bound=msgspec.Struct)
+T = TypeVar("T")
+
+
+class _Outcome(TypedDict, Generic[T], total=False):
+    """What a script's thread ended with: its value or what it raised (neither: still running)."""
+
+    value: T
+    error: BaseException
 
 
 class PolicyScript(Protocol):
@@ -56,7 +64,7 @@ class ScriptPolicy:
         self.load_error = ""
         self._decide: Decide | None = None
         self._running: threading.Thread | None = None
-        outcome: dict[str, object] = {}
+        outcome: _Outcome[Decide] = {}
 
         def load() -> None:
             try:
@@ -70,9 +78,9 @@ class ScriptPolicy:
         if thread.is_alive():
             problem = import_overran(load_timeout_s)
         elif "error" in outcome:
-            problem = describe_failure(outcome["error"], self.path)  # type: ignore[arg-type]
+            problem = describe_failure(outcome["error"], self.path)
         else:
-            self._decide = outcome["value"]  # type: ignore[assignment]
+            self._decide = outcome["value"]
             return
         self.load_error = load_failure(self.path, problem)
 
@@ -85,7 +93,7 @@ class ScriptPolicy:
                 f"policy script {self.name}: an earlier call is still running "
                 f"(past its {self.timeout_s} s limit); not called again"
             )
-        outcome: dict[str, object] = {}
+        outcome: _Outcome[object] = {}
         decide = self._decide
 
         def call() -> None:
@@ -101,7 +109,7 @@ class ScriptPolicy:
         if thread.is_alive():
             raise PolicyError(call_overran(self.path, self.timeout_s))
         if "error" in outcome:
-            raise PolicyError(call_failure(self.path, outcome["error"]))  # type: ignore[arg-type]
+            raise PolicyError(call_failure(self.path, outcome["error"]))
         return validate(outcome.get("value"), state, default_rule="script")
 
 

@@ -33,7 +33,7 @@ def host_faults(event: schemas.HostHealth) -> tuple[str, ...]:
 
 def fault_change(
     event: schemas.HostHealth, previous: tuple[str, ...], current: tuple[str, ...]
-) -> tuple[schemas.SignalKind, str, str] | None:
+) -> tuple[schemas.SignalKind, schemas.Severity, str] | None:
     """The signal (kind, severity, detail) a change of a node's faults calls for, if any.
 
     New faults degrade the host (once per new set); a host whose faults all cleared has

@@ -24,7 +24,7 @@ class Incidents:
         self.job = job
         self.open = False
         #: node -> the severity it was reported with in the current incident
-        self.reported_nodes: dict[str, str] = {}
+        self.reported_nodes: dict[str, schemas.Severity] = {}
         self.straggler_nodes: set[str] = set()
         #: the newest attempt seen: part of every signal's identity
         self.epoch = 0
@@ -41,7 +41,7 @@ class Incidents:
         kind: schemas.SignalKind,
         node: str,
         rank: int | None,
-        severity: str,
+        severity: schemas.Severity,
         detail: str,
         *,
         observed_ns: int,
@@ -85,7 +85,7 @@ class Incidents:
         kind: schemas.SignalKind,
         node: str,
         rank: int | None,
-        severity: str,
+        severity: schemas.Severity,
         detail: str,
         *,
         observed_ns: int,

@@ -12,7 +12,7 @@ def make_signal(
     kind: schemas.SignalKind,
     node: str,
     rank: int | None,
-    severity: str,
+    severity: schemas.Severity,
     detail: str,
     *,
     epoch: int,
@@ -32,7 +32,7 @@ def make_signal(
         signal=kind,
         node=node,
         rank=rank,
-        severity=severity,  # type: ignore[arg-type]
+        severity=severity,
         detail=detail,
         observed_ts=observed_ns,
         host_faults=list(host.faults) if host is not None else [],

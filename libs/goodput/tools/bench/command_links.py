@@ -55,7 +55,7 @@ async def _consumer_link(bus: Bus, since_ns: int, ready: asyncio.Event) -> None:
         ordered_consumer=True,
         config=ConsumerConfig(
             deliver_policy=DeliverPolicy.BY_START_TIME,
-            opt_start_time=f"{start}.{since_ns % 10**9:09d}Z",  # type: ignore[arg-type]
+            opt_start_time=f"{start}.{since_ns % 10**9:09d}Z",  # type: ignore[arg-type]  # nats-py annotates a datetime, passes a str as is: a datetime drops the ns
         ),
     )
 

@@ -18,6 +18,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from typing import TypedDict
 
 from goodput.checkpoint.index.index import IndexSnapshot, ViewCache
 from goodput.checkpoint.index.records import CopyRecord, NodeAddressRecord
@@ -27,6 +28,22 @@ from goodput.tools.bench.arguments import positive_int
 from goodput.tools.bench.index_fleet import STEPS_KEPT, address, copies
 
 FIRST_STEP = 100
+
+
+class Spread(TypedDict):
+    min: float
+    median: float
+    max: float
+
+
+class Measured(TypedDict):
+    """One fleet size's figures (an entry of ``--json``): seconds and views built by case."""
+
+    nodes: int
+    copies: int
+    steps: int
+    seconds: dict[str, Spread]
+    views_built: dict[str, int]
 
 
 def fleet(n: int, ranks: int) -> tuple[dict[str, NodeAddressRecord], list[CopyRecord]]:
@@ -49,7 +66,7 @@ def timed_poll(snapshot: IndexSnapshot) -> float:
     return time.perf_counter() - began
 
 
-def measure(n: int, ranks: int, repeats: int) -> dict[str, object]:
+def measure(n: int, ranks: int, repeats: int) -> Measured:
     """Seconds of one poll's ``safe_steps`` in each case, and the views each one built."""
     nodes, records = fleet(n, ranks)
     names = sorted(nodes)
@@ -98,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for result in results:
         print(f"{result['nodes']} nodes, {result['copies']} copies, {result['steps']} steps")
-        for name, s in result["seconds"].items():  # type: ignore[attr-defined]
-            views = result["views_built"][name]  # type: ignore[index]
+        for name, s in result["seconds"].items():
+            views = result["views_built"][name]
             print(
                 f"  {name:20s} {s['min'] * 1e3:9.2f} / {s['median'] * 1e3:9.2f} /"
                 f" {s['max'] * 1e3:9.2f} ms  views built: {views}"

@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -456,18 +457,37 @@ async def restart_nats(spec: faults.RestartNats, ctx: ChaosContext) -> FaultOutc
 
 
 Implementation = Callable[[faults.FaultSpec, ChaosContext], Awaitable[FaultOutcome]]
-_IMPLEMENTATIONS: dict[type[faults.FaultSpec], Implementation] = {
-    faults.KillRank: kill_rank,  # type: ignore[dict-item]
-    faults.FailNode: fail_node,  # type: ignore[dict-item]
-    faults.GpuXid: gpu_xid,  # type: ignore[dict-item]
-    faults.HostFault: host_fault,  # type: ignore[dict-item]
-    faults.SlowRank: slow_rank,  # type: ignore[dict-item]
-    faults.HangRank: hang_rank,  # type: ignore[dict-item]
-    faults.NanLoss: nan_loss,  # type: ignore[dict-item]
-    faults.LossSpike: loss_spike,  # type: ignore[dict-item]
-    faults.Sdc: sdc,  # type: ignore[dict-item]
-    faults.FillDisk: fill_disk,  # type: ignore[dict-item]
-    faults.CorruptCheckpoint: corrupt_checkpoint,  # type: ignore[dict-item]
-    faults.KillService: kill_service,  # type: ignore[dict-item]
-    faults.RestartNats: restart_nats,  # type: ignore[dict-item]
-}
+F = TypeVar("F", bound=faults.FaultSpec)
+
+
+def _entry(
+    spec_type: type[F], apply: Callable[[F, ChaosContext], Awaitable[FaultOutcome]]
+) -> tuple[type[faults.FaultSpec], Implementation]:
+    """One row of the table: ``apply`` is checked to take ``spec_type`` here, and is handed
+    only a ``spec_type`` when called."""
+
+    def implementation(spec: faults.FaultSpec, ctx: ChaosContext) -> Awaitable[FaultOutcome]:
+        if not isinstance(spec, spec_type):
+            raise TypeError(f"the {schemas.kind_of(spec_type)} action got a {spec.kind}")
+        return apply(spec, ctx)
+
+    return spec_type, implementation
+
+
+_IMPLEMENTATIONS: dict[type[faults.FaultSpec], Implementation] = dict(
+    [
+        _entry(faults.KillRank, kill_rank),
+        _entry(faults.FailNode, fail_node),
+        _entry(faults.GpuXid, gpu_xid),
+        _entry(faults.HostFault, host_fault),
+        _entry(faults.SlowRank, slow_rank),
+        _entry(faults.HangRank, hang_rank),
+        _entry(faults.NanLoss, nan_loss),
+        _entry(faults.LossSpike, loss_spike),
+        _entry(faults.Sdc, sdc),
+        _entry(faults.FillDisk, fill_disk),
+        _entry(faults.CorruptCheckpoint, corrupt_checkpoint),
+        _entry(faults.KillService, kill_service),
+        _entry(faults.RestartNats, restart_nats),
+    ]
+)

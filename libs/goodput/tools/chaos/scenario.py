@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Annotated, TypeAlias, Union
 
 import msgspec
 
+from goodput import schemas
 from goodput.tools.chaos import spec as faults
 from goodput.tools.chaos.actions import FaultOutcome, fire
 from goodput.tools.chaos.targets import ChaosContext
@@ -131,7 +132,7 @@ def _check_timing(scenario: Scenario, source: str) -> None:
                 )
         if fault.clear_after_s is not None:
             if not isinstance(fault, faults.CLEARABLE):
-                clearable = ", ".join(t.__struct_config__.tag for t in faults.CLEARABLE)  # type: ignore[misc]
+                clearable = ", ".join(schemas.kind_of(t) for t in faults.CLEARABLE)
                 raise ScenarioError(f"{where}: clear_after_s only applies to {clearable}")
             if getattr(fault, "clear", False):
                 raise ScenarioError(f"{where}: clear_after_s on a fault that is itself a clear")

@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from goodput import schemas
+
 #: the longest any scenario or fault may last (30 days): every time is finite and bounded
 MAX_SECONDS = 30 * 86_400.0
 #: the highest Poisson rate, per (compressed) day
@@ -32,7 +34,7 @@ class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_fi
 
     @property
     def kind(self) -> str:
-        return self.__struct_config__.tag  # type: ignore[return-value]
+        return schemas.kind_of(type(self))
 
 
 class KillRank(FaultSpec, tag="kill-rank", kw_only=True):
@@ -156,10 +158,7 @@ FAULT_TYPES: tuple[type[FaultSpec], ...] = (
     KillService,
     RestartNats,
 )
-FAULTS_BY_KIND: dict[str, type[FaultSpec]] = {
-    t.__struct_config__.tag: t  # type: ignore[misc]
-    for t in FAULT_TYPES
-}
+FAULTS_BY_KIND: dict[str, type[FaultSpec]] = {schemas.kind_of(t): t for t in FAULT_TYPES}
 #: faults that can be undone (``clear``) and so take ``clear_after_s`` in a scenario
 CLEARABLE: tuple[type[FaultSpec], ...] = (FailNode, GpuXid, HostFault, HangRank, FillDisk)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 #: command -> (the module registering it, its line in `goodput --help`), in listing order
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -64,7 +65,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 class OneLineErrorParser(argparse.ArgumentParser):
     """Usage errors as one line (``goodput up: error: …``); ``--help`` shows the usage."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

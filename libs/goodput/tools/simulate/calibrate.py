@@ -156,7 +156,8 @@ def _median(fields: tuple[Field, ...]) -> Field:
     key, value, source = fields[0]
     if value is None:
         return fields[0]
-    every = sorted(float(f[1]) for f in fields)  # type: ignore[arg-type]
+    # a section header is one in every run (the fields' order is this module's)
+    every = sorted(float(v) for _, v, _ in fields if v is not None)
     if every[0] == every[-1]:
         return fields[0]
     middle = statistics.median(every)

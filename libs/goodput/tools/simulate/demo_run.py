@@ -20,14 +20,14 @@ from goodput.supervisor.control.crash_loop import CrashLoopLimits
 from goodput.supervisor.control.engine import ControllerSettings
 from goodput.supervisor.detect.thresholds import Thresholds
 from goodput.tools.demo.scenarios import HANG_MIN_TIMEOUT_S, HANG_SAFETY_FACTOR, STRAGGLER_RATIO
-from goodput.tools.simulate.fleet import StepFault
+from goodput.tools.simulate.fleet import FaultKind, StepFault
 from goodput.tools.simulate.profile import CostProfile, JobSpec, SimulateError
 from goodput.tools.simulate.records import MeasuredCosts
 from goodput.tools.simulate.strategies import strategies
 from goodput.tools.simulate.world import World
 
 #: the demo's faults as the simulator's kinds
-KINDS = {
+KINDS: dict[str, FaultKind] = {
     "kill-rank": "crash",
     "hang-rank": "hang",
     "slow-rank": "straggler",
@@ -142,7 +142,7 @@ def step_fault(
     return StepFault(
         at_step=int(entry["step"]),
         node=entry["node"],
-        kind=kind,  # type: ignore[arg-type]
+        kind=kind,
         duration_s=duration,
         factor=float(entry.get("factor") or 1.0),
         slowdown=float(slowdown),

@@ -122,9 +122,17 @@ def _pace(steps: list | None, saves: list | None, wait_s: float | None) -> Pace:
     )
 
 
+def _number(value: object) -> float:
+    """A record's number (JSON's int or float); any other value, a forged or broken record's,
+    is a ``TypeError`` (the run's replay section is incomplete)."""
+    if not isinstance(value, int | float):
+        raise TypeError(f"{value!r} is not a number")
+    return float(value)
+
+
 def _cost(value: object) -> float:
     """Measured seconds: a forged or broken record's negative, infinite or NaN is refused."""
-    seconds = float(value)  # type: ignore[arg-type]
+    seconds = _number(value)
     if not 0.0 <= seconds < math.inf:
         raise ValueError(f"{value!r} is not a measured number of seconds")
     return seconds
@@ -132,7 +140,7 @@ def _cost(value: object) -> float:
 
 def _seconds(value: object) -> float | None:
     """A measured step time, None where the run has none (a phase without steps)."""
-    return None if value is None else float(value)  # type: ignore[arg-type]
+    return None if value is None else _number(value)
 
 
 def _profile(costs: dict, measured: dict[str, list[RemediationCost]]) -> CostProfile:

@@ -25,12 +25,13 @@ WITH_REASON = re.compile(r"^# type: ignore\[[a-z-]+(, [a-z-]+)*\]  # .*[A-Za-z]{
 
 def unexplained(source: str) -> list[tuple[int, str]]:
     """(line, comment) of each ``type: ignore`` comment in ``source`` without code or reason."""
-    found = []
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT and IGNORE.search(token.string):
-            if not WITH_REASON.match(token.string):
-                found.append((token.start[0], token.string))
-    return found
+    return [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+        and IGNORE.search(token.string)
+        and not WITH_REASON.match(token.string)
+    ]
 
 
 def test_every_type_ignore_says_why() -> None:

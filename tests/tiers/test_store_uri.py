@@ -5,6 +5,7 @@ S3 bucket on moto's server."""
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -177,3 +178,22 @@ def test_an_s3_uri_without_the_extra_is_one_line_naming_it(
         open_object_store("s3://bucket/p")
     assert "s3://bucket/p" in str(caught.value) and "\n" not in str(caught.value)
     assert isinstance(open_object_store(f"file://{tmp_path}"), DirectoryObjectStore)
+
+
+def test_nothing_but_an_s3_store_imports_boto3() -> None:
+    """The services and the CLI start without the s3 extra: only opening an s3:// store
+    imports boto3, and only ``s3.py`` names it."""
+    code = (
+        "import sys, goodput.tools.cli.main, goodput_services.replicator.service\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore')))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (run.returncode, run.stdout.strip()) == (0, "[]"), run.stderr
+    root = Path(__file__).parents[2]
+    importers = sorted(
+        path.relative_to(root).as_posix()
+        for tree in ("libs", "services")
+        for path in (root / tree).rglob("*.py")
+        if re.search(r"^\s*(import|from) (boto3|botocore|s3transfer)\b", path.read_text(), re.M)
+    )
+    assert importers == ["libs/goodput/checkpoint/tiers/s3.py"]

@@ -38,6 +38,7 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from s3transfer.exceptions import RetriesExceededError
 from s3transfer.subscribers import BaseSubscriber
 
 from goodput.checkpoint.format import ChecksumMismatch, file_xxh3_128, publish
@@ -53,7 +54,7 @@ T = TypeVar("T")
 
 #: S3's error codes for a key that is not there (HEAD answers with the bare status)
 _NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
-#: codes that pass: the store is overloaded or slow, not refusing
+#: codes of a store that is overloaded or slow, not refusing: retried like an outage
 _TRANSIENT = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout"})
 #: attempts botocore makes inside one call (standard mode: backoff with jitter, throttles too)
 CALL_ATTEMPTS = 3
@@ -141,7 +142,8 @@ class S3ObjectStore:
                     raise ObjectNotFound(key) from exc
                 status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
                 transient, failure = status >= 500 or code in _TRANSIENT, exc
-            except BotoConnectionError as exc:  # refused, timed out, reset
+            except (BotoConnectionError, RetriesExceededError) as exc:
+                # refused, timed out, reset; or a download's body cut off on every attempt
                 transient, failure = True, exc
             except BotoCoreError as exc:  # no credentials, a bad configuration
                 transient, failure = False, exc

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv with goodput installed (with --dev: the test tools and the framework
-# integrations' extras, which the tests run against the real frameworks).
+# Creates .venv with goodput installed (with --dev: the test tools, the framework
+# integrations' extras and the s3 store's, which the tests run against the real libraries).
 #
 # torch is not pinned by the project; where the venv has no torch yet, this installs
 # $GOODPUT_TORCH_SPEC (default: torch==2.13.0, the CPU build the project is tested with).
@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 python=${PYTHON:-python3}
 extras=""
-if [ "${1:-}" = "--dev" ]; then extras="[dev,lightning,hf,torchdata]"; fi
+if [ "${1:-}" = "--dev" ]; then extras="[dev,lightning,hf,torchdata,s3]"; fi
 
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($python --version)" >&2

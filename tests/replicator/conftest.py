@@ -1,5 +1,6 @@
 """Fixtures for the replicator: real replicator processes on a real nats-server, checkpoints
-written by the real CheckpointEngine, a real fake-gcs-server as the object store."""
+written by the real CheckpointEngine, a real fake-gcs-server or moto S3 server as the object
+store."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from goodput.checkpoint.engine import CheckpointEngine
 from goodput.checkpoint.format import node_volume, read_manifest
 from goodput.checkpoint.index.index import CheckpointIndex, IndexSnapshot
 from goodput.checkpoint.tiers.fake_gcs import FakeGcsServer, ensure_bucket
+from goodput.checkpoint.tiers.s3_emulator import EMULATOR_ENV, MotoS3Server
+from goodput.checkpoint.tiers.s3_emulator import ensure_bucket as ensure_s3_bucket
 from goodput.state_dir import StateDir
 from tests import processes
 from tests.conftest import goodput_cli
@@ -287,6 +290,32 @@ async def gcs_harness(
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     async for harness in _harness(nats_server, state_dir, options, fake_gcs):
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def moto_s3() -> Iterator[MotoS3Server]:
+    """A moto S3 server; replicators and CLI runs started meanwhile inherit the environment
+    in which boto3's standard chain finds the emulator's keys."""
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in EMULATOR_ENV.items():
+            env.setenv(name, value)
+        with MotoS3Server() as server:
+            yield server
+
+
+@pytest.fixture
+async def s3_harness(
+    nats_server: EmbeddedNats, tmp_path: Path, moto_s3: MotoS3Server
+) -> AsyncIterator[Harness]:
+    """Replicators backing up to moto's S3 server by its ``s3://…?endpoint=`` URI, in a
+    bucket of this test's own, under a prefix."""
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    ensure_s3_bucket(moto_s3.client(), bucket)
+    options = {"object_store": f'"{moto_s3.store_uri(bucket, "cluster-a")}"'}
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    async for harness in _harness(nats_server, state_dir, options, None):
         yield harness
 
 

@@ -61,9 +61,10 @@ async def test_replicators_back_up_to_a_file_store_and_the_cli_follows_it(
         assert {c["tier"] for c in copies} >= {"object_store"} and all(c["ok"] for c in copies)
 
     one_line_refusal(
-        ckpt_cli(h, "verify", "--object-store", "s3://bucket/x", check=False),
-        "S3 is not supported yet",
+        ckpt_cli(h, "verify", "--object-store", "azure://bucket/x", check=False),
+        "unknown scheme 'azure'",
         "gs://",
+        "s3://",
     )
 
     # a record from the bus may be forged: one naming another store is not followed, and
@@ -86,7 +87,13 @@ def test_options_of_before_still_start_and_a_bad_uri_is_one_line(tmp_path: Path)
     endpoint = "http://127.0.0.1:4443"
     old = ReplicatorOptions.from_mapping({"object_store": "gcs:b-1", LEGACY_ENDPOINT_KEY: endpoint})
     assert str(store_uri(old, tmp_path)) == f"gs://b-1?endpoint={endpoint}"
-    for bad in ({"object_store": "s3://b-1"}, {LEGACY_ENDPOINT_KEY: endpoint}):
-        with pytest.raises(SystemExit, match=r"^invalid replicator option: object store") as exc:
+    bad_options = (
+        {"object_store": "s3://b_1"},
+        {"object_store": "s3://b-1", LEGACY_ENDPOINT_KEY: endpoint},
+        {LEGACY_ENDPOINT_KEY: endpoint},
+    )
+    for bad in bad_options:
+        says = r"^invalid replicator option: (object store|gcs_endpoint applies to a gs://)"
+        with pytest.raises(SystemExit, match=says) as exc:
             ReplicatorOptions.from_mapping(bad)
         assert "\n" not in str(exc.value)

@@ -1,5 +1,5 @@
-"""Fixtures for the storage-tier tests: real checkpoint directories, a real fake-gcs-server
-process and real peer-server processes."""
+"""Fixtures for the storage-tier tests: real checkpoint directories, real fake-gcs-server and
+moto S3 server processes and real peer-server processes."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ from goodput.checkpoint.format import (
 from goodput.checkpoint.tiers.fake_gcs import FakeGcsServer, ensure_bucket
 from goodput.checkpoint.tiers.gcs import GcsObjectStore
 from goodput.checkpoint.tiers.peer import PeerServerProcess
+from goodput.checkpoint.tiers.s3 import S3ObjectStore
+from goodput.checkpoint.tiers.s3_emulator import EMULATOR_ENV, MotoS3Server
+from goodput.checkpoint.tiers.s3_emulator import ensure_bucket as ensure_s3_bucket
 
 BUCKET = "goodput-test"
 
@@ -73,6 +76,26 @@ def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcsServer
 def gcs_store(fake_gcs: FakeGcsServer) -> GcsObjectStore:
     """Small parts so multi-part uploads and ranged parallel downloads are exercised."""
     return GcsObjectStore(BUCKET, fake_gcs.client(), part_bytes=1 << 20, retry_timeout_s=5)
+
+
+@pytest.fixture(scope="module")
+def moto_s3() -> Iterator[MotoS3Server]:
+    """A moto S3 server; the module's clients find its keys through boto3's own chain."""
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in EMULATOR_ENV.items():
+            env.setenv(name, value)
+        with MotoS3Server() as server:
+            ensure_s3_bucket(server.client(), BUCKET)
+            yield server
+
+
+@pytest.fixture
+def s3_store(moto_s3: MotoS3Server) -> S3ObjectStore:
+    """5 MiB parts (S3's least) so multipart uploads and ranged parallel downloads run, and
+    listings of two keys a page so pagination does."""
+    return S3ObjectStore(
+        BUCKET, moto_s3.client(), part_bytes=5 << 20, retry_timeout_s=5, page_keys=2
+    )
 
 
 @pytest.fixture

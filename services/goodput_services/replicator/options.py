@@ -23,8 +23,9 @@ from goodput.state_dir import StateDir
 
 
 class ReplicatorOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    #: the store URI (``checkpoint.tiers.store_uri``): "file:///<path>" or
-    #: "gs://<bucket>[/<prefix>][?endpoint=<emulator url>]"; the spellings "dir:<path>" and
+    #: the store URI (``checkpoint.tiers.store_uri``): "file:///<path>",
+    #: "gs://<bucket>[/<prefix>][?endpoint=<emulator url>]" or
+    #: "s3://<bucket>[/<prefix>][?endpoint=<url>][&region=<r>]"; the spellings "dir:<path>" and
     #: "gcs:<bucket>" of earlier releases still work. Empty: ``<state_dir>/object-store``
     object_store: str = ""
     #: refuse an object store on this node's own disk (the default, or a "file://" inside the
@@ -123,7 +124,7 @@ def store_uri(options: ReplicatorOptions, state_dir: Path) -> StoreUri:
     ):
         raise SystemExit(
             f"object store {uri} is on this node's disk (inside the state directory {state}) "
-            'and would die with the node: set object_store = "gs://<bucket>" (or a file:// on '
-            "a shared volume) under [services.replicator]"
+            'and would die with the node: set object_store = "gs://<bucket>" or "s3://<bucket>" '
+            "(or a file:// on a shared volume) under [services.replicator]"
         )
     return uri

@@ -57,6 +57,7 @@ from goodput.checkpoint.tiers.object_store import ObjectNotFound
 from goodput.checkpoint.tiers.open_store import open_object_store
 from goodput.checkpoint.tiers.peer import PeerClient, PeerError, PeerServer, SourceMismatch
 from goodput.checkpoint.tiers.peer.address import AddressError, advertised_host
+from goodput.checkpoint.tiers.store_uri import StoreUriError
 from goodput.config import ServiceConfig
 from goodput.schemas.tiers import LOCAL, OBJECT_STORE, PEER, TIERS, StorageTier
 from goodput.telemetry import tracer
@@ -117,7 +118,10 @@ class ReplicatorService(Service):
         self.node_dir = node_dir(self.state_dir, self.node)
         self.volume = node_volume(self.state_dir, self.node, self.job)
         self.store_uri = store_uri(self.options, self.state_dir)
-        self.store = open_object_store(self.store_uri, self.options.store_retry_s)
+        try:  # a store this install cannot open (s3:// without the s3 extra): one line
+            self.store = open_object_store(self.store_uri, self.options.store_retry_s)
+        except StoreUriError as exc:
+            raise SystemExit(f"replicator: {exc}") from None
         self.holdings = DiskHoldings(
             self.node_dir,
             self.job,

@@ -1,7 +1,7 @@
 """Checkpoint storage tiers: the node's local volume, peers, and an object store.
 
 Bus-independent building blocks the replicator service calls: content-addressed backup to
-an object store (named by a URI, ``store_uri``: a directory or GCS), a peer-to-peer TCP
+an object store (named by a URI, ``store_uri``: a directory, GCS or S3), a peer-to-peer TCP
 data plane with deduplication and resumable transfers, and restore from the nearest tier
 with per-file checksum fallback.
 The checkpoint format itself (names, manifest, hashing) is :mod:`goodput.checkpoint.format`.

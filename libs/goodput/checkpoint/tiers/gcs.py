@@ -30,13 +30,13 @@ from google.cloud.storage.retry import DEFAULT_RETRY
 
 from goodput.checkpoint.format import ChecksumMismatch, file_xxh3_128, publish
 from goodput.checkpoint.tiers.object_store import (
+    CHECKSUM_METADATA_KEY,
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreUnavailable,
     validate_key,
 )
 
-CHECKSUM_METADATA_KEY = "xxh3_128"
 MAX_COMPOSE_SOURCES = 32  # GCS limit per compose request
 PARTS_PREFIX = "_parts/"
 UPLOAD_BUFFER_BYTES = 8 << 20

@@ -14,6 +14,9 @@ from typing import Protocol
 
 from goodput.checkpoint.format import ChecksumMismatch, copy_and_hash, publish, write_file_durably
 
+#: the user-metadata field a remote store (GCS, S3) keeps each object's xxh3_128 in
+CHECKSUM_METADATA_KEY = "xxh3_128"
+
 
 class ObjectStoreUnavailable(ConnectionError):
     """The store cannot be reached; the operation may succeed on retry once it is back."""

@@ -414,8 +414,9 @@ def _store_args(parser: argparse.ArgumentParser) -> None:
         "--object-store",
         default="",
         metavar="URI",
-        help="the store's URI: file:///<path> or gs://<bucket>[/<prefix>][?endpoint=<url>]"
-        " (default: the one every live replicator announces)",
+        help="the store's URI: file:///<path>, gs://<bucket>[/<prefix>][?endpoint=<url>] or"
+        " s3://<bucket>[/<prefix>][?endpoint=<url>][&region=<r>] (default: the one every live"
+        " replicator announces)",
     )
 
 

@@ -4,6 +4,10 @@ Used when no ``--nats-url`` is given. Its store lives under the state directory,
 server comes back with every stream, consumer and KV bucket it had. With ``--nats-cluster N``
 (:class:`EmbeddedCluster`) N such servers form one JetStream cluster on loopback, each with its
 own store, so one can be killed while the bus stays up.
+
+``nats.json`` records a stack's server(s) for other processes; its format, reader and writer
+are this module's, and so are a stack's one pass over it (:func:`running_or_started`: read,
+checked, else the servers started and recorded) and a stop's (:func:`take_record`).
 """
 
 from __future__ import annotations
@@ -294,9 +298,8 @@ def write_record(paths: StateDir, record: EmbeddedRecord) -> None:
 @dataclass(frozen=True)
 class RecordedBus:
     """A stack's ``nats.json`` as read once, with its servers checked once
-    (:func:`goodput.owned_process.check_recorded`; a stack session checks them in the same call
-    as its services): whether its embedded bus runs, where, and, when it does not, which
-    recorded servers are stale."""
+    (:func:`goodput.owned_process.check_recorded`): whether its embedded bus runs, where, and,
+    when it does not, which recorded servers are stale."""
 
     record: EmbeddedRecord | None
     #: a check that covers the record's :attr:`~EmbeddedRecord.processes`

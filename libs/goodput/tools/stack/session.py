@@ -2,10 +2,11 @@
 
 `goodput up`, `run`, `down`, the demo and the benchmarks each hold a :class:`StackSession`
 instead of passing the state directory from module to module: the session takes the lock
-(:mod:`.lock`) and reads ``stack.json`` (:mod:`.record`) once per hold; a start also reads
-``nats.json`` once and checks every process the two records name in one call
-(:func:`goodput.owned_process.check_recorded`); each writes the record once per change.
-Spawning a service is :mod:`.launcher`'s, stopping processes :mod:`.stop`'s.
+(:mod:`.lock`) and reads ``stack.json`` (:mod:`.record`) once per hold, and a session that
+started the stack stops what it recorded without reading it again; a start checks the services
+the record names in one call (:func:`goodput.owned_process.check_recorded`) and leaves
+``nats.json`` to the bus (:func:`goodput.bus.cluster.stack_bus`); each writes the record once
+per change. Spawning a service is :mod:`.launcher`'s, stopping processes :mod:`.stop`'s.
 """
 
 from __future__ import annotations

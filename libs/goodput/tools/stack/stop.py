@@ -39,6 +39,9 @@ ACTUATOR_STOP_S = 75.0
 SERVICE_STOP_S = 10.0
 #: a rank the actuator's ranks file names, left running by an actuator that is gone
 RANK_STOP_S = 5.0
+#: the stages of a stop, in order: the actuator first (it lets running ranks save and exit),
+#: the other services, the ranks left running, the bus last (a stopping service still has it)
+ACTUATOR, SERVICE, RANK, BUS = range(4)
 
 
 @dataclass
@@ -86,11 +89,6 @@ def stop_processes(paths: StateDir, stack: StackRecord | None, report: StopRepor
     return report
 
 
-#: the order of a stop: the actuator first (it lets running ranks save and exit), the other
-#: services, the ranks left running, the bus last (a stopping service still reaches it)
-ACTUATOR, SERVICE, RANK, BUS = range(4)
-
-
 def stop_plan(
     stack: StackRecord | None,
     servers: EmbeddedRecord | None,
@@ -99,7 +97,7 @@ def stop_plan(
 ) -> list[tuple[str, Stop]]:
     """Every process to stop, in order, each by the name a stale one is reported under ("":
     found by the marker, never stale). What a record names comes before what only the marker
-    finds at the same stage; a process both list is found gone the second time. A pid of a
+    finds at the same stage; a process both name is found gone the second time. A pid of a
     ranks file counts only if its process carries the marker (it is in ``marked``)."""
     staged: list[tuple[int, str, Stop]] = []
     for service in stack.services if stack else []:

@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -145,6 +145,23 @@ def terminate(
     return found
 
 
+@dataclass(frozen=True)
+class Stop:
+    """One process of a stop's plan: how long it is given after SIGTERM, and whether SIGKILL
+    then goes to its whole process group (a keeper and its service)."""
+
+    identity: ProcessIdentity
+    timeout_s: float
+    group: bool = False
+
+
+def terminate_in_order(plan: Sequence[Stop]) -> list[Standing]:
+    """Stop each process of ``plan`` in turn, each only if its pid still holds it
+    (:func:`terminate`); what each was found as, in the plan's order. A process listed twice,
+    or one that went with another (a service with its keeper), is found gone: nothing is sent."""
+    return [terminate(stop.identity, stop.timeout_s, group=stop.group) for stop in plan]
+
+
 def _gone_within(identity: ProcessIdentity, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while is_running(identity):
@@ -163,19 +180,6 @@ def _reap(pid: int) -> None:
 def stack_marker(state_dir: Path) -> dict[str, str]:
     """The environment entry that marks a process as the stack's of ``state_dir``."""
     return {STACK_ENV: str(Path(state_dir).resolve())}
-
-
-def marked_identity(pid: int, state_dir: Path) -> ProcessIdentity | None:
-    """The identity of ``pid`` if it carries the marker of the stack of ``state_dir``
-    (a pid read from a file the stack does not own, e.g. the actuator's ranks file)."""
-    marker = stack_marker(state_dir)[STACK_ENV]
-    try:
-        process = psutil.Process(pid)
-        if process.environ().get(STACK_ENV) != marker:
-            return None
-        return identify(pid)
-    except psutil.Error:
-        return None
 
 
 def marked_processes(state_dir: Path) -> list[ProcessIdentity]:

@@ -95,13 +95,14 @@ def test_the_stack_bus_refuses_a_running_bus_of_another_size(tmp_path: Path) -> 
     with pytest.raises(
         EmbeddedNatsError, match=re.escape(f"{tmp_path}: it already runs 1 embedded NATS")
     ):
-        stack_bus(paths, found, size=3)
-    bus = stack_bus(paths, found, size=1)
-    assert (bus.url, bus.started) == ("nats://127.0.0.1:1", "")
+        stack_bus(paths, size=3)
+    bus = stack_bus(paths, size=1)
+    assert (bus.url, bus.started, bus.stale) == ("nats://127.0.0.1:1", "", [])
+    assert read_record(paths) == EmbeddedRecord(servers=[server]), "nothing started"
     theirs = "nats://10.0.0.7:4222"
-    assert stack_bus(paths, found, explicit_url=theirs).url == theirs
+    assert stack_bus(paths, explicit_url=theirs).url == theirs
     with pytest.raises(EmbeddedNatsError, match="drop it or --nats-url"):
-        stack_bus(paths, found, size=3, explicit_url=theirs)
+        stack_bus(paths, size=3, explicit_url=theirs)
 
 
 async def _contend(leases: list[Lease], holders: list[str], stop: asyncio.Event) -> None:

@@ -13,7 +13,7 @@ import torch
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, EmbeddedNats
-from goodput.bus.embedded import pid_alive, read_record, stop_recorded
+from goodput.bus.embedded import pid_alive, read_record
 from goodput.checkpoint.engine import CheckpointEngine, list_checkpoints, verify_checkpoint
 from goodput.checkpoint.format import node_volume
 from goodput.owned_process import is_running, terminate
@@ -24,6 +24,7 @@ from goodput.tools.chaos.storage import BALLAST_NAME
 from goodput.tools.stack.keeper import kept_service
 from goodput.tools.stack.launcher import spawn_service
 from goodput.tools.stack.record import StackRecord, write_stack
+from goodput.tools.stack.session import StackSession
 from tests.chaos.conftest import VictimJob
 from tests.chaos.processes import HealthTap, start_hostmon
 from tests.conftest import tmpfs_mount
@@ -152,7 +153,7 @@ async def test_restart_nats_keeps_port_and_store(tmp_path: Path):
         assert info.state.messages == 1, "the restarted server kept its JetStream store"
         await bus.close()
     finally:
-        stop_recorded(StateDir(state_dir))
+        StackSession(state_dir).stop()
         if pid_alive(first.pid):
             subprocess.run(["kill", "-9", str(first.pid)], check=False)
 

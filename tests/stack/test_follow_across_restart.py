@@ -18,9 +18,9 @@ import pytest
 
 from goodput import schemas
 from goodput.bus import Bus, BusSettings, EmbeddedNats
-from goodput.bus.embedded import stop_recorded
 from goodput.bus.job_events import JobEvents
 from goodput.state_dir import StateDir
+from goodput.tools.stack.session import StackSession
 
 
 def _beat(step: int) -> schemas.Heartbeat:
@@ -52,7 +52,7 @@ async def test_a_follower_gets_every_event_once_across_a_nats_restart(tmp_path: 
     finally:
         await follower.stop()
         await bus.close()
-        stop_recorded(StateDir(tmp_path))
+        StackSession(tmp_path).stop()
 
 
 async def test_a_follower_stops_even_when_its_guard_loses_the_cancel(
@@ -82,4 +82,4 @@ async def test_a_follower_stops_even_when_its_guard_loses_the_cancel(
         await asyncio.wait_for(follower.stop(), 15)
     finally:
         await bus.close()
-        stop_recorded(StateDir(tmp_path))
+        StackSession(tmp_path).stop()

@@ -9,16 +9,17 @@ keeps serving: clients are given every member's URL and reconnect to a survivor.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from goodput.bus.embedded import (
     EmbeddedNats,
     EmbeddedNatsError,
     EmbeddedRecord,
-    RecordedBus,
     ServerRecord,
     free_port,
     read_record,
+    running_or_started,
+    start_together,
     write_record,
 )
 from goodput.state_dir import StateDir
@@ -57,42 +58,45 @@ def cluster_refusal(size: int, *, explicit_url: bool, running: int = 0) -> str:
 
 @dataclass
 class StackBus:
-    """The embedded bus a stack uses: its URL, and what finding it did."""
+    """The bus a stack uses: its URL, and what finding it did."""
 
     url: str
-    #: a line saying what was started ("" when a running bus was found)
+    #: a line saying what was started ("" when a running bus was found, or the caller's)
     started: str = ""
+    #: one line per recorded server that was gone or whose pid another process held (never
+    #: signalled) when a new bus was started in its place
+    stale: list[str] = field(default_factory=list)
 
 
 def stack_bus(
-    paths: StateDir,
-    found: RecordedBus,
-    size: int = 1,
-    port: int | None = None,
-    *,
-    explicit_url: str = "",
+    paths: StateDir, size: int = 1, port: int | None = None, *, explicit_url: str = ""
 ) -> StackBus:
-    """The bus a stack uses: the caller's (``explicit_url``), else the embedded one ``found``
-    in ``paths`` while it runs, else one started now, detached: a cluster of ``size``, or a
-    server (on ``port``). A cluster that cannot be honoured is refused
-    (:class:`EmbeddedNatsError`, one line)."""
+    """The bus a stack uses: the caller's (``explicit_url``), else the embedded one recorded
+    in ``paths`` while it runs (``nats.json`` read once, its servers checked once:
+    :class:`RecordedBus`), else one started now, detached: a cluster of ``size``, or a server
+    (on ``port``). A cluster that cannot be honoured is refused (:class:`EmbeddedNatsError`,
+    one line)."""
     if explicit_url:
         if refusal := cluster_refusal(size, explicit_url=True):
             raise EmbeddedNatsError(refusal)
         return StackBus(explicit_url)
-    if found.running:
+    # what would be started; the embedded bus's record decides whether it is
+    servers = (
+        EmbeddedCluster(paths, size, detach=True).members
+        if size > 1
+        else [EmbeddedNats(paths, port=port, detach=True)]
+    )
+    found, started = running_or_started(paths, servers)
+    if started is None:
         if refusal := cluster_refusal(size, explicit_url=False, running=found.size):
             raise EmbeddedNatsError(f"the stack in {paths.root}: {refusal}")
         return StackBus(found.url)
+    stores = ", ".join(server.store_dir for server in started.servers)
     if size > 1:
-        cluster = EmbeddedCluster(paths, size, detach=True)
-        url = cluster.start().url
-        stores = ", ".join(str(member.store_dir) for member in cluster.members)
-        started = f"embedded NATS cluster of {size} on {url} (stores {stores})"
-        return StackBus(url, started)
-    server = EmbeddedNats(paths, port=port, detach=True).start()
-    started = f"embedded nats-server on {server.url} (store {server.store_dir})"
-    return StackBus(server.url, started)
+        what = f"embedded NATS cluster of {size} on {started.url} (stores {stores})"
+    else:
+        what = f"embedded nats-server on {started.url} (store {stores})"
+    return StackBus(started.url, what, found.stale)
 
 
 class EmbeddedCluster:
@@ -149,16 +153,7 @@ class EmbeddedCluster:
         second or so): :meth:`goodput.bus.Bus.provision` retries through it.
         """
         self.paths.root.mkdir(parents=True, exist_ok=True)
-        records = [member.launch() for member in self.members]
-        try:
-            for member in self.members:
-                member.wait_ready(timeout_s)
-        except EmbeddedNatsError:
-            self.stop()
-            raise
-        record = EmbeddedRecord(servers=records, cluster_ports=self.members[0].cluster_ports)
-        write_record(self.paths, record)
-        return record
+        return start_together(self.members, timeout_s)
 
     def kill(self, member: int) -> None:
         """SIGKILL one member (fault injection): its store stays, its peers carry on."""

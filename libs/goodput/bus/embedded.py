@@ -4,6 +4,10 @@ Used when no ``--nats-url`` is given. Its store lives under the state directory,
 server comes back with every stream, consumer and KV bucket it had. With ``--nats-cluster N``
 (:class:`EmbeddedCluster`) N such servers form one JetStream cluster on loopback, each with its
 own store, so one can be killed while the bus stays up.
+
+``nats.json`` records a stack's server(s) for other processes; its format, reader and writer
+are this module's, and so are a stack's one pass over it (:func:`running_or_started`: read,
+checked, else the servers started and recorded) and a stop's (:func:`take_record`).
 """
 
 from __future__ import annotations
@@ -28,8 +32,6 @@ from goodput.owned_process import (
     check_recorded,
     spawned,
     stack_marker,
-    stale_line,
-    terminate,
 )
 from goodput.state_dir import StateDir
 
@@ -155,11 +157,12 @@ class EmbeddedNats:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 15.0) -> ServerRecord:
-        """Start it and wait for its client port; a server on its own writes ``nats.json``."""
+        """Start it and wait for its client port; a server on its own is recorded in
+        ``nats.json`` (a cluster's member started again is its cluster's to record)."""
+        if not self.cluster_ports:
+            return start_together([self], timeout_s).servers[0]
         record = self.launch()
         self.wait_ready(timeout_s)
-        if not self.cluster_ports:
-            write_record(self.paths, EmbeddedRecord(servers=[record]))
         return record
 
     def arguments(self) -> list[str]:
@@ -295,9 +298,8 @@ def write_record(paths: StateDir, record: EmbeddedRecord) -> None:
 @dataclass(frozen=True)
 class RecordedBus:
     """A stack's ``nats.json`` as read once, with its servers checked once
-    (:func:`goodput.owned_process.check_recorded`; a stack session checks them in the same call
-    as its services): whether its embedded bus runs, where, and, when it does not, which
-    recorded servers are stale."""
+    (:func:`goodput.owned_process.check_recorded`): whether its embedded bus runs, where, and,
+    when it does not, which recorded servers are stale."""
 
     record: EmbeddedRecord | None
     #: a check that covers the record's :attr:`~EmbeddedRecord.processes`
@@ -336,19 +338,46 @@ class RecordedBus:
         return len(self.record.servers) if self.record else 0
 
 
-def stop_recorded(paths: StateDir, timeout_s: float = 10.0) -> list[str]:
-    """Stop the detached embedded server(s) found through the record, each only if its pid
-    still holds it; the recorded servers that were not (one line each, never signalled)."""
-    record = read_record(paths)
-    if record is None:
-        return []
-    paths.nats_record.unlink(missing_ok=True)
-    stale = []
-    for server in record.servers:
-        found = terminate(server.process, timeout_s)
-        if found == "replaced":
-            stale.append(stale_line(f"nats-server on {server.url}", server.process, found))
-    return stale
+def start_together(servers: list[EmbeddedNats], timeout_s: float = 15.0) -> EmbeddedRecord:
+    """Start ``servers`` (one, or a cluster's members: all launched before any is waited for,
+    since none serves JetStream before a quorum is up), wait for their client ports, and record
+    them in ``nats.json``. If one does not come up, all are stopped and nothing is recorded."""
+    paths = servers[0].paths
+    records = [server.launch() for server in servers]
+    try:
+        for server in servers:
+            server.wait_ready(timeout_s)
+    except EmbeddedNatsError:
+        for server in servers:
+            server.stop()
+        paths.nats_record.unlink(missing_ok=True)
+        raise
+    record = EmbeddedRecord(servers=records, cluster_ports=servers[0].cluster_ports)
+    write_record(paths, record)
+    return record
+
+
+def running_or_started(
+    paths: StateDir, servers: list[EmbeddedNats]
+) -> tuple[RecordedBus, EmbeddedRecord | None]:
+    """A stack's embedded bus in one pass: ``nats.json`` read once and its servers checked
+    once (:class:`RecordedBus`); while one of them runs nothing is started (None), else
+    ``servers`` are started together and recorded (:func:`start_together`)."""
+    found = RecordedBus.read(paths)
+    if found.running:
+        return found, None
+    return found, start_together(servers)
+
+
+def take_record(paths: StateDir) -> EmbeddedRecord | None:
+    """``nats.json`` read and removed, for a stop that stops the servers it names (each only
+    if its pid still holds it: :mod:`goodput.owned_process`). A corrupt record is removed too,
+    and raises :class:`RecordUnreadable` (one line): the stop then finds the servers by the
+    stack's marker."""
+    try:
+        return read_record(paths)
+    finally:
+        paths.nats_record.unlink(missing_ok=True)
 
 
 def pid_alive(pid: int) -> bool:

@@ -27,6 +27,7 @@ from goodput.launch import capacity
 from goodput.launch.rank_logs import rank_log
 from goodput.state_dir import StateDir
 from goodput.supervisor.membership import Membership, check_job_shape
+from goodput.supervisor.rank_pids import write_rank_pids
 from goodput.supervisor.rank_processes import (
     STOP_GRACE_S,
     RankProcess,
@@ -211,9 +212,7 @@ class LocalBackend(MembershipBackend[RankProcess]):
     def _record_pids(self, status: schemas.JobStatus) -> None:
         # standbys too: `goodput down` stops whatever the actuator started if it is gone
         processes = {n: [*status.pids.get(n, []), *p] for n, p in self.standbys.pids().items()}
-        tmp = self.ranks_file.with_suffix(".tmp")
-        tmp.write_bytes(msgspec.json.encode({**status.pids, **processes}))
-        os.replace(tmp, self.ranks_file)
+        write_rank_pids(self.ranks_file, {**status.pids, **processes})
 
     async def _terminate(self, *, graceful: bool, why: str) -> None:
         ranks, self.ranks = self.ranks, []

@@ -25,8 +25,10 @@ from goodput.bus.client import TRANSIENT_ERRORS, BusUnavailableError
 from goodput.bus.embedded import read_record
 from goodput.checkpoint.format import node_volume
 from goodput.launch.rank_env import VARIABLES
+from goodput.owned_process import RecordUnreadable
 from goodput.state_dir import StateDir
 from goodput.subjects import DEFAULT_JOB
+from goodput.supervisor.rank_pids import read_rank_pids
 from goodput.tools.stack.record import StackRecord, read_stack
 
 
@@ -134,10 +136,10 @@ class ChaosContext:
         status = await self.job_status()
         if status is not None:
             return status.pids
-        path = self.paths.ranks_record(self.job)
-        if path.exists():
-            return msgspec.json.decode(path.read_bytes(), type=dict[str, list[int]])
-        return {}
+        try:
+            return read_rank_pids(self.paths.ranks_record(self.job))
+        except RecordUnreadable as exc:
+            raise ChaosError(str(exc.code)) from None
 
     async def ranks(self, node: str | None = None) -> list[RankTarget]:
         """Live rank processes of the job (of one node), verified through their environment."""

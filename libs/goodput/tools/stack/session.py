@@ -2,10 +2,11 @@
 
 `goodput up`, `run`, `down`, the demo and the benchmarks each hold a :class:`StackSession`
 instead of passing the state directory from module to module: the session takes the lock
-(:mod:`.lock`) and reads ``stack.json`` (:mod:`.record`) once per hold; a start also reads
-``nats.json`` once and checks every process the two records name in one call
-(:func:`goodput.owned_process.check_recorded`); each writes the record once per change.
-Spawning a service is :mod:`.launcher`'s, stopping processes :mod:`.stop`'s.
+(:mod:`.lock`) and reads ``stack.json`` (:mod:`.record`) once per hold, and a session that
+started the stack stops what it recorded without reading it again; a start checks the services
+the record names in one call (:func:`goodput.owned_process.check_recorded`) and leaves
+``nats.json`` to the bus (:func:`goodput.bus.cluster.stack_bus`); each writes the record once
+per change. Spawning a service is :mod:`.launcher`'s, stopping processes :mod:`.stop`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rich.console import Console
 
 from goodput.bus import BusSettings
 from goodput.bus.cluster import stack_bus
-from goodput.bus.embedded import EmbeddedNatsError, RecordedBus, read_record
+from goodput.bus.embedded import EmbeddedNatsError
 from goodput.checkpoint.format.job_key import stack_key_env
 from goodput.checkpoint.tiers.peer.address import one_machine_env
 from goodput.config import bus_settings_from_args
@@ -50,6 +51,8 @@ class StackSession:
         self.paths = StateDir(state_dir)
         #: the record as :meth:`start` found it (None: there was no stack), for :meth:`undo`
         self.before: StackRecord | None = None
+        #: the record as this session last wrote it (None: it started nothing), for :meth:`stop`
+        self.stack: StackRecord | None = None
 
     def hold(self) -> contextlib.AbstractContextManager[None]:
         """The lock, for a command that keeps it across start and wait (`up`: what it undoes
@@ -74,20 +77,11 @@ class StackSession:
         self.paths.root.mkdir(parents=True, exist_ok=True)
         with stack_lock(self.paths.root):
             before = self.before = read_stack(self.paths.root)
-            explicit = explicit_url(args)
-            servers = None if explicit else read_record(self.paths)
             recorded = {service.key: service for service in before.services} if before else {}
-            # every process the two records name, checked in one call: the embedded server(s),
-            # then the services
-            checked = check_recorded(
-                {
-                    **(servers.processes if servers else {}),
-                    **{key: service.process for key, service in recorded.items()},
-                }
-            )
-            found = RecordedBus(servers, checked)
+            checked = check_recorded({key: service.process for key, service in recorded.items()})
+            explicit = explicit_url(args)
             try:
-                bus = stack_bus(self.paths, found, *_embedded_shape(args), explicit_url=explicit)
+                bus = stack_bus(self.paths, *_embedded_shape(args), explicit_url=explicit)
             except EmbeddedNatsError as exc:
                 raise SystemExit(str(exc)) from None
             settings = msgspec.structs.replace(bus_settings_from_args(args), url=bus.url)
@@ -118,7 +112,7 @@ class StackSession:
                 )
             started = [bus.started] if bus.started else []
             started += [s.key for s in services if s.key not in checked.running]
-            stale = [*found.stale, *(checked.stale[k] for k in recorded if k in checked.stale)]
+            stale = [*bus.stale, *checked.stale.values()]
             if stale:  # one line, however many
                 console.print(f"stale record, not signalled: {'; '.join(stale)}", soft_wrap=True)
             # one line, whatever started: a failure after it must still fit in a few lines
@@ -133,6 +127,7 @@ class StackSession:
                 job=job, url=bus.url, embedded=not explicit, nodes=nodes, services=services
             )
             write_stack(self.paths.root, stack)
+            self.stack = stack
             return stack, settings
 
     def undo(self) -> int:
@@ -145,8 +140,8 @@ class StackSession:
             current = read_stack(self.paths.root)
             if current is None:
                 return 0
-            stopped, kept = undo_services(self.before, current)
-            write_stack(self.paths.root, kept)
+            stopped, self.stack = undo_services(self.before, current)
+            write_stack(self.paths.root, self.stack)
             return stopped
 
     def stop(self) -> StopReport:
@@ -154,17 +149,22 @@ class StackSession:
         still carries the stack's marker (what a lost or corrupt record no longer names).
 
         The actuator is asked first and given time: it lets running ranks save and exit. Every
-        recorded process is checked before it is signalled. A directory that does not exist
-        has nothing recorded and nothing to lock: only what is marked is stopped.
+        recorded process is checked before it is signalled. The lock is taken again: `run` and
+        the demo let it go while they follow the job, so that `down` can stop them. A session
+        that started the stack stops what it recorded then (what another command started
+        since carries the stack's marker and is stopped with it); another (`goodput down`)
+        reads the record. A directory that does not exist has nothing recorded and nothing to
+        lock: only what is marked is stopped.
         """
         root = self.paths.root
         with stack_lock(root) if root.is_dir() else contextlib.nullcontext():
             report = StopReport()
-            try:
-                stack = read_stack(root)
-            except RecordUnreadable as exc:
-                stack = None
-                report.unreadable.append(str(exc.code))
+            stack, self.stack = self.stack, None
+            if stack is None:
+                try:
+                    stack = read_stack(root)
+                except RecordUnreadable as exc:
+                    report.unreadable.append(str(exc.code))
             return stop_processes(self.paths, stack, report)
 
 

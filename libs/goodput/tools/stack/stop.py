@@ -1,9 +1,12 @@
 """Stopping the stack's processes (`goodput down`, the end of a `run` that started it, an `up`
-undone), from the record its session (:mod:`.session`) read under the lock.
+undone), from the record its session (:mod:`.session`) holds.
 
-Every recorded process is checked against its recorded identity before any signal
-(:mod:`goodput.owned_process`); then whatever still carries the stack's marker is stopped too,
-so a corrupt or lost record, or an orphan of a crashed `up`, leaves nothing running.
+A stop gathers first and acts once: the services of ``stack.json``, the embedded server(s) of
+``nats.json`` and every process carrying the stack's marker (the ranks of the actuator's ranks
+files among them, so a corrupt or lost record, or an orphan of a crashed `up`, leaves nothing
+running) make one ordered plan (:func:`stop_plan`, pure), which one call stops
+(:func:`goodput.owned_process.terminate_in_order`: each process checked against its identity
+before any signal).
 """
 
 from __future__ import annotations
@@ -13,25 +16,32 @@ from pathlib import Path
 
 import msgspec
 
-from goodput.bus.embedded import stop_recorded
+from goodput.bus.embedded import EmbeddedRecord, take_record
 from goodput.checkpoint.format.layout import local_root
 from goodput.checkpoint.format.shm_segments import sweep_dead
 from goodput.owned_process import (
     ProcessIdentity,
     RecordUnreadable,
+    Stop,
     check_recorded,
-    marked_identity,
     marked_processes,
     stale_line,
     terminate,
+    terminate_in_order,
 )
 from goodput.state_dir import StateDir
+from goodput.supervisor.rank_pids import read_rank_pids
 from goodput.tools.stack.record import StackRecord
 
 #: the actuator lets ranks checkpoint before it exits (its own grace period, plus margin)
 ACTUATOR_STOP_S = 75.0
-#: any other service, or a process found by the stack's marker
+#: any other service, an embedded server, or a process found by the stack's marker
 SERVICE_STOP_S = 10.0
+#: a rank the actuator's ranks file names, left running by an actuator that is gone
+RANK_STOP_S = 5.0
+#: the stages of a stop, in order: the actuator first (it lets running ranks save and exit),
+#: the other services, the ranks left running, the bus last (a stopping service still has it)
+ACTUATOR, SERVICE, RANK, BUS = range(4)
 
 
 @dataclass
@@ -47,29 +57,29 @@ class StopReport:
 
 
 def stop_processes(paths: StateDir, stack: StackRecord | None, report: StopReport) -> StopReport:
-    """Stop the recorded services (the actuator first, given time to let running ranks save),
-    the ranks left running, the embedded server(s), then whatever else still carries the
-    stack's marker; remove the record and the stack's dead ranks' shared memory."""
-    for service in sorted(stack.services if stack else [], key=lambda s: s.name != "actuator"):
-        timeout_s = ACTUATOR_STOP_S if service.name == "actuator" else SERVICE_STOP_S
-        found = terminate(service.process, timeout_s, group=True)
-        report.stopped += found == "running"
-        if found == "replaced":
-            report.stale.append(stale_line(service.key, service.process, found))
-    for ranks_file in paths.ranks_records():
-        for pid in _rank_pids(ranks_file, report):
-            identity = marked_identity(pid, paths.root)  # a rank carries its actuator's marker
-            if identity is not None:
-                report.stopped += terminate(identity, timeout_s=5) == "running"
-        ranks_file.unlink()
+    """Gather every process of the stack (the services ``stack`` records, the embedded
+    server(s) ``nats.json`` records, every process carrying the stack's marker, the ranks of
+    the actuator's ranks files among them), stop them in one ordered pass (:func:`stop_plan`),
+    then remove the records and the stack's dead ranks' shared memory."""
     try:
-        report.stale += stop_recorded(paths)
+        servers = take_record(paths)
     except RecordUnreadable as exc:
+        servers = None
         report.unreadable.append(str(exc.code))
-        paths.nats_record.unlink(missing_ok=True)
-    for identity in sorted(marked_processes(paths.root), key=_stop_order):
-        timeout_s = ACTUATOR_STOP_S if _stop_order(identity) == 0 else SERVICE_STOP_S
-        report.stopped += terminate(identity, timeout_s, group=True) == "running"
+    ranks_files = paths.ranks_records()
+    rank_pids: set[int] = set()
+    for ranks_file in ranks_files:
+        try:
+            rank_pids.update(pid for pids in read_rank_pids(ranks_file).values() for pid in pids)
+        except RecordUnreadable as exc:
+            report.unreadable.append(str(exc.code))
+    plan = stop_plan(stack, servers, rank_pids, marked_processes(paths.root))
+    for (name, stop), found in zip(plan, terminate_in_order([s for _, s in plan]), strict=True):
+        report.stopped += found == "running"
+        if found == "replaced" and name:
+            report.stale.append(stale_line(name, stop.identity, found))
+    for ranks_file in ranks_files:
+        ranks_file.unlink(missing_ok=True)
     paths.stack_record.unlink(missing_ok=True)
     # a killed rank's host buffer outlives it for its replacement to read; with the stack
     # stopped no engine will save on its volume again to sweep it
@@ -79,22 +89,42 @@ def stop_processes(paths: StateDir, stack: StackRecord | None, report: StopRepor
     return report
 
 
-def _rank_pids(ranks_file: Path, report: StopReport) -> list[int]:
-    try:
-        pids = msgspec.json.decode(ranks_file.read_bytes(), type=dict[str, list[int]])
-    except msgspec.DecodeError as exc:
-        report.unreadable.append(f"the ranks file {ranks_file} is unreadable ({exc})")
-        return []
-    return [pid for node_pids in pids.values() for pid in node_pids]
+def stop_plan(
+    stack: StackRecord | None,
+    servers: EmbeddedRecord | None,
+    rank_pids: set[int],
+    marked: list[ProcessIdentity],
+) -> list[tuple[str, Stop]]:
+    """Every process to stop, in order, each by the name a stale one is reported under ("":
+    found by the marker, never stale). What a record names comes before what only the marker
+    finds at the same stage; a process both name is found gone the second time. A pid of a
+    ranks file counts only if its process carries the marker (it is in ``marked``)."""
+    staged: list[tuple[int, str, Stop]] = []
+    for service in stack.services if stack else []:
+        actuator = service.name == "actuator"
+        timeout_s = ACTUATOR_STOP_S if actuator else SERVICE_STOP_S
+        stop = Stop(service.process, timeout_s, group=True)
+        staged.append((ACTUATOR if actuator else SERVICE, service.key, stop))
+    for name, process in (servers.processes if servers else {}).items():
+        staged.append((BUS, name, Stop(process, SERVICE_STOP_S)))
+    for identity in marked:
+        if identity.pid in rank_pids:
+            staged.append((RANK, "", Stop(identity, RANK_STOP_S)))
+            continue
+        stage = _role(identity)
+        timeout_s = ACTUATOR_STOP_S if stage == ACTUATOR else SERVICE_STOP_S
+        staged.append((stage, "", Stop(identity, timeout_s, group=True)))
+    return [(name, stop) for _, name, stop in sorted(staged, key=lambda item: item[0])]
 
 
-def _stop_order(identity: ProcessIdentity) -> int:
-    """Found by the marker: the actuator (and its keeper) first, the nats-server(s) last."""
+def _role(identity: ProcessIdentity) -> int:
+    """The stage of a process found by the marker: the actuator (and its keeper), a
+    nats-server, else a service (a keeper, or a rank no ranks file names)."""
     if any(part.endswith("goodput_services.actuator") for part in identity.cmdline):
-        return 0
+        return ACTUATOR
     if identity.cmdline and Path(identity.cmdline[0]).name == "nats-server":
-        return 2
-    return 1
+        return BUS
+    return SERVICE
 
 
 def undo_services(before: StackRecord, current: StackRecord) -> tuple[int, StackRecord]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from goodput import schemas
 from goodput.bus import EmbeddedNats
-from goodput.supervisor.jobstate.folds import new_job_state
+from goodput.supervisor.jobstate.folds import new_job_state, observe_status
 from goodput.supervisor.jobstate.model import JobState
 
 JOB = "job"
@@ -30,6 +30,23 @@ def job(active: int = 6, spares: int = 0, per_dp: int = 2) -> JobState:
         procs_per_node=8,
         now=T0,
     )
+
+
+def with_standbys(state: JobState, nodes: list[str], **fields) -> JobState:
+    """``state`` once a JobStatus of it reported a ready standby on each of ``nodes`` (and
+    ``fields``, such as the backend's capabilities)."""
+    status = schemas.JobStatus(
+        job=JOB,
+        state="running",
+        attempt=1,
+        world_size=state.world_size,
+        procs_per_node=state.procs_per_node,
+        active_nodes=state.active,
+        spare_nodes=state.spares,
+        standbys={node: [1000 + i] for i, node in enumerate(nodes)},
+        **fields,
+    )
+    return observe_status(state, status, at(0.5))
 
 
 def signal(kind: str, node: str = "", severity: str = "correctable", **fields) -> schemas.Signal:

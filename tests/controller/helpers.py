@@ -32,21 +32,25 @@ def job(active: int = 6, spares: int = 0, per_dp: int = 2) -> JobState:
     )
 
 
-def with_standbys(state: JobState, nodes: list[str], **fields) -> JobState:
-    """``state`` once a JobStatus of it reported a ready standby on each of ``nodes`` (and
-    ``fields``, such as the backend's capabilities)."""
-    status = schemas.JobStatus(
+def status_of(of: JobState, /, **fields) -> schemas.JobStatus:
+    """A JobStatus of attempt 1 running the membership of ``of``, ``fields`` over it."""
+    membership = dict(
         job=JOB,
         state="running",
         attempt=1,
-        world_size=state.world_size,
-        procs_per_node=state.procs_per_node,
-        active_nodes=state.active,
-        spare_nodes=state.spares,
-        standbys={node: [1000 + i] for i, node in enumerate(nodes)},
-        **fields,
+        world_size=of.world_size,
+        procs_per_node=of.procs_per_node,
+        active_nodes=of.active,
+        spare_nodes=of.spares,
     )
-    return observe_status(state, status, at(0.5))
+    return schemas.JobStatus(**{**membership, **fields})
+
+
+def with_standbys(state: JobState, nodes: list[str], **fields) -> JobState:
+    """``state`` once a JobStatus of it reported a ready standby on each of ``nodes`` (and
+    ``fields``, such as the backend's capabilities)."""
+    standbys = {node: [1000 + i] for i, node in enumerate(nodes)}
+    return observe_status(state, status_of(state, standbys=standbys, **fields), at(0.5))
 
 
 def signal(kind: str, node: str = "", severity: str = "correctable", **fields) -> schemas.Signal:

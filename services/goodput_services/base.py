@@ -72,6 +72,15 @@ class Service:
         self._stop_watchdog: threading.Timer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    def serve_node(self, role: str, executor: str) -> str:
+        """For a service of one node (the replicator, the host monitor): its node, from
+        ``--node`` (refused in one line without it), with its command target there."""
+        node = self.config.node
+        if not node:
+            raise SystemExit(f"the {role} serves one node: pass --node NAME")
+        self.command_target = subjects.node_target(executor, node)
+        return node
+
     # ---- to override -----------------------------------------------------------------------
 
     def loops(self) -> list[Coroutine[Any, Any, None]]:

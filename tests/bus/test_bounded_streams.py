@@ -13,12 +13,13 @@ import pytest
 from nats.js.api import DiscardPolicy
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, BusSettings, CommandRunner, DoneLog, EmbeddedNats
+from goodput.bus import Bus, BusSettings, DoneLog, EmbeddedNats
 from goodput.bus.client import StoreTooSmallError, stream_configs
 from goodput.bus.job_events import HistoryRolledOffError
 from goodput.bus.store_sizing import DEFAULT_SCALE, SCALE_ENV, StoreScale, store_limits
 from goodput.measure.accounting import replay_from_bus
 from goodput.state_dir import StateDir
+from tests.bus.recording_runner import recording_runner
 from tests.conftest import goodput_cli, refused_in_one_line
 
 JOB = "bounded"
@@ -63,12 +64,7 @@ async def test_a_full_event_stream_leaves_commands_their_room(tmp_path: Path) ->
             assert events_max - 2 * len(DETAIL) < info.state.bytes <= events_max
 
             executed: list[str] = []
-
-            async def execute(command: schemas.Command) -> tuple[bool, str]:
-                executed.append(command.command_id)
-                return True, "done"
-
-            runner = CommandRunner(bus, job=JOB, target="sensor", service="sensor", execute=execute)
+            runner = recording_runner(bus, JOB, executed)
             task = asyncio.create_task(runner.run())
             # telemetry keeps pouring in, past the limit, while the command travels
             flood = asyncio.create_task(bus.emit_many([big] * 400))

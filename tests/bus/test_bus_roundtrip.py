@@ -8,7 +8,8 @@ import nats.js.errors
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, CommandRunner, DurableConsumer
+from goodput.bus import Bus, DurableConsumer
+from tests.bus.recording_runner import recording_runner
 from tests.bus.samples import JOB, sample_commands, sample_events
 
 
@@ -58,12 +59,7 @@ async def test_provisioning_is_idempotent(bus: Bus) -> None:
 
 async def test_undecodable_input_is_dead_lettered_and_consumption_goes_on(bus: Bus) -> None:
     executed: list[str] = []
-
-    async def execute(command: schemas.Command) -> tuple[bool, str]:
-        executed.append(command.command_id)
-        return True, "done"
-
-    runner = CommandRunner(bus, job=JOB, target="sensor", service="sensor", execute=execute)
+    runner = recording_runner(bus, JOB, executed)
     task = asyncio.create_task(runner.run())
     subject = subjects.command(JOB, "sensor")
     await bus.js.publish(subject, b"\xff not msgpack")
@@ -119,15 +115,10 @@ async def test_a_failing_handler_is_retried_then_dead_lettered(bus: Bus) -> None
 async def test_done_log_survives_a_new_runner(bus: Bus) -> None:
     """A restarted executor does not run again what its predecessor already ran."""
     runs: list[str] = []
-
-    async def execute(command: schemas.Command) -> tuple[bool, str]:
-        runs.append(command.command_id)
-        return True, ""
-
     command = schemas.CheckpointNow(job=JOB)
-    runner = CommandRunner(bus, job=JOB, target="t", service="t", execute=execute)
+    runner = recording_runner(bus, JOB, runs, "t")
     await runner._handle(command, None)  # type: ignore[arg-type]
-    again = CommandRunner(bus, job=JOB, target="t", service="t", execute=execute)
+    again = recording_runner(bus, JOB, runs, "t")
     await again._handle(command, None)  # type: ignore[arg-type]
     assert runs == [command.command_id]
     assert again.duplicates == 1

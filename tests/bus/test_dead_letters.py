@@ -10,9 +10,10 @@ import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
-from goodput.bus import Bus, CommandRunner, DurableConsumer
+from goodput.bus import Bus, DurableConsumer
 from goodput.bus.client import stream_configs
 from goodput.bus.store_sizing import DEFAULT_SCALE, store_limits
+from tests.bus.recording_runner import recording_runner
 from tests.bus.samples import JOB
 
 
@@ -33,16 +34,6 @@ async def _until(condition, what: str) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"never happened: {what}")
-
-
-def _runner(bus: Bus, executed: list[str], target: str = "sensor") -> CommandRunner:
-    """A runner of ``target``'s commands that records each command id it executes."""
-
-    async def execute(command: schemas.Command) -> tuple[bool, str]:
-        executed.append(command.command_id)
-        return True, ""
-
-    return CommandRunner(bus, job=JOB, target=target, service=target, execute=execute)
 
 
 async def _consume(bus: Bus, published: list[tuple[str, bytes]], good: schemas.Event):
@@ -75,7 +66,7 @@ async def _consume(bus: Bus, published: list[tuple[str, bytes]], good: schemas.E
 
 async def test_the_dead_letter_of_a_max_size_message_fits_in_max_payload(bus: Bus) -> None:
     executed: list[str] = []
-    runner = _runner(bus, executed)
+    runner = recording_runner(bus, JOB, executed)
     task = asyncio.create_task(runner.run())
     limit = bus.nc.max_payload
     huge = bytes(range(256)) * (limit // 256)
@@ -120,7 +111,7 @@ async def test_a_letter_that_cannot_be_stored_does_not_stop_the_consumer(bus: Bu
     )
     await bus.js.update_stream(dataclasses.replace(config, max_msg_size=64))
     executed: list[str] = []
-    runner = _runner(bus, executed)
+    runner = recording_runner(bus, JOB, executed)
     task = asyncio.create_task(runner.run())
     await bus.js.publish(subjects.command(JOB, "sensor"), b"\xff" * 500)
     good = schemas.SetThresholds(job=JOB, values={"x": 1.0})
@@ -150,7 +141,7 @@ async def test_deeply_nested_input_is_dead_lettered_not_fatal(bus: Bus) -> None:
 
 async def test_a_command_id_that_cannot_be_recorded_is_dead_lettered_at_once(bus: Bus) -> None:
     executed: list[str] = []
-    runner = _runner(bus, executed)
+    runner = recording_runner(bus, JOB, executed)
     task = asyncio.create_task(runner.run())
     bad = schemas.SetThresholds(job=JOB, values={"x": 1.0}, command_id="a b*")
     await bus.js.publish(subjects.command(JOB, "sensor"), schemas.encode(bad))

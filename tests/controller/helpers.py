@@ -9,7 +9,7 @@ from pathlib import Path
 
 from goodput import schemas
 from goodput.bus import EmbeddedNats
-from goodput.supervisor.jobstate.folds import new_job_state
+from goodput.supervisor.jobstate.folds import new_job_state, observe_status
 from goodput.supervisor.jobstate.model import JobState
 
 JOB = "job"
@@ -30,6 +30,27 @@ def job(active: int = 6, spares: int = 0, per_dp: int = 2) -> JobState:
         procs_per_node=8,
         now=T0,
     )
+
+
+def status_of(of: JobState, /, **fields) -> schemas.JobStatus:
+    """A JobStatus of attempt 1 running the membership of ``of``, ``fields`` over it."""
+    membership = dict(
+        job=JOB,
+        state="running",
+        attempt=1,
+        world_size=of.world_size,
+        procs_per_node=of.procs_per_node,
+        active_nodes=of.active,
+        spare_nodes=of.spares,
+    )
+    return schemas.JobStatus(**{**membership, **fields})
+
+
+def with_standbys(state: JobState, nodes: list[str], **fields) -> JobState:
+    """``state`` once a JobStatus of it reported a ready standby on each of ``nodes`` (and
+    ``fields``, such as the backend's capabilities)."""
+    standbys = {node: [1000 + i] for i, node in enumerate(nodes)}
+    return observe_status(state, status_of(state, standbys=standbys, **fields), at(0.5))
 
 
 def signal(kind: str, node: str = "", severity: str = "correctable", **fields) -> schemas.Signal:

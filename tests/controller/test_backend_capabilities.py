@@ -13,7 +13,7 @@ from goodput.supervisor.control.engine import Controller
 from goodput.supervisor.jobstate.folds import observe_status
 from goodput.supervisor.jobstate.model import JobState
 
-from .helpers import JOB, at, job, signal
+from .helpers import JOB, at, job, signal, with_standbys
 
 EVERYTHING = schemas.BackendCapabilities(
     backend="test",
@@ -29,18 +29,7 @@ def declared(state: JobState, ready: list[str] | None = None, **lacks: object) -
     """``state`` once a JobStatus declared ``EVERYTHING`` but ``lacks``, with a ready standby on
     each of ``ready``."""
     capabilities = msgspec.structs.replace(EVERYTHING, **lacks)
-    status = schemas.JobStatus(
-        job=JOB,
-        state="running",
-        attempt=1,
-        world_size=state.world_size,
-        procs_per_node=state.procs_per_node,
-        active_nodes=state.active,
-        spare_nodes=state.spares,
-        standbys={node: [1000 + i] for i, node in enumerate(ready or [])},
-        capabilities=capabilities,
-    )
-    return observe_status(state, status, at(0.5))
+    return with_standbys(state, ready or [], capabilities=capabilities)
 
 
 def decide(state: JobState, sig: schemas.Signal):

@@ -6,10 +6,10 @@ import msgspec
 
 from goodput import schemas
 from goodput.supervisor.control.engine import Controller
-from goodput.supervisor.jobstate.folds import observe_status, record_capabilities, record_step_time
+from goodput.supervisor.jobstate.folds import record_capabilities, record_step_time
 from goodput.supervisor.policy.scripts import cold_restart, restart_whole_job
 
-from .helpers import JOB, at, job, signal
+from .helpers import JOB, at, job, signal, with_standbys
 
 
 def handle(state, sig, seconds: float = 1.0):
@@ -185,23 +185,8 @@ def test_a_signal_is_handled_once_and_ids_are_stable() -> None:
     assert all(c.job == JOB for c in first.commands)
 
 
-def _with_standbys(state, nodes):
-    """``state`` once a JobStatus reported a ready standby on each of ``nodes``."""
-    status = schemas.JobStatus(
-        job=JOB,
-        state="running",
-        attempt=1,
-        world_size=state.world_size,
-        procs_per_node=state.procs_per_node,
-        active_nodes=state.active,
-        spare_nodes=state.spares,
-        standbys={node: [1000 + i] for i, node in enumerate(nodes)},
-    )
-    return observe_status(state, status, at(0.5))
-
-
 def test_standbys_replace_lost_ranks_and_restart_the_group_when_in_process_cannot() -> None:
-    state = _with_standbys(job(active=2, per_dp=1, spares=1), ["n0", "n1", "s0"])
+    state = with_standbys(job(active=2, per_dp=1, spares=1), ["n0", "n1", "s0"])
     assert state.standbys == {"n0": 1, "n1": 1, "s0": 1}
     warm = handle(state, signal("crash", "n1"))
     assert warm.decision.rule == "in-process-restart"
@@ -217,7 +202,7 @@ def test_standbys_replace_lost_ranks_and_restart_the_group_when_in_process_canno
 
 
 def test_without_a_ready_standby_the_ladder_stays_cold() -> None:
-    state = _with_standbys(job(active=2, per_dp=1), ["n0"])
+    state = with_standbys(job(active=2, per_dp=1), ["n0"])
     warm = handle(state, signal("crash", "n1"))
     assert not warm.commands[0].standbys and "the lost ones cold" in warm.decision.reason
     frozen = handle(job(active=2, per_dp=1), signal("missed_heartbeat", "n1"))
@@ -225,7 +210,7 @@ def test_without_a_ready_standby_the_ladder_stays_cold() -> None:
 
 
 def test_the_cold_policy_and_the_baseline_never_take_standbys() -> None:
-    state = _with_standbys(job(active=2, per_dp=1, spares=1), ["n0", "n1", "s0"])
+    state = with_standbys(job(active=2, per_dp=1, spares=1), ["n0", "n1", "s0"])
     for kind, severity in (("crash", "correctable"), ("degraded_host", "uncorrectable")):
         for policy in (cold_restart.decide, restart_whole_job.decide):
             plan = policy(signal(kind, "n1", severity), state)
@@ -257,8 +242,8 @@ def test_a_job_whose_ranks_cannot_restart_in_process_is_sent_its_first_supported
     assert crash.decision.rule == "in-job-restart"
     assert [type(c) for c in crash.commands] == [schemas.Restart]
     assert "cannot restart in process: their loop is not the shim's" in crash.decision.reason
-    with_standbys = _with_standbys(framework, ["n0", "n1"])
-    assert handle(with_standbys, signal("hang", "n1")).decision.rule == "standby-restart"
+    ready = with_standbys(framework, ["n0", "n1"])
+    assert handle(ready, signal("hang", "n1")).decision.rule == "standby-restart"
     # the shim's own loop declares it can; a job that reported no step yet is tried warm
     assert handle(_declaring(job(), True), signal("crash", "n1")).decision.rule == (
         "in-process-restart"

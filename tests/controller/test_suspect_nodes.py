@@ -7,21 +7,11 @@ from goodput import schemas
 from goodput.supervisor.control.engine import Controller
 from goodput.supervisor.jobstate.folds import observe_status
 
-from .helpers import JOB, at, job, signal
+from .helpers import JOB, at, job, signal, status_of
 
 
 def _status(state, suspect: list[str], **changes) -> schemas.JobStatus:
-    fields = dict(
-        job=JOB,
-        state="restarting",
-        attempt=1,
-        world_size=state.world_size,
-        procs_per_node=state.procs_per_node,
-        active_nodes=state.active,
-        spare_nodes=state.spares,
-        suspect_nodes=suspect,
-    )
-    return schemas.JobStatus(**{**fields, **changes})
+    return status_of(state, state="restarting", suspect_nodes=suspect, **changes)
 
 
 def _refused_restart(active: int, spares: int, suspect: list[str]):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
 from goodput import schemas, subjects
-from tests.examples.launch import TINY_MODEL_ARGS
+from goodput.examples.gpt import supervised_argv
+from tests.examples.launch import TINY_MODEL
 from tests.stack.helpers import EventTap, job_on_stack
 
 pytestmark = pytest.mark.slow
@@ -51,14 +51,7 @@ async def test_after_interval_changes_a_crash_resumes_from_the_newest_persisted_
 ) -> None:
     start = schemas.StartJob(
         job=JOB,
-        argv=[
-            sys.executable,
-            "-m",
-            "goodput.examples.gpt.supervised",
-            "--steps",
-            "100000",
-            *TINY_MODEL_ARGS,
-        ],
+        argv=supervised_argv(100000, *TINY_MODEL),
         nodes=2,
         procs_per_node=1,
         spares=0,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.client import retry_transient
+from goodput.examples.gpt import supervised_argv
 from goodput.launch.rank_env import knobs
 from goodput.measure.accounting.sources import replay_from_bus
 from tests.conftest import goodput_cli
@@ -78,15 +78,7 @@ async def test_a_job_outlives_two_nats_servers_killed_in_turn(tmp_path: Path) ->
     state_dir = tmp_path / "stack"
     start = schemas.StartJob(
         job=JOB,
-        argv=[
-            sys.executable,
-            "-m",
-            "goodput.examples.gpt.supervised",
-            "--steps",
-            str(STEPS),
-            "--log-every",
-            "0",
-        ],
+        argv=supervised_argv(STEPS),
         nodes=1,
         procs_per_node=1,
         spares=0,

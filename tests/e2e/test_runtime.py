@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from goodput import schemas
+from goodput.examples.gpt import supervised_argv
 from tests.conftest import goodput_cli
 from tests.stack.helpers import job_on_stack
 
@@ -127,15 +128,7 @@ async def test_a_rank_dying_during_rendezvous_ends_in_a_running_job(tmp_path: Pa
     """Killed while the group forms (before any step): restarted, and the job completes."""
     start = schemas.StartJob(
         job="rdzv",
-        argv=[
-            sys.executable,
-            "-m",
-            "goodput.examples.gpt.supervised",
-            "--steps",
-            "30",
-            "--log-every",
-            "0",
-        ],
+        argv=supervised_argv(30),
         nodes=2,
         procs_per_node=1,
         spares=0,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from goodput import schemas
+from goodput.examples.gpt import supervised_argv
 from tests.conftest import goodput_cli
 from tests.stack.helpers import EventTap, job_on_stack
 
@@ -21,15 +22,7 @@ def _example_job(spares: int, **env: str) -> schemas.StartJob:
     """The example GPT job, long enough to outlast the test (it is stopped at the end)."""
     return schemas.StartJob(
         job=JOB,
-        argv=[
-            sys.executable,
-            "-m",
-            "goodput.examples.gpt.supervised",
-            "--steps",
-            "100000",
-            "--log-every",
-            "0",
-        ],
+        argv=supervised_argv(100000),
         nodes=2,
         procs_per_node=1,
         spares=spares,

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
 from goodput import schemas
+from goodput.examples.gpt import supervised_argv
 from goodput.launch.rank_env import knobs
-from tests.examples.launch import TINY_MODEL_ARGS
+from tests.examples.launch import TINY_MODEL
 from tests.stack.helpers import job_on_stack, remediation
 
 pytestmark = pytest.mark.slow  # three torch processes start: minutes on a loaded machine
@@ -33,13 +33,7 @@ def _status_with_standby(node: str, after_ts: int = 0):
 async def test_a_killed_rank_is_replaced_by_its_nodes_standby(tmp_path: Path) -> None:
     start = schemas.StartJob(
         job=JOB,
-        argv=[
-            sys.executable,
-            "-m",
-            "goodput.examples.gpt.supervised",
-            *("--steps", "100000"),
-            *TINY_MODEL_ARGS,
-        ],
+        argv=supervised_argv(100000, *TINY_MODEL),
         nodes=2,
         procs_per_node=1,
         spares=0,

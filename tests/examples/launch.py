@@ -17,8 +17,10 @@ import torch
 
 from tests import processes
 
-# Small enough for a quick CPU run, big enough to learn: shared by the process tests.
-TINY_MODEL_ARGS = ["--n-layer", "2", "--d-model", "64", "--log-every", "0"]
+# Small enough for a quick CPU run, big enough to learn: shared by the process tests
+# (TINY_MODEL alone after goodput.examples.gpt.supervised_argv, which turns the log off).
+TINY_MODEL = ["--n-layer", "2", "--d-model", "64"]
+TINY_MODEL_ARGS = [*TINY_MODEL, "--log-every", "0"]
 
 
 def free_port() -> int:

@@ -31,6 +31,7 @@ from goodput.checkpoint.tiers.s3_emulator import EMULATOR_ENV, MotoS3Server
 from goodput.checkpoint.tiers.s3_emulator import ensure_bucket as ensure_s3_bucket
 from goodput.state_dir import StateDir
 from tests import processes
+from tests.ckpt.helpers import assert_bit_exact
 from tests.conftest import goodput_cli
 from tests.stack.helpers import EventTap
 
@@ -229,6 +230,24 @@ class Harness:
 
     def restored_event(self, node: str) -> schemas.CheckpointRestored:
         return [e for e in self.events.of(schemas.CheckpointRestored) if e.node == node][-1]
+
+
+async def assert_refilled_from_store(
+    h: Harness, node: str, step: int, saved: Path, expected: dict[str, str], seed: int
+) -> None:
+    """``node`` loses its volume with no peer left to refill it: the object store does, every
+    file of ``saved`` as it was (``expected``: its checksums), and the checkpoint engine loads
+    the state of ``seed`` back bit-exact."""
+    h.replicators.lose_volume(node)
+    result = await h.restore(node)
+    assert result.ok, result.detail
+    event = h.restored_event(node)
+    assert (event.tier, event.step) == ("object_store", step)
+    assert file_checksums(saved) == expected
+    with CheckpointEngine(h.replicators.volume(node), keep_last=0) as engine:
+        restored_step, state = engine.restore()
+    assert restored_step == step
+    assert_bit_exact(make_state(seed), state)
 
 
 def ckpt_cli(h: Harness, *args: str, check: bool = True) -> subprocess.CompletedProcess:

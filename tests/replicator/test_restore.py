@@ -12,6 +12,7 @@ from tests.ckpt.helpers import assert_bit_exact
 from tests.replicator.conftest import (
     JOB,
     Harness,
+    assert_refilled_from_store,
     ckpt_cli,
     file_checksums,
     in_store,
@@ -60,16 +61,7 @@ async def test_restore_from_peer_then_from_object_store(gcs_harness: Harness) ->
     for peer in ("node-1", "node-2"):
         await h.lose_node(peer)
         shutil.rmtree(reps.node_dir(peer))
-    reps.lose_volume("node-0")
-    result = await h.restore("node-0")
-    assert result.ok, result.detail
-    event = h.restored_event("node-0")
-    assert (event.tier, event.step) == ("object_store", STEP)
-    assert file_checksums(saved) == expected
-    with CheckpointEngine(reps.volume("node-0"), keep_last=0) as engine:
-        step, state = engine.restore()
-    assert step == STEP
-    assert_bit_exact(make_state(7), state)
+    await assert_refilled_from_store(h, "node-0", STEP, saved, expected, seed=7)
 
 
 async def test_restore_with_nothing_saved_is_a_no_op(dir_harness: Harness) -> None:

@@ -14,16 +14,14 @@ from pathlib import Path
 import pytest
 
 from goodput import schemas
-from goodput.checkpoint.engine import CheckpointEngine
 from goodput.checkpoint.tiers.s3_emulator import MotoS3Server
 from goodput.checkpoint.tiers.store_uri import parse_store_uri
-from tests.ckpt.helpers import assert_bit_exact
 from tests.replicator.conftest import (
     Harness,
+    assert_refilled_from_store,
     ckpt_cli,
     file_checksums,
     in_store,
-    make_state,
     peer_copies,
     write_checkpoint,
 )
@@ -67,16 +65,7 @@ async def test_replicators_back_up_to_s3_and_a_node_is_restored_from_it(
     # the peer is lost (process and disk), then the node's volume: the bucket refills it
     await h.lose_node("node-1")
     shutil.rmtree(reps.node_dir("node-1"))
-    reps.lose_volume("node-0")
-    result = await h.restore("node-0")
-    assert result.ok, result.detail
-    event = h.restored_event("node-0")
-    assert (event.tier, event.step) == ("object_store", STEP)
-    assert file_checksums(saved) == expected
-    with CheckpointEngine(reps.volume("node-0"), keep_last=0) as engine:
-        step, state = engine.restore()
-    assert step == STEP
-    assert_bit_exact(make_state(5), state)
+    await assert_refilled_from_store(h, "node-0", STEP, saved, expected, seed=5)
 
 
 #: the replicator's entry point where boto3 is not installed

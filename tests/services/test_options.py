@@ -82,3 +82,11 @@ def test_options_convert_nested_tables() -> None:
     )
     assert (options.policy, options.settings.policy_timeout_s) == ("p.py", 5.0)
     assert options.num_nodes_per_dp == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "role"), [("hostmon", "host monitor"), ("replicator", "replicator")]
+)
+def test_a_per_node_service_without_its_node_is_refused_in_one_line(name, role) -> None:
+    result = start_service(name)
+    refused_in_one_line(result, f"the {role} serves one node", "--node NAME")

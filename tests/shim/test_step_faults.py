@@ -152,6 +152,18 @@ async def _rejoin(bus: Bus) -> None:
     await bus.send_command(subjects.TRAINER, rejoin)
 
 
+async def _retried_warm(bus: Bus, root: Path, scenario: str) -> tuple[int, Rank]:
+    """The rank of ``scenario`` taken through its warm retry (rejoined to attempt 2 once it
+    says it retries) to its exit: its exit status, and the rank with its log."""
+    rank = await Rank.start(bus, root, scenario)
+    try:
+        await rank.wait_for("retrying once, warm")
+        await _rejoin(bus)
+        return await rank.exit_code(), rank
+    finally:
+        await rank.kill()
+
+
 @pytest.mark.timeout(300)
 async def test_a_sticky_error_leaves_cold_at_once_with_its_reason(bus: Bus, tmp_path: Path) -> None:
     rank = await Rank.start(bus, tmp_path, "assert")
@@ -169,13 +181,7 @@ async def test_a_sticky_error_leaves_cold_at_once_with_its_reason(bus: Bus, tmp_
 
 @pytest.mark.timeout(300)
 async def test_an_oom_is_retried_warm_once_then_leaves_cold(bus: Bus, tmp_path: Path) -> None:
-    rank = await Rank.start(bus, tmp_path, "oom")
-    try:
-        await rank.wait_for("retrying once, warm")
-        await _rejoin(bus)
-        code = await rank.exit_code()
-    finally:
-        await rank.kill()
+    code, rank = await _retried_warm(bus, tmp_path, "oom")
     assert code == EXIT_CODES["cuda-oom"], rank.lines[-20:]
     log = "\n".join(rank.lines)
     assert log.count("retrying once, warm") == 1 and "rejoined attempt 2" in log
@@ -184,12 +190,6 @@ async def test_an_oom_is_retried_warm_once_then_leaves_cold(bus: Bus, tmp_path: 
 
 @pytest.mark.timeout(300)
 async def test_an_oom_the_retry_cures_trains_on(bus: Bus, tmp_path: Path) -> None:
-    rank = await Rank.start(bus, tmp_path, "transient-oom")
-    try:
-        await rank.wait_for("retrying once, warm")
-        await _rejoin(bus)
-        code = await rank.exit_code()
-    finally:
-        await rank.kill()
+    code, rank = await _retried_warm(bus, tmp_path, "transient-oom")
     assert code == 0, rank.lines[-20:]
     assert "finished at step 6 after 1 restart(s)" in "\n".join(rank.lines)

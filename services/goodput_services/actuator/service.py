@@ -111,7 +111,6 @@ class ActuatorService(Service):
     ) -> str:
         """Ask the node's checkpoint tier to fill its volume (with ``part`` of ``parts`` of a
         checkpoint sharded across nodes; before ``before_step`` for a rollback), and wait."""
-        assert self.bus is not None
         command = schemas.RestoreToNode(
             job=self.job,
             node=node,
@@ -120,18 +119,15 @@ class ActuatorService(Service):
             before_step=before_step,
             reason="before launch",
         )
-        target = subjects.command_target(command)
-        timeout_s = self.options.restore_timeout_s
-        result = await request(self.bus, target, command, timeout_s)
-        if result is None:
-            return f"no answer from {target} within {timeout_s:.0f} s; launching anyway"
+        result = await self._ask_node(command, self.options.restore_timeout_s)
+        if isinstance(result, str):
+            return f"{result}; launching anyway"
         return result.detail if result.ok else f"failed: {result.detail}"
 
     async def _reset_gpus(
         self, node: str, gpus: list[int], run_id: str, attempt: int
     ) -> tuple[bool, str]:
         """Ask the node's host monitor to reset GPUs no rank uses now; wait for its answer."""
-        assert self.bus is not None
         command = schemas.ResetGpu(
             job=self.job,
             node=node,
@@ -140,12 +136,20 @@ class ActuatorService(Service):
             run_id=run_id,
             reason="ranks stopped",
         )
-        target = subjects.command_target(command)
-        timeout_s = self.options.gpu_reset_timeout_s
-        result = await request(self.bus, target, command, timeout_s)
-        if result is None:
-            return False, f"no answer from {target} within {timeout_s:.0f} s"
+        result = await self._ask_node(command, self.options.gpu_reset_timeout_s)
+        if isinstance(result, str):
+            return False, result
         return result.ok, result.detail
+
+    async def _ask_node(
+        self, command: schemas.Command, timeout_s: float
+    ) -> schemas.ActionResult | str:
+        """Send a per-node ``command`` to its executor there and wait for its result, or the
+        line saying none came within ``timeout_s`` (the caller says what happens next)."""
+        assert self.bus is not None
+        target = subjects.command_target(command)
+        result = await request(self.bus, target, command, timeout_s)
+        return f"no answer from {target} within {timeout_s:.0f} s" if result is None else result
 
     async def _rejoin_round(
         self, command: schemas.Rejoin, ranks: set[int], deadline_s: float

@@ -67,10 +67,7 @@ class HostMonitorService(Service):
 
     def __init__(self, config: ServiceConfig):
         super().__init__(config)
-        if not config.node:
-            raise SystemExit("the host monitor serves one node: pass --node NAME")
-        self.node = config.node
-        self.command_target = subjects.node_target(subjects.HOST_MONITOR, self.node)
+        self.node = self.serve_node("host monitor", subjects.HOST_MONITOR)
         self.volume = (
             Path(self.options.volume)
             if self.options.volume

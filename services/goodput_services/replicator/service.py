@@ -99,10 +99,7 @@ class ReplicatorService(Service):
 
     def __init__(self, config: ServiceConfig):
         super().__init__(config)
-        if not config.node:
-            raise SystemExit("the replicator serves one node: pass --node NAME")
-        self.node = config.node
-        self.command_target = subjects.node_target(subjects.REPLICATOR, self.node)
+        self.node = self.serve_node("replicator", subjects.REPLICATOR)
         self.options = ReplicatorOptions.from_mapping(config.options)
         try:
             self.advertise_host = advertised_host(

@@ -28,12 +28,13 @@ from google.cloud import storage
 from google.cloud.storage import transfer_manager
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from goodput.checkpoint.format import ChecksumMismatch, file_xxh3_128, publish
+from goodput.checkpoint.format import file_xxh3_128
 from goodput.checkpoint.tiers.object_store import (
     CHECKSUM_METADATA_KEY,
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreUnavailable,
+    download_verified,
     validate_key,
 )
 
@@ -177,13 +178,12 @@ class GcsObjectStore:
 
     def get_file(self, key: str, dest: Path, xxh3_128: str | None = None) -> None:
         validate_key(key)
-        dest = Path(dest)
         blob = self._call(f"stat {key}", lambda: self.bucket.get_blob(key, retry=self.retry))
         if blob is None:
             raise ObjectNotFound(key)
         expected = xxh3_128 or (blob.metadata or {}).get(CHECKSUM_METADATA_KEY)
-        temp = dest.with_name(f".{dest.name}.{os.getpid()}.download")
-        try:
+
+        def download(temp: Path) -> None:
             if blob.size > self.part_bytes and self.max_workers > 1:
                 self._call(
                     f"download {key}",
@@ -202,13 +202,8 @@ class GcsObjectStore:
                     f"download {key}",
                     lambda: blob.download_to_filename(str(temp), retry=self.retry),
                 )
-            if expected is not None:
-                actual = file_xxh3_128(temp)
-                if actual != expected:
-                    raise ChecksumMismatch(f"object {key}: xxh3_128 {actual}, expected {expected}")
-            publish(temp, dest)
-        finally:
-            temp.unlink(missing_ok=True)
+
+        download_verified(key, dest, expected, download)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         blob = self.bucket.blob(validate_key(key))

@@ -7,12 +7,18 @@ the object's xxh3_128 so downloads are verified end to end, independent of the t
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from goodput.checkpoint.format import ChecksumMismatch, copy_and_hash, publish, write_file_durably
+from goodput.checkpoint.format import (
+    ChecksumMismatch,
+    copy_and_hash,
+    file_xxh3_128,
+    publish,
+    write_file_durably,
+)
 
 #: the user-metadata field a remote store (GCS, S3) keeps each object's xxh3_128 in
 CHECKSUM_METADATA_KEY = "xxh3_128"
@@ -60,6 +66,26 @@ def validate_key(key: str) -> str:
     return key
 
 
+def download_verified(
+    key: str, dest: Path, expected: str | None, download: Callable[[Path], str | None]
+) -> None:
+    """Fetch object ``key`` into ``dest`` whole or not at all: ``download`` writes it to a
+    temporary file beside ``dest`` (returning its xxh3_128 where it hashed while copying,
+    else None), which is checked against ``expected`` (None: not checked) before it is
+    published in one rename. A failed or mismatched download leaves nothing behind."""
+    dest = Path(dest)
+    temp = dest.with_name(f".{dest.name}.{os.getpid()}.download")
+    try:
+        digest = download(temp)
+        if expected is not None:
+            actual = digest if digest is not None else file_xxh3_128(temp)
+            if actual != expected:
+                raise ChecksumMismatch(f"object {key}: xxh3_128 {actual}, expected {expected}")
+        publish(temp, dest)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
 class DirectoryObjectStore:
     """Objects as files under a directory: the embedded default and a stand-in for a bucket
     mounted through a filesystem. The checksum lives in a hidden sidecar next to the object."""
@@ -93,15 +119,7 @@ class DirectoryObjectStore:
         if not source.is_file():
             raise ObjectNotFound(key)
         expected = xxh3_128 or self._stored_checksum(source)
-        dest = Path(dest)
-        temp = dest.with_name(f".{dest.name}.{os.getpid()}.download")
-        try:
-            digest = copy_and_hash(source, temp)
-            if expected is not None and digest != expected:
-                raise ChecksumMismatch(f"object {key}: xxh3_128 {digest}, expected {expected}")
-            publish(temp, dest)
-        finally:
-            temp.unlink(missing_ok=True)
+        download_verified(key, dest, expected, lambda temp: copy_and_hash(source, temp))
 
     def put_bytes(self, key: str, data: bytes) -> None:
         write_file_durably(self._path(key), data)

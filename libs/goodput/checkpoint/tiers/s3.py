@@ -24,7 +24,6 @@ trailers boto3 sends AWS by default, and the xxh3_128 check covers the bytes end
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -41,12 +40,13 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from s3transfer.exceptions import RetriesExceededError
 from s3transfer.subscribers import BaseSubscriber
 
-from goodput.checkpoint.format import ChecksumMismatch, file_xxh3_128, publish
+from goodput.checkpoint.format import ChecksumMismatch, file_xxh3_128
 from goodput.checkpoint.tiers.object_store import (
     CHECKSUM_METADATA_KEY,
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreUnavailable,
+    download_verified,
     validate_key,
 )
 
@@ -177,23 +177,18 @@ class S3ObjectStore:
         if info is None:
             raise ObjectNotFound(key)
         expected = xxh3_128 or info.xxh3_128
-        dest = Path(dest)
-        temp = dest.with_name(f".{dest.name}.{os.getpid()}.download")
 
-        def download() -> None:
+        def download(temp: Path) -> None:
             with self._manager() as manager:
                 sized = [_KnownSize(info.size)]
                 manager.download(self.bucket, key, str(temp), subscribers=sized).result()
 
-        try:
-            self._call(f"download {key}", download, key)
-            if expected is not None:
-                actual = file_xxh3_128(temp)
-                if actual != expected:
-                    raise ChecksumMismatch(f"object {key}: xxh3_128 {actual}, expected {expected}")
-            publish(temp, dest)
-        finally:
-            temp.unlink(missing_ok=True)
+        download_verified(
+            key,
+            dest,
+            expected,
+            lambda temp: self._call(f"download {key}", partial(download, temp), key),
+        )
 
     def put_bytes(self, key: str, data: bytes) -> None:
         validate_key(key)

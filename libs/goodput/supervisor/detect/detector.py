@@ -295,12 +295,7 @@ class Detector:
             self._run.last_heard_ns = now
         rank = self._run.ranks.get(event.rank)
         if rank is None:
-            # the sensor (re)started while the job runs: adopt the rank as it is now
-            rank = self._run.ranks[event.rank] = RankRecord(
-                node=event.node, last_heartbeat_ns=now, last_progress_ns=now
-            )
-            self._run.node(event.node).ranks.add(event.rank)
-            self._run.alive_ranks += 1
+            rank = self._run.adopt(event.rank, event.node, now)
             self._run.mark_job_progress(now)
         elif not rank.alive:
             return []  # a heartbeat in flight when the rank exited
@@ -347,11 +342,7 @@ class Detector:
     def on_step(self, event: schemas.StepDone, now: int) -> list[schemas.Signal]:
         rank = self._run.ranks.get(event.rank)
         if rank is None:
-            rank = self._run.ranks[event.rank] = RankRecord(
-                node=event.node, last_heartbeat_ns=now, last_progress_ns=now
-            )
-            self._run.node(event.node).ranks.add(event.rank)
-            self._run.alive_ranks += 1
+            rank = self._run.adopt(event.rank, event.node, now)
             self._run.heartbeat_deadlines.arm(
                 event.rank, heartbeat_deadline(rank, self._thresholds)
             )

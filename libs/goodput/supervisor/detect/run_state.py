@@ -81,6 +81,16 @@ class RunState:
             node = self.nodes[name] = NodeRecord()
         return node
 
+    def adopt(self, rank_id: int, node: str, now: int) -> RankRecord:
+        """A rank heard from without a start seen (the sensor (re)started while the job runs):
+        taken as it is now, alive on ``node``, its heartbeat and progress clocks starting."""
+        rank = self.ranks[rank_id] = RankRecord(
+            node=node, last_heartbeat_ns=now, last_progress_ns=now
+        )
+        self.node(node).ranks.add(rank_id)
+        self.alive_ranks += 1
+        return rank
+
     def progress(self, rank_id: int, rank: RankRecord, now: int, t: Thresholds) -> None:
         if rank.progress_seen and not rank.hang_reported:
             rank.step_intervals.add(now - rank.last_progress_ns, t.hang_window)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 
 def positive_int(text: str) -> int:
@@ -10,6 +11,24 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def positive_ints(text: str) -> list[int]:
+    """A comma-separated list of whole numbers, each at least 1."""
+    return [positive_int(part) for part in text.split(",")]
+
+
+def add_fleet_nodes(
+    parser: argparse.ArgumentParser, parse: Callable[[str], list[int]] = positive_ints
+) -> None:
+    """``--nodes``: the simulated fleet size(s) a fleet-scale bench measures at, one row each
+    (``parse`` may refuse sizes that bench cannot simulate)."""
+    parser.add_argument(
+        "--nodes",
+        type=parse,
+        default=[512, 2048],
+        help="simulated node count(s), comma-separated (default 512,2048)",
+    )
 
 
 def device(text: str) -> str:

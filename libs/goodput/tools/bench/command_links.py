@@ -32,7 +32,7 @@ from goodput.bus import Bus, BusSettings, EmbeddedNats
 from goodput.bus.embedded import free_port
 from goodput.shim.command_feed import CommandFeed
 from goodput.state_dir import StateDir
-from goodput.tools.bench.arguments import positive_int
+from goodput.tools.bench.arguments import positive_int, positive_ints
 from goodput.tools.bench.control_plane_measure import varz
 
 JOB = "bench-command-links"
@@ -173,10 +173,6 @@ def measure(links: int, processes: int, mode: str) -> dict:
             server.stop()
 
 
-def _counts(text: str) -> list[int]:
-    return [positive_int(part) for part in text.split(",")]
-
-
 def run(args: argparse.Namespace) -> int:
     rows = [measure(n, args.processes, mode) for n in args.links for mode in args.modes]
     if args.json:
@@ -200,7 +196,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--links", type=_counts, default=[2000, 8000], help="link counts (default 2000,8000)"
+        "--links", type=positive_ints, default=[2000, 8000], help="link counts (default 2000,8000)"
     )
     parser.add_argument(
         "--processes", type=positive_int, default=4, help="worker processes (default 4)"

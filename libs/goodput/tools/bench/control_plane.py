@@ -47,7 +47,7 @@ from goodput.checkpoint.index.announcement import refresh_s
 from goodput.checkpoint.index.index import DEFAULT_NODE_TTL_S
 from goodput.shim.config import ShimConfig
 from goodput.state_dir import StateDir
-from goodput.tools.bench.arguments import positive_int
+from goodput.tools.bench.arguments import add_fleet_nodes, positive_int, positive_ints
 from goodput.tools.bench.control_plane_fleet import (
     COUNTERS,
     JOB,
@@ -379,7 +379,7 @@ async def _prepare(url: str, scale: StoreScale, shape: FleetShape) -> None:
 
 
 def _node_counts(text: str) -> list[int]:
-    counts = [positive_int(part) for part in text.split(",")]
+    counts = positive_ints(text)
     if min(counts) < 2:
         raise argparse.ArgumentTypeError(
             f"at least 2 nodes each ({text}): the real replicator's and another's index"
@@ -402,12 +402,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--nodes",
-        type=_node_counts,
-        default=[512, 2048],
-        help="simulated node count(s), comma-separated (default 512,2048)",
-    )
+    add_fleet_nodes(parser, _node_counts)
     parser.add_argument(
         "--procs-per-node", type=positive_int, default=8, help="ranks per node (default 8)"
     )

@@ -27,7 +27,6 @@ import gzip
 import json
 import os
 import signal
-import sys
 import tempfile
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
 from goodput.config import add_bus_arguments
+from goodput.examples.gpt import supervised_argv
 from goodput.launch.rank_env import knobs
 from goodput.supervisor.detect.thresholds import Thresholds
 from goodput.tools.bench import detect_numerics, fingerprint_cost
@@ -148,15 +148,7 @@ async def _measure(
         subjects.ACTUATOR,
         schemas.StartJob(
             job=job,
-            argv=[
-                sys.executable,
-                "-m",
-                "goodput.examples.gpt.supervised",
-                "--steps",
-                "100000",
-                "--log-every",
-                "0",
-            ],
+            argv=supervised_argv(100000),
             nodes=2,
             procs_per_node=1,
             spares=spares,

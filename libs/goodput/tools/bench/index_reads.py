@@ -36,7 +36,7 @@ from goodput.checkpoint.index.announcement import refresh_s
 from goodput.checkpoint.index.follower import IndexFollower
 from goodput.checkpoint.index.index import DEFAULT_NODE_TTL_S, CheckpointIndex
 from goodput.state_dir import StateDir
-from goodput.tools.bench.arguments import positive_int
+from goodput.tools.bench.arguments import add_fleet_nodes, positive_int
 from goodput.tools.bench.index_fleet import Writers
 
 JOB = "bench-index-read"
@@ -206,10 +206,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _node_counts(text: str) -> list[int]:
-    return [positive_int(part) for part in text.split(",")]
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "index-reads",
@@ -217,12 +213,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--nodes",
-        type=_node_counts,
-        default=[512, 2048],
-        help="simulated node count(s), comma-separated (default 512,2048)",
-    )
+    add_fleet_nodes(parser)
     parser.add_argument(
         "--ranks-per-node", type=positive_int, default=8, help="files per copy - 2 (default 8)"
     )

@@ -24,7 +24,7 @@ from goodput.checkpoint.index.index import IndexSnapshot, ViewCache
 from goodput.checkpoint.index.records import CopyRecord, NodeAddressRecord
 from goodput.checkpoint.index.retention import safe_steps
 from goodput.schemas.tiers import PEER
-from goodput.tools.bench.arguments import positive_int
+from goodput.tools.bench.arguments import add_fleet_nodes, positive_int
 from goodput.tools.bench.index_fleet import STEPS_KEPT, address, copies
 
 FIRST_STEP = 100
@@ -131,12 +131,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--nodes",
-        type=lambda text: [positive_int(part) for part in text.split(",")],
-        default=[512, 2048],
-        help="simulated node count(s), comma-separated (default 512,2048)",
-    )
+    add_fleet_nodes(parser)
     parser.add_argument(
         "--ranks-per-node", type=positive_int, default=8, help="files per copy - 2 (default 8)"
     )

@@ -61,6 +61,7 @@ from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.job_events import JobEvents
 from goodput.config import add_bus_arguments, count_at_least
+from goodput.examples.gpt import supervised_argv
 from goodput.launch.rank_env import knobs
 from goodput.policy import REPEAT_FAILURES
 from goodput.schemas.tiers import HOST
@@ -248,17 +249,7 @@ async def _measure(
     try:
         start = schemas.StartJob(
             job=job,
-            argv=[
-                sys.executable,
-                "-m",
-                "goodput.examples.gpt.supervised",
-                "--steps",
-                str(steps),
-                "--log-every",
-                "0",
-                "--global-batch",
-                str(batch),
-            ],
+            argv=supervised_argv(steps, "--global-batch", str(batch)),
             nodes=NODES,
             procs_per_node=procs_per_node,
             spares=1,

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from rich.console import Console
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings
+from goodput.examples.gpt import supervised_argv
 from goodput.launch.rank_env import knobs
 from goodput.measure.accounting import GoodputReport, compute_goodput, replay_from_bus
 from goodput.state_dir import StateDir
@@ -122,15 +122,9 @@ def start_command(plan: RunPlan, job: str, paths: StateDir) -> schemas.StartJob:
         env |= knobs(ckpt_mode="torch-save", ckpt_dir=str(paths.shared_checkpoints))
     return schemas.StartJob(
         job=job,
-        argv=[
-            sys.executable,
-            "-m",
-            "goodput.examples.gpt.supervised",
-            *("--steps", str(plan.steps)),
-            *("--result", str(paths.training_result)),
-            *("--log-every", "0"),
-            *("--rescale", plan.rescale),
-        ],
+        argv=supervised_argv(
+            plan.steps, "--result", str(paths.training_result), "--rescale", plan.rescale
+        ),
         nodes=plan.nodes,
         procs_per_node=DEMO_PROCS_PER_NODE,
         spares=plan.spares,

@@ -9,9 +9,10 @@ measurements (:mod:`.replay`) or a cost profile (:mod:`.predict`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from goodput.schemas.tiers import LOCAL
@@ -88,6 +89,16 @@ def compare(run: dict, simulate: Simulate) -> dict:
             "baseline": baseline,
         }
     return out
+
+
+@contextlib.contextmanager
+def replay_section(setup: str) -> Iterator[None]:
+    """Reading the ``setup`` run's replay section: a field missing or of the wrong type is
+    one line naming the run, not a traceback."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SimulateError(f"the {setup} run's replay section is incomplete: {exc}") from None
 
 
 def job_spec(info: dict, step_time_s: float, state_gb: float) -> JobSpec:

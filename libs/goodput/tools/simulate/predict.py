@@ -18,7 +18,14 @@ step was slower met more load, and its machine-bound costs are priced that much 
 from __future__ import annotations
 
 from goodput.tools.demo.scenarios import SCENARIOS
-from goodput.tools.simulate.demo_run import compare, job_spec, load_run, simulate_setup, step_fault
+from goodput.tools.simulate.demo_run import (
+    compare,
+    job_spec,
+    load_run,
+    replay_section,
+    simulate_setup,
+    step_fault,
+)
 from goodput.tools.simulate.fleet import StepFault
 from goodput.tools.simulate.pace import at_pace, pace_factor
 from goodput.tools.simulate.profile import CostProfile, SimulateError
@@ -45,7 +52,7 @@ def predict_file(
 def _predict(
     run: dict, setup: str, profile: CostProfile, checkpoint_gb: float | None, follow_load: bool
 ) -> dict:
-    try:
+    with replay_section(setup):
         info = run["replay"]
         step_time = float(info["costs"]["step_time_s"])
         size = (
@@ -64,8 +71,6 @@ def _predict(
         factor = pace_factor(profile, setup, median) if follow_load else 1.0
         priced = at_pace(profile, factor)
         faults = _faults(run, setup, step_time, priced.detection.event_latency_s)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SimulateError(f"the {setup} run's replay section is incomplete: {exc}") from None
     return simulate_setup(
         run,
         setup,

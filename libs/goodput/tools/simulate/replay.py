@@ -27,6 +27,7 @@ from goodput.tools.simulate.demo_run import (
     compare,
     job_spec,
     load_run,
+    replay_section,
     simulate_setup,
     step_fault,
 )
@@ -46,7 +47,7 @@ def replay_file(path: str) -> dict:
 
 
 def _replay(run: dict, setup: str) -> dict:
-    try:
+    with replay_section(setup):
         info = run["replay"]
         costs = info["costs"]
         step_time = float(costs["step_time_s"])
@@ -80,8 +81,6 @@ def _replay(run: dict, setup: str) -> dict:
             _seconds(costs.get("first_step_time_s")),
             _pace(costs.get("first_steps_s"), costs.get("first_saves_s"), wait_s),
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SimulateError(f"the {setup} run's replay section is incomplete: {exc}") from None
     return simulate_setup(
         run,
         setup,

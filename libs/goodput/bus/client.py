@@ -52,6 +52,22 @@ logging.getLogger("asyncio").addFilter(_not_tls_eof_noise)
 
 DAY_S = 24 * 3600.0
 
+#: JetStream's "no suitable peers for placement": a cluster that has just formed, whose meta
+#: leader has not yet heard every member's resources, cannot place a replicated stream yet
+NO_PLACEMENT_CODE = 10005
+
+
+class PlacementPendingError(RuntimeError):
+    """JetStream cannot place a replicated stream or bucket yet: the cluster is still forming."""
+
+
+def raise_if_placement_pending(exc: nats.js.errors.APIError) -> None:
+    """Turn the server's "no suitable peers" into :class:`PlacementPendingError` (retried like
+    an outage) instead of a refusal: under load the first seconds of a cluster answer so."""
+    if exc.err_code == NO_PLACEMENT_CODE:
+        raise PlacementPendingError(f"{exc.description} (the cluster is still forming)") from exc
+
+
 #: errors that mean "the server is not reachable right now": retry, don't fail
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     nats.errors.TimeoutError,
@@ -63,6 +79,7 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     nats.js.errors.ServiceUnavailableError,
     # a stream between leaders (a Raft election in a cluster) has nobody to answer a publish
     nats.js.errors.NoStreamResponseError,
+    PlacementPendingError,
     asyncio.TimeoutError,
     ConnectionError,
     OSError,
@@ -318,7 +335,8 @@ class Bus:
             try:
                 await self._stored_config(self.js.add_stream, config)
                 return
-            except nats.js.errors.BadRequestError:
+            except nats.js.errors.BadRequestError as exc:
+                raise_if_placement_pending(exc)
                 # another process created it meanwhile, perhaps otherwise: converge to ours
                 current = (await self.js.stream_info(config.name)).config
             except StoreTooSmallError:
@@ -340,8 +358,8 @@ class Bus:
             # created, or by another process meanwhile (perhaps otherwise): converged below
             try:
                 await self.js.create_key_value(config)
-            except nats.js.errors.BadRequestError:
-                pass
+            except nats.js.errors.BadRequestError as exc:
+                raise_if_placement_pending(exc)  # else created meanwhile by another process
             except nats.js.errors.APIError as exc:
                 # added at the same moment by another process (as for streams, above)
                 if exc.err_code not in STORE_FULL_CODES or await self._stream_config(name) is None:
@@ -372,6 +390,7 @@ class Bus:
         try:
             await call(config)
         except nats.js.errors.APIError as exc:
+            raise_if_placement_pending(exc)
             if exc.err_code not in STORE_FULL_CODES:
                 raise
             raise StoreTooSmallError(

@@ -105,13 +105,15 @@ class TrainerShim:
             )
         else:
             # node_shared: the node's ranks read each other's buffers after a restart;
-            # parts: a DTensor state spanning nodes is saved as one part per node's volume
+            # parts: a DTensor state spanning nodes is saved as one part per node's volume;
+            # local_ranks: the node's ranks share its cores for their snapshot copies
             self.engine = CheckpointEngine(
                 Path(config.ckpt_dir),
                 keep_last=config.keep_last,
                 listener=self._on_ckpt_event,
                 node_shared=True,
                 parts=node_parts(config),
+                local_ranks=config.local_world_size,
             )
         self.telemetry = ShimTelemetry.from_env(
             job=config.job,

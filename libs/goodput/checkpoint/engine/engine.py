@@ -49,7 +49,7 @@ from goodput.checkpoint.engine.plan import MIN_FILE_BYTES, SavePlan
 from goodput.checkpoint.engine.restore import restore_checkpoint
 from goodput.checkpoint.engine.sharded_save import ShardedSave, plan_save
 from goodput.checkpoint.engine.slots import Slot, SlotState
-from goodput.checkpoint.engine.snapshot import PendingCopy, Snapshotter
+from goodput.checkpoint.engine.snapshot import PendingCopy, Snapshotter, default_copy_threads
 from goodput.checkpoint.engine.tree import FlatState, flatten
 from goodput.checkpoint.index.retention import DEFAULT_KEEP
 from goodput.schemas.tiers import LOCAL
@@ -84,6 +84,8 @@ class CheckpointEngine:
     after an in-process restart (``engine.node_segments``); else private memory.
     ``parts``: a DTensor state spans nodes; each node's ranks save the node's part into its
     root, committed with every other part (``goodput.checkpoint.engine.parts_commit``).
+    ``copy_threads``: a CPU copy's threads, the saving one included; default: a share of the
+    cores for each of the host's ``local_ranks`` (``parts.local_world``, else 1) ranks.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class CheckpointEngine:
         copy_threads: int | None = None,
         node_shared: bool = False,
         parts: PartLayout | None = None,
+        local_ranks: int | None = None,
     ) -> None:
         if min(max_inflight, writer_threads, read_threads) < 1:
             raise ValueError("max_inflight, writer_threads and read_threads must be at least 1")
@@ -117,7 +120,8 @@ class CheckpointEngine:
         self.parts = parts
         self._policy = DirectIOPolicy(direct_io)
         self._segments = NodeSegments(self.root) if node_shared else None
-        self._snapshotter = Snapshotter(copy_threads)
+        ranks_here = local_ranks or (parts.local_world if parts is not None else 1)
+        self._snapshotter = Snapshotter(copy_threads or default_copy_threads(ranks_here))
         self._copying: list[PendingCopy] = []
         self._cond = threading.Condition()
         self._slots: list[Slot] = []
@@ -152,8 +156,7 @@ class CheckpointEngine:
         planner thread, which plans the files, takes a slot (allocating or waiting for it) and
         launches the chunked copy. The state must not change until ``handle.snapshotted()``
         or ``engine.wait_snapshot()`` returns, which is what the optimizer hook installed by
-        ``guard(optimizer)`` does before each step. Without it ``save`` returns once the copy
-        is done (still using every core for it).
+        ``guard(optimizer)`` does before each step. Without it ``save`` returns once copied.
 
         With ``dp_world`` > 1, every replica calls this with identical state and writes only
         its slice; replica 0 commits once all slices are durable (the plain values saved are
@@ -430,17 +433,8 @@ class CheckpointEngine:
         filling the buffer is waited for; a failed one leaves nothing to serve."""
         self._wait_planned()
         with self._cond:
-            slot = next(
-                (
-                    s
-                    for s in self._slots
-                    if s.step == step
-                    and s.state is not SlotState.FILLING
-                    and s.buffer is not None
-                    and s.plan is not None
-                ),
-                None,
-            )
+            held = (s for s in self._slots if s.step == step and s.state is not SlotState.FILLING)
+            slot = next(held, None)  # a slot's step is set with its buffer and plan
         if slot is None or slot.buffer is None or slot.plan is None:
             return None
         if slot.copy is not None:

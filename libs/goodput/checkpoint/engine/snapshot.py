@@ -6,8 +6,14 @@ before the tensors are next updated (the lazy-copy idea of DataStates-LLM). ``st
 the copy and returns a ``PendingCopy``; ``PendingCopy.guard()`` is what must run before the
 state changes, and ``PendingCopy.wait()`` what must run before the buffer is read.
 
-CPU tensors are copied in chunks by a small thread pool (one thread per core by default:
-torch's copy releases the GIL, so the chunks really run in parallel). CUDA tensors are
+CPU tensors are copied in chunks, in contiguous runs: the thread that launches the copy
+copies the first run itself and a small pool the others (torch's copy releases the GIL, so
+the runs really run in parallel). The threads, the launching one included, are the host's
+cores shared among the ranks on it (:func:`copy_threads_for`): a copy is memory bound, so
+more threads than cores only queue for them, and on a loaded host every hand-over to a pool
+thread and back waits for a core again (docs/BENCHMARKS.md, *Sharded across nodes*). An
+overlapped save launches its copy on the engine's planner thread, so the training thread
+still copies nothing. CUDA tensors are
 copied device-to-host into the page-locked buffer with non-blocking copies on a side stream
 that first waits for the current stream; the copy's end is a CUDA event, so ``guard()`` only
 makes the training stream wait for it (no host synchronize) and ``wait()`` synchronizes on it.
@@ -27,15 +33,24 @@ from goodput.checkpoint.engine.node_segments import SharedBuffer
 from goodput.checkpoint.engine.plan import SavePlan
 
 COPY_CHUNK_BYTES = 64 << 20
+#: the most threads one rank's copy uses: a copy is memory bound, more add no bandwidth
+MAX_COPY_THREADS = 8
 
 
-def default_copy_threads() -> int:
-    """One copy thread per core this process may run on (at most 8: copies are memory bound)."""
+def copy_threads_for(cores: int, local_ranks: int) -> int:
+    """Threads for one rank's copy when ``local_ranks`` ranks share ``cores`` cores: an equal
+    share of the cores (at least 1, at most :data:`MAX_COPY_THREADS`), so the ranks' copies
+    together ask for no more cores than the host has (one each where they outnumber them)."""
+    return max(1, min(cores // max(1, local_ranks), MAX_COPY_THREADS))
+
+
+def default_copy_threads(local_ranks: int = 1) -> int:
+    """:func:`copy_threads_for` the cores this process may run on."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return max(1, min(cores, 8))
+    return copy_threads_for(cores, local_ranks)
 
 
 def _set_event() -> threading.Event:
@@ -127,12 +142,30 @@ def _copy_pieces(pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         target.copy_(source)
 
 
+def _copied_here(pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> Future[None]:
+    """Copy ``pieces`` on this thread; the outcome as a finished future, waited for (and a
+    failure raised) like the pool's."""
+    done: Future[None] = Future()
+    try:
+        _copy_pieces(pieces)
+    except Exception as exc:  # raised by the waits, after the pool's runs (listed first)
+        done.set_exception(exc)
+    else:
+        done.set_result(None)
+    return done
+
+
 class Snapshotter:
     """Copies the planned slice of a state into a host buffer, in the background if asked."""
 
     def __init__(self, copy_threads: int | None = None) -> None:
+        #: the threads of a CPU copy, the launching one included (the pool has one fewer)
         self.copy_threads = copy_threads or default_copy_threads()
-        self._pool = ThreadPoolExecutor(self.copy_threads, thread_name_prefix="goodput-ckpt-copy")
+        self._pool = (
+            ThreadPoolExecutor(self.copy_threads - 1, thread_name_prefix="goodput-ckpt-copy")
+            if self.copy_threads > 1
+            else None
+        )
         self._streams: dict[int, torch.cuda.Stream] = {}
         self._lock = threading.Lock()
 
@@ -149,7 +182,9 @@ class Snapshotter:
         buffer: HostBuffer | SharedBuffer,
         pending: PendingCopy | None = None,
     ) -> PendingCopy:
-        """Launch the copy of ``plan``'s slice of ``tensors`` into ``buffer``; returns at once.
+        """Launch the copy of ``plan``'s slice of ``tensors`` into ``buffer``; returns once
+        this thread's own run of CPU chunks is copied (the pool's runs and CUDA copies may
+        still be in flight: wait on the result).
 
         ``pending`` is a ``PendingCopy.deferred()`` already handed out, launched by this call.
         """
@@ -174,11 +209,14 @@ class Snapshotter:
         for index, pieces in cuda_pieces.items():
             pending.events.append(self._start_cuda(index, pieces, pending.after.get(index)))
         if cpu_pieces:
-            # Contiguous runs per thread: each thread streams through its own memory range.
+            # Contiguous runs per thread: each thread streams through its own memory range;
+            # the pool's runs are handed over first, then this thread copies the first run.
             per_thread = -(-len(cpu_pieces) // self.copy_threads)
-            for first in range(0, len(cpu_pieces), per_thread):
-                run = cpu_pieces[first : first + per_thread]
-                pending.futures.append(self._pool.submit(_copy_pieces, run))
+            if self._pool is not None:
+                for first in range(per_thread, len(cpu_pieces), per_thread):
+                    run = cpu_pieces[first : first + per_thread]
+                    pending.futures.append(self._pool.submit(_copy_pieces, run))
+            pending.futures.append(_copied_here(cpu_pieces[:per_thread]))
         pending._launched.set()
         return pending
 
@@ -210,4 +248,5 @@ class Snapshotter:
         self.start(tensors, plan, buffer).wait()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)

@@ -14,9 +14,10 @@ from nats.js.api import DiscardPolicy
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, BusSettings, DoneLog, EmbeddedNats
-from goodput.bus.client import StoreTooSmallError, stream_configs
+from goodput.bus.client import StoreTooSmallError
 from goodput.bus.job_events import HistoryRolledOffError
 from goodput.bus.store_sizing import DEFAULT_SCALE, SCALE_ENV, StoreScale, store_limits
+from goodput.bus.stores import stream_configs
 from goodput.measure.accounting import replay_from_bus
 from goodput.state_dir import StateDir
 from tests.bus.recording_runner import recording_runner

@@ -11,8 +11,8 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from goodput import schemas, subjects
 from goodput.bus import Bus, DurableConsumer
-from goodput.bus.client import stream_configs
 from goodput.bus.store_sizing import DEFAULT_SCALE, store_limits
+from goodput.bus.stores import stream_configs
 from tests.bus.recording_runner import recording_runner
 from tests.bus.samples import JOB
 

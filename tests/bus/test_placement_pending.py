@@ -13,9 +13,10 @@ import nats.js.errors
 import pytest
 
 from goodput.bus import Bus, BusSettings
-from goodput.bus.client import BusUnavailableError, bucket_configs, stream_configs
+from goodput.bus.client import BusUnavailableError
 from goodput.bus.embedded import EmbeddedNats
 from goodput.bus.store_sizing import DEFAULT_SCALE, store_limits
+from goodput.bus.stores import bucket_configs, stream_configs
 
 
 def _not_placed_first(

@@ -13,8 +13,9 @@ from goodput import schemas, subjects
 from goodput.bus import Bus
 from goodput.bus.routing import decode_event_on
 from goodput.supervisor.agent import registry
+from tests.bus.recording_runner import recording_runner
 from tests.bus.samples import JOB, sample_commands, sample_events
-from tests.bus.test_dead_letters import _consume, _letters, _runner, _until
+from tests.bus.test_dead_letters import _consume, _letters, _until
 
 BAD_TOKENS = ["*", ">", "a b", "", "a.b"]
 
@@ -57,7 +58,7 @@ async def test_an_event_on_another_jobs_or_kinds_subject_is_dead_lettered(bus: B
 
 async def test_a_command_for_another_job_or_a_forged_node_is_not_executed(bus: Bus) -> None:
     executed: list[str] = []
-    runner = _runner(bus, executed, "actuator")
+    runner = recording_runner(bus, JOB, executed, "actuator")
     task = asyncio.create_task(runner.run())
     target = subjects.command(JOB, "actuator")
     await bus.js.publish(target, schemas.encode(schemas.Stop(job="job-b")))

@@ -3,15 +3,19 @@
 An FSDP2 model + AdamW (about --size-gb) sharded over one mesh spanning --nodes x
 --procs-per-node gloo rank processes on this machine, each node with a volume of its own
 (``<work>/nodes/node<k>/checkpoints/bench``) and one shared directory for DCP. In the same
-run, per repeat (--saves, alternating which goes first): the engine's sharded save (each
-node's part into its volume, then the global commit) against ``dcp.async_save`` of the same
-state into the shared directory: stall (the save call) and durable time (until written and
-committed), the slowest rank's; one untimed save of each comes first (both pay their set-up
-there). Then a replacement node: the last node's volume is wiped and
+run, per repeat (--saves, rotating which goes first), each save where it sits in training:
+the engine's sharded save (each node's part into its volume, then the global commit),
+overlapped with the next forward/backward as ``shim.guard`` makes it and blocking as the shim
+saves without it, against ``dcp.async_save`` of the same state into the shared directory:
+stall (the call, plus the wait before the optimizer step) and durable time (until written
+and committed), the slowest rank's; one untimed save of each comes first (all pay their
+set-up there). Then a replacement node: the last node's memory is gone, its volume wiped and
 its part pulled from node 0's peer server (a real peer-server process holding the copy
-replication pushed), every rank restoring through the engine, against every rank's
-``dcp.load`` from the shared directory (page caches dropped first; both restores compared bit
-for bit with the saved state). See ``ckpt_sharded_rank`` for the rank's side.
+replication pushed); every rank restores in a new engine as the shim's cold start does (the
+surviving nodes from their shared memory, the rest from the volume) and again from the
+volumes alone (a Kubernetes rank pod shares no memory with its node's others), against every
+rank's ``dcp.load`` from the shared directory (page caches dropped first; every restore
+compared bit for bit with the saved state). See ``ckpt_sharded_rank`` for the rank's side.
 
 Figures are medians with [min, max] over the repeats; ratios (goodput / DCP) are taken per
 repeat, so each compares runs next to each other. The aims: stall at most half of DCP's,
@@ -38,14 +42,21 @@ from rich.table import Table
 
 from goodput.checkpoint.format import node_dir
 from goodput.checkpoint.tiers.peer import PeerServerProcess
-from goodput.tools.bench.ckpt_sharded_rank import node_name
+from goodput.tools.bench.ckpt_sharded_state import node_name
 
-#: figure -> (goodput's key, DCP's key, the aim for goodput / DCP)
+#: figure -> (goodput's key, DCP's key, the aim for goodput / DCP): the overlapped save
+#: (``shim.guard``) and the blocking one; the restore as the shim restores after a hot swap
+#: (the survivors' nodes from their shared memory) and from the volumes alone
 FIGURES = {
     "stall": ("goodput_stall_s", "dcp_stall_s", 0.5),
+    "stall_blocking": ("goodput_blocking_stall_s", "dcp_stall_s", 0.5),
     "durable": ("goodput_durable_s", "dcp_durable_s", 1.0),
+    "durable_blocking": ("goodput_blocking_durable_s", "dcp_durable_s", 1.0),
     "restore": ("goodput_restore_s", "dcp_restore_s", 1.0),
+    "restore_volumes": ("goodput_volumes_restore_s", "dcp_restore_s", 1.0),
 }
+#: the restores, as the rank names them
+RESTORES = ("goodput", "goodput_volumes", "dcp")
 
 
 class BenchFailed(RuntimeError):
@@ -65,25 +76,28 @@ def _spread(values: list[float]) -> dict[str, float]:
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """Medians and ranges per method, goodput / DCP per repeat, and whether each aim is met
     (the median ratio against the aim)."""
-    rows = {"stall": result["saves"], "durable": result["saves"], "restore": result["restores"]}
     summary: dict[str, Any] = {}
     for figure, (ours, theirs, aim) in FIGURES.items():
-        ratios = [row[ours] / row[theirs] for row in rows[figure] if row[theirs] > 0]
+        rows = result["restores" if figure.startswith("restore") else "saves"]
+        ratios = [row[ours] / row[theirs] for row in rows if row[theirs] > 0]
         summary[figure] = {
-            "goodput_s": _spread([row[ours] for row in rows[figure]]),
-            "dcp_s": _spread([row[theirs] for row in rows[figure]]),
+            "goodput_s": _spread([row[ours] for row in rows]),
+            "dcp_s": _spread([row[theirs] for row in rows]),
             "ratio": _spread(ratios) if ratios else None,
             "aim": aim,
             "met": bool(ratios) and statistics.median(ratios) <= aim,
         }
     restores = result["restores"]
     summary["consistent"] = {
-        "goodput": all(row["goodput_consistent"] for row in restores),
-        "dcp": all(row["dcp_consistent"] for row in restores),
+        kind: all(row[f"{kind}_consistent"] for row in restores) for kind in RESTORES
     }
     summary["replacement_pulled_bytes"] = restores[0]["goodput_pulled_bytes"] if restores else 0
     if restores:  # where the replacement's restore goes: pulling its part, then loading
-        summary["replacement_pull_s"] = _spread([row["goodput_pull_s"] for row in restores])
+        pulls = [
+            row[f"{kind}_pull_s"] for row in restores for kind in ("goodput", "goodput_volumes")
+        ]
+        summary["replacement_pull_s"] = _spread(pulls)
+        summary["memory_bytes"] = _spread([float(row["goodput_memory_bytes"]) for row in restores])
     return summary
 
 
@@ -169,13 +183,20 @@ def run_sharded(args: Any, work: Path) -> dict[str, Any]:
         "saves": result["saves"],
         "restores": result["restores"],
         "notes": {
-            "stall_s": "the save call on the slowest rank: goodput's engine (blocking copy into"
-            " its reused host buffer, as the shim saves) vs dcp.async_save (its staging copy)",
+            "stall_s": "the save call plus the wait before the optimizer step, the slowest"
+            " rank's: goodput's engine overlapped with the next forward/backward (shim.guard;"
+            " the optimizer step waits for the copy) and blocking (the copy into its reused"
+            " host buffer inside the call, as the shim saves unguarded) vs dcp.async_save"
+            " (its staging copy inside the call)",
             "durable_s": "save call until written and committed, the slowest rank's: the"
             " engine's handle (parts durable, commit table, part renamed) vs DCP's future",
             "restore_s": "from a barrier until the slowest rank holds its shards: the replaced"
-            " (last) node pulls its part from node 0's peer server, then every rank restores"
-            " through the engine; vs every rank's dcp.load from the shared directory",
+            " (last) node, its memory gone, pulls its part from node 0's peer server; every"
+            " rank restores in a new engine as the shim's cold start does (restore: the"
+            " surviving nodes' ranks from the segments of the node's shared memory, as on"
+            " Slurm or bare metal; restore_volumes: every rank from its volume, as rank pods"
+            " on Kubernetes) vs every rank's dcp.load from the shared directory",
+            "memory_bytes": "bytes the restore read from the nodes' shared memory (all ranks)",
             "ratio": "goodput / DCP per repeat; 'met' compares the median ratio with the aim",
             "machine": "every rank, the peer server and both writers share this machine's"
             " CPUs and disk: a busy machine spreads the figures (see the ranges)",
@@ -208,6 +229,9 @@ def print_table(report: dict[str, Any]) -> None:
     console = Console()
     console.print(table)
     console.print(f"restored bit for bit: {summary['consistent']}")
+    if "memory_bytes" in summary:
+        memory = summary["memory_bytes"]["median"] / 1e6
+        console.print(f"read from the nodes' shared memory in a restore: {memory:.1f} MB")
 
 
 def run(args: Any) -> int:

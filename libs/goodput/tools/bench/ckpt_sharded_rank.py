@@ -1,20 +1,29 @@
 """One rank of `goodput bench ckpt --sharded` (started by ``ckpt_sharded``, one process per rank).
 
 Every rank holds its FSDP2 shard of one model + AdamW state whose mesh spans all the nodes
-(``world = nodes x procs-per-node``, ranks numbered node by node). Each repeat trains a step
-and saves the same state twice, in alternating order: through goodput's engine (each node's
-ranks write the node's part into the node's own volume, ``PartLayout``, committed globally)
-and through ``dcp.async_save`` into one shared directory. Each save's stall (the call) and
-durable time (the call until written: the engine's handle, DCP's future) are the slowest
-rank's, taken with an all-reduce after the clocks stopped.
+(``world = nodes x procs-per-node``, ranks numbered node by node), and an engine built as the
+shim builds it (host buffers in the node's shared memory, ``node_shared``). Each repeat saves
+the state three ways, in rotating order, each where it sits in training (after an optimizer
+step; the next forward/backward runs, then what must end before the optimizer changes the
+state, then the optimizer step): goodput's engine overlapped (``shim.guard``: the copy runs
+on during the forward/backward, the optimizer step waits for it), blocking (the copy inside
+the call, as the shim saves without the guard), and ``dcp.async_save`` into one shared
+directory. The stall is the call plus that wait; the durable time runs from the call until
+written and committed, watched from a thread. Both are the slowest rank's, taken with an
+all-reduce after the clocks stopped. Every node's ranks write the node's part into its own
+volume (``PartLayout``), committed globally.
 
-Then the job restarts with the last node replaced: its volume is wiped, node 0's peer server
-holds the copy of its part that replication would have pushed there (pushed untimed), and
-the clock runs from a barrier until the slowest rank holds its shards again: the new node's
-leader pulls the part from the peer (``restore_to_volume``, every file verified), then every
-rank restores through the engine from its node's volume. Against it, every rank's
-``dcp.load`` from the shared directory. Page caches are dropped before each restore, and each
-restore is compared bit for bit with the state at the save.
+Then the job restarts with the last node replaced: that node's engines are closed (its
+memory is gone), its volume wiped, and node 0's peer server holds the copy of its part that
+replication would have pushed there (pushed untimed). The clock runs from a barrier until the
+slowest rank holds its shards again: the new node's leader pulls the part from the peer
+(``restore_to_volume``, every file verified), then each rank restores in a new engine as the
+shim's cold start does — from the node's shared memory where its predecessors' segments
+hold the step (the surviving nodes, on Slurm or bare metal), else from its volume. Again with
+every rank from its volume (a Kubernetes rank pod has a ``/dev/shm`` of its own, so nothing
+is shared in memory there). Against both, every rank's ``dcp.load`` from the shared
+directory. Page caches are dropped before each restore (shared memory is not a cache), and
+each restore is compared bit for bit with the state at the save.
 """
 
 from __future__ import annotations
@@ -22,155 +31,37 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import shutil
 import sys
 import time
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 
-from goodput.checkpoint.engine import CheckpointEngine
-from goodput.checkpoint.engine.parts_commit import PartLayout
-from goodput.checkpoint.format import MANIFEST_NAME, node_volume, peer_root, step_dir, step_dir_name
+from goodput.checkpoint.engine.host_restore import HostRestore, restore_from_host
+from goodput.checkpoint.format import MANIFEST_NAME, peer_root, step_dir, step_dir_name
 from goodput.checkpoint.tiers.peer import PeerClient
 from goodput.checkpoint.tiers.restore import PeerSource, restore_to_volume
-from goodput.shim.collectives import all_reduce_ints, collective_device
-from goodput.tools.bench.ckpt_measure import PageCache
-
-JOB = "bench"
-LAYERS = 4
-
-
-def node_name(node: int) -> str:
-    return f"node{node}"
-
-
-def build(
-    size_bytes: int, world: int, device: str = "cpu"
-) -> tuple[torch.nn.Sequential, torch.optim.Optimizer]:
-    """``LAYERS`` square linear layers whose weights, biases and AdamW moments (4 bytes each,
-    3 copies) make about ``size_bytes``, FSDP2-sharded over one mesh of every rank on
-    ``device`` ("cpu", or "cuda": `goodput bench gpu`'s sharded restore onto the GPU)."""
-    width = max(16, int(math.sqrt(size_bytes / (12 * LAYERS))) // 16 * 16)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(LAYERS)))
-    model.to(device)
-    mesh = init_device_mesh(device, (world,))
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-
-def train_step(model: torch.nn.Sequential, optim: torch.optim.Optimizer, step: int) -> None:
-    first = model[0]
-    assert isinstance(first, torch.nn.Linear)  # build's layers (fully_shard keeps the class)
-    width = first.in_features
-    x = torch.randn(8, width, generator=torch.Generator().manual_seed(step))
-    x = x.to(first.weight.device)
-    model(x).pow(2).mean().backward()
-    optim.step()
-    optim.zero_grad()
-
-
-def state_of(model: torch.nn.Module, optim: torch.optim.Optimizer, step: int) -> dict[str, Any]:
-    model_sd, optim_sd = get_state_dict(model, optim)
-    return {"model": model_sd, "optim": optim_sd, "step": step}
-
-
-def local_tensors(state: Any) -> list[torch.Tensor]:
-    """Every tensor of the state as this rank holds it (DTensors: the local shard), in order."""
-    if isinstance(state, DTensor):
-        return [state.to_local()]
-    if isinstance(state, torch.Tensor):
-        return [state]
-    if isinstance(state, dict):
-        return [t for key in sorted(state, key=str) for t in local_tensors(state[key])]
-    if isinstance(state, list | tuple):
-        return [t for value in state for t in local_tensors(value)]
-    return []
-
-
-def same_bits(expected: list[torch.Tensor], state: Any) -> bool:
-    actual = local_tensors(state)
-    return len(actual) == len(expected) and all(
-        a.shape == e.shape
-        and torch.equal(a.reshape(-1).view(torch.uint8), e.reshape(-1).view(torch.uint8))
-        for a, e in zip(actual, expected, strict=True)
-    )
-
-
-def slowest(seconds: float) -> float:
-    """The slowest rank's figure (the job waits for it)."""
-    value = torch.tensor([seconds], dtype=torch.float64, device=collective_device())
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return float(value.item())
-
-
-def every(flag: bool) -> bool:
-    return bool(all_reduce_ints([int(flag)], dist.ReduceOp.MIN)[0])
-
-
-class Rank:
-    """This rank's place: node, volume, the engine's part layout."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.node, self.local = divmod(self.rank, args.procs_per_node)
-        self.volume = node_volume(args.work, node_name(self.node), JOB)
-        self.cache = PageCache()  # rank 0 drops the machine's (or the work dir's) page cache
-        self.layout = PartLayout(
-            part=self.node,
-            parts=args.nodes,
-            rank=self.rank,
-            world=self.world,
-            local_rank=self.local,
-            local_world=args.procs_per_node,
-            namespace=f"{JOB}/{args.run_id}",
-        )
-
-    def engine(self) -> CheckpointEngine:
-        return CheckpointEngine(
-            self.volume, parts=self.layout, writer_threads=self.args.writer_threads, keep_last=2
-        )
-
-    @property
-    def replaced(self) -> bool:
-        """On the node that is lost and replaced (the last one)."""
-        return self.node == self.args.nodes - 1
-
-
-def save_goodput(
-    engine: CheckpointEngine, state: Any, step: int, rank: Rank
-) -> tuple[float, float]:
-    started = time.perf_counter()
-    handle = engine.save(state, step, dp_rank=rank.local, dp_world=rank.args.procs_per_node)
-    stall = time.perf_counter() - started
-    result = handle.wait(rank.args.timeout)
-    durable = time.perf_counter() - started
-    if result.error:
-        raise RuntimeError(f"engine save of step {step} failed: {result.error}")
-    return stall, durable
-
-
-def save_dcp(state: Any, step: int, shared: Path, group: dist.ProcessGroup) -> tuple[float, float]:
-    started = time.perf_counter()
-    future = dcp.async_save(state, checkpoint_id=shared / step_dir_name(step), process_group=group)
-    assert isinstance(future, Future)  # without a stager, async_save answers the upload's
-    stall = time.perf_counter() - started
-    future.result()
-    return stall, time.perf_counter() - started
+from goodput.shim.collectives import all_reduce_ints
+from goodput.tools.bench.ckpt_sharded_saves import Training, save_repeats
+from goodput.tools.bench.ckpt_sharded_state import (
+    JOB,
+    Rank,
+    build,
+    every,
+    local_tensors,
+    node_name,
+    same_bits,
+    slowest,
+    state_bytes,
+    state_of,
+    train_step,
+    zero,
+)
 
 
 async def pull_part(rank: Rank, step: int, host: str, port: int) -> int:
@@ -207,9 +98,14 @@ def drop_caches(rank: Rank) -> None:
     dist.barrier()
 
 
-def restore_goodput(rank: Rank, step: int, template: Any) -> tuple[float, float, int]:
+def restore_goodput(
+    rank: Rank, step: int, template: Any, *, memory: bool
+) -> tuple[float, float, int, int]:
     """Seconds until this rank holds its shards (the new node: pulled from the peer first),
-    seconds spent pulling, and the bytes pulled."""
+    seconds spent pulling, the bytes pulled and the bytes read from the node's memory. The
+    rank restores in a new engine, as a restarted process would: with ``memory`` as the
+    shim's cold start does (``TrainerShim._load``: the node's segments, the rest from the
+    volume), else from the volume alone."""
     host, port = rank.args.peer.split(":")
     pulled = 0
     started = time.perf_counter()
@@ -218,99 +114,96 @@ def restore_goodput(rank: Rank, step: int, template: Any) -> tuple[float, float,
     elif rank.replaced:
         wait_for(step_dir(rank.volume, step) / MANIFEST_NAME, rank.args.timeout)
     pull_s = time.perf_counter() - started if rank.replaced else 0.0
+    from_memory = 0
     with rank.engine() as engine:
-        restored_step, _ = engine.restore(step, into=template)
+        outcome = restore_from_host(engine, step, template, own=False, merge=True) if memory else ""
+        if isinstance(outcome, HostRestore):
+            restored_step, from_memory = outcome.step, outcome.host_bytes
+        else:  # as the shim: the reason is logged there, the volume serves everything
+            restored_step, _ = engine.restore(step, into=template)
     if restored_step != step:
         raise RuntimeError(f"restored step {restored_step}, not {step}")
-    return time.perf_counter() - started, pull_s, pulled
+    return time.perf_counter() - started, pull_s, pulled, from_memory
 
 
-def zero(template: Any) -> None:
-    with torch.no_grad():
-        for tensor in local_tensors(template):
-            tensor.zero_()
+#: the restores of each repeat, in a rotating order: goodput as the shim restores after a hot
+#: swap (the survivors' nodes from their shared memory), goodput from the volumes alone, DCP
+RESTORES = ("goodput", "goodput_volumes", "dcp")
 
 
 def restore_repeat(
-    rank: Rank, template: Any, expected: list[torch.Tensor], step: int, shared: Path
+    rank: Rank, template: Any, expected: list[torch.Tensor], step: int, shared: Path, repeat: int
 ) -> dict[str, Any]:
-    """One restore of each: the replacement node's from its peer and the volumes, and DCP's."""
-    if rank.replaced and rank.local == 0:
-        shutil.rmtree(rank.volume)  # the replacement node's volume starts empty
-        rank.volume.mkdir(parents=True)
-    zero(template)
-    drop_caches(rank)
-    seconds, pull_s, pulled = restore_goodput(rank, step, template)
-    row: dict[str, Any] = {"goodput_restore_s": slowest(seconds)}
-    row["goodput_pull_s"] = slowest(pull_s)
-    row["goodput_consistent"] = every(same_bits(expected, template))
-    row["goodput_pulled_bytes"] = int(slowest(float(pulled)))
-    zero(template)
-    drop_caches(rank)
-    started = time.perf_counter()
-    dcp.load(template, checkpoint_id=shared / step_dir_name(step))
-    row["dcp_restore_s"] = slowest(time.perf_counter() - started)
-    row["dcp_consistent"] = every(same_bits(expected, template))
+    """One restore of each kind (``RESTORES``), each into a zeroed state after the page caches
+    were dropped; the replacement node's volume starts empty for each of goodput's."""
+    row: dict[str, Any] = {}
+    turn = repeat % len(RESTORES)
+    for kind in RESTORES[turn:] + RESTORES[:turn]:
+        if kind != "dcp" and rank.replaced and rank.local == 0:
+            shutil.rmtree(rank.volume)
+            rank.volume.mkdir(parents=True)
+        zero(template)
+        drop_caches(rank)
+        if kind == "dcp":
+            started = time.perf_counter()
+            dcp.load(template, checkpoint_id=shared / step_dir_name(step))
+            row["dcp_restore_s"] = slowest(time.perf_counter() - started)
+        else:
+            seconds, pull_s, pulled, memory = restore_goodput(
+                rank, step, template, memory=kind == "goodput"
+            )
+            row[f"{kind}_restore_s"] = slowest(seconds)
+            row[f"{kind}_pull_s"] = slowest(pull_s)
+            row[f"{kind}_pulled_bytes"] = int(slowest(float(pulled)))
+            row[f"{kind}_memory_bytes"] = all_reduce_ints([memory], dist.ReduceOp.SUM)[0]
+        row[f"{kind}_consistent"] = every(same_bits(expected, template))
     return row
 
 
-def state_bytes(state: Any) -> int:
-    """The global state's tensor bytes (every shard once)."""
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(state_bytes(value) for value in state.values())
-    if isinstance(state, list | tuple):
-        return sum(state_bytes(value) for value in state)
-    return 0
+def save_both(training: Training, rank: Rank, step: int) -> tuple[Any, list[torch.Tensor]]:
+    """The state restored later, saved both ways (untimed; goodput's overlapped, so every
+    restore also checks that the training step after the call changed nothing it saved);
+    returns it and a copy of its tensors as this rank held them at the save."""
+    state = state_of(training.model, training.optim, step)
+    expected = [tensor.clone() for tensor in local_tensors(state)]
+    checkpoint = training.shared / step_dir_name(step)
+    dcp.save(state, checkpoint_id=checkpoint, process_group=training.group)
+    handle = training.engine.save(
+        state, step, overlap=True, dp_rank=rank.local, dp_world=rank.local_world
+    )
+    train_step(training.model, training.optim, step + 1)  # the guard waits for the copy
+    saved = handle.wait(rank.args.timeout)
+    if saved.error:
+        raise RuntimeError(f"engine save of step {step} failed: {saved.error}")
+    return state, expected
 
 
 def main(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank = Rank(args)
     dcp_group = dist.new_group(backend="gloo")  # DCP's async collectives off the training group
-    shared = Path(args.work) / "shared"
     model, optim = build(int(args.size_gb * 1e9), rank.world)
     train_step(model, optim, 0)  # creates AdamW's state
     engine = rank.engine()
-    engine.prepare(state_of(model, optim, 0), dp_rank=rank.local, dp_world=args.procs_per_node)
-    saves: list[dict[str, float]] = []
-    step = 0
-    # one untimed save of each first: both pay their one-time set-up (threads, connections)
-    for repeat in range(-1, args.repeats):
-        figures: dict[str, float] = {}
-        for method in ("goodput", "dcp") if repeat % 2 else ("dcp", "goodput"):
-            step += 1
-            train_step(model, optim, step)
-            state = state_of(model, optim, step)
-            dist.barrier()
-            if method == "goodput":
-                stall, durable = save_goodput(engine, state, step, rank)
-            else:
-                stall, durable = save_dcp(state, step, shared, dcp_group)
-            figures[f"{method}_stall_s"] = slowest(stall)
-            figures[f"{method}_durable_s"] = slowest(durable)
-        if repeat < 0:
-            continue
-        saves.append(figures)
-        if rank.rank == 0:
-            print(f"save {repeat}: {json.dumps(figures)}", file=sys.stderr, flush=True)
-    # one state saved both ways, then restored both ways after the last node is replaced
+    guard = engine.guard(optim)  # as shim.guard: optimizer steps wait for overlapped copies
+    engine.prepare(state_of(model, optim, 0), dp_rank=rank.local, dp_world=rank.local_world)
+    training = Training(model, optim, engine, Path(args.work) / "shared", dcp_group)
+    saves, step = save_repeats(training, rank)
     step += 1
-    train_step(model, optim, step)
-    state = state_of(model, optim, step)
-    save_goodput(engine, state, step, rank)
-    save_dcp(state, step, shared, dcp_group)
-    engine.close()
-    expected = [tensor.clone() for tensor in local_tensors(state)]
-    if rank.replaced and rank.local == 0:
-        host, port = args.peer.split(":")
-        asyncio.run(push_part(rank, step, host, int(port)))
+    state, expected = save_both(training, rank, step)
+    guard.remove()
+    if rank.replaced:  # the lost node's memory goes with it; the survivors' segments stay
+        engine.close()
+        if rank.local == 0:
+            host, port = args.peer.split(":")
+            asyncio.run(push_part(rank, step, host, int(port)))
     restores = []
     for repeat in range(args.repeats):
-        restores.append(restore_repeat(rank, state, expected, step, shared))
+        restores.append(restore_repeat(rank, state, expected, step, training.shared, repeat))
         if rank.rank == 0:
             print(f"restore {repeat}: {json.dumps(restores[-1])}", file=sys.stderr, flush=True)
+    if not rank.replaced:
+        engine.close()
     if rank.rank == 0:
         result = {
             "saves": saves,

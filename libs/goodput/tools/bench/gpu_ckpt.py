@@ -128,7 +128,7 @@ def phase_f(args: argparse.Namespace, device: str = "cuda") -> dict[str, Any]:
 
     from goodput.checkpoint.engine import CheckpointEngine
     from goodput.checkpoint.engine.parts_commit import PartLayout
-    from goodput.tools.bench import ckpt_sharded_rank as sharded
+    from goodput.tools.bench import ckpt_sharded_state as sharded
 
     where = torch.device(device, 0) if device == "cuda" else torch.device(device)
     _one_rank_group(args.work, where)

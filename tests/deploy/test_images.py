@@ -81,6 +81,30 @@ def test_the_dependency_layer_holds_the_build_backend() -> None:
     assert out == [d for d in _dependencies()["runtime"] if not d.startswith("torch")] + build
 
 
+def _listed(*options: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, str(REQUIREMENTS), "--pyproject", str(ROOT / "pyproject.toml")]
+    return subprocess.run([*command, *options], capture_output=True, text=True)
+
+
+def test_extras_add_their_requirements_and_an_unknown_one_is_one_line() -> None:
+    dependencies = _dependencies()
+    runtime = [d for d in dependencies["runtime"] if not d.startswith("torch")]
+    out = _listed("--without", "torch", "--extras", "s3").stdout.split()
+    assert out == runtime + dependencies["s3"]
+    assert any(name.startswith("boto3") for name in out)
+    # the build argument left empty (or blank): no extra
+    for empty in ("", " , "):
+        assert _listed("--without", "torch", "--extras", empty).stdout.split() == runtime
+    both = _listed("--extras", "s3,torchdata").stdout.split()
+    assert both == dependencies["runtime"] + dependencies["s3"] + dependencies["torchdata"]
+    refused = _listed("--extras", "s3,s4")
+    assert refused.returncode == 1
+    extras = ", ".join(sorted(name for name in dependencies if name != "runtime"))
+    assert refused.stderr.strip().splitlines() == [
+        f"not an extra of goodput: s4 (its extras: {extras})"
+    ]
+
+
 def test_both_images_install_goodput_without_its_torch_requirement() -> None:
     stages = _stages()
     assert set(stages) == {"service", "rank"}
@@ -91,9 +115,13 @@ def test_both_images_install_goodput_without_its_torch_requirement() -> None:
             "--no-cache-dir -r /opt/goodput/build/requirements.txt",
             "--no-cache-dir --no-deps --no-build-isolation /opt/goodput/src",
         ]
-        assert "--without torch --build-requires > /opt/goodput/build/requirements.txt" in " ".join(
-            stage.split()
-        )
+    # the service image adds the extras its build argument names (s3: the replicator's
+    # s3:// store), the rank image none (no rank opens an object store)
+    listed = "--without torch --build-requires{} > /opt/goodput/build/requirements.txt"
+    service, rank = (" ".join(stages[name].split()) for name in ("service", "rank"))
+    assert listed.format(' --extras "${GOODPUT_EXTRAS}"') in service
+    assert "ARG GOODPUT_EXTRAS=s3" in service
+    assert listed.format("") in rank and "--extras" not in rank
     # the service image's build fails if torch slipped in anyway
     assert "find_spec('torch') is not None" in stages["service"]
 

@@ -80,7 +80,7 @@ def run(figures: dict, steps: int) -> None:
     with tempfile.TemporaryDirectory(prefix="goodput-test-images-") as tmp:
         bench = stack.Bench(Path(tmp), TAG)
         bench.write_config()
-        with bench.nats_server():
+        with bench.nats_server(), bench.s3_bucket():
             try:
                 started = time.monotonic()
                 bench.start_services(podman.SERVICE)
@@ -88,6 +88,11 @@ def run(figures: dict, steps: int) -> None:
                 figures["services_healthy_s"] = round(time.monotonic() - started, 1)
                 figures["rank_job_s"] = round(
                     stack.run_rank(bench, podman.SERVICE, podman.RANK, steps), 1
+                )
+                waited, steps = stack.s3_backup(bench, timeout_s=60)
+                figures["s3_backup_after_job_s"], figures["s3_backed_up_steps"] = (
+                    round(waited, 1),
+                    steps,
                 )
                 stack.wait_healthy(bench, timeout_s=30)
                 figures["status_sees_killed_actuator_s"] = round(

@@ -1,6 +1,8 @@
 """The five services from the service image with the Kubernetes configuration, against a real
 nats-server on this host as the Kubernetes base runs it (TLS, operator mode: the services
-sign in with a creds file), and one rank from the rank image against them.
+sign in with a creds file), and one rank from the rank image against them. The replicator
+backs up to an ``s3://`` bucket of moto's S3 server on this host (the image's `s3` extra,
+boto3, finding its keys through the standard chain from the container's environment).
 
 Every container runs with ``--network host`` (the bus is the host's loopback). The
 configuration is deploy/k8s/base/goodput.toml with its server address and replica count
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -20,9 +23,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 from goodput.bus import Bus, BusSettings
 from goodput.bus.embedded import free_port, nats_server_binary
+from goodput.checkpoint.tiers.backup import DEFAULT_PREFIX, is_backup_complete, listing_step
+from goodput.checkpoint.tiers.open_store import open_object_store
+from goodput.checkpoint.tiers.s3_emulator import EMULATOR_ENV, MotoS3Server, ensure_bucket
+from goodput.state_dir import StateDir
 from goodput.tools.stack.health import Slot, services_health
 from tests.deploy.images.podman import ROOT, SERVICE_UID, Failed, sh
 from tests.nats_auth import Operator
@@ -35,12 +43,11 @@ NODE = "node-0"
 #: the services of a node (a DaemonSet each), keyed by node in gp_services
 NODE_SERVICES = ("hostmon", "replicator")
 #: where the manifests mount them
-CONFIG, CREDS, TLS_CA, STATE, OBJECTS = (
+CONFIG, CREDS, TLS_CA, STATE = (
     "/etc/goodput/goodput.toml",
     "/etc/goodput/nats/goodput.creds",
     "/etc/goodput/tls/ca.crt",
     "/var/lib/goodput",
-    "/var/lib/goodput-objects",
 )
 #: service -> (extra arguments, run as root): hostmon is root with hostPID in node-daemons.yaml
 SERVICES: dict[str, tuple[list[str], bool]] = {
@@ -49,9 +56,12 @@ SERVICES: dict[str, tuple[list[str], bool]] = {
     # node agents run the ranks here; Kubernetes needs a kubelet (the manifests' backend)
     "actuator": (["--set", 'backend="agent"'], False),
     "hostmon": (["--state-dir", STATE], True),
-    # a directory off the state directory stands for the bucket the GKE overlay names
-    "replicator": (["--state-dir", STATE, "--set", f'object_store="dir:{OBJECTS}"'], False),
+    # the node's volume is the agent's (<state>/agents/<node>/...), as the GKE overlay patches
+    # it; its object store (the bucket on moto's server) is added where the bench starts it
+    "replicator": (["--state-dir", str(StateDir(Path(STATE)).agent(NODE).root)], False),
 }
+#: the bucket the replicator backs up to
+BUCKET = "goodput-images"
 
 
 class Bench:
@@ -68,6 +78,20 @@ class Bench:
         self.creds = work / "goodput.creds"
         self.containers: list[str] = []
         self.env_file = work / "node.env"
+        self.s3 = MotoS3Server()
+
+    @property
+    def object_store(self) -> str:
+        """The replicator's store: a prefix of the bucket on this host's S3 server."""
+        return f"s3://{BUCKET}/{JOB}?endpoint={self.s3.url}"
+
+    @contextmanager
+    def s3_bucket(self) -> Iterator[None]:
+        """moto's S3 server on loopback with the replicator's bucket (its keys: any; this
+        process's clients find them in its environment, as the replicator's container does)."""
+        with patch.dict(os.environ, EMULATOR_ENV), self.s3:
+            ensure_bucket(self.s3.client(), BUCKET)
+            yield
 
     def settings(self) -> BusSettings:
         return BusSettings(url=self.url, creds_file=str(self.creds), tls_ca_file=str(self.tls.ca))
@@ -116,13 +140,12 @@ class Bench:
         self.env_file.write_text(
             f"GOODPUT_NATS_URL={self.url}\nGOODPUT_NATS_CREDS={CREDS}\nGOODPUT_NATS_TLS_CA={TLS_CA}\n"
         )
-        for name in ("state", "objects"):
-            (self.work / name).mkdir()
-            shutil.chown(self.work / name, SERVICE_UID, SERVICE_UID)
+        (self.work / "state").mkdir()
+        shutil.chown(self.work / "state", SERVICE_UID, SERVICE_UID)
 
     def run_args(self, name: str, *options: str) -> list[str]:
         """`podman run` of one container of this bench: the host's network, the manifests'
-        mounts (configuration, credentials, CA, the node's state directory, the object store)."""
+        mounts (configuration, credentials, CA, the node's state directory)."""
         container = f"{self.tag}-{name}"
         self.containers.append(container)
         mounts = {
@@ -130,7 +153,6 @@ class Bench:
             self.creds: CREDS + ":ro",
             self.tls.ca: TLS_CA + ":ro",
             self.work / "state": STATE,
-            self.work / "objects": OBJECTS,
         }
         return [
             "podman", "run", "--name", container, "--network", "host", *options,
@@ -141,6 +163,9 @@ class Bench:
         """Each as its manifest runs it: the per-node ones with GOODPUT_NODE, hostmon as root."""
         for service, (extra, root) in SERVICES.items():
             options = ["-e", f"GOODPUT_NODE={NODE}"] if service in NODE_SERVICES else []
+            if service == "replicator":
+                options += [arg for item in EMULATOR_ENV.items() for arg in ("-e", "=".join(item))]
+                extra = [*extra, "--set", f'object_store="{self.object_store}"']
             # hostmon: root and the host's pid namespace (hostPID), to see the node's ranks
             options += ["--user", "0:0", "--pid", "host"] if root else []
             command = ["python", "-m", f"goodput_services.{service}", "--config", CONFIG, *extra]
@@ -244,3 +269,26 @@ def status_sees_a_killed_service(bench: Bench, image: str, service: str, timeout
         time.sleep(3)
     raise Failed(f"test-images: goodput status still exits {code} ({down} unhealthy) "
                  f"{timeout_s:.0f} s after {service} was killed")  # fmt: skip
+
+
+def s3_backup(bench: Bench, timeout_s: float) -> tuple[float, list[int]]:
+    """Seconds until a checkpoint of the job is backed up complete in the bucket (its listing
+    and every blob it names, read through the ``s3://`` store as `goodput ckpt` reads it), and
+    the steps backed up so."""
+    store = open_object_store(bench.object_store)
+    listings = f"{DEFAULT_PREFIX}/checkpoints/"
+    started = time.monotonic()
+    while True:
+        complete = []
+        for key in store.list(listings):
+            step, namespace = listing_step(key), key.removeprefix(listings).rpartition("/")[0]
+            if step is not None and is_backup_complete(store, namespace, step):
+                complete.append(step)
+        if complete:
+            return time.monotonic() - started, sorted(complete)
+        if time.monotonic() > started + timeout_s:
+            print(bench.logs())
+            listing = subprocess.run(["ls", "-lnR", str(bench.work / "state")], capture_output=True)
+            print(listing.stdout.decode(errors="replace")[-4000:])
+            raise Failed(f"test-images: no checkpoint backed up whole to {bench.object_store}")
+        time.sleep(1)

@@ -42,7 +42,7 @@ from rich.table import Table
 
 from goodput.checkpoint.format import node_dir
 from goodput.checkpoint.tiers.peer import PeerServerProcess
-from goodput.tools.bench.ckpt_sharded_state import node_name
+from goodput.tools.bench.ckpt_sharded_state import RESTORES, node_name
 
 #: figure -> (goodput's key, DCP's key, the aim for goodput / DCP): the overlapped save
 #: (``shim.guard``) and the blocking one; the restore as the shim restores after a hot swap
@@ -55,8 +55,6 @@ FIGURES = {
     "restore": ("goodput_restore_s", "dcp_restore_s", 1.0),
     "restore_volumes": ("goodput_volumes_restore_s", "dcp_restore_s", 1.0),
 }
-#: the restores, as the rank names them
-RESTORES = ("goodput", "goodput_volumes", "dcp")
 
 
 class BenchFailed(RuntimeError):
@@ -93,9 +91,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     }
     summary["replacement_pulled_bytes"] = restores[0]["goodput_pulled_bytes"] if restores else 0
     if restores:  # where the replacement's restore goes: pulling its part, then loading
-        pulls = [
-            row[f"{kind}_pull_s"] for row in restores for kind in ("goodput", "goodput_volumes")
-        ]
+        goodputs = [kind for kind in RESTORES if kind != "dcp"]
+        pulls = [row[f"{kind}_pull_s"] for row in restores for kind in goodputs]
         summary["replacement_pull_s"] = _spread(pulls)
         summary["memory_bytes"] = _spread([float(row["goodput_memory_bytes"]) for row in restores])
     return summary

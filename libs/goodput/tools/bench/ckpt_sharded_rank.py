@@ -50,6 +50,7 @@ from goodput.shim.collectives import all_reduce_ints
 from goodput.tools.bench.ckpt_sharded_saves import Training, save_repeats
 from goodput.tools.bench.ckpt_sharded_state import (
     JOB,
+    RESTORES,
     Rank,
     build,
     every,
@@ -124,11 +125,6 @@ def restore_goodput(
     if restored_step != step:
         raise RuntimeError(f"restored step {restored_step}, not {step}")
     return time.perf_counter() - started, pull_s, pulled, from_memory
-
-
-#: the restores of each repeat, in a rotating order: goodput as the shim restores after a hot
-#: swap (the survivors' nodes from their shared memory), goodput from the volumes alone, DCP
-RESTORES = ("goodput", "goodput_volumes", "dcp")
 
 
 def restore_repeat(

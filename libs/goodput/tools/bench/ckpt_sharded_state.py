@@ -23,6 +23,10 @@ from goodput.shim.collectives import all_reduce_ints, collective_device
 from goodput.tools.bench.ckpt_measure import PageCache
 
 JOB = "bench"
+#: the restores of each repeat (the report's names for them), in a rotating order: goodput as
+#: the shim restores after a hot swap (the survivors' nodes from their shared memory), goodput
+#: from the volumes alone, DCP
+RESTORES = ("goodput", "goodput_volumes", "dcp")
 LAYERS = 4
 
 

@@ -47,7 +47,7 @@ from goodput.checkpoint.format import MANIFEST_NAME, peer_root, step_dir, step_d
 from goodput.checkpoint.tiers.peer import PeerClient
 from goodput.checkpoint.tiers.restore import PeerSource, restore_to_volume
 from goodput.shim.collectives import all_reduce_ints
-from goodput.tools.bench.ckpt_sharded_saves import Training, save_repeats
+from goodput.tools.bench.ckpt_sharded_saves import Training, engine_wait, save_repeats
 from goodput.tools.bench.ckpt_sharded_state import (
     JOB,
     RESTORES,
@@ -56,6 +56,7 @@ from goodput.tools.bench.ckpt_sharded_state import (
     every,
     local_tensors,
     node_name,
+    rotated,
     same_bits,
     slowest,
     state_bytes,
@@ -133,8 +134,7 @@ def restore_repeat(
     """One restore of each kind (``RESTORES``), each into a zeroed state after the page caches
     were dropped; the replacement node's volume starts empty for each of goodput's."""
     row: dict[str, Any] = {}
-    turn = repeat % len(RESTORES)
-    for kind in RESTORES[turn:] + RESTORES[:turn]:
+    for kind in rotated(RESTORES, repeat):
         if kind != "dcp" and rank.replaced and rank.local == 0:
             shutil.rmtree(rank.volume)
             rank.volume.mkdir(parents=True)
@@ -168,9 +168,7 @@ def save_both(training: Training, rank: Rank, step: int) -> tuple[Any, list[torc
         state, step, overlap=True, dp_rank=rank.local, dp_world=rank.local_world
     )
     train_step(training.model, training.optim, step + 1)  # the guard waits for the copy
-    saved = handle.wait(rank.args.timeout)
-    if saved.error:
-        raise RuntimeError(f"engine save of step {step} failed: {saved.error}")
+    engine_wait(handle, rank.args.timeout)()
     return state, expected
 
 

@@ -19,7 +19,13 @@ import torch.distributed.checkpoint as dcp
 
 from goodput.checkpoint.engine import CheckpointEngine, SaveHandle
 from goodput.checkpoint.format import step_dir_name
-from goodput.tools.bench.ckpt_sharded_state import Rank, forward_backward, slowest, state_of
+from goodput.tools.bench.ckpt_sharded_state import (
+    Rank,
+    forward_backward,
+    rotated,
+    slowest,
+    state_of,
+)
 
 #: the save methods, each repeat in a rotating order: goodput's overlapped (``shim.guard``)
 #: and blocking saves, and ``dcp.async_save``
@@ -52,7 +58,9 @@ class Durable:
         return self._seconds
 
 
-def _engine_wait(handle: SaveHandle, timeout: float) -> Callable[[], None]:
+def engine_wait(handle: SaveHandle, timeout: float) -> Callable[[], None]:
+    """Waiting for the engine's save until durable; a failed save raises, naming its step."""
+
     def wait() -> None:
         result = handle.wait(timeout)
         if result.error:
@@ -84,7 +92,7 @@ def timed_save(
             dp_rank=rank.local,
             dp_world=rank.local_world,
         )
-        wait = _engine_wait(handle, timeout)
+        wait = engine_wait(handle, timeout)
     called = time.perf_counter()
     durable = Durable(wait, started)
     forward_backward(training.model, step + 1)
@@ -115,8 +123,7 @@ def save_repeats(training: Training, rank: Rank) -> tuple[list[dict[str, float]]
     step = 0
     for repeat in range(-1, rank.args.repeats):
         figures: dict[str, float] = {}
-        turn = repeat % len(SAVE_METHODS)
-        for method in SAVE_METHODS[turn:] + SAVE_METHODS[:turn]:
+        for method in rotated(SAVE_METHODS, repeat):
             step += 1
             state = state_of(training.model, training.optim, step)
             stall, durable = timed_save(method, training, state, step, rank)

@@ -34,6 +34,12 @@ def node_name(node: int) -> str:
     return f"node{node}"
 
 
+def rotated(kinds: tuple[str, ...], repeat: int) -> tuple[str, ...]:
+    """``kinds`` starting at the repeat's turn, so that each goes first as often as the others."""
+    turn = repeat % len(kinds)
+    return kinds[turn:] + kinds[:turn]
+
+
 def build(
     size_bytes: int, world: int, device: str = "cpu"
 ) -> tuple[torch.nn.Sequential, torch.optim.Optimizer]:
